@@ -84,25 +84,41 @@ def pack_concat(doc_order: np.ndarray, stream_lengths: np.ndarray, seq_len: int)
     return Packing(segments, n_seq, seq_len, total, cut, total - cut)
 
 
+class SequenceStore:
+    """Random access to packed sequences: token matrix rows and their document segments.
+
+    ``tokens`` is the flat token store (every document followed by EOS; may be a memmap) and
+    ``doc_offsets[d]`` the start of document d in it. Only the requested tokens are read.
+    """
+
+    def __init__(self, tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, seq_len: int):
+        seg = segments.sort(["sequence_id", "seq_token_start"])
+        self.tokens, self.seq_len = tokens, seq_len
+        self.sid = seg["sequence_id"].to_numpy()
+        self.start = seg["seq_token_start"].to_numpy().astype(np.int64)
+        self.n = seg["n_tokens"].to_numpy().astype(np.int64)
+        self.src = np.asarray(doc_offsets, dtype=np.int64)[seg["doc_id"].to_numpy()] + seg["doc_token_start"].to_numpy()
+        self.n_sequences = int(self.sid.max()) + 1 if self.sid.size else 0
+        self.ptr = np.searchsorted(self.sid, np.arange(self.n_sequences + 1))
+
+    def batch(self, sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return ``(tokens (B, L) int64, segment_row (S,), segment_start (S,))`` for the batch."""
+        ids = np.asarray(sequence_ids, dtype=np.int64)
+        lo, hi = self.ptr[ids], self.ptr[ids + 1]
+        counts = hi - lo
+        sel = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        rows = np.repeat(np.arange(ids.size), counts)
+        n, src = self.n[sel], self.src[sel]
+        dst = rows * self.seq_len + self.start[sel]
+        shift = np.repeat(np.cumsum(n) - n, n)
+        idx = np.arange(int(n.sum()))
+        out = np.zeros(ids.size * self.seq_len, dtype=np.int64)
+        out[np.repeat(dst, n) + idx - shift] = np.asarray(self.tokens[np.repeat(src, n) + idx - shift])
+        return out.reshape(ids.size, self.seq_len), rows, self.start[sel]
+
+
 def sequence_tokens(
     tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, seq_len: int, sequence_ids: np.ndarray
 ) -> np.ndarray:
-    """Gather the (len(sequence_ids), seq_len) token matrix of the given sequences.
-
-    ``tokens`` is the flat token store (every document followed by EOS) and ``doc_offsets[d]``
-    the start of document d in it. Works on a memmap: only the needed tokens are read.
-    """
-    sequence_ids = np.asarray(sequence_ids, dtype=np.int64)
-    seg = segments.filter(pl.col("sequence_id").is_in(sequence_ids.tolist()))
-    row_of = {int(s): i for i, s in enumerate(sequence_ids)}
-    out = np.zeros((sequence_ids.size, seq_len), dtype=np.int64)
-    sid = seg["sequence_id"].to_numpy()
-    rows = np.fromiter((row_of[int(s)] for s in sid), dtype=np.int64, count=sid.size)
-    n = seg["n_tokens"].to_numpy().astype(np.int64)
-    src = np.asarray(doc_offsets, dtype=np.int64)[seg["doc_id"].to_numpy()] + seg["doc_token_start"].to_numpy()
-    dst = rows * seq_len + seg["seq_token_start"].to_numpy().astype(np.int64)
-    shift = np.repeat(np.cumsum(n) - n, n)
-    idx = np.arange(int(n.sum()))
-    flat = out.reshape(-1)
-    flat[np.repeat(dst, n) + idx - shift] = np.asarray(tokens)[np.repeat(src, n) + idx - shift]
-    return out
+    """The (len(sequence_ids), seq_len) token matrix of the given sequences."""
+    return SequenceStore(tokens, doc_offsets, segments, seq_len).batch(sequence_ids)[0]

@@ -1,0 +1,33 @@
+"""Strata's Dagster definitions: the asset graph over ``pipeline/`` (see README for the graph)."""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+for _flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_flag, "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from assets import checks, corpus, embeddings, evaluations, orderings, sequences, tokens, training  # noqa: E402
+from assets.common import StrataSettings, env_config  # noqa: E402
+
+_MODULES = [corpus, tokens, embeddings, sequences, orderings, training, evaluations, checks]
+
+
+def build_definitions() -> dg.Definitions:
+    cfg = env_config()
+    cfg.root.mkdir(parents=True, exist_ok=True)
+    return dg.Definitions(
+        assets=dg.load_assets_from_modules(_MODULES),
+        asset_checks=dg.load_asset_checks_from_modules(_MODULES),
+        resources={
+            "settings": StrataSettings(config_file=os.environ.get("STRATA_CONFIG", ""), data_root=str(cfg.root)),
+            "duckdb": DuckDBResource(database=str(cfg.root / "strata.duckdb")),
+        },
+    )
+
+
+defs = build_definitions()

@@ -1,0 +1,102 @@
+"""Shared pieces of the asset layer: the settings resource, partitions, lineage recording."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+from pipeline.config import StrataConfig, load_config
+from pipeline.io import file_sha256
+from pipeline.paths import Layout
+from pipeline.warehouse import latest_data_version, write_lineage
+
+
+def env_config() -> StrataConfig:
+    """The configuration named by ``STRATA_CONFIG`` (a YAML/JSON file), else the defaults.
+
+    ``STRATA_HOME`` overrides the data root.
+    """
+    path = os.environ.get("STRATA_CONFIG", "")
+    cfg = load_config(path) if path else StrataConfig()
+    if os.environ.get("STRATA_HOME"):
+        cfg.data_root = os.environ["STRATA_HOME"]
+    return cfg
+
+
+class StrataSettings(dg.ConfigurableResource):
+    """Run configuration for every asset: a config file and/or a data root (see README)."""
+
+    config_file: str = ""
+    data_root: str = ""
+
+    def config(self) -> StrataConfig:
+        cfg = load_config(self.config_file) if self.config_file else StrataConfig()
+        if self.data_root:
+            cfg.data_root = self.data_root
+        return cfg.validate()
+
+    def layout(self) -> Layout:
+        root = self.config().root
+        root.mkdir(parents=True, exist_ok=True)
+        return Layout(root)
+
+
+def strategy_partitions() -> dg.StaticPartitionsDefinition:
+    return dg.StaticPartitionsDefinition(list(env_config().strategies))
+
+
+def version_of(paths: list[Path]) -> str:
+    """Data version: a hash over the content hashes of an asset's output files."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(file_sha256(p).encode())
+    return h.hexdigest()[:16]
+
+
+class Recorder:
+    """Times a materialization and writes its lineage row (see pipeline/warehouse.py)."""
+
+    def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource, deps: list[str]):
+        self.context, self.duckdb, self.deps = context, duckdb, deps
+        self.t0 = time.perf_counter()
+        self.partition = context.partition_key if context.has_partition_key else None
+
+    def finish(
+        self,
+        outputs: list[Path],
+        rows: dict[str, int],
+        params: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+        dep_partition: str | None = None,
+    ) -> dg.MaterializeResult:
+        asset = self.context.assets_def.key.to_user_string()
+        version = version_of(outputs)
+        with self.duckdb.get_connection() as con:
+            inputs = {d: latest_data_version(con, d, dep_partition if d in _PARTITIONED else None) for d in self.deps}
+            write_lineage(
+                con,
+                asset=asset,
+                partition=self.partition,
+                run_id=self.context.run_id,
+                code_version=self.context.assets_def.code_versions_by_key.get(self.context.assets_def.key) or "",
+                data_version=version,
+                input_versions=inputs,
+                outputs={str(p): file_sha256(p) for p in outputs},
+                row_counts=rows,
+                parameters=params,
+                wall_s=time.perf_counter() - self.t0,
+            )
+        meta = {f"rows/{k}": v for k, v in rows.items()}
+        meta["path"] = dg.MetadataValue.path(str(outputs[0]))
+        meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
+        meta.update(metadata or {})
+        return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version))
+
+
+_PARTITIONED = {"orderings", "training_runs", "evaluations"}

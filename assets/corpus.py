@@ -1,0 +1,45 @@
+"""corpus: the validated documents (training split) and the held-out split in Paloma layout."""
+
+
+import dagster as dg
+import numpy as np
+import polars as pl
+from dagster_duckdb import DuckDBResource
+
+from assets.common import Recorder, StrataSettings
+from pipeline.corpus import content_hashes, heldout_mask, read_corpus
+from pipeline.heldout import write_paloma_layout
+from pipeline.io import write_parquet
+from pipeline.warehouse import replace_rows
+
+
+@dg.asset(group_name="data", code_version="1", kinds={"parquet"})
+def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Read and validate the configured corpus; split off a seeded held-out set.
+
+    Writes ``corpus.parquet`` (doc_id, id, text, source, subdomain, content_hash) for training
+    and ``heldout/<source>/val/*.jsonl.gz`` (Paloma layout) for evaluation.
+    """
+    rec = Recorder(context, duckdb, [])
+    cfg, layout = settings.config(), settings.layout()
+    df, report = read_corpus(cfg.corpus, cfg.seed)
+    df = df.with_columns(content_hashes(df["text"]))
+    held = heldout_mask(df["content_hash"], cfg.heldout_fraction, cfg.seed)
+    train = df.filter(pl.Series(~held)).with_row_index("doc_id").with_columns(pl.col("doc_id").cast(pl.Int64))
+    heldout = df.filter(pl.Series(held))
+    write_parquet(train, layout.corpus)
+    held_files = write_paloma_layout(heldout, layout.heldout)
+    stats = (
+        df.with_columns(split=pl.Series(np.where(held, "heldout", "train")), n_chars=pl.col("text").str.len_chars())
+        .group_by("source", "split").agg(n_docs=pl.len(), n_chars=pl.col("n_chars").sum()).sort("source", "split")
+    )
+    with duckdb.get_connection() as con:
+        replace_rows(con, "corpus_stats", stats, {})
+    if report.skipped:
+        context.log.warning(f"skipped {len(report.skipped)} bad records in {report.path}: {report.skipped[:5]}")
+    return rec.finish(
+        [layout.corpus, *held_files],
+        {"train_docs": train.height, "heldout_docs": heldout.height, "skipped": len(report.skipped)},
+        {"corpus": cfg.corpus.path or cfg.corpus.hf_dataset or "builtin", "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed},
+        {"sources": dg.MetadataValue.md(stats.to_pandas().to_markdown(index=False))},
+    )

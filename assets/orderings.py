@@ -1,0 +1,65 @@
+"""orderings: one partition per strategy, each a permutation of the packed sequences."""
+
+
+import dagster as dg
+import numpy as np
+import polars as pl
+from dagster_duckdb import DuckDBResource
+
+from assets.common import Recorder, StrataSettings, strategy_partitions
+from pipeline.io import write_parquet
+from pipeline.ordering import run_strategy
+
+STRATEGY_PARTITIONS = strategy_partitions()
+
+
+def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per-document (doc_id, cluster, n_tokens as stream length incl. EOS, content_hash) and base segments."""
+    docs = pl.read_parquet(layout.documents, columns=["doc_id", "n_tokens", "content_hash"]).join(
+        pl.read_parquet(layout.clusters), on="doc_id"
+    ).with_columns(pl.col("n_tokens") + 1).sort("doc_id")
+    return docs, pl.read_parquet(layout.segments)
+
+
+@dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"parquet"})
+def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id)."""
+    rec = Recorder(context, duckdb, ["sequences"])
+    cfg, layout = settings.config(), settings.layout()
+    strategy = context.partition_key
+    docs, segments = ordering_inputs(layout)
+    params = {"bins": cfg.length_bins, "lam": cfg.lam}
+    result = run_strategy(strategy, docs, segments, cfg.seq_len, params, cfg.seed)
+    outputs = [write_parquet(result.order, layout.ordering(strategy))]
+    seg_path = layout.ordering_segments(strategy)
+    if result.segments is not None:
+        outputs.append(write_parquet(result.segments, seg_path))
+    elif seg_path.exists():
+        seg_path.unlink()
+    return rec.finish(
+        outputs,
+        {"sequences": result.order.height},
+        {"strategy": strategy, **params, "seed": cfg.seed},
+        {"repacked": result.segments is not None},
+    )
+
+
+def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
+    """The order (sequence ids) and the segments table it refers to."""
+    order = pl.read_parquet(layout.ordering(strategy)).sort("position")["sequence_id"].to_numpy()
+    seg_path = layout.ordering_segments(strategy)
+    segments = pl.read_parquet(seg_path if seg_path.exists() else layout.segments)
+    return order, segments
+
+
+@dg.asset_check(asset=orderings, blocking=True, description="The ordering is a permutation of its sequences.")
+def ordering_is_permutation(context: dg.AssetCheckExecutionContext, settings: StrataSettings) -> dg.AssetCheckResult:
+    layout = settings.layout()
+    results = {}
+    for strategy in STRATEGY_PARTITIONS.get_partition_keys():
+        if not layout.ordering(strategy).exists():
+            continue
+        order, segments = load_ordering(layout, strategy)
+        m = int(segments["sequence_id"].max()) + 1
+        results[strategy] = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
+    return dg.AssetCheckResult(passed=all(results.values()) and bool(results), metadata={"checked": str(results)})

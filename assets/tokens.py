@@ -1,0 +1,50 @@
+"""tokenizer and tokens: a byte-level BPE trained on the corpus (or a given one) and token ids."""
+
+
+import dagster as dg
+import numpy as np
+import polars as pl
+from dagster_duckdb import DuckDBResource
+
+from assets.common import Recorder, StrataSettings
+from pipeline.io import atomic_dir, write_bin, write_npy, write_parquet
+from pipeline.tokenizer import load_tokenizer, train_bpe
+from pipeline.tokens import tokenize_documents
+
+
+@dg.asset(group_name="data", deps=["corpus"], code_version="1", kinds={"huggingface"})
+def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Train a byte-level BPE (``vocab_size`` ids) on the training documents, or copy a given tokenizer."""
+    rec = Recorder(context, duckdb, ["corpus"])
+    cfg, layout = settings.config(), settings.layout()
+    texts = pl.read_parquet(layout.corpus, columns=["text"])["text"].to_list()
+    with atomic_dir(layout.tokenizer) as tmp:
+        tok = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else train_bpe(texts, cfg.vocab_size)
+        tok.save_pretrained(str(tmp))
+    files = sorted(p for p in layout.tokenizer.iterdir() if p.is_file())
+    return rec.finish(files, {"vocab_size": len(tok)}, {"tokenizer": cfg.tokenizer or "bpe", "vocab_size": cfg.vocab_size})
+
+
+@dg.asset(group_name="data", deps=["corpus", "tokenizer"], code_version="1", kinds={"numpy"})
+def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Token ids of every document (flat ``tokens.bin`` + ``doc_offsets.npy``) and ``documents.parquet``."""
+    rec = Recorder(context, duckdb, ["corpus", "tokenizer"])
+    layout = settings.layout()
+    tok = load_tokenizer(layout.tokenizer)
+    corpus = pl.read_parquet(layout.corpus)
+    flat, offsets = tokenize_documents(tok, corpus["text"].to_list())
+    write_bin(flat, layout.tokens)
+    write_npy(offsets, layout.doc_offsets)
+    n_tokens = np.diff(offsets) - 1
+    docs = corpus.select("doc_id", "id", "source", "subdomain", "content_hash").with_columns(
+        n_chars=corpus["text"].str.len_chars().cast(pl.Int64),
+        n_bytes=corpus["text"].str.len_bytes().cast(pl.Int64),
+        n_tokens=pl.Series(n_tokens, dtype=pl.Int64),
+    )
+    write_parquet(docs, layout.documents)
+    return rec.finish(
+        [layout.documents, layout.tokens, layout.doc_offsets],
+        {"documents": docs.height, "tokens": int(flat.size)},
+        {"dtype": str(flat.dtype)},
+        {"tokens_per_doc_mean": float(n_tokens.mean()), "dtype": str(flat.dtype)},
+    )

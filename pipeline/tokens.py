@@ -1,0 +1,45 @@
+"""The tokens stage: every document's token ids in one flat store, each followed by EOS.
+
+Layout: ``tokens.bin`` (raw ``uint16`` when the vocabulary fits, else ``uint32``) and
+``doc_offsets.npy`` (int64, N+1): document d's stream is ``tokens[off[d]:off[d+1]]`` and its
+last id is EOS. ``n_tokens[d] = off[d+1] - off[d] - 1`` counts the text tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm import tqdm
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def tokenize_documents(tokenizer, texts: list[str], batch: int = 1024, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(flat_tokens, doc_offsets)`` for ``texts`` (EOS appended to every document)."""
+    backend = tokenizer.backend_tokenizer
+    eos = tokenizer.eos_token_id
+    dtype = token_dtype(len(tokenizer))
+    pieces: list[np.ndarray] = []
+    lengths = np.empty(len(texts), dtype=np.int64)
+    for start in tqdm(range(0, len(texts), batch), desc="tokenize", unit="batch", disable=not progress):
+        encs = backend.encode_batch(texts[start : start + batch], add_special_tokens=False)
+        for i, enc in enumerate(encs):
+            ids = enc.ids
+            lengths[start + i] = len(ids) + 1
+            pieces.append(np.asarray(ids + [eos], dtype=dtype))
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
+    return flat, offsets
+
+
+def open_tokens(tokens_path, offsets_path) -> tuple[np.ndarray, np.ndarray]:
+    """Memory-map the flat token store; its dtype follows from file size / token count."""
+    offsets = np.load(offsets_path, allow_pickle=False)
+    total = int(offsets[-1])
+    size = tokens_path.stat().st_size
+    if total == 0 or size % total or size // total not in (2, 4):
+        raise ValueError(f"{tokens_path}: size {size} does not match {total} tokens; rematerialize the tokens asset")
+    dtype = np.uint16 if size // total == 2 else np.uint32
+    return np.memmap(tokens_path, dtype=dtype, mode="r"), offsets

@@ -1,0 +1,81 @@
+"""The DuckDB side of the data contract: diagnostics tables and the lineage table.
+
+Every write replaces the rows of one (asset, partition) key inside a transaction, so a rerun
+never duplicates rows and a crash never leaves half a write. Tables are created from the first
+frame written to them.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from datetime import datetime, timezone
+from typing import Any
+
+import polars as pl
+
+LINEAGE_DDL = """
+CREATE TABLE IF NOT EXISTS lineage (
+    asset VARCHAR, partition VARCHAR, run_id VARCHAR, code_version VARCHAR,
+    data_version VARCHAR, input_versions JSON, outputs JSON, row_counts JSON, parameters JSON,
+    wall_s DOUBLE, host VARCHAR, created_at TIMESTAMP
+)
+"""
+
+
+def replace_rows(con, table: str, df: pl.DataFrame, key: dict[str, Any]) -> int:
+    """Replace the rows of ``table`` matching ``key`` (column -> value) by ``df``; return rows written."""
+    if not table.isidentifier():
+        raise ValueError(f"bad table name {table!r}")
+    con.register("_strata_rows", df.to_arrow())
+    try:
+        con.execute("BEGIN TRANSACTION")
+        con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM _strata_rows LIMIT 0")
+        if key:
+            where = " AND ".join(f"{c} = ?" for c in key)
+            con.execute(f"DELETE FROM {table} WHERE {where}", list(key.values()))
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _strata_rows")
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        con.unregister("_strata_rows")
+    return df.height
+
+
+def write_lineage(
+    con,
+    *,
+    asset: str,
+    partition: str | None,
+    run_id: str,
+    code_version: str,
+    data_version: str,
+    input_versions: dict[str, str],
+    outputs: dict[str, str],
+    row_counts: dict[str, int],
+    parameters: dict[str, Any],
+    wall_s: float,
+) -> None:
+    """Append one lineage row: how this materialization of ``asset`` was produced."""
+    con.execute(LINEAGE_DDL)
+    con.execute(
+        "INSERT INTO lineage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            asset, partition or "", run_id, code_version, data_version,
+            json.dumps(input_versions, sort_keys=True), json.dumps(outputs, sort_keys=True),
+            json.dumps(row_counts, sort_keys=True), json.dumps(parameters, sort_keys=True, default=str),
+            wall_s, socket.gethostname(), datetime.now(timezone.utc).replace(tzinfo=None),
+        ],
+    )
+
+
+def latest_data_version(con, asset: str, partition: str | None = None) -> str:
+    """The data version of the newest lineage row of ``asset`` ("" when never materialized)."""
+    con.execute(LINEAGE_DDL)
+    row = con.execute(
+        "SELECT data_version FROM lineage WHERE asset = ? AND partition = ? ORDER BY created_at DESC LIMIT 1",
+        [asset, partition or ""],
+    ).fetchone()
+    return row[0] if row else ""
