@@ -295,9 +295,11 @@ def decile_drift(schedule: Schedule, n_parts: int = 10) -> tuple[np.ndarray, np.
     Part ``i`` holds positions ``[i M / n, (i+1) M / n)``. The mean length is the average, over
     the part's tokens, of the stream length of the document the token comes from (the quantity
     the length bins balance); seed 000 warns that f1 front-loads short, mixed sequences, which
-    shows as a rising length and ||c_s|| along the schedule.
+    shows as a rising length and ||c_s|| along the schedule. A schedule of fewer than ``n_parts``
+    sequences gets one part per sequence.
     """
     m = schedule.n_sequences
+    n_parts = min(n_parts, m)
     part_of_pos = np.arange(m, dtype=np.int64) * n_parts // m
     seg_part = part_of_pos[schedule.position[schedule.seg_seq]]
     w = schedule.seg_tokens.astype(np.float64)
