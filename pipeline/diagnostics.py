@@ -1,0 +1,464 @@
+"""Ordering diagnostics: how evenly an ordering spreads clusters and document lengths.
+
+Every metric is a deviation of some window of the schedule from the global mixture (seed 000's
+objective ``max_j max_[a:b] |rho_j(T[a:b]) - rho_j(T)|``) or a per-sequence diversity count
+(seed 001's table). Characteristics are *token* counts: a token belongs to its document's cluster
+and to its document's length bin, so ``c_{s,j}`` and ``l_{s,b}`` are exactly the vectors of seed
+000's f1-f3. All metrics are vectorized over a sparse (sequence, group, tokens) table; nothing
+loops over sequences in Python. Results are tidy rows ``(strategy, metric, setting, value)``
+(:data:`METRIC_SCHEMA`) for a DuckDB table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+import polars as pl
+
+from pipeline.errors import StrataInputError
+
+METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "value": pl.Float64}
+DEFAULT_BATCH_SIZES = (8, 32, 128)
+
+Row = tuple[str, str, str, float]
+
+
+# ---------------------------------------------------------------------------------------------
+# Document-length bins (seed 000, f3: "a quantile histogram over document lengths")
+# ---------------------------------------------------------------------------------------------
+
+
+def length_bin_edges(
+    doc_lengths: np.ndarray, n_bins: int, weighting: Literal["tokens", "documents"] = "tokens"
+) -> np.ndarray:
+    """Interior cut points of ``n_bins`` quantile bins over document lengths.
+
+    Seed 000 asks for "a quantile histogram over document lengths" without saying quantiles of
+    what. The default, ``weighting="tokens"``, puts the cuts at token-weighted quantiles: each bin
+    then holds about 1/B of all *tokens*, so every kappa_b (the bin's global token share) is
+    about 1/B and every term of f3's length sum, and every bin of the deviation metrics, weighs
+    the same. Document quantiles (``"documents"``) would spend most bins on the many short
+    documents that hold few tokens (the demo corpus: 82% of documents, a small share of tokens).
+
+    Returns sorted, unique edges ``e`` (at most ``n_bins - 1``); bin ``b`` holds lengths in
+    ``(e[b-1], e[b]]`` (see :func:`length_bins`). Ties among lengths can merge bins, so the
+    number of bins is ``len(e) + 1 <= n_bins``; no bin is empty of documents.
+    """
+    lengths = np.asarray(doc_lengths, dtype=np.int64)
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise StrataInputError("document lengths must be a non-empty 1-D array", fix="pass one length per doc_id")
+    if lengths.min() <= 0:
+        raise StrataInputError("a document length is <= 0", fix="pass stream lengths (n_tokens + 1), all positive")
+    if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise StrataInputError(f"number of length bins B={n_bins!r} is impossible", fix="set B to an integer >= 1")
+    if weighting not in ("tokens", "documents"):
+        raise StrataInputError(f"unknown bin weighting {weighting!r}", fix="use 'tokens' or 'documents'")
+    srt = np.sort(lengths)
+    mass = np.cumsum(srt if weighting == "tokens" else np.ones_like(srt))
+    q = np.arange(1, n_bins, dtype=np.float64) / n_bins * mass[-1]
+    # smallest length x such that documents of length <= x hold at least q of the mass
+    edges = np.unique(srt[np.searchsorted(mass, q, side="left")])
+    return edges[edges < srt[-1]]
+
+
+def length_bins(doc_lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bin id (int64, 0..len(edges)) of each document length: bin b holds ``(edges[b-1], edges[b]]``."""
+    return np.searchsorted(np.asarray(edges), np.asarray(doc_lengths, dtype=np.int64), side="left").astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sparse composition of sequences and the prepared schedule
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Sparse characteristic vectors c_s: one entry per (sequence, group) with tokens > 0.
+
+    Entries are sorted by sequence id, then group; ``tokens[i]`` = c_{seq[i], group[i]}.
+    """
+
+    seq: np.ndarray  # int64
+    group: np.ndarray  # int64
+    tokens: np.ndarray  # int64
+    n_sequences: int
+    n_groups: int
+
+    def global_share(self) -> np.ndarray:
+        """tau_j (or kappa_b): the group's share of all tokens (seed 000, step 1)."""
+        tot = np.bincount(self.group, weights=self.tokens, minlength=self.n_groups)
+        return tot / tot.sum()
+
+    def unique_per_sequence(self) -> np.ndarray:
+        """Number of distinct groups in each sequence (indexed by sequence id)."""
+        return np.bincount(self.seq, minlength=self.n_sequences)
+
+    def l2_norm(self) -> np.ndarray:
+        """||c_s||_2 in tokens (seed 000, f2), indexed by sequence id."""
+        t = self.tokens.astype(np.float64)
+        return np.sqrt(np.bincount(self.seq, weights=t * t, minlength=self.n_sequences))
+
+
+def _pair_sums(a: np.ndarray, g: np.ndarray, w: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sum ``w`` over equal (a, g) pairs; result sorted by (a, g)."""
+    key = a * n_groups + g
+    uniq, inv = np.unique(key, return_inverse=True)
+    sums = np.bincount(inv, weights=w, minlength=uniq.size).astype(np.int64)
+    return uniq // n_groups, uniq % n_groups, sums
+
+
+def composition(seq: np.ndarray, group: np.ndarray, tokens: np.ndarray, n_sequences: int, n_groups: int) -> Composition:
+    """Aggregate segment rows (sequence, group, tokens) into a :class:`Composition`."""
+    s, g, t = _pair_sums(np.asarray(seq, np.int64), np.asarray(group, np.int64), np.asarray(tokens, np.int64), n_groups)
+    keep = t > 0
+    return Composition(s[keep], g[keep], t[keep], n_sequences, n_groups)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An ordering of packed sequences with everything the metrics need.
+
+    ``order[p]`` is the sequence at position p; ``position[s]`` its inverse. ``clusters`` and
+    ``bins`` are the sparse c_s and l_s; ``seg_*`` the segment rows (for document-level drift).
+    """
+
+    order: np.ndarray
+    position: np.ndarray
+    clusters: Composition
+    bins: Composition
+    seg_seq: np.ndarray
+    seg_tokens: np.ndarray
+    seg_doc_length: np.ndarray
+    bin_edges: np.ndarray
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.order.size)
+
+
+def ordering_ids(ordering: pl.DataFrame | np.ndarray) -> np.ndarray:
+    """Sequence ids in training order, from an ordering frame (position, sequence_id) or an array."""
+    if isinstance(ordering, pl.DataFrame):
+        missing = {"position", "sequence_id"} - set(ordering.columns)
+        if missing:
+            raise StrataInputError(
+                f"ordering lacks column(s) {sorted(missing)}", fix="pass a frame with columns position, sequence_id"
+            )
+        return ordering.sort("position")["sequence_id"].to_numpy().astype(np.int64)
+    return np.asarray(ordering, dtype=np.int64).ravel()
+
+
+def prepare(
+    segments: pl.DataFrame,
+    ordering: pl.DataFrame | np.ndarray,
+    doc_cluster: np.ndarray,
+    doc_length: np.ndarray,
+    *,
+    bin_edges: np.ndarray | None = None,
+    n_bins: int = 100,
+    n_clusters: int | None = None,
+) -> Schedule:
+    """Join an ordering with its packing's segments, document clusters and length bins.
+
+    ``segments`` follows ``pipeline.packing.SEGMENT_SCHEMA``; ``doc_cluster`` and ``doc_length``
+    (stream length, n_tokens + 1) are indexed by doc_id. Length bins come from ``bin_edges`` when
+    given (share them between strategies), else from :func:`length_bin_edges` over all documents.
+    """
+    order = ordering_ids(ordering)
+    m = order.size
+    if m == 0:
+        raise StrataInputError("the ordering is empty", fix="schedule at least one sequence")
+    position = np.full(m, -1, dtype=np.int64)
+    if order.min() < 0 or order.max() >= m:
+        raise StrataInputError(
+            f"the ordering's sequence ids are not 0..{m - 1}", fix="pass a permutation of the packing's sequence ids"
+        )
+    position[order] = np.arange(m, dtype=np.int64)
+    if (position < 0).any():
+        raise StrataInputError("the ordering repeats a sequence id", fix="pass a permutation (each sequence once)")
+    doc_cluster = np.asarray(doc_cluster, dtype=np.int64)
+    doc_length = np.asarray(doc_length, dtype=np.int64)
+    if doc_cluster.shape != doc_length.shape:
+        raise StrataInputError("doc_cluster and doc_length differ in length", fix="pass one entry per doc_id in both")
+    seg_seq = segments["sequence_id"].to_numpy().astype(np.int64)
+    seg_doc = segments["doc_id"].to_numpy().astype(np.int64)
+    seg_tok = segments["n_tokens"].to_numpy().astype(np.int64)
+    if seg_seq.size and (seg_seq.min() < 0 or seg_seq.max() >= m):
+        raise StrataInputError("segments name a sequence the ordering lacks", fix="use the ordering of this packing")
+    if seg_doc.size and (seg_doc.min() < 0 or seg_doc.max() >= doc_cluster.size):
+        raise StrataInputError("segments name a doc_id without a cluster", fix="pass doc_cluster for every document")
+    if (np.bincount(seg_seq, weights=seg_tok, minlength=m) <= 0).any():
+        raise StrataInputError("a sequence of the ordering holds no tokens", fix="drop empty sequences before ordering")
+    k = int(doc_cluster.max()) + 1 if n_clusters is None else int(n_clusters)
+    if doc_cluster.min() < 0 or doc_cluster.max() >= k:
+        raise StrataInputError(f"cluster ids must lie in 0..{k - 1}", fix="relabel clusters densely from 0")
+    edges = length_bin_edges(doc_length, n_bins) if bin_edges is None else np.asarray(bin_edges)
+    doc_bin = length_bins(doc_length, edges)
+    return Schedule(
+        order=order,
+        position=position,
+        clusters=composition(seg_seq, doc_cluster[seg_doc], seg_tok, m, k),
+        bins=composition(seg_seq, doc_bin[seg_doc], seg_tok, m, edges.size + 1),
+        seg_seq=seg_seq,
+        seg_tokens=seg_tok,
+        seg_doc_length=doc_length[seg_doc],
+        bin_edges=edges,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Metric kernels (arrays)
+# ---------------------------------------------------------------------------------------------
+
+
+def window_unique(comp: Composition, position: np.ndarray, window: int = 1) -> np.ndarray:
+    """Distinct groups in each run of ``window`` consecutive sequences of the schedule.
+
+    ``window=1`` is seed 001's "unique clusters per training sequence", in training order. The
+    last window may be shorter.
+    """
+    win = position[comp.seq] // window
+    n_win = -(-position.size // window)
+    w, _, _ = _pair_sums(win, comp.group, comp.tokens, comp.n_groups)
+    return np.bincount(w, minlength=n_win)
+
+
+def batch_deviations(comp: Composition, position: np.ndarray, batch_size: int) -> np.ndarray:
+    """max_j |rho_j(batch) - rho_j(global)| for each full batch of ``batch_size`` sequences.
+
+    Seed 000's objective restricted to the training batches (consecutive, non-overlapping runs of
+    ``batch_size`` sequences; an incomplete last batch is left out, as a trainer drops it).
+    Groups absent from a batch deviate by their global share: their maximum is the share of the
+    first absent group in descending-share order, found as the "mex" of the present ranks.
+    """
+    if batch_size < 1:
+        raise StrataInputError(f"batch size {batch_size} is impossible", fix="use a batch size >= 1")
+    n_batches = position.size // batch_size
+    tau = comp.global_share()
+    by_share = np.argsort(-tau, kind="stable")
+    rank = np.empty_like(by_share)
+    rank[by_share] = np.arange(by_share.size)
+    tau_sorted = tau[by_share]
+    batch = position[comp.seq] // batch_size
+    keep = batch < n_batches
+    b, r, t = _pair_sums(batch[keep], rank[comp.group[keep]], comp.tokens[keep], comp.n_groups)
+    if b.size == 0:
+        return np.zeros(0)
+    size = np.bincount(b, weights=t, minlength=n_batches)
+    dev_present = np.abs(t / size[b] - tau_sorted[r])
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    worst_present = np.maximum.reduceat(dev_present, starts)
+    within = np.arange(b.size) - np.repeat(starts, np.diff(np.r_[starts, b.size]))
+    mex = np.bincount(b, weights=(r == within).astype(np.float64), minlength=n_batches).astype(np.int64)
+    absent = np.where(mex < tau_sorted.size, tau_sorted[np.minimum(mex, tau_sorted.size - 1)], 0.0)
+    return np.maximum(worst_present, absent)
+
+
+def log_spaced_points(n_sequences: int, n_points: int = 64) -> np.ndarray:
+    """About ``n_points`` distinct integers log-spaced over 1..n_sequences (prefix lengths t)."""
+    return np.unique(np.round(np.geomspace(1, n_sequences, max(n_points, 2))).astype(np.int64))
+
+
+def prefix_totals(comp: Composition, position: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative group tokens T(t) (shape (len(t), G)) and tokens S(t) after the first t sequences."""
+    t = np.asarray(t, dtype=np.int64)
+    if t.size and (np.any(np.diff(t) <= 0) or t[0] < 1 or t[-1] > position.size):
+        raise StrataInputError(
+            "prefix lengths must increase within 1..M", fix="pass sorted distinct t (e.g. log_spaced_points)"
+        )
+    pos = position[comp.seq]
+    idx = np.argsort(pos, kind="stable")
+    pos, grp, tok = pos[idx], comp.group[idx], comp.tokens[idx]
+    cuts = np.searchsorted(pos, t, side="left")
+    out = np.zeros((t.size, comp.n_groups), dtype=np.int64)
+    running = np.zeros(comp.n_groups, dtype=np.int64)
+    lo = 0
+    for i, hi in enumerate(cuts):  # one bincount per checkpoint, not per sequence
+        running += np.bincount(grp[lo:hi], weights=tok[lo:hi], minlength=comp.n_groups).astype(np.int64)
+        out[i] = running
+        lo = hi
+    return out, out.sum(axis=1)
+
+
+def prefix_errors(comp: Composition, position: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """||T(t) - tau S(t)||_2 / S(t) after the first t sequences (seed 000's tracked error, relative)."""
+    totals, s = prefix_totals(comp, position, t)
+    dev = totals - np.outer(s, comp.global_share())
+    return np.linalg.norm(dev, axis=1) / s
+
+
+def decile_drift(schedule: Schedule, n_parts: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Per part of the schedule: token-weighted mean document length, and mean ||c_s||_2.
+
+    Part ``i`` holds positions ``[i M / n, (i+1) M / n)``. The mean length is the average, over
+    the part's tokens, of the stream length of the document the token comes from (the quantity
+    the length bins balance); seed 000 warns that f1 front-loads short, mixed sequences, which
+    shows as a rising length and ||c_s|| along the schedule. A schedule of fewer than ``n_parts``
+    sequences gets one part per sequence.
+    """
+    m = schedule.n_sequences
+    n_parts = min(n_parts, m)
+    part_of_pos = np.arange(m, dtype=np.int64) * n_parts // m
+    seg_part = part_of_pos[schedule.position[schedule.seg_seq]]
+    w = schedule.seg_tokens.astype(np.float64)
+    length = np.bincount(seg_part, weights=w * schedule.seg_doc_length, minlength=n_parts) / np.bincount(
+        seg_part, weights=w, minlength=n_parts
+    )
+    seq_part = part_of_pos[schedule.position]
+    norm = np.bincount(seq_part, weights=schedule.clusters.l2_norm(), minlength=n_parts) / np.bincount(
+        seq_part, minlength=n_parts
+    )
+    return length, norm
+
+
+# ---------------------------------------------------------------------------------------------
+# Tidy rows
+# ---------------------------------------------------------------------------------------------
+
+
+def rows_frame(rows: Sequence[Row]) -> pl.DataFrame:
+    """Rows ``(strategy, metric, setting, value)`` as a frame with :data:`METRIC_SCHEMA`."""
+    return pl.DataFrame([list(r) for r in rows], schema=METRIC_SCHEMA, orient="row")
+
+
+def diversity_rows(strategy: str, schedule: Schedule) -> list[Row]:
+    """Seed 001's table: unique clusters per sequence (mean, min, max, population std)."""
+    u = schedule.clusters.unique_per_sequence().astype(np.float64)
+    return [
+        (strategy, f"unique_clusters_per_seq_{name}", "", float(fn(u)))
+        for name, fn in (("mean", np.mean), ("min", np.min), ("max", np.max), ("std", np.std))
+    ]
+
+
+def batch_rows(strategy: str, schedule: Schedule, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES) -> list[Row]:
+    """Per-batch max share deviation for clusters and length bins: max, mean, p95, best, and the
+    indices of the best and worst batch. Batch sizes larger than the schedule give no rows."""
+    rows: list[Row] = []
+    for kind, comp in (("clusters", schedule.clusters), ("length_bins", schedule.bins)):
+        for bs in batch_sizes:
+            dev = batch_deviations(comp, schedule.position, bs)
+            if dev.size == 0:
+                continue
+            setting = f"batch={bs}"
+            rows += [
+                (strategy, f"batch_dev_{kind}_max", setting, float(dev.max())),
+                (strategy, f"batch_dev_{kind}_mean", setting, float(dev.mean())),
+                (strategy, f"batch_dev_{kind}_p95", setting, float(np.percentile(dev, 95))),
+                (strategy, f"batch_dev_{kind}_best", setting, float(dev.min())),
+                (strategy, f"batch_dev_{kind}_best_batch", setting, float(np.argmin(dev))),
+                (strategy, f"batch_dev_{kind}_worst_batch", setting, float(np.argmax(dev))),
+            ]
+    return rows
+
+
+def prefix_rows(strategy: str, schedule: Schedule, n_points: int = 64) -> list[Row]:
+    """Prefix error trajectories (clusters and length bins) at log-spaced t (sequences)."""
+    t = log_spaced_points(schedule.n_sequences, n_points)
+    rows: list[Row] = []
+    for kind, comp in (("clusters", schedule.clusters), ("length_bins", schedule.bins)):
+        err = prefix_errors(comp, schedule.position, t)
+        rows += [(strategy, f"prefix_error_{kind}", f"t={ti}", float(e)) for ti, e in zip(t, err)]
+    return rows
+
+
+def drift_rows(strategy: str, schedule: Schedule, n_parts: int = 10) -> list[Row]:
+    """Mean document length and mean ||c_s||_2 per decile of the schedule."""
+    length, norm = decile_drift(schedule, n_parts)
+    rows: list[Row] = [(strategy, "drift_doc_length", f"decile={i}", float(v)) for i, v in enumerate(length)]
+    rows += [(strategy, "drift_cluster_l2", f"decile={i}", float(v)) for i, v in enumerate(norm)]
+    return rows
+
+
+def curriculum_rows(strategy: str, schedule: Schedule, at: np.ndarray, target_share: np.ndarray) -> list[Row]:
+    """Realized vs target cumulative cluster share T_j(t)/S(t) at prefix lengths ``at`` (sequences).
+
+    ``target_share[p, j]`` is the curriculum's E_j(S(t_p)) / S(t_p) (seed 002: cumulative target
+    tokens over prefix tokens). Rows: realized and target share per (checkpoint, cluster) and,
+    per checkpoint, the max and L2 error over clusters.
+    """
+    at = np.asarray(at, dtype=np.int64)
+    target = np.asarray(target_share, dtype=np.float64)
+    k = schedule.clusters.n_groups
+    if target.shape != (at.size, k):
+        raise StrataInputError(
+            f"curriculum targets have shape {target.shape}, expected ({at.size}, {k})",
+            fix="give one row of K cluster shares per checkpoint",
+        )
+    totals, s = prefix_totals(schedule.clusters, schedule.position, at)
+    realized = totals / s[:, None]
+    err = realized - target
+    rows: list[Row] = []
+    for p, tp in enumerate(at):
+        rows.append((strategy, "curriculum_max_error", f"t={tp}", float(np.abs(err[p]).max())))
+        rows.append((strategy, "curriculum_l2_error", f"t={tp}", float(np.linalg.norm(err[p]))))
+        rows += [(strategy, "curriculum_realized_share", f"t={tp};cluster={j}", float(v)) for j, v in enumerate(realized[p])]
+        rows += [(strategy, "curriculum_target_share", f"t={tp};cluster={j}", float(v)) for j, v in enumerate(target[p])]
+    return rows
+
+
+def ordering_diagnostics(
+    strategy: str,
+    schedule: Schedule,
+    *,
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    n_points: int = 64,
+    curriculum: tuple[np.ndarray, np.ndarray] | None = None,
+) -> pl.DataFrame:
+    """All ordering metrics of one strategy as tidy rows (``curriculum`` = (at, target_share))."""
+    rows = diversity_rows(strategy, schedule)
+    rows += batch_rows(strategy, schedule, batch_sizes)
+    rows += prefix_rows(strategy, schedule, n_points)
+    rows += drift_rows(strategy, schedule)
+    if curriculum is not None:
+        rows += curriculum_rows(strategy, schedule, *curriculum)
+    return rows_frame(rows)
+
+
+def corpus_diagnostics(
+    doc_cluster: np.ndarray,
+    doc_length: np.ndarray,
+    *,
+    embeddings: np.ndarray | None = None,
+    labels: np.ndarray | None = None,
+    n_clusters: int | None = None,
+    sample_size: int = 5000,
+    seed: int = 0,
+    strategy: str = "corpus",
+) -> pl.DataFrame:
+    """Corpus-side rows: cluster sizes (documents, tokens), cosine silhouette on a seeded sample of
+    ``embeddings``, and ARI / NMI of clusters against ``labels`` (e.g. source domains) when given.
+
+    The silhouette row is left out when the sample holds fewer than two clusters.
+    """
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score, silhouette_score
+
+    cl = np.asarray(doc_cluster, dtype=np.int64)
+    k = int(cl.max()) + 1 if n_clusters is None else int(n_clusters)
+    docs = np.bincount(cl, minlength=k)
+    toks = np.bincount(cl, weights=np.asarray(doc_length, dtype=np.float64), minlength=k)
+    rows: list[Row] = [(strategy, "cluster_docs", f"cluster={j}", float(v)) for j, v in enumerate(docs)]
+    rows += [(strategy, "cluster_tokens", f"cluster={j}", float(v)) for j, v in enumerate(toks)]
+    rows += [
+        (strategy, "clusters_nonempty", "", float((docs > 0).sum())),
+        (strategy, "cluster_docs_min", "", float(docs.min())),
+        (strategy, "cluster_docs_max", "", float(docs.max())),
+        (strategy, "cluster_token_share_max", "", float(toks.max() / toks.sum())),
+    ]
+    if embeddings is not None:
+        x = np.asarray(embeddings, dtype=np.float32)
+        if x.shape[0] != cl.size:
+            raise StrataInputError("embeddings and doc_cluster differ in rows", fix="pass one embedding per doc_id")
+        rng = np.random.default_rng(seed)
+        idx = np.sort(rng.choice(cl.size, size=min(sample_size, cl.size), replace=False))
+        if np.unique(cl[idx]).size >= 2:
+            sil = silhouette_score(x[idx], cl[idx], metric="cosine")
+            rows.append((strategy, "silhouette_cosine", f"sample={idx.size};seed={seed}", float(sil)))
+    if labels is not None:
+        lab = np.asarray(labels)
+        if lab.shape[0] != cl.size:
+            raise StrataInputError("labels and doc_cluster differ in length", fix="pass one label per doc_id")
+        rows.append((strategy, "ari_vs_labels", "", float(adjusted_rand_score(lab, cl))))
+        rows.append((strategy, "nmi_vs_labels", "", float(normalized_mutual_info_score(lab, cl))))
+    return rows_frame(rows)

@@ -1,0 +1,287 @@
+"""Figures of the ordering diagnostics (PNG; optional GIF), one function per picture.
+
+Built on ``matplotlib.figure.Figure`` (the Agg canvas), never pyplot: no global state, safe in
+Dagster workers and headless machines. Every function writes its file atomically and returns
+its path. Strategies are given as ``{name: Schedule}`` (see ``pipeline.diagnostics.prepare``);
+cluster colours are the same in every figure (:func:`cluster_colors`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+from matplotlib.colors import hsv_to_rgb
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+from pipeline import diagnostics as D
+from pipeline.errors import StrataInputError
+from pipeline.io import atomic_path
+
+DPI = 110
+
+
+def _save(fig: Figure, path: str | os.PathLike, **kwargs) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, **kwargs)
+    return Path(path)
+
+
+def _check(schedules: Mapping[str, D.Schedule]) -> None:
+    if not schedules:
+        raise StrataInputError("no strategies to plot", fix="pass at least one {strategy: Schedule}")
+
+
+def cluster_colors(n_clusters: int) -> np.ndarray:
+    """(K, 3) RGB colours: tab10/tab20 for small K, else golden-ratio hues with varied
+    saturation and value, so neighbouring cluster ids get clearly different colours."""
+    from matplotlib import colormaps
+
+    if n_clusters <= 10:
+        return np.asarray(colormaps["tab10"].colors)[:n_clusters, :3]
+    if n_clusters <= 20:
+        return np.asarray(colormaps["tab20"].colors)[:n_clusters, :3]
+    j = np.arange(n_clusters)
+    hsv = np.stack([(j * 0.6180339887) % 1.0, 0.55 + 0.45 * ((j * 7) % 3) / 2, 0.95 - 0.3 * ((j * 5) % 4) / 3], axis=1)
+    return hsv_to_rgb(hsv)
+
+
+def _token_stream_clusters(schedule: D.Schedule, width: int) -> np.ndarray:
+    """Cluster of the token at ``width`` evenly spaced points of the schedule's token stream."""
+    comp = schedule.clusters
+    idx = np.argsort(schedule.position[comp.seq], kind="stable")
+    ends = np.cumsum(comp.tokens[idx])
+    points = (np.arange(width) + 0.5) * ends[-1] / width
+    return comp.group[idx][np.searchsorted(ends, points, side="right")]
+
+
+def plot_ordering_bars(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, width: int = 1400) -> Path:
+    """Seed 001's ordering bar: the cluster of each token along the schedule, one bar per strategy.
+
+    Blocks of one colour are runs of one cluster; a fine-grained mix is an even spread.
+    """
+    _check(schedules)
+    k = max(s.clusters.n_groups for s in schedules.values())
+    colors = cluster_colors(k)
+    fig = Figure(figsize=(13, 0.55 * len(schedules) + 1.1))
+    axes = fig.subplots(len(schedules), 1, squeeze=False)[:, 0]
+    for ax, (name, sched) in zip(axes, schedules.items()):
+        img = colors[_token_stream_clusters(sched, width)][None, :, :]
+        ax.imshow(img, aspect="auto", interpolation="nearest", extent=(0, 1, 0, 1))
+        ax.set_yticks([])
+        ax.set_ylabel(name, rotation=0, ha="right", va="center", fontsize=10)
+        ax.set_xticks([])
+    axes[-1].set_xticks(np.linspace(0, 1, 11))
+    axes[-1].set_xticklabels([f"{int(x * 100)}%" for x in np.linspace(0, 1, 11)])
+    axes[-1].set_xlabel("position in the schedule (share of tokens)")
+    fig.suptitle(f"Cluster of each token along the schedule (K={k})", fontsize=11)
+    fig.subplots_adjust(left=0.13, right=0.98, top=1 - 0.45 / fig.get_figheight(),
+                        bottom=0.65 / fig.get_figheight(), hspace=0.35)
+    return _save(fig, path)
+
+
+def _bin_means(y: np.ndarray, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Means of ``y`` over ``n_points`` equal runs (x = run centre index)."""
+    n = min(n_points, y.size)
+    part = np.arange(y.size) * n // y.size
+    mean = np.bincount(part, weights=y, minlength=n) / np.bincount(part, minlength=n)
+    centre = np.bincount(part, weights=np.arange(y.size), minlength=n) / np.bincount(part, minlength=n)
+    return centre, mean
+
+
+def plot_window_diversity(
+    schedules: Mapping[str, D.Schedule], path: str | os.PathLike, window: int = 1, n_points: int = 300
+) -> Path:
+    """Seed 001's line chart: distinct clusters per window of ``window`` sequences along the
+    schedule (averaged over ``n_points`` stretches), strategies overlaid."""
+    _check(schedules)
+    fig = Figure(figsize=(10, 4.2))
+    ax = fig.subplots()
+    for name, sched in schedules.items():
+        u = D.window_unique(sched.clusters, sched.position, window).astype(np.float64)
+        x, y = _bin_means(u, n_points)
+        ax.plot(x * window, y, label=f"{name} (mean {u.mean():.2f})", lw=1.4)
+    unit = "sequence" if window == 1 else f"window of {window} sequences"
+    ax.set_xlabel("position in the schedule (sequences)")
+    ax.set_ylabel(f"distinct clusters per {unit}")
+    ax.set_title(f"Diversity along the schedule (distinct clusters per {unit})", fontsize=11)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_prefix_errors(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, n_points: int = 64) -> Path:
+    """Seed 000's side-by-side chart: ||T(t) - tau S(t)|| / S(t) for clusters and for length bins."""
+    _check(schedules)
+    fig = Figure(figsize=(12, 4.4))
+    axes = fig.subplots(1, 2)
+    for ax, kind, label in ((axes[0], "clusters", "clusters"), (axes[1], "bins", "document-length bins")):
+        for name, sched in schedules.items():
+            comp = sched.clusters if kind == "clusters" else sched.bins
+            t = D.log_spaced_points(sched.n_sequences, n_points)
+            err = D.prefix_errors(comp, sched.position, t)
+            ok = err > 1e-12  # the full schedule has error 0 by construction
+            ax.loglog(t[ok], err[ok], label=name, lw=1.5)
+        ax.set_xlabel("prefix length t (sequences)")
+        ax.set_ylabel("||T(t) - share·S(t)|| / S(t)")
+        ax.set_title(f"Prefix error: {label}", fontsize=11)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_batch_histograms(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, batch_size: int = 32) -> Path:
+    """Histogram over batches of max_j |rho_j(batch) - rho_j(global)|, clusters and length bins,
+    one outline per strategy on shared log-spaced bins (the best/worst batch are the ends)."""
+    _check(schedules)
+    fig = Figure(figsize=(12, 4.4))
+    axes = fig.subplots(1, 2)
+    for ax, kind, label in ((axes[0], "clusters", "cluster shares"), (axes[1], "bins", "length-bin shares")):
+        devs = {}
+        for name, sched in schedules.items():
+            comp = sched.clusters if kind == "clusters" else sched.bins
+            devs[name] = D.batch_deviations(comp, sched.position, batch_size)
+        allv = np.concatenate([d for d in devs.values() if d.size] or [np.ones(1)])
+        lo, hi = max(allv.min(), 1e-6), max(allv.max(), 2e-6)
+        edges = np.geomspace(lo * 0.95, hi * 1.05, 50)
+        for name, d in devs.items():
+            if d.size:
+                ax.hist(np.clip(d, edges[0], edges[-1]), bins=edges, histtype="step", lw=1.6,
+                        label=f"{name} (worst {d.max():.3f})")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"per-batch max deviation of {label}")
+        ax.set_ylabel("batches")
+        ax.set_title(f"Batches of {batch_size} sequences: {label}", fontsize=11)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def embed_2d(embeddings: np.ndarray, method: str = "auto", seed: int = 0) -> tuple[np.ndarray, str]:
+    """2-D projection for the cluster cloud: UMAP (cosine, after PCA to 50) when ``umap-learn``
+    is installed and ``method`` is ``auto`` or ``umap``, else PCA. Returns (points, method used)."""
+    x = np.asarray(embeddings, dtype=np.float64)
+    x = x - x.mean(axis=0)
+    if method in ("auto", "umap"):
+        try:
+            import umap  # type: ignore[import-not-found]
+        except ImportError:
+            if method == "umap":
+                raise StrataInputError("umap-learn is not installed", fix="pip install umap-learn, or use method='pca'")
+        else:
+            u, s, _ = np.linalg.svd(x, full_matrices=False)
+            reduced = u[:, :50] * s[:50]
+            return umap.UMAP(n_components=2, metric="cosine", random_state=seed).fit_transform(reduced), "UMAP"
+    _, _, vt = np.linalg.svd(x, full_matrices=False)
+    return x @ vt[:2].T, "PCA"
+
+
+def plot_cluster_cloud(
+    embeddings: np.ndarray,
+    doc_cluster: np.ndarray,
+    path: str | os.PathLike,
+    *,
+    sample_size: int = 8000,
+    seed: int = 0,
+    method: str = "auto",
+) -> Path:
+    """Documents as dots in 2-D (PCA, or UMAP when installed) coloured by cluster, on a seeded sample."""
+    cl = np.asarray(doc_cluster, dtype=np.int64)
+    if len(embeddings) != cl.size:
+        raise StrataInputError("embeddings and doc_cluster differ in rows", fix="pass one embedding per doc_id")
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(cl.size, size=min(sample_size, cl.size), replace=False))
+    pts, used = embed_2d(np.asarray(embeddings)[idx], method, seed)
+    k = int(cl.max()) + 1
+    fig = Figure(figsize=(7.5, 7))
+    ax = fig.subplots()
+    ax.scatter(pts[:, 0], pts[:, 1], c=cluster_colors(k)[cl[idx]], s=5 if idx.size > 2000 else 14, alpha=0.7, lw=0)
+    ax.set_title(f"Cluster cloud ({used}, {idx.size:,} of {cl.size:,} documents, K={k})", fontsize=11)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_k_calibration(ks: np.ndarray, silhouettes: np.ndarray, recommended: int, path: str | os.PathLike) -> Path:
+    """Silhouette vs k with the peak, the 5%-of-peak threshold and the recommended k (seed 001)."""
+    ks = np.asarray(ks)
+    sil = np.asarray(silhouettes, dtype=np.float64)
+    peak = float(sil.max())
+    fig = Figure(figsize=(8, 4.4))
+    ax = fig.subplots()
+    ax.plot(ks, sil, "o-", lw=1.5, color="tab:blue")
+    ax.axhline(peak - 0.05 * abs(peak), color="gray", ls="--", lw=1, label="5% below the peak")
+    ax.axvline(recommended, color="tab:red", lw=1.2, label=f"recommended k = {recommended}")
+    ax.plot(ks[np.argmax(sil)], peak, "*", ms=14, color="tab:orange", label=f"peak {peak:.3f}")
+    ax.set_xscale("log")
+    ax.set_xticks(ks)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticklabels([str(k) for k in ks])
+    ax.set_xlabel("number of clusters k")
+    ax.set_ylabel("silhouette (cosine)")
+    ax.set_title("k calibration: the largest k within 5% of the peak silhouette", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _dominant_cluster(comp: D.Composition) -> np.ndarray:
+    """The cluster holding most tokens of each sequence (ties: the larger cluster id)."""
+    idx = np.lexsort((comp.group, comp.tokens, comp.seq))
+    last = np.r_[comp.seq[idx][1:] != comp.seq[idx][:-1], True]
+    out = np.empty(comp.n_sequences, dtype=np.int64)
+    out[comp.seq[idx][last]] = comp.group[idx][last]
+    return out
+
+
+def animate_ordering(
+    schedule: D.Schedule, path: str | os.PathLike, *, frames: int = 40, width: int = 600, fps: int = 8
+) -> Path:
+    """GIF of seed 001's ordering animation: the scheduled prefix (bright, in schedule order)
+    grows from the left while the sequences not yet scheduled (dimmed, in packing order) shrink
+    on the right. Each column shows a sequence's dominant cluster."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    dom = _dominant_cluster(schedule.clusters)
+    colors = cluster_colors(schedule.clusters.n_groups)
+    m = schedule.n_sequences
+    cols = (np.arange(width) + 0.5) * m / width
+    cols = cols.astype(np.int64)
+
+    def image(k: int) -> np.ndarray:
+        stream = np.concatenate([schedule.order[:k], np.flatnonzero(schedule.position >= k)])
+        rgb = colors[dom[stream[cols]]].copy()
+        rgb[cols >= k] = 0.35 * rgb[cols >= k] + 0.65
+        return rgb[None]
+
+    fig = Figure(figsize=(9, 1.8), dpi=80)
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    im = ax.imshow(image(0), aspect="auto", interpolation="nearest")
+    ax.set_yticks([])
+    ax.set_xticks([])
+    title = ax.set_title("scheduled", fontsize=10)
+    fig.tight_layout()
+    pictures = []
+    for f in range(frames):
+        k = round(f * m / max(frames - 1, 1))
+        im.set_data(image(k))
+        title.set_text(f"scheduled {k:,} / {m:,} sequences (bright) · rest in packing order (dim)")
+        canvas.draw()
+        pictures.append(Image.fromarray(np.asarray(canvas.buffer_rgba())[:, :, :3]).quantize(colors=255))
+    with atomic_path(path) as tmp:
+        pictures[0].save(tmp, format="GIF", save_all=True, append_images=pictures[1:], duration=1000 // fps, loop=0)
+    return Path(path)
