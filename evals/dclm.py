@@ -322,6 +322,8 @@ class TaskResult:
     accuracy: float
     gold_bpb: float  # bits per UTF-8 byte of the gold continuation, byte-weighted over examples
     n: int
+    rows: tuple[int, ...]  # evaluated row indices of the task file
+    correct: tuple[bool, ...]  # per evaluated row
 
 
 def evaluate_task(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], *, task: str, task_type: str,
@@ -344,17 +346,14 @@ def evaluate_task(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], *,
         flat.extend(reqs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     scored = score_requests(model, flat, device=device, batch_size=batch_size, pad_id=pad)
-    correct, gold_nll, gold_bytes = 0, 0.0, 0
+    correct, gold_nll, gold_bytes = [], 0.0, 0
     for (a, b), gold in zip(groups, golds):
         group = scored[a:b]
-        if task_type == "lm":
-            correct += int(group[0].greedy)
-        else:
-            correct += int(pick_choice(group) == gold)
+        correct.append(group[0].greedy if task_type == "lm" else pick_choice(group) == gold)
         gold_nll += group[gold].nll
         gold_bytes += flat[a + gold].n_bytes
-    return TaskResult(task=task, accuracy=correct / len(selected),
-                      gold_bpb=gold_nll / (math.log(2) * gold_bytes), n=len(selected))
+    return TaskResult(task=task, accuracy=sum(correct) / len(selected), gold_bpb=gold_nll / (math.log(2) * gold_bytes),
+                      n=len(selected), rows=tuple(selected), correct=tuple(correct))
 
 
 def run_core(model: Any, tokenizer: Any, dclm_dir: Path, *, device: str, max_len: int, limit: int | None = None,
