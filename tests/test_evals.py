@@ -184,23 +184,30 @@ def test_schema_zero_shot(model, tokenizer):
 
 @needs_data
 def test_language_modeling_greedy_exact_match(tokenizer):
-    """Memorize rows 0 and 2 of the lambada fixture: exactly those become greedy-correct."""
+    """Memorize rows 0 and 2 of the lambada fixture: exactly those become greedy-correct.
+
+    max_len=48 also exercises llm-foundry's left-truncation of the context."""
     rows = _fixture("lambada_small.jsonl")
-    m = tiny_llama(len(tokenizer), max_pos=512, seed=1)
-    seqs = [_enc(tokenizer, rows[i]["context"]) + _enc(tokenizer, " " + rows[i]["continuation"]) for i in (0, 2)]
+    max_len = 48
+
+    def pair(r):
+        cont = _enc(tokenizer, " " + r["continuation"])
+        return _enc(tokenizer, r["context"])[-(max_len - len(cont)):], cont
+
+    m = tiny_llama(len(tokenizer), max_pos=max_len, seed=1)
+    seqs = [sum(pair(rows[i]), []) for i in (0, 2)]
     opt = torch.optim.Adam(m.parameters(), lr=1e-2)
     m.train()
-    for _ in range(60):
-        for s in seqs:
-            loss = m(input_ids=torch.tensor([s]), labels=torch.tensor([s])).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    for _ in range(80):
+        loss = m(input_ids=torch.tensor(seqs), labels=torch.tensor(seqs)).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     m.eval()
-    expected = [cont_stats(m, _enc(tokenizer, r["context"]), _enc(tokenizer, " " + r["continuation"]))[1] for r in rows]
+    expected = [cont_stats(m, *pair(r))[1] for r in rows]
     assert expected[0] and expected[2] and not expected[1]
     res = dclm.evaluate_task(m, tokenizer, rows, task="lambada", task_type="lm", shots=0, delimiter=" ",
-                             max_len=512, device="cpu")
+                             max_len=max_len, device="cpu")
     assert list(res.correct) == expected
     assert res.accuracy == sum(expected) / 4
 
@@ -296,13 +303,17 @@ def test_evaluate_wikitext_and_heldout_match_direct_torch(model, tokenizer, tmp_
     held = pl.DataFrame({"text": ["The cat sat on the mat.", "A dog ran in the park today.", "def f(x):\n    return x"],
                          "id": ["a", "b", "c"], "source": ["prose", "prose", "code"], "subdomain": ["s1", "s2", "py"]})
     write_paloma_layout(held, tmp_path / "heldout")
-    rows = evaluate(model, tokenizer, heldout_dir=tmp_path / "heldout", wikitext_path=WIKI, paloma_dir=None,
+    short = sorted(read_articles(WIKI), key=len)[:3]  # three short real articles keep the run cheap
+    raw = tmp_path / "wiki.raw"
+    raw.write_text(" \n" + "\n".join(short), encoding="utf-8")
+    rows = evaluate(model, tokenizer, heldout_dir=tmp_path / "heldout", wikitext_path=raw, paloma_dir=None,
                     dclm_dir=None, limit=2, dclm_limit=None, device="cpu", work_dir=tmp_path / "work")
     got = {(r["suite"], r["task"], r["metric"]): r for r in rows}
     assert all(set(r) == {"suite", "task", "metric", "value", "n"} and math.isfinite(r["value"]) for r in rows)
 
     eos = tokenizer.eos_token_id
-    pages = read_articles(WIKI)[:2]
+    pages = read_articles(raw)[:2]
+    assert pages == short[:2]
     ll = sum(rolling_loglik(model, _enc(tokenizer, wikitext_detokenizer({"page": p})), eos, 128) for p in pages)
     n_bytes = sum(len(p.encode("utf-8")) for p in pages)
     bpb = got[("wikitext", "wikitext", "bits_per_byte")]
