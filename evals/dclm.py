@@ -296,14 +296,12 @@ def score_requests(model: Any, requests: Sequence[Request], *, device: str, batc
         for r, s in enumerate(seqs):
             ids[r, :len(s)] = torch.tensor(s, dtype=torch.long)
             mask[r, :len(s)] = 1
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-        logp = torch.log_softmax(logits, dim=-1)
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
         for r, i in enumerate(idx):
             req = requests[i]
             start, n = len(req.context), len(req.continuation)
-            pos = torch.arange(start - 1, start - 1 + n, device=logp.device)
-            target = torch.tensor(req.continuation, dtype=torch.long, device=logp.device)
-            lp = logp[r, pos]
+            lp = torch.log_softmax(logits[r, start - 1:start - 1 + n].float(), dim=-1)  # continuation rows only
+            target = torch.tensor(req.continuation, dtype=torch.long, device=lp.device)
             nll = -lp.gather(1, target[:, None]).sum().item()
             greedy = bool((lp.argmax(dim=-1) == target).all().item())
             out[i] = Scored(nll=nll, n_tokens=n, greedy=greedy)

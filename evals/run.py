@@ -47,7 +47,7 @@ def evaluate(model: Any, tokenizer: Any, *, heldout_dir: Path | None, wikitext_p
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     set_offline(work_dir)
-    model.eval()
+    model.to(device).eval()
     rows: list[dict[str, Any]] = []
     if wikitext_path is not None or heldout_dir is not None or paloma_dir is not None:
         lm = make_lm(model, tokenizer, device=device, batch_size=batch_size)
