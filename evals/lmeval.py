@@ -1,0 +1,80 @@
+"""Running Strata's lm-eval tasks (``evals/tasks/*.yaml``) offline on an in-memory model."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+TASK_DIR = Path(__file__).resolve().parent / "tasks"
+
+
+def set_offline(work_dir: Path) -> None:
+    """No network: HF hub/datasets/transformers offline; HF caches under ``work_dir``."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ["HF_HOME"] = str(Path(work_dir).resolve() / "hf_home")
+    try:
+        import datasets.config
+
+        datasets.config.HF_HUB_OFFLINE = True
+    except (ImportError, AttributeError):
+        pass
+
+
+def max_length(model: Any, default: int = 2048) -> int:
+    """The model's context length (``max_position_embeddings`` / ``n_positions``)."""
+    cfg = model.config
+    for attr in ("max_position_embeddings", "n_positions", "n_ctx"):
+        if getattr(cfg, attr, None):
+            return int(getattr(cfg, attr))
+    return default
+
+
+def prefix_token_id(tokenizer: Any) -> int:
+    """Token that precedes a document's first token in rolling log-likelihood (BOS, else EOS)."""
+    tid = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if tid is None:
+        from pipeline.errors import StrataInputError
+
+        raise StrataInputError("tokenizer has neither a BOS nor an EOS token", fix="give the tokenizer an eos_token")
+    return int(tid)
+
+
+def make_lm(model: Any, tokenizer: Any, *, device: str, batch_size: int = 8, max_len: int | None = None) -> Any:
+    """An lm-eval ``HFLM`` wrapping the in-memory model and tokenizer."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size,
+                max_length=max_len or max_length(model), prefix_token_id=prefix_token_id(tokenizer))
+
+
+def run_task(lm: Any, task: str, *, metadata: dict[str, Any], limit: int | None = None,
+             log_samples: bool = False) -> dict[str, Any]:
+    """``simple_evaluate`` one task from ``evals/tasks`` (built-in tasks are not indexed)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    tm = TaskManager(include_path=str(TASK_DIR), include_defaults=False, metadata=metadata)
+    return simple_evaluate(model=lm, tasks=[task], task_manager=tm, limit=limit, log_samples=log_samples,
+                           num_fewshot=0, bootstrap_iters=0, random_seed=0, numpy_random_seed=0,
+                           torch_random_seed=0, fewshot_random_seed=0)
+
+
+def metric_value(results: dict[str, Any], task: str, metric: str) -> float:
+    """A metric from ``results["results"][task]`` (lm-eval keys it as ``"<metric>,none"``)."""
+    value = results["results"][task][f"{metric},none"]
+    return float(value)
+
+
+def per_doc_loglikelihoods(results: dict[str, Any], task: str) -> list[tuple[dict[str, Any], float]]:
+    """(doc, summed log-likelihood) of every logged sample of a rolling task."""
+    out = []
+    for sample in sorted(results["samples"][task], key=lambda s: s["doc_id"]):
+        ll, _ = sample["bits_per_byte"]
+        if not math.isfinite(ll):
+            raise ValueError(f"non-finite log-likelihood for doc {sample['doc_id']}")
+        out.append((sample["doc"], float(ll)))
+    return out
