@@ -8,7 +8,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from pipeline.corpus import content_hashes, heldout_mask, read_corpus
-from pipeline.heldout import write_paloma_layout
+from evals.paloma import write_paloma_layout
 from pipeline.io import write_parquet
 from pipeline.warehouse import replace_rows
 
