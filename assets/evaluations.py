@@ -53,8 +53,8 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     rec = Recorder(context, duckdb, ["evaluations", "training_runs"])
     layout = settings.layout()
     with duckdb.get_connection() as con:
-        train_log = con.execute("SELECT * FROM train_log").pl()
-        evals = con.execute("SELECT * FROM eval_results").pl()
+        train_log = con.sql("SELECT * FROM train_log").pl()
+        evals = con.sql("SELECT * FROM eval_results").pl()
     strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if s in set(train_log["strategy"])]
     table = ablation_table(train_log.filter(pl.col("strategy").is_in(strategies)), evals.filter(pl.col("strategy").is_in(strategies)))
     with duckdb.get_connection() as con:

@@ -20,8 +20,12 @@ def ablation_table(train_log: pl.DataFrame, evals: pl.DataFrame, tail_frac: floa
     return pl.concat([final.select("strategy", "metric", "value"), ev]).sort("metric", "strategy")
 
 
-def render_report(table: pl.DataFrame) -> str:
-    """Markdown: metrics as rows, strategies as columns (lower is better for every metric shown)."""
+def render_report(table: pl.DataFrame, max_depth: int = 3) -> str:
+    """Markdown: metrics as rows, strategies as columns (lower is better for every metric shown).
+
+    Metrics nested deeper than ``max_depth`` path parts (per-subdomain rows) stay in DuckDB only.
+    """
+    table = table.filter(pl.col("metric").str.count_matches("/") < max_depth)
     wide = table.pivot(on="strategy", index="metric", values="value", aggregate_function="first").sort("metric")
     strategies = [c for c in wide.columns if c != "metric"]
     lines = ["# Strata ablation report", "", "| metric | " + " | ".join(strategies) + " |", "|---|" + "---:|" * len(strategies)]
