@@ -11,6 +11,8 @@ from pathlib import Path
 
 import dagster as dg
 
+from pipeline.errors import StrataInputError
+
 UPSTREAM = ["corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
 PER_STRATEGY = ["orderings", "training_runs", "evaluations"]
 
@@ -45,10 +47,15 @@ def materialize_all(strategies: list[str] | None = None, log=print) -> Path:
     def run(selection: list[str], partition: str | None = None) -> None:
         label = f"{', '.join(selection)}" + (f" [{partition}]" if partition else "")
         log(f"==> materializing {label}")
-        result = dg.materialize(
-            all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
-            raise_on_error=True,
-        )
+        try:
+            result = dg.materialize(
+                all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
+                raise_on_error=True,
+            )
+        except dg.DagsterUserCodeExecutionError as exc:
+            if isinstance(exc.user_exception, StrataInputError):
+                raise exc.user_exception from None
+            raise
         if not result.success:
             raise RuntimeError(f"materialization failed: {label}")
 

@@ -1,0 +1,125 @@
+"""The whole asset graph, materialized for real on a slice of the demo corpus via ``strata run``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+
+from conftest import demo_slice
+from pipeline.diagnostics import batch_deviations, prepare
+from pipeline.paths import Layout
+from pipeline.tokens import open_tokens
+
+STRATEGIES = ["random", "greedy"]
+
+
+def _strata(args: list[str], env_extra: dict, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_extra}
+    return subprocess.run([sys.executable, "-m", "assets.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, request):
+    tmp = tmp_path_factory.mktemp("graph")
+    corpus = tmp / "corpus.jsonl"
+    with open(corpus, "w") as fh:
+        for rec in demo_slice(320):
+            fh.write(json.dumps(rec) + "\n")
+    cfg = {
+        "data_root": str(tmp / "root"),
+        "corpus": {"path": str(corpus), "source_field": "domain"},
+        "heldout_fraction": 0.05,
+        "vocab_size": 512,
+        "k": 6,
+        "seq_len": 64,
+        "length_bins": 8,
+        "strategies": STRATEGIES,
+        "batch_size": 8,
+        "max_steps": 4,
+        "warmup_steps": 1,
+        "eval_limit": 2,
+        "embed_max_tokens": 64,
+    }
+    (tmp / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    root = request.config.rootpath
+    proc = _strata(["run", "--config", str(tmp / "cfg.yaml")], {"DAGSTER_HOME": ""}, root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return Layout(tmp / "root"), cfg, proc
+
+
+def test_orderings_are_permutations(run):
+    layout, cfg, _ = run
+    m = int(pl.read_parquet(layout.segments)["sequence_id"].max()) + 1
+    for s in STRATEGIES:
+        order = pl.read_parquet(layout.ordering(s))
+        assert order["position"].to_list() == list(range(m))
+        assert sorted(order["sequence_id"].to_list()) == list(range(m))
+
+
+def test_every_token_once_or_reported(run):
+    layout, cfg, _ = run
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    seg = pl.read_parquet(layout.segments)
+    L = cfg["seq_len"]
+    m = int(seg["sequence_id"].max()) + 1
+    matrix = np.fromfile(layout.sequence_matrix, dtype=tokens.dtype).reshape(m, L)
+    covered = np.zeros(tokens.size, dtype=np.int64)
+    for s, start, d, dstart, n in seg.iter_rows():
+        src = offsets[d] + dstart
+        covered[src : src + n] += 1
+        assert np.array_equal(matrix[s, start : start + n], tokens[src : src + n])
+    assert covered.max() == 1
+    dropped = int((covered == 0).sum())
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        reported = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
+    assert dropped == reported["tokens_dropped"] < L
+    assert reported["tokens_in"] == tokens.size
+
+
+def test_greedy_batches_closer_to_global_shares_than_random(run):
+    layout, cfg, _ = run
+    docs = pl.read_parquet(layout.documents).join(pl.read_parquet(layout.clusters), on="doc_id").sort("doc_id")
+    seg = pl.read_parquet(layout.segments)
+    dev = {}
+    for s in STRATEGIES:
+        sched = prepare(seg, pl.read_parquet(layout.ordering(s)), docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy() + 1, n_bins=8)
+        dev[s] = batch_deviations(sched.clusters, sched.position, cfg["batch_size"])
+    assert dev["greedy"].max() < dev["random"].max()
+    assert dev["greedy"].mean() < dev["random"].mean()
+
+
+def test_duckdb_lineage_and_report(run):
+    layout, cfg, proc = run
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        assets = {a for (a,) in con.execute("SELECT DISTINCT asset FROM lineage").fetchall()}
+        steps = con.execute("SELECT strategy, count(*) FROM train_log GROUP BY 1 ORDER BY 1").fetchall()
+        evals = con.execute("SELECT DISTINCT suite FROM eval_results").fetchall()
+        ablation = con.execute("SELECT DISTINCT strategy FROM ablation ORDER BY 1").fetchall()
+        outputs = con.execute("SELECT outputs FROM lineage WHERE asset = 'sequences'").fetchone()[0]
+    assert assets == {"corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings",
+                      "training_runs", "evaluations", "ablation_report"}
+    assert steps == [(s, cfg["max_steps"]) for s in sorted(STRATEGIES)]
+    assert ("heldout",) in evals
+    assert ablation == [(s,) for s in sorted(STRATEGIES)]
+    assert str(layout.segments) in outputs
+    report = layout.report.read_text()
+    assert "train/final_loss" in report and all(s in report for s in STRATEGIES)
+    assert "train/final_loss" in proc.stdout  # the CLI prints the table
+    assert (layout.run_dir("greedy") / "model" / "config.json").exists()
+
+
+def test_k_larger_than_corpus_is_a_clear_error(tmp_path, request, write_jsonl):
+    corpus = write_jsonl([{"id": str(i), "text": f"document number {i} " * 5} for i in range(5)])
+    cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(corpus)}, "k": 50, "heldout_fraction": 0.0, "vocab_size": 300}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    proc = _strata(["run", "--config", str(tmp_path / "cfg.yaml")], {"DAGSTER_HOME": ""}, request.config.rootpath)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "k=50 clusters for 5 documents is impossible" in proc.stderr and "Fix: set k between 1 and 5" in proc.stderr
