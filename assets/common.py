@@ -99,4 +99,4 @@ class Recorder:
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version))
 
 
-_PARTITIONED = {"orderings", "training_runs", "evaluations"}
+_PARTITIONED = {"orderings", "ordering_diagnostics", "training_runs", "evaluations"}

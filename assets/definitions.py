@@ -12,10 +12,10 @@ for _flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_flag, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from assets import checks, corpus, embeddings, evaluations, orderings, sequences, tokens, training  # noqa: E402
+from assets import checks, corpus, diagnostics, embeddings, evaluations, orderings, sequences, tokens, training  # noqa: E402
 from assets.common import StrataSettings, env_config  # noqa: E402
 
-_MODULES = [corpus, tokens, embeddings, sequences, orderings, training, evaluations, checks]
+_MODULES = [corpus, tokens, embeddings, sequences, orderings, diagnostics, training, evaluations, checks]
 
 
 def build_definitions() -> dg.Definitions:

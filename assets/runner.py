@@ -14,7 +14,7 @@ import dagster as dg
 from pipeline.errors import StrataInputError
 
 UPSTREAM = ["corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
-PER_STRATEGY = ["orderings", "training_runs", "evaluations"]
+PER_STRATEGY = ["orderings", "ordering_diagnostics", "training_runs", "evaluations"]
 
 
 def prepare_environment(config_file: str | None, data_root: str | None) -> None:
@@ -63,7 +63,7 @@ def materialize_all(strategies: list[str] | None = None, log=print) -> Path:
     keys = graph.get(dg.AssetKey("orderings")).partitions_def.get_partition_keys()
     for s in strategies or keys:
         run(PER_STRATEGY, s)
-    run(["ablation_report"])
+    run(["diagnostics_report", "ablation_report"])
     from assets.common import env_config
 
     return env_config().root / "report.md"

@@ -1,0 +1,56 @@
+"""ordering_diagnostics (per strategy) and diagnostics_report: the seeds' yardsticks and figures."""
+
+import dagster as dg
+import numpy as np
+import polars as pl
+from dagster_duckdb import DuckDBResource
+
+from assets.common import Recorder, StrataSettings
+from assets.orderings import STRATEGY_PARTITIONS
+from pipeline import diagnostics as D
+from pipeline import visual_report as V
+from pipeline.io import write_parquet, write_text
+from pipeline.warehouse import replace_rows
+
+
+@dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"duckdb"})
+def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Unique clusters per sequence, per-batch share deviations (batches of 8/32/128), prefix error,
+    drift per decile — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``."""
+    rec = Recorder(context, duckdb, ["orderings"])
+    cfg, layout = settings.config(), settings.layout()
+    strategy = context.partition_key
+    docs = V.document_features(layout)
+    sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
+    metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
+    out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
+    with duckdb.get_connection() as con:
+        replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
+    summary = V.summary_table(metrics)
+    return rec.finish([out], {"metrics": metrics.height}, {"strategy": strategy, "length_bins": cfg.length_bins},
+                      {"summary": dg.MetadataValue.md(V.markdown_table(summary))}, dep_partition=strategy)
+
+
+@dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="1", kinds={"matplotlib"})
+def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md``,
+    corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``."""
+    rec = Recorder(context, duckdb, ["ordering_diagnostics", "embeddings", "clusters"])
+    cfg, layout = settings.config(), settings.layout()
+    docs = V.document_features(layout)
+    strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if layout.ordering(s).exists()]
+    schedules = {s: V.load_schedule(layout, s, docs, cfg.length_bins) for s in strategies}
+    emb = np.load(layout.embeddings, allow_pickle=False)
+    labels = docs["source"].to_numpy()
+    corpus = D.corpus_diagnostics(docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), embeddings=emb,
+                                  labels=labels if len(set(labels)) > 1 else None, seed=cfg.seed)
+    with duckdb.get_connection() as con:
+        replace_rows(con, "corpus_metrics", corpus, {})
+        metrics = con.sql("SELECT * FROM ordering_metrics").pl().filter(pl.col("strategy").is_in(strategies))
+    report_dir = layout.inside("report")
+    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), report_dir)
+    summary = V.summary_table(metrics)
+    md_path = write_text(V.render_markdown(summary, figures, report_dir), report_dir / "diagnostics.md")
+    ui = "\n\n".join([V.markdown_table(summary)] + [V.image_markdown(p, n) for n, p in figures.items()])
+    return rec.finish([md_path, *figures.values()], {"strategies": len(strategies), "figures": len(figures)},
+                      {"strategies": strategies}, {"report": dg.MetadataValue.md(ui)})

@@ -1,0 +1,92 @@
+"""The ordering comparison report: every strategy's diagnostics side by side, as figures + markdown.
+
+Used by the ``ordering_diagnostics`` / ``diagnostics_report`` assets and by ``strata report``.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from pipeline import diagnostics as D
+from pipeline import plots
+from pipeline.paths import Layout
+
+SUMMARY_METRICS = [
+    ("unique_clusters_per_seq_mean", "", "unique clusters / seq (mean)"),
+    ("unique_clusters_per_seq_min", "", "unique clusters / seq (min)"),
+    ("batch_dev_clusters_max", "batch=32", "cluster dev, batch 32 (max)"),
+    ("batch_dev_clusters_mean", "batch=32", "cluster dev, batch 32 (mean)"),
+    ("batch_dev_length_bins_max", "batch=32", "length-bin dev, batch 32 (max)"),
+    ("batch_dev_length_bins_mean", "batch=32", "length-bin dev, batch 32 (mean)"),
+]
+
+
+def document_features(layout: Layout) -> pl.DataFrame:
+    """doc_id-indexed ``cluster`` and ``stream_length`` (n_tokens + 1), plus ``source``."""
+    return (
+        pl.read_parquet(layout.documents, columns=["doc_id", "n_tokens", "source"])
+        .join(pl.read_parquet(layout.clusters), on="doc_id")
+        .sort("doc_id")
+        .with_columns(stream_length=pl.col("n_tokens") + 1)
+    )
+
+
+def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:
+    """Join a strategy's ordering with its segments; length-bin edges shared by all strategies."""
+    seg_path = layout.ordering_segments(strategy)
+    segments = pl.read_parquet(seg_path if seg_path.exists() else layout.segments)
+    lengths = docs["stream_length"].to_numpy()
+    edges = D.length_bin_edges(lengths, n_bins)
+    return D.prepare(segments, pl.read_parquet(layout.ordering(strategy)), docs["cluster"].to_numpy(), lengths, bin_edges=edges)
+
+
+def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | None, doc_cluster: np.ndarray, out_dir: Path, batch_size: int = 32) -> dict[str, Path]:
+    """Render every comparison figure into ``out_dir``; return {name: path}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs = {
+        "ordering_bars": plots.plot_ordering_bars(schedules, out_dir / "ordering_bars.png"),
+        "window_diversity": plots.plot_window_diversity(schedules, out_dir / "window_diversity.png"),
+        "prefix_errors": plots.plot_prefix_errors(schedules, out_dir / "prefix_errors.png"),
+        "batch_deviation": plots.plot_batch_histograms(schedules, out_dir / "batch_deviation.png", batch_size=batch_size),
+    }
+    if embeddings is not None:
+        figs["cluster_cloud"] = plots.plot_cluster_cloud(embeddings, doc_cluster, out_dir / "cluster_cloud.png")
+    return figs
+
+
+def summary_table(metrics: pl.DataFrame) -> pl.DataFrame:
+    """One row per strategy with the headline metrics of ``SUMMARY_METRICS``."""
+    rows = []
+    for strategy in metrics["strategy"].unique(maintain_order=True):
+        m = metrics.filter(pl.col("strategy") == strategy)
+        row: dict[str, object] = {"strategy": strategy}
+        for metric, setting, label in SUMMARY_METRICS:
+            v = m.filter((pl.col("metric") == metric) & (pl.col("setting") == setting))["value"]
+            row[label] = float(v[0]) if v.len() else None
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def markdown_table(df: pl.DataFrame) -> str:
+    cols = df.columns
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.iter_rows():
+        lines.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def image_markdown(path: Path, title: str) -> str:
+    """Inline a PNG as a data URI (shown by the Dagster UI's markdown metadata)."""
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f"**{title}**\n\n![{title}](data:image/png;base64,{data})"
+
+
+def render_markdown(summary: pl.DataFrame, figures: dict[str, Path], base: Path) -> str:
+    """``report/diagnostics.md``: the summary table and relative links to the figures."""
+    parts = ["# Ordering diagnostics", "", markdown_table(summary), ""]
+    parts += [f"## {name.replace('_', ' ')}\n\n![{name}]({p.relative_to(base)})\n" for name, p in figures.items()]
+    return "\n".join(parts)
