@@ -104,36 +104,65 @@ class GreedyState:
         return GreedyState(np.zeros(n_clusters), np.zeros(n_bins))
 
 
+DEAD = 1e300  # score offset of scheduled rows (finite, so the fastmath scan stays valid)
+
+
+@numba.njit(cache=False, fastmath=True)
+def _scan(buf, A, Q, a, l, v, n, S, G, muR):
+    """buf = scores of rows 0..n-1 (seed 002 J_sched up to a constant); return their minimum."""
+    best = DEAD
+    for i in range(n):
+        sc = A[i] + 2.0 * Q[i] - 2.0 * S * a[i] - 2.0 * l[i] * G + 2.0 * muR * v[i]
+        buf[i] = sc
+        best = min(best, sc)
+    return best
+
+
+@numba.njit(cache=False)
+def _compact_lists(ptr, rows, vals, newidx):
+    """Drop scheduled rows from inverted lists and renumber the live ones (order kept)."""
+    w = 0
+    start = 0
+    for j in range(ptr.size - 1):
+        end = ptr[j + 1]
+        for t in range(start, end):
+            r = newidx[rows[t]]
+            if r >= 0:
+                rows[w] = r
+                vals[w] = vals[t]
+                w += 1
+        start = end
+        ptr[j + 1] = w
+
+
 @numba.njit(cache=False)
 def _greedy_kernel(
     cptr, cind, cdat, ccol_ptr, ccol_rows, ccol_vals,
     bptr, bind, bdat, bcol_ptr, bcol_rows, bcol_vals,
     lengths, norms, tau, kappa, lam, mu, rho, T, U, S0, N0, n_pick, tol, sigma, seed,
 ):  # fmt: skip
+    """Exact greedy; inverted lists (c*col*) are modified in place. Returns picked rows."""
     m = lengths.size
     use_bins = lam != 0.0
     tt = 0.0
-    for j in range(tau.size):
-        tt += tau[j] * tau[j]
-    kk = 0.0
-    for b in range(kappa.size):
-        kk += kappa[b] * kappa[b]
     GT = 0.0
     for j in range(tau.size):
+        tt += tau[j] * tau[j]
         GT += T[j] * tau[j]
+    kk = 0.0
     GU = 0.0
     for b in range(kappa.size):
+        kk += kappa[b] * kappa[b]
         GU += U[b] * kappa[b]
-    # position arrays (swap-remove keeps the live ones contiguous)
-    pA = np.empty(m)
-    pa = np.empty(m)
-    pl = np.empty(m)
-    pv = np.empty(m)
-    pQ = np.empty(m)
-    prow = np.empty(m, dtype=np.int64)
-    pos_of = np.empty(m, dtype=np.int64)
+    # live arrays, indexed by live slot; slots keep the row order (ties -> lowest slot = lowest row)
+    A = np.empty(m)
+    a = np.empty(m)
+    l = np.empty(m)
+    v = np.empty(m)
+    Q = np.empty(m)
+    row = np.arange(m)
     for r in range(m):
-        l = lengths[r]
+        lr = lengths[r]
         ac = 0.0
         cc = 0.0
         qc = 0.0
@@ -141,9 +170,9 @@ def _greedy_kernel(
             ac += tau[cind[k]] * cdat[k]
             cc += cdat[k] * cdat[k]
             qc += T[cind[k]] * cdat[k]
-        A = cc - 2.0 * l * ac + l * l * tt
-        a = ac
-        q = qc
+        A[r] = cc - 2.0 * lr * ac + lr * lr * tt
+        a[r] = ac
+        Q[r] = qc
         if use_bins:
             ab = 0.0
             bb = 0.0
@@ -152,78 +181,74 @@ def _greedy_kernel(
                 ab += kappa[bind[k]] * bdat[k]
                 bb += bdat[k] * bdat[k]
                 qb += U[bind[k]] * bdat[k]
-            A += lam * (bb - 2.0 * l * ab + l * l * kk)
-            a += lam * ab
-            q += lam * qb
-        v = norms[r] - rho * l
-        A += mu * v * v
-        pA[r] = A
-        pa[r] = a
-        pl[r] = l
-        pv[r] = v
-        pQ[r] = q
-        prow[r] = r
-        pos_of[r] = r
+            A[r] += lam * (bb - 2.0 * lr * ab + lr * lr * kk)
+            a[r] += lam * ab
+            Q[r] += lam * qb
+        v[r] = norms[r] - rho * lr
+        A[r] += mu * v[r] * v[r]
+        l[r] = lr
     if sigma > 0.0:
         np.random.seed(seed)
     buf = np.empty(m)
     out = np.empty(n_pick, dtype=np.int64)
     S = S0
     N = N0
+    n = m  # live slots 0..n-1 (scheduled ones carry DEAD until the next compaction)
     alive = m
+    newidx = np.empty(m, dtype=np.int64)
     for step in range(n_pick):
         G = GT + lam * GU - S * (tt + lam * kk)
-        R = N - rho * S
-        best = np.inf
-        for p in range(alive):
-            sc = pA[p] + 2.0 * pQ[p] - 2.0 * S * pa[p] - 2.0 * pl[p] * G + 2.0 * mu * R * pv[p]
-            if sigma > 0.0:
-                sc += sigma * np.random.standard_normal()
-            buf[p] = sc
-            if sc < best:
-                best = sc
+        best = _scan(buf, A, Q, a, l, v, n, S, G, mu * (N - rho * S))
+        if sigma > 0.0:
+            best = DEAD
+            for i in range(n):
+                if A[i] < DEAD:
+                    buf[i] += sigma * np.random.standard_normal()
+                    best = min(best, buf[i])
         limit = best + tol
-        bp = -1
-        brow = m
-        for p in range(alive):
-            if buf[p] <= limit and prow[p] < brow:
-                brow = prow[p]
-                bp = p
-        out[step] = brow
-        # remove position bp (swap with the last live one)
-        last = alive - 1
-        pA[bp] = pA[last]
-        pa[bp] = pa[last]
-        pl[bp] = pl[last]
-        pv[bp] = pv[last]
-        pQ[bp] = pQ[last]
-        prow[bp] = prow[last]
-        pos_of[prow[bp]] = bp
-        pos_of[brow] = -1
-        alive = last
-        # update running totals and the Q of sequences sharing a cluster / bin with brow
-        for k in range(cptr[brow], cptr[brow + 1]):
+        i = 0
+        while not (buf[i] <= limit and A[i] < DEAD):
+            i += 1
+        r = row[i]
+        out[step] = r
+        A[i] = DEAD
+        alive -= 1
+        for k in range(cptr[r], cptr[r + 1]):
             j = cind[k]
             c = cdat[k]
             T[j] += c
             GT += tau[j] * c
             for t in range(ccol_ptr[j], ccol_ptr[j + 1]):
-                p = pos_of[ccol_rows[t]]
-                if p >= 0:
-                    pQ[p] += c * ccol_vals[t]
+                Q[ccol_rows[t]] += c * ccol_vals[t]
         if use_bins:
-            for k in range(bptr[brow], bptr[brow + 1]):
+            for k in range(bptr[r], bptr[r + 1]):
                 b = bind[k]
                 c = bdat[k]
                 U[b] += c
                 GU += kappa[b] * c
                 lc = lam * c
                 for t in range(bcol_ptr[b], bcol_ptr[b + 1]):
-                    p = pos_of[bcol_rows[t]]
-                    if p >= 0:
-                        pQ[p] += lc * bcol_vals[t]
-        S += lengths[brow]
-        N += norms[brow]
+                    Q[bcol_rows[t]] += lc * bcol_vals[t]
+        S += lengths[r]
+        N += norms[r]
+        if alive * 2 <= n and n > 256:
+            w = 0
+            for s in range(n):
+                if A[s] < DEAD:
+                    newidx[s] = w
+                    A[w] = A[s]
+                    a[w] = a[s]
+                    l[w] = l[s]
+                    v[w] = v[s]
+                    Q[w] = Q[s]
+                    row[w] = row[s]
+                    w += 1
+                else:
+                    newidx[s] = -1
+            n = w
+            _compact_lists(ccol_ptr, ccol_rows, ccol_vals, newidx)
+            if use_bins:
+                _compact_lists(bcol_ptr, bcol_rows, bcol_vals, newidx)
     return out, S, N
 
 
