@@ -50,6 +50,7 @@ class SequenceFeatures:
     bins: Csr  # l_{s,b}
     lengths: np.ndarray  # (M,) float64, l_s
     bin_edges: np.ndarray  # interior quantile edges over document lengths (len = B_eff - 1)
+    cluster_bin_tokens: np.ndarray  # (K, B_eff) tokens per (cluster, bin): kappa_{b|j} of seed 002
 
     @property
     def n_sequences(self) -> int:
@@ -115,4 +116,6 @@ def sequence_features(
     clusters = _csr_from_pairs(rows, seg_cluster, seg_tokens, m, k)
     bins = _csr_from_pairs(rows, bin_of, seg_tokens, m, edges.size + 1)
     lengths = np.bincount(rows, weights=seg_tokens, minlength=m)
-    return SequenceFeatures(seq_ids, clusters, bins, lengths, edges)
+    nb = edges.size + 1
+    joint = np.bincount(seg_cluster * nb + bin_of, weights=seg_tokens, minlength=k * nb).reshape(k, nb)
+    return SequenceFeatures(seq_ids, clusters, bins, lengths, edges, joint)
