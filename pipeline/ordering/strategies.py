@@ -25,7 +25,7 @@ from pipeline.ordering.documents import (
 )
 from pipeline.ordering.features import SequenceFeatures, sequence_features
 from pipeline.ordering.greedy import Objective, greedy_order, greedy_windowed_order
-from pipeline.packing import SEGMENT_SCHEMA, pack_concat
+from pipeline.packing import SEGMENT_SCHEMA, check_seq_len, pack_concat
 
 Level = Literal["sequence", "document"]
 
@@ -127,6 +127,7 @@ def document_order(name: str, cluster: np.ndarray, length: np.ndarray, seq_len: 
     if name == "round_robin":
         return round_robin_order(cluster, length, params.within)
     if name == "bin_packing":
+        check_seq_len(seq_len)
         return bin_packing_order(cluster, length, seq_len, params.within)
     raise StrataInputError(f"{name!r} is not a document-level strategy", fix=f"use one of {', '.join(DOCUMENT_LEVEL)}")
 
