@@ -312,7 +312,7 @@ def greedy_windowed_order(
     targets = Targets.of(features)
     state = GreedyState.empty(features.clusters.n_cols, features.bins.n_cols)
     stream = np.random.default_rng(seed).permutation(m)
-    pool = stream[:window]
+    pool = np.sort(stream[:window])
     nxt = pool.size
     picked: list[np.ndarray] = []
     step = max(1, window // 2)
