@@ -297,21 +297,54 @@ def greedy_order(features: SequenceFeatures, objective: Objective, noise: float 
     )
 
 
+def _dominant(x: Csr) -> np.ndarray:
+    """Each row's column with the most tokens (ties: lowest column)."""
+    rows = np.repeat(np.arange(x.n_rows, dtype=np.int64), np.diff(x.indptr))
+    top = np.lexsort((x.indices, -x.data, rows))
+    return x.indices[top[x.indptr[:-1]]]
+
+
+def _stratified_keys(stratum: np.ndarray, within: np.ndarray, n_strata: int, rng: np.random.Generator) -> np.ndarray:
+    """Key (i + u) / n_h for the i-th member (by ``within``) of stratum h; u ~ U(0, 1)."""
+    by = within[np.argsort(stratum[within], kind="stable")]
+    size = np.bincount(stratum, minlength=n_strata)
+    start = np.cumsum(size) - size
+    rank = np.empty(stratum.size, dtype=np.int64)
+    rank[by] = np.arange(stratum.size) - start[stratum[by]]
+    return (rank + rng.random(stratum.size)) / size[stratum]
+
+
+def stratified_stream(features: SequenceFeatures, rng: np.random.Generator) -> np.ndarray:
+    """Seeded shuffle whose every prefix holds each length bin and each cluster near its share.
+
+    Strata are a sequence's dominant length bin and dominant cluster. Sorting by the key
+    (i + u) / n_h spreads each stratum evenly; the members of a bin stratum are taken in the
+    order of a cluster-stratified shuffle, so clusters are spread evenly too.
+    """
+    m = features.n_sequences
+    ckey = _stratified_keys(_dominant(features.clusters), rng.permutation(m), features.clusters.n_cols, rng)
+    bkey = _stratified_keys(_dominant(features.bins), np.argsort(ckey, kind="stable"), features.bins.n_cols, rng)
+    return np.argsort(bkey, kind="stable")
+
+
 def greedy_windowed_order(
     features: SequenceFeatures, objective: Objective, window: int = 4096, seed: int = 0, noise: float = 0.0
 ) -> np.ndarray:
     """Fast approximate greedy: the exact greedy restricted to a sliding pool of candidates.
 
-    Sequences stream in a seeded random order into a pool of ``window`` candidates; each round the
-    exact greedy (global targets, global running totals) picks half the pool, which is refilled.
-    Cost O(M * window) instead of O(M^2); memory O(M + window). The last pool is drained fully.
+    Sequences stream into a pool of ``window`` candidates; each round the exact greedy (global
+    targets, global running totals) picks half the pool, which is refilled. The stream is a
+    stratified shuffle (``stratified_stream``): with a plain random stream the arrivals of each
+    length bin / cluster drift from their share like a Brownian bridge and the pool runs out of
+    the lagging ones mid-schedule (measured: bin deviation 0.019 -> 0.035 at mid-schedule, M=300k). Cost O(M * window) instead of O(M^2); memory O(M + window). The last pool
+    is drained fully.
     """
     if window < 2:
         raise StrataInputError(f"window={window} is too small", fix="use a pool of at least 2 sequences (default 4096)")
     m = features.n_sequences
     targets = Targets.of(features)
     state = GreedyState.empty(features.clusters.n_cols, features.bins.n_cols)
-    stream = np.random.default_rng(seed).permutation(m)
+    stream = stratified_stream(features, np.random.default_rng(seed))
     pool = np.sort(stream[:window])
     nxt = pool.size
     picked: list[np.ndarray] = []
