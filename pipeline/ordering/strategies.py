@@ -43,7 +43,7 @@ class OrderParams:
     within: str = "original"  # within-cluster sort of the document-level strategies
     window: int = 4096  # candidate pool of greedy_fast
 
-    def objective_(self) -> Objective:
+    def objective_weights(self) -> Objective:
         return Objective.named(self.objective, self.lam)
 
 
@@ -92,7 +92,7 @@ def _order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:
 def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, seed: int) -> np.ndarray:
     """Array API of the sequence-level strategies: rows of ``features`` in schedule order."""
     m = features.n_sequences
-    obj = params.objective_()
+    obj = params.objective_weights()
     if name == "original":
         return np.arange(m, dtype=np.int64)
     if name == "random":
@@ -198,7 +198,7 @@ def _duplicate_separated(inp: Inputs) -> OrderingResult:
     sub_of_doc[docs] = subset
     seq_sub = sub_of_doc[first["doc_id"].to_numpy()]
     seq_ids = first["sequence_id"].to_numpy()
-    obj = inp.params.objective_()
+    obj = inp.params.objective_weights()
     parts = []
     for k in np.unique(seq_sub):
         ids = seq_ids[seq_sub == k]
