@@ -1,0 +1,119 @@
+"""`strata schedule` (sequence-level) and `strata schedule-docs` (document-level) commands.
+
+The lead's CLI calls ``register(subparsers)``; each subcommand's handler is ``args.func(args)``.
+``run_cli(argv)`` parses and runs these two commands alone (used by the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from pipeline.errors import StrataInputError
+from pipeline.io import write_parquet
+from pipeline.ordering.documents import WITHIN_SORTS
+from pipeline.ordering.features import sequence_features
+from pipeline.ordering.greedy import OBJECTIVES
+from pipeline.ordering.strategies import DOCUMENT_LEVEL, SEQUENCE_LEVEL, OrderParams, document_order, sequence_order
+
+SEGMENT_COLUMNS = ("sequence_id", "doc_id", "cluster", "doc_length", "n_tokens")
+DOCUMENT_COLUMNS = ("doc_id", "cluster", "n_tokens")
+
+
+def _read(path: str, columns: tuple[str, ...]) -> pl.DataFrame:
+    p = Path(path)
+    if not p.is_file():
+        raise StrataInputError("the input file does not exist", fix="give the path of a parquet file", path=p)
+    try:
+        df = pl.read_parquet(p)
+    except Exception as exc:  # polars raises several types for unreadable files
+        raise StrataInputError(f"cannot read it as parquet ({type(exc).__name__})", fix="give a parquet file", path=p) from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise StrataInputError(f"missing column(s) {', '.join(missing)}", fix=f"provide columns {', '.join(columns)}", path=p)
+    bad = [c for c in columns if df[c].null_count() or not df[c].dtype.is_integer()]
+    if bad:
+        raise StrataInputError(f"column(s) {', '.join(bad)} are not integers without nulls", fix="store them as integers", path=p)
+    if len(df) == 0:
+        raise StrataInputError("the table is empty", fix="give at least one row", path=p)
+    return df
+
+
+def _params(args: argparse.Namespace) -> OrderParams:
+    return OrderParams(
+        objective=getattr(args, "objective", "f3"),
+        bins=getattr(args, "bins", 100),
+        lam=getattr(args, "lam", 1.0),
+        noise=getattr(args, "noise", 0.0),
+        block_size=getattr(args, "block_size", 32),
+        curriculum=getattr(args, "curriculum", None),
+        within=getattr(args, "within", "original"),
+        window=getattr(args, "window", 4096),
+    )
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    """Order packed sequences; writes ORDER (position, sequence_id)."""
+    seg = _read(args.segments, SEGMENT_COLUMNS)
+    if (seg["n_tokens"] <= 0).any() or (seg["doc_length"] <= 0).any():
+        raise StrataInputError("n_tokens and doc_length must be > 0", fix="drop empty spans", path=args.segments)
+    f = sequence_features(
+        seg["sequence_id"].to_numpy(), seg["cluster"].to_numpy(), seg["doc_length"].to_numpy(),
+        seg["n_tokens"].to_numpy(), args.bins, seg["doc_id"].to_numpy(),
+    )  # fmt: skip
+    rows = sequence_order(args.strategy, f, _params(args), args.seed)
+    ids = f.sequence_ids[rows]
+    out = pl.DataFrame({"position": np.arange(ids.size, dtype=np.int64), "sequence_id": ids.astype(np.int64)})
+    write_parquet(out, args.out)
+    print(f"{args.strategy}: ordered {ids.size} sequences -> {args.out}")
+    return 0
+
+
+def cmd_schedule_docs(args: argparse.Namespace) -> int:
+    """Order documents; writes ORDER (position, doc_id)."""
+    docs = _read(args.documents, DOCUMENT_COLUMNS)
+    if (docs["n_tokens"] <= 0).any() or (docs["cluster"] < 0).any():
+        raise StrataInputError("n_tokens must be > 0 and cluster >= 0", fix="drop empty documents", path=args.documents)
+    params = _params(args)
+    local = document_order(args.strategy, docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy(), args.seq_len, params)
+    ids = docs["doc_id"].to_numpy()[local]
+    out = pl.DataFrame({"position": np.arange(ids.size, dtype=np.int64), "doc_id": ids.astype(np.int64)})
+    write_parquet(out, args.out)
+    print(f"{args.strategy}: ordered {ids.size} documents -> {args.out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `schedule` and `schedule-docs` to a parent parser's subcommands."""
+    p = subparsers.add_parser("schedule", help="order packed sequences (greedy, random, ...)")
+    p.add_argument("segments", help="parquet: sequence_id, doc_id, cluster, doc_length, n_tokens (one row per span)")
+    p.add_argument("--strategy", choices=SEQUENCE_LEVEL, default="greedy")
+    p.add_argument("--out", required=True, help="parquet to write: position, sequence_id")
+    p.add_argument("--objective", choices=OBJECTIVES, default="f3", help="greedy objective (seed 000), default f3")
+    p.add_argument("--bins", type=int, default=100, help="quantile document-length bins B (default 100)")
+    p.add_argument("--lambda", dest="lam", type=float, default=1.0, help="weight of the length (f3) / norm (f2) term")
+    p.add_argument("--noise", type=float, default=0.0, help="sigma_sched in units of Lbar^2 (default 0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=32, help="greedy_block_shuffle block in sequences")
+    p.add_argument("--curriculum", default=None, help="knots file (JSON/YAML) for greedy_curriculum")
+    p.add_argument("--window", type=int, default=4096, help="candidate pool of greedy_fast")
+    p.set_defaults(func=cmd_schedule)
+    d = subparsers.add_parser("schedule-docs", help="order documents before packing (stratified, ...)")
+    d.add_argument("documents", help="parquet: doc_id, cluster, n_tokens")
+    d.add_argument("--strategy", choices=DOCUMENT_LEVEL, default="stratified")
+    d.add_argument("--out", required=True, help="parquet to write: position, doc_id")
+    d.add_argument("--within", choices=WITHIN_SORTS, default="original", help="order inside each cluster")
+    d.add_argument("--seq-len", type=int, default=2048, help="sequence length (bin_packing bins)")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=cmd_schedule_docs)
+
+
+def run_cli(argv: list[str]) -> int:
+    """Parse ``argv`` with just these commands and run the chosen handler."""
+    parser = argparse.ArgumentParser(prog="strata")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)

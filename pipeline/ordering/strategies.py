@@ -1,0 +1,285 @@
+"""The ordering strategies, their registry and the one entry point (``run_strategy``).
+
+Sequence-level strategies permute the given packing's sequences. Document-level strategies
+(and ``cluster_packed`` / ``duplicate_separated``) order documents and repack them with
+``pipeline.packing.pack_concat``; their result carries the new segments and the order refers to
+those sequence ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import numpy as np
+import polars as pl
+
+from pipeline.errors import StrataInputError
+from pipeline.ordering.curriculum import curriculum_greedy_order, load_curriculum
+from pipeline.ordering.documents import (
+    WITHIN_SORTS,
+    bin_packing_order,
+    round_robin_order,
+    stratified_order,
+    token_weighted_order,
+)
+from pipeline.ordering.features import SequenceFeatures, sequence_features
+from pipeline.ordering.greedy import Objective, greedy_order, greedy_windowed_order
+from pipeline.packing import SEGMENT_SCHEMA, check_seq_len, pack_concat
+
+Level = Literal["sequence", "document"]
+
+
+@dataclass(frozen=True)
+class OrderParams:
+    """Knobs of all strategies (each uses the ones it names in its description)."""
+
+    objective: str = "f3"  # greedy objective: f1 | f2 | f3 (seed 000)
+    bins: int = 100  # B quantile length bins (f3)
+    lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
+    noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
+    block_size: int = 32  # greedy_block_shuffle block, in sequences (one batch)
+    curriculum: str | None = None  # knots file (JSON/YAML) for greedy_curriculum
+    within: str = "original"  # within-cluster sort of the document-level strategies
+    window: int = 4096  # candidate pool of greedy_fast
+
+    def objective_weights(self) -> Objective:
+        return Objective.named(self.objective, self.lam)
+
+
+@dataclass(frozen=True)
+class OrderingResult:
+    order: pl.DataFrame  # position Int64, sequence_id Int64
+    segments: pl.DataFrame | None  # new packing (SEGMENT_SCHEMA) when the strategy repacked
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Per-document arrays (indexed by doc_id) and the base packing."""
+
+    cluster: np.ndarray  # int64, -1 where the doc_id is absent
+    length: np.ndarray  # int64 stream length (n_tokens incl. EOS), 0 where absent
+    present: np.ndarray  # doc ids present, ascending
+    content_hash: np.ndarray | None  # per doc_id, or None
+    segments: pl.DataFrame
+    seq_len: int
+    params: OrderParams
+    seed: int
+
+    def features(self, segments: pl.DataFrame | None = None) -> SequenceFeatures:
+        seg = self.segments if segments is None else segments
+        d = seg["doc_id"].to_numpy()
+        return sequence_features(
+            seg["sequence_id"].to_numpy(), self.cluster[d], self.length[d], seg["n_tokens"].to_numpy(), self.params.bins, d
+        )
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    level: Level
+    description: str
+    run: Callable[[Inputs], OrderingResult]
+
+
+def _order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"position": np.arange(sequence_ids.size, dtype=np.int64), "sequence_id": np.asarray(sequence_ids, dtype=np.int64)},
+        schema={"position": pl.Int64, "sequence_id": pl.Int64},
+    )
+
+
+def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, seed: int) -> np.ndarray:
+    """Array API of the sequence-level strategies: rows of ``features`` in schedule order."""
+    m = features.n_sequences
+    obj = params.objective_weights()
+    if name == "original":
+        return np.arange(m, dtype=np.int64)
+    if name == "random":
+        return np.random.default_rng(seed).permutation(m)
+    if name == "greedy":
+        return greedy_order(features, obj, params.noise, seed)
+    if name == "greedy_fast":
+        return greedy_windowed_order(features, obj, params.window, seed, params.noise)
+    if name == "greedy_curriculum":
+        if params.curriculum is None:
+            raise StrataInputError("greedy_curriculum needs a curriculum", fix="pass --curriculum KNOTS.json (or .yaml)")
+        cur = load_curriculum(params.curriculum, features.clusters.n_cols)
+        return curriculum_greedy_order(features, cur, obj.lam_bins, params.noise, seed)
+    if name == "greedy_block_shuffle":
+        if params.block_size < 1:
+            raise StrataInputError(f"block size {params.block_size} is impossible", fix="use --block-size >= 1")
+        rows = greedy_order(features, obj, params.noise, seed)
+        n_blocks = -(-m // params.block_size)
+        blocks = np.random.default_rng(seed).permutation(n_blocks)
+        return np.concatenate([rows[b * params.block_size : (b + 1) * params.block_size] for b in blocks])
+    raise StrataInputError(f"{name!r} is not a sequence-level strategy", fix=f"use one of {', '.join(SEQUENCE_LEVEL)}")
+
+
+def document_order(name: str, cluster: np.ndarray, length: np.ndarray, seq_len: int, params: OrderParams) -> np.ndarray:
+    """Array API of the document-level strategies: a permutation of the documents' indices."""
+    if params.within not in WITHIN_SORTS:
+        raise StrataInputError(f"unknown within-cluster sort {params.within!r}", fix=f"use one of {', '.join(WITHIN_SORTS)}")
+    if name == "stratified":
+        return stratified_order(cluster, length, params.within)
+    if name == "token_weighted":
+        return token_weighted_order(cluster, length, params.within)
+    if name == "round_robin":
+        return round_robin_order(cluster, length, params.within)
+    if name == "bin_packing":
+        check_seq_len(seq_len)
+        return bin_packing_order(cluster, length, seq_len, params.within)
+    raise StrataInputError(f"{name!r} is not a document-level strategy", fix=f"use one of {', '.join(DOCUMENT_LEVEL)}")
+
+
+def _sequence_strategy(name: str) -> Callable[[Inputs], OrderingResult]:
+    def run(inp: Inputs) -> OrderingResult:
+        f = inp.features()
+        return OrderingResult(_order_frame(f.sequence_ids[sequence_order(name, f, inp.params, inp.seed)]), None)
+
+    return run
+
+
+def _repack(inp: Inputs, doc_order: np.ndarray) -> pl.DataFrame:
+    return pack_concat(doc_order, np.maximum(inp.length, 1), inp.seq_len).segments
+
+
+def _document_strategy(name: str) -> Callable[[Inputs], OrderingResult]:
+    def run(inp: Inputs) -> OrderingResult:
+        local = document_order(name, inp.cluster[inp.present], inp.length[inp.present], inp.seq_len, inp.params)
+        seg = _repack(inp, inp.present[local])
+        return OrderingResult(_order_frame(np.unique(seg["sequence_id"].to_numpy())), seg)
+
+    return run
+
+
+def _cluster_packed(inp: Inputs) -> OrderingResult:
+    """Seed 000's minimum-diversity baseline: pack each cluster's documents together, shuffle."""
+    docs = inp.present[np.lexsort((inp.present, inp.cluster[inp.present]))]
+    seg = _repack(inp, docs)
+    ids = np.unique(seg["sequence_id"].to_numpy())
+    return OrderingResult(_order_frame(ids[np.random.default_rng(inp.seed).permutation(ids.size)]), seg)
+
+
+def duplicate_subsets(content_hash: np.ndarray, cluster: np.ndarray, seed: int) -> np.ndarray:
+    """Seed 000 Idea 3: split documents into max-multiplicity subsets, each duplicate-free.
+
+    The k-th of m copies goes to subset floor(k * n_sub / m) (copies spread evenly, never two in
+    one subset); unique documents are dealt across subsets cluster by cluster in a seeded order,
+    so each subset keeps the global cluster weights ("cluster weight aware subsets").
+    """
+    n = content_hash.size
+    _, inv, counts = np.unique(content_hash, return_inverse=True, return_counts=True)
+    n_sub = int(counts.max()) if n else 1
+    mult = counts[inv]
+    order = np.lexsort((np.arange(n), inv))
+    occ = np.empty(n, dtype=np.int64)
+    occ[order] = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
+    subset = (occ * n_sub) // mult
+    uniq = np.flatnonzero(mult == 1)
+    if uniq.size:
+        rnd = np.random.default_rng(seed).permutation(uniq.size)
+        by = np.lexsort((rnd, cluster[uniq]))
+        subset[uniq[by]] = np.arange(uniq.size) % n_sub
+    return subset
+
+
+def _duplicate_separated(inp: Inputs) -> OrderingResult:
+    """Seed 000 Idea 3: duplicate-free subsets, each packed and greedy-ordered, concatenated."""
+    if inp.content_hash is None:
+        raise StrataInputError("duplicate_separated needs a content_hash per document", fix="add a content_hash column to the documents")
+    docs = inp.present
+    subset = duplicate_subsets(inp.content_hash[docs], inp.cluster[docs], inp.seed)
+    shuffle = np.random.default_rng(inp.seed).permutation(docs.size)
+    doc_order = docs[shuffle[np.argsort(subset[shuffle], kind="stable")]]
+    seg = _repack(inp, doc_order)
+    first = seg.group_by("sequence_id").agg(pl.col("doc_id").first()).sort("sequence_id")
+    sub_of_doc = np.full(inp.cluster.size, -1, dtype=np.int64)
+    sub_of_doc[docs] = subset
+    seq_sub = sub_of_doc[first["doc_id"].to_numpy()]
+    seq_ids = first["sequence_id"].to_numpy()
+    obj = inp.params.objective_weights()
+    parts = []
+    for k in np.unique(seq_sub):
+        ids = seq_ids[seq_sub == k]
+        f = inp.features(seg.filter(pl.col("sequence_id").is_in(ids.tolist())))
+        parts.append(f.sequence_ids[greedy_order(f, obj, inp.params.noise, inp.seed)])
+    return OrderingResult(_order_frame(np.concatenate(parts)), seg)
+
+
+SEQUENCE_LEVEL = ("original", "random", "greedy", "greedy_fast", "greedy_curriculum", "greedy_block_shuffle")
+DOCUMENT_LEVEL = ("stratified", "token_weighted", "round_robin", "bin_packing")
+
+_DESCRIPTIONS = {
+    "original": "packing order",
+    "random": "seeded uniform permutation of the sequences",
+    "greedy": "exact greedy of seed 000/002 (objective f1|f2|f3, bins, lam, noise)",
+    "greedy_fast": "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
+    "greedy_curriculum": "greedy with curriculum targets E_j(S) from a knots file (seed 002)",
+    "greedy_block_shuffle": "greedy order cut into blocks of `block_size` sequences, blocks shuffled (seed 000, 411M)",
+    "stratified": "seed 001 stratified greedy on document counts (within-cluster sort `within`), repacked",
+    "token_weighted": "seed 000 Idea 1: document-level greedy on token deficits, repacked",
+    "round_robin": "one document per cluster in turn, repacked",
+    "bin_packing": "worst-fit packing of round-robin documents into sequence-sized bins, repacked",
+    "cluster_packed": "documents packed cluster by cluster, sequences shuffled (minimum diversity baseline)",
+    "duplicate_separated": "seed 000 Idea 3: duplicate-free subsets, each greedy-ordered, concatenated",
+}
+
+STRATEGIES: dict[str, Strategy] = {
+    **{n: Strategy(n, "sequence", _DESCRIPTIONS[n], _sequence_strategy(n)) for n in SEQUENCE_LEVEL},
+    **{n: Strategy(n, "document", _DESCRIPTIONS[n], _document_strategy(n)) for n in DOCUMENT_LEVEL},
+    "cluster_packed": Strategy("cluster_packed", "document", _DESCRIPTIONS["cluster_packed"], _cluster_packed),
+    "duplicate_separated": Strategy("duplicate_separated", "document", _DESCRIPTIONS["duplicate_separated"], _duplicate_separated),
+}
+
+
+_WHAT_COLUMNS = {"documents": "doc_id, cluster, n_tokens (stream length incl. EOS)", "segments": ", ".join(SEGMENT_SCHEMA)}
+
+
+def _column(df: pl.DataFrame, name: str, what: str) -> np.ndarray:
+    if name not in df.columns:
+        raise StrataInputError(f"the {what} table has no `{name}` column", fix=f"provide columns {_WHAT_COLUMNS[what]}")
+    col = df[name]
+    if col.null_count():
+        raise StrataInputError(f"the {what} column `{name}` has missing values", fix="fill or drop those rows")
+    return col.to_numpy()
+
+
+
+def run_strategy(
+    name: str, docs: pl.DataFrame, segments: pl.DataFrame, seq_len: int, params: OrderParams, seed: int
+) -> OrderingResult:
+    """Order the training stream with strategy ``name`` (the one call of the asset and the CLI).
+
+    ``docs``: doc_id, cluster, n_tokens (stream length incl. EOS), optional content_hash.
+    ``segments``: the base packing (pipeline.packing SEGMENT_SCHEMA); document-level strategies
+    ignore it and repack, returning their own segments.
+    """
+    if name not in STRATEGIES:
+        raise StrataInputError(f"unknown ordering strategy {name!r}", fix=f"use one of {', '.join(STRATEGIES)}")
+    doc_id = _column(docs, "doc_id", "documents").astype(np.int64)
+    clus = _column(docs, "cluster", "documents").astype(np.int64)
+    ntok = _column(docs, "n_tokens", "documents").astype(np.int64)
+    if doc_id.size == 0:
+        raise StrataInputError("there are no documents", fix="give at least one document")
+    if doc_id.min() < 0 or np.unique(doc_id).size != doc_id.size:
+        raise StrataInputError("doc_id values are negative or repeated", fix="use unique doc ids 0..N-1")
+    if clus.min() < 0:
+        raise StrataInputError("a cluster id is negative", fix="use cluster ids 0..K-1")
+    if ntok.min() <= 0:
+        raise StrataInputError("a document has n_tokens <= 0", fix="n_tokens is the stream length incl. EOS (>= 1)")
+    n = int(doc_id.max()) + 1
+    cluster = np.full(n, -1, dtype=np.int64)
+    length = np.zeros(n, dtype=np.int64)
+    cluster[doc_id], length[doc_id] = clus, ntok
+    content_hash = None
+    if "content_hash" in docs.columns:
+        content_hash = np.zeros(n, dtype=docs["content_hash"].to_numpy().dtype)
+        content_hash[doc_id] = docs["content_hash"].to_numpy()
+    for c in ("sequence_id", "doc_id", "n_tokens"):
+        _column(segments, c, "segments")
+    seg_docs = segments["doc_id"].to_numpy()
+    if seg_docs.size and (seg_docs.max() >= n or (cluster[seg_docs] < 0).any()):
+        raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
+    inp = Inputs(cluster, length, np.sort(doc_id), content_hash, segments, int(seq_len), params, int(seed))
+    return STRATEGIES[name].run(inp)

@@ -1,0 +1,369 @@
+"""Ordering engine: exactness against a brute-force f3 greedy, permutations, noise, curriculum,
+quality on the demo corpus, and the two CLI commands."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import scipy.stats
+
+from pipeline.errors import StrataInputError
+from pipeline.ordering import (
+    STRATEGIES,
+    Objective,
+    OrderParams,
+    curriculum_from_dict,
+    greedy_order,
+    greedy_windowed_order,
+    run_strategy,
+    sequence_features,
+    sequence_order,
+    tie_tolerance,
+)
+from pipeline.ordering.cli import run_cli
+from pipeline.ordering.curriculum import curriculum_greedy_order
+from pipeline.ordering.documents import cluster_queues, stratified_order
+from pipeline.ordering.metrics import distinct_per_batch, distinct_per_sequence, prefix_error
+from pipeline.ordering.strategies import duplicate_subsets
+from pipeline.packing import pack_concat
+
+SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+CORPUS = SHARED / "data" / "corpus" / "demo_corpus.jsonl.gz"
+
+
+def dense(x, m):
+    out = np.zeros((m, x.n_cols))
+    out[np.repeat(np.arange(m), np.diff(x.indptr)), x.indices] = x.data
+    return out
+
+
+def brute_force_greedy(f, obj: Objective) -> np.ndarray:
+    """Reference: evaluate seed 000/002's f for every unscheduled sequence at every step.
+
+    Same documented tie rule as the library: scores within tie_tolerance of the minimum tie,
+    the lowest row wins.
+    """
+    m = f.n_sequences
+    C, Lb = dense(f.clusters, m), dense(f.bins, m)
+    ell = C.sum(1)
+    tau, kap = C.sum(0) / ell.sum(), Lb.sum(0) / ell.sum()
+    norm = np.sqrt((C**2).sum(1))
+    rho = norm.sum() / ell.sum()
+    T, U, S, N = np.zeros(C.shape[1]), np.zeros(Lb.shape[1]), 0.0, 0.0
+    live = np.ones(m, bool)
+    tol = tie_tolerance(ell.max(), obj.lam_bins, obj.mu_norm)
+    out = []
+    for _ in range(m):
+        idx = np.flatnonzero(live)
+        Sp = (S + ell[idx])[:, None]
+        score = (((T + C[idx]) - tau * Sp) ** 2).sum(1)
+        score += obj.lam_bins * (((U + Lb[idx]) - kap * Sp) ** 2).sum(1)
+        score += obj.mu_norm * (N + norm[idx] - rho * Sp[:, 0]) ** 2
+        s = idx[np.flatnonzero(score <= score.min() + tol)[0]]
+        out.append(s)
+        live[s] = False
+        T, U, S, N = T + C[s], U + Lb[s], S + ell[s], N + norm[s]
+    return np.array(out)
+
+
+def packed_instance(rng, n_docs, seq_len, k, max_len, ties=False):
+    if ties:  # equal-length documents of few clusters: many identical sequences
+        lengths = np.full(n_docs, seq_len // 4)
+        cluster = rng.integers(0, k, n_docs) // 2 * 2
+    else:
+        lengths = rng.integers(1, max_len, n_docs)
+        cluster = rng.integers(0, k, n_docs)
+    seg = pack_concat(np.arange(n_docs), lengths, seq_len).segments
+    d = seg["doc_id"].to_numpy()
+    return sequence_features(seg["sequence_id"].to_numpy(), cluster[d], lengths[d], seg["n_tokens"].to_numpy(), 12, d)
+
+
+def variable_instance(rng, m, k):
+    """Sequences of variable length l_s (seed 002) with 1-4 spans each."""
+    spans = rng.integers(1, 5, m)
+    seq = np.repeat(np.arange(m), spans)
+    return sequence_features(seq, rng.integers(0, k, seq.size), rng.integers(5, 400, seq.size), rng.integers(1, 50, seq.size), 10)
+
+
+def instances():
+    rng = np.random.default_rng(2024)
+    out = []
+    for i in range(24):
+        kind = i % 4
+        if kind == 0:
+            f = packed_instance(rng, int(rng.integers(200, 1500)), 64, int(rng.integers(2, 15)), 150)
+        elif kind == 1:
+            f = packed_instance(rng, int(rng.integers(400, 2400)), 64, int(rng.integers(4, 9)), 0, ties=True)
+        elif kind == 2:
+            f = variable_instance(rng, int(rng.integers(100, 1500)), int(rng.integers(2, 20)))
+        else:
+            f = packed_instance(rng, int(rng.integers(60, 400)), 32, 40, 300)
+        out.append((f, ["f3", "f3", "f1", "f2"][i % 4 if i < 20 else 0], [1.0, 0.5, 2.0, 1.0][i % 4]))
+    return out
+
+
+def test_exact_greedy_matches_brute_force():
+    has_ties = 0
+    for f, objective, lam in instances():
+        assert f.n_sequences <= 2000
+        obj = Objective.named(objective, lam)
+        fast = greedy_order(f, obj)
+        ref = brute_force_greedy(f, obj)
+        assert np.array_equal(fast, ref), (objective, f.n_sequences)
+        key = np.round(dense(f.clusters, f.n_sequences), 6)
+        has_ties += np.unique(key, axis=0).shape[0] < f.n_sequences
+    assert has_ties >= 6  # instances with identical sequences (exact ties) are covered
+
+
+def test_windowed_mode_is_exact_when_the_pool_holds_everything():
+    f = packed_instance(np.random.default_rng(3), 1500, 64, 7, 120)
+    obj = Objective.named("f3", 1.0)
+    assert np.array_equal(greedy_windowed_order(f, obj, window=f.n_sequences), greedy_order(f, obj))
+    small = greedy_windowed_order(f, obj, window=64, seed=1)
+    assert np.array_equal(np.sort(small), np.arange(f.n_sequences))
+
+
+def toy_tables(rng, n=900, k=6, seq_len=128):
+    lengths = rng.integers(2, 220, n)
+    docs = pl.DataFrame(
+        {"doc_id": np.arange(n), "cluster": rng.integers(0, k, n), "n_tokens": lengths, "content_hash": rng.integers(0, 700, n)}
+    )
+    return docs, pack_concat(np.arange(n), lengths, seq_len).segments
+
+
+def test_every_strategy_returns_a_permutation(tmp_path):
+    rng = np.random.default_rng(5)
+    docs, seg = toy_tables(rng)
+    knots = tmp_path / "cur.yaml"
+    knots.write_text("knots:\n  - tokens: 1000\n    logits: {0: 2.0}\n  - tokens: 100000\n    logits: {5: 2.0}\n")
+    params = OrderParams(bins=16, curriculum=str(knots))
+    for name, strategy in STRATEGIES.items():
+        res = run_strategy(name, docs, seg, 128, params, seed=1)
+        assert res.order.columns == ["position", "sequence_id"]
+        assert np.array_equal(res.order["position"].to_numpy(), np.arange(len(res.order)))
+        if strategy.level == "sequence":
+            assert res.segments is None
+            packing = seg
+        else:
+            packing = res.segments
+            # repacking keeps every document's tokens, except the incomplete last sequence
+            kept = packing.group_by("doc_id").agg(pl.col("n_tokens").sum())
+            assert kept["doc_id"].n_unique() >= len(docs) - 4
+            assert int(packing["n_tokens"].sum()) > int(docs["n_tokens"].sum()) - 128
+        ids = np.unique(packing["sequence_id"].to_numpy())
+        assert np.array_equal(np.sort(res.order["sequence_id"].to_numpy()), ids), name
+    again = run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=1)
+    assert again.order.equals(run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=1).order)
+
+
+def test_block_shuffle_keeps_greedy_blocks():
+    f = packed_instance(np.random.default_rng(8), 1200, 64, 5, 100)
+    p = OrderParams(block_size=32)
+    g = sequence_order("greedy", f, p, 0)
+    b = sequence_order("greedy_block_shuffle", f, p, 0)
+    blocks = {int(g[i]): g[i : i + 32] for i in range(0, g.size, 32)}  # first row -> block
+    p, seen = 0, 0
+    while p < b.size:  # b is the greedy blocks (the last one partial) in another order
+        block = blocks[int(b[p])]
+        assert np.array_equal(b[p : p + block.size], block)
+        p, seen = p + block.size, seen + 1
+    assert seen == len(blocks) and not np.array_equal(b, g)
+
+
+def test_noise_zero_is_deterministic_and_large_noise_is_a_shuffle():
+    f = packed_instance(np.random.default_rng(11), 700, 64, 6, 120)
+    obj = Objective.named("f3", 1.0)
+    g = greedy_order(f, obj)
+    assert np.array_equal(greedy_order(f, obj, noise=0.0, seed=9), g)
+    assert np.array_equal(greedy_order(f, obj, noise=0.5, seed=3), greedy_order(f, obj, noise=0.5, seed=3))
+    # rank correlation with the deterministic order: strong for small sigma, ~0 for huge sigma
+    pos = np.empty(g.size)
+    pos[g] = np.arange(g.size)
+    small = np.corrcoef(pos[greedy_order(f, obj, noise=1e-3, seed=1)], np.arange(g.size))[0, 1]
+    mid = np.corrcoef(pos[greedy_order(f, obj, noise=1.0, seed=1)], np.arange(g.size))[0, 1]
+    huge = [np.corrcoef(pos[greedy_order(f, obj, noise=1e9, seed=s)], np.arange(g.size))[0, 1] for s in range(5)]
+    assert small > 0.7 and small > mid > 0.1
+    assert abs(np.mean(huge)) < 4 / np.sqrt(5 * g.size)  # |r| of independent orders ~ 1/sqrt(n)
+    # the first pick under huge noise is uniform over the sequences (chi-square at p = 0.001)
+    tiny = packed_instance(np.random.default_rng(12), 40, 64, 3, 60)
+    k = tiny.n_sequences
+    firsts = np.array([greedy_order(tiny, obj, noise=1e9, seed=s)[0] for s in range(40 * k)])
+    counts = np.bincount(firsts, minlength=k)
+    assert ((counts - 40.0) ** 2 / 40.0).sum() < scipy.stats.chi2.ppf(0.999, k - 1)
+    assert counts[greedy_order(tiny, obj)[0]] < 80  # not stuck on the deterministic first pick
+
+
+def test_constant_curriculum_equals_fixed_mixture_greedy():
+    f = packed_instance(np.random.default_rng(21), 700, 64, 5, 120)
+    tau = f.clusters.column_totals() / f.lengths.sum()
+    cur = curriculum_from_dict({"knots": [{"tokens": 10, "logits": np.log(tau).tolist()}]}, 5)
+    s = np.array([5.0, 900.0, 4e4])
+    assert np.allclose(cur.cumulative(s), s[:, None] * tau)
+    obj = Objective.named("f3", 1.0)
+    assert np.array_equal(curriculum_greedy_order(f, cur, 1.0), greedy_order(f, obj))
+
+
+def test_curriculum_moves_clusters_in_time():
+    f = packed_instance(np.random.default_rng(22), 900, 64, 2, 100)
+    total = f.lengths.sum()
+    # cluster 0 favoured early, cluster 1 late (knots at 25% and 75% of the tokens)
+    cur = curriculum_from_dict({"knots": [{"tokens": total * 0.25, "logits": [3, -3]}, {"tokens": total * 0.75, "logits": [-3, 3]}]}, 2)
+    e = cur.cumulative(np.array([total * 0.05, total * 0.9]))
+    assert e[0, 0] > 0.9 * total * 0.05 and np.isclose(e.sum(1), [total * 0.05, total * 0.9]).all()
+    order = curriculum_greedy_order(f, cur, 1.0)
+    c0 = dense(f.clusters, f.n_sequences)[:, 0] / f.lengths
+    first, last = c0[order[: order.size // 5]].mean(), c0[order[-order.size // 5 :]].mean()
+    assert first > 0.8 and last < 0.35
+
+
+def test_curriculum_file_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"knots": [{"tokens": 10, "logits": {"7": 1}}]}))
+    params = OrderParams(curriculum=str(bad))
+    f = packed_instance(np.random.default_rng(1), 100, 64, 3, 50)
+    with pytest.raises(StrataInputError, match="cluster 7"):
+        sequence_order("greedy_curriculum", f, params, 0)
+    with pytest.raises(StrataInputError, match="needs a curriculum"):
+        sequence_order("greedy_curriculum", f, OrderParams(), 0)
+
+
+def test_stratified_matches_seed_001_loop_and_sorts():
+    rng = np.random.default_rng(4)
+    cluster, length = rng.integers(0, 5, 400), rng.integers(1, 90, 400)
+    # seed 001's reference: a Python loop picking the largest deficit (global document shares)
+    queues = {j: [d for d in range(400) if cluster[d] == j] for j in range(5)}
+    n = {j: len(q) for j, q in queues.items()}
+    placed = dict.fromkeys(range(5), 0)
+    ref = []
+    for t in range(400):
+        j = max((j for j in range(5) if placed[j] < n[j]), key=lambda j: (n[j] / 400 * (t + 1) - placed[j], -j))
+        ref.append(queues[j][placed[j]])
+        placed[j] += 1
+    assert np.array_equal(stratified_order(cluster, length), ref)
+    q, ptr = cluster_queues(np.zeros(5, int), np.array([5, 1, 4, 2, 3]), "length-riffle")
+    assert q.tolist() == [1, 0, 3, 2, 4]  # lengths 1, 5, 2, 4, 3
+    q, _ = cluster_queues(np.zeros(5, int), np.array([5, 1, 4, 2, 3]), "length-desc")
+    assert q.tolist() == [0, 2, 4, 3, 1]
+
+
+def test_duplicate_subsets_are_duplicate_free_and_cluster_balanced():
+    rng = np.random.default_rng(6)
+    h = np.concatenate([np.arange(600), np.repeat([1000, 1001], [4, 3]), np.arange(50)])
+    cluster = rng.integers(0, 3, h.size)
+    sub = duplicate_subsets(h, cluster, seed=0)
+    assert sub.max() == 3  # four copies at most -> four subsets
+    for k in range(4):
+        assert np.unique(h[sub == k]).size == (sub == k).sum()
+    shares = np.array([[np.mean(cluster[sub == k] == j) for j in range(3)] for k in range(4)])
+    assert np.abs(shares - shares.mean(0)).max() < 0.05
+
+
+def test_bad_inputs_get_clear_errors():
+    rng = np.random.default_rng(7)
+    docs, seg = toy_tables(rng, n=60)
+    with pytest.raises(StrataInputError, match="unknown ordering strategy"):
+        run_strategy("shuffle", docs, seg, 128, OrderParams(), 0)
+    with pytest.raises(StrataInputError, match="lambda"):
+        run_strategy("greedy", docs, seg, 128, OrderParams(lam=-1), 0)
+    with pytest.raises(StrataInputError, match="objective"):
+        run_strategy("greedy", docs, seg, 128, OrderParams(objective="f4"), 0)
+    with pytest.raises(StrataInputError, match="content_hash"):
+        run_strategy("duplicate_separated", docs.drop("content_hash"), seg, 128, OrderParams(), 0)
+    with pytest.raises(StrataInputError, match="missing from the documents"):
+        run_strategy("greedy", docs.filter(pl.col("doc_id") < 30), seg, 128, OrderParams(), 0)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    if not CORPUS.exists():
+        pytest.skip(f"demo corpus not found at {CORPUS} (set STRATA_SHARED)")
+    rows = []
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i % 10 == 0:  # a strided slice: the file is grouped by domain
+                r = json.loads(line)
+                rows.append((r["domain"], len(r["text"].split()) + 1))  # whitespace tokens + EOS
+    domains = sorted({d for d, _ in rows})
+    cluster = np.array([domains.index(d) for d, _ in rows])
+    length = np.array([n for _, n in rows])
+    docs = pl.DataFrame({"doc_id": np.arange(len(rows)), "cluster": cluster, "n_tokens": length})
+    seg = pack_concat(np.arange(len(rows)), length, 256).segments  # original (file) order
+    d = seg["doc_id"].to_numpy()
+    f = sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), 100, d)
+    return docs, seg, f
+
+
+def test_demo_greedy_tracks_the_mixture_better_than_random(demo):
+    """Seed 000's claims on the demo corpus (clusters = 8 domains, batch = 32 x 256 tokens).
+
+    Prefix error: greedy is below random at every logged batch boundary after the first 4.
+    Batch diversity: the strict claim "greedy's worst batch has more distinct clusters than
+    random's best" does NOT hold here and cannot: random's best batch already holds all 8
+    domains (the ceiling), while the rare domains (e.g. `science`, a handful of documents) lie in
+    fewer sequences than there are batches, so no order can put them in every batch. We assert
+    what can hold: greedy's worst batch misses at most those rare domains and is no worse than
+    random's median batch. Length bins: greedy's worst batches (34 of 37 bins) are among its last,
+    where few sequences remain to choose from; we assert its worst >= random's worst and its mean
+    above random's mean.
+    """
+    _, _, f = demo
+    g = sequence_order("greedy", f, OrderParams(), 0)
+    r = sequence_order("random", f, OrderParams(), 0)
+    points = np.arange(32, f.n_sequences, 32)
+    eg, er = prefix_error(f.clusters, f.lengths, g, points), prefix_error(f.clusters, f.lengths, r, points)
+    assert (eg[4:] < er[4:]).all()
+    n_batches = f.n_sequences // 32
+    dg, dr = distinct_per_batch(f.clusters, g)[:n_batches], distinct_per_batch(f.clusters, r)[:n_batches]
+    seqs_per_cluster = np.bincount(f.clusters.indices, minlength=f.clusters.n_cols)
+    rare = int((seqs_per_cluster < n_batches).sum())
+    assert rare >= 1 and dr.max() == f.clusters.n_cols
+    assert dg.min() >= f.clusters.n_cols - rare and dg.min() >= np.median(dr) and dg.mean() > dr.mean()
+    bg, br = distinct_per_batch(f.bins, g)[:n_batches], distinct_per_batch(f.bins, r)[:n_batches]
+    assert bg.min() >= br.min() and bg.mean() > br.mean()
+
+
+def test_demo_stratified_beats_original_on_clusters_per_sequence(demo):
+    docs, seg, f = demo
+    cluster = docs["cluster"].to_numpy()
+    res = run_strategy("stratified", docs, seg, 256, OrderParams(), 0)
+    d = res.segments["doc_id"].to_numpy()
+    s = sequence_features(res.segments["sequence_id"].to_numpy(), cluster[d], d * 0 + 1, res.segments["n_tokens"].to_numpy(), 1)
+    orig, strat = distinct_per_sequence(f.clusters), distinct_per_sequence(s.clusters)
+    assert strat.mean() > 1.5 * orig.mean()
+
+
+def test_cli_schedule_and_schedule_docs(tmp_path, capsys):
+    rng = np.random.default_rng(9)
+    docs, seg = toy_tables(rng, n=500)
+    cl, ln = docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy()
+    table = seg.select(
+        "sequence_id",
+        "doc_id",
+        pl.Series("cluster", cl[seg["doc_id"].to_numpy()]),
+        pl.Series("doc_length", ln[seg["doc_id"].to_numpy()]),
+        "n_tokens",
+    )
+    table.write_parquet(tmp_path / "seg.parquet")
+    out = tmp_path / "order.parquet"
+    argv = ["schedule", str(tmp_path / "seg.parquet"), "--strategy", "greedy", "--out", str(out), "--bins", "16"]
+    assert run_cli(argv + ["--lambda", "0.5", "--seed", "3"]) == 0
+    order = pl.read_parquet(out)
+    expected = run_strategy("greedy", docs, seg, 128, OrderParams(bins=16, lam=0.5), 3).order
+    assert order.equals(expected)
+    docs.select("doc_id", "cluster", "n_tokens").write_parquet(tmp_path / "docs.parquet")
+    dout = tmp_path / "docs_order.parquet"
+    run_cli(["schedule-docs", str(tmp_path / "docs.parquet"), "--out", str(dout), "--within", "length-riffle"])
+    got = pl.read_parquet(dout)
+    assert got.columns == ["position", "doc_id"] and np.array_equal(np.sort(got["doc_id"].to_numpy()), np.arange(500))
+    assert np.array_equal(got["doc_id"].to_numpy(), stratified_order(cl, ln, "length-riffle"))
+    table.drop("doc_length").write_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(StrataInputError, match="doc_length"):
+        run_cli(["schedule", str(tmp_path / "bad.parquet"), "--out", str(out)])
+    with pytest.raises(StrataInputError, match="does not exist"):
+        run_cli(["schedule", str(tmp_path / "nope.parquet"), "--out", str(out)])
