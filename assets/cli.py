@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, help="YAML/JSON config (see README 'Configuration')")
     run.add_argument("--data-root", default=None, help="overrides data_root of the config")
     run.set_defaults(func=cmd_run)
+    from pipeline import calibrate
+    from pipeline.ordering import cli as ordering_cli
+
+    ordering_cli.register(sub)
+    calibrate.register(sub)
     return parser
 
 

@@ -8,7 +8,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings, strategy_partitions
 from pipeline.io import write_parquet
-from pipeline.ordering import run_strategy
+from pipeline.ordering import OrderParams, run_strategy
 
 STRATEGY_PARTITIONS = strategy_partitions()
 
@@ -28,7 +28,10 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     cfg, layout = settings.config(), settings.layout()
     strategy = context.partition_key
     docs, segments = ordering_inputs(layout)
-    params = {"bins": cfg.length_bins, "lam": cfg.lam}
+    params = OrderParams(
+        objective=cfg.objective, bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
+        curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
+    )
     result = run_strategy(strategy, docs, segments, cfg.seq_len, params, cfg.seed)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
@@ -39,7 +42,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
-        {"strategy": strategy, **params, "seed": cfg.seed},
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed},
         {"repacked": result.segments is not None},
     )
 

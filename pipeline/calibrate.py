@@ -135,7 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--niter", type=int, default=20, help="k-means iterations")
     p.add_argument("--threads", type=int, default=1, help="faiss OpenMP threads")
     p.add_argument("--plot", type=Path, default=None, help="write the silhouette-vs-k PNG here")
-    p.set_defaults(handler=handle)
+    p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ class CorpusConfig:
     id_field: str = "id"  # missing => ids are line numbers
     source_field: str = "source"  # label used for per-source evaluation; missing => "corpus"
     max_docs: int = 0  # 0 = all (a seeded sample otherwise)
-    builtin_max_docs: int = 4000  # cap of the built-in corpus (deterministic selection)
+    builtin_max_docs: int = 3000  # cap of the built-in corpus (deterministic selection)
     on_error: str = "fail"  # fail | skip
 
 
@@ -50,9 +50,14 @@ class StrataConfig:
     # sequences
     seq_len: int = 256
     # orderings
-    strategies: list[str] = field(default_factory=lambda: ["random", "greedy"])
+    strategies: list[str] = field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed"])
+    objective: str = "f3"  # greedy objective f1 | f2 | f3 (seed 000)
     length_bins: int = 100
     lam: float = 1.0
+    noise: float = 0.0  # sigma_sched (units of mean sequence length squared)
+    curriculum: str = ""  # knots file for greedy_curriculum
+    within: str = "original"  # within-cluster sort of document-level strategies
+    window: int = 4096  # candidate pool of greedy_fast
     batch_size: int = 16  # sequences per optimizer step (also the diagnostics batch)
     # training
     model_preset: str = "tiny"
@@ -86,8 +91,11 @@ class StrataConfig:
             bad("length_bins", self.length_bins, "use >= 1 bins")
         if self.corpus.on_error not in ("fail", "skip"):
             bad("corpus.on_error", self.corpus.on_error, "use 'fail' or 'skip'")
-        if not self.strategies:
-            bad("strategies", self.strategies, "list at least one ordering strategy, e.g. [random, greedy]")
+        from pipeline.ordering import STRATEGIES
+
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if not self.strategies or unknown:
+            bad("strategies", self.strategies, f"list ordering strategies among {sorted(STRATEGIES)}")
         return self
 
     def to_dict(self) -> dict[str, Any]:

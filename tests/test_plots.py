@@ -112,10 +112,10 @@ def test_calibrate_k_command(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     C.register(parser.add_subparsers())
     args = parser.parse_args(["calibrate-k", str(tmp_path / "emb.npy"), "--ks", "2,4,8", "--plot", str(tmp_path / "k.png")])
-    assert args.handler(args) == 0
+    assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "recommended k = 4" in out
     check_png(tmp_path / "k.png")
     bad = parser.parse_args(["calibrate-k", str(tmp_path / "missing.npy")])
     with pytest.raises(StrataInputError):
-        bad.handler(bad)
+        bad.func(bad)

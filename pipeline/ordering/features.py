@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.diagnostics import length_bin_edges, length_bins
 from pipeline.errors import StrataInputError
 
 
@@ -67,19 +68,6 @@ def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_r
     return Csr(indptr, (uniq % n_cols).astype(np.int64), data, int(n_cols))
 
 
-def length_bin_edges(doc_lengths: np.ndarray, n_bins: int) -> np.ndarray:
-    """Interior edges of ``n_bins`` quantile bins over document lengths (each document once).
-
-    Seed 000 says "quantile histogram over document lengths" without saying whether quantiles
-    are taken over documents or tokens; we take them over documents (the histogram of lengths).
-    Repeated edges (many documents of one length) are merged, so fewer bins may result.
-    """
-    if n_bins < 1:
-        raise StrataInputError(f"--bins {n_bins} is impossible", fix="use at least 1 length bin (default 100)")
-    q = np.quantile(np.asarray(doc_lengths, dtype=np.float64), np.linspace(0.0, 1.0, n_bins + 1)[1:-1])
-    return np.unique(q)
-
-
 def sequence_features(
     seg_sequence: np.ndarray,
     seg_cluster: np.ndarray,
@@ -92,7 +80,9 @@ def sequence_features(
 
     ``seg_doc_length`` is the length of the span's whole document (its stream length), used for
     the length bins; ``seg_tokens`` is the number of the span's tokens in the sequence. Bin edges
-    are quantiles over distinct documents when ``seg_doc`` is given, else over spans.
+    are token-weighted quantiles (``pipeline.diagnostics.length_bin_edges``, shared with the
+    metrics so the scheduler balances the very bins the diagnostics measure) over distinct
+    documents when ``seg_doc`` is given, else over spans.
     """
     seg_sequence = np.asarray(seg_sequence, dtype=np.int64)
     seg_cluster = np.asarray(seg_cluster, dtype=np.int64)
@@ -112,7 +102,7 @@ def sequence_features(
     seq_ids, rows = np.unique(seg_sequence, return_inverse=True)
     m = seq_ids.size
     k = int(seg_cluster.max()) + 1
-    bin_of = np.searchsorted(edges, seg_doc_length, side="right").astype(np.int64)
+    bin_of = length_bins(seg_doc_length, edges)
     clusters = _csr_from_pairs(rows, seg_cluster, seg_tokens, m, k)
     bins = _csr_from_pairs(rows, bin_of, seg_tokens, m, edges.size + 1)
     lengths = np.bincount(rows, weights=seg_tokens, minlength=m)
