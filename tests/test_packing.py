@@ -200,6 +200,11 @@ def test_best_fit_keeps_short_documents_whole_and_matches_reference():
     assert sorted(fills[fills < L].tolist()) == [f for f in expect if f < L]
     assert p.n_sequences == full.sum() + len(expect)
     assert packing_stats(p)["docs_cut"] == int((lengths > L).sum())
+    # varied sizes where best, first and worst fit disagree
+    sizes = np.random.default_rng(0).integers(1, 100, 400)
+    q = pack("best_fit", np.arange(400), sizes, 100)
+    fills = q.segments.group_by("sequence_id").agg(pl.col("n_tokens").sum())["n_tokens"].to_list()
+    assert sorted(fills) == reference_best_fit(sizes.tolist(), 100) and packing_stats(q)["docs_cut"] == 0
 
 
 def test_stats_report_variant_figures():
