@@ -1,20 +1,48 @@
-"""Packing documents into fixed-length training sequences.
+"""Packing documents into fixed-length training sequences: concat, padding, atom shuffles, best-fit.
 
-``concat`` packing (the default, as in seed 000's setup): document token streams (each ending in
-EOS) are concatenated in a given document order and cut every ``seq_len`` tokens. A segments
-table records which span of which document fills which part of which sequence; it is the input
-of the characteristic vectors c_s (seed 000, eq. for f1-f3) and of intra-document attention
-masks. The incomplete last sequence is dropped and reported, never silently lost.
+Every document d has a *stream* of ``stream_lengths[d]`` tokens in the flat token store: its text
+tokens followed by one EOS. A packing is a segments table: one row per span of one document placed
+in one sequence. Rows keep document boundaries, which feed intra-document attention masks and the
+characteristic vectors c_s of seed 000. Variants (seed 004, appendix A.3, with MSL = ``seq_len``):
+
+- ``concat``: streams joined in ``doc_order`` and cut every MSL tokens; the incomplete tail is
+  dropped and reported. With ``atom_multiple`` the joined stream is first cut into atoms of
+  A = atom_multiple x MSL tokens, the atoms are shuffled (seeded) and re-joined, then cut every
+  MSL tokens: A < MSL merges MSL/A atoms per sequence, A > MSL splits each atom into A/MSL
+  consecutive sequences. Only whole atoms and whole sequences are kept (the stream is truncated to
+  a multiple of max(A, MSL)); the rest is reported as dropped.
+- ``padding``: each document is cut into pieces of A-1 text tokens followed by an EOS; the last
+  piece holds the remaining text and the document's own EOS. Pieces are (with ``atom_multiple``)
+  shuffled, then laid out in slots: for A <= MSL every piece is padded to A and MSL/A slots are
+  merged into one sequence; for A > MSL a piece is padded to the next multiple of MSL (never to A,
+  as A.3 prescribes, so no sequence is all padding) and split into MSL-token sequences. Without
+  ``atom_multiple``, A = MSL and pieces keep ``doc_order``. Nothing is dropped; the last sequence
+  is padded.
+- ``best_fit``: documents longer than MSL give floor(len/MSL) full MSL-token sequences; every
+  remainder (and every short document) is an item of best-fit-decreasing bin packing into
+  MSL-token bins. No document shorter than MSL is cut; unused bin space is padding.
+
+Inserted EOS tokens (``padding``) are not in the token store: a segment with ``eos_added`` true is
+followed in its sequence by one extra EOS, read from the document's own final store token. Thus
+every store token is placed at most once (exactly once unless reported as dropped), and
+``tokens_packed = tokens_in - tokens_dropped + tokens_eos_added + tokens_padding`` holds exactly.
+Sequence positions covered by no segment (nor inserted EOS) are padding: ``SequenceStore`` fills
+them with ``pad_id`` and reports them in its ``filled`` mask, which the loss must respect.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from numba import njit
 
 from pipeline.errors import StrataInputError
+
+VARIANTS = ("concat", "padding", "best_fit")
+ATOM_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)  # seed 004, Table 1 / Table 4
 
 SEGMENT_SCHEMA = {
     "sequence_id": pl.Int64,
@@ -23,18 +51,24 @@ SEGMENT_SCHEMA = {
     "doc_token_start": pl.Int64,
     "n_tokens": pl.Int32,
 }
+# ``pack`` adds one column: an EOS not in the token store follows the segment in its sequence.
+PACKED_SEGMENT_SCHEMA = {**SEGMENT_SCHEMA, "eos_added": pl.Boolean}
 
 
 @dataclass(frozen=True)
 class Packing:
     """Result of packing: the segments table and the token accounting."""
 
-    segments: pl.DataFrame  # SEGMENT_SCHEMA, sorted by (sequence_id, seq_token_start)
+    segments: pl.DataFrame  # PACKED_SEGMENT_SCHEMA, sorted by (sequence_id, seq_token_start)
     n_sequences: int
     seq_len: int
-    tokens_in: int  # sum of document stream lengths (text tokens + one EOS each)
+    tokens_in: int  # sum of the packed documents' stream lengths (text tokens + one EOS each)
     tokens_packed: int  # n_sequences * seq_len
-    tokens_dropped: int  # tail shorter than one sequence
+    tokens_dropped: int  # store tokens placed in no sequence
+    variant: str = "concat"
+    atom: int | None = None  # atom size A in tokens, None without atom shuffling
+    tokens_eos_added: int = 0  # EOS tokens inserted after padding pieces (not in the store)
+    tokens_padding: int = 0  # sequence positions holding no token
 
 
 def check_seq_len(seq_len: int) -> None:
@@ -45,76 +79,396 @@ def check_seq_len(seq_len: int) -> None:
         )
 
 
-def pack_concat(doc_order: np.ndarray, stream_lengths: np.ndarray, seq_len: int) -> Packing:
-    """Concatenate documents in ``doc_order`` and cut into ``seq_len``-token sequences.
+def packing_name(variant: str, atom_multiple: float | None = None) -> str:
+    """Canonical spec string, e.g. ``concat``, ``padding-x0.25``, ``best_fit``."""
+    return variant if atom_multiple is None else f"{variant}-x{atom_multiple:g}"
 
-    ``stream_lengths[d]`` is document d's token count including its EOS. Vectorized: each
-    document is split into the pieces that fall into consecutive sequences.
+
+def parse_packing(spec: str) -> tuple[str, float | None]:
+    """Inverse of ``packing_name``: ``"padding-x0.5"`` -> ``("padding", 0.5)``."""
+    variant, sep, mult = spec.partition("-x")
+    try:
+        atom = float(mult) if sep else None
+    except ValueError:
+        atom = -1.0
+    if variant not in VARIANTS or (atom is not None and (atom <= 0 or variant == "best_fit")):
+        raise StrataInputError(
+            f"unknown packing {spec!r}",
+            fix=f"use one of {list(PACKING_SPECS)} (variant[-x<atom size as a multiple of seq_len>])",
+        )
+    return variant, atom
+
+
+PACKING_SPECS = (
+    *(packing_name(v, a) for v in ("concat", "padding") for a in (None, *ATOM_MULTIPLES)),
+    "best_fit",
+)
+
+
+def pack_concat(doc_order: np.ndarray, stream_lengths: np.ndarray, seq_len: int) -> Packing:
+    """Concatenate documents in ``doc_order`` and cut into ``seq_len``-token sequences."""
+    return pack("concat", doc_order, stream_lengths, seq_len)
+
+
+def pack(
+    variant: str,
+    doc_order: np.ndarray,
+    stream_lengths: np.ndarray,
+    seq_len: int,
+    *,
+    atom_multiple: float | None = None,
+    seed: int = 0,
+) -> Packing:
+    """Pack the documents of ``doc_order`` (unique doc ids) with one of ``VARIANTS``.
+
+    ``stream_lengths[d]`` is document d's token count including its EOS. ``atom_multiple`` (seed
+    004's atom size as a multiple of MSL) turns on the seeded atom shuffle of ``concat`` and
+    ``padding``; the atom A = atom_multiple x seq_len must be an integer that divides or is a
+    multiple of ``seq_len``. ``seed`` drives every shuffle (atoms; best-fit sequence ids).
     """
     check_seq_len(seq_len)
-    doc_order = np.asarray(doc_order, dtype=np.int64)
-    lengths = np.asarray(stream_lengths, dtype=np.int64)[doc_order]
+    L = int(seq_len)
+    if variant not in VARIANTS:
+        raise StrataInputError(f"unknown packing variant {variant!r}", fix=f"use one of {list(VARIANTS)}")
+    order, lengths = _check_docs(doc_order, stream_lengths)
+    atom = None if atom_multiple is None else _atom_size(variant, atom_multiple, L)
+    rng = np.random.default_rng(seed)
+    if variant == "concat":
+        rows, n_seq = _concat(order, lengths, L, atom, rng)
+    elif variant == "padding":
+        rows, n_seq = _padding(order, lengths, L, L if atom is None else atom, rng if atom is not None else None)
+    else:
+        rows, n_seq = _best_fit(order, lengths, L, rng)
+    segments = _segments(*_merge(*rows))
+    tokens_in = int(lengths.sum())
+    kept = int(segments["n_tokens"].sum() or 0)
+    eos = int(segments["eos_added"].sum() or 0)
+    packed = n_seq * L
+    return Packing(segments, n_seq, L, tokens_in, packed, tokens_in - kept, variant, atom, eos, packed - kept - eos)
+
+
+def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Validated ``doc_order`` (int64) and the stream lengths in that order."""
+    all_lengths = np.asarray(stream_lengths)
+    order = np.asarray(doc_order)
+    if order.ndim != 1 or all_lengths.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
+        raise StrataInputError("doc_order and stream_lengths must be 1-D integer arrays", fix="pass doc ids and per-document stream lengths")
+    order = order.astype(np.int64)
+    if order.size and (order.min() < 0 or order.max() >= all_lengths.size):
+        raise StrataInputError(
+            f"doc_order holds ids outside 0..{all_lengths.size - 1}", fix="pass dense doc ids (row indices of documents.parquet)"
+        )
+    if order.size and np.bincount(order, minlength=all_lengths.size).max() > 1:
+        raise StrataInputError("doc_order repeats a document", fix="pass each document at most once (a permutation or a subset)")
+    lengths = all_lengths[order].astype(np.int64)
     if lengths.size and lengths.min() <= 0:
         raise StrataInputError("a document has an empty token stream", fix="drop empty documents before packing")
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    total = int(ends[-1]) if ends.size else 0
-    n_seq = total // seq_len
-    cut = n_seq * seq_len
-    keep = starts < cut
-    d_ids, d_start, d_end = doc_order[keep], starts[keep], np.minimum(ends[keep], cut)
-    first = d_start // seq_len
-    last = (d_end - 1) // seq_len
-    pieces = (last - first + 1).astype(np.int64)
-    rep = np.repeat(np.arange(d_ids.size), pieces)
+    return order, lengths
+
+
+def _atom_size(variant: str, atom_multiple: float, L: int) -> int:
+    """Atom size in tokens; seed 004 uses A in {0.25, 0.5, 1, 2, 4} x MSL."""
+    if variant == "best_fit":
+        raise StrataInputError("best_fit packing takes no atom size", fix="drop atom_multiple, or use concat/padding")
+    a = float(atom_multiple) * L
+    atom = int(round(a))
+    fits = a > 0 and abs(a - atom) < 1e-9 and (L % atom == 0 or atom % L == 0)
+    if not fits or (variant == "padding" and atom < 2):
+        raise StrataInputError(
+            f"atom size {atom_multiple!r} x seq_len {L} = {a:g} tokens does not tile the sequence length",
+            fix=f"choose atom_multiple so the atom is an integer >= 2 dividing or multiple of {L} (seed 004: {list(ATOM_MULTIPLES)})",
+        )
+    return atom
+
+
+def _cut(start, length, doc, doc_start, eos, L: int):
+    """Split stream spans ``[start, start+length)`` at multiples of ``L``.
+
+    Returns per piece (sequence, offset in it, doc, doc start, store tokens, eos_added); the extra
+    EOS of a span (its last position when ``eos``) stays with the piece holding that position.
+    """
+    end = start + length
+    first, last = start // L, (end - 1) // L
+    pieces = last - first + 1
+    rep = np.repeat(np.arange(start.size), pieces)
     k = np.arange(rep.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     seq = first[rep] + k
-    p_start = np.maximum(d_start[rep], seq * seq_len)
-    p_end = np.minimum(d_end[rep], (seq + 1) * seq_len)
-    segments = pl.DataFrame(
+    p_start = np.maximum(start[rep], seq * L)
+    p_end = np.minimum(end[rep], (seq + 1) * L)
+    e = eos[rep] & (p_end == end[rep])
+    return seq, p_start - seq * L, doc[rep], doc_start[rep] + p_start - start[rep], p_end - p_start - e, e
+
+
+def _stream_spans(order: np.ndarray, lengths: np.ndarray, keep: int):
+    """Documents joined in order, truncated to the first ``keep`` stream tokens."""
+    starts = np.cumsum(lengths) - lengths
+    live = starts < keep
+    s = starts[live]
+    n = np.minimum(s + lengths[live], keep) - s
+    return s, n, order[live], np.zeros(s.size, np.int64), np.zeros(s.size, bool)
+
+
+def _concat(order, lengths, L: int, atom: int | None, rng: np.random.Generator):
+    """Seed 004 concat: join, cut into atoms, shuffle atoms, merge/split to MSL (A.3, Fig. 6)."""
+    total = int(lengths.sum())
+    unit = L if atom is None else max(atom, L)
+    keep = total // unit * unit
+    s, n, d, ds, e = _stream_spans(order, lengths, keep)
+    if atom is not None:
+        a_id, a_off, d, ds, n, e = _cut(s, n, d, ds, e, atom)
+        slot = np.empty(keep // atom, np.int64)
+        slot[rng.permutation(slot.size)] = np.arange(slot.size)
+        s = slot[a_id] * atom + a_off
+    return _cut(s, n, d, ds, e, L), keep // L
+
+
+def _padding(order, lengths, L: int, atom: int, rng: np.random.Generator | None):
+    """Seed 004 padding: (A-1)-token pieces + EOS, padded, shuffled, merged/split to MSL (A.3, Fig. 5)."""
+    text = lengths - 1
+    k = np.maximum(1, -(-text // (atom - 1)))
+    rep = np.repeat(np.arange(order.size), k)
+    j = np.arange(rep.size) - np.repeat(np.cumsum(k) - k, k)
+    last = j == k[rep] - 1
+    ds = j * (atom - 1)
+    n = np.where(last, lengths[rep] - ds, atom - 1)
+    e = ~last
+    size = n + e
+    slot = np.full(size.size, atom, np.int64) if atom <= L else -(-size // L) * L
+    perm = np.arange(size.size) if rng is None else rng.permutation(size.size)
+    rep, ds, n, e, slot = rep[perm], ds[perm], n[perm], e[perm], slot[perm]
+    starts = np.cumsum(slot) - slot
+    total = int(slot.sum())
+    return _cut(starts, n + e, order[rep], ds, e, L), -(-total // L)
+
+
+@njit(cache=False)
+def _best_fit_bins(sizes: np.ndarray, cap: int):
+    """Best fit for items in the given (decreasing) order: the open bin with the least remaining
+    capacity that still fits, found in O(log cap) with a count tree over capacities 0..cap."""
+    n = sizes.size
+    width = 1
+    while width < cap + 1:
+        width *= 2
+    tree = np.zeros(2 * width, np.int64)
+    head = np.full(cap + 1, -1, np.int64)
+    nxt = np.empty(n, np.int64)
+    fill = np.empty(n, np.int64)
+    bin_of = np.empty(n, np.int64)
+    offset = np.empty(n, np.int64)
+    n_bins = 0
+    for i in range(n):
+        s = sizes[i]
+        node = s + width
+        while tree[node] == 0:  # walk right to the next subtree holding a bin
+            while node & 1:
+                node >>= 1
+            if node == 0:
+                break
+            node += 1
+        if node == 0:
+            b = n_bins
+            n_bins += 1
+            fill[b] = 0
+        else:
+            while node < width:
+                node = 2 * node if tree[2 * node] > 0 else 2 * node + 1
+            c = node - width
+            b = head[c]
+            head[c] = nxt[b]
+            while node > 0:
+                tree[node] -= 1
+                node >>= 1
+        bin_of[i] = b
+        offset[i] = fill[b]
+        fill[b] += s
+        r = cap - fill[b]
+        if r > 0:
+            nxt[b] = head[r]
+            head[r] = b
+            node = r + width
+            while node > 0:
+                tree[node] += 1
+                node >>= 1
+    return bin_of, offset, n_bins
+
+
+def _best_fit(order, lengths, L: int, rng: np.random.Generator):
+    """Best-fit decreasing of whole documents; longer ones give full MSL chunks plus a remainder.
+
+    Ties in size keep ``doc_order``. Sequence ids are a seeded permutation so that id order does
+    not sort sequences by the size of their largest document.
+    """
+    full, rem = lengths // L, lengths % L
+    rep = np.repeat(np.arange(order.size), full)
+    j = np.arange(rep.size) - np.repeat(np.cumsum(full) - full, full)
+    items = np.flatnonzero(rem)
+    by_size = items[np.argsort(-rem[items], kind="stable")]
+    bin_of, offset, n_bins = _best_fit_bins(rem[by_size], L)
+    n_seq = rep.size + n_bins
+    sid = rng.permutation(n_seq)
+    seq = np.concatenate([sid[: rep.size], sid[rep.size + bin_of]])
+    start = np.concatenate([np.zeros(rep.size, np.int64), offset])
+    doc = order[np.concatenate([rep, by_size])]
+    ds = np.concatenate([j * L, full[by_size] * L])
+    n = np.concatenate([np.full(rep.size, L, np.int64), rem[by_size]])
+    return (seq, start, doc, ds, n, np.zeros(n.size, bool)), n_seq
+
+
+def _merge(seq, start, doc, ds, n, e):
+    """Sort rows by sequence position and merge spans that continue each other in the same
+    sequence and document (atoms that happen to land side by side after shuffling)."""
+    o = np.lexsort((start, seq))
+    seq, start, doc, ds, n, e = seq[o], start[o], doc[o], ds[o], n[o], e[o]
+    cont = (
+        (seq[1:] == seq[:-1]) & (doc[1:] == doc[:-1]) & ~e[:-1]
+        & (start[:-1] + n[:-1] == start[1:]) & (ds[:-1] + n[:-1] == ds[1:])
+    )
+    if not cont.any():
+        return seq, start, doc, ds, n, e
+    head = np.flatnonzero(np.r_[True, ~cont])
+    tail = np.r_[head[1:], seq.size] - 1
+    return seq[head], start[head], doc[head], ds[head], np.add.reduceat(n, head), e[tail]
+
+
+def _segments(seq, start, doc, ds, n, e) -> pl.DataFrame:
+    return pl.DataFrame(
         {
             "sequence_id": seq,
-            "seq_token_start": (p_start - seq * seq_len).astype(np.int32),
-            "doc_id": d_ids[rep],
-            "doc_token_start": p_start - d_start[rep],
-            "n_tokens": (p_end - p_start).astype(np.int32),
+            "seq_token_start": start.astype(np.int32),
+            "doc_id": doc,
+            "doc_token_start": ds,
+            "n_tokens": n.astype(np.int32),
+            "eos_added": e,
         },
-        schema=SEGMENT_SCHEMA,
+        schema=PACKED_SEGMENT_SCHEMA,
     )
-    return Packing(segments, n_seq, seq_len, total, cut, total - cut)
+
+
+def _eos_added(segments: pl.DataFrame) -> np.ndarray:
+    if "eos_added" in segments.columns:
+        return segments["eos_added"].to_numpy().astype(bool)
+    return np.zeros(segments.height, bool)
+
+
+def packing_stats(p: Packing) -> dict[str, float | int | str]:
+    """Per-variant report (issue 7): tokens kept, padding fraction, documents cut, sequences.
+
+    A document is *cut* when its tokens lie in two or more segments, i.e. its context is broken
+    (across sequences, or across pieces). ``docs_per_sequence`` is the mean number of distinct
+    documents per sequence (seed 000's within-sequence diversity).
+    """
+    seg = p.segments
+    doc = seg["doc_id"].to_numpy()
+    per_doc = np.bincount(doc) if doc.size else np.zeros(0, np.int64)
+    pairs = seg.select("sequence_id", "doc_id").unique().height
+    kept = p.tokens_in - p.tokens_dropped
+    return {
+        "packing": packing_name(p.variant, None if p.atom is None else p.atom / p.seq_len),
+        "variant": p.variant,
+        "atom": p.atom or 0,
+        "seq_len": p.seq_len,
+        "sequences": p.n_sequences,
+        "segments": seg.height,
+        "tokens_in": p.tokens_in,
+        "tokens_kept": kept,
+        "tokens_dropped": p.tokens_dropped,
+        "tokens_eos_added": p.tokens_eos_added,
+        "tokens_padding": p.tokens_padding,
+        "padding_fraction": p.tokens_padding / p.tokens_packed if p.tokens_packed else 0.0,
+        "efficiency": kept / p.tokens_packed if p.tokens_packed else 0.0,
+        "docs_packed": int((per_doc > 0).sum()),
+        "docs_cut": int((per_doc > 1).sum()),
+        "docs_per_sequence": pairs / p.n_sequences if p.n_sequences else 0.0,
+    }
+
+
+def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: int) -> dict[str, int | bool]:
+    """Check a segments table against the token store; ``ok`` when nothing is lost or doubled.
+
+    Every document's spans must tile a prefix ``[0, kept)`` of its stream without overlap, and in
+    every sequence the spans (each plus its inserted EOS) must lie inside ``[0, seq_len)`` without
+    overlap. Works for every variant and for 5-column tables from older code.
+    """
+    lengths = np.asarray(stream_lengths, dtype=np.int64)
+    by_doc = segments.sort("doc_id", "doc_token_start")
+    d = by_doc["doc_id"].to_numpy()
+    ds = by_doc["doc_token_start"].to_numpy()
+    n = by_doc["n_tokens"].to_numpy().astype(np.int64)
+    new_doc = np.r_[True, d[1:] != d[:-1]]
+    prev_end = np.r_[0, ds[:-1] + n[:-1]]
+    tiles = bool(np.all(np.where(new_doc, ds == 0, ds == prev_end)) and (n > 0).all())
+    per_doc = np.bincount(d, weights=n, minlength=lengths.size).astype(np.int64)
+    by_seq = segments.sort("sequence_id", "seq_token_start")
+    sid = by_seq["sequence_id"].to_numpy()
+    st = by_seq["seq_token_start"].to_numpy().astype(np.int64)
+    ext = by_seq["n_tokens"].to_numpy().astype(np.int64) + _eos_added(by_seq)
+    new_seq = np.r_[True, sid[1:] != sid[:-1]]
+    fits = bool(np.all(st + ext <= seq_len) and np.all(np.where(new_seq, st >= 0, st >= np.r_[0, st[:-1] + ext[:-1]])))
+    kept = int(per_doc.sum())
+    return {
+        "ok": tiles and fits and bool((per_doc <= lengths).all()),
+        "tokens_in": int(lengths.sum()),
+        "tokens_kept": kept,
+        "tokens_dropped": int(lengths.sum()) - kept,
+        "docs_partial": int(((per_doc > 0) & (per_doc < lengths)).sum()),
+    }
 
 
 class SequenceStore:
-    """Random access to packed sequences: token matrix rows and their document segments.
+    """Random access to packed sequences: token matrix rows, their document segments, padding.
 
     ``tokens`` is the flat token store (every document followed by EOS; may be a memmap) and
-    ``doc_offsets[d]`` the start of document d in it. Only the requested tokens are read.
+    ``doc_offsets[d]`` the start of document d in it. Only the requested tokens are read. An
+    inserted EOS (``eos_added``) is the document's own final store token; positions covered by
+    nothing hold ``pad_id``.
     """
 
-    def __init__(self, tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, seq_len: int):
+    def __init__(self, tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, seq_len: int, *, pad_id: int = 0):
         seg = segments.sort(["sequence_id", "seq_token_start"])
-        self.tokens, self.seq_len = tokens, seq_len
+        offsets = np.asarray(doc_offsets, dtype=np.int64)
+        doc = seg["doc_id"].to_numpy()
+        self.tokens, self.seq_len, self.pad_id = tokens, seq_len, pad_id
         self.sid = seg["sequence_id"].to_numpy()
         self.start = seg["seq_token_start"].to_numpy().astype(np.int64)
         self.n = seg["n_tokens"].to_numpy().astype(np.int64)
-        self.src = np.asarray(doc_offsets, dtype=np.int64)[seg["doc_id"].to_numpy()] + seg["doc_token_start"].to_numpy()
+        self.eos = _eos_added(seg)
+        self.src = offsets[doc] + seg["doc_token_start"].to_numpy()
+        self.eos_src = offsets[doc + 1] - 1
         self.n_sequences = int(self.sid.max()) + 1 if self.sid.size else 0
         self.ptr = np.searchsorted(self.sid, np.arange(self.n_sequences + 1))
+        fill = np.bincount(self.sid, weights=self.n + self.eos, minlength=self.n_sequences)
+        self.has_padding = bool((fill < seq_len).any())
 
-    def batch(self, sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return ``(tokens (B, L) int64, segment_row (S,), segment_start (S,))`` for the batch."""
+    def masked_batch(self, sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens (B, L) int64, segment_row (S,), segment_start (S,), filled (B, L) bool)``.
+
+        ``filled`` is false exactly at padding positions (exclude them from the loss, and as
+        attention keys when attention may cross segments).
+        """
         ids = np.asarray(sequence_ids, dtype=np.int64)
+        L = self.seq_len
         lo, hi = self.ptr[ids], self.ptr[ids + 1]
         counts = hi - lo
         sel = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
         rows = np.repeat(np.arange(ids.size), counts)
-        n, src = self.n[sel], self.src[sel]
-        dst = rows * self.seq_len + self.start[sel]
+        n, src, starts = self.n[sel], self.src[sel], self.start[sel]
+        dst = rows * L + starts
         shift = np.repeat(np.cumsum(n) - n, n)
         idx = np.arange(int(n.sum()))
-        out = np.zeros(ids.size * self.seq_len, dtype=np.int64)
-        out[np.repeat(dst, n) + idx - shift] = np.asarray(self.tokens[np.repeat(src, n) + idx - shift])
-        return out.reshape(ids.size, self.seq_len), rows, self.start[sel]
+        out = np.full(ids.size * L, self.pad_id, dtype=np.int64)
+        filled = np.zeros(ids.size * L, dtype=bool)
+        at = np.repeat(dst, n) + idx - shift
+        out[at] = np.asarray(self.tokens[np.repeat(src, n) + idx - shift])
+        filled[at] = True
+        e = self.eos[sel]
+        if e.any():
+            out[dst[e] + n[e]] = np.asarray(self.tokens[self.eos_src[sel][e]])
+            filled[dst[e] + n[e]] = True
+        return out.reshape(ids.size, L), rows, starts, filled.reshape(ids.size, L)
+
+    def batch(self, sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return ``(tokens (B, L) int64, segment_row (S,), segment_start (S,))`` for the batch."""
+        return self.masked_batch(sequence_ids)[:3]
 
 
 def sequence_tokens(

@@ -1,0 +1,292 @@
+"""Packing variants (seed 004 A.3): token conservation, padding masks, atom boundaries, best fit."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pipeline.errors import StrataInputError
+from pipeline.packing import (
+    ATOM_MULTIPLES,
+    PACKING_SPECS,
+    SEGMENT_SCHEMA,
+    SequenceStore,
+    conservation,
+    pack,
+    pack_concat,
+    packing_stats,
+    parse_packing,
+    sequence_tokens,
+)
+
+SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+EOS, PAD = 1, 0
+L = 32
+
+
+def corpus(n_docs: int = 120, seed: int = 3, hi: int = 150):
+    """Stream lengths (text + EOS), offsets, and a store whose value at position i is i."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, hi, n_docs)
+    lengths[:4] = [1, 2, L, L + 1]  # EOS only, 1 text token, exactly MSL, MSL + 1
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    return lengths, offsets, np.arange(offsets[-1], dtype=np.int64), rng.permutation(n_docs)
+
+
+def eos_store(offsets: np.ndarray, seed: int = 0) -> np.ndarray:
+    """A store with text ids in [2, 50) and EOS at the end of every document."""
+    toks = np.random.default_rng(seed).integers(2, 50, offsets[-1])
+    toks[offsets[1:] - 1] = EOS
+    return toks
+
+
+def matrix(p, tokens, offsets, pad_id: int = -1):
+    return SequenceStore(tokens, offsets, p.segments, p.seq_len, pad_id=pad_id).masked_batch(np.arange(p.n_sequences))
+
+
+@pytest.mark.parametrize("spec", PACKING_SPECS)
+def test_every_store_token_placed_exactly_once(spec):
+    lengths, offsets, toks, order = corpus()
+    variant, atom = parse_packing(spec)
+    p = pack(variant, order, lengths, L, atom_multiple=atom, seed=7)
+    t, _, _, filled = matrix(p, toks, offsets)
+    assert (t[~filled] == -1).all()
+    assert conservation(p.segments, lengths, L)["ok"]
+    assert p.tokens_packed == p.n_sequences * L == p.tokens_in - p.tokens_dropped + p.tokens_eos_added + p.tokens_padding
+    assert filled.sum() == p.tokens_in - p.tokens_dropped + p.tokens_eos_added
+    assert filled.any(axis=1).all()  # no sequence is all padding
+    counts = np.bincount(t[filled], minlength=toks.size)
+    eos_pos = offsets[1:] - 1
+    added = np.bincount(p.segments.filter("eos_added")["doc_id"].to_numpy(), minlength=lengths.size)
+    if variant == "concat":  # the kept tokens are a prefix of the doc_order stream
+        stream = np.concatenate([toks[offsets[d] : offsets[d + 1]] for d in order])
+        keep = p.tokens_in - p.tokens_dropped
+        assert keep == stream.size // max(p.atom or L, L) * max(p.atom or L, L)
+        assert np.array_equal(np.sort(t[filled]), np.sort(stream[:keep]))
+        assert p.tokens_eos_added == p.tokens_padding == 0
+    else:
+        assert p.tokens_dropped == 0
+        text = np.ones(toks.size, bool)
+        text[eos_pos] = False
+        assert (counts[text] == 1).all()
+        assert np.array_equal(counts[eos_pos], 1 + added)
+    if variant == "padding":  # one inserted EOS per piece but the last
+        a = p.atom or L
+        assert np.array_equal(added, np.maximum(1, -(-(lengths - 1) // (a - 1))) - 1)
+
+
+def test_concat_matches_reference_and_legacy_api():
+    lengths, offsets, toks, order = corpus(40)
+    p = pack_concat(order, lengths, L)
+    assert p.segments.select(list(SEGMENT_SCHEMA)).schema == pl.Schema(SEGMENT_SCHEMA)
+    stream = np.concatenate([toks[offsets[d] : offsets[d + 1]] for d in order])
+    m = stream.size // L
+    assert (p.n_sequences, p.tokens_dropped) == (m, stream.size - m * L)
+    store = SequenceStore(toks, offsets, p.segments, L)
+    tokens, rows, starts = store.batch(np.arange(m))
+    assert np.array_equal(tokens, stream[: m * L].reshape(m, L))
+    assert not store.has_padding
+    assert np.array_equal(sequence_tokens(toks, offsets, p.segments, L, np.array([3, 1])), tokens[[3, 1]])
+    # segment starts: every sequence start plus every document start inside a sequence
+    doc_starts = (np.cumsum(lengths[order]) - lengths[order])
+    expect = np.union1d(np.arange(m) * L, doc_starts[doc_starts < m * L])
+    assert np.array_equal(np.sort(rows * L + starts), expect)
+
+
+@pytest.mark.parametrize("mult", ATOM_MULTIPLES)
+def test_concat_atoms_are_shuffled_whole_stream_chunks(mult):
+    lengths, offsets, toks, order = corpus(150)
+    p = pack("concat", order, lengths, L, atom_multiple=mult, seed=11)
+    a = int(mult * L)
+    t, _, _, filled = matrix(p, toks, offsets)
+    assert filled.all()
+    stream = np.concatenate([toks[offsets[d] : offsets[d + 1]] for d in order])
+    blocks = t.reshape(-1, a)  # the sequences, read in id order, are the shuffled atoms
+    where = np.empty(toks.size, np.int64)  # store value -> position in the doc_order stream
+    where[stream] = np.arange(stream.size)
+    pos = where[blocks[:, 0]]
+    assert (pos % a == 0).all()
+    assert np.array_equal(np.sort(pos // a), np.arange(blocks.shape[0]))
+    assert all(np.array_equal(b, stream[s : s + a]) for b, s in zip(blocks, pos))
+    assert not np.array_equal(pos, np.sort(pos))  # actually shuffled
+
+
+def test_padding_pieces_follow_appendix_a3_example():
+    # MSL 64, document of 130 text tokens: 63 + EOS, 63 + EOS, 4 + EOS (its own) + 59 padding.
+    lengths = np.array([131])
+    offsets = np.array([0, 131])
+    toks = eos_store(offsets)
+    p = pack("padding", np.array([0]), lengths, 64)
+    t, _, _, filled = SequenceStore(toks, offsets, p.segments, 64, pad_id=PAD).masked_batch(np.arange(3))
+    assert p.n_sequences == 3 and p.tokens_eos_added == 2 and p.tokens_padding == 59
+    assert filled.sum(axis=1).tolist() == [64, 64, 5]
+    assert t[0, 63] == t[1, 63] == t[2, 4] == EOS and (t[2, 5:] == PAD).all()
+    assert np.array_equal(np.r_[t[0, :63], t[1, :63], t[2, :4]], toks[:130])
+
+
+@pytest.mark.parametrize("mult", [m for m in ATOM_MULTIPLES if m <= 1])
+def test_padding_small_atoms_fill_slots_of_atom_size(mult):
+    lengths, offsets, _, order = corpus()
+    toks = eos_store(offsets)
+    a = int(mult * L)
+    p = pack("padding", order, lengths, L, atom_multiple=mult, seed=5)
+    t, _, _, filled = matrix(p, toks, offsets, PAD)
+    assert (t[~filled] == PAD).all()
+    seg = p.segments
+    assert (seg["seq_token_start"].to_numpy() % a == 0).all()  # every piece starts a slot
+    ext = seg["n_tokens"].to_numpy() + seg["eos_added"].to_numpy()
+    assert (ext <= a).all() and (ext[seg["eos_added"].to_numpy()] == a).all()
+    slots, slot_fill = t.reshape(-1, a), filled.reshape(-1, a)
+    n = slot_fill.sum(axis=1)
+    used = n > 0
+    assert (slot_fill == (np.arange(a) < n[:, None])).all()  # real tokens first, then padding
+    assert (slots[used, n[used] - 1] == EOS).all()  # every piece ends with EOS
+    assert (np.flatnonzero(~used) // (L // a) == p.n_sequences - 1).all()  # only the last sequence has empty slots
+
+
+@pytest.mark.parametrize("mult", [m for m in ATOM_MULTIPLES if m >= 1])
+def test_padding_large_atoms_pad_to_msl_and_split(mult):
+    lengths, offsets, _, order = corpus(hi=400)
+    toks = eos_store(offsets)
+    a = int(mult * L)
+    p = pack("padding", order, lengths, L, atom_multiple=mult, seed=5)
+    t, _, _, filled = matrix(p, toks, offsets, PAD)
+    seg = p.segments.sort("doc_id", "doc_token_start")
+    assert (seg["seq_token_start"] == 0).all() and seg["sequence_id"].n_unique() == seg.height  # one piece part per sequence
+    piece = seg["doc_token_start"].to_numpy() // (a - 1)
+    same = (np.diff(seg["doc_id"].to_numpy()) == 0) & (np.diff(piece) == 0)
+    assert (np.diff(seg["sequence_id"].to_numpy())[same] == 1).all()  # a piece's parts are consecutive
+    assert (filled == (np.arange(L) < filled.sum(axis=1)[:, None])).all()
+    last = filled.sum(axis=1) - 1
+    doc_end = seg["doc_token_start"].to_numpy() + seg["n_tokens"].to_numpy() == lengths[seg["doc_id"].to_numpy()]
+    ends_piece = np.isin(np.arange(p.n_sequences), seg["sequence_id"].to_numpy()[seg["eos_added"].to_numpy() | doc_end])
+    assert (t[ends_piece, last[ends_piece]] == EOS).all()
+    assert (filled[~ends_piece]).all()
+    # A.3: a 35-token document with MSL 32 and atom 128 is padded to 64, not to 128
+    q = pack("padding", np.array([0]), np.array([36]), 32, atom_multiple=4)
+    assert q.n_sequences == 2 and q.tokens_padding == 28
+
+
+def reference_best_fit(sizes: list[int], cap: int) -> list[int]:
+    bins: list[int] = []
+    for s in sorted(sizes, reverse=True):
+        fits = [i for i, f in enumerate(bins) if cap - f >= s]
+        if fits:
+            i = min(fits, key=lambda i: cap - bins[i])
+            bins[i] += s
+        else:
+            bins.append(s)
+    return sorted(bins)
+
+
+def test_best_fit_keeps_short_documents_whole_and_matches_reference():
+    lengths, offsets, toks, order = corpus(300, hi=80)
+    p = pack("best_fit", order, lengths, L, seed=2)
+    seg = p.segments
+    per_doc = seg.group_by("doc_id").agg(pl.len().alias("k"), pl.col("n_tokens").sum().alias("n")).sort("doc_id")
+    short = lengths[per_doc["doc_id"].to_numpy()] <= L
+    assert (per_doc["k"].to_numpy()[short] == 1).all()
+    assert np.array_equal(per_doc["n"].to_numpy(), lengths[per_doc["doc_id"].to_numpy()])
+    fills = seg.group_by("sequence_id").agg(pl.col("n_tokens").sum())["n_tokens"].to_numpy()
+    full = lengths // L
+    assert (fills == L).sum() >= full.sum()
+    expect = reference_best_fit([int(x) for x in lengths % L if x], L)
+    assert sorted(fills[fills < L].tolist()) == [f for f in expect if f < L]
+    assert p.n_sequences == full.sum() + len(expect)
+    assert packing_stats(p)["docs_cut"] == int((lengths > L).sum())
+    # varied sizes where best, first and worst fit disagree
+    sizes = np.random.default_rng(0).integers(1, 100, 400)
+    q = pack("best_fit", np.arange(400), sizes, 100)
+    fills = q.segments.group_by("sequence_id").agg(pl.col("n_tokens").sum())["n_tokens"].to_list()
+    assert sorted(fills) == reference_best_fit(sizes.tolist(), 100) and packing_stats(q)["docs_cut"] == 0
+
+
+def test_stats_report_variant_figures():
+    lengths, _, _, order = corpus(hi=400)
+    s = packing_stats(pack("padding", order, lengths, L, atom_multiple=0.5, seed=1))
+    assert s["packing"] == "padding-x0.5" and s["atom"] == L // 2 and s["tokens_dropped"] == 0
+    assert s["tokens_kept"] == lengths.sum() and 0 < s["padding_fraction"] < 1
+    assert s["docs_cut"] == int((lengths - 1 > L // 2 - 1).sum())
+    c = packing_stats(pack("concat", order, lengths, L))
+    assert c["padding_fraction"] == 0 and c["efficiency"] == 1 and c["docs_per_sequence"] > 1
+
+
+@pytest.mark.parametrize("spec", PACKING_SPECS)
+def test_deterministic_given_seed(spec):
+    lengths, _, _, order = corpus()
+    variant, atom = parse_packing(spec)
+    a = pack(variant, order, lengths, L, atom_multiple=atom, seed=4).segments
+    assert a.equals(pack(variant, order, lengths, L, atom_multiple=atom, seed=4).segments)
+    if atom is not None or variant == "best_fit":
+        assert not a.equals(pack(variant, order, lengths, L, atom_multiple=atom, seed=5).segments)
+
+
+def test_conservation_detects_lost_and_overlapping_tokens():
+    lengths, _, _, order = corpus()
+    seg = pack("padding", order, lengths, L, atom_multiple=0.5).segments
+    assert conservation(seg, lengths, L)["ok"]
+    assert not conservation(seg.filter(pl.int_range(pl.len()) != 5), lengths, L)["ok"]
+    moved = seg.with_columns(seq_token_start=pl.when(pl.int_range(pl.len()) == 1).then(pl.col("seq_token_start") - 1).otherwise(pl.col("seq_token_start")))
+    assert not conservation(moved, lengths, L)["ok"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(variant="shuffle"),
+        dict(variant="concat", atom_multiple=0.3),
+        dict(variant="concat", atom_multiple=-1.0),
+        dict(variant="best_fit", atom_multiple=1.0),
+        dict(variant="padding", atom_multiple=1 / 32),
+        dict(variant="concat", seq_len=1),
+        dict(variant="concat", doc_order=np.array([0, 99])),
+        dict(variant="concat", doc_order=np.array([0, 1, 1])),
+        dict(variant="concat", lengths=np.array([3, 0, 2])),
+    ],
+)
+def test_bad_parameters_raise_input_error(kwargs):
+    variant = kwargs.pop("variant")
+    args = dict(doc_order=np.array([0, 1, 2]), lengths=np.array([3, 4, 2]), seq_len=L) | kwargs
+    with pytest.raises(StrataInputError):
+        pack(variant, args.pop("doc_order"), args.pop("lengths"), args.pop("seq_len"), **args)
+
+
+@pytest.mark.parametrize("spec", ["concat-x0", "best_fit-x1", "padding-xabc", "pad"])
+def test_bad_packing_spec(spec):
+    with pytest.raises(StrataInputError):
+        parse_packing(spec)
+
+
+def test_real_corpus_every_variant():
+    path = SHARED / "data" / "corpus" / "demo_corpus.jsonl.gz"
+    tok_path = SHARED / "data" / "tokenizers" / "gpt-neox-olmo-dolma-v1_5.tokenizer.json"
+    if not path.exists() or not tok_path.exists():
+        pytest.skip("shared data not available")
+    from tokenizers import Tokenizer
+
+    tk = Tokenizer.from_file(str(tok_path))
+    eos = tk.token_to_id("<|endoftext|>")
+    with gzip.open(path, "rt") as f:
+        texts = [json.loads(line)["text"] for i, line in zip(range(4000), f) if i % 10 == 0]
+    ids = [e.ids + [eos] for e in tk.encode_batch(texts)]
+    lengths = np.array([len(x) for x in ids])
+    offsets = np.r_[0, np.cumsum(lengths)]
+    toks = np.concatenate(ids).astype(np.int64)
+    order = np.random.default_rng(0).permutation(lengths.size)
+    for spec in PACKING_SPECS:
+        variant, atom = parse_packing(spec)
+        p = pack(variant, order, lengths, 64, atom_multiple=atom, seed=0)
+        assert conservation(p.segments, lengths, 64)["ok"], spec
+        t, _, _, filled = SequenceStore(toks, offsets, p.segments, 64, pad_id=-1).masked_batch(np.arange(p.n_sequences))
+        assert (t[filled] >= 0).all() and (t[~filled] == -1).all()
+        seg = p.segments
+        d, n, e = seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), seg["eos_added"].to_numpy()
+        ends = e | (seg["doc_token_start"].to_numpy() + n == lengths[d])
+        last = seg["sequence_id"].to_numpy() * 64 + seg["seq_token_start"].to_numpy() + n + e - 1
+        assert (t.reshape(-1)[last[ends]] == eos).all(), spec  # every document and piece ends in EOS
