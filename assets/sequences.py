@@ -1,4 +1,4 @@
-"""sequences: concat packing of the documents (seeded random order) into L-token sequences."""
+"""sequences: packing of the documents (seeded random order) into L-token sequences."""
 
 
 import dagster as dg
@@ -8,14 +8,16 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from pipeline.io import write_bin, write_parquet
-from pipeline.packing import SequenceStore, pack_concat
+from pipeline.packing import SequenceStore, pack, packing_stats, parse_packing
+from pipeline.tokenizer import load_tokenizer
 from pipeline.tokens import open_tokens
 from pipeline.warehouse import replace_rows
 
 
 @dg.asset(group_name="data", deps=["tokens", "clusters"], code_version="1", kinds={"parquet"})
 def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Pack documents (seeded shuffle) with EOS into ``seq_len``-token sequences.
+    """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured
+    ``packing`` (concat, padding, best_fit, atom-size shuffles; see pipeline/packing.py).
 
     Writes ``sequences/segments.parquet`` and the M x L token matrix ``sequences/tokens.bin``.
     """
@@ -24,22 +26,22 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     stream = np.diff(offsets)
     doc_order = np.random.default_rng(cfg.seed).permutation(stream.size)
-    packed = pack_concat(doc_order, stream, cfg.seq_len)
+    variant, atom = parse_packing(cfg.packing)
+    packed = pack(variant, doc_order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
     write_parquet(packed.segments, layout.segments)
-    matrix = SequenceStore(tokens, offsets, packed.segments, cfg.seq_len).batch(np.arange(packed.n_sequences))[0]
+    pad_id = load_tokenizer(layout.tokenizer).pad_token_id
+    store = SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id)
+    matrix = store.masked_batch(np.arange(packed.n_sequences))[0]
     write_bin(matrix.astype(tokens.dtype), layout.sequence_matrix)
-    stats = pl.DataFrame(
-        {
-            "metric": ["sequences", "seq_len", "tokens_in", "tokens_packed", "tokens_dropped", "segments"],
-            "value": [packed.n_sequences, cfg.seq_len, packed.tokens_in, packed.tokens_packed, packed.tokens_dropped, packed.segments.height],
-        }
-    )
+    numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
+    stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with duckdb.get_connection() as con:
         replace_rows(con, "packing_stats", stats, {})
     return rec.finish(
         [layout.segments, layout.sequence_matrix],
         {"sequences": packed.n_sequences, "segments": packed.segments.height},
-        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": "concat"},
-        {"tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped},
+        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing},
+        {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
+         "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"])},
     )
 

@@ -49,6 +49,7 @@ class StrataConfig:
     kmeans_iters: int = 20
     # sequences
     seq_len: int = 256
+    packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
     strategies: list[str] = field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed"])
     objective: str = "f3"  # greedy objective f1 | f2 | f3 (seed 000)
@@ -92,6 +93,10 @@ class StrataConfig:
         if self.corpus.on_error not in ("fail", "skip"):
             bad("corpus.on_error", self.corpus.on_error, "use 'fail' or 'skip'")
         from pipeline.ordering import STRATEGIES
+        from pipeline.packing import PACKING_SPECS
+
+        if self.packing not in PACKING_SPECS:
+            bad("packing", self.packing, f"use one of {list(PACKING_SPECS)}")
 
         unknown = [s for s in self.strategies if s not in STRATEGIES]
         if not self.strategies or unknown:
