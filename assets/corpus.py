@@ -9,7 +9,7 @@ from dagster_duckdb import DuckDBResource
 from assets.common import Recorder, StrataSettings
 from pipeline.corpus import content_hashes, heldout_mask, read_corpus
 from evals.paloma import write_paloma_layout
-from pipeline.io import write_parquet
+from pipeline.io import atomic_dir, write_parquet
 from pipeline.warehouse import replace_rows
 
 
@@ -28,7 +28,10 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     train = df.filter(pl.Series(~held)).with_row_index("doc_id").with_columns(pl.col("doc_id").cast(pl.Int64))
     heldout = df.filter(pl.Series(held))
     write_parquet(train, layout.corpus)
-    held_files = write_paloma_layout(heldout, layout.heldout)
+    with atomic_dir(layout.heldout) as tmp:
+        if heldout.height:
+            write_paloma_layout(heldout, tmp)
+    held_files = sorted(layout.heldout.rglob("*.jsonl.gz"))
     stats = (
         df.with_columns(split=pl.Series(np.where(held, "heldout", "train")), n_chars=pl.col("text").str.len_chars())
         .group_by("source", "split").agg(n_docs=pl.len(), n_chars=pl.col("n_chars").sum()).sort("source", "split")

@@ -33,7 +33,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     rows = evaluate(
         model, tok,
-        heldout_dir=layout.heldout if layout.heldout.exists() else None,
+        heldout_dir=layout.heldout if any(layout.heldout.rglob("*.jsonl.gz")) else None,
         wikitext_path=Path(cfg.wikitext_path) if cfg.wikitext_path else None,
         paloma_dir=None, dclm_dir=None,
         limit=cfg.eval_limit, dclm_limit=None, device=device, work_dir=layout.root / "lm_eval",

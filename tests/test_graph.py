@@ -72,7 +72,7 @@ def test_every_token_once_or_reported(run):
     m = int(seg["sequence_id"].max()) + 1
     matrix = np.fromfile(layout.sequence_matrix, dtype=tokens.dtype).reshape(m, L)
     covered = np.zeros(tokens.size, dtype=np.int64)
-    for s, start, d, dstart, n in seg.iter_rows():
+    for s, start, d, dstart, n in seg.select("sequence_id", "seq_token_start", "doc_id", "doc_token_start", "n_tokens").iter_rows():
         src = offsets[d] + dstart
         covered[src : src + n] += 1
         assert np.array_equal(matrix[s, start : start + n], tokens[src : src + n])
@@ -105,7 +105,7 @@ def test_duckdb_lineage_and_report(run):
         ablation = con.execute("SELECT DISTINCT strategy FROM ablation ORDER BY 1").fetchall()
         outputs = con.execute("SELECT outputs FROM lineage WHERE asset = 'sequences'").fetchone()[0]
     assert assets == {"corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings",
-                      "training_runs", "evaluations", "ablation_report"}
+                      "ordering_diagnostics", "diagnostics_report", "training_runs", "evaluations", "ablation_report"}
     assert steps == [(s, cfg["max_steps"]) for s in sorted(STRATEGIES)]
     assert ("heldout",) in evals
     assert ablation == [(s,) for s in sorted(STRATEGIES)]
