@@ -285,17 +285,18 @@ def _normalize(x: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- shallow
 
 
-def mean_rows(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray, chunk_tokens: int = 1 << 20) -> np.ndarray:
-    """Mean of ``table`` rows over each document's ids (``offsets`` delimit documents; none empty)."""
-    n = offsets.size - 1
-    out = np.empty((n, table.shape[1]), dtype=np.float32)
-    # Document boundaries that keep each gathered block near chunk_tokens rows.
-    bounds = np.unique(np.concatenate([[0], np.searchsorted(offsets, np.arange(chunk_tokens, offsets[-1], chunk_tokens)), [n]]))
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        lo, hi = offsets[a], offsets[b]
-        sums = np.add.reduceat(table[ids[lo:hi]], offsets[a:b] - lo, axis=0)
-        out[a:b] = sums / np.diff(offsets[a : b + 1])[:, None]
-    return out
+def mean_rows(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Mean of ``table`` rows over each document's ids (``offsets`` delimit documents; none empty).
+
+    Computed as a sparse ``(N, vocab)`` averaging matrix times the table, which never
+    materializes the ``(tokens, dim)`` gathered rows (several times faster than gather + reduceat).
+    """
+    import scipy.sparse as sp
+
+    lengths = np.diff(offsets)
+    weights = np.repeat((1.0 / lengths).astype(table.dtype), lengths)
+    averaging = sp.csr_matrix((weights, ids, offsets), shape=(lengths.size, table.shape[0]))
+    return np.asarray(averaging @ table, dtype=np.float32)
 
 
 def embed_shallow(texts: list[str], model_path: str | os.PathLike, max_tokens: int = 256, progress: bool = False) -> np.ndarray:
