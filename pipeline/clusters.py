@@ -33,22 +33,22 @@ from pipeline.errors import StrataInputError
 
 BACKENDS = ("auto", "faiss", "sklearn")
 KMEANSPP_MAX_K = 1024
-PCA_FIT_MAX = 200_000  # rows used to estimate the covariance; more change the components negligibly
+PCA_FIT_MAX = 100_000  # rows for the covariance: >= 100 rows per dimension up to d = 1,000
 
 
 def pca_reduce(x: np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
     """Project ``x`` on its top ``n_components`` principal axes (float32 ``(N, n_components)``).
 
-    The mean and covariance come from a seeded sample of at most ``PCA_FIT_MAX`` rows (float64),
-    and each axis's sign is fixed (largest-magnitude loading positive) so results are reproducible.
+    The mean and covariance come from a seeded sample of at most ``PCA_FIT_MAX`` rows (float32
+    products, float64 eigendecomposition), and each axis's sign is fixed (largest-magnitude loading positive) so results are reproducible.
     """
     n, d = x.shape
     if not 1 <= n_components <= d:
         raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible", fix=f"use 0 (no PCA) or 1..{d}")
     fit = x if n <= PCA_FIT_MAX else x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))]
     mean = fit.mean(axis=0, dtype=np.float64)
-    centered = fit.astype(np.float64) - mean
-    _, vecs = np.linalg.eigh(centered.T @ centered)
+    centered = fit - mean.astype(np.float32)
+    _, vecs = np.linalg.eigh((centered.T @ centered).astype(np.float64))
     axes = vecs[:, ::-1][:, :n_components]
     axes *= np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(n_components)])
     out = np.empty((n, n_components), dtype=np.float32)
