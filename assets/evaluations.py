@@ -16,9 +16,10 @@ from pipeline.warehouse import replace_rows
 
 @dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"parquet"})
 def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Evaluate the partition's model with lm-eval: rolling log-likelihood (word/byte perplexity,
-    bits per byte) on the held-out split (per source, Paloma-style) and WikiText-2 when configured.
-    Rows go to ``evals/<strategy>.parquet`` and DuckDB table ``eval_results``."""
+    """Evaluate the partition's model: lm-eval rolling log-likelihood (word/byte perplexity, bits
+    per byte) on the held-out split (per source, Paloma-style), and when configured WikiText-2,
+    a real Paloma directory and DCLM-core (llm-foundry scoring, centered accuracy, Core, gold
+    bits-per-byte). Rows go to ``evals/<strategy>.parquet`` and DuckDB table ``eval_results``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,8 +36,10 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
         model, tok,
         heldout_dir=layout.heldout if any(layout.heldout.rglob("*.jsonl.gz")) else None,
         wikitext_path=Path(cfg.wikitext_path) if cfg.wikitext_path else None,
-        paloma_dir=None, dclm_dir=None,
-        limit=cfg.eval_limit, dclm_limit=None, device=device, work_dir=layout.root / "lm_eval",
+        paloma_dir=Path(cfg.paloma_dir) if cfg.paloma_dir else None,
+        dclm_dir=Path(cfg.dclm_dir) if cfg.dclm_dir else None,
+        limit=cfg.eval_limit, dclm_limit=cfg.dclm_limit or None, device=device, work_dir=layout.root / "lm_eval",
+        seed=cfg.seed,
     )
     df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy))
     out = write_parquet(df, layout.eval_file(strategy))
@@ -59,7 +62,7 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     table = ablation_table(train_log.filter(pl.col("strategy").is_in(strategies)), evals.filter(pl.col("strategy").is_in(strategies)))
     with duckdb.get_connection() as con:
         replace_rows(con, "ablation", table, {})
-    md = render_report(table)
+    md = render_report(table, strategies=strategies)
     out = write_text(md, layout.report)
     return rec.finish([out], {"strategies": len(strategies), "rows": table.height}, {"strategies": strategies},
                       {"report": dg.MetadataValue.md(md)})

@@ -73,6 +73,9 @@ class StrataConfig:
     # evaluations
     eval_limit: int = 40  # documents/articles per rolling-loglikelihood task
     wikitext_path: str = ""  # WikiText-2 raw test file (optional)
+    paloma_dir: str = ""  # a directory in Paloma's layout <source>/<split>/*.jsonl.gz (optional)
+    dclm_dir: str = ""  # DCLM-core data in llm-foundry format (local_data/ + eval_meta_data.csv; optional)
+    dclm_limit: int = 5  # rows per DCLM task (seeded sample); 0 = all
 
     @property
     def root(self) -> Path:

@@ -20,18 +20,28 @@ def ablation_table(train_log: pl.DataFrame, evals: pl.DataFrame, tail_frac: floa
     return pl.concat([final.select("strategy", "metric", "value"), ev]).sort("metric", "strategy")
 
 
-def render_report(table: pl.DataFrame, max_depth: int = 3) -> str:
-    """Markdown: metrics as rows, strategies as columns (lower is better for every metric shown).
+HIGHER_IS_BETTER = ("acc", "centered_acc", "core_v1", "core_v2")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Accuracies and Core scores: higher is better; losses, perplexities, bits per byte: lower."""
+    return metric.rsplit("/", 1)[-1] in HIGHER_IS_BETTER
+
+
+def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str] | None = None) -> str:
+    """Markdown: metrics as rows, strategies as columns; the best value of each row in bold.
 
     Metrics nested deeper than ``max_depth`` path parts (per-subdomain rows) stay in DuckDB only.
     """
     table = table.filter(pl.col("metric").str.count_matches("/") < max_depth)
     wide = table.pivot(on="strategy", index="metric", values="value", aggregate_function="first").sort("metric")
-    strategies = [c for c in wide.columns if c != "metric"]
+    present = [c for c in wide.columns if c != "metric"]
+    strategies = [s for s in (strategies or present) if s in present]
     lines = ["# Strata ablation report", "", "| metric | " + " | ".join(strategies) + " |", "|---|" + "---:|" * len(strategies)]
     for row in wide.iter_rows(named=True):
         vals = [row[s] for s in strategies]
-        best = min((v for v in vals if v is not None), default=None)
+        pick = max if higher_is_better(row["metric"]) else min
+        best = pick((v for v in vals if v is not None), default=None)
         cells = ["" if v is None else (f"**{v:.4f}**" if v == best and len(vals) > 1 else f"{v:.4f}") for v in vals]
         lines.append(f"| {row['metric']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

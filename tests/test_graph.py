@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import demo_slice
+from conftest import DATA, demo_slice
 from pipeline.diagnostics import batch_deviations, prepare
 from pipeline.paths import Layout
 from pipeline.tokens import open_tokens
@@ -47,6 +47,9 @@ def run(tmp_path_factory, request):
         "warmup_steps": 1,
         "eval_limit": 2,
         "embed_max_tokens": 64,
+        "wikitext_path": str(DATA / "eval" / "wikitext" / "wiki.test.raw"),
+        "dclm_dir": str(DATA / "eval" / "dclm_core"),
+        "dclm_limit": 1,
     }
     (tmp / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     root = request.config.rootpath
@@ -101,13 +104,15 @@ def test_duckdb_lineage_and_report(run):
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         assets = {a for (a,) in con.execute("SELECT DISTINCT asset FROM lineage").fetchall()}
         steps = con.execute("SELECT strategy, count(*) FROM train_log GROUP BY 1 ORDER BY 1").fetchall()
-        evals = con.execute("SELECT DISTINCT suite FROM eval_results").fetchall()
+        evals = {s for (s,) in con.execute("SELECT DISTINCT suite FROM eval_results").fetchall()}
+        core = con.execute("SELECT value FROM eval_results WHERE suite = 'dclm' AND metric = 'core_v2'").fetchall()
         ablation = con.execute("SELECT DISTINCT strategy FROM ablation ORDER BY 1").fetchall()
         outputs = con.execute("SELECT outputs FROM lineage WHERE asset = 'sequences'").fetchone()[0]
     assert assets == {"corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings",
                       "ordering_diagnostics", "diagnostics_report", "training_runs", "evaluations", "ablation_report"}
     assert steps == [(s, cfg["max_steps"]) for s in sorted(STRATEGIES)]
-    assert ("heldout",) in evals
+    assert evals == {"heldout", "wikitext", "dclm"}
+    assert len(core) == len(STRATEGIES) and all(-1.0 <= v <= 1.0 for (v,) in core)
     assert ablation == [(s,) for s in sorted(STRATEGIES)]
     assert str(layout.segments) in outputs
     report = layout.report.read_text()
