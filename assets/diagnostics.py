@@ -8,6 +8,8 @@ from dagster_duckdb import DuckDBResource
 from assets.common import Recorder, StrataSettings
 from assets.orderings import STRATEGY_PARTITIONS
 from pipeline import diagnostics as D
+from pipeline.calibrate import DEFAULT_KS, calibrate_k
+from pipeline.plots import plot_k_calibration
 from pipeline import visual_report as V
 from pipeline.io import write_parquet, write_text
 from pipeline.warehouse import replace_rows
@@ -34,7 +36,8 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
 @dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="1", kinds={"matplotlib"})
 def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md``,
-    corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``."""
+    corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``,
+    and seed 001's k calibration (silhouette vs k on a sample) in ``k_calibration``."""
     rec = Recorder(context, duckdb, ["ordering_diagnostics", "embeddings", "clusters"])
     cfg, layout = settings.config(), settings.layout()
     docs = V.document_features(layout)
@@ -49,6 +52,13 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
         metrics = con.sql("SELECT * FROM ordering_metrics").pl().filter(pl.col("strategy").is_in(strategies))
     report_dir = layout.inside("report")
     figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), report_dir)
+    ks = [k for k in DEFAULT_KS if k <= emb.shape[0] // 10]
+    if len(ks) >= 2:
+        cal = calibrate_k(emb, ks, sample_size=min(5000, emb.shape[0]), seed=cfg.seed)
+        figures["k_calibration"] = plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, report_dir / "k_calibration.png")
+        with duckdb.get_connection() as con:
+            replace_rows(con, "k_calibration", pl.DataFrame({"k": cal.ks, "silhouette": cal.silhouettes,
+                                                            "recommended": cal.ks == cal.recommended_k}), {})
     summary = V.summary_table(metrics)
     md_path = write_text(V.render_markdown(summary, figures, report_dir), report_dir / "diagnostics.md")
     ui = "\n\n".join([V.markdown_table(summary)] + [V.image_markdown(p, n) for n, p in figures.items()])
