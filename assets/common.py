@@ -14,7 +14,7 @@ from dagster_duckdb import DuckDBResource
 from pipeline.config import StrataConfig, load_config
 from pipeline.io import file_sha256
 from pipeline.paths import Layout
-from pipeline.warehouse import latest_data_version, write_lineage
+from pipeline.warehouse import data_versions, latest_data_version, write_lineage
 
 
 def env_config() -> StrataConfig:
@@ -51,6 +51,18 @@ def strategy_partitions() -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition(list(env_config().strategies))
 
 
+def run_partitions(strategies: dg.StaticPartitionsDefinition) -> dg.MultiPartitionsDefinition:
+    """Training/evaluation partitions: every strategy x every training seed."""
+    seeds = dg.StaticPartitionsDefinition([str(s) for s in env_config().seeds])
+    return dg.MultiPartitionsDefinition({"strategy": strategies, "seed": seeds})
+
+
+def run_key(context: dg.AssetExecutionContext) -> tuple[str, int]:
+    """(strategy, seed) of a training/evaluation partition."""
+    dims = context.partition_key.keys_by_dimension
+    return dims["strategy"], int(dims["seed"])
+
+
 def version_of(paths: list[Path]) -> str:
     """Data version: a hash over the content hashes of an asset's output files."""
     h = hashlib.sha256()
@@ -60,9 +72,13 @@ def version_of(paths: list[Path]) -> str:
 
 
 class Recorder:
-    """Times a materialization and writes its lineage row (see pipeline/warehouse.py)."""
+    """Times a materialization and writes its lineage row (see pipeline/warehouse.py).
 
-    def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource, deps: list[str]):
+    ``deps`` maps each upstream asset to the partition whose data version is recorded: ``None``
+    for an unpartitioned asset, a partition key, or ``"*"`` for every partition.
+    """
+
+    def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource, deps: dict[str, str | None]):
         self.context, self.duckdb, self.deps = context, duckdb, deps
         self.t0 = time.perf_counter()
         self.partition = context.partition_key if context.has_partition_key else None
@@ -73,12 +89,16 @@ class Recorder:
         rows: dict[str, int],
         params: dict[str, Any],
         metadata: dict[str, Any] | None = None,
-        dep_partition: str | None = None,
     ) -> dg.MaterializeResult:
         asset = self.context.assets_def.key.to_user_string()
         version = version_of(outputs)
         with self.duckdb.get_connection() as con:
-            inputs = {d: latest_data_version(con, d, dep_partition if d in _PARTITIONED else None) for d in self.deps}
+            inputs: dict[str, str] = {}
+            for dep, part in self.deps.items():
+                if part == "*":
+                    inputs.update({f"{dep}[{p}]": v for p, v in data_versions(con, dep).items()})
+                else:
+                    inputs[dep if part is None else f"{dep}[{part}]"] = latest_data_version(con, dep, part)
             write_lineage(
                 con,
                 asset=asset,
@@ -97,6 +117,3 @@ class Recorder:
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
         meta.update(metadata or {})
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version))
-
-
-_PARTITIONED = {"orderings", "ordering_diagnostics", "training_runs", "evaluations"}

@@ -20,7 +20,7 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     Writes ``corpus.parquet`` (doc_id, id, text, source, subdomain, content_hash) for training
     and ``heldout/<source>/val/*.jsonl.gz`` (Paloma layout) for evaluation.
     """
-    rec = Recorder(context, duckdb, [])
+    rec = Recorder(context, duckdb, {})
     cfg, layout = settings.config(), settings.layout()
     df, report = read_corpus(cfg.corpus, cfg.seed)
     df = df.with_columns(content_hashes(df["text"]))

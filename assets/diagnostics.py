@@ -19,7 +19,7 @@ from pipeline.warehouse import replace_rows
 def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Unique clusters per sequence, per-batch share deviations (batches of 8/32/128), prefix error,
     drift per decile — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``."""
-    rec = Recorder(context, duckdb, ["orderings"])
+    rec = Recorder(context, duckdb, {"orderings": context.partition_key})
     cfg, layout = settings.config(), settings.layout()
     strategy = context.partition_key
     docs = V.document_features(layout)
@@ -30,7 +30,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
     summary = V.summary_table(metrics)
     return rec.finish([out], {"metrics": metrics.height}, {"strategy": strategy, "length_bins": cfg.length_bins},
-                      {"summary": dg.MetadataValue.md(V.markdown_table(summary))}, dep_partition=strategy)
+                      {"summary": dg.MetadataValue.md(V.markdown_table(summary))})
 
 
 @dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="1", kinds={"matplotlib"})
@@ -38,7 +38,7 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md``,
     corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``,
     and seed 001's k calibration (silhouette vs k on a sample) in ``k_calibration``."""
-    rec = Recorder(context, duckdb, ["ordering_diagnostics", "embeddings", "clusters"])
+    rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
     cfg, layout = settings.config(), settings.layout()
     docs = V.document_features(layout)
     strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if layout.ordering(s).exists()]

@@ -18,7 +18,7 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     """Document embeddings (``embed_method``: sentence = all-MiniLM-L6-v2 offline by default,
     shallow = mean input-embedding rows, deep = mean last hidden state), L2-normalized, over
     each document's first ``embed_max_tokens`` tokens."""
-    rec = Recorder(context, duckdb, ["corpus"])
+    rec = Recorder(context, duckdb, {"corpus": None})
     cfg, layout = settings.config(), settings.layout()
     texts = pl.read_parquet(layout.corpus, columns=["text"])["text"].to_list()
     emb = embed(texts, cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size,
@@ -35,7 +35,7 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
 def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Seeded faiss k-means (spherical by default, optional PCA) of the embeddings:
     ``clusters.parquet`` (doc_id, cluster) + centroids."""
-    rec = Recorder(context, duckdb, ["embeddings"])
+    rec = Recorder(context, duckdb, {"embeddings": None})
     cfg, layout = settings.config(), settings.layout()
     emb = np.load(layout.embeddings, allow_pickle=False)
     assign, centroids = kmeans(

@@ -7,14 +7,15 @@ import dagster as dg
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings
+from assets.common import Recorder, StrataSettings, run_key
 from assets.orderings import STRATEGY_PARTITIONS
+from assets.training import RUN_PARTITIONS
 from pipeline.io import write_parquet, write_text
 from pipeline.report import ablation_table, render_report
 from pipeline.warehouse import replace_rows
 
 
-@dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"parquet"})
+@dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=RUN_PARTITIONS, code_version="2", kinds={"parquet"})
 def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Evaluate the partition's model: lm-eval rolling log-likelihood (word/byte perplexity, bits
     per byte) on the held-out split (per source, Paloma-style), and when configured WikiText-2,
@@ -25,10 +26,10 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
 
     from evals.run import evaluate
 
-    rec = Recorder(context, duckdb, ["training_runs"])
+    strategy, seed = run_key(context)
+    rec = Recorder(context, duckdb, {"training_runs": context.partition_key})
     cfg, layout = settings.config(), settings.layout()
-    strategy = context.partition_key
-    model_dir = layout.run_dir(strategy) / "model"
+    model_dir = layout.run_dir(strategy, seed) / "model"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -41,19 +42,19 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
         limit=cfg.eval_limit, dclm_limit=cfg.dclm_limit or None, device=device, work_dir=layout.root / "lm_eval",
         seed=cfg.seed,
     )
-    df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy))
-    out = write_parquet(df, layout.eval_file(strategy))
+    df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    out = write_parquet(df, layout.eval_file(strategy, seed))
     with duckdb.get_connection() as con:
-        replace_rows(con, "eval_results", df, {"strategy": strategy})
+        replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
     table = df.select("suite", "task", "metric", "value").to_pandas().to_markdown(index=False)
-    return rec.finish([out], {"results": df.height}, {"strategy": strategy, "limit": cfg.eval_limit},
-                      {"results": dg.MetadataValue.md(table)}, dep_partition=strategy)
+    return rec.finish([out], {"results": df.height}, {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
+                      {"results": dg.MetadataValue.md(table)})
 
 
 @dg.asset(group_name="ablation", deps=["evaluations", "training_runs"], code_version="1", kinds={"duckdb"})
 def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Strategy x metric table (final train loss and every evaluation metric) in DuckDB and ``report.md``."""
-    rec = Recorder(context, duckdb, ["evaluations", "training_runs"])
+    rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*"})
     layout = settings.layout()
     with duckdb.get_connection() as con:
         train_log = con.sql("SELECT * FROM train_log").pl()

@@ -24,7 +24,7 @@ def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
 @dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"parquet"})
 def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id)."""
-    rec = Recorder(context, duckdb, ["sequences"])
+    rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = settings.config(), settings.layout()
     strategy = context.partition_key
     docs, segments = ordering_inputs(layout)

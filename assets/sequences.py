@@ -21,7 +21,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
 
     Writes ``sequences/segments.parquet`` and the M x L token matrix ``sequences/tokens.bin``.
     """
-    rec = Recorder(context, duckdb, ["tokens", "clusters"])
+    rec = Recorder(context, duckdb, {"tokens": None, "clusters": None})
     cfg, layout = settings.config(), settings.layout()
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     stream = np.diff(offsets)

@@ -15,7 +15,7 @@ from pipeline.tokens import tokenize_documents
 @dg.asset(group_name="data", deps=["corpus"], code_version="1", kinds={"huggingface"})
 def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Train a byte-level BPE (``vocab_size`` ids) on the training documents, or copy a given tokenizer."""
-    rec = Recorder(context, duckdb, ["corpus"])
+    rec = Recorder(context, duckdb, {"corpus": None})
     cfg, layout = settings.config(), settings.layout()
     texts = pl.read_parquet(layout.corpus, columns=["text"])["text"].to_list()
     with atomic_dir(layout.tokenizer) as tmp:
@@ -28,7 +28,7 @@ def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
 @dg.asset(group_name="data", deps=["corpus", "tokenizer"], code_version="1", kinds={"numpy"})
 def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Token ids of every document (flat ``tokens.bin`` + ``doc_offsets.npy``) and ``documents.parquet``."""
-    rec = Recorder(context, duckdb, ["corpus", "tokenizer"])
+    rec = Recorder(context, duckdb, {"corpus": None, "tokenizer": None})
     layout = settings.layout()
     tok = load_tokenizer(layout.tokenizer)
     corpus = pl.read_parquet(layout.corpus)

@@ -65,6 +65,7 @@ class StrataConfig:
     window: int = 4096  # candidate pool of greedy_fast
     batch_size: int = 16  # sequences per optimizer step (also the diagnostics batch)
     # training
+    seeds: list[int] = field(default_factory=lambda: [0])  # training seeds (model init); one run per strategy x seed
     model_preset: str = "tiny"
     max_steps: int = 60
     lr: float = 3e-3

@@ -70,11 +70,11 @@ class Layout:
     def ordering_segments(self, strategy: str) -> Path:
         return self.inside("orderings", f"{strategy}.segments.parquet")
 
-    def run_dir(self, strategy: str) -> Path:
-        return self.inside("runs", strategy)
+    def run_dir(self, strategy: str, seed: int) -> Path:
+        return self.inside("runs", strategy, f"seed{seed}")
 
-    def eval_file(self, strategy: str) -> Path:
-        return self.inside("evals", f"{strategy}.parquet")
+    def eval_file(self, strategy: str, seed: int) -> Path:
+        return self.inside("evals", f"{strategy}.seed{seed}.parquet")
 
     def inside(self, *parts: str) -> Path:
         """A path under the root; refuses names that would escape it (``..``, absolute paths)."""

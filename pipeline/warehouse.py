@@ -79,3 +79,13 @@ def latest_data_version(con, asset: str, partition: str | None = None) -> str:
         [asset, partition or ""],
     ).fetchone()
     return row[0] if row else ""
+
+
+def data_versions(con, asset: str) -> dict[str, str]:
+    """The newest data version of every materialized partition of ``asset``."""
+    con.execute(LINEAGE_DDL)
+    rows = con.execute(
+        "SELECT partition, arg_max(data_version, created_at) FROM lineage WHERE asset = ? GROUP BY partition ORDER BY partition",
+        [asset],
+    ).fetchall()
+    return dict(rows)
