@@ -114,11 +114,11 @@ def batch_tensors(store, sequence_ids: np.ndarray, cross_document: bool, device)
     n, L = toks.shape
     seg, pos = document_layout(seg_starts, seg_rows, n, L)
     if cross_document:
-        pos = np.broadcast_to(np.arange(L), (n, L))
+        pos = np.tile(np.arange(L), (n, 1))
     return {
         "input_ids": torch.as_tensor(toks, device=device),
         "attention_mask": attention_inputs(torch.as_tensor(seg, device=device), cross_document),
-        "position_ids": torch.as_tensor(np.ascontiguousarray(pos), device=device),
+        "position_ids": torch.as_tensor(pos, device=device),
         "labels": torch.as_tensor(next_token_labels(toks, seg), device=device),
     }
 

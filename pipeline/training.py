@@ -155,17 +155,22 @@ def train(
 
 
 def epoch_boundary_jumps(
-    log_rows: list[dict], window: int | None = None, z_threshold: float = 3.0, metrics: Iterable[str] = ("loss", "grad_norm")
+    log_rows: list[dict],
+    window: int | None = None,
+    post: int = 3,
+    z_threshold: float = 4.0,
+    metrics: Iterable[str] = ("loss", "grad_norm"),
 ) -> list[dict]:
     """Loss / grad-norm jumps where a run wraps into a new epoch (seed 001's anomaly).
 
     Seed 001 observes the loss dropping near the end of an epoch and spiking when the loader
     restarts, with the gradient norm at ~4x its normal value. For every boundary (the first step of
-    epoch e >= 1) and metric, the ``window`` steps before it are the reference and the ``window``
-    steps from it the probe: ``z = (max(post) - mean(pre)) / std(pre)`` and
-    ``ratio = max(post) / mean(pre)``; ``flagged`` when ``z >= z_threshold``. ``window`` defaults to a
-    tenth of an epoch, clamped to [3, 50] steps; boundaries with fewer than 3 reference steps get
-    ``z = nan`` and are not flagged.
+    epoch e >= 1) and metric, the ``window`` steps before it are the reference and the first
+    ``post`` steps from it the probe: ``z = (max(post) - mean(pre)) / std(pre)`` and
+    ``ratio = max(post) / mean(pre)``; ``flagged`` when ``z >= z_threshold``. The probe is short
+    because the seed's spike is immediate and the maximum of a long probe window would exceed a
+    few standard deviations by chance. ``window`` defaults to a tenth of an epoch, clamped to
+    [5, 50] steps; boundaries with fewer than 3 reference steps get ``z = nan`` and are not flagged.
     """
     rows = sorted(log_rows, key=lambda r: r["step"])
     if not rows:
@@ -174,19 +179,19 @@ def epoch_boundary_jumps(
     bounds = np.flatnonzero(np.diff(epoch) > 0) + 1
     if bounds.size == 0:
         return []
-    w = window if window is not None else int(np.clip(bounds[0] // 10, 3, 50))
+    w = window if window is not None else int(np.clip(bounds[0] // 10, 5, 50))
     out = []
     for b in bounds:
         for m in metrics:
             v = np.array([r[m] for r in rows], dtype=np.float64)
-            pre, post = v[max(0, b - w) : b], v[b : b + w]
+            pre, probe = v[max(0, b - w) : b], v[b : b + post]
             mean = float(pre.mean()) if pre.size else math.nan
             std = float(pre.std(ddof=1)) if pre.size >= 3 else math.nan
-            peak = float(post.max())
+            peak = float(probe.max())
             z = (peak - mean) / std if std > 0 else (math.inf if std == 0 and peak > mean else math.nan)
             out.append({
                 "boundary_step": int(rows[b]["step"]), "epoch": int(epoch[b]), "metric": m,
-                "pre_mean": mean, "pre_std": std, "post_max": peak, "post_mean": float(post.mean()),
+                "pre_mean": mean, "pre_std": std, "post_max": peak, "post_mean": float(probe.mean()),
                 "z": z, "ratio": peak / mean if mean else math.nan, "flagged": bool(z >= z_threshold),
             })
     return out
