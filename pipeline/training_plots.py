@@ -104,6 +104,14 @@ def plot_mixture(mixture: pl.DataFrame, path: str | os.PathLike, title: str = "O
     return _save(fig, path)
 
 
+def _checkpoint_key(c) -> tuple:
+    """Numeric order for checkpoints given as steps or "20%" labels, text order otherwise."""
+    try:
+        return (0, float(str(c).rstrip("%")), "")
+    except ValueError:
+        return (1, 0.0, str(c))
+
+
 def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
     """Min and mean stable rank per layer matrix, one line per strategy, one row per checkpoint.
 
@@ -116,9 +124,11 @@ def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
     agg = summary.group_by(["checkpoint", "strategy", "layer_name", "layer", "block", "matrix"]).agg(
         pl.col("min_stable_rank").mean(), pl.col("mean_stable_rank").mean()
     )
-    names = agg.select("layer_name", "layer", "block", "matrix").unique().sort(["layer", "block", "matrix"])
-    order = {n: i for i, n in enumerate(names["layer_name"].to_list())}
-    checkpoints = sorted(agg["checkpoint"].unique().to_list(), key=str)
+    rank = {m: i for i, m in enumerate(("q", "k", "v", "o", "gate", "up", "down"))}
+    names = agg.select("layer_name", "layer", "matrix").unique().rows()
+    names.sort(key=lambda r: (r[1], rank.get(r[2], len(rank)), r[0]))
+    order = {n: i for i, (n, _, _) in enumerate(names)}
+    checkpoints = sorted(agg["checkpoint"].unique().to_list(), key=_checkpoint_key)
     strategies = sorted(agg["strategy"].unique().to_list())
     colors = cluster_colors(len(strategies))
     fig = Figure(figsize=(max(8, 0.35 * len(order) + 3), 3.2 * len(checkpoints) + 0.6))
