@@ -80,7 +80,7 @@ def corpus():
     return store, seg, np.arange(len(docs)) % 3
 
 
-SMALL = TrainSettings(preset="tiny", seq_len=32, batch_size=8, max_steps=30, lr=4e-3, warmup_steps=3, seed=0)
+SMALL = TrainSettings(preset="tiny", seq_len=32, batch_size=8, max_steps=24, lr=5e-3, warmup_steps=3, seed=0)
 
 
 def test_loss_decreases_and_same_seed_is_identical(corpus):
@@ -115,14 +115,15 @@ def test_epochs_wrap_and_checkpoints_are_probed(corpus):
 def test_train_with_odm_sampler(corpus):
     store, seg, doc_cluster = corpus
     sc = sequence_clusters(seg, doc_cluster)
-    sampler = ODMSampler(sc, SMALL.max_steps, seed=0)
-    _, log = train(store, None, VOCAB, EOS, PAD, SMALL, progress=False, sampler=sampler)
+    s = TrainSettings(**{**SMALL.__dict__, "max_steps": 14})
+    sampler = ODMSampler(sc, s.max_steps, seed=0)
+    _, log = train(store, None, VOCAB, EOS, PAD, s, progress=False, sampler=sampler)
     losses = np.array([r["loss"] for r in log])
-    assert losses[-5:].mean() < losses[:3].mean() - 1.0
+    assert losses[-3:].mean() < losses[:3].mean() - 0.5
     mix = sampler.mixture_rows()
-    assert mix.height == SMALL.max_steps * sampler.k
+    assert mix.height == s.max_steps * sampler.k
     assert np.allclose(mix.group_by("step").agg(pl.col("prob").sum())["prob"].to_numpy(), 1.0)
-    assert sampler.served_ids().size == SMALL.max_steps * SMALL.batch_size
+    assert sampler.served_ids().size == s.max_steps * s.batch_size
 
 
 def _synthetic_log(n_epochs: int, steps_per_epoch: int, spike: float, seed: int = 0) -> list[dict]:
