@@ -9,25 +9,26 @@ from __future__ import annotations
 import numpy as np
 
 PRESETS: dict[str, dict[str, int]] = {
-    # name: hidden, layers, heads, intermediate
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
-    "base": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=2048),
-    "100m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    # Llama-style SwiGLU decoders; intermediate = 8/3 * hidden rounded up to a multiple of 64 (the
+    # Llama convention: the 3-matrix MLP then holds ~8 h^2 weights, like a 4h GELU MLP).
+    # Parameters with tied embeddings, non-embedding / total @ vocab 8192 / total @ vocab 50257:
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=384),  # 0.43M / 1.5M / 6.9M
+    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=704),  # 3.2M / 5.3M / 16M
+    "base": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=1408),  # 26M / 30M / 51M
+    "100m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=2048),  # 85M / 91M / 124M
 }
 
 
-def build_model(preset: str, vocab_size: int, seq_len: int, seed: int, eos_id: int, pad_id: int):
-    """A freshly initialized ``LlamaForCausalLM`` (same seed => same weights)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def model_config(preset: str, vocab_size: int, seq_len: int, eos_id: int, pad_id: int):
+    """The ``LlamaConfig`` of a preset (tied input/output embeddings, full multi-head attention)."""
+    from transformers import LlamaConfig
 
     if preset not in PRESETS:
         from pipeline.errors import StrataInputError
 
         raise StrataInputError(f"unknown model preset {preset!r}", fix=f"use one of {sorted(PRESETS)}")
     spec = PRESETS[preset]
-    cfg = LlamaConfig(
+    return LlamaConfig(
         vocab_size=vocab_size,
         max_position_embeddings=max(seq_len, 2048),
         num_key_value_heads=spec["num_attention_heads"],
@@ -38,8 +39,29 @@ def build_model(preset: str, vocab_size: int, seq_len: int, seed: int, eos_id: i
         attn_implementation="sdpa",
         **spec,
     )
+
+
+def build_model(preset: str, vocab_size: int, seq_len: int, seed: int, eos_id: int, pad_id: int):
+    """A freshly initialized ``LlamaForCausalLM`` (same seed => same weights)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    cfg = model_config(preset, vocab_size, seq_len, eos_id, pad_id)
     torch.manual_seed(seed)
     return LlamaForCausalLM(cfg)
+
+
+def preset_parameters(preset: str, vocab_size: int) -> dict[str, int]:
+    """Exact parameter counts of a preset, ``{"total", "non_embedding"}``, without allocating it
+    (the model is built on torch's ``meta`` device)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    cfg = model_config(preset, vocab_size, 2048, 0, 0)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    return {"total": total, "non_embedding": total - vocab_size * cfg.hidden_size}
 
 
 def document_layout(seq_starts: np.ndarray, seq_rows: np.ndarray, n_rows: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,3 +98,38 @@ def next_token_labels(tokens: np.ndarray, seg: np.ndarray) -> np.ndarray:
     same = seg[:, 1:] == seg[:, :-1]
     labels[:, :-1] = np.where(same, tokens[:, 1:], -100)
     return labels
+
+
+def batch_tensors(store, sequence_ids: np.ndarray, cross_document: bool, device) -> dict:
+    """Model inputs of a batch of packed sequences from a ``SequenceStore``.
+
+    Returns ``input_ids``, ``attention_mask`` (4D boolean, see :func:`attention_inputs`),
+    ``position_ids`` and ``labels`` (:func:`next_token_labels`). Positions restart at every document
+    when attention is block-diagonal; with ``cross_document`` attention spans the whole sequence, so
+    positions run 0..L-1 over it (plain concatenated training).
+    """
+    import torch
+
+    toks, seg_rows, seg_starts = store.batch(sequence_ids)
+    n, L = toks.shape
+    seg, pos = document_layout(seg_starts, seg_rows, n, L)
+    if cross_document:
+        pos = np.tile(np.arange(L), (n, 1))
+    return {
+        "input_ids": torch.as_tensor(toks, device=device),
+        "attention_mask": attention_inputs(torch.as_tensor(seg, device=device), cross_document),
+        "position_ids": torch.as_tensor(pos, device=device),
+        "labels": torch.as_tensor(next_token_labels(toks, seg), device=device),
+    }
+
+
+def token_losses(model, batch: dict):
+    """Per-token next-token cross-entropy (n, L) float32 and the (n, L) mask of scored tokens."""
+    import torch.nn.functional as F
+
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
+    y = batch["labels"]
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100, reduction="none")
+    return loss.view(y.shape), y != -100

@@ -1,0 +1,208 @@
+"""Gradient analyses of an ordering (seeds 000 and 002, "The Merits of Our Scheduler").
+
+* Stable rank of per-batch gradients, per layer: for a weight matrix W of a decoder layer
+  (attention q/k/v/o, MLP gate/up/down) and one training batch, M = dLoss/dW and
+  ``srank(M) = ||M||_F^2 / ||M||_2^2`` (seed 002, eq. srank). Seed 000 probes checkpoints at 20% and
+  100% of the steps and reports the minimum and the mean over batches per layer. The seeds write
+  M in R^{T x d} without fixing T; we take the weight gradient itself (out x in), the quantity the
+  optimizer applies, which is what "effective directions explored in parameter space" measures.
+* Mixture fidelity (seed 002): at one frozen checkpoint, the large-batch gradient of each of 10
+  consecutive chunks of a schedule, and the 10 x 10 matrix of their cosine similarities. A schedule
+  without drift has a flat matrix (seed 002 reports 0.945-0.947 everywhere).
+
+Gradients come from ``torch.autograd.grad``: no optimizer step, ``.grad`` buffers untouched, the
+model's train/eval mode restored. Forward passes use bf16 autocast on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import polars as pl
+
+from pipeline.errors import StrataInputError
+from pipeline.model import batch_tensors, token_losses
+from pipeline.packing import SequenceStore
+from pipeline.training import autocast
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def stable_rank(m) -> float:
+    """||M||_F^2 / ||M||_2^2 of a 2D matrix (numpy or torch); nan for the zero matrix."""
+    import torch
+
+    t = torch.as_tensor(m).detach().float()
+    if t.ndim != 2:
+        raise StrataInputError(f"stable rank needs a matrix, got shape {tuple(t.shape)}", fix="pass a 2D array")
+    s = torch.linalg.svdvals(t)
+    top = float(s[0]) if s.numel() else 0.0
+    return float((s.double() ** 2).sum()) / top**2 if top > 0 else float("nan")
+
+
+def layer_matrices(model) -> list[tuple[str, int, str, str, object]]:
+    """``(name, layer, block, matrix, parameter)`` of every attention and MLP weight, in layer order."""
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        for block, mod, names in (("attention", layer.self_attn, ATTENTION), ("mlp", layer.mlp, MLP)):
+            for n in names:
+                out.append((f"layers.{i}.{block}.{n}", i, block, n.removesuffix("_proj"), getattr(mod, n).weight))
+    return out
+
+
+def _loss(model, store: SequenceStore, ids: np.ndarray, cross_document: bool, dev: str, reduction: str):
+    batch = batch_tensors(store, ids, cross_document, dev)
+    with autocast(dev):
+        tok, scored = token_losses(model, batch)
+    total = (tok * scored).sum()
+    return total / scored.sum().clamp(min=1) if reduction == "mean" else (total, scored.sum())
+
+
+def batch_ids(order: np.ndarray, position: int, batch_size: int) -> np.ndarray:
+    """The sequence ids of batch ``position`` of a stream (wrapping like ``train`` does)."""
+    order = np.asarray(order, dtype=np.int64)
+    return order[np.arange(position * batch_size, (position + 1) * batch_size) % order.size]
+
+
+def gradient_stable_ranks(
+    model,
+    store: SequenceStore,
+    order: np.ndarray,
+    positions: Sequence[int],
+    batch_size: int,
+    cross_document: bool = False,
+) -> pl.DataFrame:
+    """Stable rank of each layer matrix's gradient on each probed batch (no optimizer step).
+
+    Batch p is ``order[p*B:(p+1)*B]``, the batch the run trains on at step p. Returns one row per
+    (batch, matrix): ``position, layer_name, layer, block, matrix, stable_rank``.
+    """
+    import torch
+
+    if len(positions) == 0:
+        raise StrataInputError("no batch positions to probe", fix="pass e.g. the next few steps after a checkpoint")
+    mats = layer_matrices(model)
+    params = [m[4] for m in mats]
+    dev = params[0].device.type
+    was_training = model.training
+    model.eval()
+    rows = []
+    try:
+        for p in positions:
+            loss = _loss(model, store, batch_ids(order, int(p), batch_size), cross_document, dev, "mean")
+            grads = torch.autograd.grad(loss, params)
+            for (name, i, block, kind, _), g in zip(mats, grads):
+                rows.append({"position": int(p), "layer_name": name, "layer": i, "block": block, "matrix": kind, "stable_rank": stable_rank(g)})
+    finally:
+        model.train(was_training)
+    return pl.DataFrame(rows)
+
+
+def summarize_stable_ranks(rows: pl.DataFrame) -> pl.DataFrame:
+    """Min and mean stable rank over the probed batches per layer matrix (seed 002 figs. 6-7).
+
+    Extra key columns present in ``rows`` (e.g. ``strategy``, ``seed``, ``checkpoint``) are kept.
+    """
+    keys = [c for c in ("strategy", "seed", "checkpoint") if c in rows.columns] + ["layer_name", "layer", "block", "matrix"]
+    return (
+        rows.group_by(keys)
+        .agg(
+            pl.col("stable_rank").min().alias("min_stable_rank"),
+            pl.col("stable_rank").mean().alias("mean_stable_rank"),
+            pl.len().alias("n_batches"),
+        )
+        .sort(keys)
+    )
+
+
+def chunk_gradients(
+    model,
+    store: SequenceStore,
+    order: np.ndarray,
+    n_chunks: int = 10,
+    sequences_per_chunk: int = 64,
+    batch_size: int = 16,
+    cross_document: bool = False,
+    param_filter: Callable[[str], bool] | None = None,
+):
+    """(n_chunks, P) float32 tensor: the large-batch gradient of each consecutive chunk of ``order``.
+
+    Chunk c is ``order[c*M//n : (c+1)*M//n]``; its gradient is that of the token-mean loss over
+    ``sequences_per_chunk`` sequences at evenly spaced positions of the chunk (all of them if the
+    chunk is smaller), accumulated over micro-batches of ``batch_size``. Parameters: the decoder
+    layers' attention and MLP matrices by default (``param_filter(name)`` on ``named_parameters``
+    names otherwise); embeddings are left out by default because their rows mostly encode token
+    frequency.
+    """
+    import torch
+
+    order = np.asarray(order, dtype=np.int64)
+    if n_chunks < 2 or order.size < n_chunks:
+        raise StrataInputError(
+            f"cannot split {order.size} sequences into {n_chunks} chunks", fix="use n_chunks >= 2 and a longer schedule"
+        )
+    if param_filter is None:
+        chosen = {id(m[4]) for m in layer_matrices(model)}
+        params = [p for _, p in model.named_parameters() if id(p) in chosen]
+    else:
+        params = [p for n, p in model.named_parameters() if param_filter(n)]
+    if not params:
+        raise StrataInputError("the parameter filter selects no parameter", fix="select e.g. names containing 'mlp'")
+    dev = params[0].device.type
+    bounds = np.arange(n_chunks + 1) * order.size // n_chunks
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for c in range(n_chunks):
+            chunk = order[bounds[c] : bounds[c + 1]]
+            take = min(sequences_per_chunk, chunk.size)
+            ids = chunk[np.linspace(0, chunk.size, take, endpoint=False).astype(np.int64)]
+            acc = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+            n_tok = 0
+            for a in range(0, ids.size, batch_size):
+                total, count = _loss(model, store, ids[a : a + batch_size], cross_document, dev, "sum")
+                for buf, g in zip(acc, torch.autograd.grad(total, params)):
+                    buf += g.float()
+                n_tok += int(count)
+            out.append(torch.cat([b.flatten() for b in acc]) / max(1, n_tok))
+    finally:
+        model.train(was_training)
+    return torch.stack(out)
+
+
+def cosine_matrix(vectors) -> np.ndarray:
+    """(n, n) cosine similarities of the rows of ``vectors`` (float64)."""
+    import torch
+
+    v = torch.as_tensor(vectors).double()
+    norms = v.norm(dim=1)
+    if (norms == 0).any():
+        raise StrataInputError("a chunk gradient is zero", fix="probe a model whose loss depends on the selected parameters")
+    u = v / norms[:, None]
+    return (u @ u.T).clamp(-1, 1).cpu().numpy()
+
+
+def mixture_fidelity(
+    model,
+    store: SequenceStore,
+    order: np.ndarray,
+    n_chunks: int = 10,
+    sequences_per_chunk: int = 64,
+    batch_size: int = 16,
+    cross_document: bool = False,
+    param_filter: Callable[[str], bool] | None = None,
+) -> np.ndarray:
+    """The n_chunks x n_chunks cosine-similarity matrix of chunk gradients (seed 002, fig. 5)."""
+    return cosine_matrix(
+        chunk_gradients(model, store, order, n_chunks, sequences_per_chunk, batch_size, cross_document, param_filter)
+    )
+
+
+def fidelity_rows(matrix: np.ndarray) -> pl.DataFrame:
+    """Tidy form of a fidelity matrix: ``chunk_i, chunk_j, cosine``."""
+    n = matrix.shape[0]
+    i, j = np.divmod(np.arange(n * n), n)
+    return pl.DataFrame({"chunk_i": i.astype(np.int64), "chunk_j": j.astype(np.int64), "cosine": np.asarray(matrix).ravel()})

@@ -1,0 +1,203 @@
+"""Online Data Mixing (seed 003, Albalak et al., Algorithm 1): a training-time strategy ``odm``.
+
+The clusters are the arms of an Exp3 bandit. Every training step (a *turn* t = 1, 2, ...) the
+sampler computes the exploration rate and the policy
+
+    E_t = min{1/K, sqrt(ln K / (K t))}                                      (Alg. 1, line 3)
+    pi_t(D_i) = (1 - K E_t) exp(E_{t-1} R_i) / sum_j exp(E_{t-1} R_j) + E_t   (Alg. 1, line 4)
+
+draws each of the step's G micro-batches from one cluster D_i ~ pi_t, fills it with sequences of
+that cluster's pool, and after the step turns the losses into rewards: L_i = sum of the mean losses
+of the micro-batches drawn from D_i (line 8), and for every drawn cluster
+
+    R_i <- alpha R_i + (1 - alpha) L_i / pi_t(D_i)                            (Alg. 1, line 12)
+
+(the moving average of the importance-weighted loss). During the warm-up (1% of the steps, seed
+section 2) the policy stays at its prior and no rewards are recorded.
+
+Choices where the seed is open, as a careful reimplementation would make them:
+- A sequence's cluster is the cluster holding most of its tokens (ties: the smaller cluster id);
+  pools are the sequences grouped by that cluster; clusters owning no sequence are no arms.
+- The prior (the policy during warm-up) is the pool share by default, the analogue of the seed's
+  initialisation with The Pile's weights; ``prior="uniform"`` is the plain Exp3 start. After the
+  warm-up the policy is Alg. 1's, whose zero initial rewards give the uniform Gibbs term.
+- The smoothing alpha is not given in the seed; 0.5 by default.
+- The turn counter t of E_t is the training step (1-based), warm-up included, as in the paper's
+  own implementation; E_0 = 1/K (line 1).
+- G (``micro_batches``) defaults to the batch size, i.e. one cluster draw per sequence: the seed
+  (section 4) names batch homogeneity as ODM's weakness and smaller micro-batches as its remedy.
+- A micro-batch's loss L(f, x, y) is the mean of its sequences' mean token losses (packed
+  sequences score nearly the same number of tokens, so this is the token mean up to EOS gaps).
+- Within a pool sequences are drawn without replacement in a seeded random order; an exhausted
+  pool is reshuffled and drawing continues (a pool smaller than a micro-batch repeats sequences).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+from pipeline.errors import StrataInputError
+
+
+def sequence_clusters(segments: pl.DataFrame, doc_cluster: np.ndarray, n_sequences: int | None = None) -> np.ndarray:
+    """(n_sequences,) int64: the majority-token cluster of every packed sequence.
+
+    ``segments`` is the packing's segments table, ``doc_cluster[doc_id]`` the document clusters.
+    Ties go to the smallest cluster id.
+    """
+    doc_cluster = np.asarray(doc_cluster, dtype=np.int64)
+    sid = segments["sequence_id"].to_numpy()
+    doc = segments["doc_id"].to_numpy()
+    if doc.size and (doc.min() < 0 or doc.max() >= doc_cluster.size):
+        raise StrataInputError(
+            f"segments name doc_id up to {int(doc.max())} but only {doc_cluster.size} document clusters are given",
+            fix="pass the cluster assignment of the corpus the sequences were packed from",
+        )
+    n = int(sid.max()) + 1 if n_sequences is None and sid.size else int(n_sequences or 0)
+    per = (
+        pl.DataFrame({"s": sid, "c": doc_cluster[doc], "t": segments["n_tokens"].to_numpy().astype(np.int64)})
+        .group_by(["s", "c"])
+        .agg(pl.col("t").sum())
+        .sort(["s", "t", "c"], descending=[False, True, False])
+        .unique("s", keep="first", maintain_order=True)
+    )
+    out = np.full(n, -1, dtype=np.int64)
+    out[per["s"].to_numpy()] = per["c"].to_numpy()
+    if (out < 0).any():
+        raise StrataInputError("some sequence ids have no segment", fix="pass the segments table of the full packing")
+    return out
+
+
+def exploration_rate(t: int, k: int) -> float:
+    """E_t = min{1/K, sqrt(ln K / (K t))} (Alg. 1, line 3); E_0 = 1/K (line 1)."""
+    if t <= 0:
+        return 1.0 / k
+    return min(1.0 / k, math.sqrt(math.log(k) / (k * t)))
+
+
+def exp3_policy(rewards: np.ndarray, eps_t: float, eps_prev: float) -> np.ndarray:
+    """pi_t = (1 - K E_t) softmax(E_{t-1} R) + E_t (Alg. 1, line 4)."""
+    z = eps_prev * np.asarray(rewards, dtype=np.float64)
+    g = np.exp(z - z.max())
+    return (1.0 - rewards.size * eps_t) * g / g.sum() + eps_t
+
+
+class ODMSampler:
+    """Exp3 data mixing over cluster pools of sequence ids; query it every training step.
+
+    ``seq_cluster[s]`` is sequence s's cluster (see :func:`sequence_clusters`), ``total_steps`` the
+    run length (for the 1% warm-up). Use: ``ids = s.next_batch(B)``, train on ``ids``, then
+    ``s.update(ids, per_sequence_losses)``. Same arguments and losses => same batches.
+    """
+
+    def __init__(
+        self,
+        seq_cluster: np.ndarray,
+        total_steps: int,
+        seed: int = 0,
+        *,
+        micro_batches: int | None = None,
+        smoothing: float = 0.5,
+        warmup_fraction: float = 0.01,
+        prior: str = "proportional",
+    ):
+        seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
+        if seq_cluster.size == 0:
+            raise StrataInputError("ODM got no sequences", fix="pack the corpus before training with odm")
+        if not 0.0 <= smoothing < 1.0:
+            raise StrataInputError(f"ODM smoothing {smoothing} is outside [0, 1)", fix="use e.g. 0.5")
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise StrataInputError(f"ODM warm-up fraction {warmup_fraction} is outside [0, 1)", fix="use 0.01 (the seed's 1%)")
+        if prior not in ("proportional", "uniform"):
+            raise StrataInputError(f"unknown ODM prior {prior!r}", fix="use 'proportional' or 'uniform'")
+        order = np.argsort(seq_cluster, kind="stable")
+        self.clusters, starts, sizes = np.unique(seq_cluster[order], return_index=True, return_counts=True)
+        self.pools = [order[a : a + n] for a, n in zip(starts, sizes)]
+        self.k = self.clusters.size
+        self.alpha = float(smoothing)
+        self.micro_batches = micro_batches
+        self.warmup_steps = int(math.ceil(warmup_fraction * max(1, total_steps)))
+        self.prior = sizes / sizes.sum() if prior == "proportional" else np.full(self.k, 1.0 / self.k)
+        self.rewards = np.zeros(self.k)  # R_i, Alg. 1 line 1
+        self.t = 0  # turns played
+        self.rng = np.random.default_rng(seed)
+        self._perm = [self.rng.permutation(p) for p in self.pools]
+        self._cursor = np.zeros(self.k, dtype=np.int64)
+        self._pending: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ids, arm per micro-batch, pi_t
+        self._mixture: list[np.ndarray] = []
+        self._served: list[np.ndarray] = []
+
+    def policy(self, t: int) -> np.ndarray:
+        """The sampling distribution of turn t (1-based): the prior during warm-up, else Alg. 1."""
+        if t <= self.warmup_steps or self.k == 1:
+            return self.prior.copy()
+        return exp3_policy(self.rewards, exploration_rate(t, self.k), exploration_rate(t - 1, self.k))
+
+    def _take(self, arm: int, n: int) -> np.ndarray:
+        out = []
+        while n > 0:
+            perm, c = self._perm[arm], int(self._cursor[arm])
+            if c == perm.size:
+                self._perm[arm] = perm = self.rng.permutation(self.pools[arm])
+                c = 0
+            m = min(n, perm.size - c)
+            out.append(perm[c : c + m])
+            self._cursor[arm] = c + m
+            n -= m
+        return np.concatenate(out)
+
+    def next_batch(self, batch_size: int) -> np.ndarray:
+        """Play turn t: draw the micro-batches' clusters from pi_t and return B sequence ids."""
+        if self._pending is not None:
+            raise StrataInputError("ODM next_batch called twice without update", fix="call update(ids, losses) after every step")
+        g = batch_size if self.micro_batches is None else self.micro_batches
+        if g <= 0 or batch_size % g:
+            raise StrataInputError(
+                f"ODM micro_batches={g} does not divide batch_size={batch_size}",
+                fix="choose micro_batches as a divisor of the batch size (default: the batch size)",
+            )
+        self.t += 1
+        pi = self.policy(self.t)
+        arms = self.rng.choice(self.k, size=g, p=pi)
+        ids = np.concatenate([self._take(int(a), batch_size // g) for a in arms])
+        self._pending = (ids, arms, pi)
+        self._mixture.append(pi)
+        self._served.append(ids)
+        return ids
+
+    def update(self, ids: np.ndarray, losses: np.ndarray) -> None:
+        """Record the step's per-sequence losses as rewards (Alg. 1, lines 8 and 11-12)."""
+        if self._pending is None:
+            raise StrataInputError("ODM update without a batch", fix="call next_batch(B) before update")
+        served, arms, pi = self._pending
+        ids, losses = np.asarray(ids), np.asarray(losses, dtype=np.float64)
+        if ids.shape != served.shape or not np.array_equal(ids, served) or losses.shape != ids.shape:
+            raise StrataInputError("ODM update got other ids than the last batch", fix="pass the ids next_batch returned and one loss per id")
+        if not np.isfinite(losses).all():
+            raise StrataInputError("ODM got a non-finite training loss", fix="lower the learning rate or check the data")
+        self._pending = None
+        if self.t <= self.warmup_steps:
+            return
+        mb_loss = losses.reshape(arms.size, -1).mean(axis=1)  # L(f, x, y) of each micro-batch
+        group_loss = np.bincount(arms, weights=mb_loss, minlength=self.k)  # L_{D_i}, line 8
+        drawn = np.bincount(arms, minlength=self.k) > 0  # line 11
+        self.rewards[drawn] = self.alpha * self.rewards[drawn] + (1 - self.alpha) * group_loss[drawn] / pi[drawn]
+
+    def mixture_rows(self) -> pl.DataFrame:
+        """The policy of every step: columns ``step`` (0-based training step), ``cluster``, ``prob``."""
+        steps = len(self._mixture)
+        probs = np.asarray(self._mixture).reshape(steps, self.k)
+        return pl.DataFrame(
+            {
+                "step": np.repeat(np.arange(steps, dtype=np.int64), self.k),
+                "cluster": np.tile(self.clusters, steps),
+                "prob": probs.ravel(),
+            }
+        )
+
+    def served_ids(self) -> np.ndarray:
+        """The realised stream: every sequence id served so far, in training order."""
+        return np.concatenate(self._served) if self._served else np.zeros(0, dtype=np.int64)
