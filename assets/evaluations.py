@@ -4,6 +4,7 @@
 from pathlib import Path
 
 import dagster as dg
+import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
@@ -12,6 +13,7 @@ from assets.orderings import STRATEGY_PARTITIONS
 from assets.training import RUN_PARTITIONS
 from pipeline.io import write_parquet, write_text
 from pipeline.report import ablation_table, render_report
+from pipeline.visual_report import image_markdown
 from pipeline.warehouse import replace_rows
 
 
@@ -51,19 +53,55 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
                       {"results": dg.MetadataValue.md(table)})
 
 
-@dg.asset(group_name="ablation", deps=["evaluations", "training_runs"], code_version="1", kinds={"duckdb"})
+@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses"], code_version="2", kinds={"duckdb"})
 def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Strategy x metric table (final train loss and every evaluation metric) in DuckDB and ``report.md``."""
-    rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*"})
+    """Strategy x metric table (final train loss and every evaluation metric, mean ± std over
+    seeds) in DuckDB ``ablation`` and ``report.md``, with loss curves, stable ranks, the mixture
+    fidelity heatmaps and the ODM mixture under ``report/``."""
+    cfg = settings.config()
+    rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None})
     layout = settings.layout()
     with duckdb.get_connection() as con:
-        train_log = con.sql("SELECT * FROM train_log").pl()
-        evals = con.sql("SELECT * FROM eval_results").pl()
+        tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in ("train_log", "eval_results", "stable_rank", "fidelity", "odm_mixture", "epoch_jumps") if t in tables}
+    train_log = read["train_log"]
     strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if s in set(train_log["strategy"])]
-    table = ablation_table(train_log.filter(pl.col("strategy").is_in(strategies)), evals.filter(pl.col("strategy").is_in(strategies)))
+    mine = {t: df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
+    table = ablation_table(mine["train_log"], mine["eval_results"])
     with duckdb.get_connection() as con:
         replace_rows(con, "ablation", table, {})
-    md = render_report(table, strategies=strategies)
+    figures = training_figures(mine, layout.inside("report"), cfg.seeds[0])
+    jumps = mine.get("epoch_jumps")
+    flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
+    extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
+    if flagged is not None and flagged.height:
+        extra += "\n## Epoch-boundary jumps (seed 001)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
+    md = render_report(table, strategies=strategies, extra=extra)
     out = write_text(md, layout.report)
-    return rec.finish([out], {"strategies": len(strategies), "rows": table.height}, {"strategies": strategies},
-                      {"report": dg.MetadataValue.md(md)})
+    ui = render_report(table, strategies=strategies) + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
+    return rec.finish([out, *figures.values()], {"strategies": len(strategies), "rows": table.height}, {"strategies": strategies},
+                      {"report": dg.MetadataValue.md(ui)})
+
+
+def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:
+    """Loss curves, stable ranks, fidelity heatmaps and the ODM mixture (whatever data exists)."""
+    from pipeline import training_plots as T
+    from pipeline.gradients import summarize_stable_ranks
+
+    figs = {"loss_curves": T.plot_loss_curves(tables["train_log"], out_dir / "loss_curves.png")}
+    if tables.get("stable_rank") is not None and tables["stable_rank"].height:
+        figs["stable_ranks"] = T.plot_stable_ranks(summarize_stable_ranks(tables["stable_rank"]), out_dir / "stable_ranks.png")
+    fid = tables.get("fidelity")
+    if fid is not None and fid.height:
+        mats = {}
+        for strategy in fid["strategy"].unique(maintain_order=True):
+            f = fid.filter(pl.col("strategy") == strategy)
+            n = int(f["chunk_i"].max()) + 1
+            m = np.zeros((n, n))
+            m[f["chunk_i"].to_numpy(), f["chunk_j"].to_numpy()] = f["cosine"].to_numpy()
+            mats[strategy] = m
+        figs["mixture_fidelity"] = T.plot_fidelity(mats, out_dir / "mixture_fidelity.png")
+    mix = tables.get("odm_mixture")
+    if mix is not None and mix.height:
+        figs["odm_mixture"] = T.plot_mixture(mix.filter(pl.col("seed") == seed).select("step", "cluster", "prob"), out_dir / "odm_mixture.png")
+    return figs

@@ -32,7 +32,9 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         objective=cfg.objective, bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
         curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
     )
-    result = run_strategy(strategy, docs, segments, cfg.seq_len, params, cfg.seed)
+    # odm picks sequences online during training (seed 003) from per-cluster pools: it gets the
+    # cluster_packed packing, whose sequences each hold one cluster; its order here is a placeholder.
+    result = run_strategy("cluster_packed" if strategy == "odm" else strategy, docs, segments, cfg.seq_len, params, cfg.seed)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:

@@ -14,7 +14,8 @@ import dagster as dg
 from pipeline.errors import StrataInputError
 
 UPSTREAM = ["corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
-PER_STRATEGY = ["orderings", "ordering_diagnostics", "training_runs", "evaluations"]
+PER_STRATEGY = ["orderings", "ordering_diagnostics"]
+PER_RUN = ["training_runs", "evaluations"]
 
 
 def prepare_environment(config_file: str | None, data_root: str | None) -> None:
@@ -37,6 +38,7 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> None:
 
 def materialize_all(strategies: list[str] | None = None, log=print) -> Path:
     """Materialize upstream assets, then each strategy partition, then the report."""
+    from assets.common import env_config
     from assets.definitions import defs
 
     instance = dg.DagsterInstance.get()
@@ -61,9 +63,10 @@ def materialize_all(strategies: list[str] | None = None, log=print) -> Path:
 
     run(UPSTREAM)
     keys = graph.get(dg.AssetKey("orderings")).partitions_def.get_partition_keys()
+    seeds = env_config().seeds
     for s in strategies or keys:
         run(PER_STRATEGY, s)
-    run(["diagnostics_report", "ablation_report"])
-    from assets.common import env_config
-
+        for seed in seeds:
+            run(PER_RUN, dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}))
+    run(["diagnostics_report", "gradient_analyses", "ablation_report"])
     return env_config().root / "report.md"

@@ -1,6 +1,7 @@
-"""training_runs: a small decoder-only LM trained from scratch on each ordering, for each seed."""
+"""training_runs (strategy x seed) and gradient_analyses: the ablation's models and their gradients."""
 
 import dagster as dg
+import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
@@ -10,52 +11,147 @@ from pipeline.io import atomic_dir, write_parquet
 from pipeline.packing import SequenceStore
 from pipeline.tokenizer import load_tokenizer
 from pipeline.tokens import open_tokens
-from pipeline.training import TrainSettings, train
+from pipeline.training import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
 from pipeline.warehouse import replace_rows
 
 RUN_PARTITIONS = run_partitions(STRATEGY_PARTITIONS)
 BY_STRATEGY = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="strategy")
+FROZEN_FRACTION = 0.2  # mixture fidelity is measured at the random run's 20% checkpoint
+
+
+def frozen_strategy() -> str:
+    """The run whose 20% checkpoint is the frozen model: random when present, else the first."""
+    keys = STRATEGY_PARTITIONS.get_partition_keys()
+    return "random" if "random" in keys else keys[0]
+
+
+def _store(layout, cfg, segments, tok) -> SequenceStore:
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    return SequenceStore(tokens, offsets, segments, cfg.seq_len, pad_id=tok.pad_token_id)
+
+
+def _settings(cfg, seed: int) -> TrainSettings:
+    return TrainSettings(
+        preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
+        lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,
+        cross_document=cfg.cross_document,
+    )
 
 
 @dg.asset(
     group_name="ablation",
     deps=[dg.AssetDep("orderings", partition_mapping=BY_STRATEGY)],
     partitions_def=RUN_PARTITIONS,
-    code_version="2",
+    code_version="3",
     kinds={"pytorch"},
 )
 def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Train the same model (init from the partition's seed, same budget and optimizer for every
-    strategy) on the partition's ordering.
+    """Train the same model (init from the partition's seed; same budget, optimizer, batch and
+    sequence length for every strategy) on the partition's ordering — or, for ``odm``, on what
+    seed 003's Exp3 sampler picks online from per-cluster pools.
 
-    Writes ``runs/<strategy>/seed<seed>/model`` (``save_pretrained`` + tokenizer) and ``log.parquet``;
-    per-step loss, grad norm, lr and tokens seen go to DuckDB table ``train_log``.
+    Writes ``runs/<strategy>/seed<seed>/model`` (``save_pretrained`` + tokenizer), ``log.parquet``
+    and ``stream.parquet`` (the sequences trained on, in order). DuckDB: ``train_log`` (per step),
+    ``stable_rank`` (gradient stable ranks per layer at 20%/100% of steps), ``epoch_jumps`` and,
+    for odm, ``odm_mixture``.
     """
+    from pipeline.gradients import gradient_stable_ranks
+    from pipeline.odm import ODMSampler, sequence_clusters
+
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"orderings": strategy})
     cfg, layout = settings.config(), settings.layout()
     order, segments = load_ordering(layout, strategy)
-    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     tok = load_tokenizer(layout.tokenizer)
-    ts = TrainSettings(
-        preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
-        lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,
-    )
-    store = SequenceStore(tokens, offsets, segments, cfg.seq_len, pad_id=tok.pad_token_id)
-    model, log = train(store, order, len(tok), tok.eos_token_id, tok.pad_token_id, ts)
+    store = _store(layout, cfg, segments, tok)
+    ts = _settings(cfg, seed)
     run_dir = layout.run_dir(strategy, seed)
+    sampler = None
+    if strategy == "odm":
+        doc_cluster = pl.read_parquet(layout.clusters).sort("doc_id")["cluster"].to_numpy()
+        sampler = ODMSampler(sequence_clusters(segments, doc_cluster), cfg.max_steps, seed=seed,
+                             smoothing=cfg.odm_smoothing, warmup_fraction=cfg.odm_warmup_fraction)
+    probes: list[pl.DataFrame] = []
+    fractions = {checkpoint_steps(cfg.max_steps, [f])[0]: f for f in cfg.probe_fractions}
+
+    def probe(steps_done: int, model) -> None:
+        stream = sampler.served_ids() if sampler is not None else order
+        start = max(0, steps_done - cfg.probe_batches)
+        rows = gradient_stable_ranks(model, store, stream, range(start, start + cfg.probe_batches), cfg.batch_size, cfg.cross_document)
+        frac = fractions[steps_done]
+        probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(frac * 100)}%")))
+        if (strategy, frac, seed) == (frozen_strategy(), FROZEN_FRACTION, cfg.seeds[0]):
+            with atomic_dir(run_dir / "frozen") as tmp:
+                model.save_pretrained(str(tmp))
+
+    model, log = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
+                       sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe)
     with atomic_dir(run_dir / "model") as tmp:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
+    key = {"strategy": strategy, "seed": seed}
     log_df = pl.DataFrame(log).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
-    write_parquet(log_df, run_dir / "log.parquet")
+    served = sampler.served_ids() if sampler is not None else order[np.arange(cfg.max_steps * cfg.batch_size) % order.size]
+    outputs = [write_parquet(log_df, run_dir / "log.parquet"),
+               write_parquet(pl.DataFrame({"position": np.arange(served.size), "sequence_id": served}), run_dir / "stream.parquet")]
+    jumps = pl.DataFrame(epoch_boundary_jumps(log), infer_schema_length=None)
     with duckdb.get_connection() as con:
-        replace_rows(con, "train_log", log_df, {"strategy": strategy, "seed": seed})
+        replace_rows(con, "train_log", log_df, key)
+        if probes:
+            replace_rows(con, "stable_rank", pl.concat(probes).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed)), key)
+        if jumps.height:
+            replace_rows(con, "epoch_jumps", jumps.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed)), key)
+        if sampler is not None:
+            mixture = sampler.mixture_rows().with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+            outputs.append(write_parquet(mixture, run_dir / "odm_mixture.parquet"))
+            replace_rows(con, "odm_mixture", mixture, key)
     final = float(log_df["loss"].tail(max(1, len(log) // 10)).mean())
     return rec.finish(
-        [run_dir / "model" / "model.safetensors", run_dir / "log.parquet"],
+        [run_dir / "model" / "model.safetensors", *outputs],
         {"steps": len(log), "tokens": int(log_df["tokens_seen"].max())},
         {**ts.__dict__, "strategy": strategy},
         {"final_loss": final, "tokens_per_s": float(log_df["tokens_per_s"].median()),
-         "params": sum(p.numel() for p in model.parameters())},
+         "params": sum(p.numel() for p in model.parameters()),
+         "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0},
     )
+
+
+@dg.asset(group_name="ablation", deps=["training_runs"], code_version="1", kinds={"pytorch"})
+def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Mixture fidelity (seed 002): at one frozen checkpoint (the random run's 20% model, else the
+    first strategy's), cosine
+    similarity of the gradients of 10 consecutive chunks of each strategy's stream — a 10 x 10
+    matrix per strategy in DuckDB table ``fidelity``."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.gradients import fidelity_rows, mixture_fidelity
+    from pipeline.training import device
+
+    rec = Recorder(context, duckdb, {"training_runs": "*"})
+    cfg, layout = settings.config(), settings.layout()
+    frozen = layout.run_dir(frozen_strategy(), cfg.seeds[0]) / "frozen"
+    if not frozen.exists():
+        from pipeline.errors import StrataInputError
+
+        raise StrataInputError(f"no frozen checkpoint at {frozen}", fix=f"keep 0.2 in probe_fractions and materialize training_runs[{frozen_strategy()}, seed {cfg.seeds[0]}]")
+    model = AutoModelForCausalLM.from_pretrained(str(frozen)).to(device())
+    tok = load_tokenizer(layout.tokenizer)
+    frames, matrices = [], {}
+    for strategy in STRATEGY_PARTITIONS.get_partition_keys():
+        stream_path = layout.run_dir(strategy, cfg.seeds[0]) / "stream.parquet"
+        if not stream_path.exists():
+            continue
+        _, segments = load_ordering(layout, strategy)
+        stream = pl.read_parquet(stream_path).sort("position")["sequence_id"].to_numpy()
+        m = mixture_fidelity(model, _store(layout, cfg, segments, tok), stream, n_chunks=cfg.fidelity_chunks,
+                             sequences_per_chunk=min(cfg.fidelity_sequences_per_chunk, max(1, stream.size // cfg.fidelity_chunks)),
+                             batch_size=cfg.batch_size, cross_document=cfg.cross_document)
+        matrices[strategy] = m
+        frames.append(fidelity_rows(m).with_columns(strategy=pl.lit(strategy)))
+    table = pl.concat(frames)
+    out = write_parquet(table, layout.inside("gradients", "fidelity.parquet"))
+    with duckdb.get_connection() as con:
+        replace_rows(con, "fidelity", table, {})
+    off = {s: float(m[~np.eye(m.shape[0], dtype=bool)].mean()) for s, m in matrices.items()}
+    return rec.finish([out], {"strategies": len(matrices)}, {"chunks": cfg.fidelity_chunks},
+                      {"mean_offdiagonal_cosine": dg.MetadataValue.json(off)})

@@ -16,6 +16,9 @@ from typing import Any
 from pipeline.errors import StrataInputError
 
 
+TRAINING_TIME_STRATEGIES = ("odm",)  # chosen online during training (seed 003), not by a scheduler
+
+
 @dataclass
 class CorpusConfig:
     """Where documents come from. ``path`` empty => the built-in corpus (see builtin_corpus.py)."""
@@ -55,7 +58,7 @@ class StrataConfig:
     seq_len: int = 256
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
-    strategies: list[str] = field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed"])
+    strategies: list[str] = field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed", "odm"])
     objective: str = "f3"  # greedy objective f1 | f2 | f3 (seed 000)
     length_bins: int = 100
     lam: float = 1.0
@@ -71,6 +74,13 @@ class StrataConfig:
     lr: float = 3e-3
     warmup_steps: int = 6
     weight_decay: float = 0.1
+    cross_document: bool = False  # allow attention across document boundaries
+    odm_smoothing: float = 0.5  # ODM (seed 003) reward moving-average smoothing
+    odm_warmup_fraction: float = 0.01
+    probe_fractions: list[float] = field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
+    probe_batches: int = 2  # batches probed per checkpoint
+    fidelity_chunks: int = 10  # mixture fidelity: chunks of each schedule
+    fidelity_sequences_per_chunk: int = 32
     # evaluations
     eval_limit: int = 40  # documents/articles per rolling-loglikelihood task
     wikitext_path: str = ""  # WikiText-2 raw test file (optional)
@@ -112,9 +122,9 @@ class StrataConfig:
         if self.packing not in PACKING_SPECS:
             bad("packing", self.packing, f"use one of {list(PACKING_SPECS)}")
 
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        unknown = [s for s in self.strategies if s not in STRATEGIES and s not in TRAINING_TIME_STRATEGIES]
         if not self.strategies or unknown:
-            bad("strategies", self.strategies, f"list ordering strategies among {sorted(STRATEGIES)}")
+            bad("strategies", self.strategies, f"list ordering strategies among {sorted(STRATEGIES) + list(TRAINING_TIME_STRATEGIES)}")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -104,22 +104,31 @@ def batch_tensors(store, sequence_ids: np.ndarray, cross_document: bool, device)
     """Model inputs of a batch of packed sequences from a ``SequenceStore``.
 
     Returns ``input_ids``, ``attention_mask`` (4D boolean, see :func:`attention_inputs`),
-    ``position_ids`` and ``labels`` (:func:`next_token_labels`). Positions restart at every document
-    when attention is block-diagonal; with ``cross_document`` attention spans the whole sequence, so
-    positions run 0..L-1 over it (plain concatenated training).
+    ``position_ids``, ``labels`` (:func:`next_token_labels`) and ``filled`` (False at padding).
+    Positions restart at every document when attention is block-diagonal; with ``cross_document``
+    attention spans the whole sequence, so positions run 0..L-1 over it (plain concatenated
+    training). Padding (padding / best_fit packings) is never scored and never attended to.
     """
     import torch
 
-    toks, seg_rows, seg_starts = store.batch(sequence_ids)
+    toks, seg_rows, seg_starts, filled = store.masked_batch(sequence_ids)
     n, L = toks.shape
     seg, pos = document_layout(seg_starts, seg_rows, n, L)
     if cross_document:
         pos = np.tile(np.arange(L), (n, 1))
+    labels = next_token_labels(toks, seg)
+    labels[:, :-1][~filled[:, 1:]] = -100
+    labels[~filled] = -100
+    filled_t = torch.as_tensor(filled, device=device)
+    mask = attention_inputs(torch.as_tensor(seg, device=device), cross_document)
+    if cross_document:
+        mask = mask & filled_t[:, None, None, :]
     return {
         "input_ids": torch.as_tensor(toks, device=device),
-        "attention_mask": attention_inputs(torch.as_tensor(seg, device=device), cross_document),
+        "attention_mask": mask,
         "position_ids": torch.as_tensor(pos, device=device),
-        "labels": torch.as_tensor(next_token_labels(toks, seg), device=device),
+        "labels": torch.as_tensor(labels, device=device),
+        "filled": filled_t,
     }
 
 

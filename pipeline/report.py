@@ -1,24 +1,8 @@
-"""The ablation report: one row per (strategy, metric), rendered as a strategy x metric table."""
+"""The ablation report: strategy x metric, mean ± std over training seeds, as markdown."""
 
 from __future__ import annotations
 
 import polars as pl
-
-
-def ablation_table(train_log: pl.DataFrame, evals: pl.DataFrame, tail_frac: float = 0.1) -> pl.DataFrame:
-    """Long table (strategy, metric, value): final train loss (mean of the last 10% of steps)
-    plus every evaluation metric as ``suite/task/metric``."""
-    final = (
-        train_log.sort("strategy", "step")
-        .group_by("strategy", maintain_order=True)
-        .agg(pl.col("loss").tail(pl.max_horizontal(pl.lit(1), (pl.len() * tail_frac).cast(pl.Int64))).mean().alias("value"))
-        .with_columns(metric=pl.lit("train/final_loss"))
-    )
-    ev = evals.select(
-        "strategy", (pl.col("suite") + "/" + pl.col("task") + "/" + pl.col("metric")).alias("metric"), pl.col("value").cast(pl.Float64)
-    )
-    return pl.concat([final.select("strategy", "metric", "value"), ev]).sort("metric", "strategy")
-
 
 HIGHER_IS_BETTER = ("acc", "centered_acc", "core_v1", "core_v2")
 
@@ -28,20 +12,58 @@ def higher_is_better(metric: str) -> bool:
     return metric.rsplit("/", 1)[-1] in HIGHER_IS_BETTER
 
 
-def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str] | None = None) -> str:
-    """Markdown: metrics as rows, strategies as columns; the best value of each row in bold.
+def ablation_table(train_log: pl.DataFrame, evals: pl.DataFrame, tail_frac: float = 0.1) -> pl.DataFrame:
+    """Long table (strategy, metric, mean, std, n_seeds).
 
-    Metrics nested deeper than ``max_depth`` path parts (per-subdomain rows) stay in DuckDB only.
+    Metrics: ``train/final_loss`` (mean loss of the last 10% of steps of each run) and every
+    evaluation row as ``suite/task/metric``; mean and sample std over the training seeds.
     """
+    final = (
+        train_log.sort("strategy", "seed", "step")
+        .group_by("strategy", "seed", maintain_order=True)
+        .agg(pl.col("loss").tail(pl.max_horizontal(pl.lit(1), (pl.len() * tail_frac).cast(pl.Int64))).mean().alias("value"))
+        .with_columns(metric=pl.lit("train/final_loss"))
+    )
+    ev = evals.select(
+        "strategy", "seed", (pl.col("suite") + "/" + pl.col("task") + "/" + pl.col("metric")).alias("metric"),
+        pl.col("value").cast(pl.Float64),
+    )
+    runs = pl.concat([final.select("strategy", "seed", "metric", "value"), ev])
+    return (
+        runs.group_by("strategy", "metric")
+        .agg(mean=pl.col("value").mean(), std=pl.col("value").std(), n_seeds=pl.col("seed").n_unique())
+        .sort("metric", "strategy")
+    )
+
+
+def _cell(mean: float | None, std: float | None, n: int | None, bold: bool) -> str:
+    if mean is None:
+        return ""
+    fmt = (lambda v: f"{v:.4f}") if abs(mean) < 1000 else (lambda v: f"{v:.4g}")
+    text = fmt(mean) + (f" ± {fmt(std)}" if n and n > 1 and std is not None else "")
+    return f"**{text}**" if bold else text
+
+
+def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str] | None = None, extra: str = "") -> str:
+    """Markdown: metrics as rows, strategies as columns (mean ± std over seeds); the best mean of
+    each row in bold. Rows nested deeper than ``max_depth`` parts (per subdomain) stay in DuckDB."""
     table = table.filter(pl.col("metric").str.count_matches("/") < max_depth)
-    wide = table.pivot(on="strategy", index="metric", values="value", aggregate_function="first").sort("metric")
-    present = [c for c in wide.columns if c != "metric"]
+    present = sorted(set(table["strategy"]))
     strategies = [s for s in (strategies or present) if s in present]
-    lines = ["# Strata ablation report", "", "| metric | " + " | ".join(strategies) + " |", "|---|" + "---:|" * len(strategies)]
-    for row in wide.iter_rows(named=True):
-        vals = [row[s] for s in strategies]
-        pick = max if higher_is_better(row["metric"]) else min
-        best = pick((v for v in vals if v is not None), default=None)
-        cells = ["" if v is None else (f"**{v:.4f}**" if v == best and len(vals) > 1 else f"{v:.4f}") for v in vals]
-        lines.append(f"| {row['metric']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    n_seeds = int(table["n_seeds"].max()) if table.height else 0
+    lines = [
+        "# Strata ablation report",
+        "",
+        f"Mean{' ± std over ' + str(n_seeds) + ' seeds' if n_seeds > 1 else ''} per strategy; best in bold "
+        "(lower is better except accuracies and Core).",
+        "",
+        "| metric | " + " | ".join(strategies) + " |",
+        "|---|" + "---:|" * len(strategies),
+    ]
+    for metric in table["metric"].unique().sort():
+        rows = {r["strategy"]: r for r in table.filter(pl.col("metric") == metric).iter_rows(named=True)}
+        means = [rows[s]["mean"] for s in strategies if s in rows and rows[s]["mean"] is not None]
+        best = (max if higher_is_better(metric) else min)(means) if len(means) > 1 else None
+        cells = [_cell(rows[s]["mean"], rows[s]["std"], rows[s]["n_seeds"], rows[s]["mean"] == best) if s in rows else "" for s in strategies]
+        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" + extra

@@ -135,7 +135,7 @@ def train(
         if sampler is not None:
             per_seq = tok_loss.detach().sum(1) / scored.sum(1).clamp(min=1)
             sampler.update(ids, per_seq.cpu().numpy())
-        tokens_seen += B * L
+        tokens_seen += int(batch["filled"].sum())
         row = {
             "step": step,
             "loss": float(loss.item()),

@@ -18,7 +18,7 @@ from pipeline.diagnostics import batch_deviations, prepare
 from pipeline.paths import Layout
 from pipeline.tokens import open_tokens
 
-STRATEGIES = ["random", "greedy"]
+STRATEGIES = ["random", "greedy", "odm"]
 
 
 def _strata(args: list[str], env_extra: dict, cwd) -> subprocess.CompletedProcess:
