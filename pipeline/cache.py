@@ -47,7 +47,8 @@ def fingerprint_digest(fingerprint: str) -> str:
 class HashCache:
     """Per-document rows keyed by content hash, valid for one producer ``fingerprint``.
 
-    ``dim=None`` stores variable-length 1-D rows (e.g. token ids); an integer stores ``(dim,)`` rows.
+    ``dim=None`` stores variable-length 1-D rows (e.g. token ids); an integer stores ``(dim,)`` rows;
+    ``dim=0`` stores fixed-width rows whose width is taken from the stored cache or the first update.
     """
 
     def __init__(self, directory: str | Path, name: str, fingerprint: str, dtype: np.dtype | str, dim: int | None = None):
@@ -66,7 +67,11 @@ class HashCache:
     def _load(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         try:
             meta = json.loads((self.path / "meta.json").read_text(encoding="utf-8"))
-            if meta.get("fingerprint") != self.fingerprint or meta.get("dtype") != self.dtype.str or meta.get("dim") != self.dim:
+            if meta.get("fingerprint") != self.fingerprint or meta.get("dtype") != self.dtype.str:
+                return self._empty()
+            if self.dim == 0 and isinstance(meta.get("dim"), int):
+                self.dim = meta["dim"]
+            if meta.get("dim") != self.dim:
                 return self._empty()
             keys = np.load(self.path / "keys.npy", allow_pickle=False)
             values = np.load(self.path / "values.npy", allow_pickle=False)
@@ -125,6 +130,9 @@ class HashCache:
         """Insert (or overwrite) rows for ``hashes`` and write the cache atomically."""
         keys = _keys(hashes)
         if self.dim is not None:
+            if self.dim == 0 and not self._keys.size:
+                self.dim = int(np.shape(values)[1])
+                self._values = np.zeros((0, self.dim), dtype=self.dtype)
             new_vals = np.asarray(values, dtype=self.dtype).reshape(keys.size, self.dim)
         else:
             if len(values) != keys.size:
@@ -234,7 +242,7 @@ def cached_embed(
         _, first = np.unique(np.asarray(miss_hashes), return_index=True)
         first = np.sort(first)
         fresh = np.asarray(embed_fn([texts[miss[j]] for j in first]), dtype=cache.dtype)
-        if fresh.shape != (first.size, cache.dim):
+        if fresh.ndim != 2 or fresh.shape[0] != first.size or cache.dim not in (0, fresh.shape[1]):
             raise ValueError(f"embed_fn returned shape {fresh.shape}, expected {(first.size, cache.dim)}")
         cache.update([miss_hashes[j] for j in first], fresh)
         _, values = cache.lookup(hashes)

@@ -140,6 +140,13 @@ def test_duplicate_texts_embedded_once(tmp_path, texts):
     np.testing.assert_array_equal(values, _hashing_embed(batch))
 
 
+def test_width_learned_when_dim_is_zero(tmp_path, texts):
+    values, _ = cached_embed(_hashing_embed, texts[:5], _hashes(texts[:5]), HashCache(tmp_path, "emb", "fp", np.float32, 0))
+    reopened = HashCache(tmp_path, "emb", "fp", np.float32, 0)
+    assert reopened.dim == 64 and reopened.lookup(_hashes(texts[:5]))[0].all()
+    np.testing.assert_array_equal(reopened.lookup(_hashes(texts[:5]))[1], values)
+
+
 def test_bad_hash_is_rejected(tmp_path):
     cache = HashCache(tmp_path, "emb", "fp", np.float32, 4)
     with pytest.raises(ValueError, match="not a hex SHA-256"):

@@ -68,9 +68,9 @@ def _write_cfg(path: Path, cfg: dict) -> Path:
 
 
 def _env(cfg_path: Path) -> dict:
-    # STRATA_CONFIG is also exported: `assets/__init__.py` builds the Definitions (and the strategy
-    # partitions) at import time, before `--config` is applied (see test_config_strategies_respected).
-    return {**os.environ, "DAGSTER_HOME": "", "STRATA_CONFIG": str(cfg_path), "STRATA_HOME": ""}
+    env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "PYTHONPATH": str(REPO)}
+    env.pop("STRATA_CONFIG", None)  # the CLI's --config alone must configure everything
+    return env
 
 
 def _strata(args: list[str], cfg_path: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -311,20 +311,18 @@ def test_impossible_config_names_the_file(bad_runs):
     assert str(cfg_path) in _error_line(proc)
 
 
-@pytest.mark.xfail(strict=True, reason="assets/__init__.py builds the Definitions at import, before --config is "
-                   "applied: the strategy partitions are the defaults, and ./.strata is created in the cwd")
-def test_config_strategies_respected(tmp_path):
-    cfg_path = _write_cfg(tmp_path / "cfg.yaml", _cfg(tmp_path / "root", tmp_path / "c.jsonl", strategies=["random"]))
+def test_config_strategies_respected(tmp_path, reference_run):
+    """--config alone decides the strategy partitions, and nothing is written outside the data root."""
+    assert "[random]" in reference_run[2].stdout and "[greedy]" not in reference_run[2].stdout
+    cfg_path = _write_cfg(tmp_path / "cfg.yaml", _cfg(tmp_path / "root", tmp_path / "c.jsonl", strategies=["greedy"]))
     probe = (
-        "import sys, dagster as dg; import assets.cli; from assets.runner import prepare_environment; "
+        "import dagster as dg, assets.cli; from assets.runner import prepare_environment; "
         f"prepare_environment({str(cfg_path)!r}, None); from assets.definitions import defs; "
         "print(defs.resolve_asset_graph().get(dg.AssetKey('orderings')).partitions_def.get_partition_keys())"
     )
-    env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": ""}
-    env.pop("STRATA_CONFIG", None)
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(cfg_path), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "['random']" and not (tmp_path / ".strata").exists(), proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "['greedy']" and not (tmp_path / ".strata").exists(), proc.stdout
 
 
 # -- DuckDB: two writer processes -----------------------------------------------------------------
