@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import StrataSettings
+from assets.common import StrataSettings, warehouse
 from pipeline.packing import conservation
 
 
@@ -15,7 +15,7 @@ def token_conservation(settings: StrataSettings, duckdb: DuckDBResource) -> dg.A
     layout, cfg = settings.layout(), settings.config()
     stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
     result = conservation(pl.read_parquet(layout.segments), stream, cfg.seq_len)
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         reported = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
     passed = bool(result["ok"]) and result["tokens_dropped"] == reported.get("tokens_dropped")
     meta = {k: v for k, v in result.items() if k != "ok"} | {"reported_dropped": reported.get("tokens_dropped")}

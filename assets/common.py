@@ -12,6 +12,7 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from pipeline.config import StrataConfig, load_config
+from pipeline.duck import duck_connection
 from pipeline.io import file_sha256
 from pipeline.paths import Layout
 from pipeline.warehouse import data_versions, latest_data_version, write_lineage
@@ -49,6 +50,12 @@ class StrataSettings(dg.ConfigurableResource):
 
 def strategy_partitions() -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition(list(env_config().strategies))
+
+
+def warehouse(duckdb: DuckDBResource):
+    """A short-lived connection to the resource's DuckDB file that waits for the file lock
+    (another process writing) and is closed however the block ends (pipeline/duck.py)."""
+    return duck_connection(duckdb.database)
 
 
 def run_partitions(strategies: dg.StaticPartitionsDefinition) -> dg.MultiPartitionsDefinition:
@@ -92,7 +99,7 @@ class Recorder:
     ) -> dg.MaterializeResult:
         asset = self.context.assets_def.key.to_user_string()
         version = version_of(outputs)
-        with self.duckdb.get_connection() as con:
+        with warehouse(self.duckdb) as con:
             inputs: dict[str, str] = {}
             for dep, part in self.deps.items():
                 if part == "*":

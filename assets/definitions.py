@@ -21,8 +21,16 @@ _MODULES = [corpus, tokens, embeddings, sequences, orderings, diagnostics, train
 def build_definitions() -> dg.Definitions:
     cfg = env_config()
     cfg.root.mkdir(parents=True, exist_ok=True)
+    assets = dg.load_assets_from_modules(_MODULES)
+    if cfg.automation == "eager":
+        eager = dg.AutomationCondition.eager()
+        assets = [
+            a.map_asset_specs(lambda spec: spec.replace_attributes(automation_condition=eager))
+            if isinstance(a, dg.AssetsDefinition) and a.is_materializable else a
+            for a in assets
+        ]
     return dg.Definitions(
-        assets=dg.load_assets_from_modules(_MODULES),
+        assets=assets,
         asset_checks=dg.load_asset_checks_from_modules(_MODULES),
         resources={
             "settings": StrataSettings(config_file=os.environ.get("STRATA_CONFIG", ""), data_root=str(cfg.root)),

@@ -6,28 +6,38 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings
+from assets.common import Recorder, StrataSettings, warehouse
 from pipeline.clusters import kmeans
-from pipeline.embeddings import embed
+from pipeline.cache import HashCache, cached_embed, embedding_fingerprint
+from pipeline.embeddings import default_model_path, embed
 from pipeline.io import write_npy, write_parquet
 from pipeline.warehouse import replace_rows
 
 
-@dg.asset(group_name="representation", deps=["corpus"], code_version="2", kinds={"numpy", "pytorch"})
+@dg.asset(group_name="representation", deps=["corpus"], code_version="3", kinds={"numpy", "pytorch"})
 def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Document embeddings (``embed_method``: sentence = all-MiniLM-L6-v2 offline by default,
     shallow = mean input-embedding rows, deep = mean last hidden state), L2-normalized, over
-    each document's first ``embed_max_tokens`` tokens."""
+    each document's first ``embed_max_tokens`` tokens. Cached per content hash (``cache/embeddings``):
+    a rerun embeds only new or edited documents."""
     rec = Recorder(context, duckdb, {"corpus": None})
     cfg, layout = settings.config(), settings.layout()
-    texts = pl.read_parquet(layout.corpus, columns=["text"])["text"].to_list()
-    emb = embed(texts, cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size,
-                work_dir=layout.inside("work", "embeddings"))
+    df = pl.read_parquet(layout.corpus, columns=["text", "content_hash"])
+    hashes = df["content_hash"].to_list()
+    fingerprint = embedding_fingerprint(cfg.embed_model or default_model_path(), cfg.embed_max_tokens, method=cfg.embed_method)
+    cache = HashCache(layout.inside("cache"), "embeddings", fingerprint, np.float32, 0)
+    emb, computed = cached_embed(
+        lambda batch: embed(batch, cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size,
+                            work_dir=layout.inside("work", "embeddings")),
+        df["text"].to_list(), hashes, cache,
+    )
+    cache.prune(hashes)
     write_npy(emb, layout.embeddings)
     return rec.finish(
         [layout.embeddings],
         {"documents": emb.shape[0], "dim": emb.shape[1]},
         {"method": cfg.embed_method, "model": cfg.embed_model or "all-MiniLM-L6-v2", "max_tokens": cfg.embed_max_tokens},
+        {"embedded": computed, "from_cache": len(hashes) - computed},
     )
 
 
@@ -46,7 +56,7 @@ def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb
     write_parquet(df, layout.clusters)
     write_npy(centroids, layout.centroids)
     sizes = df.group_by("cluster").agg(n_docs=pl.len()).sort("cluster")
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         replace_rows(con, "cluster_sizes", sizes, {})
     return rec.finish(
         [layout.clusters, layout.centroids],

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, run_key
+from assets.common import Recorder, StrataSettings, run_key, warehouse
 from assets.orderings import STRATEGY_PARTITIONS
 from assets.training import RUN_PARTITIONS
 from pipeline.io import write_parquet, write_text
@@ -46,7 +46,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     )
     df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     out = write_parquet(df, layout.eval_file(strategy, seed))
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
     table = df.select("suite", "task", "metric", "value").to_pandas().to_markdown(index=False)
     return rec.finish([out], {"results": df.height}, {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
@@ -61,14 +61,14 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     cfg = settings.config()
     rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None})
     layout = settings.layout()
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in ("train_log", "eval_results", "stable_rank", "fidelity", "odm_mixture", "epoch_jumps") if t in tables}
     train_log = read["train_log"]
     strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if s in set(train_log["strategy"])]
     mine = {t: df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
     table = ablation_table(mine["train_log"], mine["eval_results"])
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         replace_rows(con, "ablation", table, {})
     figures = training_figures(mine, layout.inside("report"), cfg.seeds[0])
     jumps = mine.get("epoch_jumps")

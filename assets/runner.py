@@ -13,7 +13,7 @@ import dagster as dg
 
 from pipeline.errors import StrataInputError
 
-UPSTREAM = ["corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
+UPSTREAM = ["raw_corpus", "corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
 PER_STRATEGY = ["orderings", "ordering_diagnostics"]
 PER_RUN = ["training_runs", "evaluations"]
 

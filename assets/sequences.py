@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings
+from assets.common import Recorder, StrataSettings, warehouse
 from pipeline.io import write_bin, write_parquet
 from pipeline.packing import SequenceStore, pack, packing_stats, parse_packing
 from pipeline.tokenizer import load_tokenizer
@@ -35,7 +35,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     write_bin(matrix.astype(tokens.dtype), layout.sequence_matrix)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         replace_rows(con, "packing_stats", stats, {})
     return rec.finish(
         [layout.segments, layout.sequence_matrix],

@@ -7,9 +7,10 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
+from pipeline.cache import HashCache, cached_tokenize, tokenizer_fingerprint
 from pipeline.io import atomic_dir, write_bin, write_npy, write_parquet
 from pipeline.tokenizer import load_tokenizer, train_bpe
-from pipeline.tokens import tokenize_documents
+from pipeline.tokens import token_dtype
 
 
 @dg.asset(group_name="data", deps=["corpus"], code_version="1", kinds={"huggingface"})
@@ -25,14 +26,20 @@ def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     return rec.finish(files, {"vocab_size": len(tok)}, {"tokenizer": cfg.tokenizer or "bpe", "vocab_size": cfg.vocab_size})
 
 
-@dg.asset(group_name="data", deps=["corpus", "tokenizer"], code_version="1", kinds={"numpy"})
+@dg.asset(group_name="data", deps=["corpus", "tokenizer"], code_version="2", kinds={"numpy"})
 def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Token ids of every document (flat ``tokens.bin`` + ``doc_offsets.npy``) and ``documents.parquet``."""
+    """Token ids of every document (flat ``tokens.bin`` + ``doc_offsets.npy``) and ``documents.parquet``.
+
+    Token ids are cached per content hash (``cache/tokens``): with a fixed tokenizer, only new or
+    edited documents are tokenized on a rerun."""
     rec = Recorder(context, duckdb, {"corpus": None, "tokenizer": None})
     layout = settings.layout()
     tok = load_tokenizer(layout.tokenizer)
     corpus = pl.read_parquet(layout.corpus)
-    flat, offsets = tokenize_documents(tok, corpus["text"].to_list())
+    hashes = corpus["content_hash"].to_list()
+    cache = HashCache(layout.inside("cache"), "tokens", tokenizer_fingerprint(tok), token_dtype(len(tok)))
+    flat, offsets, computed = cached_tokenize(tok, corpus["text"].to_list(), hashes, cache)
+    cache.prune(hashes)
     write_bin(flat, layout.tokens)
     write_npy(offsets, layout.doc_offsets)
     n_tokens = np.diff(offsets) - 1
@@ -46,5 +53,6 @@ def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
         [layout.documents, layout.tokens, layout.doc_offsets],
         {"documents": docs.height, "tokens": int(flat.size)},
         {"dtype": str(flat.dtype)},
-        {"tokens_per_doc_mean": float(n_tokens.mean()), "dtype": str(flat.dtype)},
+        {"tokens_per_doc_mean": float(n_tokens.mean()), "dtype": str(flat.dtype),
+         "tokenized": computed, "from_cache": corpus.height - computed},
     )

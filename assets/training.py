@@ -5,7 +5,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, run_key, run_partitions
+from assets.common import Recorder, StrataSettings, run_key, run_partitions, warehouse
 from assets.orderings import STRATEGY_PARTITIONS, load_ordering
 from pipeline.io import atomic_dir, write_parquet
 from pipeline.packing import SequenceStore
@@ -92,10 +92,11 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     key = {"strategy": strategy, "seed": seed}
     log_df = pl.DataFrame(log).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     served = sampler.served_ids() if sampler is not None else order[np.arange(cfg.max_steps * cfg.batch_size) % order.size]
-    outputs = [write_parquet(log_df, run_dir / "log.parquet"),
+    # tokens_per_s is wall-clock throughput: kept in DuckDB, left out of the (deterministic) artifact
+    outputs = [write_parquet(log_df.drop("tokens_per_s"), run_dir / "log.parquet"),
                write_parquet(pl.DataFrame({"position": np.arange(served.size), "sequence_id": served}), run_dir / "stream.parquet")]
     jumps = pl.DataFrame(epoch_boundary_jumps(log), infer_schema_length=None)
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         replace_rows(con, "train_log", log_df, key)
         if probes:
             replace_rows(con, "stable_rank", pl.concat(probes).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed)), key)
@@ -150,7 +151,7 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
         frames.append(fidelity_rows(m).with_columns(strategy=pl.lit(strategy)))
     table = pl.concat(frames)
     out = write_parquet(table, layout.inside("gradients", "fidelity.parquet"))
-    with duckdb.get_connection() as con:
+    with warehouse(duckdb) as con:
         replace_rows(con, "fidelity", table, {})
     off = {s: float(m[~np.eye(m.shape[0], dtype=bool)].mean()) for s, m in matrices.items()}
     return rec.finish([out], {"strategies": len(matrices)}, {"chunks": cfg.fidelity_chunks},

@@ -38,6 +38,7 @@ class CorpusConfig:
 class StrataConfig:
     data_root: str = ".strata"
     seed: int = 0
+    automation: str = "manual"  # manual | eager (Dagster declarative automation reruns stale assets)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     heldout_fraction: float = 0.02  # seeded split of documents excluded from training
     # tokenizer
@@ -114,6 +115,8 @@ class StrataConfig:
             bad("embed_method", self.embed_method, f"use one of {list(METHODS)}")
         if self.embed_max_tokens < 0 or self.pca_components < 0:
             bad("embed_max_tokens/pca_components", (self.embed_max_tokens, self.pca_components), "use integers >= 0")
+        if self.automation not in ("manual", "eager"):
+            bad("automation", self.automation, "use 'manual' or 'eager'")
         if self.corpus.on_error not in ("fail", "skip"):
             bad("corpus.on_error", self.corpus.on_error, "use 'fail' or 'skip'")
         from pipeline.ordering import STRATEGIES
@@ -165,5 +168,8 @@ def load_config(path: str | os.PathLike) -> StrataConfig:
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise StrataInputError(f"config is not valid YAML/JSON ({exc})", path=path, fix="correct the syntax") from exc
     if not isinstance(data, dict):
-        raise StrataInputError("config must be a mapping of keys to values", path=path, fix="see README 'Configuration'")
-    return config_from_dict(data)
+        raise StrataInputError("config must be a mapping of keys to values", path=path, fix="see README 'Headless, on your own corpus'")
+    try:
+        return config_from_dict(data)
+    except StrataInputError as err:
+        raise StrataInputError(err.problem, path=path, fix=err.fix) from None

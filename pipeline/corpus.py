@@ -29,6 +29,7 @@ class CorpusReport:
     path: str
     n_read: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason)
+    lines: list[int] = field(default_factory=list)  # file line (or row) of each kept record
 
 
 def _check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -> tuple[str, str, str, str]:
@@ -77,6 +78,7 @@ def _read_jsonl(path: Path, cfg: CorpusConfig, report: CorpusReport) -> list[tup
                             fix="make each line one complete JSON object, or set corpus.on_error: skip",
                         ) from None
                     rows.append(_check_record(rec, cfg, path, line_no))
+                    report.lines.append(line_no)
                 except StrataInputError as err:
                     if cfg.on_error == "fail":
                         raise
@@ -96,6 +98,7 @@ def _read_parquet(path: Path, cfg: CorpusConfig, report: CorpusReport) -> list[t
         report.n_read += 1
         try:
             rows.append(_check_record(rec, cfg, path, i))
+            report.lines.append(i)
         except StrataInputError as err:
             if cfg.on_error == "fail":
                 raise StrataInputError(err.problem, path=path, line=None, fix=f"row {i}: {err.fix}") from None
@@ -112,6 +115,7 @@ def _read_hf(cfg: CorpusConfig, report: CorpusReport) -> list[tuple[str, str, st
         report.n_read += 1
         try:
             rows.append(_check_record(rec, cfg, cfg.hf_dataset, i))
+            report.lines.append(i)
         except StrataInputError as err:
             if cfg.on_error == "fail":
                 raise
@@ -141,15 +145,21 @@ def read_corpus(cfg: CorpusConfig, seed: int = 0) -> tuple[pl.DataFrame, CorpusR
         report = CorpusReport("builtin")
         rows = builtin_documents(cfg.builtin_max_docs)
         report.n_read = len(rows)
+        report.lines = list(range(1, len(rows) + 1))
     df = pl.DataFrame(rows, schema=CORPUS_SCHEMA, orient="row")
-    dup = df.filter(pl.col("id").is_duplicated())
-    if dup.height:
-        first = dup["id"][0]
-        lines = (np.flatnonzero(df["id"].to_numpy() == first) + 1).tolist()[:5]
-        raise StrataInputError(
-            f"duplicate document id {first!r} (records {lines})", path=report.path,
-            fix="give every document a unique id, or set corpus.id_field to a unique field",
-        )
+    dup = df["id"].is_duplicated().to_numpy()
+    if dup.any():
+        lines = np.asarray(report.lines)
+        if cfg.on_error == "fail":
+            first = df["id"][int(np.flatnonzero(dup)[0])]
+            where = lines[df["id"].to_numpy() == first].tolist()[:5]
+            raise StrataInputError(
+                f"duplicate document id {first!r} (records {where})", path=report.path,
+                fix="give every document a unique id, set corpus.id_field to a unique field, or corpus.on_error: skip",
+            )
+        later = df["id"].is_duplicated().to_numpy() & ~df["id"].is_first_distinct().to_numpy()
+        report.skipped += [(int(line), f"duplicate document id {i!r}") for line, i in zip(lines[later], df["id"].filter(pl.Series(later)))]
+        df = df.filter(pl.Series(~later))
     if df.height == 0:
         raise StrataInputError("the corpus has no usable documents", path=report.path, fix="point corpus.path at a non-empty corpus")
     if cfg.max_docs and df.height > cfg.max_docs:
@@ -169,3 +179,25 @@ def heldout_mask(hashes: pl.Series, fraction: float, seed: int) -> np.ndarray:
     salt = f"{seed}:".encode()
     u = np.array([int.from_bytes(hashlib.sha256(salt + h.encode()).digest()[:8], "big") for h in hashes], dtype=np.uint64)
     return (u / np.float64(2**64)) < fraction
+
+
+def corpus_fingerprint(cfg: CorpusConfig) -> str:
+    """Data version of the raw corpus: SHA-256 of the file's bytes (or of the built-in
+    documents, or the dataset name) plus the reading options, so editing, appending or deleting a
+    document, or changing a field mapping, changes it."""
+    import dataclasses
+
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
+    if cfg.path:
+        path = Path(cfg.path).expanduser()
+        if not path.is_file():
+            raise StrataInputError("corpus file not found", path=path, fix="set corpus.path to an existing .jsonl, .jsonl.gz or .parquet file")
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    elif not cfg.hf_dataset:
+        from pipeline.builtin_corpus import builtin_documents
+
+        for doc in builtin_documents(cfg.builtin_max_docs):
+            h.update("\x1f".join(doc).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:16]

@@ -67,6 +67,12 @@ def test_duplicate_ids(write_jsonl):
         _read(write_jsonl([GOOD, GOOD]))
 
 
+def test_duplicate_ids_skipped_keep_the_first(write_jsonl):
+    df, report = _read(write_jsonl([GOOD, {"id": "b", "text": "other"}, {**GOOD, "text": "again"}]), on_error="skip")
+    assert df["id"].to_list() == ["a", "b"] and df["text"][0] == "hello world"
+    assert report.skipped == [(3, "duplicate document id 'a'")]
+
+
 def test_empty_corpus(write_jsonl):
     with pytest.raises(StrataInputError, match="no usable documents"):
         _read(write_jsonl([]))

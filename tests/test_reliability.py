@@ -286,7 +286,6 @@ def test_duplicate_ids_fail_naming_the_id(bad_runs):
     assert str(corpus) in msg and "duplicate document id" in msg and "records [1, 6]" in msg, msg
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/corpus.py reports positions among kept records, not file line numbers")
 def test_duplicate_ids_name_file_lines(bad_runs):
     proc, _, _ = bad_runs["duplicate-id-after-blank-lines"]
     assert "[1, 8]" in _error_line(proc)  # lines 6 and 7 are blank
@@ -305,7 +304,6 @@ def test_impossible_parameters_fail_with_fix(bad_runs, case, expected):
     assert expected in _error_line(bad_runs[case][0])
 
 
-@pytest.mark.xfail(strict=True, reason="config errors from StrataConfig.validate() do not name the config file")
 def test_impossible_config_names_the_file(bad_runs):
     proc, _, cfg_path = bad_runs["seq_len-1"]
     assert str(cfg_path) in _error_line(proc)
