@@ -1,16 +1,28 @@
 """orderings: one partition per strategy, each a permutation of the packed sequences."""
 
 
+import hashlib
+import json
+
 import dagster as dg
 import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, strategy_partitions
+from assets.common import Recorder, StrataSettings, env_config, strategy_partitions
 from pipeline.io import write_parquet
 from pipeline.ordering import OrderParams, run_strategy
 
 STRATEGY_PARTITIONS = strategy_partitions()
+
+
+def _params_version() -> str:
+    """Code version of ``orderings``: its code plus the ordering parameters of the configuration,
+    so editing e.g. ``lam`` marks the orderings (and only their downstream) stale in the UI."""
+    cfg = env_config()
+    keys = ("objective", "length_bins", "lam", "noise", "curriculum", "within", "window", "batch_size", "seed")
+    blob = json.dumps({k: getattr(cfg, k) for k in keys}, sort_keys=True)
+    return "2+" + hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
 def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -21,7 +33,7 @@ def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
     return docs, pl.read_parquet(layout.segments)
 
 
-@dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"parquet"})
+@dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version=_params_version(), kinds={"parquet"})
 def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id)."""
     rec = Recorder(context, duckdb, {"sequences": None})

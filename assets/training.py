@@ -142,14 +142,18 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
         stream_path = layout.run_dir(strategy, cfg.seeds[0]) / "stream.parquet"
         if not stream_path.exists():
             continue
-        _, segments = load_ordering(layout, strategy)
-        stream = pl.read_parquet(stream_path).sort("position")["sequence_id"].to_numpy()
-        m = mixture_fidelity(model, _store(layout, cfg, segments, tok), stream, n_chunks=cfg.fidelity_chunks,
-                             sequences_per_chunk=min(cfg.fidelity_sequences_per_chunk, max(1, stream.size // cfg.fidelity_chunks)),
+        order, segments = load_ordering(layout, strategy)
+        # the whole schedule; odm has no schedule beyond the stream its sampler served
+        stream = pl.read_parquet(stream_path).sort("position")["sequence_id"].to_numpy() if strategy == "odm" else order
+        n_chunks = min(cfg.fidelity_chunks, stream.size)
+        if n_chunks < 2:
+            continue
+        m = mixture_fidelity(model, _store(layout, cfg, segments, tok), stream, n_chunks=n_chunks,
+                             sequences_per_chunk=min(cfg.fidelity_sequences_per_chunk, max(1, stream.size // n_chunks)),
                              batch_size=cfg.batch_size, cross_document=cfg.cross_document)
         matrices[strategy] = m
         frames.append(fidelity_rows(m).with_columns(strategy=pl.lit(strategy)))
-    table = pl.concat(frames)
+    table = pl.concat(frames) if frames else pl.DataFrame(schema={"chunk_i": pl.Int64, "chunk_j": pl.Int64, "cosine": pl.Float64, "strategy": pl.String})
     out = write_parquet(table, layout.inside("gradients", "fidelity.parquet"))
     with warehouse(duckdb) as con:
         replace_rows(con, "fidelity", table, {})

@@ -70,6 +70,8 @@ def lineage_of(con, asset: str, partition: str | None = None) -> dict[str, Any]:
         return row
 
     def _resolve_input(dep: str, version: str, partition: str, depth: int) -> dict[str, Any]:
+        if dep.endswith("]") and "[" in dep:  # input recorded as "asset[partition]"
+            dep, partition = dep[:-1].split("[", 1)
         if depth > 32:  # a cycle cannot come from a DAG; refuse rather than recurse forever
             return {"asset": dep, "data_version": version, "missing": True}
         # Prefer the same partition (partitioned upstreams), else any partition with that version.

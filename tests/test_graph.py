@@ -109,7 +109,8 @@ def test_duckdb_lineage_and_report(run):
         ablation = con.execute("SELECT DISTINCT strategy FROM ablation ORDER BY 1").fetchall()
         outputs = con.execute("SELECT outputs FROM lineage WHERE asset = 'sequences'").fetchone()[0]
     assert assets == {"corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings",
-                      "ordering_diagnostics", "diagnostics_report", "training_runs", "evaluations", "ablation_report"}
+                      "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses", "evaluations",
+                      "ablation_report"}
     assert steps == [(s, cfg["max_steps"]) for s in sorted(STRATEGIES)]
     assert evals == {"heldout", "wikitext", "dclm"}
     assert len(core) == len(STRATEGIES) and all(-1.0 <= v <= 1.0 for (v,) in core)
@@ -118,7 +119,7 @@ def test_duckdb_lineage_and_report(run):
     report = layout.report.read_text()
     assert "train/final_loss" in report and all(s in report for s in STRATEGIES)
     assert "train/final_loss" in proc.stdout  # the CLI prints the table
-    assert (layout.run_dir("greedy") / "model" / "config.json").exists()
+    assert (layout.run_dir("greedy", 0) / "model" / "config.json").exists()
 
 
 def test_k_larger_than_corpus_is_a_clear_error(tmp_path, request, write_jsonl):

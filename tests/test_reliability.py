@@ -451,7 +451,7 @@ def test_lineage_of_a_real_run(reference_run):
 
     root, _, _ = reference_run
     with duckdb.connect(str(root / "strata.duckdb"), read_only=True) as con:
-        tree = lineage_of(con, "training_runs", "random")
+        tree = lineage_of(con, "training_runs", "0|random")
     summary = upstream_summary(tree)
     assert {"corpus", "tokens", "embeddings", "clusters", "sequences", "orderings[random]"} <= set(summary)
     assert not any(v.get("missing") for v in summary.values()), summary
@@ -489,7 +489,7 @@ def test_layout_refuses_symlink_escape_and_strategy_names(tmp_path):
     (root / "runs").symlink_to(tmp_path)
     layout = Layout(root)
     with pytest.raises(StrataInputError, match="escapes"):
-        layout.run_dir("x")
+        layout.run_dir("x", 0)
     for bad in ("../../evil", "/abs"):
         with pytest.raises(StrataInputError):
             layout.ordering(bad)
