@@ -5,7 +5,8 @@ Instances: Zipf(1) cluster sizes over K=1000 clusters, log-normal document lengt
 packed into L=2048-token sequences, B=100 length bins. Each case runs in a fresh process so
 its peak RSS is its own. Printed per case: seconds (numba compilation excluded), peak RSS,
 mean (and worst) per-batch max deviation of cluster shares and of length-bin shares, batch = 32
-sequences, and the same for `random` on the same instance.
+sequences (`pipeline.diagnostics.batch_deviations`: full batches only), and the same for `random`
+on the same instance.
 
     python benchmarks/bench_order.py            # full sizes (minutes)
     python benchmarks/bench_order.py --quick    # 10x smaller
@@ -25,9 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.diagnostics import Composition, batch_deviations, composition  # noqa: E402
 from pipeline.ordering import Objective, OrderParams, greedy_order, sequence_features, sequence_order  # noqa: E402
 from pipeline.ordering.documents import stratified_order  # noqa: E402
-from pipeline.ordering.metrics import batch_max_deviation, distinct_per_sequence  # noqa: E402
+from pipeline.ordering.features import Csr  # noqa: E402
 from pipeline.packing import pack_concat  # noqa: E402
 
 L, K, B, BATCH = 2048, 1000, 100, 32
@@ -41,10 +43,27 @@ def synthetic_docs(n_docs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return cluster, length
 
 
+def entries(x: Csr) -> Composition:
+    """The diagnostics' composition of a scheduler matrix: its CSR entries are the (sequence,
+    group, tokens) rows. Read off f rather than kept from the segments, so the segment table need
+    not stay alive through the timed, RSS-measured run."""
+    return composition(np.repeat(np.arange(x.n_rows), np.diff(x.indptr)), x.indices, x.data, x.n_rows, x.n_cols)
+
+
 def quality(f, rows) -> dict:
-    c = batch_max_deviation(f.clusters, f.lengths, rows, BATCH)
-    b = batch_max_deviation(f.bins, f.lengths, rows, BATCH)
-    return {"cluster_dev": float(c.mean()), "cluster_dev_max": float(c.max()), "bin_dev": float(b.mean()), "bin_dev_max": float(b.max())}
+    """Batch deviations (full batches) of the order ``rows`` (rows of f: dense sequence ids)."""
+    position = np.empty(rows.size, dtype=np.int64)
+    position[rows] = np.arange(rows.size)
+    clusters = entries(f.clusters)
+    c = batch_deviations(clusters, position, BATCH)
+    b = batch_deviations(entries(f.bins), position, BATCH)
+    return {
+        "cluster_dev": float(c.mean()),
+        "cluster_dev_max": float(c.max()),
+        "bin_dev": float(b.mean()),
+        "bin_dev_max": float(b.max()),
+        "clusters_per_seq": float(clusters.unique_per_sequence().mean()),
+    }
 
 
 def peak_rss_mb() -> float:
@@ -87,9 +106,7 @@ def case_stratified(n_docs: int, seed: int) -> dict:
         seg = pack_concat(doc_order, length, L).segments
         d = seg["doc_id"].to_numpy()
         f = sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), B, d)
-        q = quality(f, np.arange(f.n_sequences))
-        q["clusters_per_seq"] = float(distinct_per_sequence(f.clusters).mean())
-        out[name] = q
+        out[name] = quality(f, np.arange(f.n_sequences))
     return out
 
 

@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 import scipy.stats
 
+from pipeline.diagnostics import composition, prefix_errors, prepare, window_unique
 from pipeline.errors import StrataInputError
 from pipeline.ordering import (
     STRATEGIES,
@@ -29,7 +30,6 @@ from pipeline.ordering import (
 from pipeline.ordering.cli import run_cli
 from pipeline.ordering.curriculum import curriculum_greedy_order
 from pipeline.ordering.documents import cluster_queues, stratified_order
-from pipeline.ordering.metrics import distinct_per_batch, distinct_per_sequence, prefix_error
 from pipeline.ordering.strategies import duplicate_subsets
 from pipeline.packing import pack_concat
 
@@ -299,6 +299,17 @@ def demo():
     return docs, seg, f
 
 
+def demo_schedule(demo, rows):
+    """The diagnostics' view of an order of the demo's sequences, on the scheduler's own length bins."""
+    docs, seg, f = demo
+    sched = prepare(seg, rows, docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy(), bin_edges=f.bin_edges)
+    # the metrics see exactly the c_s and l_{s,b} the scheduler balanced
+    for comp, x in ((sched.clusters, f.clusters), (sched.bins, f.bins)):
+        assert comp.n_groups == x.n_cols and np.array_equal(comp.seq, np.repeat(np.arange(f.n_sequences), np.diff(x.indptr)))
+        assert np.array_equal(comp.group, x.indices) and np.array_equal(comp.tokens, x.data)
+    return sched
+
+
 def test_demo_greedy_tracks_the_mixture_better_than_random(demo):
     """Seed 000's claims on the demo corpus (clusters = 8 domains, batch = 32 x 256 tokens).
 
@@ -313,18 +324,19 @@ def test_demo_greedy_tracks_the_mixture_better_than_random(demo):
     above random's mean.
     """
     _, _, f = demo
-    g = sequence_order("greedy", f, OrderParams(), 0)
-    r = sequence_order("random", f, OrderParams(), 0)
+    g = demo_schedule(demo, sequence_order("greedy", f, OrderParams(), 0))
+    r = demo_schedule(demo, sequence_order("random", f, OrderParams(), 0))
     points = np.arange(32, f.n_sequences, 32)
-    eg, er = prefix_error(f.clusters, f.lengths, g, points), prefix_error(f.clusters, f.lengths, r, points)
+    eg, er = prefix_errors(g.clusters, g.position, points), prefix_errors(r.clusters, r.position, points)
     assert (eg[4:] < er[4:]).all()
-    n_batches = f.n_sequences // 32
-    dg, dr = distinct_per_batch(f.clusters, g)[:n_batches], distinct_per_batch(f.clusters, r)[:n_batches]
-    seqs_per_cluster = np.bincount(f.clusters.indices, minlength=f.clusters.n_cols)
+    n_batches = f.n_sequences // 32  # full batches only
+    dg, dr = window_unique(g.clusters, g.position, 32)[:n_batches], window_unique(r.clusters, r.position, 32)[:n_batches]
+    k = g.clusters.n_groups
+    seqs_per_cluster = np.bincount(g.clusters.group, minlength=k)
     rare = int((seqs_per_cluster < n_batches).sum())
-    assert rare >= 1 and dr.max() == f.clusters.n_cols
-    assert dg.min() >= f.clusters.n_cols - rare and dg.min() >= np.median(dr) and dg.mean() > dr.mean()
-    bg, br = distinct_per_batch(f.bins, g)[:n_batches], distinct_per_batch(f.bins, r)[:n_batches]
+    assert rare >= 1 and dr.max() == k
+    assert dg.min() >= k - rare and dg.min() >= np.median(dr) and dg.mean() > dr.mean()
+    bg, br = window_unique(g.bins, g.position, 32)[:n_batches], window_unique(r.bins, r.position, 32)[:n_batches]
     assert bg.min() >= br.min() and bg.mean() > br.mean()
 
 
@@ -332,9 +344,14 @@ def test_demo_stratified_beats_original_on_clusters_per_sequence(demo):
     docs, seg, f = demo
     cluster = docs["cluster"].to_numpy()
     res = run_strategy("stratified", docs, seg, 256, OrderParams(), 0)
-    d = res.segments["doc_id"].to_numpy()
-    s = sequence_features(res.segments["sequence_id"].to_numpy(), cluster[d], d * 0 + 1, res.segments["n_tokens"].to_numpy(), 1)
-    orig, strat = distinct_per_sequence(f.clusters), distinct_per_sequence(s.clusters)
+
+    def clusters_per_sequence(packing: pl.DataFrame) -> np.ndarray:
+        seq = packing["sequence_id"].to_numpy()
+        comp = composition(seq, cluster[packing["doc_id"].to_numpy()], packing["n_tokens"].to_numpy(), int(seq.max()) + 1, int(cluster.max()) + 1)
+        return comp.unique_per_sequence()
+
+    orig, strat = clusters_per_sequence(seg), clusters_per_sequence(res.segments)
+    assert orig.size == f.n_sequences and strat.min() >= 1
     assert strat.mean() > 1.5 * orig.mean()
 
 
