@@ -36,7 +36,7 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> None:
         os.environ["DAGSTER_HOME"] = str(home)
 
 
-def materialize_all(strategies: list[str] | None = None, log=print) -> Path:
+def materialize_all(strategies: list[str] | None = None, log=print, log_level: str = "INFO") -> Path:
     """Materialize upstream assets, then each strategy partition, then the report."""
     from assets.common import env_config
     from assets.definitions import defs
@@ -52,7 +52,7 @@ def materialize_all(strategies: list[str] | None = None, log=print) -> Path:
         try:
             result = dg.materialize(
                 all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
-                raise_on_error=True,
+                raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
             )
         except dg.DagsterUserCodeExecutionError as exc:
             if isinstance(exc.user_exception, StrataInputError):
