@@ -52,7 +52,7 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
         metrics = con.sql("SELECT * FROM ordering_metrics").pl().filter(pl.col("strategy").is_in(strategies))
     report_dir = layout.inside("report")
     figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), report_dir)
-    ks = [k for k in DEFAULT_KS if k <= emb.shape[0] // 10]
+    ks = [k for k in DEFAULT_KS if k <= emb.shape[0] // 40]  # faiss wants >= 39 points per centroid
     if len(ks) >= 2:
         cal = calibrate_k(emb, ks, sample_size=min(5000, emb.shape[0]), seed=cfg.seed)
         figures["k_calibration"] = plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, report_dir / "k_calibration.png")

@@ -19,6 +19,10 @@ import numpy as np
 import polars as pl
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
@@ -31,6 +35,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are ordinary files
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

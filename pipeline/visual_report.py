@@ -55,6 +55,8 @@ def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | Non
     }
     if embeddings is not None:
         figs["cluster_cloud"] = plots.plot_cluster_cloud(embeddings, doc_cluster, out_dir / "cluster_cloud.png")
+    animated = "greedy" if "greedy" in schedules else next(iter(schedules))
+    figs["ordering_animation"] = plots.animate_ordering(schedules[animated], out_dir / f"ordering_animation_{animated}.gif")
     return figs
 
 
@@ -80,9 +82,10 @@ def markdown_table(df: pl.DataFrame) -> str:
 
 
 def image_markdown(path: Path, title: str) -> str:
-    """Inline a PNG as a data URI (shown by the Dagster UI's markdown metadata)."""
+    """Inline a PNG or GIF as a data URI (shown by the Dagster UI's markdown metadata)."""
     data = base64.b64encode(path.read_bytes()).decode()
-    return f"**{title}**\n\n![{title}](data:image/png;base64,{data})"
+    mime = "image/gif" if path.suffix == ".gif" else "image/png"
+    return f"**{title}**\n\n![{title}](data:{mime};base64,{data})"
 
 
 def render_markdown(summary: pl.DataFrame, figures: dict[str, Path], base: Path) -> str:
