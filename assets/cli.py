@@ -98,13 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
     report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")
     report.set_defaults(func=cmd_report)
-    from pipeline import calibrate, clustering_compare, lineage
+    from pipeline import calibrate, clustering_compare, compare_runs, lineage
     from pipeline.ordering import cli as ordering_cli
 
     ordering_cli.register(sub)
     calibrate.register(sub)
     clustering_compare.register(sub)
     lineage.register(sub)
+    compare_runs.register(sub)
     return parser
 
 

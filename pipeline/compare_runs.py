@@ -1,0 +1,74 @@
+"""``strata compare-runs``: one table across data roots, e.g. one root per packing variant.
+
+Seed 004 compares packings (concat vs padding, atom sizes) by the final perplexity of the same
+model. Packing is a property of a data root (``packing:`` in its config), so the comparison reads
+each root's ``strata.duckdb``: its packing statistics (``packing_stats``: tokens kept, padding
+fraction, documents cut, sequences) beside its ablation rows (``ablation``), one row per root
+and strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import polars as pl
+
+from pipeline.errors import StrataInputError
+
+PACKING_COLUMNS = ("sequences", "tokens_kept", "padding_fraction", "docs_cut")
+DEFAULT_METRICS = ("train/final_loss", "heldout/mean/bits_per_byte")
+
+
+def compare_runs(roots: list[Path], metrics: tuple[str, ...] = DEFAULT_METRICS) -> pl.DataFrame:
+    """One row per (root, strategy): packing statistics and the mean of each ablation metric."""
+    from pipeline.duck import duck_connection
+
+    rows = []
+    for root in roots:
+        db = Path(root) / "strata.duckdb"
+        if not db.exists():
+            raise StrataInputError("no strata.duckdb here", path=root, fix="pass data roots of finished `strata run`s")
+        with duck_connection(db, read_only=True) as con:
+            stats = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
+            packing = con.execute(
+                "SELECT json_extract_string(parameters, '$.packing') FROM lineage WHERE asset = 'sequences' ORDER BY created_at DESC LIMIT 1"
+            ).fetchall()
+            ablation = con.sql("SELECT strategy, metric, mean FROM ablation").pl()
+        for strategy in ablation["strategy"].unique().sort():
+            mine = ablation.filter(pl.col("strategy") == strategy)
+            row = {"root": str(root), "packing": packing[0][0] if packing else "", "strategy": strategy}
+            row |= {c: stats.get(c) for c in PACKING_COLUMNS}
+            for m in metrics:
+                v = mine.filter(pl.col("metric") == m)["mean"]
+                row[m] = float(v[0]) if v.len() else None
+            rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("compare-runs", help="packing statistics and ablation metrics across data roots")
+    p.add_argument("roots", nargs="+", type=Path, help="data roots (e.g. one per packing variant)")
+    p.add_argument("--metric", action="append", default=None, help=f"ablation metric (repeatable; default {', '.join(DEFAULT_METRICS)})")
+    p.add_argument("--out", type=Path, default=None, help="also write the table as markdown here")
+    p.set_defaults(func=cmd_compare_runs)
+
+
+def cmd_compare_runs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.io import write_text
+
+    df = compare_runs(args.roots, tuple(args.metric or DEFAULT_METRICS))
+    table = Table(title="Runs compared")
+    for col in df.columns:
+        table.add_column(col, justify="left" if col in ("root", "packing", "strategy") else "right")
+    for row in df.iter_rows():
+        table.add_row(*["" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    Console().print(table)
+    if args.out:
+        lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+        lines += ["| " + " | ".join("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r) + " |" for r in df.iter_rows()]
+        write_text("\n".join(lines) + "\n", args.out)
+    return 0
