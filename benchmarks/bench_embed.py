@@ -2,13 +2,17 @@
 
     python benchmarks/bench_embed.py [--docs 20000 --forward-docs 2000] [--labels 5000]
 
-Throughput: shallow (end to end, and pooling alone from pre-tokenized ids), sentence and deep
+Throughput: shallow (tokenizing, pooling and end to end; on a uniform sample and on long
+documents that all reach the token limit), sentence and deep
 (all-MiniLM-L6-v2 unless --model), side by side with sentence-transformers' own ``encode`` on the
-same model and inputs when it is importable. Model loading is timed separately.
+same model and inputs when it is importable (``batch_size`` there is documents a batch; here it
+caps a batch's tokens at ``batch_size * max_tokens``, so short documents share a batch).
+Model loading is timed separately.
 ``--labels N``: ARI/NMI of each representation's spherical k-means clusters (k = number of labels
 in the sample) against the corpus's ``domain`` and ``subdomain`` labels, on a seeded uniform
 sample of N documents and on a domain-balanced sample.
-Set STRATA_SHARED to the shared folder (default ../shared beside the repository).
+Set STRATA_SHARED to the shared folder (default ../shared beside the repository). Like the
+pipeline, it runs with TOKENIZERS_PARALLELISM=false (tokenizing on a thread pool) unless set.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,34 +49,48 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
+def shallow_row(label: str, texts: list[str], model: str, max_tokens: int, batch: int) -> None:
+    path = E._model_dir(model)
+    table, t_load = timed(E.load_embedding_matrix, path)
+    backend, t_tok_load = timed(E._shallow_tokenizer, path)
+    (ids, offsets), t_tok = timed(E.tokenize, backend, texts, max_tokens, False)
+    _, t_pool = timed(E.embed_shallow_ids, table, ids, offsets)
+    _, t_all = timed(E.embed, texts, "shallow", model, max_tokens, batch, None, False)
+    n = len(texts)
+    print(f"shallow, {label}: {n:,} docs, {offsets[-1] / n:.0f} tokens/doc; loading table {t_load:.2f} s + tokenizer {t_tok_load:.2f} s; "
+          f"tokenize {n / t_tok:,.0f} docs/s ({offsets[-1] / t_tok / 1e6:.2f} M tokens/s); pooling {n / t_pool:,.0f} docs/s; "
+          f"end to end incl. loading {n / t_all:,.0f} docs/s")
+
+
 def throughput(texts_all: list[str], n_shallow: int, n_forward: int, model: str, max_tokens: int, batch: int) -> None:
     rng = np.random.default_rng(0)
     shallow_texts = [texts_all[i] for i in rng.choice(len(texts_all), n_shallow, replace=False)]
     fwd_texts = shallow_texts[:n_forward]
     path = E._model_dir(model)
-    print(f"model {path}\nmax_tokens {max_tokens}, batch_size {batch}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"model {path}\nmax_tokens {max_tokens}, batch_size {batch}, device {E.device()}, "
+          f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"shallow docs: {n_shallow} (mean {np.mean([len(t) for t in shallow_texts]):.0f} chars); forward docs: {n_forward}\n")
-    table, t_load = timed(E.load_embedding_matrix, path)
-    backend, _ = E._fast_tokenizer(path)
-    (ids, offsets), t_tok = timed(E.tokenize, backend, shallow_texts, max_tokens, False)
-    _, t_pool = timed(E.embed_shallow_ids, table, ids, offsets)
-    _, t_all = timed(E.embed, shallow_texts, "shallow", model, max_tokens, batch, None, False)
-    print(f"shallow: table load {t_load:.2f} s; tokenize {n_shallow / t_tok:,.0f} docs/s; pooling from ids {n_shallow / t_pool:,.0f} docs/s "
-          f"({offsets[-1] / n_shallow:.0f} tokens/doc); end to end incl. load {n_shallow / t_all:,.0f} docs/s")
-    _, t_model = timed(lambda: E._embed_forward(fwd_texts[:1], "deep", path, "mean", max_tokens, 0, batch, None, False))
-    print(f"forward model load + 1 doc: {t_model:.2f} s")
+    E.embed(shallow_texts[:100], "shallow", model, max_tokens, batch, None, False)  # imports (torch, safetensors) not timed
+    shallow_row("uniform sample", shallow_texts, model, max_tokens, batch)
+    long_texts = [t for t in texts_all if len(t) >= 8 * max_tokens][:n_shallow]
+    shallow_row(f"documents of >= {8 * max_tokens} chars", long_texts, model, max_tokens, batch)
     rows = {}
     for method in ("sentence", "deep"):
+        E.embed(fwd_texts[:batch], method, model, max_tokens, batch, None, False)  # first load, CUDA init: not timed
+        _, t_load = timed(E.embed, fwd_texts[:1], method, model, max_tokens, batch, None, False)
         emb, t = timed(E.embed, fwd_texts, method, model, max_tokens, batch, None, False)
         rows[method] = emb
-        print(f"{method}: {n_forward / t:,.1f} docs/s incl. load, {n_forward / max(t - t_model, 1e-9):,.1f} docs/s net of load")
+        print(f"{method}: {n_forward / t:,.1f} docs/s incl. model load ({t_load:.2f} s), "
+              f"{n_forward / max(t - t_load, 1e-9):,.1f} docs/s net of it")
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:
         print("sentence-transformers: unavailable (not importable); no side-by-side figure")
         return
-    st = SentenceTransformer(str(path), device="cpu")
+    st = SentenceTransformer(str(path), device=E.device())
     st.max_seq_length = min(st.max_seq_length or max_tokens, max_tokens)
+    st.encode(fwd_texts[:batch], batch_size=batch)  # warm-up (CUDA kernels), not timed
     ref, t_st = timed(st.encode, fwd_texts, batch_size=batch, normalize_embeddings=True)
     print(f"sentence-transformers encode (model already loaded): {n_forward / t_st:,.1f} docs/s; "
           f"max |ours - ST| = {np.abs(rows['sentence'] - ref).max():.2e}")

@@ -13,10 +13,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
-import polars as pl
+
+if TYPE_CHECKING:  # polars is only needed by callers that hand in a frame
+    import polars as pl
 
 
 _UMASK = os.umask(0o022)

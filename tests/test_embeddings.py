@@ -103,6 +103,74 @@ def test_tokenize_prefix_cut_equals_full_truncation(models):
         assert ids[offsets[i] : offsets[i + 1]].tolist() == full
 
 
+def _plain_ids(backend, text: str, max_tokens: int) -> list[int]:
+    ids = backend.encode(text, add_special_tokens=False).ids
+    return ids[:max_tokens] if max_tokens > 0 else ids
+
+
+def _awkward_texts() -> list[str]:
+    from tests.conftest import demo_slice
+
+    docs = [d["text"] for d in demo_slice(400, stride=331)]
+    long_prose = " ".join(docs)[:20000]
+    return docs + [
+        long_prose,  # cut by every character cap
+        "x" * 6000 + " tail",  # one piece longer than every guess: the whole text is tokenized
+        "é" * 3000 + " ünïcödé ÇÀFÉ",
+        "a[SEP]b <|endoftext|> c",  # the separators' own text inside a document
+        "   leading and trailing   ",
+        "\n\n\ttabs\n",
+        "one\r\n two\r\n\r\n three  \u00a0 four " * 300,  # mixed whitespace runs at the cuts
+        "word " * 1000,
+    ]
+
+
+@pytest.mark.parametrize("which", ["minilm", "neox"])
+@pytest.mark.parametrize("max_tokens", [256, 7, 0])
+def test_grouped_tokenize_equals_one_document_at_a_time(which, max_tokens):
+    """Joined-group tokenization with a special-token separator, the character-cap cascade and
+    the thread pool must give exactly each whole document's tokens, truncated."""
+    from tests.conftest import DATA
+    from tokenizers import Tokenizer
+
+    if which == "minilm":
+        backend = E._shallow_tokenizer(E._model_dir(""))
+    else:
+        path = DATA / "tokenizers" / "gpt-neox-olmo-dolma-v1_5.tokenizer.json"
+        if not path.exists():
+            pytest.skip("shared tokenizer missing")
+        backend = Tokenizer.from_file(str(path))
+    assert E._separator(backend) is not None
+    texts = _awkward_texts()
+    ids, offsets = E.tokenize(backend, texts, max_tokens, add_special_tokens=False)
+    backend.no_truncation()
+    for i, t in enumerate(texts):
+        assert ids[offsets[i] : offsets[i + 1]].tolist() == _plain_ids(backend, t, max_tokens), (i, t[:60])
+
+
+def test_metaspace_first_gets_no_separator_and_stays_exact():
+    """A SentencePiece-style pre-tokenizer that marks only the first piece cannot be grouped."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tok.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "</s>"]))
+    assert E._separator(tok) is None
+    ids, offsets = E.tokenize(tok, TEXTS, 0, add_special_tokens=False)
+    assert [ids[offsets[i] : offsets[i + 1]].tolist() for i in range(len(TEXTS))] == [_plain_ids(tok, t, 0) for t in TEXTS]
+
+
+def test_shallow_tokenizer_matches_autotokenizer():
+    from transformers import AutoTokenizer
+
+    path = E._model_dir("")
+    texts = _awkward_texts()[:50]
+    ids, offsets = E.tokenize(E._shallow_tokenizer(path), texts, 0, add_special_tokens=False)
+    auto = AutoTokenizer.from_pretrained(str(path))
+    for i, t in enumerate(texts):
+        assert ids[offsets[i] : offsets[i + 1]].tolist() == auto(t, add_special_tokens=False)["input_ids"]
+
+
 @pytest.mark.parametrize("method,name", [("deep", "llama"), ("deep", "bert"), ("sentence", "bert")])
 def test_forward_equals_unbatched_reference(models, method, name):
     import torch

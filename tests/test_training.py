@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.errors import StrataInputError
-from pipeline.model import PRESETS, batch_tensors, build_model, preset_parameters
+from pipeline.model import PRESETS, batch_tensors, build_model, preset_parameters, token_losses
 from pipeline.odm import ODMSampler, sequence_clusters
 from pipeline.packing import SequenceStore, pack_concat
 from pipeline.training import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
@@ -70,6 +70,26 @@ def test_positions_restart_per_document_unless_cross_document():
     assert np.array_equal(batch_tensors(store, np.array([0]), True, "cpu")["position_ids"][0].numpy(), np.arange(32))
     labels = batch_tensors(store, np.array([0]), False, "cpu")["labels"][0].numpy()
     assert labels[9] == -100 and labels[21] == -100 and labels[31] == -100 and labels[0] == store.tokens[1]
+
+
+def test_chunked_loss_equals_full_logits_loss_and_gradients(corpus):
+    """The checkpointed, chunked output head gives the loss and gradients of full logits."""
+    store, _, _ = corpus
+    batch = batch_tensors(store, np.arange(4), False, "cpu")
+    grads = []
+    for chunk in (7, 10**6):  # 7 tokens: chunks end mid-sequence; 10**6: one pass
+        model = build_model("tiny", VOCAB, 32, 0, EOS, PAD)
+        tok, scored = token_losses(model, batch, max_logit_bytes=chunk * VOCAB * 4)
+        (tok * scored).sum().backward()
+        grads.append((tok.detach(), [p.grad.clone() for p in model.parameters()]))
+    model = build_model("tiny", VOCAB, 32, 0, EOS, PAD)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch["labels"].reshape(-1), ignore_index=-100, reduction="none")
+    (ref * (batch["labels"].reshape(-1) != -100)).sum().backward()
+    for tok, g in grads:
+        torch.testing.assert_close(tok, ref.view(tok.shape).detach(), rtol=1e-5, atol=1e-6)
+        for a, b in zip(g, [p.grad for p in model.parameters()]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
