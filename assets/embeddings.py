@@ -9,12 +9,12 @@ from dagster_duckdb import DuckDBResource
 from assets.common import Recorder, StrataSettings, warehouse
 from pipeline.clusters import kmeans
 from pipeline.cache import HashCache, cached_embed, embedding_fingerprint
-from pipeline.embeddings import default_model_path, embed
+from pipeline.embeddings import IMPLEMENTATION, default_model_path, embed
 from pipeline.io import write_npy, write_parquet
 from pipeline.warehouse import replace_rows
 
 
-@dg.asset(group_name="representation", deps=["corpus"], code_version="3", kinds={"numpy", "pytorch"})
+@dg.asset(group_name="representation", deps=["corpus"], code_version="4", kinds={"numpy", "pytorch"})
 def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Document embeddings (``embed_method``: sentence = all-MiniLM-L6-v2 offline by default,
     shallow = mean input-embedding rows, deep = mean last hidden state), L2-normalized, over
@@ -24,7 +24,8 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     cfg, layout = settings.config(), settings.layout()
     df = pl.read_parquet(layout.corpus, columns=["text", "content_hash"])
     hashes = df["content_hash"].to_list()
-    fingerprint = embedding_fingerprint(cfg.embed_model or default_model_path(), cfg.embed_max_tokens, method=cfg.embed_method)
+    fingerprint = embedding_fingerprint(cfg.embed_model or default_model_path(), cfg.embed_max_tokens, method=cfg.embed_method,
+                                        implementation=IMPLEMENTATION)
     cache = HashCache(layout.inside("cache"), "embeddings", fingerprint, np.float32, 0)
     emb, computed = cached_embed(
         lambda batch: embed(batch, cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size,

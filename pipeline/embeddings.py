@@ -41,6 +41,8 @@ from pipeline.errors import StrataInputError
 from pipeline.io import atomic_path
 
 METHODS = ("sentence", "shallow", "deep")
+# Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
+IMPLEMENTATION = 2
 POOLINGS = ("mean", "cls", "max", "lasttoken")
 _CHECKPOINT_SECONDS = 30.0
 # On a CPU, batches of ~1k tokens keep the activations in cache: all-MiniLM-L6-v2 embeds 1.8x
