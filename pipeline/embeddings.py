@@ -336,12 +336,13 @@ def _encode(backend, texts: list[str], add_special_tokens: bool, sep: tuple[int,
         clean = [not any(sep_text in t for t in g) for g in groups]
         joined = iter(backend.encode_batch_fast([sep_text.join(g) for g, ok in zip(groups, clean) if ok], add_special_tokens=False))
         for group, ok in zip(groups, clean):
-            ids = np.array(next(joined).ids, dtype=np.int64) if ok else None
-            cuts = np.flatnonzero(ids == sep_id) if ok else None
-            if ok and cuts.size == len(group) - 1:
-                out.extend(np.split(np.delete(ids, cuts), cuts - np.arange(cuts.size)))
-            else:
-                out.extend(plain(group))
+            if ok:
+                ids = np.array(next(joined).ids, dtype=np.int64)
+                cuts = np.flatnonzero(ids == sep_id)
+                if cuts.size == len(group) - 1:
+                    out.extend(np.split(np.delete(ids, cuts), cuts - np.arange(cuts.size)))
+                    continue
+            out.extend(plain(group))
         return out
 
     groups = [texts[i : i + 64] for i in range(0, len(texts), 64)]
