@@ -6,8 +6,8 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import StrataSettings, warehouse
-from pipeline.packing import conservation
+from assets.common import StrataSettings
+from pipeline.packing.pack import conservation
 
 
 @dg.asset_check(asset="sequences", blocking=True, description="Every token of every document appears exactly once in the sequences, except the reported dropped tail.")
@@ -15,7 +15,7 @@ def token_conservation(settings: StrataSettings, duckdb: DuckDBResource) -> dg.A
     layout, cfg = settings.layout(), settings.config()
     stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
     result = conservation(pl.read_parquet(layout.segments), stream, cfg.seq_len)
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         reported = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
     passed = bool(result["ok"]) and result["tokens_dropped"] == reported.get("tokens_dropped")
     meta = {k: v for k, v in result.items() if k != "ok"} | {"reported_dropped": reported.get("tokens_dropped")}

@@ -12,10 +12,9 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from pipeline.config import StrataConfig, load_config
-from pipeline.duck import duck_connection
-from pipeline.io import file_sha256
-from pipeline.paths import Layout
-from pipeline.warehouse import data_versions, latest_data_version, write_lineage
+from pipeline.storage.atomic import file_sha256
+from pipeline.storage.layout import Layout
+from pipeline.storage.warehouse import data_versions, latest_data_version, write_lineage
 
 
 def env_config() -> StrataConfig:
@@ -52,12 +51,6 @@ def strategy_partitions() -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition(list(env_config().strategies))
 
 
-def warehouse(duckdb: DuckDBResource):
-    """A short-lived connection to the resource's DuckDB file that waits for the file lock
-    (another process writing) and is closed however the block ends (pipeline/duck.py)."""
-    return duck_connection(duckdb.database)
-
-
 def run_partitions(strategies: dg.StaticPartitionsDefinition) -> dg.MultiPartitionsDefinition:
     """Training/evaluation partitions: every strategy x every training seed."""
     seeds = dg.StaticPartitionsDefinition([str(s) for s in env_config().seeds])
@@ -79,7 +72,7 @@ def version_of(paths: list[Path]) -> str:
 
 
 class Recorder:
-    """Times a materialization and writes its lineage row (see pipeline/warehouse.py).
+    """Times a materialization and writes its lineage row (see pipeline/storage/warehouse.py).
 
     ``deps`` maps each upstream asset to the partition whose data version is recorded: ``None``
     for an unpartitioned asset, a partition key, or ``"*"`` for every partition.
@@ -99,7 +92,7 @@ class Recorder:
     ) -> dg.MaterializeResult:
         asset = self.context.assets_def.key.to_user_string()
         version = version_of(outputs)
-        with warehouse(self.duckdb) as con:
+        with self.duckdb.get_connection() as con:
             inputs: dict[str, str] = {}
             for dep, part in self.deps.items():
                 if part == "*":

@@ -6,11 +6,11 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, warehouse
-from pipeline.corpus import content_hashes, corpus_fingerprint, heldout_mask, read_corpus
+from assets.common import Recorder, StrataSettings
+from pipeline.data.corpus import content_hashes, corpus_fingerprint, heldout_mask, read_corpus
 from evals.paloma import write_paloma_layout
-from pipeline.io import atomic_dir, write_parquet
-from pipeline.warehouse import replace_rows
+from pipeline.storage.atomic import atomic_dir, write_parquet
+from pipeline.storage.warehouse import replace_rows
 
 
 @dg.observable_source_asset(group_name="data", description="The raw corpus (file, dataset or built-in); its data version is a hash of its content and reading options.")
@@ -41,7 +41,7 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
         df.with_columns(split=pl.Series(np.where(held, "heldout", "train")), n_chars=pl.col("text").str.len_chars())
         .group_by("source", "split").agg(n_docs=pl.len(), n_chars=pl.col("n_chars").sum()).sort("source", "split")
     )
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "corpus_stats", stats, {})
     if report.skipped:
         context.log.warning(f"skipped {len(report.skipped)} bad records in {report.path}: {report.skipped[:5]}")

@@ -8,9 +8,9 @@ import os
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-for _flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-    os.environ.setdefault(_flag, "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from pipeline.offline import set_offline
+
+set_offline()
 
 from assets import checks, corpus, diagnostics, embeddings, evaluations, orderings, sequences, tokens, training  # noqa: E402
 from assets.common import StrataSettings, env_config  # noqa: E402

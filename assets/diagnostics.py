@@ -1,18 +1,18 @@
-"""ordering_diagnostics (per strategy) and diagnostics_report: the seeds' yardsticks and figures."""
+"""ordering_diagnostics (per strategy) and diagnostics_report: the papers' yardsticks and figures."""
 
 import dagster as dg
 import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, warehouse
+from assets.common import Recorder, StrataSettings
 from assets.orderings import STRATEGY_PARTITIONS
-from pipeline import diagnostics as D
-from pipeline.calibrate import DEFAULT_KS, calibrate_k
-from pipeline.plots import plot_k_calibration
-from pipeline import visual_report as V
-from pipeline.io import write_parquet, write_text
-from pipeline.warehouse import replace_rows
+from pipeline.reports import diagnostics as D
+from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
+from pipeline.reports.plots import plot_k_calibration
+from pipeline.reports import visual as V
+from pipeline.storage.atomic import write_parquet, write_text
+from pipeline.storage.warehouse import replace_rows
 
 
 @dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"duckdb"})
@@ -26,7 +26,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
     metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
     out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
     summary = V.summary_table(metrics)
     return rec.finish([out], {"metrics": metrics.height}, {"strategy": strategy, "length_bins": cfg.length_bins},
@@ -37,7 +37,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
 def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md``,
     corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``,
-    and seed 001's k calibration (silhouette vs k on a sample) in ``k_calibration``."""
+    and Diversity-ordered training's k calibration (silhouette vs k on a sample) in ``k_calibration``."""
     rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
     cfg, layout = settings.config(), settings.layout()
     docs = V.document_features(layout)
@@ -47,7 +47,7 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     labels = docs["source"].to_numpy()
     corpus = D.corpus_diagnostics(docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), embeddings=emb,
                                   labels=labels if len(set(labels)) > 1 else None, seed=cfg.seed)
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "corpus_metrics", corpus, {})
         metrics = con.sql("SELECT * FROM ordering_metrics").pl().filter(pl.col("strategy").is_in(strategies))
     report_dir = layout.inside("report")
@@ -56,7 +56,7 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     if len(ks) >= 2:
         cal = calibrate_k(emb, ks, sample_size=min(5000, emb.shape[0]), seed=cfg.seed)
         figures["k_calibration"] = plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, report_dir / "k_calibration.png")
-        with warehouse(duckdb) as con:
+        with duckdb.get_connection() as con:
             replace_rows(con, "k_calibration", pl.DataFrame({"k": cal.ks, "silhouette": cal.silhouettes,
                                                             "recommended": cal.ks == cal.recommended_k}), {})
     summary = V.summary_table(metrics)

@@ -6,12 +6,12 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, warehouse
-from pipeline.clusters import kmeans
-from pipeline.cache import HashCache, cached_embed, embedding_fingerprint
-from pipeline.embeddings import IMPLEMENTATION, default_model_path, embed
-from pipeline.io import write_npy, write_parquet
-from pipeline.warehouse import replace_rows
+from assets.common import Recorder, StrataSettings
+from pipeline.represent.clusters import kmeans
+from pipeline.storage.cache import HashCache, cached_embed, embedding_fingerprint
+from pipeline.represent.embeddings import IMPLEMENTATION, default_model_path, embed
+from pipeline.storage.atomic import write_npy, write_parquet
+from pipeline.storage.warehouse import replace_rows
 
 
 @dg.asset(group_name="representation", deps=["corpus"], code_version="4", kinds={"numpy", "pytorch"})
@@ -57,7 +57,7 @@ def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb
     write_parquet(df, layout.clusters)
     write_npy(centroids, layout.centroids)
     sizes = df.group_by("cluster").agg(n_docs=pl.len()).sort("cluster")
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "cluster_sizes", sizes, {})
     return rec.finish(
         [layout.clusters, layout.centroids],

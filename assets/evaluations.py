@@ -8,13 +8,13 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, run_key, warehouse
+from assets.common import Recorder, StrataSettings, run_key
 from assets.orderings import STRATEGY_PARTITIONS
 from assets.training import RUN_PARTITIONS
-from pipeline.io import write_parquet, write_text
-from pipeline.report import ablation_table, render_report
-from pipeline.visual_report import image_markdown
-from pipeline.warehouse import replace_rows
+from pipeline.storage.atomic import write_parquet, write_text
+from pipeline.reports.tables import ablation_table, render_report
+from pipeline.reports.visual import image_markdown
+from pipeline.storage.warehouse import replace_rows
 
 
 @dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=RUN_PARTITIONS, code_version="2", kinds={"parquet"})
@@ -46,7 +46,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     )
     df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     out = write_parquet(df, layout.eval_file(strategy, seed))
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
     table = df.select("suite", "task", "metric", "value").to_pandas().to_markdown(index=False)
     return rec.finish([out], {"results": df.height}, {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
@@ -61,21 +61,21 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     cfg = settings.config()
     rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None})
     layout = settings.layout()
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in ("train_log", "eval_results", "stable_rank", "fidelity", "odm_mixture", "epoch_jumps") if t in tables}
     train_log = read["train_log"]
     strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if s in set(train_log["strategy"])]
     mine = {t: df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
     table = ablation_table(mine["train_log"], mine["eval_results"])
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "ablation", table, {})
     figures = training_figures(mine, layout.inside("report"), cfg.seeds[0])
     jumps = mine.get("epoch_jumps")
     flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
     extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
     if flagged is not None and flagged.height:
-        extra += "\n## Epoch-boundary jumps (seed 001)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
+        extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
     md = render_report(table, strategies=strategies, extra=extra)
     out = write_text(md, layout.report)
     ui = render_report(table, strategies=strategies) + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
@@ -85,8 +85,8 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
 
 def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:
     """Loss curves, stable ranks, fidelity heatmaps and the ODM mixture (whatever data exists)."""
-    from pipeline import training_plots as T
-    from pipeline.gradients import summarize_stable_ranks
+    from pipeline.reports import training_plots as T
+    from pipeline.training.gradients import summarize_stable_ranks
 
     figs = {"loss_curves": T.plot_loss_curves(tables["train_log"], out_dir / "loss_curves.png")}
     if tables.get("stable_rank") is not None and tables["stable_rank"].height:

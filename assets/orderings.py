@@ -10,7 +10,7 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings, env_config, strategy_partitions
-from pipeline.io import write_parquet
+from pipeline.storage.atomic import write_parquet
 from pipeline.ordering import OrderParams, run_strategy
 
 STRATEGY_PARTITIONS = strategy_partitions()
@@ -44,7 +44,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         objective=cfg.objective, bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
         curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
     )
-    # odm picks sequences online during training (seed 003) from per-cluster pools: it gets the
+    # odm picks sequences online during training (ODM) from per-cluster pools: it gets the
     # cluster_packed packing, whose sequences each hold one cluster; its order here is a placeholder.
     result = run_strategy("cluster_packed" if strategy == "odm" else strategy, docs, segments, cfg.seq_len, params, cfg.seed)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]

@@ -6,18 +6,18 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, warehouse
-from pipeline.io import write_bin, write_parquet
-from pipeline.packing import SequenceStore, pack, packing_stats, parse_packing
-from pipeline.tokenizer import load_tokenizer
-from pipeline.tokens import open_tokens
-from pipeline.warehouse import replace_rows
+from assets.common import Recorder, StrataSettings
+from pipeline.storage.atomic import write_bin, write_parquet
+from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.data.tokens import open_tokens
+from pipeline.storage.warehouse import replace_rows
 
 
 @dg.asset(group_name="data", deps=["tokens", "clusters"], code_version="1", kinds={"parquet"})
 def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured
-    ``packing`` (concat, padding, best_fit, atom-size shuffles; see pipeline/packing.py).
+    ``packing`` (concat, padding, best_fit, atom-size shuffles; see pipeline/packing/pack.py).
 
     Writes ``sequences/segments.parquet`` and the M x L token matrix ``sequences/tokens.bin``.
     """
@@ -35,7 +35,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     write_bin(matrix.astype(tokens.dtype), layout.sequence_matrix)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "packing_stats", stats, {})
     return rec.finish(
         [layout.segments, layout.sequence_matrix],

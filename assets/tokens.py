@@ -7,10 +7,10 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
-from pipeline.cache import HashCache, cached_tokenize, tokenizer_fingerprint
-from pipeline.io import atomic_dir, write_bin, write_npy, write_parquet
-from pipeline.tokenizer import load_tokenizer, train_bpe
-from pipeline.tokens import token_dtype
+from pipeline.storage.cache import HashCache, cached_tokenize, tokenizer_fingerprint
+from pipeline.storage.atomic import atomic_dir, write_bin, write_npy, write_parquet
+from pipeline.data.tokenizer import load_tokenizer, train_bpe
+from pipeline.data.tokens import token_dtype
 
 
 @dg.asset(group_name="data", deps=["corpus"], code_version="1", kinds={"huggingface"})

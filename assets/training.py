@@ -5,14 +5,14 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, run_key, run_partitions, warehouse
+from assets.common import Recorder, StrataSettings, run_key, run_partitions
 from assets.orderings import STRATEGY_PARTITIONS, load_ordering
-from pipeline.io import atomic_dir, write_parquet
-from pipeline.packing import SequenceStore
-from pipeline.tokenizer import load_tokenizer
-from pipeline.tokens import open_tokens
-from pipeline.training import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
-from pipeline.warehouse import replace_rows
+from pipeline.storage.atomic import atomic_dir, write_parquet
+from pipeline.packing.pack import SequenceStore
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.data.tokens import open_tokens
+from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
+from pipeline.storage.warehouse import replace_rows
 
 RUN_PARTITIONS = run_partitions(STRATEGY_PARTITIONS)
 BY_STRATEGY = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="strategy")
@@ -48,15 +48,15 @@ def _settings(cfg, seed: int) -> TrainSettings:
 def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Train the same model (init from the partition's seed; same budget, optimizer, batch and
     sequence length for every strategy) on the partition's ordering — or, for ``odm``, on what
-    seed 003's Exp3 sampler picks online from per-cluster pools.
+    ODM's Exp3 sampler picks online from per-cluster pools.
 
     Writes ``runs/<strategy>/seed<seed>/model`` (``save_pretrained`` + tokenizer), ``log.parquet``
     and ``stream.parquet`` (the sequences trained on, in order). DuckDB: ``train_log`` (per step),
     ``stable_rank`` (gradient stable ranks per layer at 20%/100% of steps), ``epoch_jumps`` and,
     for odm, ``odm_mixture``.
     """
-    from pipeline.gradients import gradient_stable_ranks
-    from pipeline.odm import ODMSampler, sequence_clusters
+    from pipeline.training.gradients import gradient_stable_ranks
+    from pipeline.training.odm import ODMSampler, sequence_clusters
 
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"orderings": strategy})
@@ -96,7 +96,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     outputs = [write_parquet(log_df.drop("tokens_per_s"), run_dir / "log.parquet"),
                write_parquet(pl.DataFrame({"position": np.arange(served.size), "sequence_id": served}), run_dir / "stream.parquet")]
     jumps = pl.DataFrame(epoch_boundary_jumps(log), infer_schema_length=None)
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "train_log", log_df, key)
         if probes:
             replace_rows(con, "stable_rank", pl.concat(probes).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed)), key)
@@ -119,14 +119,14 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
 
 @dg.asset(group_name="ablation", deps=["training_runs"], code_version="1", kinds={"pytorch"})
 def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Mixture fidelity (seed 002): at one frozen checkpoint (the random run's 20% model, else the
+    """Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint (the random run's 20% model, else the
     first strategy's), cosine
     similarity of the gradients of 10 consecutive chunks of each strategy's stream — a 10 x 10
     matrix per strategy in DuckDB table ``fidelity``."""
     from transformers import AutoModelForCausalLM
 
-    from pipeline.gradients import fidelity_rows, mixture_fidelity
-    from pipeline.training import device
+    from pipeline.training.gradients import fidelity_rows, mixture_fidelity
+    from pipeline.training.loop import device
 
     rec = Recorder(context, duckdb, {"training_runs": "*"})
     cfg, layout = settings.config(), settings.layout()
@@ -155,7 +155,7 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
         frames.append(fidelity_rows(m).with_columns(strategy=pl.lit(strategy)))
     table = pl.concat(frames) if frames else pl.DataFrame(schema={"chunk_i": pl.Int64, "chunk_j": pl.Int64, "cosine": pl.Float64, "strategy": pl.String})
     out = write_parquet(table, layout.inside("gradients", "fidelity.parquet"))
-    with warehouse(duckdb) as con:
+    with duckdb.get_connection() as con:
         replace_rows(con, "fidelity", table, {})
     off = {s: float(m[~np.eye(m.shape[0], dtype=bool)].mean()) for s, m in matrices.items()}
     return rec.finish([out], {"strategies": len(matrices)}, {"chunks": cfg.fidelity_chunks},

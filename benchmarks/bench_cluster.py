@@ -1,4 +1,4 @@
-"""k-means scale: 1M synthetic documents x 384 dims, PCA, k = 10,000 (seed 002's k) on CPU.
+"""k-means scale: 1M synthetic documents x 384 dims, PCA, k = 10,000 (TerRIFIC curricula's k) on CPU.
 
     python benchmarks/bench_cluster.py            # 1M docs, d=384 -> PCA 64, k=10,000
     python benchmarks/bench_cluster.py --quick    # 100k docs, k=1,000
@@ -19,8 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.clustering_compare import label_agreement  # noqa: E402
-from pipeline.clusters import kmeans, pca_reduce  # noqa: E402
+from pipeline.represent.agreement import label_agreement  # noqa: E402
+from pipeline.represent.clusters import kmeans, pca_reduce  # noqa: E402
 
 
 def synthetic(n: int, d: int, k_true: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

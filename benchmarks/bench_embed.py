@@ -33,9 +33,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import embeddings as E  # noqa: E402
-from pipeline.clustering_compare import label_agreement  # noqa: E402
-from pipeline.clusters import kmeans  # noqa: E402
+from pipeline.represent import embeddings as E  # noqa: E402
+from pipeline.represent.agreement import label_agreement  # noqa: E402
+from pipeline.represent.clusters import kmeans  # noqa: E402
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 

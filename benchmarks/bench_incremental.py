@@ -21,16 +21,15 @@ import numpy as np
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pipeline.cache import HashCache, cached_embed, cached_tokenize, embedding_fingerprint, tokenizer_fingerprint  # noqa: E402
-from pipeline.corpus import content_hashes  # noqa: E402
-from pipeline.embeddings import default_model_path, embed_texts  # noqa: E402
-from pipeline.tokenizer import train_bpe  # noqa: E402
-from pipeline.tokens import token_dtype, tokenize_documents  # noqa: E402
+from pipeline.offline import set_offline  # noqa: E402
+from pipeline.storage.cache import HashCache, cached_embed, cached_tokenize, embedding_fingerprint, tokenizer_fingerprint  # noqa: E402
+from pipeline.data.corpus import content_hashes  # noqa: E402
+from pipeline.represent.embeddings import default_model_path, embed_texts  # noqa: E402
+from pipeline.data.tokenizer import train_bpe  # noqa: E402
+from pipeline.data.tokens import token_dtype, tokenize_documents  # noqa: E402
 
+set_offline()
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 
 

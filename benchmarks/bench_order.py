@@ -5,7 +5,7 @@ Instances: Zipf(1) cluster sizes over K=1000 clusters, log-normal document lengt
 packed into L=2048-token sequences, B=100 length bins. Each case runs in a fresh process so
 its peak RSS is its own. Printed per case: seconds (numba compilation excluded), peak RSS,
 mean (and worst) per-batch max deviation of cluster shares and of length-bin shares, batch = 32
-sequences (`pipeline.diagnostics.batch_deviations`: full batches only), and the same for `random`
+sequences (`pipeline.reports.diagnostics.batch_deviations`: full batches only), and the same for `random`
 on the same instance.
 
     python benchmarks/bench_order.py            # full sizes (minutes)
@@ -26,11 +26,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.diagnostics import Composition, batch_deviations, composition  # noqa: E402
+from pipeline.reports.diagnostics import Composition, batch_deviations, composition  # noqa: E402
 from pipeline.ordering import Objective, OrderParams, greedy_order, sequence_features, sequence_order  # noqa: E402
 from pipeline.ordering.documents import stratified_order  # noqa: E402
 from pipeline.ordering.features import Csr  # noqa: E402
-from pipeline.packing import pack_concat  # noqa: E402
+from pipeline.packing.pack import pack_concat  # noqa: E402
 
 L, K, B, BATCH = 2048, 1000, 100, 32
 
@@ -158,7 +158,7 @@ def main() -> None:
     print("-- greedy_fast at M=1M", flush=True)
     for mode in ("greedy_fast", "random"):
         show(run_case(mode, 1_000_000 // s))
-    print("-- seed 001 stratified greedy, documents x K=1000 (sequences in packing order)", flush=True)
+    print("-- Diversity-ordered training stratified greedy, documents x K=1000 (sequences in packing order)", flush=True)
     r = run_case("stratified", 1_000_000 // s)
     show(r)
     for name in ("stratified", "random"):

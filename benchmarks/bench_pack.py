@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from pipeline.packing import PACKING_SPECS, pack, packing_stats, parse_packing
+from pipeline.packing.pack import PACKING_SPECS, pack, packing_stats, parse_packing
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_train.py [--presets tiny small base 100m] [--steps 30] [--batch-size 16] [--seq-len 1024]
 
-Runs :func:`pipeline.training.train` itself (block-diagonal document masks, bf16 autocast on
+Runs :func:`pipeline.training.loop.train` itself (block-diagonal document masks, bf16 autocast on
 CUDA, fused AdamW) on a packed store of synthetic documents (log-normal lengths, Zipfian token
 ids, vocabulary 50,257 like GPT-2/NeoX). The first ``--warmup`` steps (allocation, kernel
 selection) are left out of the median tokens/s. Also prints the loss at the first and last step,
@@ -20,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.model import preset_parameters  # noqa: E402
-from pipeline.packing import SequenceStore, pack_concat  # noqa: E402
-from pipeline.training import TrainSettings, device, train  # noqa: E402
+from pipeline.training.model import preset_parameters  # noqa: E402
+from pipeline.packing.pack import SequenceStore, pack_concat  # noqa: E402
+from pipeline.training.loop import TrainSettings, device, train  # noqa: E402
 
 EOS, PAD = 0, 1
 

@@ -12,16 +12,9 @@ TASK_DIR = Path(__file__).resolve().parent / "tasks"
 
 def set_offline(work_dir: Path) -> None:
     """No network: HF hub/datasets/transformers offline; HF caches under ``work_dir``."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ["HF_HOME"] = str(Path(work_dir).resolve() / "hf_home")
-    try:
-        import datasets.config
+    from pipeline.offline import set_offline as _set_offline
 
-        datasets.config.HF_HUB_OFFLINE = True
-    except (ImportError, AttributeError):
-        pass
+    _set_offline(Path(work_dir) / "hf_home", force=True)
 
 
 def max_length(model: Any, default: int = 2048) -> int:

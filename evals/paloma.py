@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.io import atomic_path
+from pipeline.storage.atomic import atomic_path
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -16,7 +16,7 @@ from typing import Any
 from pipeline.errors import StrataInputError
 
 
-TRAINING_TIME_STRATEGIES = ("odm",)  # chosen online during training (seed 003), not by a scheduler
+TRAINING_TIME_STRATEGIES = ("odm",)  # chosen online during training (ODM), not by a scheduler
 
 
 @dataclass
@@ -60,7 +60,7 @@ class StrataConfig:
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
     strategies: list[str] = field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed", "odm"])
-    objective: str = "f3"  # greedy objective f1 | f2 | f3 (seed 000)
+    objective: str = "f3"  # greedy objective f1 | f2 | f3 (Don't Shuffle, Optimize)
     length_bins: int = 100
     lam: float = 1.0
     noise: float = 0.0  # sigma_sched (units of mean sequence length squared)
@@ -76,7 +76,7 @@ class StrataConfig:
     warmup_steps: int = 6
     weight_decay: float = 0.1
     cross_document: bool = False  # allow attention across document boundaries
-    odm_smoothing: float = 0.5  # ODM (seed 003) reward moving-average smoothing
+    odm_smoothing: float = 0.5  # ODM (ODM) reward moving-average smoothing
     odm_warmup_fraction: float = 0.01
     probe_fractions: list[float] = field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
     probe_batches: int = 2  # batches probed per checkpoint
@@ -109,7 +109,7 @@ class StrataConfig:
             bad("batch_size/max_steps", (self.batch_size, self.max_steps), "use positive integers")
         if self.length_bins < 1:
             bad("length_bins", self.length_bins, "use >= 1 bins")
-        from pipeline.embeddings import METHODS
+        from pipeline.represent.embeddings import METHODS
 
         if self.embed_method not in METHODS:
             bad("embed_method", self.embed_method, f"use one of {list(METHODS)}")
@@ -120,7 +120,7 @@ class StrataConfig:
         if self.corpus.on_error not in ("fail", "skip"):
             bad("corpus.on_error", self.corpus.on_error, "use 'fail' or 'skip'")
         from pipeline.ordering import STRATEGIES
-        from pipeline.packing import PACKING_SPECS
+        from pipeline.packing.pack import PACKING_SPECS
 
         if self.packing not in PACKING_SPECS:
             bad("packing", self.packing, f"use one of {list(PACKING_SPECS)}")

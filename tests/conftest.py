@@ -1,36 +1,15 @@
-"""Shared fixtures: the shared data folder and small real corpora made from it."""
+"""Shared fixtures; plain helpers live in tests/helpers.py."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-DATA = SHARED / "data"
-DEMO_CORPUS = DATA / "corpus" / "demo_corpus.jsonl.gz"
+from pipeline.offline import set_offline
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def demo_slice(n: int, stride: int = 47) -> list[dict]:
-    """Every ``stride``-th document of the demo corpus (all domains represented), first ``n``."""
-    if not DEMO_CORPUS.exists():
-        pytest.skip(f"shared data not found at {DEMO_CORPUS} (set STRATA_SHARED)")
-    out = []
-    with gzip.open(DEMO_CORPUS, "rt", encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
-            if i % stride == 0:
-                out.append(json.loads(line))
-                if len(out) == n:
-                    break
-    return out
+set_offline()
 
 
 @pytest.fixture

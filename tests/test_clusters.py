@@ -8,8 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.clustering_compare import compare, label_agreement, load_labels, register
-from pipeline.clusters import kmeans, pca_reduce
+from assets.cli import tools
+from pipeline.represent.agreement import compare, label_agreement, load_labels
+from pipeline.represent.clusters import kmeans, pca_reduce
 from pipeline.errors import StrataInputError
 
 
@@ -94,7 +95,7 @@ def test_compare_known_labelings():
 
 def _run_cli(argv):
     parser = argparse.ArgumentParser(prog="strata")
-    register(parser.add_subparsers(dest="command", required=True))
+    tools.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

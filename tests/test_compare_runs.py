@@ -6,8 +6,8 @@ import duckdb
 import polars as pl
 
 from assets.cli import main
-from pipeline.compare_runs import compare_runs
-from pipeline.warehouse import replace_rows, write_lineage
+from pipeline.reports.compare_runs import compare_runs
+from pipeline.storage.warehouse import replace_rows, write_lineage
 
 
 def _root(tmp_path, name: str, packing: str, padding: float, loss: dict[str, float]):

@@ -7,7 +7,7 @@ import gzip
 import pytest
 
 from pipeline.config import CorpusConfig, config_from_dict
-from pipeline.corpus import read_corpus
+from pipeline.data.corpus import read_corpus
 from pipeline.errors import StrataInputError
 
 GOOD = {"id": "a", "text": "hello world", "source": "web"}
@@ -90,7 +90,7 @@ def test_unknown_config_key():
 
 
 def test_builtin_corpus_is_deterministic():
-    from pipeline.builtin_corpus import builtin_documents
+    from pipeline.data.builtin_corpus import builtin_documents
 
     a, b = builtin_documents(300), builtin_documents(300)
     assert a == b and len(a) == 300

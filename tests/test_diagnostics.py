@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline import diagnostics as D
+from pipeline.reports import diagnostics as D
 from pipeline.errors import StrataInputError
-from pipeline.packing import pack_concat
+from pipeline.packing.pack import pack_concat
 
 # ---------------------------------------------------------------------------------------------
 # The tiny instance, worked out by hand.

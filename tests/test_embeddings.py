@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import embeddings as E
+from pipeline.represent import embeddings as E
 from pipeline.errors import StrataInputError
 
 TEXTS = [
@@ -109,7 +109,7 @@ def _plain_ids(backend, text: str, max_tokens: int) -> list[int]:
 
 
 def _awkward_texts() -> list[str]:
-    from conftest import demo_slice
+    from helpers import demo_slice
 
     docs = [d["text"] for d in demo_slice(400, stride=331)]
     long_prose = " ".join(docs)[:20000]
@@ -130,7 +130,7 @@ def _awkward_texts() -> list[str]:
 def test_grouped_tokenize_equals_one_document_at_a_time(which, max_tokens):
     """Joined-group tokenization with a special-token separator, the character-cap cascade and
     the thread pool must give exactly each whole document's tokens, truncated."""
-    from conftest import DATA
+    from helpers import DATA
     from tokenizers import Tokenizer
 
     if which == "minilm":

@@ -1,4 +1,4 @@
-"""Gradient analyses: stable rank (seed 002 eq.) and mixture fidelity (tiny model, CPU)."""
+"""Gradient analyses: stable rank (TerRIFIC curricula eq.) and mixture fidelity (tiny model, CPU)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.errors import StrataInputError
-from pipeline.gradients import (
+from pipeline.training.gradients import (
     fidelity_rows,
     gradient_stable_ranks,
     layer_matrices,
@@ -15,8 +15,8 @@ from pipeline.gradients import (
     stable_rank,
     summarize_stable_ranks,
 )
-from pipeline.model import build_model
-from pipeline.packing import SequenceStore, pack_concat
+from pipeline.training.model import build_model
+from pipeline.packing.pack import SequenceStore, pack_concat
 
 VOCAB, EOS, PAD, L = 48, 1, 0, 32
 

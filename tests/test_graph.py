@@ -13,10 +13,12 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import DATA, demo_slice
-from pipeline.diagnostics import batch_deviations, prepare
-from pipeline.paths import Layout
-from pipeline.tokens import open_tokens
+from helpers import DATA, demo_slice
+from pipeline.reports.diagnostics import batch_deviations, prepare
+from pipeline.storage.layout import Layout
+from pipeline.data.tokens import open_tokens
+
+pytestmark = pytest.mark.integration
 
 STRATEGIES = ["random", "greedy", "odm"]
 

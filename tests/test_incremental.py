@@ -7,11 +7,11 @@ import polars as pl
 import pytest
 from sklearn.feature_extraction.text import HashingVectorizer
 
-from conftest import demo_slice
-from pipeline.cache import HashCache, cached_embed, cached_tokenize, embedding_fingerprint, tokenizer_fingerprint
-from pipeline.corpus import content_hashes
-from pipeline.tokenizer import train_bpe
-from pipeline.tokens import token_dtype, tokenize_documents
+from helpers import demo_slice
+from pipeline.storage.cache import HashCache, cached_embed, cached_tokenize, embedding_fingerprint, tokenizer_fingerprint
+from pipeline.data.corpus import content_hashes
+from pipeline.data.tokenizer import train_bpe
+from pipeline.data.tokens import token_dtype, tokenize_documents
 
 
 def _hashes(texts: list[str]) -> list[str]:
@@ -76,7 +76,7 @@ def test_embed_append_edit_delete_recomputes_only_changed(tmp_path, texts):
 
 
 def test_tokens_append_edit_delete_identical_to_full(tmp_path, texts, tokenizer, monkeypatch):
-    import pipeline.tokens as tokens_mod
+    import pipeline.data.tokens as tokens_mod
 
     dtype, fp = token_dtype(len(tokenizer)), tokenizer_fingerprint(tokenizer)
     real = tokenize_documents
@@ -156,7 +156,7 @@ def test_bad_hash_is_rejected(tmp_path):
 def test_real_model_cache_matches_full_run_within_float_rounding(tmp_path, texts):
     """With all-MiniLM-L6-v2, a document's embedding depends on its batch-mates in the last bits
     (different padding => different GEMM shapes), so cached + fresh equals a full run only to ~1e-7."""
-    from pipeline.embeddings import default_model_path, embed_texts
+    from pipeline.represent.embeddings import default_model_path, embed_texts
 
     small = [t[:400] for t in texts[:12]]
     path = default_model_path()

@@ -1,4 +1,4 @@
-"""ODM (seed 003, Algorithm 1): policy, exploration, rewards, pools, determinism (no model needed)."""
+"""ODM (ODM, Algorithm 1): policy, exploration, rewards, pools, determinism (no model needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StrataInputError
-from pipeline.odm import ODMSampler, exp3_policy, exploration_rate, sequence_clusters
+from pipeline.training.odm import ODMSampler, exp3_policy, exploration_rate, sequence_clusters
 
 
 def test_sequence_cluster_is_the_majority_token_cluster():

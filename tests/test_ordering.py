@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 import scipy.stats
 
-from pipeline.diagnostics import composition, prefix_errors, prepare, window_unique
+from pipeline.reports.diagnostics import composition, prefix_errors, prepare, window_unique
 from pipeline.errors import StrataInputError
 from pipeline.ordering import (
     STRATEGIES,
@@ -27,11 +27,11 @@ from pipeline.ordering import (
     sequence_order,
     tie_tolerance,
 )
-from pipeline.ordering.cli import run_cli
+from assets.cli.schedule import run_cli
 from pipeline.ordering.curriculum import curriculum_greedy_order
 from pipeline.ordering.documents import cluster_queues, stratified_order
 from pipeline.ordering.strategies import duplicate_subsets
-from pipeline.packing import pack_concat
+from pipeline.packing.pack import pack_concat
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 CORPUS = SHARED / "data" / "corpus" / "demo_corpus.jsonl.gz"
@@ -44,7 +44,7 @@ def dense(x, m):
 
 
 def brute_force_greedy(f, obj: Objective) -> np.ndarray:
-    """Reference: evaluate seed 000/002's f for every unscheduled sequence at every step.
+    """Reference: evaluate Don't Shuffle, Optimize / TerRIFIC curricula's f for every unscheduled sequence at every step.
 
     Same documented tie rule as the library: scores within tie_tolerance of the minimum tie,
     the lowest row wins.
@@ -85,7 +85,7 @@ def packed_instance(rng, n_docs, seq_len, k, max_len, ties=False):
 
 
 def variable_instance(rng, m, k):
-    """Sequences of variable length l_s (seed 002) with 1-4 spans each."""
+    """Sequences of variable length l_s (TerRIFIC curricula) with 1-4 spans each."""
     spans = rng.integers(1, 5, m)
     seq = np.repeat(np.arange(m), spans)
     return sequence_features(seq, rng.integers(0, k, seq.size), rng.integers(5, 400, seq.size), rng.integers(1, 50, seq.size), 10)
@@ -236,7 +236,7 @@ def test_curriculum_file_errors(tmp_path):
 def test_stratified_matches_seed_001_loop_and_sorts():
     rng = np.random.default_rng(4)
     cluster, length = rng.integers(0, 5, 400), rng.integers(1, 90, 400)
-    # seed 001's reference: a Python loop picking the largest deficit (global document shares)
+    # Diversity-ordered training's reference: a Python loop picking the largest deficit (global document shares)
     queues = {j: [d for d in range(400) if cluster[d] == j] for j in range(5)}
     n = {j: len(q) for j, q in queues.items()}
     placed = dict.fromkeys(range(5), 0)
@@ -311,7 +311,7 @@ def demo_schedule(demo, rows):
 
 
 def test_demo_greedy_tracks_the_mixture_better_than_random(demo):
-    """Seed 000's claims on the demo corpus (clusters = 8 domains, batch = 32 x 256 tokens).
+    """Don't Shuffle, Optimize's claims on the demo corpus (clusters = 8 domains, batch = 32 x 256 tokens).
 
     Prefix error: greedy is below random at every logged batch boundary after the first 4.
     Batch diversity: the strict claim "greedy's worst batch has more distinct clusters than

@@ -1,4 +1,4 @@
-"""Packing variants (seed 004 A.3): token conservation, padding masks, atom boundaries, best fit."""
+"""Packing variants (Packing & shuffling A.3): token conservation, padding masks, atom boundaries, best fit."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StrataInputError
-from pipeline.packing import (
+from pipeline.packing.pack import (
     ATOM_MULTIPLES,
     PACKING_SPECS,
     SEGMENT_SCHEMA,

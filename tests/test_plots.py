@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import calibrate as C
-from pipeline import diagnostics as D
-from pipeline import plots as P
+from assets.cli import tools
+from pipeline.represent import calibrate as C
+from pipeline.reports import diagnostics as D
+from pipeline.reports import plots as P
 from pipeline.errors import StrataInputError
-from pipeline.packing import pack_concat
+from pipeline.packing.pack import pack_concat
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -84,7 +85,7 @@ def test_animation(schedules, tmp_path):
 def test_recommend_k_by_hand():
     # peak 0.31 at k=10; within 5%: >= 0.2945 -> k = 10, 15, 20 qualify; the largest is 20
     assert C.recommend_k([5, 10, 15, 20, 30], [0.2, 0.31, 0.30, 0.298, 0.25]) == 20
-    # seed 001's published sweep: peak 0.307 at k=10, nothing else within 5% -> 10
+    # Diversity-ordered training's published sweep: peak 0.307 at k=10, nothing else within 5% -> 10
     ks = [10, 20, 30, 40, 50, 100, 200]
     assert C.recommend_k(ks, [0.307, 0.235, 0.234, 0.215, 0.214, 0.152, 0.145]) == 10
     with pytest.raises(StrataInputError):
@@ -110,7 +111,7 @@ def test_calibrate_k_command(tmp_path, capsys):
     x = (np.repeat(rng.normal(size=(4, 8)), 50, axis=0) + 0.2 * rng.normal(size=(200, 8))).astype(np.float32)
     np.save(tmp_path / "emb.npy", x)
     parser = argparse.ArgumentParser()
-    C.register(parser.add_subparsers())
+    tools.register(parser.add_subparsers())
     args = parser.parse_args(["calibrate-k", str(tmp_path / "emb.npy"), "--ks", "2,4,8", "--plot", str(tmp_path / "k.png")])
     assert args.func(args) == 0
     out = capsys.readouterr().out

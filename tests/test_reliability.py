@@ -24,11 +24,11 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import demo_slice
-from pipeline.corpus import content_hashes, heldout_mask
+from helpers import demo_slice
+from pipeline.data.corpus import content_hashes, heldout_mask
 from pipeline.errors import StrataInputError
-from pipeline.paths import Layout
-from pipeline.warehouse import replace_rows, write_lineage
+from pipeline.storage.layout import Layout
+from pipeline.storage.warehouse import replace_rows, write_lineage
 
 REPO = Path(__file__).resolve().parents[1]
 N_DOCS = 150
@@ -136,6 +136,7 @@ def reference_run(tmp_path_factory, corpus_with_bad_records):
     return tmp / "root", cfg_path, proc
 
 
+@pytest.mark.integration
 def test_skip_policy_runs_and_reports_skipped(reference_run):
     root, _, proc = reference_run
     n_bad = len(BAD_LINES) + 1
@@ -146,6 +147,7 @@ def test_skip_policy_runs_and_reports_skipped(reference_run):
     assert counts["train_docs"] + counts["heldout_docs"] == N_DOCS + 1  # + the 2 MB document
 
 
+@pytest.mark.integration
 def test_enormous_document_is_packed_whole(reference_run):
     layout = Layout(reference_run[0])
     docs = pl.read_parquet(layout.documents)
@@ -187,6 +189,7 @@ def killed_then_rerun(tmp_path_factory, reference_run):
     return layout.root, partial
 
 
+@pytest.mark.integration
 def test_sigkill_leaves_no_partial_artifact(reference_run, killed_then_rerun):
     _, partial = killed_then_rerun
     reference = _artifact_hashes(reference_run[0])
@@ -196,6 +199,7 @@ def test_sigkill_leaves_no_partial_artifact(reference_run, killed_then_rerun):
     assert not torn, f"partial files visible after SIGKILL: {torn}"
 
 
+@pytest.mark.integration
 def test_rerun_after_kill_and_second_run_give_identical_bytes(reference_run, killed_then_rerun):
     root, _ = killed_then_rerun
     reference, final = _artifact_hashes(reference_run[0]), _artifact_hashes(root)
@@ -274,23 +278,27 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
         ("invalid-utf8", "invalid UTF-8"),
     ],
 )
+@pytest.mark.integration
 def test_bad_record_fails_with_file_line_and_fix(bad_runs, case, problem):
     proc, corpus, _ = bad_runs[case]
     msg = _error_line(proc)
     assert f"{corpus}, line 6: " in msg and problem in msg, msg
 
 
+@pytest.mark.integration
 def test_duplicate_ids_fail_naming_the_id(bad_runs):
     proc, corpus, _ = bad_runs["duplicate-id"]
     msg = _error_line(proc)
     assert str(corpus) in msg and "duplicate document id" in msg and "records [1, 6]" in msg, msg
 
 
+@pytest.mark.integration
 def test_duplicate_ids_name_file_lines(bad_runs):
     proc, _, _ = bad_runs["duplicate-id-after-blank-lines"]
     assert "[1, 8]" in _error_line(proc)  # lines 6 and 7 are blank
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case, expected", [("truncated-gz", "cannot read the corpus file"), ("directory", "corpus file not found")])
 def test_unreadable_corpus_fails_clearly(bad_runs, case, expected):
     proc, corpus, _ = bad_runs[case]
@@ -300,15 +308,18 @@ def test_unreadable_corpus_fails_clearly(bad_runs, case, expected):
 
 @pytest.mark.parametrize("case, expected", [("seq_len-1", "seq_len=1"), ("unknown-strategy", "sorted_by_vibes"),
                                             ("k-too-large", "k=500 clusters for")])
+@pytest.mark.integration
 def test_impossible_parameters_fail_with_fix(bad_runs, case, expected):
     assert expected in _error_line(bad_runs[case][0])
 
 
+@pytest.mark.integration
 def test_impossible_config_names_the_file(bad_runs):
     proc, _, cfg_path = bad_runs["seq_len-1"]
     assert str(cfg_path) in _error_line(proc)
 
 
+@pytest.mark.integration
 def test_config_strategies_respected(tmp_path, reference_run):
     """--config alone decides the strategy partitions, and nothing is written outside the data root."""
     assert "[random]" in reference_run[2].stdout and "[greedy]" not in reference_run[2].stdout
@@ -327,8 +338,8 @@ def test_config_strategies_respected(tmp_path, reference_run):
 _WRITER = textwrap.dedent(
     """
     import sys, polars as pl
-    from pipeline.duck import duck_connection
-    from pipeline.warehouse import replace_rows, write_lineage
+    from pipeline.storage.duck import duck_connection
+    from pipeline.storage.warehouse import replace_rows, write_lineage
     db, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     for i in range(n):
         with duck_connection(db) as con:
@@ -364,7 +375,7 @@ def test_plain_connect_conflicts_while_another_process_writes(tmp_path):
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(duckdb.IOException, match="[Ll]ock"):
         duckdb.connect(str(db))
-    from pipeline.duck import connect_with_retry
+    from pipeline.storage.duck import connect_with_retry
 
     con = connect_with_retry(db)  # waits until the holder exits
     con.execute("CREATE TABLE t AS SELECT 1 AS x")
@@ -391,7 +402,7 @@ def _populate(con, corpus_version: str = "c1") -> None:
 
 
 def test_lineage_resolves_to_corpus_version_code_and_params(tmp_path):
-    from pipeline.lineage import lineage_of, upstream_summary
+    from pipeline.storage.lineage import lineage_of, upstream_summary
 
     with duckdb.connect(str(tmp_path / "s.duckdb")) as con:
         _populate(con)
@@ -408,7 +419,7 @@ def test_lineage_resolves_to_corpus_version_code_and_params(tmp_path):
 
 
 def test_lineage_marks_stale_and_missing_inputs(tmp_path):
-    from pipeline.lineage import lineage_of
+    from pipeline.storage.lineage import lineage_of
 
     with duckdb.connect(str(tmp_path / "s.duckdb")) as con:
         _populate(con)
@@ -427,12 +438,12 @@ def test_lineage_marks_stale_and_missing_inputs(tmp_path):
 def test_lineage_command_prints_tree(tmp_path, capsys):
     import argparse
 
-    from pipeline import lineage
+    from assets.cli import tools
 
     with duckdb.connect(str(tmp_path / "strata.duckdb")) as con:
         _populate(con)
     parser = argparse.ArgumentParser()
-    lineage.register(parser.add_subparsers(dest="command"))
+    tools.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["lineage", "training_runs", "--partition", "greedy", "--data-root", str(tmp_path)])
     assert args.func(args) == 0
     out = capsys.readouterr().out
@@ -446,8 +457,9 @@ def test_lineage_command_prints_tree(tmp_path, capsys):
         args.func(args)
 
 
+@pytest.mark.integration
 def test_lineage_of_a_real_run(reference_run):
-    from pipeline.lineage import lineage_of, upstream_summary
+    from pipeline.storage.lineage import lineage_of, upstream_summary
 
     root, _, _ = reference_run
     with duckdb.connect(str(root / "strata.duckdb"), read_only=True) as con:

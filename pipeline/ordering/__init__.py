@@ -1,4 +1,4 @@
-"""Ordering engine: every scheduling strategy of seeds 000, 001 and 002 as plain functions.
+"""Ordering engine: every scheduling strategy of Don't Shuffle, Optimize, 001 and 002 as plain functions.
 
 Entry point: ``run_strategy(name, docs, segments, seq_len, params, seed) -> OrderingResult``;
 registry: ``STRATEGIES``; array APIs: ``sequence_order`` / ``document_order`` on

@@ -1,4 +1,4 @@
-"""Curriculum-aligned targets (seed 002, "Dynamic Schedules: From Fixed Mixtures to Continuous Curricula").
+"""Curriculum-aligned targets (TerRIFIC curricula, "Dynamic Schedules: From Fixed Mixtures to Continuous Curricula").
 
 p(N) = softmax(f(N)) with f piecewise linear in log N between user knots and clamped outside;
 the cumulative group target is E_j(S) = int_0^S p_j(n) dn and the length target
@@ -131,7 +131,7 @@ def curriculum_from_dict(raw: object, n_clusters: int, path: object = "<curricul
 def curriculum_greedy_order(
     features: SequenceFeatures, curriculum: Curriculum, lam: float, noise: float = 0.0, seed: int = 0
 ) -> np.ndarray:
-    """Greedy with curriculum targets E_j(S + l_s) and U*_b(S + l_s) (seed 002); rows in order.
+    """Greedy with curriculum targets E_j(S + l_s) and U*_b(S + l_s) (TerRIFIC curricula); rows in order.
 
     The targets move for every cluster at every step, so there is no sparse update: each step
     scores all remaining sequences with one sparse mat-vec per distinct sequence length,

@@ -1,4 +1,4 @@
-"""Document-level orderings (seed 001; seed 000 "Idea 1"): order documents, then pack.
+"""Document-level orderings (Diversity-ordered training; Don't Shuffle, Optimize "Idea 1"): order documents, then pack.
 
 All functions take per-document arrays ``cluster`` (0..K-1) and ``length`` (stream length,
 tokens incl. EOS) indexed by doc_id and return a permutation of doc ids.
@@ -47,7 +47,7 @@ def cluster_queues(cluster: np.ndarray, length: np.ndarray, within: str) -> tupl
 
 @numba.njit(cache=False)
 def _stratified_counts(ptr, n_docs):
-    """Seed 001 sample-count stratified greedy: cluster sequence, O(N K) exact integer deficits."""
+    """Diversity-ordered training sample-count stratified greedy: cluster sequence, O(N K) exact integer deficits."""
     k = ptr.size - 1
     size = ptr[1:] - ptr[:-1]
     placed = np.zeros(k, dtype=np.int64)
@@ -67,10 +67,10 @@ def _stratified_counts(ptr, n_docs):
 
 
 def stratified_order(cluster: np.ndarray, length: np.ndarray, within: str = "original") -> np.ndarray:
-    """Seed 001: next document from the cluster with the largest deficit (document counts).
+    """Diversity-ordered training: next document from the cluster with the largest deficit (document counts).
 
     Deficit_j(t) = tau_j * (t + 1) - placed_j with tau_j = n_j / N the cluster's global document
-    share (seed 001 says "target proportion based on remaining pool"; with a fixed pool the
+    share (Diversity-ordered training says "target proportion based on remaining pool"; with a fixed pool the
     target share is the global share). Ties go to the lowest cluster id. Exact integer math.
     """
     queue, ptr = cluster_queues(cluster, length, within)
@@ -110,7 +110,7 @@ def _token_weighted(ptr, qlen, total):
 
 
 def token_weighted_order(cluster: np.ndarray, length: np.ndarray, within: str = "original") -> np.ndarray:
-    """Seed 000 Idea 1: d* = argmin |(T_c(d) + l_d) - tau_c(d) (S_tot + l_d)| in token space.
+    """Don't Shuffle, Optimize Idea 1: d* = argmin |(T_c(d) + l_d) - tau_c(d) (S_tot + l_d)| in token space.
 
     Candidates are the next document of each cluster's queue (``within`` order), so each step
     costs O(K); ties go to the lowest cluster id.
@@ -121,7 +121,7 @@ def token_weighted_order(cluster: np.ndarray, length: np.ndarray, within: str = 
 
 
 def round_robin_order(cluster: np.ndarray, length: np.ndarray, within: str = "original") -> np.ndarray:
-    """Cycle through clusters taking one document each, skipping exhausted ones (seed 001)."""
+    """Cycle through clusters taking one document each, skipping exhausted ones (Diversity-ordered training)."""
     queue, ptr = cluster_queues(cluster, length, within)
     qc = np.asarray(cluster, dtype=np.int64)[queue]
     rank = np.arange(queue.size) - ptr[qc]
@@ -158,9 +158,9 @@ def _worst_fit(order_len, n_bins, capacity):
 
 
 def bin_packing_order(cluster: np.ndarray, length: np.ndarray, seq_len: int, within: str = "length-desc") -> np.ndarray:
-    """Seed 001's bin-packing: documents dealt into sequence-sized bins, worst fit.
+    """Diversity-ordered training's bin-packing: documents dealt into sequence-sized bins, worst fit.
 
-    Seed 001 does not describe its bin packing; we take documents in round-robin cluster order
+    Diversity-ordered training does not describe its bin packing; we take documents in round-robin cluster order
     (so consecutive documents differ in cluster) and put each into the bin of ``seq_len`` tokens
     with the most room left, n_bins = ceil(total tokens / seq_len); the order is bin by bin.
     """

@@ -1,11 +1,11 @@
-"""Greedy mixture-adherent ordering of sequences (seed 000 f1/f2/f3; seed 002 J_sched with l_s).
+"""Greedy mixture-adherent ordering of sequences (Don't Shuffle, Optimize f1/f2/f3; TerRIFIC curricula J_sched with l_s).
 
-Objective (seed 002, boxed J_sched; seed 000 f3 when every l_s = L)::
+Objective (TerRIFIC curricula, boxed J_sched; Don't Shuffle, Optimize f3 when every l_s = L)::
 
     f(s) = sum_j [(T_j + c_sj) - tau_j (S + l_s)]^2 + lam * sum_b [(U_b + l_sb) - kappa_b (S + l_s)]^2
            + mu * (N + n_s - rho (S + l_s))^2
 
-``mu`` is seed 000's f2 L2-norm term (n_s = ||c_s||_2, rho = sum n / sum l, which is N_bar / L
+``mu`` is Don't Shuffle, Optimize's f2 L2-norm term (n_s = ||c_s||_2, rho = sum n / sum l, which is N_bar / L
 for fixed-length sequences). Writing D_j = T_j - tau_j S, E_b = U_b - kappa_b S, R = N - rho S,
 f(s) = const + A_s + 2 Q_s - 2 S a_s - 2 l_s G + 2 mu R v_s  with the static per-sequence terms
 A_s = ||c_s - tau l_s||^2 + lam ||l_s. - kappa l_s||^2 + mu v_s^2,  a_s = <tau, c_s> + lam <kappa, l_s.>,
@@ -20,7 +20,7 @@ Tie-break (deterministic, shared with the brute-force reference in the tests): s
 lowest sequence row wins. The tolerance absorbs floating-point rounding, which differs between
 algebraically equal forms of f, so both forms pick the same sequence.
 
-Noise (seed 002 "Injecting Noise"): eps_s ~ N(0, (sigma * Lbar^2)^2) i.i.d. per remaining
+Noise (TerRIFIC curricula "Injecting Noise"): eps_s ~ N(0, (sigma * Lbar^2)^2) i.i.d. per remaining
 sequence per step is added to f(s); sigma is therefore in units of Lbar^2 squared tokens
 (Lbar = mean sequence length), the scale of the score of one full off-target sequence.
 """
@@ -109,7 +109,7 @@ DEAD = 1e300  # score offset of scheduled rows (finite, so the fastmath scan sta
 
 @numba.njit(cache=False, fastmath=True)
 def _scan(buf, A, Q, a, l, v, n, S, G, muR):
-    """buf = scores of rows 0..n-1 (seed 002 J_sched up to a constant); return their minimum."""
+    """buf = scores of rows 0..n-1 (TerRIFIC curricula J_sched up to a constant); return their minimum."""
     best = DEAD
     for i in range(n):
         sc = A[i] + 2.0 * Q[i] - 2.0 * S * a[i] - 2.0 * l[i] * G + 2.0 * muR * v[i]

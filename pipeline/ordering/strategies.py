@@ -2,7 +2,7 @@
 
 Sequence-level strategies permute the given packing's sequences. Document-level strategies
 (and ``cluster_packed`` / ``duplicate_separated``) order documents and repack them with
-``pipeline.packing.pack_concat``; their result carries the new segments and the order refers to
+``pipeline.packing.pack.pack_concat``; their result carries the new segments and the order refers to
 those sequence ids.
 """
 
@@ -25,7 +25,7 @@ from pipeline.ordering.documents import (
 )
 from pipeline.ordering.features import SequenceFeatures, sequence_features
 from pipeline.ordering.greedy import Objective, greedy_order, greedy_windowed_order
-from pipeline.packing import SEGMENT_SCHEMA, check_seq_len, pack_concat
+from pipeline.packing.pack import SEGMENT_SCHEMA, check_seq_len, pack_concat
 
 Level = Literal["sequence", "document"]
 
@@ -34,7 +34,7 @@ Level = Literal["sequence", "document"]
 class OrderParams:
     """Knobs of all strategies (each uses the ones it names in its description)."""
 
-    objective: str = "f3"  # greedy objective: f1 | f2 | f3 (seed 000)
+    objective: str = "f3"  # greedy objective: f1 | f2 | f3 (Don't Shuffle, Optimize)
     bins: int = 100  # B quantile length bins (f3)
     lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
     noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
@@ -154,7 +154,7 @@ def _document_strategy(name: str) -> Callable[[Inputs], OrderingResult]:
 
 
 def _cluster_packed(inp: Inputs) -> OrderingResult:
-    """Seed 000's minimum-diversity baseline: pack each cluster's documents together, shuffle."""
+    """Don't Shuffle, Optimize's minimum-diversity baseline: pack each cluster's documents together, shuffle."""
     docs = inp.present[np.lexsort((inp.present, inp.cluster[inp.present]))]
     seg = _repack(inp, docs)
     ids = np.unique(seg["sequence_id"].to_numpy())
@@ -162,7 +162,7 @@ def _cluster_packed(inp: Inputs) -> OrderingResult:
 
 
 def duplicate_subsets(content_hash: np.ndarray, cluster: np.ndarray, seed: int) -> np.ndarray:
-    """Seed 000 Idea 3: split documents into max-multiplicity subsets, each duplicate-free.
+    """Don't Shuffle, Optimize Idea 3: split documents into max-multiplicity subsets, each duplicate-free.
 
     The k-th of m copies goes to subset floor(k * n_sub / m) (copies spread evenly, never two in
     one subset); unique documents are dealt across subsets cluster by cluster in a seeded order,
@@ -185,7 +185,7 @@ def duplicate_subsets(content_hash: np.ndarray, cluster: np.ndarray, seed: int) 
 
 
 def _duplicate_separated(inp: Inputs) -> OrderingResult:
-    """Seed 000 Idea 3: duplicate-free subsets, each packed and greedy-ordered, concatenated."""
+    """Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each packed and greedy-ordered, concatenated."""
     if inp.content_hash is None:
         raise StrataInputError("duplicate_separated needs a content_hash per document", fix="add a content_hash column to the documents")
     docs = inp.present
@@ -213,16 +213,16 @@ DOCUMENT_LEVEL = ("stratified", "token_weighted", "round_robin", "bin_packing")
 _DESCRIPTIONS = {
     "original": "packing order",
     "random": "seeded uniform permutation of the sequences",
-    "greedy": "exact greedy of seed 000/002 (objective f1|f2|f3, bins, lam, noise)",
+    "greedy": "exact greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise)",
     "greedy_fast": "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
-    "greedy_curriculum": "greedy with curriculum targets E_j(S) from a knots file (seed 002)",
-    "greedy_block_shuffle": "greedy order cut into blocks of `block_size` sequences, blocks shuffled (seed 000, 411M)",
-    "stratified": "seed 001 stratified greedy on document counts (within-cluster sort `within`), repacked",
-    "token_weighted": "seed 000 Idea 1: document-level greedy on token deficits, repacked",
+    "greedy_curriculum": "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula)",
+    "greedy_block_shuffle": "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
+    "stratified": "Diversity-ordered training stratified greedy on document counts (within-cluster sort `within`), repacked",
+    "token_weighted": "Don't Shuffle, Optimize Idea 1: document-level greedy on token deficits, repacked",
     "round_robin": "one document per cluster in turn, repacked",
     "bin_packing": "worst-fit packing of round-robin documents into sequence-sized bins, repacked",
     "cluster_packed": "documents packed cluster by cluster, sequences shuffled (minimum diversity baseline)",
-    "duplicate_separated": "seed 000 Idea 3: duplicate-free subsets, each greedy-ordered, concatenated",
+    "duplicate_separated": "Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each greedy-ordered, concatenated",
 }
 
 STRATEGIES: dict[str, Strategy] = {
@@ -252,7 +252,7 @@ def run_strategy(
     """Order the training stream with strategy ``name`` (the one call of the asset and the CLI).
 
     ``docs``: doc_id, cluster, n_tokens (stream length incl. EOS), optional content_hash.
-    ``segments``: the base packing (pipeline.packing SEGMENT_SCHEMA); document-level strategies
+    ``segments``: the base packing (pipeline.packing.pack SEGMENT_SCHEMA); document-level strategies
     ignore it and repack, returning their own segments.
     """
     if name not in STRATEGIES:

@@ -140,7 +140,7 @@ def read_corpus(cfg: CorpusConfig, seed: int = 0) -> tuple[pl.DataFrame, CorpusR
         report = CorpusReport(f"hf:{cfg.hf_dataset}")
         rows = _read_hf(cfg, report)
     else:
-        from pipeline.builtin_corpus import builtin_documents
+        from pipeline.data.builtin_corpus import builtin_documents
 
         report = CorpusReport("builtin")
         rows = builtin_documents(cfg.builtin_max_docs)
@@ -196,7 +196,7 @@ def corpus_fingerprint(cfg: CorpusConfig) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     elif not cfg.hf_dataset:
-        from pipeline.builtin_corpus import builtin_documents
+        from pipeline.data.builtin_corpus import builtin_documents
 
         for doc in builtin_documents(cfg.builtin_max_docs):
             h.update("\x1f".join(doc).encode("utf-8", "surrogatepass"))

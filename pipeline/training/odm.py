@@ -1,4 +1,4 @@
-"""Online Data Mixing (seed 003, Albalak et al., Algorithm 1): a training-time strategy ``odm``.
+"""Online Data Mixing (ODM, Albalak et al., Algorithm 1): a training-time strategy ``odm``.
 
 The clusters are the arms of an Exp3 bandit. Every training step (a *turn* t = 1, 2, ...) the
 sampler computes the exploration rate and the policy
@@ -15,10 +15,10 @@ of the micro-batches drawn from D_i (line 8), and for every drawn cluster
 (the moving average of the importance-weighted loss). During the warm-up (1% of the steps, seed
 section 2) the policy stays at its prior and no rewards are recorded.
 
-Choices where the seed is open, as a careful reimplementation would make them:
+Choices where the paper is open, as a careful reimplementation would make them:
 - A sequence's cluster is the cluster holding most of its tokens (ties: the smaller cluster id);
   pools are the sequences grouped by that cluster; clusters owning no sequence are no arms.
-- The prior (the policy during warm-up) is the pool share by default, the analogue of the seed's
+- The prior (the policy during warm-up) is the pool share by default, the analogue of the paper's
   initialisation with The Pile's weights; ``prior="uniform"`` is the plain Exp3 start. After the
   warm-up the policy is Alg. 1's, whose zero initial rewards give the uniform Gibbs term.
 - The smoothing alpha is not given in the seed; 0.5 by default.
@@ -110,7 +110,7 @@ class ODMSampler:
         if not 0.0 <= smoothing < 1.0:
             raise StrataInputError(f"ODM smoothing {smoothing} is outside [0, 1)", fix="use e.g. 0.5")
         if not 0.0 <= warmup_fraction < 1.0:
-            raise StrataInputError(f"ODM warm-up fraction {warmup_fraction} is outside [0, 1)", fix="use 0.01 (the seed's 1%)")
+            raise StrataInputError(f"ODM warm-up fraction {warmup_fraction} is outside [0, 1)", fix="use 0.01 (the paper's 1%)")
         if prior not in ("proportional", "uniform"):
             raise StrataInputError(f"unknown ODM prior {prior!r}", fix="use 'proportional' or 'uniform'")
         order = np.argsort(seq_cluster, kind="stable")

@@ -2,7 +2,7 @@
 
 Built on ``matplotlib.figure.Figure`` (the Agg canvas), never pyplot: no global state, safe in
 Dagster workers and headless machines. Every function writes its file atomically and returns
-its path. Strategies are given as ``{name: Schedule}`` (see ``pipeline.diagnostics.prepare``);
+its path. Strategies are given as ``{name: Schedule}`` (see ``pipeline.reports.diagnostics.prepare``);
 cluster colours are the same in every figure (:func:`cluster_colors`).
 """
 
@@ -17,9 +17,9 @@ from matplotlib.colors import hsv_to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
-from pipeline import diagnostics as D
+from pipeline.reports import diagnostics as D
 from pipeline.errors import StrataInputError
-from pipeline.io import atomic_path
+from pipeline.storage.atomic import atomic_path
 
 DPI = 110
 
@@ -59,7 +59,7 @@ def _token_stream_clusters(schedule: D.Schedule, width: int) -> np.ndarray:
 
 
 def plot_ordering_bars(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, width: int = 1400) -> Path:
-    """Seed 001's ordering bar: the cluster of each token along the schedule, one bar per strategy.
+    """Diversity-ordered training's ordering bar: the cluster of each token along the schedule, one bar per strategy.
 
     Blocks of one colour are runs of one cluster; a fine-grained mix is an even spread.
     """
@@ -95,7 +95,7 @@ def _bin_means(y: np.ndarray, n_points: int) -> tuple[np.ndarray, np.ndarray]:
 def plot_window_diversity(
     schedules: Mapping[str, D.Schedule], path: str | os.PathLike, window: int = 1, n_points: int = 300
 ) -> Path:
-    """Seed 001's line chart: distinct clusters per window of ``window`` sequences along the
+    """Diversity-ordered training's line chart: distinct clusters per window of ``window`` sequences along the
     schedule (averaged over ``n_points`` stretches), strategies overlaid."""
     _check(schedules)
     fig = Figure(figsize=(10, 4.2))
@@ -116,7 +116,7 @@ def plot_window_diversity(
 
 
 def plot_prefix_errors(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, n_points: int = 64) -> Path:
-    """Seed 000's side-by-side chart: ||T(t) - tau S(t)|| / S(t) for clusters and for length bins."""
+    """Don't Shuffle, Optimize's side-by-side chart: ||T(t) - tau S(t)|| / S(t) for clusters and for length bins."""
     _check(schedules)
     fig = Figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 2)
@@ -214,7 +214,7 @@ def plot_cluster_cloud(
 
 
 def plot_k_calibration(ks: np.ndarray, silhouettes: np.ndarray, recommended: int, path: str | os.PathLike) -> Path:
-    """Silhouette vs k with the peak, the 5%-of-peak threshold and the recommended k (seed 001)."""
+    """Silhouette vs k with the peak, the 5%-of-peak threshold and the recommended k (Diversity-ordered training)."""
     ks = np.asarray(ks)
     sil = np.asarray(silhouettes, dtype=np.float64)
     peak = float(sil.max())
@@ -249,7 +249,7 @@ def _dominant_cluster(comp: D.Composition) -> np.ndarray:
 def animate_ordering(
     schedule: D.Schedule, path: str | os.PathLike, *, frames: int = 40, width: int = 600, fps: int = 8
 ) -> Path:
-    """GIF of seed 001's ordering animation: the scheduled prefix (bright, in schedule order)
+    """GIF of Diversity-ordered training's ordering animation: the scheduled prefix (bright, in schedule order)
     grows from the left while the sequences not yet scheduled (dimmed, in packing order) shrink
     on the right. Each column shows a sequence's dominant cluster."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -1,6 +1,6 @@
 """The clusters stage: optional PCA, then seeded k-means (faiss on CPU or GPU; scikit-learn fallback).
 
-Seed 001 clusters (optionally PCA-reduced) embeddings with k-means; seed 002 used k = 10,000.
+Diversity-ordered training clusters (optionally PCA-reduced) embeddings with k-means; TerRIFIC curricula used k = 10,000.
 
 Training sample. k-means centroids are means, whose standard error falls as 1/sqrt(m) with m
 points per centroid; faiss's default cap of m = 256 training points per centroid (a seeded

@@ -1,8 +1,8 @@
 """Ordering diagnostics: how evenly an ordering spreads clusters and document lengths.
 
-Every metric is a deviation of some window of the schedule from the global mixture (seed 000's
+Every metric is a deviation of some window of the schedule from the global mixture (Don't Shuffle, Optimize's
 objective ``max_j max_[a:b] |rho_j(T[a:b]) - rho_j(T)|``) or a per-sequence diversity count
-(seed 001's table). Characteristics are *token* counts: a token belongs to its document's cluster
+(Diversity-ordered training's table). Characteristics are *token* counts: a token belongs to its document's cluster
 and to its document's length bin, so ``c_{s,j}`` and ``l_{s,b}`` are exactly the vectors of seed
 000's f1-f3. All metrics are vectorized over a sparse (sequence, group, tokens) table; nothing
 loops over sequences in Python. Results are tidy rows ``(strategy, metric, setting, value)``
@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.features import length_bin_edges, length_bins
 
 METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "value": pl.Float64}
 DEFAULT_BATCH_SIZES = (8, 32, 128)
@@ -26,46 +27,8 @@ Row = tuple[str, str, str, float]
 
 
 # ---------------------------------------------------------------------------------------------
-# Document-length bins (seed 000, f3: "a quantile histogram over document lengths")
+# Document-length bins (Don't Shuffle, Optimize, f3: "a quantile histogram over document lengths")
 # ---------------------------------------------------------------------------------------------
-
-
-def length_bin_edges(
-    doc_lengths: np.ndarray, n_bins: int, weighting: Literal["tokens", "documents"] = "tokens"
-) -> np.ndarray:
-    """Interior cut points of ``n_bins`` quantile bins over document lengths.
-
-    Seed 000 asks for "a quantile histogram over document lengths" without saying quantiles of
-    what. The default, ``weighting="tokens"``, puts the cuts at token-weighted quantiles: each bin
-    then holds about 1/B of all *tokens*, so every kappa_b (the bin's global token share) is
-    about 1/B and every term of f3's length sum, and every bin of the deviation metrics, weighs
-    the same. Document quantiles (``"documents"``) would spend most bins on the many short
-    documents that hold few tokens (the demo corpus: 82% of documents, a small share of tokens).
-
-    Returns sorted, unique edges ``e`` (at most ``n_bins - 1``); bin ``b`` holds lengths in
-    ``(e[b-1], e[b]]`` (see :func:`length_bins`). Ties among lengths can merge bins, so the
-    number of bins is ``len(e) + 1 <= n_bins``; no bin is empty of documents.
-    """
-    lengths = np.asarray(doc_lengths, dtype=np.int64)
-    if lengths.ndim != 1 or lengths.size == 0:
-        raise StrataInputError("document lengths must be a non-empty 1-D array", fix="pass one length per doc_id")
-    if lengths.min() <= 0:
-        raise StrataInputError("a document length is <= 0", fix="pass stream lengths (n_tokens + 1), all positive")
-    if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise StrataInputError(f"number of length bins B={n_bins!r} is impossible", fix="set B to an integer >= 1")
-    if weighting not in ("tokens", "documents"):
-        raise StrataInputError(f"unknown bin weighting {weighting!r}", fix="use 'tokens' or 'documents'")
-    srt = np.sort(lengths)
-    mass = np.cumsum(srt if weighting == "tokens" else np.ones_like(srt))
-    q = np.arange(1, n_bins, dtype=np.float64) / n_bins * mass[-1]
-    # smallest length x such that documents of length <= x hold at least q of the mass
-    edges = np.unique(srt[np.searchsorted(mass, q, side="left")])
-    return edges[edges < srt[-1]]
-
-
-def length_bins(doc_lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bin id (int64, 0..len(edges)) of each document length: bin b holds ``(edges[b-1], edges[b]]``."""
-    return np.searchsorted(np.asarray(edges), np.asarray(doc_lengths, dtype=np.int64), side="left").astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +50,7 @@ class Composition:
     n_groups: int
 
     def global_share(self) -> np.ndarray:
-        """tau_j (or kappa_b): the group's share of all tokens (seed 000, step 1)."""
+        """tau_j (or kappa_b): the group's share of all tokens (Don't Shuffle, Optimize, step 1)."""
         tot = np.bincount(self.group, weights=self.tokens, minlength=self.n_groups)
         return tot / tot.sum()
 
@@ -96,7 +59,7 @@ class Composition:
         return np.bincount(self.seq, minlength=self.n_sequences)
 
     def l2_norm(self) -> np.ndarray:
-        """||c_s||_2 in tokens (seed 000, f2), indexed by sequence id."""
+        """||c_s||_2 in tokens (Don't Shuffle, Optimize, f2), indexed by sequence id."""
         t = self.tokens.astype(np.float64)
         return np.sqrt(np.bincount(self.seq, weights=t * t, minlength=self.n_sequences))
 
@@ -162,7 +125,7 @@ def prepare(
 ) -> Schedule:
     """Join an ordering with its packing's segments, document clusters and length bins.
 
-    ``segments`` follows ``pipeline.packing.SEGMENT_SCHEMA``; ``doc_cluster`` and ``doc_length``
+    ``segments`` follows ``pipeline.packing.pack.SEGMENT_SCHEMA``; ``doc_cluster`` and ``doc_length``
     (stream length, n_tokens + 1) are indexed by doc_id. Length bins come from ``bin_edges`` when
     given (share them between strategies), else from :func:`length_bin_edges` over all documents.
     """
@@ -216,7 +179,7 @@ def prepare(
 def window_unique(comp: Composition, position: np.ndarray, window: int = 1) -> np.ndarray:
     """Distinct groups in each run of ``window`` consecutive sequences of the schedule.
 
-    ``window=1`` is seed 001's "unique clusters per training sequence", in training order. The
+    ``window=1`` is Diversity-ordered training's "unique clusters per training sequence", in training order. The
     last window may be shorter.
     """
     win = position[comp.seq] // window
@@ -228,7 +191,7 @@ def window_unique(comp: Composition, position: np.ndarray, window: int = 1) -> n
 def batch_deviations(comp: Composition, position: np.ndarray, batch_size: int) -> np.ndarray:
     """max_j |rho_j(batch) - rho_j(global)| for each full batch of ``batch_size`` sequences.
 
-    Seed 000's objective restricted to the training batches (consecutive, non-overlapping runs of
+    Don't Shuffle, Optimize's objective restricted to the training batches (consecutive, non-overlapping runs of
     ``batch_size`` sequences; an incomplete last batch is left out, as a trainer drops it).
     Groups absent from a batch deviate by their global share: their maximum is the share of the
     first absent group in descending-share order, found as the "mex" of the present ranks.
@@ -283,7 +246,7 @@ def prefix_totals(comp: Composition, position: np.ndarray, t: np.ndarray) -> tup
 
 
 def prefix_errors(comp: Composition, position: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """||T(t) - tau S(t)||_2 / S(t) after the first t sequences (seed 000's tracked error, relative)."""
+    """||T(t) - tau S(t)||_2 / S(t) after the first t sequences (Don't Shuffle, Optimize's tracked error, relative)."""
     totals, s = prefix_totals(comp, position, t)
     dev = totals - np.outer(s, comp.global_share())
     return np.linalg.norm(dev, axis=1) / s
@@ -294,7 +257,7 @@ def decile_drift(schedule: Schedule, n_parts: int = 10) -> tuple[np.ndarray, np.
 
     Part ``i`` holds positions ``[i M / n, (i+1) M / n)``. The mean length is the average, over
     the part's tokens, of the stream length of the document the token comes from (the quantity
-    the length bins balance); seed 000 warns that f1 front-loads short, mixed sequences, which
+    the length bins balance); Don't Shuffle, Optimize warns that f1 front-loads short, mixed sequences, which
     shows as a rising length and ||c_s|| along the schedule. A schedule of fewer than ``n_parts``
     sequences gets one part per sequence.
     """
@@ -324,7 +287,7 @@ def rows_frame(rows: Sequence[Row]) -> pl.DataFrame:
 
 
 def diversity_rows(strategy: str, schedule: Schedule) -> list[Row]:
-    """Seed 001's table: unique clusters per sequence (mean, min, max, population std)."""
+    """Diversity-ordered training's table: unique clusters per sequence (mean, min, max, population std)."""
     u = schedule.clusters.unique_per_sequence().astype(np.float64)
     return [
         (strategy, f"unique_clusters_per_seq_{name}", "", float(fn(u)))
@@ -374,7 +337,7 @@ def drift_rows(strategy: str, schedule: Schedule, n_parts: int = 10) -> list[Row
 def curriculum_rows(strategy: str, schedule: Schedule, at: np.ndarray, target_share: np.ndarray) -> list[Row]:
     """Realized vs target cumulative cluster share T_j(t)/S(t) at prefix lengths ``at`` (sequences).
 
-    ``target_share[p, j]`` is the curriculum's E_j(S(t_p)) / S(t_p) (seed 002: cumulative target
+    ``target_share[p, j]`` is the curriculum's E_j(S(t_p)) / S(t_p) (TerRIFIC curricula: cumulative target
     tokens over prefix tokens). Rows: realized and target share per (checkpoint, cluster) and,
     per checkpoint, the max and L2 error over clusters.
     """

@@ -11,7 +11,7 @@ recompute only the changed documents; :meth:`HashCache.prune` drops entries of d
 On disk: ``<dir>/<name>-<fp16>/`` holding ``keys.npy`` (sorted 32-byte digests, ``S32``),
 ``values.npy`` (``(n, dim)``, or the flat concatenation for variable-length rows),
 ``offsets.npy`` (variable-length rows only) and ``meta.json`` (the full fingerprint). The
-directory is replaced as a whole through :func:`pipeline.io.atomic_dir`, so a crash leaves the
+directory is replaced as a whole through :func:`pipeline.storage.atomic.atomic_dir`, so a crash leaves the
 previous complete cache or the new one, never a mix. A missing or unreadable cache is an empty
 cache (everything is recomputed), never an error.
 """
@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pipeline.io import atomic_dir
+from pipeline.storage.atomic import atomic_dir
 
 
 def _keys(hashes: Sequence[str]) -> np.ndarray:
@@ -175,7 +175,7 @@ def _flatten(rows: list[np.ndarray], dtype: np.dtype) -> tuple[np.ndarray, np.nd
 # -- fingerprints --------------------------------------------------------------------------------
 def tokenizer_fingerprint(tokenizer) -> str:
     """Identity of a fast tokenizer: its full serialized pipeline (vocab, merges, normalizers), EOS and id width."""
-    from pipeline.tokens import token_dtype
+    from pipeline.data.tokens import token_dtype
 
     body = tokenizer.backend_tokenizer.to_str()
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
@@ -187,7 +187,7 @@ def embedding_fingerprint(model_path: str, max_tokens: int, **params: object) ->
 
     Hashing the files (not just the path) means replacing a model in place also invalidates the cache.
     """
-    from pipeline.io import file_sha256
+    from pipeline.storage.atomic import file_sha256
 
     root = Path(model_path)
     files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else ([root] if root.is_file() else [])
@@ -201,12 +201,12 @@ def embedding_fingerprint(model_path: str, max_tokens: int, **params: object) ->
 
 # -- cached stages -------------------------------------------------------------------------------
 def cached_tokenize(tokenizer, texts: Sequence[str], hashes: Sequence[str], cache: HashCache) -> tuple[np.ndarray, np.ndarray, int]:
-    """Token store of ``texts`` as :func:`pipeline.tokens.tokenize_documents` returns it, tokenizing misses only.
+    """Token store of ``texts`` as :func:`pipeline.data.tokens.tokenize_documents` returns it, tokenizing misses only.
 
     The cache holds each document's text token ids (no EOS); EOS is appended when assembling.
     Returns ``(flat_tokens, doc_offsets, n_computed)``.
     """
-    from pipeline.tokens import token_dtype, tokenize_documents
+    from pipeline.data.tokens import token_dtype, tokenize_documents
 
     dtype = token_dtype(len(tokenizer))
     if cache.dtype != dtype or cache.dim is not None:

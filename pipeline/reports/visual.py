@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline import diagnostics as D
-from pipeline import plots
-from pipeline.paths import Layout
+from pipeline.reports import diagnostics as D
+from pipeline.reports import plots
+from pipeline.storage.layout import Layout
 
 SUMMARY_METRICS = [
     ("unique_clusters_per_seq_mean", "", "unique clusters / seq (mean)"),

@@ -3,7 +3,7 @@
 Every strategy gets the same model init (seeded), token budget, optimizer (AdamW, linear warmup
 then cosine decay to 10% of the peak), batch size and sequence length; only the order of the
 sequences differs. Step t trains on ``order[t*B:(t+1)*B]`` (wrapping into a next epoch if the
-budget exceeds the stream), or, for a training-time strategy such as ODM (``pipeline.odm``), on the
+budget exceeds the stream), or, for a training-time strategy such as ODM (``pipeline.training.odm``), on the
 ids a sampler returns. Loss is next-token cross-entropy within documents only. On a CUDA device the
 forward pass runs under bf16 autocast.
 """
@@ -19,8 +19,8 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
-from pipeline.model import batch_tensors, build_model, token_losses
-from pipeline.packing import SequenceStore
+from pipeline.training.model import batch_tensors, build_model, token_losses
+from pipeline.packing.pack import SequenceStore
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def autocast(dev: str):
 
 
 def checkpoint_steps(max_steps: int, fractions: Iterable[float] = (0.2, 1.0)) -> list[int]:
-    """Steps completed at the given fractions of the run (seed 000 probes 20% and 100%)."""
+    """Steps completed at the given fractions of the run (Don't Shuffle, Optimize probes 20% and 100%)."""
     return sorted({max(1, min(max_steps, int(round(f * max_steps)))) for f in fractions})
 
 
@@ -161,14 +161,14 @@ def epoch_boundary_jumps(
     z_threshold: float = 4.0,
     metrics: Iterable[str] = ("loss", "grad_norm"),
 ) -> list[dict]:
-    """Loss / grad-norm jumps where a run wraps into a new epoch (seed 001's anomaly).
+    """Loss / grad-norm jumps where a run wraps into a new epoch (Diversity-ordered training's anomaly).
 
-    Seed 001 observes the loss dropping near the end of an epoch and spiking when the loader
+    Diversity-ordered training observes the loss dropping near the end of an epoch and spiking when the loader
     restarts, with the gradient norm at ~4x its normal value. For every boundary (the first step of
     epoch e >= 1) and metric, the ``window`` steps before it are the reference and the first
     ``post`` steps from it the probe: ``z = (max(post) - mean(pre)) / std(pre)`` and
     ``ratio = max(post) / mean(pre)``; ``flagged`` when ``z >= z_threshold``. The probe is short
-    because the seed's spike is immediate and the maximum of a long probe window would exceed a
+    because Diversity-ordered training's spike is immediate and the maximum of a long probe window would exceed a
     few standard deviations by chance. ``window`` defaults to a tenth of an epoch, clamped to
     [5, 50] steps; boundaries with fewer than 3 reference steps get ``z = nan`` and are not flagged.
     """

@@ -1,16 +1,14 @@
-"""Choosing the number of clusters k: silhouette vs k on a sample (seed 001's calibration).
+"""Choosing the number of clusters k: silhouette vs k on a sample (Diversity-ordered training's calibration).
 
-Seed 001 sweeps k = 5..100 with k-means on a 10K random sample, scores each clustering by the
+Diversity-ordered training sweeps k = 5..100 with k-means on a 10K random sample, scores each clustering by the
 cosine silhouette, and recommends "the highest k within 5% of the peak": more clusters give the
 ordering finer diversity categories, and the plateau says they are still real groupings. Here
 the clustering is seeded faiss k-means (spherical, on L2-normalized embeddings, so it matches the
 cosine metric); the cosine distances of the sample are computed once and reused for every k.
-Also the ``strata calibrate-k`` command (:func:`register`).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ class Calibration:
     seed: int
 
     def rows(self, strategy: str = "corpus") -> list[tuple[str, str, str, float]]:
-        """Tidy rows (strategy, metric, setting, value) like ``pipeline.diagnostics``."""
+        """Tidy rows (strategy, metric, setting, value) like ``pipeline.reports.diagnostics``."""
         out = [(strategy, "silhouette_vs_k", f"k={k};sample={self.sample_size};seed={self.seed}", float(s))
                for k, s in zip(self.ks, self.silhouettes)]
         out.append((strategy, "recommended_k", f"sample={self.sample_size};seed={self.seed}", float(self.recommended_k)))
@@ -42,7 +40,7 @@ class Calibration:
 
 
 def recommend_k(ks: Sequence[int], silhouettes: Sequence[float], tolerance: float = 0.05) -> int:
-    """The largest k whose silhouette is within ``tolerance`` (relative) of the peak (seed 001)."""
+    """The largest k whose silhouette is within ``tolerance`` (relative) of the peak (Diversity-ordered training)."""
     ks_a = np.asarray(ks)
     sil = np.asarray(silhouettes, dtype=np.float64)
     if ks_a.size == 0 or ks_a.size != sil.size:
@@ -82,7 +80,7 @@ def calibrate_k(
 
     faiss k-means starts from random points and often merges two true clusters while splitting
     another; it is seeded here with k-means++ (:func:`kmeans_pp`, as scikit-learn's k-means in
-    seed 001), which finds well-separated clusters reliably.
+    Diversity-ordered training), which finds well-separated clusters reliably.
 
     faiss runs on ``threads`` OpenMP threads (restored afterwards): on a shared machine its
     spinning threads are slower than one thread for sample-sized problems.
@@ -123,46 +121,3 @@ def calibrate_k(
         raise StrataInputError(f"no k in {list(ks)} fits a sample of {sample.shape[0]}",
                                fix="pass ks between 2 and the sample size - 1")
     return Calibration(np.array(used), np.array(scores), recommend_k(used, scores, tolerance), int(idx.size), seed)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``strata calibrate-k`` to the CLI."""
-    p = subparsers.add_parser("calibrate-k", help="sweep k: silhouette vs k on a sample, recommend k")
-    p.add_argument("embeddings", type=Path, help="(N, d) float .npy of document embeddings")
-    p.add_argument("--ks", default=",".join(map(str, DEFAULT_KS)), help="comma-separated k values")
-    p.add_argument("--sample", type=int, default=10_000, help="documents in the seeded sample")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--niter", type=int, default=20, help="k-means iterations")
-    p.add_argument("--threads", type=int, default=1, help="faiss OpenMP threads")
-    p.add_argument("--plot", type=Path, default=None, help="write the silhouette-vs-k PNG here")
-    p.set_defaults(func=handle)
-
-
-def handle(args: argparse.Namespace) -> int:
-    """Run the sweep, print a table, optionally write the plot."""
-    from rich.console import Console
-    from rich.table import Table
-
-    path: Path = args.embeddings
-    if not path.exists():
-        raise StrataInputError("embeddings file not found", fix="pass the embeddings .npy", path=path)
-    try:
-        ks = [int(k) for k in str(args.ks).split(",") if k.strip()]
-    except ValueError:
-        raise StrataInputError(f"--ks {args.ks!r} is not a list of integers", fix="write e.g. --ks 5,10,20") from None
-    x = np.load(os.fspath(path), mmap_mode="r", allow_pickle=False)
-    cal = calibrate_k(x, ks, sample_size=args.sample, seed=args.seed, niter=args.niter,
-                      threads=args.threads)
-    table = Table(title=f"silhouette (cosine) vs k, sample {cal.sample_size:,}, seed {cal.seed}")
-    table.add_column("k", justify="right")
-    table.add_column("silhouette", justify="right")
-    for k, s in zip(cal.ks, cal.silhouettes):
-        mark = "  <- recommended" if k == cal.recommended_k else ""
-        table.add_row(str(k), f"{s:.4f}{mark}")
-    Console().print(table)
-    print(f"recommended k = {cal.recommended_k} (largest k within 5% of the peak silhouette)")
-    if args.plot is not None:
-        from pipeline.plots import plot_k_calibration
-
-        print(f"wrote {plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, args.plot)}")
-    return 0

@@ -1,6 +1,6 @@
-"""``strata compare-runs``: one table across data roots, e.g. one root per packing variant.
+"""One table across data roots (``strata compare-runs``), e.g. one root per packing variant.
 
-Seed 004 compares packings (concat vs padding, atom sizes) by the final perplexity of the same
+Packing & shuffling compares packings (concat vs padding, atom sizes) by the final perplexity of the same
 model. Packing is a property of a data root (``packing:`` in its config), so the comparison reads
 each root's ``strata.duckdb``: its packing statistics (``packing_stats``: tokens kept, padding
 fraction, documents cut, sequences) beside its ablation rows (``ablation``), one row per root
@@ -9,7 +9,6 @@ and strategy.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import polars as pl
@@ -22,7 +21,7 @@ DEFAULT_METRICS = ("train/final_loss", "heldout/mean/bits_per_byte")
 
 def compare_runs(roots: list[Path], metrics: tuple[str, ...] = DEFAULT_METRICS) -> pl.DataFrame:
     """One row per (root, strategy): packing statistics and the mean of each ablation metric."""
-    from pipeline.duck import duck_connection
+    from pipeline.storage.duck import duck_connection
 
     rows = []
     for root in roots:
@@ -44,31 +43,3 @@ def compare_runs(roots: list[Path], metrics: tuple[str, ...] = DEFAULT_METRICS) 
                 row[m] = float(v[0]) if v.len() else None
             rows.append(row)
     return pl.DataFrame(rows)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("compare-runs", help="packing statistics and ablation metrics across data roots")
-    p.add_argument("roots", nargs="+", type=Path, help="data roots (e.g. one per packing variant)")
-    p.add_argument("--metric", action="append", default=None, help=f"ablation metric (repeatable; default {', '.join(DEFAULT_METRICS)})")
-    p.add_argument("--out", type=Path, default=None, help="also write the table as markdown here")
-    p.set_defaults(func=cmd_compare_runs)
-
-
-def cmd_compare_runs(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from pipeline.io import write_text
-
-    df = compare_runs(args.roots, tuple(args.metric or DEFAULT_METRICS))
-    table = Table(title="Runs compared")
-    for col in df.columns:
-        table.add_column(col, justify="left" if col in ("root", "packing", "strategy") else "right")
-    for row in df.iter_rows():
-        table.add_row(*["" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
-    Console().print(table)
-    if args.out:
-        lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-        lines += ["| " + " | ".join("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r) + " |" for r in df.iter_rows()]
-        write_text("\n".join(lines) + "\n", args.out)
-    return 0

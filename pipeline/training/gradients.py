@@ -1,14 +1,14 @@
-"""Gradient analyses of an ordering (seeds 000 and 002, "The Merits of Our Scheduler").
+"""Gradient analyses of an ordering (Don't Shuffle, Optimize and 002, "The Merits of Our Scheduler").
 
 * Stable rank of per-batch gradients, per layer: for a weight matrix W of a decoder layer
   (attention q/k/v/o, MLP gate/up/down) and one training batch, M = dLoss/dW and
-  ``srank(M) = ||M||_F^2 / ||M||_2^2`` (seed 002, eq. srank). Seed 000 probes checkpoints at 20% and
+  ``srank(M) = ||M||_F^2 / ||M||_2^2`` (TerRIFIC curricula, eq. srank). Don't Shuffle, Optimize probes checkpoints at 20% and
   100% of the steps and reports the minimum and the mean over batches per layer. The seeds write
   M in R^{T x d} without fixing T; we take the weight gradient itself (out x in), the quantity the
   optimizer applies, which is what "effective directions explored in parameter space" measures.
-* Mixture fidelity (seed 002): at one frozen checkpoint, the large-batch gradient of each of 10
+* Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint, the large-batch gradient of each of 10
   consecutive chunks of a schedule, and the 10 x 10 matrix of their cosine similarities. A schedule
-  without drift has a flat matrix (seed 002 reports 0.945-0.947 everywhere).
+  without drift has a flat matrix (TerRIFIC curricula reports 0.945-0.947 everywhere).
 
 Gradients come from ``torch.autograd.grad``: no optimizer step, ``.grad`` buffers untouched, the
 model's train/eval mode restored. Forward passes use bf16 autocast on CUDA.
@@ -22,9 +22,9 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.model import batch_tensors, token_losses
-from pipeline.packing import SequenceStore
-from pipeline.training import autocast
+from pipeline.training.model import batch_tensors, token_losses
+from pipeline.packing.pack import SequenceStore
+from pipeline.training.loop import autocast
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -101,7 +101,7 @@ def gradient_stable_ranks(
 
 
 def summarize_stable_ranks(rows: pl.DataFrame) -> pl.DataFrame:
-    """Min and mean stable rank over the probed batches per layer matrix (seed 002 figs. 6-7).
+    """Min and mean stable rank over the probed batches per layer matrix (TerRIFIC curricula figs. 6-7).
 
     Extra key columns present in ``rows`` (e.g. ``strategy``, ``seed``, ``checkpoint``) are kept.
     """
@@ -195,7 +195,7 @@ def mixture_fidelity(
     cross_document: bool = False,
     param_filter: Callable[[str], bool] | None = None,
 ) -> np.ndarray:
-    """The n_chunks x n_chunks cosine-similarity matrix of chunk gradients (seed 002, fig. 5)."""
+    """The n_chunks x n_chunks cosine-similarity matrix of chunk gradients (TerRIFIC curricula, fig. 5)."""
     return cosine_matrix(
         chunk_gradients(model, store, order, n_chunks, sequences_per_chunk, batch_size, cross_document, param_filter)
     )

@@ -3,7 +3,7 @@
 Every document d has a *stream* of ``stream_lengths[d]`` tokens in the flat token store: its text
 tokens followed by one EOS. A packing is a segments table: one row per span of one document placed
 in one sequence. Rows keep document boundaries, which feed intra-document attention masks and the
-characteristic vectors c_s of seed 000. Variants (seed 004, appendix A.3, with MSL = ``seq_len``):
+characteristic vectors c_s of Don't Shuffle, Optimize. Variants (Packing & shuffling, appendix A.3, with MSL = ``seq_len``):
 
 - ``concat``: streams joined in ``doc_order`` and cut every MSL tokens; the incomplete tail is
   dropped and reported. With ``atom_multiple`` the joined stream is first cut into atoms of
@@ -42,7 +42,7 @@ from numba import njit
 from pipeline.errors import StrataInputError
 
 VARIANTS = ("concat", "padding", "best_fit")
-ATOM_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)  # seed 004, Table 1 / Table 4
+ATOM_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)  # Packing & shuffling, Table 1 / Table 4
 
 SEGMENT_SCHEMA = {
     "sequence_id": pl.Int64,
@@ -167,7 +167,7 @@ def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.n
 
 
 def _atom_size(variant: str, atom_multiple: float, L: int) -> int:
-    """Atom size in tokens; seed 004 uses A in {0.25, 0.5, 1, 2, 4} x MSL."""
+    """Atom size in tokens; Packing & shuffling uses A in {0.25, 0.5, 1, 2, 4} x MSL."""
     if variant == "best_fit":
         raise StrataInputError("best_fit packing takes no atom size", fix="drop atom_multiple, or use concat/padding")
     a = float(atom_multiple) * L
@@ -176,7 +176,7 @@ def _atom_size(variant: str, atom_multiple: float, L: int) -> int:
     if not fits or (variant == "padding" and atom < 2):
         raise StrataInputError(
             f"atom size {atom_multiple!r} x seq_len {L} = {a:g} tokens does not tile the sequence length",
-            fix=f"choose atom_multiple so the atom is an integer >= 2 dividing or multiple of {L} (seed 004: {list(ATOM_MULTIPLES)})",
+            fix=f"choose atom_multiple so the atom is an integer >= 2 dividing or multiple of {L} (Packing & shuffling: {list(ATOM_MULTIPLES)})",
         )
     return atom
 
@@ -209,7 +209,7 @@ def _stream_spans(order: np.ndarray, lengths: np.ndarray, keep: int):
 
 
 def _concat(order, lengths, L: int, atom: int | None, rng: np.random.Generator):
-    """Seed 004 concat: join, cut into atoms, shuffle atoms, merge/split to MSL (A.3, Fig. 6)."""
+    """Packing & shuffling concat: join, cut into atoms, shuffle atoms, merge/split to MSL (A.3, Fig. 6)."""
     total = int(lengths.sum())
     unit = L if atom is None else max(atom, L)
     keep = total // unit * unit
@@ -223,7 +223,7 @@ def _concat(order, lengths, L: int, atom: int | None, rng: np.random.Generator):
 
 
 def _padding(order, lengths, L: int, atom: int, rng: np.random.Generator | None):
-    """Seed 004 padding: (A-1)-token pieces + EOS, padded, shuffled, merged/split to MSL (A.3, Fig. 5)."""
+    """Packing & shuffling padding: (A-1)-token pieces + EOS, padded, shuffled, merged/split to MSL (A.3, Fig. 5)."""
     text = lengths - 1
     k = np.maximum(1, -(-text // (atom - 1)))
     rep = np.repeat(np.arange(order.size), k)
@@ -355,7 +355,7 @@ def packing_stats(p: Packing) -> dict[str, float | int | str]:
 
     A document is *cut* when its tokens lie in two or more segments, i.e. its context is broken
     (across sequences, or across pieces). ``docs_per_sequence`` is the mean number of distinct
-    documents per sequence (seed 000's within-sequence diversity).
+    documents per sequence (Don't Shuffle, Optimize's within-sequence diversity).
     """
     seg = p.segments
     doc = seg["doc_id"].to_numpy()

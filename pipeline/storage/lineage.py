@@ -1,6 +1,6 @@
 """How an artifact was produced: the ``lineage`` table of ``strata.duckdb``, resolved upstream.
 
-Every materialization appends one row (pipeline/warehouse.py): asset, partition, run id, code
+Every materialization appends one row (pipeline/storage/warehouse.py): asset, partition, run id, code
 version, data version (hash of its output files), the data versions of its inputs, output paths
 with SHA-256, row counts, parameters, wall time, host. :func:`lineage_of` starts from the newest
 row of an asset and follows each input's recorded data version to the row that produced exactly
@@ -11,7 +11,6 @@ one consumed) is marked ``stale``, which is what makes the artifact out of date.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -99,63 +98,3 @@ def upstream_summary(tree: dict[str, Any]) -> dict[str, Any]:
 
     walk(tree)
     return out
-
-
-def render(tree: dict[str, Any]):
-    """A ``rich.tree.Tree`` of :func:`lineage_of`'s result."""
-    from rich.markup import escape
-    from rich.tree import Tree
-
-    def label(node: dict[str, Any]) -> str:
-        name = escape(node["asset"] + (f"[{node['partition']}]" if node.get("partition") else ""))
-        if node.get("missing"):
-            return f"[bold]{name}[/] data {node['data_version'] or '?'} [red](no lineage row for this version)[/]"
-        stale = " [yellow]stale: re-materialized since[/]" if node.get("stale") else ""
-        return (f"[bold]{name}[/] data {node['data_version']} code v{escape(node['code_version'] or '?')} "
-                f"[dim]{node['created_at']} run {node['run_id'][:8]} {node['wall_s']:.1f}s on {escape(node['host'])}[/]{stale}")
-
-    def add(branch, node: dict[str, Any]) -> None:
-        if node.get("missing"):
-            return
-        if node["parameters"]:
-            branch.add("params " + escape(json.dumps(node["parameters"], sort_keys=True, default=str)))
-        if node["row_counts"]:
-            branch.add("rows " + escape(", ".join(f"{k}={v}" for k, v in sorted(node["row_counts"].items()))))
-        outputs = branch.add(f"outputs ({len(node['outputs'])})")
-        for path, sha in sorted(node["outputs"].items()):
-            outputs.add(f"{escape(path)} [dim]sha256 {sha[:16]}[/]")
-        for child in node["inputs"].values():
-            add(branch.add(label(child)), child)
-
-    root = Tree(label(tree))
-    add(root, tree)
-    return root
-
-
-def cmd_lineage(args: argparse.Namespace) -> int:
-    """Print how ``args.asset`` was produced, as a tree (or JSON with ``--json``)."""
-    from rich.console import Console
-
-    from pipeline.duck import duck_connection
-
-    root = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").expanduser()
-    db = root / "strata.duckdb"
-    if not db.is_file():
-        raise StrataInputError("no strata.duckdb here", path=root, fix="pass --data-root DIR of a run (or set STRATA_HOME)")
-    with duck_connection(db, read_only=True) as con:
-        tree = lineage_of(con, args.asset, args.partition)
-    if args.json:
-        print(json.dumps(tree, indent=2, sort_keys=True, default=str))
-    else:
-        Console().print(render(tree))
-    return 0
-
-
-def register(subparsers) -> None:
-    """Add ``strata lineage ASSET [--partition P] [--data-root DIR] [--json]``."""
-    p = subparsers.add_parser("lineage", help="show how an artifact was produced (corpus version, code, params)")
-    p.add_argument("asset", help="asset name, e.g. clusters, orderings, training_runs")
-    p.add_argument("--partition", default=None, help="partition (strategy) of a partitioned asset")
-    p.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
-    p.add_argument("--json", action="store_true", help="print the resolved lineage as JSON")
-    p.set_defaults(func=cmd_lineage)
