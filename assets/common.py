@@ -11,22 +11,16 @@ from typing import Any
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from pipeline.config import StrataConfig, load_config
+from pipeline.config import StrataConfig, resolve_config
 from pipeline.storage.atomic import file_sha256
 from pipeline.storage.layout import Layout
 from pipeline.storage.warehouse import data_versions, latest_data_version, write_lineage
 
 
 def env_config() -> StrataConfig:
-    """The configuration named by ``STRATA_CONFIG`` (a YAML/JSON file), else the defaults.
-
-    ``STRATA_HOME`` overrides the data root.
-    """
-    path = os.environ.get("STRATA_CONFIG", "")
-    cfg = load_config(path) if path else StrataConfig()
-    if os.environ.get("STRATA_HOME"):
-        cfg.data_root = os.environ["STRATA_HOME"]
-    return cfg
+    """The configuration named by ``STRATA_CONFIG`` (a YAML/JSON file), else the defaults; the data
+    root by precedence (see :func:`pipeline.config.resolve_config`)."""
+    return resolve_config(os.environ.get("STRATA_CONFIG") or None)
 
 
 class StrataSettings(dg.ConfigurableResource):
@@ -36,10 +30,7 @@ class StrataSettings(dg.ConfigurableResource):
     data_root: str = ""
 
     def config(self) -> StrataConfig:
-        cfg = load_config(self.config_file) if self.config_file else StrataConfig()
-        if self.data_root:
-            cfg.data_root = self.data_root
-        return cfg.validate()
+        return resolve_config(self.config_file or None, self.data_root or None)
 
     def layout(self) -> Layout:
         root = self.config().root

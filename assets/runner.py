@@ -1,4 +1,4 @@
-"""Materialize the whole graph in-process (what ``strata demo`` and ``strata run`` do).
+"""Materialize the graph in-process (what ``strata demo`` and ``strata run`` do).
 
 Runs are recorded in a persistent Dagster instance under ``<data root>/dagster`` (unless
 ``DAGSTER_HOME`` is set), so ``dagster dev`` with the same DAGSTER_HOME shows their history.
@@ -11,42 +11,72 @@ from pathlib import Path
 
 import dagster as dg
 
+from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
 UPSTREAM = ["raw_corpus", "corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
 PER_STRATEGY = ["orderings", "ordering_diagnostics"]
 PER_RUN = ["training_runs", "evaluations"]
+GATHER = ["diagnostics_report", "gradient_analyses", "ablation_report"]
 
 
-def prepare_environment(config_file: str | None, data_root: str | None) -> None:
-    """Point the definitions at a config and data root; set up a persistent Dagster instance."""
+def prepare_environment(config_file: str | None, data_root: str | None) -> StrataConfig:
+    """Resolve the configuration (see :func:`resolve_config`), point ``STRATA_CONFIG`` at it and set up
+    a persistent Dagster instance under the data root."""
     if config_file:
-        os.environ["STRATA_CONFIG"] = str(Path(config_file).resolve())
-    if data_root:
-        os.environ["STRATA_HOME"] = str(Path(data_root).resolve())
-    from assets.common import env_config
-
-    root = env_config().root
+        config_file = str(Path(config_file).resolve())
+        os.environ["STRATA_CONFIG"] = config_file
+    cfg = resolve_config(config_file, data_root)
     if not os.environ.get("DAGSTER_HOME"):
-        home = root / "dagster"
+        home = cfg.root / "dagster"
         home.mkdir(parents=True, exist_ok=True)
         config = home / "dagster.yaml"
         if not config.exists():
             config.write_text("telemetry:\n  enabled: false\n")
         os.environ["DAGSTER_HOME"] = str(home)
+    return cfg
 
 
-def materialize_all(strategies: list[str] | None = None, log=print, log_level: str = "INFO") -> Path:
-    """Materialize upstream assets, then each strategy partition, then the report."""
-    from assets.common import env_config
-    from assets.definitions import defs
+def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
+    """Asset names chosen by a Dagster asset-selection string (e.g. ``'*orderings'``); all when None."""
+    graph = defs.resolve_asset_graph()
+    every = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    if not select:
+        return every
+    try:
+        chosen = dg.AssetSelection.from_string(select).resolve(graph)
+    except Exception as exc:  # dagster raises several types for a bad selection string
+        raise StrataInputError(f"cannot resolve --select {select!r} ({exc})".rstrip(),
+                               fix=f"use Dagster's asset selection syntax over {sorted(every)}, e.g. '*orderings'") from None
+    if not chosen:
+        raise StrataInputError(f"--select {select!r} selects no asset", fix=f"name assets among {sorted(every)}, e.g. '*orderings'")
+    names = {k.to_user_string() for k in chosen}
+    if "corpus" in names:
+        names.add("raw_corpus")  # observed with it, so the corpus's data version is current
+    return names
 
+
+def materialize_all(config_file: str | None = None, data_root: str | None = None, select: str | None = None,
+                    log=print, log_level: str = "INFO") -> Path | None:
+    """Materialize the selected assets (all by default): upstream assets, each strategy partition,
+    each strategy x seed partition, then the gathering assets. Returns the path of ``report.md`` when
+    ``ablation_report`` was among them."""
+    from assets.definitions import build_definitions
+
+    if config_file is None:
+        config_file = os.environ.get("STRATA_CONFIG") or None
+    cfg = resolve_config(config_file, data_root)
+    defs = build_definitions(config_file, str(cfg.root))
+    chosen = selected_keys(defs, select)
     instance = dg.DagsterInstance.get()
     graph = defs.resolve_asset_graph()
     all_assets = list(defs.assets) + list(defs.asset_checks or [])
     resources = defs.resources
 
-    def run(selection: list[str], partition: str | None = None) -> None:
+    def run(group: list[str], partition: str | None = None) -> None:
+        selection = [a for a in group if a in chosen]
+        if not selection:
+            return
         label = f"{', '.join(selection)}" + (f" [{partition}]" if partition else "")
         log(f"==> materializing {label}")
         try:
@@ -63,10 +93,9 @@ def materialize_all(strategies: list[str] | None = None, log=print, log_level: s
 
     run(UPSTREAM)
     keys = graph.get(dg.AssetKey("orderings")).partitions_def.get_partition_keys()
-    seeds = env_config().seeds
-    for s in strategies or keys:
+    for s in keys:
         run(PER_STRATEGY, s)
-        for seed in seeds:
+        for seed in cfg.seeds:
             run(PER_RUN, dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}))
-    run(["diagnostics_report", "gradient_analyses", "ablation_report"])
-    return env_config().root / "report.md"
+    run(GATHER)
+    return cfg.root / "report.md" if "ablation_report" in chosen else None

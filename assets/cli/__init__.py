@@ -17,14 +17,16 @@ def _print_report(path) -> None:
     Console().print(Markdown(path.read_text(encoding="utf-8")))
 
 
-def _materialize(config_file: str | None, data_root: str | None) -> int:
+def _materialize(config_file: str | None, data_root: str | None, select: str | None = None) -> int:
     from assets.runner import materialize_all, prepare_environment
 
     t0 = time.perf_counter()
-    prepare_environment(config_file, data_root)
-    report = materialize_all()
-    _print_report(report)
-    print(f"\nreport: {report}\ntotal time: {time.perf_counter() - t0:.0f} s")
+    cfg = prepare_environment(config_file, data_root)
+    report = materialize_all(config_file, str(cfg.root), select=select)
+    if report is not None:
+        _print_report(report)
+        print(f"\nreport: {report}")
+    print(f"total time: {time.perf_counter() - t0:.0f} s")
     return 0
 
 
@@ -34,8 +36,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Materialize the whole graph as configured in ``--config``."""
-    return _materialize(args.config, args.data_root)
+    """Materialize the graph (or the ``--select``ed assets) as configured in ``--config``."""
+    return _materialize(args.config, args.data_root, args.select)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -83,8 +85,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+EXIT_INPUT = 2  # bad input or configuration (StrataInputError): the message names the file, the value and the fix
+EXIT_USAGE = 64  # command-line usage error (unknown command or option, missing argument): sysexits' EX_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on their own exit code (64), distinct from input errors (2)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: usage error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="strata", description=__doc__)
+    parser = _Parser(prog="strata", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the whole pipeline on the built-in offline corpus")
     demo.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
@@ -92,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     run = sub.add_parser("run", help="run the whole pipeline headless from a config file")
     run.add_argument("--config", required=True, help="YAML/JSON config (see README 'Configuration')")
-    run.add_argument("--data-root", default=None, help="overrides data_root of the config")
+    run.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
+    run.add_argument("--select", default=None,
+                     help="Dagster asset selection, e.g. '*orderings' (everything up to the orderings), 'training_runs+'")
     run.set_defaults(func=cmd_run)
     report = sub.add_parser("report", help="ordering diagnostics + ablation table of a data root (terminal, report/ PNGs)")
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
@@ -114,5 +130,5 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except StrataInputError as err:
         print(f"strata: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
 

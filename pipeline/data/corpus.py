@@ -185,9 +185,7 @@ def corpus_fingerprint(cfg: CorpusConfig) -> str:
     """Data version of the raw corpus: SHA-256 of the file's bytes (or of the built-in
     documents, or the dataset name) plus the reading options, so editing, appending or deleting a
     document, or changing a field mapping, changes it."""
-    import dataclasses
-
-    h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode())
     if cfg.path:
         path = Path(cfg.path).expanduser()
         if not path.is_file():

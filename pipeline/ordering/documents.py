@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.errors import StrataInputError
 
-WITHIN_SORTS = ("original", "length-asc", "length-desc", "length-riffle")
+from pipeline.names import WITHIN_SORTS  # declared for the config
 
 
 def cluster_queues(cluster: np.ndarray, length: np.ndarray, within: str) -> tuple[np.ndarray, np.ndarray]:

@@ -35,7 +35,8 @@ import numpy as np
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import Csr, SequenceFeatures
 
-OBJECTIVES = ("f1", "f2", "f3")
+from pipeline.names import OBJECTIVES  # declared for the config
+
 TIE_RTOL = 1e-9
 
 

@@ -41,8 +41,7 @@ from numba import njit
 
 from pipeline.errors import StrataInputError
 
-VARIANTS = ("concat", "padding", "best_fit")
-ATOM_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)  # Packing & shuffling, Table 1 / Table 4
+from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS  # declared for the config
 
 SEGMENT_SCHEMA = {
     "sequence_id": pl.Int64,
@@ -97,12 +96,6 @@ def parse_packing(spec: str) -> tuple[str, float | None]:
             fix=f"use one of {list(PACKING_SPECS)} (variant[-x<atom size as a multiple of seq_len>])",
         )
     return variant, atom
-
-
-PACKING_SPECS = (
-    *(packing_name(v, a) for v in ("concat", "padding") for a in (None, *ATOM_MULTIPLES)),
-    "best_fit",
-)
 
 
 def pack_concat(doc_order: np.ndarray, stream_lengths: np.ndarray, seq_len: int) -> Packing:

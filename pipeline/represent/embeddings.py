@@ -40,7 +40,7 @@ from tqdm import tqdm
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_path
 
-METHODS = ("sentence", "shallow", "deep")
+from pipeline.names import EMBED_METHODS as METHODS  # declared for the config
 # Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
 IMPLEMENTATION = 2
 POOLINGS = ("mean", "cls", "max", "lasttoken")

@@ -1,0 +1,135 @@
+"""The typed configuration: types, ranges, unknown keys, name lists, data-root precedence, exit codes."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pipeline import names
+from pipeline.config import CorpusConfig, StrataConfig, config_from_dict, load_config, resolve_config
+from pipeline.errors import StrataInputError
+
+
+def test_defaults_and_attribute_access():
+    cfg = config_from_dict({"corpus": {"path": "c.jsonl"}, "k": 8, "lam": 1})
+    assert (cfg.k, cfg.corpus.path, cfg.lam, cfg.seq_len) == (8, "c.jsonl", 1.0, 256)
+    assert cfg.to_dict()["corpus"]["path"] == "c.jsonl" and isinstance(cfg.corpus, CorpusConfig)
+    assert StrataConfig().validate().to_dict() == config_from_dict({}).to_dict()
+
+
+@pytest.mark.parametrize("key, value, fix", [
+    ("k", "32", "write an integer without quotes"),
+    ("k", 3.5, "write an integer"),
+    ("lam", "1", "write a number without quotes"),
+    ("kmeans_spherical", "yes", "write true or false"),
+    ("seq_len", 1, "use an integer >= 2"),
+    ("lam", -1.0, "use a value >= 0"),
+    ("embed_method", "bag_of_words", "use 'sentence', 'shallow' or 'deep'"),
+    ("model_preset", "huge", "'tiny', 'small', 'base' or '100m'"),
+    ("packing", "zigzag", "use one of ['concat'"),
+    ("strategies", ["random", "sorted_by_vibes"], "unknown strategies ['sorted_by_vibes']"),
+    ("strategies", [], "at least 1 item"),
+    ("seeds", [0, 0], "distinct integers"),
+])
+def test_type_and_range_errors_name_key_value_and_fix(key, value, fix):
+    with pytest.raises(StrataInputError) as err:
+        config_from_dict({key: value})
+    assert f"config value {key}={value!r} is impossible" in str(err.value)
+    assert fix in err.value.fix and err.value.fix.startswith(f"{key}: ")
+
+
+def test_nested_and_unknown_keys():
+    with pytest.raises(StrataInputError, match=r"corpus.on_error='never' is impossible"):
+        config_from_dict({"corpus": {"on_error": "never"}})
+    with pytest.raises(StrataInputError, match=r"unknown config key\(s\) \['corpus.pathh', 'seqlen'\]") as err:
+        config_from_dict({"seqlen": 128, "corpus": {"pathh": "x"}})
+    assert "did you mean 'seq_len'" in err.value.fix and "did you mean 'corpus.path'" in err.value.fix
+
+
+def test_assignment_is_validated():
+    cfg = StrataConfig()
+    with pytest.raises(StrataInputError, match="k='3'"):
+        cfg.k = "3"
+    cfg.k = 3
+    assert cfg.k == 3
+
+
+def test_config_file_error_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text('k: "32"\n')
+    with pytest.raises(StrataInputError, match=f"{path}: config value k='32' is impossible"):
+        load_config(path)
+    (tmp_path / "empty.yaml").write_text("")
+    assert load_config(tmp_path / "empty.yaml").k == 32
+
+
+def test_names_declared_for_the_config_match_the_stages():
+    """Stages answer to the names pipeline/names.py declares (the config imports no stage)."""
+    from pipeline.ordering import STRATEGIES
+    from pipeline.ordering.documents import WITHIN_SORTS
+    from pipeline.ordering.greedy import OBJECTIVES
+    from pipeline.packing.pack import PACKING_SPECS, parse_packing
+    from pipeline.represent.embeddings import METHODS
+    from pipeline.training.model import PRESETS
+
+    assert set(STRATEGIES) == set(names.ORDERING_STRATEGIES), "declare new strategies in pipeline/names.py"
+    assert set(PRESETS) == set(names.MODEL_PRESETS), "declare new model presets in pipeline/names.py"
+    assert METHODS == names.EMBED_METHODS and OBJECTIVES == names.OBJECTIVES and WITHIN_SORTS == names.WITHIN_SORTS
+    assert all(parse_packing(spec) for spec in PACKING_SPECS)
+
+
+def test_config_imports_no_stage():
+    import subprocess
+    import sys
+
+    code = ("import sys, pipeline.config; "
+            "print(sorted(m for m in sys.modules if m.startswith('pipeline.') and m.split('.')[1] not in "
+            "('config', 'errors', 'names')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_data_root_precedence(tmp_path):
+    """--data-root > data_root in the config file > STRATA_HOME > ./.strata."""
+    with_root = tmp_path / "with_root.yaml"
+    with_root.write_text(yaml.safe_dump({"data_root": str(tmp_path / "from_file")}))
+    without = tmp_path / "without.yaml"
+    without.write_text(yaml.safe_dump({"k": 4}))
+    env = {"STRATA_HOME": str(tmp_path / "from_env")}
+    assert resolve_config(with_root, tmp_path / "from_flag", env).root == tmp_path / "from_flag"
+    assert resolve_config(with_root, None, env).root == tmp_path / "from_file"
+    assert resolve_config(without, None, env).root == tmp_path / "from_env"
+    assert resolve_config(None, None, env).root == tmp_path / "from_env"
+    assert resolve_config(without, None, {}).root.name == ".strata"
+
+
+def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
+    from assets.cli import EXIT_INPUT, EXIT_USAGE, main
+
+    monkeypatch.setenv("STRATA_CONFIG", "")  # the CLI sets these; monkeypatch restores them
+    monkeypatch.setenv("DAGSTER_HOME", "")
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("k: 0\n")
+    assert main(["run", "--config", str(bad)]) == EXIT_INPUT == 2
+    err = capsys.readouterr().err
+    assert "k=0 is impossible" in err and "Fix: k: use k >= 1 clusters" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exc:
+        main(["run"])  # --config missing
+    assert exc.value.code == EXIT_USAGE == 64
+    with pytest.raises(SystemExit) as exc:
+        main(["no-such-command"])
+    assert exc.value.code == EXIT_USAGE
+
+
+def test_select_uses_dagster_selection_syntax(tmp_path):
+    from assets.definitions import build_definitions
+    from assets.runner import selected_keys
+
+    defs = build_definitions(None, str(tmp_path / "root"))
+    assert selected_keys(defs, "*orderings") == {"raw_corpus", "corpus", "tokenizer", "tokens", "embeddings", "clusters",
+                                                 "sequences", "orderings"}
+    assert selected_keys(defs, "evaluations+") == {"evaluations", "ablation_report"}
+    with pytest.raises(StrataInputError, match="selects no asset|cannot resolve"):
+        selected_keys(defs, "no_such_asset")
+    assert not (tmp_path / "root").exists()  # building definitions writes nothing
