@@ -20,7 +20,10 @@ def _params_version() -> str:
     """Code version of ``orderings``: its code plus the ordering parameters of the configuration,
     so editing e.g. ``lam`` marks the orderings (and only their downstream) stale in the UI."""
     cfg = env_config()
-    keys = ("objective", "length_bins", "lam", "noise", "curriculum", "within", "window", "batch_size", "seed")
+    keys = (
+        "objective", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max", "greedy_block",
+        "batch_size", "seed",
+    )  # fmt: skip
     blob = json.dumps({k: getattr(cfg, k) for k in keys}, sort_keys=True)
     return "2+" + hashlib.sha256(blob.encode()).hexdigest()[:8]
 
@@ -43,6 +46,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     params = OrderParams(
         objective=cfg.objective, bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
         curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
+        greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block,
     )
     # odm picks sequences online during training (ODM) from per-cluster pools: it gets the
     # cluster_packed packing, whose sequences each hold one cluster; its order here is a placeholder.
@@ -56,8 +60,8 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed},
-        {"repacked": result.segments is not None},
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode},
+        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none"},
     )
 
 

@@ -91,6 +91,8 @@ class StrataConfig(_Model):
     curriculum: str = ""  # knots file for greedy_curriculum
     within: Literal[WITHIN_SORTS] = "original"  # type: ignore[valid-type]  # within-cluster sort of document-level strategies
     window: int = Field(4096, ge=1)  # candidate pool of greedy_fast
+    greedy_exact_max: int = Field(100_000, ge=0)  # greedy: exact up to this many sequences, blocked greedy above (docs/ordering.md)
+    greedy_block: int = Field(8_192, ge=1)  # sequences per block of the blocked greedy
     batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
     # training
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds (model init); one run per strategy x seed

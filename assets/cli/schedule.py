@@ -16,7 +16,7 @@ from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import write_parquet
 from pipeline.ordering.documents import WITHIN_SORTS
 from pipeline.ordering.features import sequence_features
-from pipeline.ordering.greedy import OBJECTIVES
+from pipeline.ordering.greedy import BLOCK, EXACT_MAX, OBJECTIVES, greedy_mode
 from pipeline.ordering.strategies import DOCUMENT_LEVEL, SEQUENCE_LEVEL, OrderParams, document_order, sequence_order
 
 SEGMENT_COLUMNS = ("sequence_id", "doc_id", "cluster", "doc_length", "n_tokens")
@@ -52,6 +52,8 @@ def _params(args: argparse.Namespace) -> OrderParams:
         curriculum=getattr(args, "curriculum", None),
         within=getattr(args, "within", "original"),
         window=getattr(args, "window", 4096),
+        greedy_exact_max=getattr(args, "greedy_exact_max", EXACT_MAX),
+        greedy_block=getattr(args, "greedy_block", BLOCK),
     )
 
 
@@ -64,11 +66,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         seg["sequence_id"].to_numpy(), seg["cluster"].to_numpy(), seg["doc_length"].to_numpy(),
         seg["n_tokens"].to_numpy(), args.bins, seg["doc_id"].to_numpy(),
     )  # fmt: skip
-    rows = sequence_order(args.strategy, f, _params(args), args.seed)
+    params = _params(args)
+    rows = sequence_order(args.strategy, f, params, args.seed)
     ids = f.sequence_ids[rows]
     out = pl.DataFrame({"position": np.arange(ids.size, dtype=np.int64), "sequence_id": ids.astype(np.int64)})
     write_parquet(out, args.out)
-    print(f"{args.strategy}: ordered {ids.size} sequences -> {args.out}")
+    mode = f" ({greedy_mode(ids.size, params.greedy_exact_max)} greedy)" if args.strategy in ("greedy", "greedy_block_shuffle") else ""
+    print(f"{args.strategy}{mode}: ordered {ids.size} sequences -> {args.out}")
     return 0
 
 
@@ -100,6 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=32, help="greedy_block_shuffle block in sequences")
     p.add_argument("--curriculum", default=None, help="knots file (JSON/YAML) for greedy_curriculum")
     p.add_argument("--window", type=int, default=4096, help="candidate pool of greedy_fast")
+    p.add_argument("--greedy-exact-max", type=int, default=EXACT_MAX, help=f"exact greedy up to this many sequences, blocked above (default {EXACT_MAX})")
+    p.add_argument("--greedy-block", type=int, default=BLOCK, help=f"sequences per block of the blocked greedy (default {BLOCK})")
     p.set_defaults(func=cmd_schedule)
     d = subparsers.add_parser("schedule-docs", help="order documents before packing (stratified, ...)")
     d.add_argument("documents", help="parquet: doc_id, cluster, n_tokens")

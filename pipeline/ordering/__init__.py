@@ -7,7 +7,15 @@ registry: ``STRATEGIES``; array APIs: ``sequence_order`` / ``document_order`` on
 
 from pipeline.ordering.curriculum import Curriculum, curriculum_from_dict, load_curriculum
 from pipeline.ordering.features import Csr, SequenceFeatures, sequence_features
-from pipeline.ordering.greedy import Objective, greedy_order, greedy_windowed_order, tie_tolerance
+from pipeline.ordering.greedy import (
+    Objective,
+    greedy_blocked_order,
+    greedy_mode,
+    greedy_order,
+    greedy_scaled_order,
+    greedy_windowed_order,
+    tie_tolerance,
+)
 from pipeline.ordering.strategies import (
     DOCUMENT_LEVEL,
     SEQUENCE_LEVEL,
@@ -33,7 +41,10 @@ __all__ = [
     "Strategy",
     "curriculum_from_dict",
     "document_order",
+    "greedy_blocked_order",
+    "greedy_mode",
     "greedy_order",
+    "greedy_scaled_order",
     "greedy_windowed_order",
     "load_curriculum",
     "run_strategy",

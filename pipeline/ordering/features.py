@@ -113,6 +113,7 @@ def sequence_features(
     seg_tokens: np.ndarray,
     n_bins: int,
     seg_doc: np.ndarray | None = None,
+    bin_edges: np.ndarray | None = None,
 ) -> SequenceFeatures:
     """Build c_s and l_{s,b} from one row per document span placed in a sequence (vectorized).
 
@@ -120,7 +121,8 @@ def sequence_features(
     the length bins; ``seg_tokens`` is the number of the span's tokens in the sequence. Bin edges
     are token-weighted quantiles (``pipeline.reports.diagnostics.length_bin_edges``, shared with the
     metrics so the scheduler balances the very bins the diagnostics measure) over distinct
-    documents when ``seg_doc`` is given, else over spans.
+    documents when ``seg_doc`` is given, else over spans. Given ``bin_edges`` are used as they are
+    (e.g. edges of a whole corpus whose sequences are built part by part).
     """
     seg_sequence = np.asarray(seg_sequence, dtype=np.int64)
     seg_cluster = np.asarray(seg_cluster, dtype=np.int64)
@@ -132,7 +134,9 @@ def sequence_features(
         raise StrataInputError("a cluster id is negative", fix="use cluster ids 0..K-1")
     if seg_tokens.min() <= 0:
         raise StrataInputError("a segment has no tokens", fix="drop empty spans (n_tokens must be > 0)")
-    if seg_doc is not None:
+    if bin_edges is not None:
+        edges = np.asarray(bin_edges, dtype=np.int64)
+    elif seg_doc is not None:
         _, first = np.unique(np.asarray(seg_doc, dtype=np.int64), return_index=True)
         edges = length_bin_edges(seg_doc_length[first], n_bins)
     else:

@@ -71,11 +71,14 @@ class Targets:
 
     @staticmethod
     def of(features: SequenceFeatures) -> "Targets":
-        total = float(features.lengths.sum())
-        norms = _row_norms(features.clusters)
-        return Targets(
-            features.clusters.column_totals() / total, features.bins.column_totals() / total, float(norms.sum() / total)
-        )
+        return Targets.of_rows(features.clusters, features.bins, features.lengths)
+
+    @staticmethod
+    def of_rows(clusters: Csr, bins: Csr, lengths: np.ndarray) -> "Targets":
+        """The shares of these rows alone (a block's own targets in the blocked mode)."""
+        total = float(np.sum(lengths))
+        norms = _row_norms(clusters)
+        return Targets(clusters.column_totals() / total, bins.column_totals() / total, float(norms.sum() / total))
 
 
 def _row_norms(c: Csr) -> np.ndarray:
@@ -365,3 +368,85 @@ def greedy_windowed_order(
         pool = np.sort(np.concatenate([pool[keep], refill]))
         rnd += 1
     return np.concatenate(picked)
+
+
+EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exact greedy (~17 s at 100k, one core)
+BLOCK = 16_384  # default `greedy_block`: sequences per block of the blocked mode
+GREEDY_MODES = ("exact", "blocked")
+
+
+def greedy_mode(n_sequences: int, exact_max: int = EXACT_MAX) -> str:
+    """Which greedy ``greedy_scaled_order`` runs on ``n_sequences`` rows: exact up to ``exact_max``."""
+    return "exact" if n_sequences <= exact_max else "blocked"
+
+
+def stratified_blocks(features: SequenceFeatures, n_blocks: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Split the rows into ``n_blocks`` blocks (sizes differ by at most 1) of near-global composition.
+
+    Block i gets every ``n_blocks``-th row of the stratified stream (``stratified_stream``) from
+    row i: each dominant-cluster and each dominant-length-bin stratum is dealt evenly over the
+    blocks. Rows inside a block ascend (the exact greedy's tie-break).
+    """
+    stream = stratified_stream(features, rng)
+    return [np.sort(stream[i::n_blocks]) for i in range(n_blocks)]
+
+
+def greedy_blocked_order(
+    features: SequenceFeatures, objective: Objective, block: int = BLOCK, noise: float = 0.0, seed: int = 0
+) -> np.ndarray:
+    """Scalable greedy: the exact greedy on each of ceil(M / block) stratified blocks, concatenated.
+
+    Each block (``stratified_blocks``) is an independent instance of the exact greedy with its own
+    targets (the block's tau, kappa, rho) and an empty prefix state; the schedule is block 0's order,
+    then block 1's, and so on. Cost O(M * block) instead of O(M^2); memory O(M) plus one block.
+
+    Why this and not the alternatives (measured on bench_order's instances, K=1000, B=100, batch 32):
+
+    - The per-batch quality the greedy buys is local: it keeps every prefix of its schedule near the
+      targets, so each batch holds about the targets' shares, and its per-batch deviation statistics
+      do not depend on M (exact greedy: mean max deviation 0.0283 for clusters at M=50k and at 100k).
+      A block dealt from the stratified stream has nearly the global composition, so the exact
+      greedy inside it reaches nearly the same per-batch deviation (M=50k: 1.012x exact for
+      clusters and bins with blocks of 16,384).
+    - Each block uses its *own* targets so that it is drained balanced: the exact greedy keeps
+      T ~ tau S, hence the rows it leaves are in the target proportions too, up to the block's end.
+      With the global targets and the prefix state carried from block to block, each block's small
+      composition offset from the global shares piles up in its tail (M=50k: worst batch 0.573,
+      against 0.036 with own targets). The same effect clogs ``greedy_windowed_order``'s pool
+      (its worst batch 0.421 at M=1M, 2x random's worst).
+    - Keeping per-(cluster, length bin) "type" queues and scoring types would be exact at O(M*T),
+      but packed sequences mix several documents (4-5 clusters per 2048-token sequence on the
+      benchmark), so nearly every sequence is its own type.
+
+    With ``block`` >= M there is one block and the order equals ``greedy_order``'s. Noise: block i
+    draws its eps_s with seed ``seed + i``.
+    """
+    if block < 1:
+        raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
+    m = features.n_sequences
+    n_blocks = max(1, -(-m // int(block)))
+    blocks = stratified_blocks(features, n_blocks, np.random.default_rng(seed))
+    parts = []
+    for i, rows in enumerate(blocks):
+        c, b, lengths = features.clusters.take_rows(rows), features.bins.take_rows(rows), features.lengths[rows]
+        state = GreedyState.empty(c.n_cols, b.n_cols)
+        picked = greedy_rows(c, b, lengths, Targets.of_rows(c, b, lengths), objective, state, None, noise, seed + i)
+        parts.append(rows[picked])
+    return np.concatenate(parts)
+
+
+def greedy_scaled_order(
+    features: SequenceFeatures,
+    objective: Objective,
+    exact_max: int = EXACT_MAX,
+    block: int = BLOCK,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> tuple[np.ndarray, str]:
+    """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above; (rows, mode)."""
+    if exact_max < 0:
+        raise StrataInputError(f"greedy_exact_max={exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
+    mode = greedy_mode(features.n_sequences, exact_max)
+    if mode == "exact":
+        return greedy_order(features, objective, noise, seed), mode
+    return greedy_blocked_order(features, objective, block, noise, seed), mode

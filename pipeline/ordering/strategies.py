@@ -24,7 +24,7 @@ from pipeline.ordering.documents import (
     token_weighted_order,
 )
 from pipeline.ordering.features import SequenceFeatures, sequence_features
-from pipeline.ordering.greedy import Objective, greedy_order, greedy_windowed_order
+from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode, greedy_scaled_order, greedy_windowed_order
 from pipeline.packing.pack import SEGMENT_SCHEMA, check_seq_len, pack_concat
 
 Level = Literal["sequence", "document"]
@@ -42,6 +42,8 @@ class OrderParams:
     curriculum: str | None = None  # knots file (JSON/YAML) for greedy_curriculum
     within: str = "original"  # within-cluster sort of the document-level strategies
     window: int = 4096  # candidate pool of greedy_fast
+    greedy_exact_max: int = EXACT_MAX  # greedy family: exact greedy up to this many sequences, blocked above
+    greedy_block: int = BLOCK  # sequences per block of the blocked greedy
 
     def objective_weights(self) -> Objective:
         return Objective.named(self.objective, self.lam)
@@ -51,6 +53,7 @@ class OrderParams:
 class OrderingResult:
     order: pl.DataFrame  # position Int64, sequence_id Int64
     segments: pl.DataFrame | None  # new packing (SEGMENT_SCHEMA) when the strategy repacked
+    greedy_mode: str | None = None  # "exact" | "blocked" for strategies built on `greedy`, else None
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, s
     if name == "random":
         return np.random.default_rng(seed).permutation(m)
     if name == "greedy":
-        return greedy_order(features, obj, params.noise, seed)
+        return _greedy(features, params, seed)
     if name == "greedy_fast":
         return greedy_windowed_order(features, obj, params.window, seed, params.noise)
     if name == "greedy_curriculum":
@@ -109,11 +112,19 @@ def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, s
     if name == "greedy_block_shuffle":
         if params.block_size < 1:
             raise StrataInputError(f"block size {params.block_size} is impossible", fix="use --block-size >= 1")
-        rows = greedy_order(features, obj, params.noise, seed)
+        rows = _greedy(features, params, seed)
         n_blocks = -(-m // params.block_size)
         blocks = np.random.default_rng(seed).permutation(n_blocks)
         return np.concatenate([rows[b * params.block_size : (b + 1) * params.block_size] for b in blocks])
     raise StrataInputError(f"{name!r} is not a sequence-level strategy", fix=f"use one of {', '.join(SEQUENCE_LEVEL)}")
+
+
+def _greedy(features: SequenceFeatures, params: OrderParams, seed: int) -> np.ndarray:
+    obj = params.objective_weights()
+    return greedy_scaled_order(features, obj, params.greedy_exact_max, params.greedy_block, params.noise, seed)[0]
+
+
+GREEDY_BASED = ("greedy", "greedy_block_shuffle", "duplicate_separated")  # strategies whose result names a greedy_mode
 
 
 def document_order(name: str, cluster: np.ndarray, length: np.ndarray, seq_len: int, params: OrderParams) -> np.ndarray:
@@ -135,7 +146,8 @@ def document_order(name: str, cluster: np.ndarray, length: np.ndarray, seq_len: 
 def _sequence_strategy(name: str) -> Callable[[Inputs], OrderingResult]:
     def run(inp: Inputs) -> OrderingResult:
         f = inp.features()
-        return OrderingResult(_order_frame(f.sequence_ids[sequence_order(name, f, inp.params, inp.seed)]), None)
+        mode = greedy_mode(f.n_sequences, inp.params.greedy_exact_max) if name in GREEDY_BASED else None
+        return OrderingResult(_order_frame(f.sequence_ids[sequence_order(name, f, inp.params, inp.seed)]), None, mode)
 
     return run
 
@@ -198,13 +210,13 @@ def _duplicate_separated(inp: Inputs) -> OrderingResult:
     sub_of_doc[docs] = subset
     seq_sub = sub_of_doc[first["doc_id"].to_numpy()]
     seq_ids = first["sequence_id"].to_numpy()
-    obj = inp.params.objective_weights()
-    parts = []
+    parts, modes = [], set()
     for k in np.unique(seq_sub):
         ids = seq_ids[seq_sub == k]
         f = inp.features(seg.filter(pl.col("sequence_id").is_in(ids.tolist())))
-        parts.append(f.sequence_ids[greedy_order(f, obj, inp.params.noise, inp.seed)])
-    return OrderingResult(_order_frame(np.concatenate(parts)), seg)
+        parts.append(f.sequence_ids[_greedy(f, inp.params, inp.seed)])
+        modes.add(greedy_mode(f.n_sequences, inp.params.greedy_exact_max))
+    return OrderingResult(_order_frame(np.concatenate(parts)), seg, "blocked" if "blocked" in modes else "exact")
 
 
 SEQUENCE_LEVEL = ("original", "random", "greedy", "greedy_fast", "greedy_curriculum", "greedy_block_shuffle")
@@ -213,7 +225,7 @@ DOCUMENT_LEVEL = ("stratified", "token_weighted", "round_robin", "bin_packing")
 _DESCRIPTIONS = {
     "original": "packing order",
     "random": "seeded uniform permutation of the sequences",
-    "greedy": "exact greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise)",
+    "greedy": "greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise): exact up to greedy_exact_max sequences, blocked above",
     "greedy_fast": "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
     "greedy_curriculum": "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula)",
     "greedy_block_shuffle": "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",

@@ -1,0 +1,123 @@
+"""Ordering at scale: `greedy` is exact up to `greedy_exact_max` sequences and blocked above it."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pipeline.config import StrataConfig, config_from_dict
+from pipeline.errors import StrataInputError
+from pipeline.ordering import (
+    Objective,
+    OrderParams,
+    greedy_blocked_order,
+    greedy_mode,
+    greedy_order,
+    greedy_scaled_order,
+    run_strategy,
+    sequence_features,
+)
+from pipeline.ordering.features import SequenceFeatures
+from pipeline.packing.pack import pack_concat
+from pipeline.reports.diagnostics import batch_deviations, composition
+
+F3 = Objective.named("f3", 1.0)
+
+
+def bench_instance(m: int, seed: int = 0, k: int = 1000, n_bins: int = 100, seq_len: int = 2048) -> SequenceFeatures:
+    """benchmarks/bench_order.py's instance: Zipf(1) clusters, log-normal lengths, random packing."""
+    rng = np.random.default_rng(seed)
+    n_docs = int(m * seq_len / 500 * 1.08)
+    p = 1.0 / np.arange(1, k + 1)
+    cluster = rng.choice(k, n_docs, p=p / p.sum())
+    length = np.clip(rng.lognormal(5.5, 1.2, n_docs), 1, 200_000).astype(np.int64)
+    seg = pack_concat(rng.permutation(n_docs), length, seq_len).segments.filter(pl.col("sequence_id") < m)
+    d = seg["doc_id"].to_numpy()
+    return sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), n_bins, d)
+
+
+def deviations(f: SequenceFeatures, rows: np.ndarray, batch: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Per-batch max deviation of cluster and of length-bin shares of the order ``rows``."""
+    position = np.empty(rows.size, dtype=np.int64)
+    position[rows] = np.arange(rows.size)
+    out = []
+    for x in (f.clusters, f.bins):
+        comp = composition(np.repeat(np.arange(x.n_rows), np.diff(x.indptr)), x.indices, x.data, x.n_rows, x.n_cols)
+        out.append(batch_deviations(comp, position, batch))
+    return out[0], out[1]
+
+
+@pytest.fixture(scope="module")
+def big():
+    return bench_instance(20_000)
+
+
+def test_blocked_is_a_deterministic_permutation(big):
+    rows = greedy_blocked_order(big, F3, block=4096, seed=3)
+    assert np.array_equal(np.sort(rows), np.arange(big.n_sequences))
+    assert np.array_equal(rows, greedy_blocked_order(big, F3, block=4096, seed=3))
+    assert not np.array_equal(rows, greedy_blocked_order(big, F3, block=4096, seed=4))  # the seed deals the blocks
+    noisy = greedy_blocked_order(big, F3, block=4096, seed=3, noise=0.1)
+    assert np.array_equal(noisy, greedy_blocked_order(big, F3, block=4096, seed=3, noise=0.1))
+    assert np.array_equal(np.sort(noisy), np.arange(big.n_sequences))
+
+
+def test_blocked_stays_within_its_bound_of_exact_greedy(big):
+    """docs/ordering.md: mean per-batch max deviation within 1.10x exact greedy's (clusters and
+    length bins); worst batch no worse than random's median batch. M=20k, K=1000, B=100."""
+    ec, eb = deviations(big, greedy_order(big, F3))
+    bc, bb = deviations(big, greedy_blocked_order(big, F3, block=4096))
+    rc, rb = deviations(big, np.random.default_rng(0).permutation(big.n_sequences))
+    assert bc.mean() <= 1.10 * ec.mean() and bb.mean() <= 1.10 * eb.mean()
+    assert bc.max() <= np.median(rc) and bb.max() <= np.median(rb)
+
+
+def test_one_block_is_the_exact_greedy():
+    f = bench_instance(600, seed=2, k=40, n_bins=10)
+    for obj in (F3, Objective.named("f1", 1.0), Objective.named("f2", 0.5)):
+        assert np.array_equal(greedy_blocked_order(f, obj, block=f.n_sequences, seed=5), greedy_order(f, obj))
+
+
+def test_threshold_switches_modes_and_names_them():
+    f = bench_instance(600, seed=1, k=40, n_bins=10)
+    m = f.n_sequences
+    assert greedy_mode(m, m) == "exact" and greedy_mode(m, m - 1) == "blocked"
+    rows, mode = greedy_scaled_order(f, F3, exact_max=m)
+    assert mode == "exact" and np.array_equal(rows, greedy_order(f, F3))
+    rows, mode = greedy_scaled_order(f, F3, exact_max=m - 1, block=128, seed=7)
+    assert mode == "blocked" and np.array_equal(rows, greedy_blocked_order(f, F3, block=128, seed=7))
+    assert not np.array_equal(rows, greedy_order(f, F3))
+    with pytest.raises(StrataInputError):
+        greedy_scaled_order(f, F3, exact_max=-1)
+    with pytest.raises(StrataInputError):
+        greedy_blocked_order(f, F3, block=0)
+
+
+def _tables(rng, n=900, k=6, seq_len=128):
+    length = rng.integers(5, 400, n)
+    docs = pl.DataFrame({"doc_id": np.arange(n), "cluster": rng.integers(0, k, n), "n_tokens": length})
+    return docs, pack_concat(rng.permutation(n), length, seq_len).segments
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "greedy_block_shuffle"])
+def test_run_strategy_reports_the_mode(strategy):
+    docs, seg = _tables(np.random.default_rng(0))
+    m = int(seg["sequence_id"].max()) + 1
+    exact = run_strategy(strategy, docs, seg, 128, OrderParams(bins=8), seed=1)
+    blocked = run_strategy(strategy, docs, seg, 128, OrderParams(bins=8, greedy_exact_max=m // 2, greedy_block=200), seed=1)
+    assert exact.greedy_mode == "exact" and blocked.greedy_mode == "blocked"
+    assert sorted(blocked.order["sequence_id"].to_list()) == list(range(m))
+    assert blocked.order.equals(
+        run_strategy(strategy, docs, seg, 128, OrderParams(bins=8, greedy_exact_max=m // 2, greedy_block=200), seed=1).order
+    )
+    assert run_strategy("random", docs, seg, 128, OrderParams(), seed=1).greedy_mode is None
+
+
+def test_config_keys_match_the_engine_defaults_and_are_validated():
+    cfg, params = StrataConfig(), OrderParams()
+    assert (cfg.greedy_exact_max, cfg.greedy_block) == (params.greedy_exact_max, params.greedy_block)
+    with pytest.raises(StrataInputError, match="greedy_exact_max"):
+        config_from_dict({"greedy_exact_max": -1})
+    with pytest.raises(StrataInputError, match="greedy_block"):
+        config_from_dict({"greedy_block": 0})
