@@ -121,3 +121,57 @@ def test_config_keys_match_the_engine_defaults_and_are_validated():
         config_from_dict({"greedy_exact_max": -1})
     with pytest.raises(StrataInputError, match="greedy_block"):
         config_from_dict({"greedy_block": 0})
+
+
+MATERIALIZE = """
+import json, sys
+import dagster as dg
+from assets.runner import UPSTREAM, prepare_environment
+prepare_environment(sys.argv[1], None)
+from assets.definitions import defs
+kw = dict(instance=dg.DagsterInstance.get(), resources=defs.resources, raise_on_error=True)
+everything = list(defs.assets) + list(defs.asset_checks or [])
+dg.materialize(everything, selection=UPSTREAM, **kw)
+modes = {}
+for strategy in ("greedy", "random"):
+    res = dg.materialize(everything, selection=["orderings"], partition_key=strategy, **kw)
+    modes[strategy] = res.asset_materializations_for_node("orderings")[0].metadata["greedy_mode"].value
+print(json.dumps(modes))
+"""
+
+
+@pytest.mark.integration
+def test_orderings_asset_names_the_greedy_mode_in_metadata_and_lineage(tmp_path, write_jsonl, request):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import duckdb
+    import yaml
+
+    from helpers import demo_slice
+    from pipeline.storage.layout import Layout
+
+    corpus = write_jsonl(demo_slice(200))
+    cfg = {
+        "data_root": str(tmp_path / "root"), "corpus": {"path": str(corpus)}, "heldout_fraction": 0.05,
+        "vocab_size": 400, "k": 4, "seq_len": 64, "length_bins": 8, "embed_method": "shallow", "embed_max_tokens": 64,
+        "strategies": ["random", "greedy"], "greedy_exact_max": 10, "greedy_block": 64,
+    }  # fmt: skip
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "DAGSTER_HOME": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", MATERIALIZE, str(tmp_path / "cfg.yaml")],
+        capture_output=True, text=True, env=env, cwd=request.config.rootpath, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"greedy": "blocked", "random": "none"}
+    layout = Layout(tmp_path / "root")
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        rows = con.execute("SELECT partition, parameters FROM lineage WHERE asset = 'orderings'").fetchall()
+    params = {p: json.loads(v) for p, v in rows}
+    assert params["greedy"]["greedy_mode"] == "blocked" and params["greedy"]["greedy_exact_max"] == 10
+    assert params["random"]["greedy_mode"] is None
+    order = pl.read_parquet(layout.ordering("greedy"))["sequence_id"].to_numpy()
+    assert order.size > 10 and np.array_equal(np.sort(order), np.arange(order.size))
