@@ -5,8 +5,9 @@ Instances: Zipf(1) cluster sizes over K=1000 clusters, log-normal document lengt
 packed into L=2048-token sequences, B=100 length bins. Above 1M sequences the instance is packed
 1M sequences at a time (same documents' distribution, bin edges from a 2M-document sample) to bound the
 memory of building it. Each case runs in a fresh process so its peak RSS is its own (it includes
-building the instance). Printed per case: seconds of the ordering alone (numba compilation
-excluded), peak RSS, the mean, median and worst per-batch max deviation of cluster shares and of
+building the instance). Printed per case: wall seconds of the ordering alone (numba compilation
+excluded) and its CPU seconds (the ordering is single-threaded, so on a shared, loaded machine the
+CPU time is the better estimate of the time on one free core), peak RSS, the mean, median and worst per-batch max deviation of cluster shares and of
 length-bin shares, batch = 32 sequences (`pipeline.reports.diagnostics.batch_deviations`: full
 batches only), and the same for a `random` order of the same instance.
 
@@ -142,10 +143,10 @@ def case_sequences(mode: str, m: int, seed: int) -> dict:
     build = time.perf_counter() - t0
     warm_up()
     name, overrides = MODES[mode]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = sequence_order(name, f, OrderParams(bins=B, **overrides), seed)
-    secs = time.perf_counter() - t0
-    out = {"mode": mode, "M": f.n_sequences, "seconds": secs, "build_s": build, "peak_rss_mb": peak_rss_mb()}
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out = {"mode": mode, "M": f.n_sequences, "seconds": secs, "cpu_s": cpu, "build_s": build, "peak_rss_mb": peak_rss_mb()}
     assert np.array_equal(np.sort(rows), np.arange(f.n_sequences)), "not a permutation"
     out.update(quality(f, rows))
     del rows
@@ -188,7 +189,8 @@ def _dev(q: dict, what: str) -> str:
 
 def show(r: dict) -> None:
     size = f"M={r['M']:,}" if "M" in r else f"docs={r['docs']:,}"
-    line = f"{r['mode']:<15} {size:<14} {r['seconds']:8.2f} s  peak RSS {r['peak_rss_mb']:7.0f} MB"
+    cpu = f" (cpu {r['cpu_s']:.2f} s)" if "cpu_s" in r else ""
+    line = f"{r['mode']:<15} {size:<14} {r['seconds']:8.2f} s{cpu}  peak RSS {r['peak_rss_mb']:7.0f} MB"
     if "cluster_dev" in r:
         rnd = r["random"]
         line += (

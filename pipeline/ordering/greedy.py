@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import Csr, SequenceFeatures
@@ -371,7 +372,7 @@ def greedy_windowed_order(
 
 
 EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exact greedy (~17 s at 100k, one core)
-BLOCK = 16_384  # default `greedy_block`: sequences per block of the blocked mode
+BLOCK = 8_192  # default `greedy_block`: sequences per block of the blocked mode
 GREEDY_MODES = ("exact", "blocked")
 
 
@@ -427,7 +428,7 @@ def greedy_blocked_order(
     n_blocks = max(1, -(-m // int(block)))
     blocks = stratified_blocks(features, n_blocks, np.random.default_rng(seed))
     parts = []
-    for i, rows in enumerate(blocks):
+    for i, rows in enumerate(tqdm(blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)):
         c, b, lengths = features.clusters.take_rows(rows), features.bins.take_rows(rows), features.lengths[rows]
         state = GreedyState.empty(c.n_cols, b.n_cols)
         picked = greedy_rows(c, b, lengths, Targets.of_rows(c, b, lengths), objective, state, None, noise, seed + i)
