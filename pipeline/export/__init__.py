@@ -1,0 +1,55 @@
+"""Export an ordering to the trainers people use, in exactly Strata's order (issue 14).
+
+The order is *which sequences form global batch b, and in which order the batches come*
+(``batches.py``). Formats: ``numpy`` (raw flat tokens; nanoGPT, OLMo-core), ``megatron``
+(indexed dataset + GPTDataset index cache), ``mds`` (MosaicML streaming, laid out for a world
+size), ``hf`` (Parquet for ``datasets`` / the Trainer); ``torch_dataset`` reads a ``numpy`` export
+for custom trainers. Every writer streams chunk by chunk; the output directory appears atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pipeline.errors import StrataInputError
+from pipeline.export.batches import check_batching
+from pipeline.export.stream import OrderedStream, open_stream, stream_from_arrays
+from pipeline.storage.atomic import atomic_dir
+
+FORMATS = ("numpy", "megatron", "mds", "hf")
+
+__all__ = ["FORMATS", "OrderedStream", "export_stream", "open_stream", "stream_from_arrays"]
+
+
+def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_batch: int, world_size: int = 1,
+                  workers: int = 1, meta: dict | None = None, progress=None) -> dict:
+    """Write ``stream`` as ``fmt`` into the directory ``out`` (replaced atomically).
+
+    ``meta`` (strategy, lineage) goes into ``meta.json`` with the batching. Returns a summary:
+    files, sequences, tokens and wall seconds.
+    """
+    if fmt not in FORMATS:
+        raise StrataInputError(f"unknown export format {fmt!r}", fix=f"use one of {list(FORMATS)}")
+    check_batching(stream.n_sequences, global_batch, world_size, workers)
+    info = {**(meta or {}), "global_batch": global_batch, "world_size": world_size, "workers": workers}
+    t0 = time.perf_counter()
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        if fmt == "numpy":
+            from pipeline.export.numpy_tokens import export_numpy as write
+        elif fmt == "megatron":
+            from pipeline.export.megatron import export_megatron as write
+        elif fmt == "hf":
+            from pipeline.export.hf import export_hf as write
+        if fmt == "mds":
+            from pipeline.export.mds import export_mds
+
+            files = export_mds(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress)
+        else:
+            files = write(stream, tmp, info, progress=progress)
+        names = [f.relative_to(tmp) for f in files]
+    return {
+        "format": fmt, "dir": out, "files": [out / n for n in names], "sequences": stream.n_sequences,
+        "tokens": stream.n_sequences * stream.seq_len, "wall_s": time.perf_counter() - t0,
+    }

@@ -1,0 +1,133 @@
+"""The ordered stream an export writes: Strata's sequences in training order, read in chunks.
+
+The order Strata promises is *which sequences form global batch b, and in which order the batches
+come*: with global batch G, batch b holds positions ``[b*G, (b+1)*G)`` of ``orderings/<s>.parquet``.
+Every exporter writes those positions in that order; world size and workers only matter for the
+formats whose readers split batches themselves (MDS), see ``layout.py``.
+
+Reading goes through the documented artifacts: the M x L matrix ``sequences/tokens.bin`` for
+orderings over the base packing (a row gather), else ``SequenceStore`` over the flat token store
+for strategies that repack (``orderings/<s>.segments.parquet``). Only one chunk of rows is in
+memory at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import polars as pl
+
+from pipeline.data.tokens import open_tokens
+from pipeline.errors import StrataInputError
+from pipeline.packing.pack import SequenceStore
+from pipeline.storage.layout import Layout
+
+CHUNK_TOKENS = 1 << 23  # rows read per chunk: about 8M tokens (16-32 MB of tokens in memory)
+
+
+@dataclass(frozen=True)
+class OrderedStream:
+    """Sequences in training order: ``order[p]`` is the sequence id at position p."""
+
+    order: np.ndarray  # (M,) int64 sequence ids
+    segments: pl.DataFrame  # the segments table the ids refer to
+    seq_len: int
+    dtype: np.dtype  # token dtype of the store (uint16 when the vocabulary fits, else uint32)
+    eos_id: int
+    pad_id: int
+    read: Callable[[np.ndarray], np.ndarray]  # sequence ids -> (n, L) tokens in ``dtype``
+
+    @property
+    def n_sequences(self) -> int:
+        return int(self.order.size)
+
+    def chunks(self, chunk_tokens: int = CHUNK_TOKENS) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first position, tokens (n, L))`` for consecutive runs of positions."""
+        rows = max(1, chunk_tokens // self.seq_len)
+        for lo in range(0, self.n_sequences, rows):
+            yield lo, self.read(self.order[lo : lo + rows])
+
+
+def ordering_of(layout: Layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame, bool]:
+    """(sequence ids by position, the segments they refer to, whether the strategy repacked)."""
+    path = layout.ordering(strategy)
+    if not path.exists():
+        raise StrataInputError(f"no ordering for strategy {strategy!r}", path=path,
+                               fix=f"materialize orderings[{strategy}] first (strata run, or the Dagster UI)")
+    order = pl.read_parquet(path).sort("position")["sequence_id"].to_numpy().astype(np.int64)
+    seg_path = layout.ordering_segments(strategy)
+    repacked = seg_path.exists()
+    return order, pl.read_parquet(seg_path if repacked else layout.segments), repacked
+
+
+def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_len: int) -> OrderedStream:
+    """The ordered stream of ``strategy`` under the data root ``layout``."""
+    order, segments, repacked = ordering_of(layout, strategy)
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
+    matrix_path = Path(layout.sequence_matrix)
+    if not repacked and matrix_path.exists() and matrix_path.stat().st_size == n_seq * seq_len * tokens.dtype.itemsize:
+        matrix = np.memmap(matrix_path, dtype=tokens.dtype, mode="r", shape=(n_seq, seq_len))
+        read = lambda ids: np.asarray(matrix[np.asarray(ids)])  # noqa: E731
+    else:
+        store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=pad_id)
+        read = lambda ids: store.batch(np.asarray(ids))[0].astype(tokens.dtype)  # noqa: E731
+    return OrderedStream(order, segments, seq_len, tokens.dtype, eos_id, pad_id, read)
+
+
+def stream_from_arrays(tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, order: np.ndarray,
+                       seq_len: int, *, eos_id: int, pad_id: int) -> OrderedStream:
+    """An ordered stream over in-memory (or memory-mapped) artifacts, for tests and library use."""
+    store = SequenceStore(tokens, doc_offsets, segments, seq_len, pad_id=pad_id)
+    dtype = np.dtype(tokens.dtype)
+    return OrderedStream(np.asarray(order, np.int64), segments, seq_len, dtype, eos_id, pad_id,
+                         lambda ids: store.batch(np.asarray(ids))[0].astype(dtype))
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Document pieces of every sequence: sequence s spans ``length[ptr[s]:ptr[s+1]]`` (summing to
+    L), each piece one document span (with its inserted EOS) or a run of padding (``is_doc`` false)."""
+
+    ptr: np.ndarray  # (n_sequences + 1,) int64, by sequence id
+    length: np.ndarray  # int32
+    is_doc: np.ndarray  # bool
+
+    def of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(counts per sequence, lengths, is_doc)`` of the pieces of ``ids``, concatenated in order."""
+        ids = np.asarray(ids, np.int64)
+        lo, hi = self.ptr[ids], self.ptr[ids + 1]
+        counts = hi - lo
+        sel = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        return counts, self.length[sel], self.is_doc[sel]
+
+
+def sequence_pieces(segments: pl.DataFrame, seq_len: int) -> Pieces:
+    """Cut every sequence at its document boundaries (segment starts and ends) and at padding."""
+    sid = segments["sequence_id"].to_numpy().astype(np.int64)
+    start = segments["seq_token_start"].to_numpy().astype(np.int64)
+    ext = segments["n_tokens"].to_numpy().astype(np.int64)
+    if "eos_added" in segments.columns:
+        ext = ext + segments["eos_added"].to_numpy().astype(np.int64)
+    m = int(sid.max()) + 1 if sid.size else 0
+    width = seq_len + 1
+    every = np.arange(m, dtype=np.int64) * width
+    keys = np.unique(np.concatenate([every, every + seq_len, sid * width + start, sid * width + start + ext]))
+    s, b = keys // width, keys % width
+    same = s[1:] == s[:-1]
+    owner, begin = s[:-1][same], b[:-1][same]
+    length = (b[1:] - b[:-1])[same]
+    doc_starts = np.unique(sid * width + start)
+    is_doc = np.isin(owner * width + begin, doc_starts)
+    ptr = np.searchsorted(owner, np.arange(m + 1))
+    return Pieces(ptr.astype(np.int64), length.astype(np.int32), is_doc)
+
+
+def positions_in_pieces(lengths: np.ndarray) -> np.ndarray:
+    """Position ids restarting at 0 at the start of every piece (flat, ``lengths.sum()`` long)."""
+    total = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return (np.arange(total, dtype=np.int64) - starts).astype(np.int32)

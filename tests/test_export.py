@@ -1,0 +1,238 @@
+"""Exports keep Strata's order: every format read back with the trainer's own code (or, where the
+library cannot be installed beside the stack, by the format's specification) yields the global
+batches, in order, token for token, for 1 rank and for 2 ranks x 2 workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import StrataInputError
+from pipeline.export import export_stream, stream_from_arrays
+from pipeline.packing.pack import SequenceStore, pack
+from tests.export_readers import loader_order, read_mds, streaming_partitions
+
+L, G, EOS, PAD, VOCAB = 32, 8, 1, 0, 5000
+SETUPS = [(1, 1), (2, 2)]  # (world size, workers)
+
+
+def _data(variant: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 90, size=160)
+    tokens = rng.integers(2, VOCAB, size=int(lengths.sum())).astype(np.uint16)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    tokens[offsets[1:] - 1] = EOS  # every document stream ends with EOS
+    packing = pack(variant, rng.permutation(lengths.size), lengths, L, seed=seed)
+    order = rng.permutation(packing.n_sequences)
+    store = SequenceStore(tokens, offsets, packing.segments, L, pad_id=PAD)
+    stream = stream_from_arrays(tokens, offsets, packing.segments, order, L, eos_id=EOS, pad_id=PAD)
+    return stream, store, order
+
+
+@pytest.fixture(scope="module")
+def concat():
+    return _data("concat")
+
+
+def expected_batches(store, order, global_batch=G) -> np.ndarray:
+    """(steps, G, L): Strata's global batches, in order."""
+    steps = order.size // global_batch
+    return store.batch(order[: steps * global_batch])[0].reshape(steps, global_batch, L)
+
+
+def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
+    stream, store, order = concat
+    export_stream(stream, "numpy", tmp_path / "np", global_batch=G, meta={"strategy": "test"})
+    meta = json.loads((tmp_path / "np" / "meta.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["seq_len"] == L and meta["n_sequences"] == order.size
+    # nanoGPT-style reader: a headerless memmap, sequence p at p * seq_len
+    flat = np.memmap(tmp_path / "np" / "tokens.bin", dtype=meta["dtype"], mode="r")
+    assert flat.size == order.size * L
+    np.testing.assert_array_equal(flat.reshape(-1, L), store.batch(order)[0])
+
+    from torch.utils.data import DataLoader
+
+    from pipeline.export.torch_dataset import GlobalBatchSampler, OrderedSequences, collate_packed
+
+    ds = OrderedSequences(tmp_path / "np")
+    want = expected_batches(store, order)
+    for world, workers in SETUPS:
+        per_rank = []
+        for rank in range(world):
+            sampler = GlobalBatchSampler(len(ds), G, rank, world)
+            dl = DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=collate_packed)
+            per_rank.append([b["input_ids"].numpy() for b in dl])
+        got = np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(len(per_rank[0]))])
+        np.testing.assert_array_equal(got, want)
+    # resumable: starting at step 3 continues exactly where step 2 ended
+    resumed = [b["input_ids"].numpy() for b in DataLoader(ds, batch_sampler=GlobalBatchSampler(len(ds), G, 0, 1, start_step=3), collate_fn=collate_packed)]
+    np.testing.assert_array_equal(np.stack(resumed), want[3:])
+
+
+def test_torch_dataset_masks_documents_and_padding(tmp_path):
+    stream, store, order = _data("padding", seed=1)
+    export_stream(stream, "numpy", tmp_path / "np", global_batch=G)
+    from pipeline.export.torch_dataset import OrderedSequences, collate_packed
+
+    ds = OrderedSequences(tmp_path / "np")
+    for p in range(0, len(ds), 7):
+        toks, rows, starts, filled = store.masked_batch(order[p : p + 1])
+        item = ds[p]
+        np.testing.assert_array_equal(item["input_ids"].numpy(), toks[0])
+        assert int(item["seq_lengths"].sum()) == L
+        pos = item["position_ids"].numpy()
+        cuts = np.flatnonzero(pos == 0)
+        # every document segment starts a piece; padding positions are never labels
+        assert set(starts.tolist()) <= set(cuts.tolist())
+        labels = item["labels"].numpy()
+        assert (labels[~filled[0]] == -100).all() and (labels[cuts] == -100).all()
+        assert (labels[filled[0] & (pos > 0)] == toks[0][filled[0] & (pos > 0)]).all()
+    batch = collate_packed([ds[0], ds[1]])
+    assert batch["cu_seqlens"][-1] == 2 * L and batch["cu_seqlens"].dtype == torch.int32
+
+
+def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
+    pytest.importorskip("megatron.core")
+    from megatron.core.datasets import helpers
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    from pipeline.export.megatron import gpt_indices, install_gpt_index_cache
+
+    stream, store, order = concat
+    out = tmp_path / "meg"
+    export_stream(stream, "megatron", out, global_batch=G)
+    prefix = str(out / "tokens")
+    indexed = IndexedDataset(prefix)
+    assert len(indexed) == order.size
+    rows = store.batch(order)[0]
+    for k in (0, 1, order.size - 2):
+        np.testing.assert_array_equal(indexed[k], rows[k])
+    np.testing.assert_array_equal(indexed[order.size - 1], np.r_[rows[-1], EOS])
+    # our cache is exactly what Megatron's own sample-index builder gives for this dataset unshuffled
+    doc, sample, _ = gpt_indices(order.size, L)
+    built = helpers.build_sample_idx(indexed.sequence_lengths.copy(), doc, L, 1, int(indexed.sequence_lengths.sum()), True, True)
+    np.testing.assert_array_equal(built, sample)
+
+    n_steps = order.size // G
+    def build(cache: Path):
+        cfg = GPTDatasetConfig(
+            random_seed=1234, sequence_length=L, blend=([prefix], None), split="100,0,0", path_to_cache=str(cache),
+            tokenizer=NullTokenizer(VOCAB), reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+        )
+        return cfg, BlendedMegatronDatasetBuilder(GPTDataset, [n_steps * G, None, None], lambda: True, cfg).build()[0]
+
+    cfg, _ = build(tmp_path / "unused")
+    install_gpt_index_cache(out, cfg, n_steps * G)
+    _, train = build(Path(cfg.path_to_cache))  # path_to_cache None would mean <prefix>/cache
+    want = expected_batches(store, order)
+    for world, workers in SETUPS:
+        got = _megatron_batches(train, n_steps * G, world, workers)
+        np.testing.assert_array_equal(got, want)
+    # without the cache GPTDataset shuffles: the test would notice a missing/misnamed cache
+    _, shuffled = build(tmp_path / "fresh")
+    assert not np.array_equal(shuffled[0]["tokens"].numpy(), want[0, 0])
+
+
+def _megatron_batches(dataset, total: int, world: int, workers: int) -> np.ndarray:
+    """Megatron-LM's MegatronPretrainingSampler (data_samplers.py): every run of
+    micro_batch x world consecutive samples is one step, rank r takes the r-th micro-batch."""
+    from torch.utils.data import DataLoader
+
+    micro = G // world
+    per_rank = []
+    for rank in range(world):
+        batches = [list(range(s, s + G))[rank * micro : (rank + 1) * micro] for s in range(0, total, G)]
+        dl = DataLoader(dataset, batch_sampler=batches, num_workers=workers)
+        per_rank.append([b["tokens"].numpy() for b in dl])
+    return np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(total // G)])
+
+
+@pytest.mark.parametrize("world,workers", SETUPS)
+def test_mds_layout_follows_streaming_partition(tmp_path, concat, world, workers):
+    stream, store, order = concat
+    out = tmp_path / "mds"
+    export_stream(stream, "mds", out, global_batch=G, world_size=world, workers=workers)
+    samples = read_mds(out)
+    n = order.size // G * G
+    assert samples.shape == (n, L)
+    part = streaming_partitions(n, world, workers, G // world)
+    per_rank = [[samples[ids] for ids in loader_order(part, r)] for r in range(world)]
+    got = np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(n // G)])
+    np.testing.assert_array_equal(got, expected_batches(store, order))
+
+
+def test_mds_with_streaming_library(tmp_path, concat):
+    """With MosaicML streaming importable (it does not install beside this stack's numpy and
+    transformers: see docs/export.md), read through StreamingDataset itself, one process per rank."""
+    pytest.importorskip("streaming")
+    stream, store, order = concat
+    want = expected_batches(store, order)
+    for world, workers in SETUPS:
+        out = tmp_path / f"mds{world}"
+        export_stream(stream, "mds", out, global_batch=G, world_size=world, workers=workers)
+        code = (
+            "import sys, numpy as np; from streaming import StreamingDataset; from torch.utils.data import DataLoader\n"
+            f"ds = StreamingDataset(local={str(out)!r}, shuffle=False, batch_size={G // world}, num_canonical_nodes=1)\n"
+            f"dl = DataLoader(ds, batch_size={G // world}, num_workers={workers})\n"
+            "np.save(sys.argv[1], np.stack([b['input_ids'].numpy() for b in dl]))\n"
+        )
+        port = str(29500 + world + os.getpid() % 1000)
+        procs, dests = [], []
+        for rank in range(world):  # the ranks run at once: streaming joins them in a process group
+            env = {**os.environ, "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "RANK": str(rank),
+                   "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+            dests.append(tmp_path / f"rank{world}_{rank}.npy")
+            procs.append(subprocess.Popen([sys.executable, "-c", code, str(dests[-1])], env=env))
+        assert all(p.wait(timeout=180) == 0 for p in procs)
+        got = [np.load(d) for d in dests]
+        np.testing.assert_array_equal(np.concatenate(got, axis=1)[: want.shape[0]], want)
+
+
+def test_hf_parquet_with_trainer(tmp_path, concat):
+    datasets = pytest.importorskip("datasets")
+    from accelerate.data_loader import prepare_data_loader
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    stream, store, order = concat
+    out = tmp_path / "hf"
+    export_stream(stream, "hf", out, global_batch=G)
+    ds = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))
+    assert ds.num_rows == order.size
+    np.testing.assert_array_equal(np.array(ds[:5]["input_ids"]), store.batch(order[:5])[0])
+    row = ds[3]
+    assert sum(row["seq_lengths"]) == L and row["position_ids"][0] == 0
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=L))
+    want = expected_batches(store, order)
+    for world, workers in SETUPS:
+        args = TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=G // world,
+                                 train_sampling_strategy="sequential", dataloader_num_workers=workers,
+                                 dataloader_drop_last=True, report_to=[], use_cpu=True)
+        trainer = Trainer(model=model, args=args, train_dataset=ds.with_format("torch"))
+        if world == 1:
+            per_rank = [[b["input_ids"].numpy() for b in trainer.get_train_dataloader()]]
+        else:  # the dataloader each of the `world` processes gets from accelerate
+            base = trainer.get_train_dataloader().base_dataloader
+            per_rank = [[b["input_ids"].numpy() for b in prepare_data_loader(base, num_processes=world, process_index=r, put_on_device=False)]
+                        for r in range(world)]
+        got = np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(len(per_rank[0]))])
+        np.testing.assert_array_equal(got, want)
+
+
+def test_bad_batching_is_refused(tmp_path, concat):
+    stream, _, _ = concat
+    with pytest.raises(StrataInputError, match="not divisible"):
+        export_stream(stream, "numpy", tmp_path / "x", global_batch=6, world_size=4)
+    with pytest.raises(StrataInputError, match="unknown export format"):
+        export_stream(stream, "tfrecord", tmp_path / "x", global_batch=8)
+    assert not (tmp_path / "x").exists()
