@@ -13,11 +13,11 @@ from pipeline.offline import set_offline
 
 set_offline()
 
-from assets import checks, corpus, diagnostics, embeddings, evaluations, orderings, sequences, tokens, training  # noqa: E402
+from assets import checks, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
 from assets.common import StrataSettings  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
 
-_MODULES = [corpus, tokens, embeddings, sequences, orderings, diagnostics, training, evaluations, checks]
+_MODULES = [corpus, tokens, embeddings, sequences, orderings, exports, diagnostics, training, evaluations, checks]
 
 
 def build_definitions(config_file: str | None = None, data_root: str | None = None) -> dg.Definitions:

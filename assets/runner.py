@@ -15,7 +15,7 @@ from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
 UPSTREAM = ["raw_corpus", "corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
-PER_STRATEGY = ["orderings", "ordering_diagnostics"]
+PER_STRATEGY = ["orderings", "exports", "ordering_diagnostics"]
 PER_RUN = ["training_runs", "evaluations"]
 GATHER = ["diagnostics_report", "gradient_analyses", "ablation_report"]
 

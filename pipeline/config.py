@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pipeline.errors import StrataInputError
 from pipeline.names import (
     EMBED_METHODS,
+    EXPORT_FORMATS,
     MODEL_PRESETS,
     OBJECTIVES,
     ORDERING_STRATEGIES,
@@ -108,6 +109,11 @@ class StrataConfig(_Model):
     probe_batches: int = Field(2, ge=1)  # batches probed per checkpoint
     fidelity_chunks: int = Field(10, ge=2)  # mixture fidelity: chunks of each schedule
     fidelity_sequences_per_chunk: int = Field(32, ge=1)
+    # exports (strata export / the exports asset): the ordered stream for other trainers (docs/export.md)
+    export_formats: list[Literal[EXPORT_FORMATS]] = Field(default_factory=lambda: ["numpy"])  # type: ignore[valid-type]
+    export_global_batch: int = Field(0, ge=0)  # sequences per global batch; 0 = batch_size
+    export_world_size: int = Field(1, ge=1)  # data-parallel ranks (only the mds layout depends on it)
+    export_workers: int = Field(1, ge=1)  # DataLoader workers per rank
     # evaluations
     eval_limit: int = Field(40, ge=1)  # documents/articles per rolling-loglikelihood task
     wikitext_path: str = ""  # WikiText-2 raw test file (optional)

@@ -18,6 +18,7 @@ TRAINING_TIME_STRATEGIES = ("odm",)  # chosen online during training (ODM), not 
 PACKING_VARIANTS = ("concat", "padding", "best_fit")
 ATOM_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)  # Packing & shuffling, Table 1 / Table 4
 MODEL_PRESETS = ("tiny", "small", "base", "100m")
+EXPORT_FORMATS = ("numpy", "megatron", "mds", "hf")  # strata export / the exports asset
 
 
 def packing_name(variant: str, atom_multiple: float | None) -> str:

@@ -67,3 +67,16 @@ def loader_order(partition: np.ndarray, rank: int) -> list[np.ndarray]:
             if batch.size:
                 out.append(batch)
     return out
+
+
+def olmo_core_local_indices(n_instances: int, instances_per_batch: int, rank: int, world_size: int,
+                            worker: int, workers: int, batches_processed: int = 0) -> np.ndarray:
+    """Instances one rank's DataLoader worker reads, as OLMo-core's ``NumpyFSLDataLoader`` with
+    ``shuffle=False`` computes them (``_build_global_indices`` then ``_get_local_instance_indices``
+    in ``olmo_core/data/data_loader.py``): whole global batches dealt round robin to workers, each
+    batch strided over the data-parallel ranks."""
+    total = instances_per_batch * (n_instances // instances_per_batch)
+    indices = np.arange(n_instances, dtype=np.uint32)[:total].reshape(-1, instances_per_batch)
+    indices = indices[batches_processed:]
+    indices = indices[worker::workers]
+    return indices[:, rank::world_size].reshape(-1)

@@ -17,13 +17,17 @@ import torch
 from pipeline.errors import StrataInputError
 from pipeline.export import export_stream, stream_from_arrays
 from pipeline.packing.pack import SequenceStore, pack
-from tests.export_readers import loader_order, read_mds, streaming_partitions
+from tests.export_readers import loader_order, olmo_core_local_indices, read_mds, streaming_partitions
 
 L, G, EOS, PAD, VOCAB = 32, 8, 1, 0, 5000
 SETUPS = [(1, 1), (2, 2)]  # (world size, workers)
 
 
 def _data(variant: str, seed: int = 0):
+    return _raw(variant, seed)[:3]
+
+
+def _raw(variant: str, seed: int = 0):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(5, 90, size=160)
     tokens = rng.integers(2, VOCAB, size=int(lengths.sum())).astype(np.uint16)
@@ -33,7 +37,7 @@ def _data(variant: str, seed: int = 0):
     order = rng.permutation(packing.n_sequences)
     store = SequenceStore(tokens, offsets, packing.segments, L, pad_id=PAD)
     stream = stream_from_arrays(tokens, offsets, packing.segments, order, L, eos_id=EOS, pad_id=PAD)
-    return stream, store, order
+    return stream, store, order, tokens, offsets
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +60,19 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
     flat = np.memmap(tmp_path / "np" / "tokens.bin", dtype=meta["dtype"], mode="r")
     assert flat.size == order.size * L
     np.testing.assert_array_equal(flat.reshape(-1, L), store.batch(order)[0])
+    # OLMo-core (does not install beside this stack): NumpyFSLDataset instance i is tokens[i*L:(i+1)*L]
+    # of the raw file; its shuffle=False loader's rank/worker slicing rebuilds every global batch
+    want = expected_batches(store, order)
+    instances = flat.reshape(-1, L)
+    for world, workers in SETUPS:
+        b = G // world
+        for s in range(want.shape[0]):
+            got = np.empty((G, L), flat.dtype)
+            for rank in range(world):
+                w = s % workers  # worker w holds global batches w, w + W, ...
+                mine = olmo_core_local_indices(order.size, G, rank, world, w, workers).reshape(-1, b)[s // workers]
+                got[mine - s * G] = instances[mine]
+            np.testing.assert_array_equal(got, want[s])
 
     from torch.utils.data import DataLoader
 
@@ -236,3 +253,48 @@ def test_bad_batching_is_refused(tmp_path, concat):
     with pytest.raises(StrataInputError, match="unknown export format"):
         export_stream(stream, "tfrecord", tmp_path / "x", global_batch=8)
     assert not (tmp_path / "x").exists()
+
+
+def _data_root(root: Path, variant: str = "concat") -> tuple:
+    """A data root holding the documented artifacts an export reads (tokens, sequences, ordering, tokenizer)."""
+    import polars as pl
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.storage.layout import Layout
+
+    stream, store, order, tokens, offsets = _raw(variant)
+    layout = Layout(root)
+    for d in ("tokens", "sequences", "orderings"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    tokens.tofile(layout.tokens)
+    np.save(layout.doc_offsets, offsets)
+    stream.segments.write_parquet(layout.segments)
+    store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)
+    pl.DataFrame({"position": np.arange(order.size), "sequence_id": order}).write_parquet(layout.ordering("greedy"))
+    tok = Tokenizer(models.WordLevel({"<pad>": PAD, "<eos>": EOS, "a": 2}, unk_token="a"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(str(layout.tokenizer))
+    return store, order
+
+
+def test_cli_export(tmp_path, capsys):
+    from assets.cli import main
+
+    store, order = _data_root(tmp_path / "root")
+    (tmp_path / "cfg.yaml").write_text(f"seq_len: {L}\nbatch_size: {G}\n")
+    base = ["export", "--data-root", str(tmp_path / "root"), "--config", str(tmp_path / "cfg.yaml")]
+    assert main([*base, "--strategy", "greedy", "--format", "numpy", "--out", str(tmp_path / "out")]) == 0
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["strategy"] == "greedy" and meta["global_batch"] == G and meta["eos_id"] == EOS
+    assert len(meta["lineage"]["ordering_sha256"]) == 64
+    exported = np.fromfile(tmp_path / "out" / "tokens.bin", dtype=np.uint16).reshape(-1, L)
+    np.testing.assert_array_equal(exported, store.batch(order)[0])
+    assert "sequences" in capsys.readouterr().out
+    # no ordering for the strategy, a training-time strategy, a wrong seq_len: exit code 2 with the fix
+    assert main([*base, "--strategy", "random", "--format", "numpy", "--out", str(tmp_path / "o2")]) == 2
+    assert main([*base, "--strategy", "odm", "--format", "hf", "--out", str(tmp_path / "o3")]) == 2
+    (tmp_path / "bad.yaml").write_text("seq_len: 64\n")
+    bad = ["export", "--data-root", str(tmp_path / "root"), "--config", str(tmp_path / "bad.yaml")]
+    assert main([*bad, "--strategy", "greedy", "--format", "numpy", "--out", str(tmp_path / "o4")]) == 2
+    err = capsys.readouterr().err
+    assert "materialize orderings[random]" in err and "online" in err and "x seq_len 64" in err

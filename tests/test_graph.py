@@ -110,7 +110,7 @@ def test_duckdb_lineage_and_report(run):
         core = con.execute("SELECT value FROM eval_results WHERE suite = 'dclm' AND metric = 'core_v2'").fetchall()
         ablation = con.execute("SELECT DISTINCT strategy FROM ablation ORDER BY 1").fetchall()
         outputs = con.execute("SELECT outputs FROM lineage WHERE asset = 'sequences'").fetchone()[0]
-    assert assets == {"corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings",
+    assert assets == {"corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings", "exports",
                       "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses", "evaluations",
                       "ablation_report"}
     assert steps == [(s, cfg["max_steps"]) for s in sorted(STRATEGIES)]
@@ -122,6 +122,12 @@ def test_duckdb_lineage_and_report(run):
     assert "train/final_loss" in report and all(s in report for s in STRATEGIES)
     assert "train/final_loss" in proc.stdout  # the CLI prints the table
     assert (layout.run_dir("greedy", 0) / "model" / "config.json").exists()
+    # the exports asset wrote the greedy ordering in training order (numpy is the default format)
+    order = pl.read_parquet(layout.ordering("greedy")).sort("position")["sequence_id"].to_numpy()
+    matrix = np.fromfile(layout.sequence_matrix, dtype=np.uint16).reshape(-1, cfg["seq_len"])
+    exported = np.fromfile(layout.export_dir("greedy", "numpy") / "tokens.bin", dtype=np.uint16).reshape(-1, cfg["seq_len"])
+    np.testing.assert_array_equal(exported, matrix[order])
+    assert not layout.export_dir("odm", "numpy").exists()
 
 
 def test_k_larger_than_corpus_is_a_clear_error(tmp_path, request, write_jsonl):

@@ -114,10 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
     report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")
     report.set_defaults(func=cmd_report)
-    from assets.cli import schedule, tools
+    from assets.cli import export, schedule, tools
 
     schedule.register(sub)
     tools.register(sub)
+    export.register(sub)
     return parser
 
 

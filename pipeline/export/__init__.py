@@ -14,10 +14,11 @@ from pathlib import Path
 
 from pipeline.errors import StrataInputError
 from pipeline.export.batches import check_batching
+from pipeline.names import EXPORT_FORMATS
 from pipeline.export.stream import OrderedStream, open_stream, stream_from_arrays
 from pipeline.storage.atomic import atomic_dir
 
-FORMATS = ("numpy", "megatron", "mds", "hf")
+FORMATS = EXPORT_FORMATS
 
 __all__ = ["FORMATS", "OrderedStream", "export_stream", "open_stream", "stream_from_arrays"]
 
@@ -53,3 +54,31 @@ def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_ba
         "format": fmt, "dir": out, "files": [out / n for n in names], "sequences": stream.n_sequences,
         "tokens": stream.n_sequences * stream.seq_len, "wall_s": time.perf_counter() - t0,
     }
+
+
+def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, seq_len: int, global_batch: int,
+                    world_size: int = 1, workers: int = 1, progress=None) -> dict:
+    """Export ``orderings/<strategy>.parquet`` of the data root ``layout`` (see ``export_stream``).
+
+    ``meta.json`` records the lineage: the SHA-256 of the ordering and of the segments it refers to.
+    """
+    from pipeline.config import TRAINING_TIME_STRATEGIES
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.storage.atomic import file_sha256
+
+    if strategy in TRAINING_TIME_STRATEGIES:
+        raise StrataInputError(f"{strategy!r} picks its sequences online during training; it has no fixed order to export",
+                               fix="export a scheduled strategy (random, greedy, ...)")
+    tok = load_tokenizer(layout.tokenizer)
+    stream = open_stream(layout, strategy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seq_len=seq_len)
+    seg = layout.ordering_segments(strategy)
+    meta = {
+        "strategy": strategy,
+        "lineage": {
+            "ordering": str(layout.ordering(strategy)), "ordering_sha256": file_sha256(layout.ordering(strategy)),
+            "segments": str(seg if seg.exists() else layout.segments),
+            "segments_sha256": file_sha256(seg if seg.exists() else layout.segments),
+        },
+    }
+    return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
+                         meta=meta, progress=progress)

@@ -42,7 +42,8 @@ def export_hf(stream: OrderedStream, out: Path, meta: dict, progress=None) -> li
     for s in range(n_shards):
         path = out / "data" / f"train-{s:05d}-of-{n_shards:05d}.parquet"
         hi = min(m, (s + 1) * per_shard)
-        with pq.ParquetWriter(path, schema, compression="zstd", compression_level=1, write_statistics=False) as w:
+        with pq.ParquetWriter(path, schema, compression="zstd", compression_level=1,
+                              use_dictionary=False, write_statistics=False) as w:
             while True:
                 lo, rows = pending if pending is not None else next(chunks, (m, None))
                 pending = None

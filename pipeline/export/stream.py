@@ -69,7 +69,12 @@ def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
     matrix_path = Path(layout.sequence_matrix)
-    if not repacked and matrix_path.exists() and matrix_path.stat().st_size == n_seq * seq_len * tokens.dtype.itemsize:
+    if not repacked and matrix_path.exists() and matrix_path.stat().st_size != n_seq * seq_len * tokens.dtype.itemsize:
+        raise StrataInputError(
+            f"the sequence matrix holds {matrix_path.stat().st_size // tokens.dtype.itemsize} tokens, not {n_seq} x seq_len {seq_len}",
+            path=matrix_path, fix="use the configuration the data root was built with (--config), or rematerialize sequences",
+        )
+    if not repacked and matrix_path.exists():
         matrix = np.memmap(matrix_path, dtype=tokens.dtype, mode="r", shape=(n_seq, seq_len))
         read = lambda ids: np.asarray(matrix[np.asarray(ids)])  # noqa: E731
     else:

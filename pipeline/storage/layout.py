@@ -76,6 +76,9 @@ class Layout:
     def eval_file(self, strategy: str, seed: int) -> Path:
         return self.inside("evals", f"{strategy}.seed{seed}.parquet")
 
+    def export_dir(self, strategy: str, fmt: str) -> Path:
+        return self.inside("exports", strategy, fmt)
+
     def inside(self, *parts: str) -> Path:
         """A path under the root; refuses names that would escape it (``..``, absolute paths)."""
         path = self.root.joinpath(*parts).resolve()

@@ -1,0 +1,55 @@
+"""``strata export``: write an ordering for another trainer (numpy, megatron, mds, hf), in order."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.export import FORMATS
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from tqdm import tqdm
+
+    from pipeline.config import load_config, StrataConfig
+    from pipeline.export import export_ordering
+    from pipeline.storage.layout import Layout
+
+    cfg = (load_config(args.config) if args.config else StrataConfig())
+    if args.data_root:
+        cfg.data_root = args.data_root
+    elif not args.config:
+        from assets.common import env_config
+
+        cfg = env_config()
+    cfg.validate()
+    layout = Layout(cfg.root)
+    global_batch = args.global_batch or cfg.export_global_batch or cfg.batch_size
+    bar = tqdm(desc=f"export {args.format}", unit="seq")
+    try:
+        info = export_ordering(layout, args.strategy, args.format, args.out, seq_len=cfg.seq_len, global_batch=global_batch,
+                               world_size=args.world_size, workers=args.workers, progress=bar.update)
+    finally:
+        bar.close()
+    rate = info["tokens"] / info["wall_s"] if info["wall_s"] else float("inf")
+    Console().print(
+        f"[bold]{args.strategy}[/] -> {info['dir']} ({args.format}): {info['sequences']:,} sequences, "
+        f"{info['tokens']:,} tokens in {info['wall_s']:.1f} s ({rate / 1e6:.1f}M tokens/s); "
+        f"global batch {global_batch}, world size {args.world_size}, workers {args.workers}. "
+        "Trainer settings that keep the order: docs/export.md"
+    )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write an ordering for another trainer (numpy, megatron, mds, hf), in Strata's order")
+    p.add_argument("--strategy", required=True, help="ordering to export (orderings/<strategy>.parquet)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="output format (docs/export.md)")
+    p.add_argument("--out", required=True, type=Path, help="output directory (replaced atomically)")
+    p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export_global_batch, else batch_size)")
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the training run (the mds layout depends on it)")
+    p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
+    p.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
+    p.add_argument("--config", default=None, help="the config the data root was built with (seq_len, batch_size)")
+    p.set_defaults(func=cmd_export)

@@ -1,0 +1,37 @@
+"""exports: one partition per strategy, the ordering written for other trainers in Strata's order."""
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+from assets.common import Recorder, StrataSettings
+from assets.orderings import STRATEGY_PARTITIONS
+from pipeline.config import TRAINING_TIME_STRATEGIES
+from pipeline.export import export_ordering
+
+
+@dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"numpy"})
+def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Write the partition's ordering in every format of ``export_formats`` under
+    ``exports/<strategy>/<format>/`` (global batch ``export_global_batch`` or ``batch_size``,
+    ``export_world_size`` ranks, ``export_workers`` workers; see docs/export.md)."""
+    cfg, layout = settings.config(), settings.layout()
+    strategy = context.partition_key
+    if strategy in TRAINING_TIME_STRATEGIES or not cfg.export_formats:
+        why = "picks sequences online (no fixed order)" if strategy in TRAINING_TIME_STRATEGIES else "export_formats is empty"
+        return dg.MaterializeResult(metadata={"skipped": f"{strategy}: {why}"})
+    rec = Recorder(context, duckdb, {"orderings": strategy})
+    global_batch = cfg.export_global_batch or cfg.batch_size
+    files, meta = [], {}
+    for fmt in cfg.export_formats:
+        info = export_ordering(layout, strategy, fmt, layout.export_dir(strategy, fmt), seq_len=cfg.seq_len,
+                               global_batch=global_batch, world_size=cfg.export_world_size, workers=cfg.export_workers)
+        files += info["files"]
+        meta[f"{fmt}/tokens_per_s"] = round(info["tokens"] / max(info["wall_s"], 1e-9))
+        context.log.info(f"{fmt}: {info['sequences']} sequences in {info['wall_s']:.2f} s -> {info['dir']}")
+    return rec.finish(
+        sorted(files, key=lambda p: (p.name != "meta.json", str(p))),
+        {"sequences": info["sequences"], "formats": len(cfg.export_formats)},
+        {"strategy": strategy, "formats": list(cfg.export_formats), "global_batch": global_batch,
+         "world_size": cfg.export_world_size, "workers": cfg.export_workers},
+        meta,
+    )
