@@ -12,18 +12,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rich.console import Console
     from tqdm import tqdm
 
-    from pipeline.config import load_config, StrataConfig
+    from pipeline.config import resolve_config
     from pipeline.export import export_ordering
     from pipeline.storage.layout import Layout
 
-    cfg = (load_config(args.config) if args.config else StrataConfig())
-    if args.data_root:
-        cfg.data_root = args.data_root
-    elif not args.config:
-        from assets.common import env_config
-
-        cfg = env_config()
-    cfg.validate()
+    cfg = resolve_config(args.config, args.data_root)
     layout = Layout(cfg.root)
     global_batch = args.global_batch or cfg.export_global_batch or cfg.batch_size
     bar = tqdm(desc=f"export {args.format}", unit="seq")
@@ -50,6 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export_global_batch, else batch_size)")
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the training run (the mds layout depends on it)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
-    p.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
+    p.add_argument("--data-root", default=None, help="data root (default: the config's data_root, else $STRATA_HOME, else ./.strata)")
     p.add_argument("--config", default=None, help="the config the data root was built with (seq_len, batch_size)")
     p.set_defaults(func=cmd_export)
