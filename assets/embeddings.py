@@ -8,8 +8,9 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from pipeline.represent.clusters import kmeans
+from pipeline.distributed.text_shards import clear_shards, embed_shard, map_text_shards
 from pipeline.storage.cache import HashCache, cached_embed, embedding_fingerprint
-from pipeline.represent.embeddings import IMPLEMENTATION, default_model_path, embed
+from pipeline.represent.embeddings import IMPLEMENTATION, default_model_path
 from pipeline.storage.atomic import write_npy, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
@@ -19,7 +20,9 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     """Document embeddings (``embed_method``: sentence = all-MiniLM-L6-v2 offline by default,
     shallow = mean input-embedding rows, deep = mean last hidden state), L2-normalized, over
     each document's first ``embed_max_tokens`` tokens. Cached per content hash (``cache/embeddings``):
-    a rerun embeds only new or edited documents."""
+    a rerun embeds only new or edited documents. The misses are embedded in shards of
+    ``shard_docs`` documents on the configured ``engine``: in this process, or on Ray model actors
+    (one per GPU, CPU actors otherwise); both give identical bytes."""
     rec = Recorder(context, duckdb, {"corpus": None})
     cfg, layout = settings.config(), settings.layout()
     df = pl.read_parquet(layout.corpus, columns=["text", "content_hash"])
@@ -27,18 +30,23 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     fingerprint = embedding_fingerprint(cfg.embed_model or default_model_path(), cfg.embed_max_tokens, method=cfg.embed_method,
                                         implementation=IMPLEMENTATION)
     cache = HashCache(layout.inside("cache"), "embeddings", fingerprint, np.float32, 0)
+    work = layout.inside("work", "embeddings")
+    shard_stats: dict[str, int] = {}
+    args = (cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size, cfg.engine == "local")
     emb, computed = cached_embed(
-        lambda batch: embed(batch, cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size,
-                            work_dir=layout.inside("work", "embeddings")),
+        lambda texts: np.concatenate(map_text_shards(embed_shard, args, texts, stage="embeddings", fingerprint=fingerprint, stats=shard_stats,
+                                                     work_dir=work, cfg=cfg, actors=True)),
         df["text"].to_list(), hashes, cache,
     )
     cache.prune(hashes)
+    clear_shards(work, "embeddings")
     write_npy(emb, layout.embeddings)
     return rec.finish(
         [layout.embeddings],
         {"documents": emb.shape[0], "dim": emb.shape[1]},
-        {"method": cfg.embed_method, "model": cfg.embed_model or "all-MiniLM-L6-v2", "max_tokens": cfg.embed_max_tokens},
-        {"embedded": computed, "from_cache": len(hashes) - computed},
+        {"method": cfg.embed_method, "model": cfg.embed_model or "all-MiniLM-L6-v2", "max_tokens": cfg.embed_max_tokens,
+         "engine": cfg.engine, "shard_docs": cfg.shard_docs},
+        {"embedded": computed, "from_cache": len(hashes) - computed, **shard_stats},
     )
 
 

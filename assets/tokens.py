@@ -7,6 +7,7 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
+from pipeline.distributed.text_shards import clear_shards, map_text_shards, tokenize_shard
 from pipeline.storage.cache import HashCache, cached_tokenize, tokenizer_fingerprint
 from pipeline.storage.atomic import atomic_dir, write_bin, write_npy, write_parquet
 from pipeline.data.tokenizer import load_tokenizer, train_bpe
@@ -31,15 +32,28 @@ def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     """Token ids of every document (flat ``tokens.bin`` + ``doc_offsets.npy``) and ``documents.parquet``.
 
     Token ids are cached per content hash (``cache/tokens``): with a fixed tokenizer, only new or
-    edited documents are tokenized on a rerun."""
+    edited documents are tokenized on a rerun. The misses are tokenized in shards of
+    ``shard_docs`` documents on the configured ``engine`` (local or Ray)."""
     rec = Recorder(context, duckdb, {"corpus": None, "tokenizer": None})
-    layout = settings.layout()
+    cfg, layout = settings.config(), settings.layout()
     tok = load_tokenizer(layout.tokenizer)
     corpus = pl.read_parquet(layout.corpus)
     hashes = corpus["content_hash"].to_list()
-    cache = HashCache(layout.inside("cache"), "tokens", tokenizer_fingerprint(tok), token_dtype(len(tok)))
-    flat, offsets, computed = cached_tokenize(tok, corpus["text"].to_list(), hashes, cache)
+    fingerprint = tokenizer_fingerprint(tok)
+    cache = HashCache(layout.inside("cache"), "tokens", fingerprint, token_dtype(len(tok)))
+    work = layout.inside("work", "tokens")
+    shard_stats: dict[str, int] = {}
+
+    def tokenize_fn(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        args = (tok.backend_tokenizer.to_str(), tok.eos_token_id, token_dtype(len(tok)).str)
+        parts = map_text_shards(tokenize_shard, args, texts, stage="tokens", fingerprint=fingerprint, stats=shard_stats, work_dir=work, cfg=cfg)
+        flat = np.concatenate([p[0] for p in parts])
+        offsets = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(p[1]) for p in parts]))]).astype(np.int64)
+        return flat, offsets
+
+    flat, offsets, computed = cached_tokenize(tok, corpus["text"].to_list(), hashes, cache, tokenize_fn)
     cache.prune(hashes)
+    clear_shards(work, "tokens")
     write_bin(flat, layout.tokens)
     write_npy(offsets, layout.doc_offsets)
     n_tokens = np.diff(offsets) - 1
@@ -52,7 +66,7 @@ def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     return rec.finish(
         [layout.documents, layout.tokens, layout.doc_offsets],
         {"documents": docs.height, "tokens": int(flat.size)},
-        {"dtype": str(flat.dtype)},
+        {"dtype": str(flat.dtype), "engine": cfg.engine, "shard_docs": cfg.shard_docs},
         {"tokens_per_doc_mean": float(n_tokens.mean()), "dtype": str(flat.dtype),
-         "tokenized": computed, "from_cache": corpus.height - computed},
+         "tokenized": computed, "from_cache": corpus.height - computed, **shard_stats},
     )

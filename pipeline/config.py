@@ -31,7 +31,7 @@ from pipeline.names import (
     WITHIN_SORTS,
 )
 
-__all__ = ["CorpusConfig", "StrataConfig", "TRAINING_TIME_STRATEGIES", "config_from_dict", "load_config", "resolve_config", "validation_error"]
+__all__ = ["CorpusConfig", "RayConfig", "StrataConfig", "TRAINING_TIME_STRATEGIES", "config_from_dict", "load_config", "resolve_config", "validation_error"]
 
 ALL_STRATEGIES = (*ORDERING_STRATEGIES, *TRAINING_TIME_STRATEGIES)
 
@@ -60,9 +60,31 @@ class CorpusConfig(_Model):
     on_error: Literal["fail", "skip"] = "fail"
 
 
+class RayConfig(_Model):
+    """Where and how ``engine: ray`` runs its work (docs/distributed.md)."""
+
+    address: str = ""  # "" = start a local Ray instance for the run; "auto" = the running cluster; "ray://host:port" or "host:port"
+    embed_gpus: float = Field(1.0, ge=0.0)  # GPUs per embedding actor when the cluster has GPUs (1.0 = one actor per GPU)
+    embed_cpus: float = Field(1.0, gt=0.0)  # CPUs per embedding actor and per tokenization task
+    train_gpus: float = Field(1.0, ge=0.0)  # GPUs per training / evaluation task when the cluster has GPUs
+    train_cpus: float = Field(1.0, gt=0.0)  # CPUs per training / evaluation task
+    max_concurrency: int = Field(0, ge=0)  # most actors / tasks in flight at once; 0 = as many as the cluster's resources allow
+    max_retries: int = Field(3, ge=0)  # retries of a shard whose worker process or node died (restarts of a dead actor)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value and value != "auto" and not value.startswith("ray://") and ":" not in value:
+            raise ValueError("use '' (a local Ray instance for the run), 'auto', 'ray://host:port' or 'host:port'")
+        return value
+
+
 class StrataConfig(_Model):
     data_root: str = ".strata"
     seed: int = Field(0, ge=0)
+    engine: Literal["local", "ray"] = "local"  # ray: per-shard work and ablation runs on a Ray cluster (docs/distributed.md)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    shard_docs: int = Field(4096, ge=1)  # documents per work shard of tokens/embeddings (both engines: fixes batch composition)
     automation: Literal["manual", "eager"] = "manual"  # eager: Dagster declarative automation reruns stale assets
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     heldout_fraction: float = Field(0.02, ge=0.0, lt=0.5)  # seeded split of documents excluded from training
@@ -185,7 +207,7 @@ _TYPE_FIXES = {
     "bool_type": "write true or false without quotes",
     "string_type": "write a string (quote it in YAML if needed)",
     "list_type": "write a list, e.g. {key}: [a, b]",
-    "model_type": "write a mapping, e.g. corpus: {{path: data.jsonl}}",
+    "model_type": "write a mapping, e.g. corpus: {{path: data.jsonl}} or ray: {{address: auto}}",
     "model_attributes_type": "write a mapping, e.g. corpus: {{path: data.jsonl}}",
     "literal_error": "use {expected}",
     "greater_than_equal": "use a value >= {ge}",

@@ -25,6 +25,7 @@ checkpoint, which is deleted once the run completes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -468,7 +469,7 @@ def _embed_forward(
     progress: bool,
 ) -> np.ndarray:
     import torch
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig
 
     backend, pad_id = _fast_tokenizer(module_dir)
     config = AutoConfig.from_pretrained(str(module_dir))
@@ -488,7 +489,7 @@ def _embed_forward(
     order = np.lexsort((np.arange(len(texts)), -lengths))  # longest first, stable
     pending = order[~done[order]]
     dev = device()
-    model = AutoModel.from_pretrained(str(module_dir)).to(dev).eval()
+    model = _load_model(str(module_dir), dev)
     budget = batch_size * int(limit or lengths.max())
     if dev == "cpu":
         budget = min(budget, _CPU_BATCH_TOKENS)
@@ -524,6 +525,14 @@ def _embed_forward(
     if ckpt is not None and ckpt.exists():
         ckpt.unlink()
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _load_model(module_dir: str, dev: str):
+    """The model, loaded once per process (an embedding actor keeps it between shards)."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(module_dir).to(dev).eval()
 
 
 def _save_checkpoint(path: Path, emb: np.ndarray, done: np.ndarray) -> None:

@@ -200,8 +200,12 @@ def embedding_fingerprint(model_path: str, max_tokens: int, **params: object) ->
 
 
 # -- cached stages -------------------------------------------------------------------------------
-def cached_tokenize(tokenizer, texts: Sequence[str], hashes: Sequence[str], cache: HashCache) -> tuple[np.ndarray, np.ndarray, int]:
-    """Token store of ``texts`` as :func:`pipeline.data.tokens.tokenize_documents` returns it, tokenizing misses only.
+def cached_tokenize(
+    tokenizer, texts: Sequence[str], hashes: Sequence[str], cache: HashCache,
+    tokenize_fn: Callable[[list[str]], tuple[np.ndarray, np.ndarray]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Token store of ``texts`` as :func:`pipeline.data.tokens.tokenize_documents` returns it, tokenizing misses only
+    (with ``tokenize_fn`` when given: the same ``(flat, offsets)`` contract, e.g. sharded on Ray).
 
     The cache holds each document's text token ids (no EOS); EOS is appended when assembling.
     Returns ``(flat_tokens, doc_offsets, n_computed)``.
@@ -214,7 +218,8 @@ def cached_tokenize(tokenizer, texts: Sequence[str], hashes: Sequence[str], cach
     found, rows = cache.lookup(hashes)
     miss = np.flatnonzero(~found)
     if miss.size:
-        flat, off = tokenize_documents(tokenizer, [texts[i] for i in miss], progress=False)
+        missing = [texts[i] for i in miss]
+        flat, off = tokenize_fn(missing) if tokenize_fn else tokenize_documents(tokenizer, missing, progress=False)
         fresh = [flat[off[j] : off[j + 1] - 1] for j in range(miss.size)]
         for j, i in enumerate(miss):
             rows[i] = fresh[j]
