@@ -9,6 +9,7 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings, run_key
+from assets.on_ray import run_on_ray
 from assets.orderings import STRATEGY_PARTITIONS
 from assets.training import RUN_PARTITIONS
 from pipeline.storage.atomic import write_parquet, write_text
@@ -28,6 +29,8 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
 
     from evals.run import evaluate
 
+    if (on_ray := run_on_ray(context, settings)) is not None:
+        return on_ray
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"training_runs": context.partition_key})
     cfg, layout = settings.config(), settings.layout()

@@ -6,6 +6,7 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings, run_key, run_partitions
+from assets.on_ray import run_on_ray
 from assets.orderings import STRATEGY_PARTITIONS, load_ordering
 from pipeline.storage.atomic import atomic_dir, write_parquet
 from pipeline.packing.pack import SequenceStore
@@ -58,6 +59,8 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     from pipeline.training.gradients import gradient_stable_ranks
     from pipeline.training.odm import ODMSampler, sequence_clusters
 
+    if (on_ray := run_on_ray(context, settings)) is not None:
+        return on_ray
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"orderings": strategy})
     cfg, layout = settings.config(), settings.layout()

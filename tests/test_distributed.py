@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,68 +25,13 @@ STRATEGIES = ["random", "greedy"]
 N_DOCS, SHARD_DOCS = 120, 40  # three shards
 
 
-# --------------------------------------------------------------------------- the cluster
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cluster_pids(temp_dir: Path) -> list[int]:
-    """Every process of the cluster under ``temp_dir``: its daemons (named by the folder on their
-    command line) and their children (agents, workers, actors)."""
-    procs: dict[int, tuple[int, str]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            procs[int(d.name)] = (ppid, cmd)
-    mine = {pid for pid, (_, cmd) in procs.items() if str(temp_dir) in cmd}
-    grew = True
-    while grew:
-        kids = {pid for pid, (ppid, _) in procs.items() if ppid in mine} - mine
-        grew = bool(kids)
-        mine |= kids
-    return sorted(mine)
-
-
-def _stop_cluster(temp_dir: Path) -> None:
-    """Stop exactly this cluster's processes (``ray stop --force`` would also stop every other
-    Ray cluster of this user on the machine)."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        pids = _cluster_pids(temp_dir)
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while _cluster_pids(temp_dir) and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A head node and a second node, separate raylets with 1 CPU each; yields (address, temp dir)."""
-    temp_dir = Path(tempfile.mkdtemp(prefix="strata-ray-", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    exe = str(Path(sys.executable).with_name("ray"))
-    port = _free_port()
-    common = ["--num-cpus=1", "--num-gpus=0", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
-    try:
-        for cmd in (
-            [exe, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-             f"--dashboard-port={_free_port()}", f"--ray-client-server-port={_free_port()}", *common],
-            [exe, "start", f"--address=127.0.0.1:{port}", *common],
-        ):
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        yield f"127.0.0.1:{port}", temp_dir
-    finally:
-        _stop_cluster(temp_dir)
-        subprocess.run(["rm", "-rf", str(temp_dir)], check=False)
+    from pipeline.distributed.local_cluster import local_cluster
+
+    with local_cluster([1, 1]) as cluster:
+        yield cluster
 
 
 # --------------------------------------------------------------------------- graph runs
@@ -112,13 +55,13 @@ def materialize(config: Path, selection: list[str], partition: str | None = None
     import dagster as dg
     from dagster_duckdb import DuckDBResource
 
-    from assets import corpus, embeddings, orderings, sequences, tokens
+    from assets import corpus, embeddings, orderings, sequences, tokens, training
     from assets.common import StrataSettings
 
     root = Path(yaml.safe_load(config.read_text())["data_root"])
     root.mkdir(parents=True, exist_ok=True)
     return dg.materialize(
-        dg.load_assets_from_modules([corpus, tokens, embeddings, sequences, orderings]), selection=selection,
+        dg.load_assets_from_modules([corpus, tokens, embeddings, sequences, orderings, training]), selection=selection,
         partition_key=partition, raise_on_error=True,
         resources={"settings": StrataSettings(config_file=str(config)), "duckdb": DuckDBResource(database=str(root / "strata.duckdb"))},
     )
@@ -149,31 +92,30 @@ def local_root(tmp_path_factory) -> Path:
     return tmp / "root"
 
 
+@pytest.fixture(scope="module")
+def ray_root(ray_cluster, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("ray")
+    _through_orderings(_config(tmp, "root", "ray", ray_cluster[0]))
+    return tmp / "root"
+
+
 # --------------------------------------------------------------------------- tests
-def test_ray_engine_writes_the_local_bytes(ray_cluster, local_root, tmp_path):
-    address, _ = ray_cluster
-    config = _config(tmp_path, "root", "ray", address)
-    _through_orderings(config)
-    local, remote = _artifacts(local_root), _artifacts(tmp_path / "root")
+def test_ray_engine_writes_the_local_bytes(local_root, ray_root):
+    local, remote = _artifacts(local_root), _artifacts(ray_root)
     assert "embeddings/embeddings.npy" in local and "orderings/greedy.parquet" in local and "tokens/tokens.bin" in local
     assert sorted(remote) == sorted(local)
     assert [k for k in local if local[k] != remote[k]] == []
     import duckdb
 
-    with duckdb.connect(str(tmp_path / "root" / "strata.duckdb"), read_only=True) as con:
+    with duckdb.connect(str(ray_root / "strata.duckdb"), read_only=True) as con:
         params = dict(con.execute("SELECT asset, parameters FROM lineage WHERE asset IN ('tokens', 'embeddings')").fetchall())
     assert all(json.loads(p)["engine"] == "ray" for p in params.values()) and len(params) == 2
 
 
 def _actor_running_a_shard(temp_dir: Path) -> int | None:
-    for pid in _cluster_pids(temp_dir):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith("ray::ShardActor.run"):
-            return pid
-    return None
+    from pipeline.distributed.local_cluster import cluster_pids, process_title
+
+    return next((pid for pid in cluster_pids(temp_dir) if process_title(pid).startswith("ray::ShardActor.run")), None)
 
 
 def test_worker_killed_during_embedding_gives_identical_artifacts(ray_cluster, local_root, tmp_path):
@@ -266,3 +208,24 @@ def test_bad_record_in_one_shard_fails_with_its_file_and_line(ray_cluster, tmp_p
     assert messages["ray"] == messages["local"]
     assert messages["ray"].startswith(f"{tmp_path / 'shard-1.jsonl'}, line 2: malformed JSON")
     assert "Traceback" not in messages["ray"] and "Ray" not in messages["ray"]
+
+
+def test_training_partition_runs_as_a_ray_task(local_root, ray_root):
+    """training_runs[random, seed 0] on the cluster: its own Dagster run on a Ray worker, the local bytes."""
+    import dagster as dg
+    import duckdb
+
+    partition = dg.MultiPartitionKey({"strategy": "random", "seed": "0"})
+    results = {}
+    for root in (local_root, ray_root):
+        config = root.parent / "root.yaml"
+        cfg = yaml.safe_load(config.read_text())
+        config.write_text(yaml.safe_dump({**cfg, "max_steps": 3, "warmup_steps": 1, "probe_fractions": [1.0]}))
+        results[root] = materialize(config, ["training_runs"], partition)
+    assert _metadata(results[ray_root], "training_runs")["engine"] == "ray"
+    with duckdb.connect(str(ray_root / "strata.duckdb"), read_only=True) as con:
+        (run_id,) = con.execute("SELECT run_id FROM lineage WHERE asset = 'training_runs'").fetchone()
+    assert run_id != results[ray_root].run_id  # materialized by the worker's own run, not in this process
+    for name in ("log.parquet", "stream.parquet", "model/model.safetensors"):
+        ours = (ray_root / "runs" / "random" / "seed0" / name).read_bytes()
+        assert ours == (local_root / "runs" / "random" / "seed0" / name).read_bytes(), name

@@ -104,28 +104,15 @@ def map_shards_ray(
     return failures
 
 
-def run_remote(fn: Callable[..., Any], args: tuple, cfg, *, num_cpus: float, num_gpus: float) -> Any:
-    """``fn(*args)`` as one Ray task (``num_gpus`` only when the cluster has GPUs); bad input raises as locally."""
+def run_remote(fn: Callable[..., Any], args: tuple, cfg, *, num_cpus: float, num_gpus: float, fresh_process: bool = False) -> Any:
+    """``fn(*args)`` as one Ray task (``num_gpus`` only when the cluster has GPUs); bad input raises as locally.
+
+    ``fresh_process``: run it in a worker process of its own (no module state from earlier tasks)."""
     with session(cfg) as ray:
         gpus = num_gpus if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        task = ray.remote(num_cpus=num_cpus, num_gpus=gpus, max_retries=cfg.max_retries, retry_exceptions=False)(_worker_call)
+        task = ray.remote(num_cpus=num_cpus, num_gpus=gpus, max_retries=cfg.max_retries, retry_exceptions=False,
+                          max_calls=1 if fresh_process else 0)(_worker_call)
         result = _get(ray, task.remote(fn, args), Shard(getattr(fn, "__name__", "task"), args))
     if isinstance(result, ShardFailure):
         raise result.error()
     return result
-
-
-def run_many(calls: Sequence[tuple[Callable[..., Any], tuple]], cfg, *, num_cpus: float, num_gpus: float) -> list[Any]:
-    """Several ``fn(*args)`` calls as parallel Ray tasks; results in input order."""
-    shards = [Shard(f"{getattr(fn, '__name__', 'task')}[{i}]", (fn, args)) for i, (fn, args) in enumerate(calls)]
-    out: dict[int, Any] = {}
-    with session(cfg) as ray:
-        gpus = num_gpus if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        task = ray.remote(num_cpus=num_cpus, num_gpus=gpus, max_retries=cfg.max_retries, retry_exceptions=False)(_worker_call)
-        refs = [task.remote(fn, args) for fn, args in calls]
-        for i, ref in enumerate(refs):
-            out[i] = _get(ray, ref, shards[i])
-    for i in sorted(out):
-        if isinstance(out[i], ShardFailure):
-            raise out[i].error()
-    return [out[i] for i in range(len(calls))]

@@ -1,0 +1,101 @@
+"""Tokenize + embed throughput (docs/s): the local engine against Ray with one and with two nodes.
+
+    python benchmarks/bench_ray.py [--docs 600 --shard-docs 100 --max-tokens 256 --node-cpus 1]
+
+Real demo-corpus texts; tokenization with the embedding model's tokenizer (``tokenize_shard``),
+then all-MiniLM-L6-v2 sentence embeddings (``embed_shard``), both cut into the same shards of
+``--shard-docs`` documents (:mod:`pipeline.distributed.text_shards`). Engines:
+
+- ``local``: this process, torch on every core;
+- ``ray x1``: a real Ray cluster of one node (``--node-cpus`` CPUs; one 1-CPU model actor per CPU);
+- ``ray x2``: two nodes on this machine (two raylets), the same CPUs each.
+
+Each row times both stages end to end from a cold start (the Ray rows include connecting to the
+cluster and starting the actors, which load the model), and checks that the embeddings are
+byte-identical to the local engine's. Cluster start-up (``ray start``) is not timed. Set
+STRATA_SHARED to the shared folder (default ../shared beside the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.config import RayConfig, StrataConfig  # noqa: E402
+from pipeline.distributed.local_cluster import local_cluster  # noqa: E402
+from pipeline.distributed.text_shards import embed_shard, map_text_shards, tokenize_shard  # noqa: E402
+from pipeline.offline import set_offline  # noqa: E402
+from pipeline.represent.embeddings import default_model_path  # noqa: E402
+
+SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+
+
+def texts(n: int) -> list[str]:
+    out = []
+    with gzip.open(SHARED / "data" / "corpus" / "demo_corpus.jsonl.gz", "rt", encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i % 7 == 0:
+                out.append(json.loads(line)["text"])
+                if len(out) == n:
+                    break
+    return out
+
+
+def run(docs: list[str], cfg: StrataConfig, work: Path) -> tuple[float, float, np.ndarray]:
+    """Seconds to tokenize and to embed ``docs`` on ``cfg.engine`` (fresh shard folders), and the embeddings."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(default_model_path()) / "tokenizer.json"))
+    tok_args = (tok.to_str(), tok.token_to_id("[SEP]"), np.dtype(np.uint16).str)
+    emb_args = ("sentence", "", cfg.embed_max_tokens, cfg.embed_batch_size, False)
+    shutil.rmtree(work, ignore_errors=True)
+    t0 = time.perf_counter()
+    map_text_shards(tokenize_shard, tok_args, docs, stage="tokens", fingerprint="bench", work_dir=work, cfg=cfg)
+    t1 = time.perf_counter()
+    emb = np.concatenate(map_text_shards(embed_shard, emb_args, docs, stage="embeddings", fingerprint="bench",
+                                         work_dir=work, cfg=cfg, actors=True))
+    return t1 - t0, time.perf_counter() - t1, emb
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=600)
+    ap.add_argument("--shard-docs", type=int, default=100)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--node-cpus", type=int, default=1)
+    args = ap.parse_args()
+    set_offline()
+    docs = texts(args.docs)
+    work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    base = dict(shard_docs=args.shard_docs, embed_max_tokens=args.max_tokens)
+    print(f"{len(docs)} documents, {args.shard_docs} a shard, first {args.max_tokens} tokens, {os.cpu_count()} cores on this machine")
+    rows = []
+    tok_s, emb_s, ref = run(docs, StrataConfig(engine="local", **base), work / "local")
+    rows.append(("local (this process)", tok_s, emb_s, True))
+    for nodes in (1, 2):
+        with local_cluster([args.node_cpus] * nodes) as (address, _):
+            cfg = StrataConfig(engine="ray", ray=RayConfig(address=address), **base)
+            tok_s, emb_s, emb = run(docs, cfg, work / f"ray{nodes}")
+        rows.append((f"ray x{nodes} node{'s' if nodes > 1 else ''} ({args.node_cpus} CPU each)", tok_s, emb_s,
+                     emb.tobytes() == ref.tobytes()))
+    shutil.rmtree(work, ignore_errors=True)
+    n = len(docs)
+    print(f"\n{'engine':34} {'tokenize s':>10} {'embed s':>8} {'docs/s':>8} {'tok docs/s':>10} {'emb docs/s':>10}  same bytes")
+    for name, t, e, same in rows:
+        print(f"{name:34} {t:10.2f} {e:8.2f} {n / (t + e):8.1f} {n / t:10.0f} {n / e:10.1f}  {'yes' if same else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
