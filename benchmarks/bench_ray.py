@@ -6,7 +6,8 @@ Real demo-corpus texts; tokenization with the embedding model's tokenizer (``tok
 then all-MiniLM-L6-v2 sentence embeddings (``embed_shard``), both cut into the same shards of
 ``--shard-docs`` documents (:mod:`pipeline.distributed.text_shards`). Engines:
 
-- ``local``: this process, torch on every core;
+- ``local``: this process, torch on every core, and again with one torch thread (what a 1-CPU
+  Ray actor uses: on a loaded machine, multi-threaded torch can lose more than it gains);
 - ``ray x1``: a real Ray cluster of one node (``--node-cpus`` CPUs; one 1-CPU model actor per CPU);
 - ``ray x2``: two nodes on this machine (two raylets), the same CPUs each.
 
@@ -84,6 +85,13 @@ def main() -> None:
     rows = []
     tok_s, emb_s, ref = run(docs, StrataConfig(engine="local", **base), work / "local")
     rows.append(("local (this process)", tok_s, emb_s, True))
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tok_s, emb_s, emb = run(docs, StrataConfig(engine="local", **base), work / "local1")
+    torch.set_num_threads(threads)
+    rows.append(("local, 1 torch thread", tok_s, emb_s, emb.tobytes() == ref.tobytes()))
     for nodes in (1, 2):
         with local_cluster([args.node_cpus] * nodes) as (address, _):
             cfg = StrataConfig(engine="ray", ray=RayConfig(address=address), **base)
