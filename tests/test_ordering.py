@@ -233,16 +233,30 @@ def test_curriculum_file_errors(tmp_path):
         sequence_order("greedy_curriculum", f, OrderParams(), 0)
 
 
-def test_stratified_matches_seed_001_loop_and_sorts():
+def test_stratified_matches_reference_rule_by_hand_and_loop():
+    # deficit_k = remaining_k/remaining_total - picked_k/picked_total, ties to the lowest cluster.
+    # Clusters of docs 0..5: [2, 0, 1, 0, 2, 0] -> cluster 0 = docs 1, 3, 5; 1 = doc 2; 2 = docs 0, 4.
+    # t0: P=0, remaining shares 3/6, 1/6, 2/6 -> cluster 0 (doc 1)
+    # t1: 2/5-1/1, 1/5-0, 2/5-0 = -.6, .2, .4 -> cluster 2 (doc 0)
+    # t2: 2/4-1/2, 1/4-0, 1/4-1/2 = 0, .25, -.25 -> cluster 1 (doc 2)
+    # t3: 2/3-1/3, (1 empty), 1/3-1/3 = .33, 0 -> cluster 0 (doc 3)
+    # t4: 1/2-2/4, 1/2-1/4 = 0, .25 -> cluster 2 (doc 4); t5: cluster 0 (doc 5)
+    cluster = np.array([2, 0, 1, 0, 2, 0])
+    assert stratified_order(cluster, np.ones(6, int)).tolist() == [1, 0, 2, 3, 4, 5]
+    # (the global-share rule tau_k (t+1) - placed_k would pick cluster 0 at t2: 1.5-1 ties 0.5-0)
+    assert stratified_order(np.array([1, 0]), np.ones(2, int)).tolist() == [1, 0]  # tie -> cluster 0 first
     rng = np.random.default_rng(4)
     cluster, length = rng.integers(0, 5, 400), rng.integers(1, 90, 400)
-    # Diversity-ordered training's reference: a Python loop picking the largest deficit (global document shares)
     queues = {j: [d for d in range(400) if cluster[d] == j] for j in range(5)}
     n = {j: len(q) for j, q in queues.items()}
     placed = dict.fromkeys(range(5), 0)
     ref = []
+    from fractions import Fraction
     for t in range(400):
-        j = max((j for j in range(5) if placed[j] < n[j]), key=lambda j: (n[j] / 400 * (t + 1) - placed[j], -j))
+        def deficit(j):
+            picked = Fraction(placed[j], t) if t else Fraction(0)
+            return (Fraction(n[j] - placed[j], 400 - t) - picked, -j)
+        j = max((j for j in range(5) if placed[j] < n[j]), key=deficit)
         ref.append(queues[j][placed[j]])
         placed[j] += 1
     assert np.array_equal(stratified_order(cluster, length), ref)

@@ -47,17 +47,24 @@ def cluster_queues(cluster: np.ndarray, length: np.ndarray, within: str) -> tupl
 
 @numba.njit(cache=False)
 def _stratified_counts(ptr, n_docs):
-    """Diversity-ordered training sample-count stratified greedy: cluster sequence, O(N K) exact integer deficits."""
+    """Diversity-ordered training's stratified greedy on document counts: O(N K), exact integer deficits.
+
+    deficit_k = r_k / R - p_k / P (remaining share minus picked share); with R, P > 0 common to
+    every k the comparison is the integer r_k P - p_k R (before the first pick, P = 0: r_k).
+    Only clusters with documents left compete; ties go to the lowest cluster index.
+    """
     k = ptr.size - 1
     size = ptr[1:] - ptr[:-1]
     placed = np.zeros(k, dtype=np.int64)
     out = np.empty(n_docs, dtype=np.int64)
     for t in range(n_docs):
+        left = n_docs - t  # R
         best = -1
         best_def = 0
         for j in range(k):
-            if placed[j] < size[j]:
-                d = size[j] * (t + 1) - n_docs * placed[j]  # N * (target_j * (t+1) - placed_j)
+            r = size[j] - placed[j]
+            if r > 0:
+                d = r if t == 0 else r * t - placed[j] * left
                 if best < 0 or d > best_def:
                     best = j
                     best_def = d
@@ -69,9 +76,11 @@ def _stratified_counts(ptr, n_docs):
 def stratified_order(cluster: np.ndarray, length: np.ndarray, within: str = "original") -> np.ndarray:
     """Diversity-ordered training: next document from the cluster with the largest deficit (document counts).
 
-    Deficit_j(t) = tau_j * (t + 1) - placed_j with tau_j = n_j / N the cluster's global document
-    share (Diversity-ordered training says "target proportion based on remaining pool"; with a fixed pool the
-    target share is the global share). Ties go to the lowest cluster id. Exact integer math.
+    As the paper's reference implementation (``stratified_greedy_order``) computes it, the target
+    of cluster k is its share of the documents still *remaining*, so
+    deficit_k = remaining_k / remaining_total - picked_k / picked_total (0 before the first
+    pick); ties go to the lowest cluster index, and each cluster's documents come in the
+    ``within`` order. Exact integer math.
     """
     queue, ptr = cluster_queues(cluster, length, within)
     return queue[_stratified_counts(ptr, queue.size)]

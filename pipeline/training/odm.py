@@ -1,19 +1,28 @@
 """Online Data Mixing (ODM, Albalak et al., Algorithm 1): a training-time strategy ``odm``.
 
-The clusters are the arms of an Exp3 bandit. Every training step (a *turn* t = 1, 2, ...) the
-sampler computes the exploration rate and the policy
+The clusters are the arms of an Exp3 bandit. A *turn* is one draw of a cluster and one
+micro-batch from it (Alg. 1, lines 5-7); with G micro-batches per optimizer step an optimizer
+step plays G turns. Before turn t the sampler computes the exploration rate and the policy
 
     E_t = min{1/K, sqrt(ln K / (K t))}                                      (Alg. 1, line 3)
     pi_t(D_i) = (1 - K E_t) exp(E_{t-1} R_i) / sum_j exp(E_{t-1} R_j) + E_t   (Alg. 1, line 4)
 
-draws each of the step's G micro-batches from one cluster D_i ~ pi_t, fills it with sequences of
-that cluster's pool, and after the step turns the losses into rewards: L_i = sum of the mean losses
-of the micro-batches drawn from D_i (line 8), and for every drawn cluster
+and after the step turns every micro-batch's loss into the reward of the cluster it came from,
 
-    R_i <- alpha R_i + (1 - alpha) L_i / pi_t(D_i)                            (Alg. 1, line 12)
+    R_i <- alpha R_i + (1 - alpha) L(micro-batch) / pi_t(D_i)                 (Alg. 1, lines 8-12)
 
-(the moving average of the importance-weighted loss). During the warm-up (1% of the steps, seed
-section 2) the policy stays at its prior and no rewards are recorded.
+(the moving average of the importance-weighted loss), one turn after another in draw order.
+During the warm-up (1% of the steps, ODM section 2) the policy stays at its prior and no rewards
+are recorded.
+
+**Change of clock (documented departure).** The paper plays one turn per optimizer step with
+one domain per batch (t = step). Here the clock counts micro-batch draws: G turns per step,
+the policy frozen for the G draws of a step (their losses exist only after the step). With the
+paper's clock and K = 32 clusters, E_t = 1/K (so pi is exactly uniform) for t < K ln K = 111
+steps, i.e. for a whole demo-sized run; counting draws, the same run plays G times as many
+turns and the policy moves after ~111/G steps. The reward scale is Alg. 1's (loss / pi, no
+rescaling): E_{t-1} (R_i - R_j) ~ sqrt(K ln K / t) * loss gap, so a 1-nat gap tilts pi by
+~e^0.6 at 1,000 turns with K = 32.
 
 Choices where the paper is open, as a careful reimplementation would make them:
 - A sequence's cluster is the cluster holding most of its tokens (ties: the smaller cluster id);
@@ -21,10 +30,8 @@ Choices where the paper is open, as a careful reimplementation would make them:
 - The prior (the policy during warm-up) is the pool share by default, the analogue of the paper's
   initialisation with The Pile's weights; ``prior="uniform"`` is the plain Exp3 start. After the
   warm-up the policy is Alg. 1's, whose zero initial rewards give the uniform Gibbs term.
-- The smoothing alpha is not given in the seed; 0.5 by default.
-- The turn counter t of E_t is the training step (1-based), warm-up included, as in the paper's
-  own implementation; E_0 = 1/K (line 1).
-- G (``micro_batches``) defaults to the batch size, i.e. one cluster draw per sequence: the seed
+- The smoothing alpha is not given in the paper; 0.5 by default.
+- G (``micro_batches``) defaults to the batch size, i.e. one cluster draw per sequence: the paper
   (section 4) names batch homogeneity as ODM's weakness and smaller micro-batches as its remedy.
 - A micro-batch's loss L(f, x, y) is the mean of its sequences' mean token losses (packed
   sequences score nearly the same number of tokens, so this is the token mean up to EOS gaps).
@@ -122,7 +129,8 @@ class ODMSampler:
         self.warmup_steps = int(math.ceil(warmup_fraction * max(1, total_steps)))
         self.prior = sizes / sizes.sum() if prior == "proportional" else np.full(self.k, 1.0 / self.k)
         self.rewards = np.zeros(self.k)  # R_i, Alg. 1 line 1
-        self.t = 0  # turns played
+        self.t = 0  # turns played (micro-batch draws)
+        self.step = 0  # optimizer steps played
         self.rng = np.random.default_rng(seed)
         self._perm = [self.rng.permutation(p) for p in self.pools]
         self._cursor = np.zeros(self.k, dtype=np.int64)
@@ -130,9 +138,10 @@ class ODMSampler:
         self._mixture: list[np.ndarray] = []
         self._served: list[np.ndarray] = []
 
-    def policy(self, t: int) -> np.ndarray:
-        """The sampling distribution of turn t (1-based): the prior during warm-up, else Alg. 1."""
-        if t <= self.warmup_steps or self.k == 1:
+    def policy(self, t: int, step: int | None = None) -> np.ndarray:
+        """The sampling distribution of turn t (1-based): the prior during warm-up (optimizer
+        ``step`` <= the warm-up steps; default: t), else Alg. 1."""
+        if (t if step is None else step) <= self.warmup_steps or self.k == 1:
             return self.prior.copy()
         return exp3_policy(self.rewards, exploration_rate(t, self.k), exploration_rate(t - 1, self.k))
 
@@ -150,7 +159,7 @@ class ODMSampler:
         return np.concatenate(out)
 
     def next_batch(self, batch_size: int) -> np.ndarray:
-        """Play turn t: draw the micro-batches' clusters from pi_t and return B sequence ids."""
+        """Play one optimizer step: G turns drawn from the policy of the next turn; B sequence ids."""
         if self._pending is not None:
             raise StrataInputError("ODM next_batch called twice without update", fix="call update(ids, losses) after every step")
         g = batch_size if self.micro_batches is None else self.micro_batches
@@ -159,8 +168,8 @@ class ODMSampler:
                 f"ODM micro_batches={g} does not divide batch_size={batch_size}",
                 fix="choose micro_batches as a divisor of the batch size (default: the batch size)",
             )
-        self.t += 1
-        pi = self.policy(self.t)
+        self.step += 1
+        pi = self.policy(self.t + 1, self.step)
         arms = self.rng.choice(self.k, size=g, p=pi)
         ids = np.concatenate([self._take(int(a), batch_size // g) for a in arms])
         self._pending = (ids, arms, pi)
@@ -169,7 +178,7 @@ class ODMSampler:
         return ids
 
     def update(self, ids: np.ndarray, losses: np.ndarray) -> None:
-        """Record the step's per-sequence losses as rewards (Alg. 1, lines 8 and 11-12)."""
+        """Record the step's per-sequence losses as rewards, one turn per micro-batch (Alg. 1, lines 8-12)."""
         if self._pending is None:
             raise StrataInputError("ODM update without a batch", fix="call next_batch(B) before update")
         served, arms, pi = self._pending
@@ -179,12 +188,12 @@ class ODMSampler:
         if not np.isfinite(losses).all():
             raise StrataInputError("ODM got a non-finite training loss", fix="lower the learning rate or check the data")
         self._pending = None
-        if self.t <= self.warmup_steps:
+        self.t += arms.size
+        if self.step <= self.warmup_steps:
             return
         mb_loss = losses.reshape(arms.size, -1).mean(axis=1)  # L(f, x, y) of each micro-batch
-        group_loss = np.bincount(arms, weights=mb_loss, minlength=self.k)  # L_{D_i}, line 8
-        drawn = np.bincount(arms, minlength=self.k) > 0  # line 11
-        self.rewards[drawn] = self.alpha * self.rewards[drawn] + (1 - self.alpha) * group_loss[drawn] / pi[drawn]
+        for arm, loss in zip(arms, mb_loss):  # one turn per micro-batch, in draw order
+            self.rewards[arm] = self.alpha * self.rewards[arm] + (1 - self.alpha) * loss / pi[arm]
 
     def mixture_rows(self) -> pl.DataFrame:
         """The policy of every step: columns ``step`` (0-based training step), ``cluster``, ``prob``."""
