@@ -210,3 +210,51 @@ def test_training_figures(tmp_path, corpus):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(StrataInputError):
         TP.plot_loss_curves(log.head(0), tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("cross_document", [False, True])
+def test_flex_block_mask_gives_the_dense_mask_loss(corpus, cross_document):
+    """The fused path (FlexAttention BlockMask) gives the dense 4D mask + SDPA loss (same weights).
+    Forward only: FlexAttention has no backward on CPU (training there uses the dense mask)."""
+    store, _, _ = corpus
+    ids = np.arange(6)
+    out = {}
+    for mode in ("dense", "flex"):
+        model = build_model("tiny", VOCAB, 32, 3, EOS, PAD, mask_mode=mode)
+        with torch.no_grad():
+            tok, scored = token_losses(model, batch_tensors(store, ids, cross_document, "cpu", mode))
+        out[mode] = tok[scored]
+    assert torch.allclose(out["dense"], out["flex"], atol=1e-5)
+    assert not torch.allclose(out["dense"], token_losses_other_mask(store, ids, cross_document), atol=1e-3)
+
+
+def token_losses_other_mask(store, ids, cross_document):
+    """The dense loss with the other cross-document setting (the comparison above is not vacuous)."""
+    model = build_model("tiny", VOCAB, 32, 3, EOS, PAD)
+    with torch.no_grad():
+        tok, scored = token_losses(model, batch_tensors(store, ids, not cross_document, "cpu"))
+    return tok[batch_tensors(store, ids, cross_document, "cpu")["labels"] != -100]
+
+
+def test_heldout_batch_is_scored_on_schedule_and_positions_stay_in_context(corpus):
+    from pipeline.training.heldout import heldout_batch, score_heldout, score_steps
+
+    class Tok:  # whitespace "tokenizer" over the test vocabulary
+        eos_token_id, pad_token_id = EOS, PAD
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [int(t) for t in text.split()]}
+
+    texts = [" ".join(str(t) for t in np.tile(np.arange(2, 9), 8)), "5", " ".join(["30", "31"] * 3)]
+    hb = heldout_batch(texts, ["a", "b", "c"], Tok(), 32, n_docs=5)
+    assert hb.units == ["a", "b", "c"] and hb.filled[0].all() and hb.filled.sum(1)[1:].tolist() == [2, 7]
+    store, _, _ = corpus
+    seen = []
+    s = TrainSettings(**{**SMALL.__dict__, "max_steps": 7, "heldout_every": 3})
+    model, _ = train(store, np.arange(store.n_sequences), VOCAB, EOS, PAD, s, progress=False, heldout=hb,
+                     on_heldout=lambda step, tokens, losses: seen.append((step, tokens, losses)))
+    assert [x[0] for x in seen] == score_steps(7, 3) == [0, 3, 6, 7]
+    assert seen[0][1] == 0 and seen[-1][1] == 7 * 8 * 32
+    assert seen[-1][2].shape == (3,) and seen[-1][2][0] < seen[0][2][0] - 1.0  # the pattern was learned
+    assert np.allclose(score_heldout(model, hb, "cpu"), seen[-1][2], atol=1e-6)
+    assert model.config.max_position_embeddings == 32

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.training.model import batch_tensors, token_losses
+from pipeline.training.model import batch_tensors, mask_mode_of, token_losses
 from pipeline.packing.pack import SequenceStore
 from pipeline.training.loop import autocast
 
@@ -53,7 +53,7 @@ def layer_matrices(model) -> list[tuple[str, int, str, str, object]]:
 
 
 def _loss(model, store: SequenceStore, ids: np.ndarray, cross_document: bool, dev: str, reduction: str):
-    batch = batch_tensors(store, ids, cross_document, dev)
+    batch = batch_tensors(store, ids, cross_document, dev, mask_mode_of(model))
     with autocast(dev):
         tok, scored = token_losses(model, batch)
     total = (tok * scored).sum()

@@ -5,7 +5,9 @@ then cosine decay to 10% of the peak), batch size and sequence length; only the 
 sequences differs. Step t trains on ``order[t*B:(t+1)*B]`` (wrapping into a next epoch if the
 budget exceeds the stream), or, for a training-time strategy such as ODM (``pipeline.training.odm``), on the
 ids a sampler returns. Loss is next-token cross-entropy within documents only. On a CUDA device the
-forward pass runs under bf16 autocast.
+forward pass runs under bf16 autocast and document masking goes through FlexAttention block masks
+(``attention="auto"``); on a CPU through a dense mask and SDPA. A fixed held-out batch
+(``pipeline.training.heldout``) is scored every ``heldout_every`` steps.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
-from pipeline.training.model import batch_tensors, build_model, token_losses
+from pipeline.training.heldout import HeldoutBatch, score_heldout, score_steps
+from pipeline.training.model import MASK_MODES, batch_tensors, build_model, token_losses
 from pipeline.packing.pack import SequenceStore
 
 
@@ -36,6 +39,16 @@ class TrainSettings:
     grad_clip: float = 1.0
     seed: int = 0
     cross_document: bool = False
+    attention: str = "auto"  # auto (flex on CUDA, dense on CPU) | dense | flex
+    heldout_every: int = 10  # score the held-out batch every N steps (0: at the end only)
+    compile: bool = False  # torch.compile the decoder (pays on a GPU for long runs; see docs/training.md)
+
+    def mask_mode(self, dev: str) -> str:
+        if self.attention == "auto":
+            return "flex" if dev == "cuda" else "dense"
+        if self.attention not in MASK_MODES:
+            raise StrataInputError(f"unknown attention {self.attention!r}", fix="use auto, dense or flex")
+        return self.attention
 
 
 class BatchSampler(Protocol):
@@ -84,6 +97,8 @@ def train(
     sampler: BatchSampler | None = None,
     checkpoints: Iterable[int] = (),
     on_checkpoint: Callable[[int, object], None] | None = None,
+    heldout: HeldoutBatch | None = None,
+    on_heldout: Callable[[int, int, np.ndarray], None] | None = None,
 ):
     """Train a fresh model on ``order`` (or on what ``sampler`` serves); return ``(model, log rows)``.
 
@@ -92,7 +107,8 @@ def train(
     ``order`` may be None; the sampler gets every step's per-sequence mean losses (its mixture log
     stays on the sampler, e.g. ``ODMSampler.mixture_rows()``). ``on_checkpoint(steps_done, model)``
     is called after each step count in ``checkpoints`` (for gradient probes; it must not step the
-    optimizer).
+    optimizer). With ``heldout``, ``on_heldout(steps_done, tokens_seen, per_doc_losses)`` is called
+    before the first step and every ``settings.heldout_every`` steps and after the last.
     """
     import torch
 
@@ -104,7 +120,10 @@ def train(
     else:
         M = store.n_sequences
     dev = device()
-    model = build_model(settings.preset, vocab_size, settings.seq_len, settings.seed, eos_id, pad_id).to(dev)
+    mode = settings.mask_mode(dev)
+    model = build_model(settings.preset, vocab_size, settings.seq_len, settings.seed, eos_id, pad_id, mode).to(dev)
+    if settings.compile:
+        model.model.compile()  # in place: the decoder's forward is compiled, state_dict keys unchanged
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
@@ -114,13 +133,21 @@ def train(
     amp = autocast(dev)
     B, L = settings.batch_size, settings.seq_len
     probe_at = set(checkpoints)
+    score_at = set(score_steps(settings.max_steps, settings.heldout_every)) if heldout is not None else set()
+
+    def score(steps_done: int, tokens: int) -> None:
+        if steps_done in score_at and on_heldout is not None:
+            with amp:
+                on_heldout(steps_done, tokens, score_heldout(model, heldout, dev, B, mode))
+
     rows: list[dict] = []
     tokens_seen = 0
     model.train()
+    score(0, 0)
     for step in tqdm(range(settings.max_steps), desc="train", unit="step", disable=not progress):
         t0 = time.perf_counter()
         ids = sampler.next_batch(B) if sampler is not None else order[np.arange(step * B, (step + 1) * B) % M]
-        batch = batch_tensors(store, ids, settings.cross_document, dev)
+        batch = batch_tensors(store, ids, settings.cross_document, dev, mode)
         lr = lr_at(step, settings)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -150,6 +177,7 @@ def train(
             on_step(row)
         if on_checkpoint is not None and step + 1 in probe_at:
             on_checkpoint(step + 1, model)
+        score(step + 1, tokens_seen)
     model.eval()
     return model, rows
 

@@ -1,7 +1,10 @@
 """The model of the ablation runs: a small Llama-style decoder built from a transformers config.
 
 Packed sequences get a block-diagonal causal mask (no attention across document boundaries) and
-positions that restart at every document, built from the segments table.
+positions that restart at every document, built from the segments table. The mask is either a
+dense 4D boolean tensor for SDPA (``dense``, the CPU path) or a FlexAttention ``BlockMask``
+(``flex``, the GPU path): the fused kernel skips the fully masked blocks instead of reading an
+(L x L) mask per sequence, and gives the same attention (tests compare the losses).
 """
 
 from __future__ import annotations
@@ -19,8 +22,31 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def model_config(preset: str, vocab_size: int, seq_len: int, eos_id: int, pad_id: int):
-    """The ``LlamaConfig`` of a preset (tied input/output embeddings, full multi-head attention)."""
+MASK_MODES = ("dense", "flex")
+
+
+def attention_implementation(mask_mode: str) -> str:
+    """The transformers attention backend of a mask mode (``dense`` -> sdpa, ``flex`` -> flex_attention)."""
+    if mask_mode not in MASK_MODES:
+        from pipeline.errors import StrataInputError
+
+        raise StrataInputError(f"unknown attention mask mode {mask_mode!r}", fix=f"use one of {MASK_MODES} (or 'auto')")
+    return "flex_attention" if mask_mode == "flex" else "sdpa"
+
+
+def mask_mode_of(model) -> str:
+    """The mask mode a built model expects (``flex`` when it runs FlexAttention, else ``dense``)."""
+    return "flex" if getattr(model.config, "_attn_implementation", "sdpa") == "flex_attention" else "dense"
+
+
+def model_config(preset: str, vocab_size: int, seq_len: int, eos_id: int, pad_id: int, mask_mode: str = "dense"):
+    """The ``LlamaConfig`` of a preset (tied input/output embeddings, full multi-head attention).
+
+    ``max_position_embeddings`` is ``seq_len``: positions never pass L-1 in training (they
+    restart per document, or run 0..L-1 with cross-document attention), and evaluation reads the
+    context length from here (``evals.lmeval.max_length``), so rolling windows and few-shot
+    contexts never score RoPE at positions the model never trained on.
+    """
     from transformers import LlamaConfig
 
     if preset not in PRESETS:
@@ -30,23 +56,23 @@ def model_config(preset: str, vocab_size: int, seq_len: int, eos_id: int, pad_id
     spec = PRESETS[preset]
     return LlamaConfig(
         vocab_size=vocab_size,
-        max_position_embeddings=max(seq_len, 2048),
+        max_position_embeddings=seq_len,
         num_key_value_heads=spec["num_attention_heads"],
         tie_word_embeddings=True,
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        attn_implementation="sdpa",
+        attn_implementation=attention_implementation(mask_mode),
         **spec,
     )
 
 
-def build_model(preset: str, vocab_size: int, seq_len: int, seed: int, eos_id: int, pad_id: int):
-    """A freshly initialized ``LlamaForCausalLM`` (same seed => same weights)."""
+def build_model(preset: str, vocab_size: int, seq_len: int, seed: int, eos_id: int, pad_id: int, mask_mode: str = "dense"):
+    """A freshly initialized ``LlamaForCausalLM`` (same seed => same weights, whatever the mask mode)."""
     import torch
     from transformers import LlamaForCausalLM
 
-    cfg = model_config(preset, vocab_size, seq_len, eos_id, pad_id)
+    cfg = model_config(preset, vocab_size, seq_len, eos_id, pad_id, mask_mode)
     torch.manual_seed(seed)
     return LlamaForCausalLM(cfg)
 
@@ -80,15 +106,35 @@ def document_layout(seq_starts: np.ndarray, seq_rows: np.ndarray, n_rows: int, s
     return seg, idx - last_start
 
 
-def attention_inputs(seg: np.ndarray, cross_document: bool = False):
-    """The 4D boolean mask (B, 1, L, L): causal, and block-diagonal by document unless allowed."""
+def attention_inputs(seg, cross_document: bool = False, mode: str = "dense", filled=None):
+    """Causal attention, block-diagonal by document unless ``cross_document``; padding keys
+    (``filled`` false) masked when attention crosses documents.
+
+    ``dense``: a 4D boolean tensor (B, 1, L, L) for SDPA. ``flex``: a FlexAttention
+    ``BlockMask`` with the same mask_mod (for a model built with ``mask_mode="flex"``).
+    """
     import torch
 
     s = torch.as_tensor(seg)
-    L = s.shape[1]
+    B, L = s.shape
+    if mode == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        f = None if filled is None else torch.as_tensor(filled, device=s.device)
+
+        def mask_mod(b, h, q, kv):
+            keep = q >= kv
+            if not cross_document:
+                keep = keep & (s[b, q] == s[b, kv])
+            elif f is not None:
+                keep = keep & f[b, kv]
+            return keep
+
+        return create_block_mask(mask_mod, B, None, L, L, device=s.device)
     causal = torch.tril(torch.ones(L, L, dtype=torch.bool, device=s.device))
     if cross_document:
-        return causal.expand(s.shape[0], 1, L, L)
+        mask = causal.expand(B, 1, L, L)
+        return mask if filled is None else mask & torch.as_tensor(filled, device=s.device)[:, None, None, :]
     return ((s[:, :, None] == s[:, None, :]) & causal)[:, None]
 
 
@@ -100,14 +146,15 @@ def next_token_labels(tokens: np.ndarray, seg: np.ndarray) -> np.ndarray:
     return labels
 
 
-def batch_tensors(store, sequence_ids: np.ndarray, cross_document: bool, device) -> dict:
+def batch_tensors(store, sequence_ids: np.ndarray, cross_document: bool, device, mask_mode: str = "dense") -> dict:
     """Model inputs of a batch of packed sequences from a ``SequenceStore``.
 
-    Returns ``input_ids``, ``attention_mask`` (4D boolean, see :func:`attention_inputs`),
-    ``position_ids``, ``labels`` (:func:`next_token_labels`) and ``filled`` (False at padding).
-    Positions restart at every document when attention is block-diagonal; with ``cross_document``
-    attention spans the whole sequence, so positions run 0..L-1 over it (plain concatenated
-    training). Padding (padding / best_fit packings) is never scored and never attended to.
+    Returns ``input_ids``, ``attention_mask`` (see :func:`attention_inputs`; ``mask_mode`` dense
+    or flex), ``position_ids``, ``labels`` (:func:`next_token_labels`) and ``filled`` (False at
+    padding). Positions restart at every document when attention is block-diagonal; with
+    ``cross_document`` attention spans the whole sequence, so positions run 0..L-1 over it (plain
+    concatenated training). Padding (padding / best_fit packings) is never scored and never
+    attended to by a real token.
     """
     import torch
 
@@ -120,9 +167,7 @@ def batch_tensors(store, sequence_ids: np.ndarray, cross_document: bool, device)
     labels[:, :-1][~filled[:, 1:]] = -100
     labels[~filled] = -100
     filled_t = torch.as_tensor(filled, device=device)
-    mask = attention_inputs(torch.as_tensor(seg, device=device), cross_document)
-    if cross_document:
-        mask = mask & filled_t[:, None, None, :]
+    mask = attention_inputs(torch.as_tensor(seg, device=device), cross_document, mask_mode, filled_t if cross_document else None)
     return {
         "input_ids": torch.as_tensor(toks, device=device),
         "attention_mask": mask,
