@@ -272,10 +272,13 @@ class PromptBuilder:
     def _request(self, context: list[int], continuation: list[int], text: str) -> Request:
         if not continuation:
             raise StrataInputError(f"empty continuation {text!r}", fix="drop the row from the task file")
+        if not context:
+            raise StrataInputError("empty context", fix="drop the row from the task file")
+        if len(continuation) >= self.max_len:
+            # as llm-foundry, context + continuation is cut from the left to the model's length;
+            # one context token is kept so every scored token has a prediction
+            continuation = continuation[-(self.max_len - 1):]
         room = self.max_len - len(continuation)
-        if room < 1:
-            raise StrataInputError(f"continuation of {len(continuation)} tokens does not fit max length {self.max_len}",
-                                   fix="use a model with a longer context")
         return Request(context[-room:] if len(context) > room else context, continuation, len(text.encode("utf-8")))
 
 

@@ -327,3 +327,30 @@ def test_evaluate_wikitext_and_heldout_match_direct_torch(model, tokenizer, tmp_
     assert got[("heldout", "prose/s1", "bits_per_byte")]["value"] == pytest.approx(s1, rel=1e-4)
     assert got[("heldout", "prose", "bits_per_byte")]["value"] == pytest.approx((s1 + s2) / 2, rel=1e-4)
     assert got[("heldout", "mean", "bits_per_byte")]["value"] == pytest.approx(((s1 + s2) / 2 + py) / 2, rel=1e-4)
+
+
+@needs_data
+def test_evaluation_never_reaches_past_the_trained_positions(tokenizer, tmp_path):
+    """A Strata model trained at seq_len L: rolling windows (held-out, WikiText) and few-shot DCLM
+    prompts never feed it more than L positions (RoPE is only scored where it trained)."""
+    from pipeline.training.model import build_model
+
+    L = 96
+    model = build_model("tiny", len(tokenizer), L, 0, tokenizer.eos_token_id, tokenizer.eos_token_id).eval()
+    assert model.config.max_position_embeddings == L
+    widths: list[int] = []
+    model.model.register_forward_pre_hook(lambda mod, args, kwargs: widths.append(
+        (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).shape[-1]), with_kwargs=True)
+    long_text = "the quick brown fox jumps over the lazy dog. " * 60
+    held = pl.DataFrame({"text": [long_text, "a short one."], "id": ["a", "b"], "source": ["prose", "prose"], "subdomain": ["s", "s"]})
+    write_paloma_layout(held, tmp_path / "heldout")
+    raw = tmp_path / "wiki.raw"
+    raw.write_text(" \n" + sorted(read_articles(WIKI), key=len)[5], encoding="utf-8")
+    units: list[dict] = []
+    rows = evaluate(model, tokenizer, heldout_dir=tmp_path / "heldout", wikitext_path=raw, paloma_dir=None,
+                    dclm_dir=DCLM, limit=2, dclm_limit=1, device="cpu", work_dir=tmp_path / "work", units=units)
+    assert {r["suite"] for r in rows} == {"heldout", "wikitext", "dclm"}
+    assert widths and max(widths) <= L
+    assert len(_enc(tokenizer, long_text)) > 2 * L and max(widths) == L  # long documents do fill the window
+    assert sorted(u["unit"] for u in units) == ["prose/a", "prose/b"]
+    assert all(u["metric"] == "heldout/all/doc_bits_per_byte" and u["value"] > 0 for u in units)

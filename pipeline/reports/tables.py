@@ -1,10 +1,23 @@
-"""The ablation report: strategy x metric, mean ± std over training seeds, as markdown."""
+"""The ablation report: per-run metrics, mean ± std over seeds, paired differences to ``random``.
+
+Inputs are per-unit rows (strategy, seed, metric, unit, value): held-out documents for the fixed
+held-out batch (``heldout_batch/loss``, nats/token at the last step) and for per-document
+evaluation scores, one unit ``all`` for metrics that only exist as an aggregate (WikiText
+perplexity, DCLM Core, ...). Nothing is bolded for being the best mean; a difference to the
+baseline is bolded only when its paired-bootstrap 95% interval excludes zero
+(``pipeline.reports.stats``).
+"""
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
 
+from pipeline.reports.consumed import METRICS as DIVERSITY_METRICS
+
 HIGHER_IS_BETTER = ("acc", "centered_acc", "core_v1", "core_v2")
+UNIT_SCHEMA = {"strategy": pl.String, "seed": pl.Int64, "metric": pl.String, "unit": pl.String, "value": pl.Float64}
 
 
 def higher_is_better(metric: str) -> bool:
@@ -12,41 +25,67 @@ def higher_is_better(metric: str) -> bool:
     return metric.rsplit("/", 1)[-1] in HIGHER_IS_BETTER
 
 
-def ablation_table(train_log: pl.DataFrame, evals: pl.DataFrame, tail_frac: float = 0.1) -> pl.DataFrame:
-    """Long table (strategy, metric, mean, std, n_seeds).
+def run_units(heldout_curve: pl.DataFrame | None, evals: pl.DataFrame | None, eval_units: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per-unit rows of every run (``UNIT_SCHEMA``).
 
-    Metrics: ``train/final_loss`` (mean loss of the last 10% of steps of each run) and every
-    evaluation row as ``suite/task/metric``; mean and sample std over the training seeds.
+    ``heldout_curve`` (strategy, seed, step, tokens_seen, unit, loss): its last step per run is
+    ``heldout_batch/loss``. ``evals`` (strategy, seed, suite, task, metric, value): each row a
+    metric ``suite/task/metric`` with unit ``all``. ``eval_units`` (strategy, seed, metric, unit,
+    value): per-document evaluation scores as they are.
     """
-    final = (
-        train_log.sort("strategy", "seed", "step")
-        .group_by("strategy", "seed", maintain_order=True)
-        .agg(pl.col("loss").tail(pl.max_horizontal(pl.lit(1), (pl.len() * tail_frac).cast(pl.Int64))).mean().alias("value"))
-        .with_columns(metric=pl.lit("train/final_loss"))
-    )
-    ev = evals.select(
-        "strategy", "seed", (pl.col("suite") + "/" + pl.col("task") + "/" + pl.col("metric")).alias("metric"),
-        pl.col("value").cast(pl.Float64),
-    )
-    runs = pl.concat([final.select("strategy", "seed", "metric", "value"), ev])
+    parts = []
+    if heldout_curve is not None and heldout_curve.height:
+        last = heldout_curve.filter(pl.col("step") == pl.col("step").max().over("strategy", "seed"))
+        parts.append(last.select("strategy", "seed", metric=pl.lit("heldout_batch/loss"), unit="unit", value="loss"))
+    if evals is not None and evals.height:
+        parts.append(evals.select(
+            "strategy", "seed", metric=pl.col("suite") + "/" + pl.col("task") + "/" + pl.col("metric"),
+            unit=pl.lit("all"), value="value",
+        ))
+    if eval_units is not None and eval_units.height:
+        parts.append(eval_units.select("strategy", "seed", "metric", "unit", "value"))
+    parts = [p.select(pl.col(c).cast(t) for c, t in UNIT_SCHEMA.items()) for p in parts]
+    return pl.concat(parts) if parts else pl.DataFrame(schema=UNIT_SCHEMA)
+
+
+def ablation_table(units: pl.DataFrame) -> pl.DataFrame:
+    """Long table (strategy, metric, mean, std, n_seeds): a run's value is the mean over its
+    units; mean and sample std over the training seeds."""
+    per_run = units.group_by("strategy", "seed", "metric").agg(pl.col("value").mean())
     return (
-        runs.group_by("strategy", "metric")
+        per_run.group_by("strategy", "metric")
         .agg(mean=pl.col("value").mean(), std=pl.col("value").std(), n_seeds=pl.col("seed").n_unique())
         .sort("metric", "strategy")
     )
 
 
-def _cell(mean: float | None, std: float | None, n: int | None, bold: bool) -> str:
+def _fmt(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    return f"{v:.4f}" if abs(v) < 1000 else f"{v:.4g}"
+
+
+def _cell(mean: float | None, std: float | None, n: int | None) -> str:
     if mean is None:
         return ""
-    fmt = (lambda v: f"{v:.4f}") if abs(mean) < 1000 else (lambda v: f"{v:.4g}")
-    text = fmt(mean) + (f" ± {fmt(std)}" if n and n > 1 and std is not None else "")
-    return f"**{text}**" if bold else text
+    return _fmt(mean) + (f" ± {_fmt(std)}" if n and n > 1 and std is not None else "")
 
 
-def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str] | None = None, extra: str = "") -> str:
-    """Markdown: metrics as rows, strategies as columns (mean ± std over seeds); the best mean of
-    each row in bold. Rows nested deeper than ``max_depth`` parts (per subdomain) stay in DuckDB."""
+def _delta_cell(r: dict) -> str:
+    text = f"{r['delta']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+    return f"**{text}**" if r["significant"] else text
+
+
+def _shown(metric: str, max_depth: int) -> bool:
+    return metric.count("/") < max_depth
+
+
+def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str] | None = None, extra: str = "",
+                  deltas: pl.DataFrame | None = None, diversity: pl.DataFrame | None = None) -> str:
+    """Markdown: the mean ± std table (metrics as rows, strategies as columns, nothing bolded),
+    the difference-to-baseline table with 95% intervals (bold only where the interval excludes
+    zero) and minimum detectable effects, and the consumed-stream diversity table. Rows nested
+    deeper than ``max_depth`` parts (per subdomain) stay in DuckDB."""
     table = table.filter(pl.col("metric").str.count_matches("/") < max_depth)
     present = sorted(set(table["strategy"]))
     strategies = [s for s in (strategies or present) if s in present]
@@ -54,16 +93,55 @@ def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str]
     lines = [
         "# Strata ablation report",
         "",
-        f"Mean{' ± std over ' + str(n_seeds) + ' seeds' if n_seeds > 1 else ''} per strategy; best in bold "
-        "(lower is better except accuracies and Core).",
+        f"Mean{' ± std over ' + str(n_seeds) + ' seeds' if n_seeds > 1 else ''} per strategy "
+        "(lower is better except accuracies and Core). `heldout_batch/loss` is the next-token loss "
+        "(nats/token) on the same held-out documents for every run, at the last step.",
         "",
         "| metric | " + " | ".join(strategies) + " |",
         "|---|" + "---:|" * len(strategies),
     ]
     for metric in table["metric"].unique().sort():
         rows = {r["strategy"]: r for r in table.filter(pl.col("metric") == metric).iter_rows(named=True)}
-        means = [rows[s]["mean"] for s in strategies if s in rows and rows[s]["mean"] is not None]
-        best = (max if higher_is_better(metric) else min)(means) if len(means) > 1 else None
-        cells = [_cell(rows[s]["mean"], rows[s]["std"], rows[s]["n_seeds"], rows[s]["mean"] == best) if s in rows else "" for s in strategies]
+        cells = [_cell(rows[s]["mean"], rows[s]["std"], rows[s]["n_seeds"]) if s in rows else "" for s in strategies]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    if deltas is not None and deltas.height:
+        d = deltas.filter(pl.col("metric").map_elements(lambda m: _shown(m, max_depth), return_dtype=pl.Boolean))
+        base = d["baseline"][0] if d.height else "random"
+        others = [s for s in strategies if s != base and s in set(d["strategy"])]
+        n_boot = int(d["n_boot"].max()) if d.height else 0
+        lines += [
+            "",
+            f"## Difference to `{base}` (paired bootstrap, 95% interval)",
+            "",
+            f"Δ = strategy − {base}, paired by seed and held-out unit; interval from {n_boot:,} two-way "
+            "bootstrap replicates over seeds and units. **Bold** only where the interval excludes zero "
+            "(nothing else is marked). MDE: the smallest |Δ| detectable at 5% / 80% power from the "
+            "seed-to-seed spread of the paired differences. Units per metric: held-out documents "
+            "(`heldout_batch/loss`, `*/doc_bits_per_byte`) or 1 (aggregate metrics: seeds only).",
+            "",
+            "| metric | " + " | ".join(f"{s} Δ [95% CI]" for s in others) + " | units | MDE (" + ", ".join(others) + ") |",
+            "|---|" + "---:|" * len(others) + "---:|---:|",
+        ]
+        for metric in d["metric"].unique().sort():
+            rows = {r["strategy"]: r for r in d.filter(pl.col("metric") == metric).iter_rows(named=True)}
+            cells = [_delta_cell(rows[s]) if s in rows else "" for s in others]
+            units = max(r["n_units"] for r in rows.values())
+            mdes = ", ".join(_fmt(rows[s]["mde"]) if s in rows else "—" for s in others)
+            lines.append(f"| {metric} | " + " | ".join(cells) + f" | {units} | {mdes} |")
+    if diversity is not None and diversity.height:
+        agg = diversity.group_by("strategy", "metric").agg(pl.col("value").mean())
+        lines += [
+            "",
+            "## Diversity of the consumed stream (Diversity-ordered training's table)",
+            "",
+            "Distinct clusters per training sequence and per batch, and the largest deviation of a "
+            "batch's cluster token shares from the global shares, over the ids training actually "
+            "consumed (mean over seeds).",
+            "",
+            "| strategy | " + " | ".join(DIVERSITY_METRICS) + " |",
+            "|---|" + "---:|" * len(DIVERSITY_METRICS),
+        ]
+        for s in [s for s in strategies if s in set(agg["strategy"])]:
+            vals = dict(agg.filter(pl.col("strategy") == s).select("metric", "value").iter_rows())
+            lines.append(f"| {s} | " + " | ".join(_fmt(vals.get(m)) for m in DIVERSITY_METRICS) + " |")
     return "\n".join(lines) + "\n" + extra
