@@ -7,6 +7,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from assets.orderings import STRATEGY_PARTITIONS
+from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.reports import diagnostics as D
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
 from pipeline.reports.plots import plot_k_calibration
@@ -18,13 +19,18 @@ from pipeline.storage.warehouse import replace_rows
 @dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"duckdb"})
 def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Unique clusters per sequence, per-batch share deviations (batches of 8/32/128), prefix error,
-    drift per decile — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``."""
+    drift per decile — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``.
+    A training-time strategy (odm) has no schedule before training: it gets no rows here; its
+    diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs)."""
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
     cfg, layout = settings.config(), settings.layout()
     strategy = context.partition_key
-    docs = V.document_features(layout)
-    sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
-    metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
+    if strategy in TRAINING_TIME_STRATEGIES:
+        metrics = D.rows_frame([])
+    else:
+        docs = V.document_features(layout)
+        sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
+        metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
     out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
     with duckdb.get_connection() as con:
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
@@ -41,7 +47,8 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
     cfg, layout = settings.config(), settings.layout()
     docs = V.document_features(layout)
-    strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if layout.ordering(s).exists()]
+    strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys()
+                  if layout.ordering(s).exists() and s not in TRAINING_TIME_STRATEGIES]
     schedules = {s: V.load_schedule(layout, s, docs, cfg.length_bins) for s in strategies}
     emb = np.load(layout.embeddings, allow_pickle=False)
     labels = docs["source"].to_numpy()

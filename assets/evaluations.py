@@ -18,7 +18,7 @@ from pipeline.reports.visual import image_markdown
 from pipeline.storage.warehouse import replace_rows
 
 
-@dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=RUN_PARTITIONS, code_version="2", kinds={"parquet"})
+@dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=RUN_PARTITIONS, code_version="3", kinds={"parquet"})
 def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Evaluate the partition's model: lm-eval rolling log-likelihood (word/byte perplexity, bits
     per byte) on the held-out split (per source, Paloma-style), and when configured WikiText-2,
@@ -38,6 +38,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
+    units: list[dict] = []
     rows = evaluate(
         model, tok,
         heldout_dir=layout.heldout if any(layout.heldout.rglob("*.jsonl.gz")) else None,
@@ -45,45 +46,65 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
         paloma_dir=Path(cfg.paloma_dir) if cfg.paloma_dir else None,
         dclm_dir=Path(cfg.dclm_dir) if cfg.dclm_dir else None,
         limit=cfg.eval_limit, dclm_limit=cfg.dclm_limit or None, device=device, work_dir=layout.root / "lm_eval",
-        seed=cfg.seed,
+        seed=cfg.seed, units=units,
     )
     df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     out = write_parquet(df, layout.eval_file(strategy, seed))
+    per_doc = pl.DataFrame(units, schema={"metric": pl.String, "unit": pl.String, "value": pl.Float64})
+    per_doc = per_doc.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    out_units = write_parquet(per_doc, layout.eval_file(strategy, seed).with_suffix(".units.parquet"))
     with duckdb.get_connection() as con:
         replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
+        if per_doc.height:
+            replace_rows(con, "eval_units", per_doc, {"strategy": strategy, "seed": seed})
     table = df.select("suite", "task", "metric", "value").to_pandas().to_markdown(index=False)
-    return rec.finish([out], {"results": df.height}, {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
+    return rec.finish([out, out_units], {"results": df.height, "units": per_doc.height}, {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
                       {"results": dg.MetadataValue.md(table)})
 
 
-@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses"], code_version="2", kinds={"duckdb"})
+@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses"], code_version="3", kinds={"duckdb"})
 def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Strategy x metric table (final train loss and every evaluation metric, mean ± std over
-    seeds) in DuckDB ``ablation`` and ``report.md``, with loss curves, stable ranks, the mixture
-    fidelity heatmaps and the ODM mixture under ``report/``."""
+    """Strategy x metric table (the fixed held-out batch's final loss and every evaluation
+    metric, mean ± std over seeds) in DuckDB ``ablation``; the difference of every strategy to
+    ``random`` with a paired-bootstrap 95% interval over held-out documents and seeds, its
+    significance and the minimum detectable effect in ``ablation_delta``; the consumed-stream
+    diversity table; ``report.md`` with held-out loss-vs-tokens curves (seed bands), training
+    curves, stable ranks, the mixture fidelity heatmaps and the ODM mixture under ``report/``."""
+    from pipeline.reports.stats import delta_table
+    from pipeline.reports.tables import higher_is_better, run_units
+
     cfg = settings.config()
     rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None})
     layout = settings.layout()
+    names = ("train_log", "eval_results", "eval_units", "heldout_curve", "consumed_metrics", "stable_rank", "fidelity", "odm_mixture", "epoch_jumps")
     with duckdb.get_connection() as con:
         tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in ("train_log", "eval_results", "stable_rank", "fidelity", "odm_mixture", "epoch_jumps") if t in tables}
+        read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in names if t in tables}
     train_log = read["train_log"]
     strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if s in set(train_log["strategy"])]
-    mine = {t: df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
-    table = ablation_table(mine["train_log"], mine["eval_results"])
+    seeds = set(cfg.seeds)
+    mine = {t: df.filter(pl.col("strategy").is_in(strategies) & pl.col("seed").is_in(seeds)) if "seed" in df.columns
+            else df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
+    units = run_units(mine.get("heldout_curve"), mine.get("eval_results"), mine.get("eval_units"))
+    table = ablation_table(units)
+    deltas = delta_table(units, "random", cfg.bootstrap_samples, cfg.seed, higher_is_better)
+    diversity = mine.get("consumed_metrics")
     with duckdb.get_connection() as con:
         replace_rows(con, "ablation", table, {})
+        replace_rows(con, "ablation_delta", deltas, {})
     figures = training_figures(mine, layout.inside("report"), cfg.seeds[0])
     jumps = mine.get("epoch_jumps")
     flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
     extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
     if flagged is not None and flagged.height:
         extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
-    md = render_report(table, strategies=strategies, extra=extra)
-    out = write_text(md, layout.report)
-    ui = render_report(table, strategies=strategies) + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
-    return rec.finish([out, *figures.values()], {"strategies": len(strategies), "rows": table.height}, {"strategies": strategies},
-                      {"report": dg.MetadataValue.md(ui)})
+    md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity)
+    outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet"))]
+    ui = render_report(table, strategies=strategies, deltas=deltas, diversity=diversity) + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
+    significant = deltas.filter(pl.col("significant")).height if deltas.height else 0
+    return rec.finish([*outputs, *figures.values()], {"strategies": len(strategies), "rows": table.height, "deltas": deltas.height},
+                      {"strategies": strategies, "seeds": cfg.seeds, "bootstrap_samples": cfg.bootstrap_samples},
+                      {"report": dg.MetadataValue.md(ui), "significant_differences": significant})
 
 
 def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:
@@ -91,7 +112,11 @@ def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) 
     from pipeline.reports import training_plots as T
     from pipeline.training.gradients import summarize_stable_ranks
 
-    figs = {"loss_curves": T.plot_loss_curves(tables["train_log"], out_dir / "loss_curves.png")}
+    figs = {}
+    curve = tables.get("heldout_curve")
+    if curve is not None and curve.height:
+        figs["heldout_curves"] = T.plot_heldout_curves(curve, out_dir / "heldout_curves.png")
+    figs["loss_curves"] = T.plot_loss_curves(tables["train_log"], out_dir / "loss_curves.png")
     if tables.get("stable_rank") is not None and tables["stable_rank"].height:
         figs["stable_ranks"] = T.plot_stable_ranks(summarize_stable_ranks(tables["stable_rank"]), out_dir / "stable_ranks.png")
     fid = tables.get("fidelity")

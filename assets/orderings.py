@@ -11,7 +11,9 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings, env_config, strategy_partitions
 from pipeline.storage.atomic import write_parquet
+from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.ordering import OrderParams, run_strategy
+from pipeline.reports.diagnostics import ordering_ids
 
 STRATEGY_PARTITIONS = strategy_partitions()
 
@@ -36,6 +38,15 @@ def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
     return docs, pl.read_parquet(layout.segments)
 
 
+def order_params(cfg) -> OrderParams:
+    """The ordering knobs of a configuration."""
+    return OrderParams(
+        objective=cfg.objective, bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
+        curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
+        greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block,
+    )
+
+
 @dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version=_params_version(), kinds={"parquet"})
 def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id)."""
@@ -43,13 +54,10 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     cfg, layout = settings.config(), settings.layout()
     strategy = context.partition_key
     docs, segments = ordering_inputs(layout)
-    params = OrderParams(
-        objective=cfg.objective, bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
-        curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
-        greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block,
-    )
+    params = order_params(cfg)
     # odm picks sequences online during training (ODM) from per-cluster pools: it gets the
-    # cluster_packed packing, whose sequences each hold one cluster; its order here is a placeholder.
+    # cluster_packed packing, whose sequences each hold one cluster. Its order here is not trained
+    # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     result = run_strategy("cluster_packed" if strategy == "odm" else strategy, docs, segments, cfg.seq_len, params, cfg.seed)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
@@ -71,6 +79,20 @@ def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
     seg_path = layout.ordering_segments(strategy)
     segments = pl.read_parquet(seg_path if seg_path.exists() else layout.segments)
     return order, segments
+
+
+def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, pl.DataFrame]:
+    """The order training seed ``seed`` trains on: the materialized ordering (``cfg.seed``) for
+    a seed-free strategy or seed == cfg.seed, else the strategy re-run with ``seed`` (same
+    parameters), so seeds vary the shuffle / noise, not only the model init."""
+    from pipeline.ordering.strategies import seed_dependent
+
+    params = order_params(cfg)
+    if strategy in TRAINING_TIME_STRATEGIES or seed == cfg.seed or not seed_dependent(strategy, params):
+        return load_ordering(layout, strategy)
+    docs, segments = ordering_inputs(layout)
+    result = run_strategy(strategy, docs, segments, cfg.seq_len, params, seed)
+    return ordering_ids(result.order), (result.segments if result.segments is not None else segments)
 
 
 @dg.asset_check(asset=orderings, blocking=True, description="The ordering is a permutation of its sequences.")

@@ -7,11 +7,12 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings, run_key, run_partitions
 from assets.on_ray import run_on_ray
-from assets.orderings import STRATEGY_PARTITIONS, load_ordering
+from assets.orderings import STRATEGY_PARTITIONS, load_ordering, seeded_ordering
 from pipeline.storage.atomic import atomic_dir, write_parquet
 from pipeline.packing.pack import SequenceStore
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
+from pipeline.reports.consumed import consumed_diversity
 from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
 from pipeline.storage.warehouse import replace_rows
 
@@ -35,24 +36,41 @@ def _settings(cfg, seed: int) -> TrainSettings:
     return TrainSettings(
         preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
         lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,
-        cross_document=cfg.cross_document,
+        cross_document=cfg.cross_document, attention=cfg.attention, heldout_every=cfg.heldout_every,
+        compile=cfg.compile,
     )
+
+
+def load_heldout_batch(layout, cfg, tok):
+    """The fixed held-out batch (same documents for every run), or None without held-out documents."""
+    from evals.paloma import read_paloma_docs
+    from pipeline.training.heldout import heldout_batch
+
+    if not layout.heldout.exists() or not any(layout.heldout.rglob("*.jsonl.gz")):
+        return None
+    docs = read_paloma_docs(layout.heldout)  # sources in turn, so a small batch covers every source
+    docs = docs.with_columns(r=pl.int_range(pl.len()).over("source")).sort("r", "source", maintain_order=True)
+    units = [f"{s}/{i}" for s, i in zip(docs["source"].to_list(), docs["id"].to_list())]
+    return heldout_batch(docs["text"].to_list(), units, tok, cfg.seq_len, cfg.heldout_docs)
 
 
 @dg.asset(
     group_name="ablation",
     deps=[dg.AssetDep("orderings", partition_mapping=BY_STRATEGY)],
     partitions_def=RUN_PARTITIONS,
-    code_version="3",
+    code_version="4",
     kinds={"pytorch"},
 )
 def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Train the same model (init from the partition's seed; same budget, optimizer, batch and
-    sequence length for every strategy) on the partition's ordering — or, for ``odm``, on what
-    ODM's Exp3 sampler picks online from per-cluster pools.
+    """Train the same model (same budget, optimizer, batch and sequence length for every
+    strategy) on the partition's ordering — or, for ``odm``, on what ODM's Exp3 sampler picks
+    online from per-cluster pools. The partition's seed seeds the model init *and* the strategy's
+    randomness (a seed-dependent ordering is re-run with it; ODM's sampler draws with it).
 
-    Writes ``runs/<strategy>/seed<seed>/model`` (``save_pretrained`` + tokenizer), ``log.parquet``
-    and ``stream.parquet`` (the sequences trained on, in order). DuckDB: ``train_log`` (per step),
+    Writes ``runs/<strategy>/seed<seed>/model`` (``save_pretrained`` + tokenizer), ``log.parquet``,
+    ``stream.parquet`` (the sequences trained on, in order) and ``heldout_curve.parquet``.
+    DuckDB: ``train_log`` (per step), ``heldout_curve`` (the fixed held-out batch's per-document
+    loss every ``heldout_every`` steps), ``consumed_metrics`` (diversity of the consumed stream),
     ``stable_rank`` (gradient stable ranks per layer at 20%/100% of steps), ``epoch_jumps`` and,
     for odm, ``odm_mixture``.
     """
@@ -64,8 +82,14 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"orderings": strategy})
     cfg, layout = settings.config(), settings.layout()
-    order, segments = load_ordering(layout, strategy)
+    order, segments = seeded_ordering(layout, cfg, strategy, seed)
     tok = load_tokenizer(layout.tokenizer)
+    held = load_heldout_batch(layout, cfg, tok)
+    curve: list[dict] = []
+
+    def on_heldout(steps_done: int, tokens: int, losses: np.ndarray) -> None:
+        curve.extend({"step": steps_done, "tokens_seen": tokens, "unit": u, "loss": float(v)} for u, v in zip(held.units, losses))
+
     store = _store(layout, cfg, segments, tok)
     ts = _settings(cfg, seed)
     run_dir = layout.run_dir(strategy, seed)
@@ -88,7 +112,8 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
                 model.save_pretrained(str(tmp))
 
     model, log = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
-                       sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe)
+                       sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe, heldout=held,
+                       on_heldout=on_heldout)
     with atomic_dir(run_dir / "model") as tmp:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
@@ -99,8 +124,17 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     outputs = [write_parquet(log_df.drop("tokens_per_s"), run_dir / "log.parquet"),
                write_parquet(pl.DataFrame({"position": np.arange(served.size), "sequence_id": served}), run_dir / "stream.parquet")]
     jumps = pl.DataFrame(epoch_boundary_jumps(log), infer_schema_length=None)
+    doc_cluster = pl.read_parquet(layout.clusters).sort("doc_id")["cluster"].to_numpy()
+    consumed = pl.DataFrame([{"metric": k, "value": v} for k, v in consumed_diversity(served, segments, doc_cluster, cfg.batch_size).items()])
+    consumed = consumed.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    curve_df = pl.DataFrame(curve, schema={"step": pl.Int64, "tokens_seen": pl.Int64, "unit": pl.String, "loss": pl.Float64})
+    curve_df = curve_df.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    outputs.append(write_parquet(curve_df, run_dir / "heldout_curve.parquet"))
     with duckdb.get_connection() as con:
         replace_rows(con, "train_log", log_df, key)
+        replace_rows(con, "consumed_metrics", consumed, key)
+        if curve_df.height:
+            replace_rows(con, "heldout_curve", curve_df, key)
         if probes:
             replace_rows(con, "stable_rank", pl.concat(probes).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed)), key)
         if jumps.height:
@@ -109,12 +143,13 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
             mixture = sampler.mixture_rows().with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
             outputs.append(write_parquet(mixture, run_dir / "odm_mixture.parquet"))
             replace_rows(con, "odm_mixture", mixture, key)
-    final = float(log_df["loss"].tail(max(1, len(log) // 10)).mean())
+    last = curve_df.filter(pl.col("step") == pl.col("step").max()) if curve_df.height else None
+    final = float(last["loss"].mean()) if last is not None else float("nan")
     return rec.finish(
         [run_dir / "model" / "model.safetensors", *outputs],
         {"steps": len(log), "tokens": int(log_df["tokens_seen"].max())},
         {**ts.__dict__, "strategy": strategy},
-        {"final_loss": final, "tokens_per_s": float(log_df["tokens_per_s"].median()),
+        {"heldout_batch_loss": final, "tokens_per_s": float(log_df["tokens_per_s"].median()),
          "params": sum(p.numel() for p in model.parameters()),
          "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0},
     )

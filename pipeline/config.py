@@ -106,7 +106,7 @@ class StrataConfig(_Model):
     seq_len: int = Field(256, ge=2)
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
-    strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "cluster_packed", "odm"], min_length=1)
+    strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed", "odm"], min_length=1)
     objective: Literal[OBJECTIVES] = "f3"  # type: ignore[valid-type]  # greedy objective (Don't Shuffle, Optimize)
     length_bins: int = Field(100, ge=1)
     lam: float = Field(1.0, ge=0.0)
@@ -118,7 +118,7 @@ class StrataConfig(_Model):
     greedy_block: int = Field(8_192, ge=1)  # sequences per block of the blocked greedy
     batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
     # training
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds (model init); one run per strategy x seed
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds: model init + every seeded strategy's shuffle/noise/sampler; one run per strategy x seed (strata demo: [0, 1, 2])
     model_preset: Literal[MODEL_PRESETS] = "tiny"  # type: ignore[valid-type]
     max_steps: int = Field(60, ge=1)
     lr: float = Field(3e-3, gt=0.0)
@@ -127,6 +127,11 @@ class StrataConfig(_Model):
     cross_document: bool = False  # allow attention across document boundaries
     odm_smoothing: float = Field(0.5, ge=0.0, le=1.0)  # ODM reward moving-average smoothing
     odm_warmup_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    attention: Literal["auto", "dense", "flex"] = "auto"  # document masking: auto = FlexAttention block masks on CUDA, dense mask on CPU
+    compile: bool = False  # torch.compile the decoder (GPU runs)
+    heldout_docs: int = Field(64, ge=1)  # fixed held-out batch: first N held-out documents (first seq_len tokens each)
+    heldout_every: int = Field(10, ge=0)  # score the held-out batch every N steps (0 = at the end only)
+    bootstrap_samples: int = Field(2000, ge=100)  # paired bootstrap replicates of the report's intervals
     probe_fractions: list[float] = Field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
     probe_batches: int = Field(2, ge=1)  # batches probed per checkpoint
     fidelity_chunks: int = Field(10, ge=2)  # mixture fidelity: chunks of each schedule

@@ -119,8 +119,17 @@ def test_duckdb_lineage_and_report(run):
     assert ablation == [(s,) for s in sorted(STRATEGIES)]
     assert str(layout.segments) in outputs
     report = layout.report.read_text()
-    assert "train/final_loss" in report and all(s in report for s in STRATEGIES)
-    assert "train/final_loss" in proc.stdout  # the CLI prints the table
+    assert "heldout_batch/loss" in report and all(s in report for s in STRATEGIES)
+    assert "heldout_batch/loss" in proc.stdout  # the CLI prints the table
+    assert "Difference to `random`" in report and "Diversity of the consumed stream" in report
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        deltas = con.execute("SELECT strategy, metric, ci_low, ci_high, significant FROM ablation_delta").fetchall()
+        consumed = con.execute("SELECT DISTINCT strategy FROM consumed_metrics ORDER BY 1").fetchall()
+        curve_steps = con.execute("SELECT DISTINCT step FROM heldout_curve ORDER BY 1").fetchall()
+        odm_diag = con.execute("SELECT count(*) FROM ordering_metrics WHERE strategy = 'odm'").fetchone()[0]
+    assert {s for s, *_ in deltas} == {"greedy", "odm"} and all(lo <= hi and sig == (lo > 0 or hi < 0) for _, _, lo, hi, sig in deltas)
+    assert consumed == [(s,) for s in sorted(STRATEGIES)] and odm_diag == 0
+    assert [s for (s,) in curve_steps] == [0, cfg["max_steps"]]
     assert (layout.run_dir("greedy", 0) / "model" / "config.json").exists()
     # the exports asset wrote the greedy ordering in training order (numpy is the default format)
     order = pl.read_parquet(layout.ordering("greedy")).sort("position")["sequence_id"].to_numpy()

@@ -31,8 +31,14 @@ def _materialize(config_file: str | None, data_root: str | None, select: str | N
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Materialize the whole graph on the built-in corpus with the default configuration."""
-    return _materialize(args.config, args.data_root)
+    """Materialize the whole graph on the built-in corpus: the defaults with seeds 0, 1, 2 (and
+    WikiText / Paloma / DCLM-core from ``--evals DIR``)."""
+    from pathlib import Path
+
+    from assets.cli.demo import write_demo_config
+
+    root = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").resolve()
+    return _materialize(str(write_demo_config(root, args.config, args.evals)), str(root))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -60,7 +66,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     layout = Layout(root)
     if not layout.duckdb.exists():
         raise StrataInputError("no strata.duckdb in the data root", path=root, fix="run `strata demo` or `strata run` first, or pass --data-root")
-    strategies = sorted(p.name.removesuffix(".parquet") for p in (root / "orderings").glob("*.parquet") if not p.name.endswith(".segments.parquet"))
+    from pipeline.config import TRAINING_TIME_STRATEGIES
+
+    strategies = sorted(p.name.removesuffix(".parquet") for p in (root / "orderings").glob("*.parquet")
+                        if not p.name.endswith(".segments.parquet") and p.name.removesuffix(".parquet") not in TRAINING_TIME_STRATEGIES)
     if not strategies:
         raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
     docs = V.document_features(layout)
@@ -102,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the whole pipeline on the built-in offline corpus")
     demo.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
+    demo.add_argument("--evals", default=None, metavar="DIR",
+                      help="folder laid out like shared/data/eval (wikitext/, paloma[_fixture]/, dclm_core/): turns those evals on")
     demo.add_argument("--config", default=None, help=argparse.SUPPRESS)
     demo.set_defaults(func=cmd_demo)
     run = sub.add_parser("run", help="run the whole pipeline headless from a config file")

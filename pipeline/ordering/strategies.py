@@ -245,6 +245,17 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
+SEED_FREE = ("original", "greedy", "greedy_curriculum", "stratified", "token_weighted", "round_robin", "bin_packing")
+
+
+def seed_dependent(name: str, params: OrderParams) -> bool:
+    """Whether the strategy's order depends on its seed (a shuffle, a random stream, or noise > 0).
+
+    Training seed s re-runs a seed-dependent strategy with seed s, so every seed of the ablation
+    sees a different draw of the shuffle / noise (not only a different model init)."""
+    return name not in SEED_FREE or params.noise > 0
+
+
 _WHAT_COLUMNS = {"documents": "doc_id, cluster, n_tokens (stream length incl. EOS)", "segments": ", ".join(SEGMENT_SCHEMA)}
 
 

@@ -16,7 +16,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 
 PACKING_COLUMNS = ("sequences", "tokens_kept", "padding_fraction", "docs_cut")
-DEFAULT_METRICS = ("train/final_loss", "heldout/mean/bits_per_byte")
+DEFAULT_METRICS = ("heldout_batch/loss", "heldout/mean/bits_per_byte")
 
 
 def compare_runs(roots: list[Path], metrics: tuple[str, ...] = DEFAULT_METRICS) -> pl.DataFrame:

@@ -83,6 +83,41 @@ def plot_loss_curves(log: pl.DataFrame, path: str | os.PathLike, metric: str = "
     return _save(fig, path)
 
 
+def plot_heldout_curves(curve: pl.DataFrame, path: str | os.PathLike) -> Path:
+    """Held-out loss vs tokens seen per strategy: mean over seeds, band = min..max over seeds.
+
+    ``curve``: strategy, seed, step, tokens_seen, unit, loss (the fixed held-out batch, scored
+    every N steps; a run's value is the mean over the held-out documents). Two panels: the whole
+    run, and the last half with its own y range, where the strategies differ.
+    """
+    _need(curve, ("strategy", "seed", "step", "tokens_seen", "loss"), "held-out curves")
+    runs = curve.group_by("strategy", "seed", "step").agg(pl.col("tokens_seen").first(), pl.col("loss").mean()).sort("step")
+    strategies = sorted(runs["strategy"].unique().to_list())
+    colors = cluster_colors(max(len(strategies), 1))
+    fig = Figure(figsize=(11, 4.5))
+    axes = fig.subplots(1, 2)
+    half = float(runs["tokens_seen"].max()) / 2
+    for ax, lo in zip(axes, (0.0, half)):
+        for color, s in zip(colors, strategies):
+            r = runs.filter(pl.col("strategy") == s)
+            agg = (r.group_by("step").agg(pl.col("tokens_seen").mean(), pl.col("loss").mean().alias("m"),
+                                         pl.col("loss").min().alias("lo"), pl.col("loss").max().alias("hi"),
+                                         pl.col("seed").n_unique().alias("n")).sort("step").filter(pl.col("tokens_seen") >= lo))
+            x = agg["tokens_seen"].to_numpy() / 1e3
+            n = int(agg["n"].max()) if agg.height else 0
+            ax.plot(x, agg["m"].to_numpy(), color=color, lw=1.6, marker="o", ms=3, label=f"{s} ({n} seeds)")
+            if n > 1:
+                ax.fill_between(x, agg["lo"].to_numpy(), agg["hi"].to_numpy(), color=color, alpha=0.18, lw=0)
+        ax.set_xlabel("tokens seen (thousands)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out loss (nats/token)")
+    axes[0].set_title("Fixed held-out batch, every strategy (band: seed min-max)")
+    axes[1].set_title("second half of training")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def plot_mixture(mixture: pl.DataFrame, path: str | os.PathLike, title: str = "ODM mixture over training") -> Path:
     """Stacked area of the sampling probability of every cluster per step (``step, cluster, prob``)."""
     _need(mixture, ("step", "cluster", "prob"), "mixture")

@@ -1,0 +1,51 @@
+"""``strata demo``'s configuration: the defaults, three training seeds, and optional real evals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import StrataInputError
+
+# Everything else is StrataConfig's default (built-in corpus, tiny model, 60 steps x 16 x 256).
+DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2]}
+
+
+def eval_paths(evals_dir: str | Path) -> dict[str, str]:
+    """Config keys for a folder laid out as ``shared/data/eval``: ``wikitext/wiki.test.raw``,
+    ``paloma/`` or ``paloma_fixture/`` (Paloma's ``<source>/<split>/*.jsonl.gz``) and
+    ``dclm_core/`` (llm-foundry's ``local_data/`` + ``eval_meta_data.csv``); the ones present."""
+    root = Path(evals_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise StrataInputError("evals folder not found", path=root, fix="pass a folder laid out like shared/data/eval")
+    out: dict[str, str] = {}
+    if (root / "wikitext" / "wiki.test.raw").is_file():
+        out["wikitext_path"] = str(root / "wikitext" / "wiki.test.raw")
+    for name in ("paloma", "paloma_fixture"):
+        if (root / name).is_dir():
+            out["paloma_dir"] = str(root / name)
+            break
+    if (root / "dclm_core" / "eval_meta_data.csv").is_file():
+        out["dclm_dir"] = str(root / "dclm_core")
+    if not out:
+        raise StrataInputError("no wikitext/wiki.test.raw, paloma[_fixture]/ or dclm_core/ in the evals folder", path=root,
+                               fix="pass a folder laid out like shared/data/eval")
+    return out
+
+
+def write_demo_config(root: Path, config_file: str | None, evals_dir: str | None) -> Path:
+    """Write ``<root>/demo_config.yaml``: demo settings, then a given config file's keys, then evals."""
+    import yaml
+
+    data: dict[str, Any] = dict(DEMO_SETTINGS)
+    if config_file:
+        loaded = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict):
+            raise StrataInputError("config must be a mapping of keys to values", path=config_file, fix="see README 'Configuration'")
+        data.update(loaded)
+    if evals_dir:
+        data.update(eval_paths(evals_dir))
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "demo_config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
+    return path
