@@ -7,8 +7,11 @@ from typing import Any
 
 from pipeline.errors import StrataInputError
 
-# Everything else is StrataConfig's default (built-in corpus, tiny model, 60 steps x 16 x 256).
-DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2]}
+# Three seeds of six strategies (18 runs) within ~15 minutes on 2 CPU cores: 48 steps x 16 x 256
+# tokens per run (196,608) and the held-out batch every 12 steps (5 points per curve). Measured
+# cost of one step of the tiny model: ~0.63 CPU-s (docs/training.md, "The demo").
+# Everything else is StrataConfig's default (built-in corpus, tiny model).
+DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 48, "warmup_steps": 5, "heldout_every": 12}
 
 
 def eval_paths(evals_dir: str | Path) -> dict[str, str]:
