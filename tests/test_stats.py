@@ -19,6 +19,18 @@ def test_bootstrap_of_a_constant_shift_is_that_shift_and_symmetric_noise_covers_
     assert mean == 0 and lo < 0 < hi
 
 
+def test_single_unit_metrics_get_the_paired_t_interval_over_seeds():
+    from pipeline.reports.stats import paired_t_interval
+
+    mean, lo, hi = paired_t_interval(np.array([0.1, 0.3, 0.2]))  # sd 0.1, t_{0.975,2} = 4.3027
+    assert mean == pytest.approx(0.2) and hi - mean == pytest.approx(4.302653 * 0.1 / math.sqrt(3), rel=1e-5)
+    units = pl.DataFrame({"strategy": ["random", "x"] * 3, "seed": [0, 0, 1, 1, 2, 2], "metric": ["core"] * 6,
+                          "unit": ["all"] * 6, "value": [0.1, 0.3, 0.2, 0.5, 0.1, 0.3]})
+    r = delta_table(units).row(0, named=True)
+    assert r["interval"] == "t" and r["delta"] == pytest.approx(0.2333333) and r["n_units"] == 1
+    assert math.isnan(paired_t_interval(np.array([0.4]))[1])
+
+
 def test_mde_is_hand_computed_from_the_per_seed_differences():
     d = np.array([[0.1, 0.1], [0.3, 0.3], [0.1, 0.3]])  # per-seed means 0.1, 0.3, 0.2: sd 0.1
     assert minimum_detectable_effect(d) == pytest.approx(Z_MDE * 0.1 / math.sqrt(3))

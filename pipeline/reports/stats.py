@@ -11,7 +11,10 @@ independently, the units with replacement and takes the mean of D over the redra
 sources of variance (a new seed is a new init *and* a new shuffle), so both are resampled; with
 3 seeds the seed factor can take only 10 distinct multisets, so intervals are coarse and tend to
 be narrow (bootstrap from few clusters under-covers) — read them as the least uncertainty there
-is. A difference is ``significant`` only when its interval excludes zero.
+is. A metric with a single unit (an aggregate such as WikiText perplexity or DCLM Core) has only
+the seeds to resample, where a bootstrap of 2-3 values is degenerate; it gets the paired t
+interval over seeds instead, ``mean ± t_{0.975, n-1} sd / sqrt(n)`` (none with one seed). A
+difference is ``significant`` only when its interval excludes zero.
 
 Minimum detectable effect (MDE): from the seed-to-seed spread of the per-seed mean differences
 ``d_s = mean_u D[s, u]``: ``MDE = (z_0.975 + z_0.8) * sd(d_s) / sqrt(n_seeds)`` (two-sided 5%
@@ -31,7 +34,7 @@ Z_MDE = 1.959963984540054 + 0.8416212335729143  # z_{0.975} + z_{0.80}
 DELTA_SCHEMA = {
     "metric": pl.String, "strategy": pl.String, "baseline": pl.String, "delta": pl.Float64,
     "ci_low": pl.Float64, "ci_high": pl.Float64, "significant": pl.Boolean, "better": pl.Boolean,
-    "n_seeds": pl.Int64, "n_units": pl.Int64, "mde": pl.Float64, "n_boot": pl.Int64,
+    "n_seeds": pl.Int64, "n_units": pl.Int64, "mde": pl.Float64, "n_boot": pl.Int64, "interval": pl.String,
 }
 
 
@@ -46,6 +49,18 @@ def paired_bootstrap(diff: np.ndarray, n_boot: int = 2000, seed: int = 0, level:
     a = (1.0 - level) / 2
     lo, hi = np.quantile(reps, [a, 1.0 - a])
     return float(d.mean()), float(lo), float(hi)
+
+
+def paired_t_interval(per_seed: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of per-seed paired differences, Student t; NaN bounds below 2 seeds."""
+    from scipy.stats import t
+
+    x = np.asarray(per_seed, dtype=np.float64).ravel()
+    mean = float(x.mean())
+    if x.size < 2:
+        return mean, math.nan, math.nan
+    half = float(t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return mean, mean - half, mean + half
 
 
 def minimum_detectable_effect(diff: np.ndarray) -> float:
@@ -81,10 +96,13 @@ def delta_table(units: pl.DataFrame, baseline: str = "random", n_boot: int = 200
             d = d[:, ~np.isnan(d).any(axis=0)]  # units every shared seed has
             if d.size == 0:
                 continue
-            mean, lo, hi = paired_bootstrap(d, n_boot, seed)
-            sig = bool(lo > 0 or hi < 0)
+            if d.shape[1] == 1:
+                (mean, lo, hi), how = paired_t_interval(d[:, 0]), "t"
+            else:
+                (mean, lo, hi), how = paired_bootstrap(d, n_boot, seed), "bootstrap"
+            sig = bool(lo > 0 or hi < 0)  # False for NaN bounds
             good = mean > 0 if higher_is_better(metric) else mean < 0
             rows.append({"metric": metric, "strategy": strategy, "baseline": baseline, "delta": mean, "ci_low": lo,
                          "ci_high": hi, "significant": sig, "better": sig and good, "n_seeds": d.shape[0],
-                         "n_units": d.shape[1], "mde": minimum_detectable_effect(d), "n_boot": n_boot})
+                         "n_units": d.shape[1], "mde": minimum_detectable_effect(d), "n_boot": n_boot, "interval": how})
     return pl.DataFrame(rows, schema=DELTA_SCHEMA)

@@ -71,8 +71,14 @@ def _cell(mean: float | None, std: float | None, n: int | None) -> str:
     return _fmt(mean) + (f" ± {_fmt(std)}" if n and n > 1 and std is not None else "")
 
 
+def _signed(v: float) -> str:
+    if v is None or math.isnan(v):
+        return "—"
+    return f"{v:+.4f}" if abs(v) < 1000 else f"{v:+.4g}"
+
+
 def _delta_cell(r: dict) -> str:
-    text = f"{r['delta']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+    text = f"{_signed(r['delta'])} [{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
     return f"**{text}**" if r["significant"] else text
 
 
@@ -114,7 +120,8 @@ def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str]
             f"## Difference to `{base}` (paired bootstrap, 95% interval)",
             "",
             f"Δ = strategy − {base}, paired by seed and held-out unit; interval from {n_boot:,} two-way "
-            "bootstrap replicates over seeds and units. **Bold** only where the interval excludes zero "
+            "bootstrap replicates over seeds and units (metrics with 1 unit: paired t interval over seeds, "
+            "none with one seed). **Bold** only where the interval excludes zero "
             "(nothing else is marked). MDE: the smallest |Δ| detectable at 5% / 80% power from the "
             "seed-to-seed spread of the paired differences. Units per metric: held-out documents "
             "(`heldout_batch/loss`, `*/doc_bits_per_byte`) or 1 (aggregate metrics: seeds only).",
