@@ -7,11 +7,11 @@ from typing import Any
 
 from pipeline.errors import StrataInputError
 
-# Three seeds of six strategies (18 runs) within ~15 minutes on 2 CPU cores: 48 steps x 16 x 256
-# tokens per run (196,608) and the held-out batch every 12 steps (5 points per curve). Measured
-# cost of one step of the tiny model: ~0.63 CPU-s (docs/training.md, "The demo").
+# Three seeds of six strategies (18 runs) aimed at ~15 minutes on 2 idle CPU cores: 40 steps x
+# 16 x 256 tokens per run (163,840) and the held-out batch every 10 steps (5 points per curve).
+# An estimate, not a measurement: see docs/training.md, "The demo".
 # Everything else is StrataConfig's default (built-in corpus, tiny model).
-DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 48, "warmup_steps": 5, "heldout_every": 12}
+DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 40, "warmup_steps": 4, "heldout_every": 10}
 
 
 def eval_paths(evals_dir: str | Path) -> dict[str, str]:
