@@ -36,7 +36,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.reports.diagnostics import Composition, batch_deviations, composition  # noqa: E402
-from pipeline.ordering import Objective, OrderParams, greedy_order, sequence_features, sequence_order  # noqa: E402
+from pipeline.ordering import (  # noqa: E402
+    Objective,
+    OrderParams,
+    greedy_blocked_order,
+    greedy_order,
+    sequence_features,
+    sequence_order,
+)
 from pipeline.ordering.documents import stratified_order  # noqa: E402
 from pipeline.ordering.features import Csr, SequenceFeatures, length_bin_edges  # noqa: E402
 from pipeline.packing.pack import pack_concat  # noqa: E402
@@ -92,6 +99,7 @@ def peak_rss_mb() -> float:
 def warm_up() -> None:
     f = sequence_features(np.array([0, 0, 1, 2]), np.array([0, 1, 1, 0]), np.array([3, 4, 5, 6]), np.array([1, 2, 3, 3]), 2)
     greedy_order(f, Objective.named("f3", 1.0))
+    greedy_blocked_order(f, Objective.named("f3", 1.0), block=2, batch=1)  # compiles the batch repair
     stratified_order(np.array([0, 1, 0]), np.array([1, 2, 3]))
 
 

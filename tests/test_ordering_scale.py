@@ -19,6 +19,7 @@ from pipeline.ordering import (
     sequence_features,
 )
 from pipeline.ordering.features import SequenceFeatures
+from pipeline.ordering.repair import repair_batches
 from pipeline.packing.pack import pack_concat
 from pipeline.reports.diagnostics import batch_deviations, composition
 
@@ -71,6 +72,21 @@ def test_blocked_stays_within_its_bound_of_exact_greedy(big):
     rc, rb = deviations(big, np.random.default_rng(0).permutation(big.n_sequences))
     assert bc.mean() <= 1.10 * ec.mean() and bb.mean() <= 1.10 * eb.mean()
     assert bc.max() <= np.median(rc) and bb.max() <= np.median(rb)
+
+
+def test_batch_repair_lowers_the_worst_batches_and_moves_few_sequences(big):
+    """On a random order (many bad batches): the worst 1% of the batches each get at most one swap."""
+    order = np.random.default_rng(1).permutation(big.n_sequences)
+    fixed, swaps = repair_batches(order, big, 32, fraction=0.01)
+    n_fix = int(0.01 * (big.n_sequences // 32))
+    assert np.array_equal(np.sort(fixed), np.arange(big.n_sequences))
+    assert 0 < swaps <= n_fix and (fixed != order).sum() == 2 * swaps
+    before, after = deviations(big, order), deviations(big, fixed)
+    worst_before = np.maximum(before[0], before[1])
+    worst_after = np.maximum(after[0], after[1])
+    assert worst_after.max() < worst_before.max()
+    assert np.sort(worst_after)[-n_fix:].sum() < np.sort(worst_before)[-n_fix:].sum()
+    assert np.array_equal(repair_batches(order, big, 32, fraction=0.01)[0], fixed)
 
 
 def test_one_block_is_the_exact_greedy():

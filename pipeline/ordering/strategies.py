@@ -38,7 +38,7 @@ class OrderParams:
     bins: int = 100  # B quantile length bins (f3)
     lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
     noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
-    block_size: int = 32  # greedy_block_shuffle block, in sequences (one batch)
+    block_size: int = 32  # one training batch, in sequences: greedy_block_shuffle's block, the blocked greedy's repair
     curriculum: str | None = None  # knots file (JSON/YAML) for greedy_curriculum
     within: str = "original"  # within-cluster sort of the document-level strategies
     window: int = 4096  # candidate pool of greedy_fast
@@ -121,7 +121,8 @@ def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, s
 
 def _greedy(features: SequenceFeatures, params: OrderParams, seed: int) -> np.ndarray:
     obj = params.objective_weights()
-    return greedy_scaled_order(features, obj, params.greedy_exact_max, params.greedy_block, params.noise, seed)[0]
+    p = params
+    return greedy_scaled_order(features, obj, p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size)[0]
 
 
 GREEDY_BASED = ("greedy", "greedy_block_shuffle", "duplicate_separated")  # strategies whose result names a greedy_mode
