@@ -27,7 +27,7 @@ def clusters_cover_documents(settings: StrataSettings) -> dg.AssetCheckResult:
     layout = settings.layout()
     cl = pl.read_parquet(layout.clusters)
     n_docs = pl.read_parquet(layout.corpus, columns=["doc_id"]).height
-    k = settings.config().k
+    k = np.load(layout.centroids, mmap_mode="r").shape[0]  # the k it was built with (a launchpad run may override k)
     ok = cl.height == n_docs and cl["doc_id"].n_unique() == n_docs and cl["cluster"].min() >= 0 and cl["cluster"].max() < k
     return dg.AssetCheckResult(passed=bool(ok), metadata={"documents": n_docs, "assigned": cl.height})
 

@@ -38,14 +38,36 @@ class StrataSettings(dg.ConfigurableResource):
         return Layout(root)
 
 
-def strategy_partitions() -> dg.StaticPartitionsDefinition:
-    return dg.StaticPartitionsDefinition(list(env_config().strategies))
+# Strategies and training seeds are dynamic partitions that follow the config: the runner, the
+# `strata_config` sensor (Dagster UI) and `strata status` sync them (sync_partitions), so adding a
+# strategy to the config file needs no restart.
+STRATEGY_PARTITIONS = dg.DynamicPartitionsDefinition(name="strategy")
+SEED_PARTITIONS = dg.DynamicPartitionsDefinition(name="seed")
+RUN_PARTITIONS = dg.MultiPartitionsDefinition({"strategy": STRATEGY_PARTITIONS, "seed": SEED_PARTITIONS})
+# Training and evaluation steps hold a slot of this Dagster pool: with the default limit of 1 a
+# backfill of every strategy x seed runs them one at a time on the machine (config: train_concurrency).
+TRAIN_POOL = "strata_train"
 
 
-def run_partitions(strategies: dg.StaticPartitionsDefinition) -> dg.MultiPartitionsDefinition:
-    """Training/evaluation partitions: every strategy x every training seed."""
-    seeds = dg.StaticPartitionsDefinition([str(s) for s in env_config().seeds])
-    return dg.MultiPartitionsDefinition({"strategy": strategies, "seed": seeds})
+def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str, list[str]]:
+    """Make the instance's strategy/seed partitions equal the config's and set the training pool's
+    limit; returns what was added and removed."""
+    changes: dict[str, list[str]] = {"added": [], "removed": []}
+    for name, wanted in (("strategy", list(cfg.strategies)), ("seed", [str(s) for s in cfg.seeds])):
+        have = instance.get_dynamic_partitions(name)
+        new = [k for k in wanted if k not in have]
+        if new:
+            instance.add_dynamic_partitions(name, new)
+        for k in have:
+            if k not in wanted:
+                instance.delete_dynamic_partition(name, k)
+                changes["removed"].append(f"{name}={k}")
+        changes["added"] += [f"{name}={k}" for k in new]
+    storage = instance.event_log_storage
+    if storage.supports_global_concurrency_limits:
+        if storage.get_concurrency_info(TRAIN_POOL).slot_count != cfg.train_concurrency:
+            storage.set_concurrency_slots(TRAIN_POOL, cfg.train_concurrency)
+    return changes
 
 
 def run_key(context: dg.AssetExecutionContext) -> tuple[str, int]:
@@ -80,6 +102,7 @@ class Recorder:
         rows: dict[str, int],
         params: dict[str, Any],
         metadata: dict[str, Any] | None = None,
+        check_results: list[dg.AssetCheckResult] | None = None,
     ) -> dg.MaterializeResult:
         asset = self.context.assets_def.key.to_user_string()
         version = version_of(outputs)
@@ -107,4 +130,4 @@ class Recorder:
         meta["path"] = dg.MetadataValue.path(str(outputs[0]))
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
         meta.update(metadata or {})
-        return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version))
+        return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version), check_results=check_results or None)

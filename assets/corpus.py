@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
+from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
 from pipeline.data.corpus import content_hashes, corpus_fingerprint, heldout_mask, read_corpus
 from evals.paloma import write_paloma_layout
@@ -18,15 +19,19 @@ def raw_corpus(settings: StrataSettings) -> dg.DataVersion:
     return dg.DataVersion(corpus_fingerprint(settings.config().corpus))
 
 
+CorpusParams = PARAM_CLASSES["corpus"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="data", deps=["raw_corpus"], code_version="1", kinds={"parquet"})
-def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+           config: CorpusParams) -> dg.MaterializeResult:
     """Read and validate the configured corpus; split off a seeded held-out set.
 
     Writes ``corpus.parquet`` (doc_id, id, text, source, subdomain, content_hash) for training
     and ``heldout/<source>/val/*.jsonl.gz`` (Paloma layout) for evaluation.
     """
     rec = Recorder(context, duckdb, {})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     df, report = read_corpus(cfg.corpus, cfg.seed)
     df = df.with_columns(content_hashes(df["text"]))
     held = heldout_mask(df["content_hash"], cfg.heldout_fraction, cfg.seed)

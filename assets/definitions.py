@@ -14,16 +14,36 @@ from pipeline.offline import set_offline
 set_offline()
 
 from assets import checks, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
-from assets.common import StrataSettings  # noqa: E402
+from assets.common import StrataSettings, sync_partitions  # noqa: E402
+from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
 
 _MODULES = [corpus, tokens, embeddings, sequences, orderings, exports, diagnostics, training, evaluations, checks]
 
 
+def config_sensor(config_file: str | None, data_root: str | None, built_from) -> dg.SensorDefinition:
+    """Keeps the strategy/seed partitions and the training pool equal to the config file (read at
+    every tick: adding a strategy needs no restart), and says when the code versions are outdated."""
+
+    @dg.sensor(name="strata_config", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Syncs partitions and the training pool with the config file; warns when definitions need a reload.")
+    def strata_config(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        cfg = resolve_config(config_file, data_root)
+        changes = sync_partitions(context.instance, cfg)
+        changed = [a for a in PARAMS if PARAMS[a] and params_hash(PARAMS[a], cfg) != params_hash(PARAMS[a], built_from)]
+        note = f"partitions: {changes}" if changes["added"] or changes["removed"] else "partitions in sync"
+        if changed:
+            note += f"; config changed for {changed}: reload the definitions (Deployment > Reload) to update code versions"
+        return dg.SkipReason(note)
+
+    return strata_config
+
+
 def build_definitions(config_file: str | None = None, data_root: str | None = None) -> dg.Definitions:
-    """The asset graph configured by ``config_file`` (and ``data_root``, which wins over it)."""
+    """The asset graph configured by ``config_file`` (and ``data_root``, which wins over it): code
+    versions cover each asset's parameters under this config (assets/params.py)."""
     cfg = resolve_config(config_file, data_root)
-    assets = dg.load_assets_from_modules(_MODULES)
+    assets = with_config_versions(dg.load_assets_from_modules(_MODULES), cfg)
     if cfg.automation == "eager":
         eager = dg.AutomationCondition.eager()
         assets = [
@@ -34,6 +54,7 @@ def build_definitions(config_file: str | None = None, data_root: str | None = No
     return dg.Definitions(
         assets=assets,
         asset_checks=dg.load_asset_checks_from_modules(_MODULES),
+        sensors=[config_sensor(config_file, data_root, cfg)],
         resources={
             "settings": StrataSettings(config_file=str(config_file or ""), data_root=str(cfg.root)),
             "duckdb": DuckDBResource(database=str(cfg.root / "strata.duckdb")),

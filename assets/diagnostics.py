@@ -5,8 +5,8 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings
-from assets.orderings import STRATEGY_PARTITIONS
+from assets.params import PARAM_CLASSES, asset_config
+from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
 from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.reports import diagnostics as D
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
@@ -23,7 +23,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     A training-time strategy (odm) has no schedule before training: it gets no rows here; its
     diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs)."""
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings), settings.layout()
     strategy = context.partition_key
     if strategy in TRAINING_TIME_STRATEGIES:
         metrics = D.rows_frame([])
@@ -45,10 +45,9 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``,
     and Diversity-ordered training's k calibration (silhouette vs k on a sample) in ``k_calibration``."""
     rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings), settings.layout()
     docs = V.document_features(layout)
-    strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys()
-                  if layout.ordering(s).exists() and s not in TRAINING_TIME_STRATEGIES]
+    strategies = [s for s in cfg.strategies if layout.ordering(s).exists() and s not in TRAINING_TIME_STRATEGIES]
     schedules = {s: V.load_schedule(layout, s, docs, cfg.length_bins) for s in strategies}
     emb = np.load(layout.embeddings, allow_pickle=False)
     labels = docs["source"].to_numpy()

@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
+from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
 from pipeline.represent.clusters import kmeans
 from pipeline.distributed.text_shards import clear_shards, embed_shard, map_text_shards
@@ -15,8 +16,12 @@ from pipeline.storage.atomic import write_npy, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
 
+EmbeddingsParams = PARAM_CLASSES["embeddings"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="representation", deps=["corpus"], code_version="4", kinds={"numpy", "pytorch"})
-def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+               config: EmbeddingsParams) -> dg.MaterializeResult:
     """Document embeddings (``embed_method``: sentence = all-MiniLM-L6-v2 offline by default,
     shallow = mean input-embedding rows, deep = mean last hidden state), L2-normalized, over
     each document's first ``embed_max_tokens`` tokens. Cached per content hash (``cache/embeddings``):
@@ -24,7 +29,7 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     ``shard_docs`` documents on the configured ``engine``: in this process, or on Ray model actors
     (one per GPU, CPU actors otherwise); both give identical bytes."""
     rec = Recorder(context, duckdb, {"corpus": None})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     df = pl.read_parquet(layout.corpus, columns=["text", "content_hash"])
     hashes = df["content_hash"].to_list()
     fingerprint = embedding_fingerprint(cfg.embed_model or default_model_path(), cfg.embed_max_tokens, method=cfg.embed_method,
@@ -50,12 +55,16 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     )
 
 
+ClustersParams = PARAM_CLASSES["clusters"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="representation", deps=["embeddings"], code_version="2", kinds={"parquet"})
-def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+             config: ClustersParams) -> dg.MaterializeResult:
     """Seeded faiss k-means (spherical by default, optional PCA) of the embeddings:
     ``clusters.parquet`` (doc_id, cluster) + centroids."""
     rec = Recorder(context, duckdb, {"embeddings": None})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     emb = np.load(layout.embeddings, allow_pickle=False)
     assign, centroids = kmeans(
         emb, cfg.k, cfg.seed, cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,

@@ -8,18 +8,22 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, run_key
+from assets.params import PARAM_CLASSES, asset_config
+from assets.common import RUN_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key
 from assets.on_ray import run_on_ray
-from assets.orderings import STRATEGY_PARTITIONS
-from assets.training import RUN_PARTITIONS
 from pipeline.storage.atomic import write_parquet, write_text
 from pipeline.reports.tables import ablation_table, render_report
 from pipeline.reports.visual import image_markdown
 from pipeline.storage.warehouse import replace_rows
 
 
-@dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=RUN_PARTITIONS, code_version="3", kinds={"parquet"})
-def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+EvaluationsParams = PARAM_CLASSES["evaluations"]  # launchpad: this asset's parameters (assets/params.py)
+
+
+@dg.asset(group_name="ablation", deps=["training_runs"], partitions_def=RUN_PARTITIONS, code_version="3", kinds={"parquet"},
+          pool=TRAIN_POOL)
+def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+                config: EvaluationsParams) -> dg.MaterializeResult:
     """Evaluate the partition's model: lm-eval rolling log-likelihood (word/byte perplexity, bits
     per byte) on the held-out split (per source, Paloma-style), and when configured WikiText-2,
     a real Paloma directory and DCLM-core (llm-foundry scoring, centered accuracy, Core, gold
@@ -33,7 +37,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
         return on_ray
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"training_runs": context.partition_key})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     model_dir = layout.run_dir(strategy, seed) / "model"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
@@ -62,8 +66,12 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
                       {"results": dg.MetadataValue.md(table)})
 
 
+AblationReportParams = PARAM_CLASSES["ablation_report"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses"], code_version="3", kinds={"duckdb"})
-def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+                    config: AblationReportParams) -> dg.MaterializeResult:
     """Strategy x metric table (the fixed held-out batch's final loss and every evaluation
     metric, mean ± std over seeds) in DuckDB ``ablation``; the difference of every strategy to
     ``random`` with a paired-bootstrap 95% interval over held-out documents and seeds, its
@@ -73,7 +81,7 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     from pipeline.reports.stats import delta_table
     from pipeline.reports.tables import higher_is_better, run_units
 
-    cfg = settings.config()
+    cfg = asset_config(context, settings, config)
     rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None})
     layout = settings.layout()
     names = ("train_log", "eval_results", "eval_units", "heldout_curve", "consumed_metrics", "stable_rank", "fidelity", "odm_mixture", "epoch_jumps")
@@ -81,7 +89,7 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
         tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in names if t in tables}
     train_log = read["train_log"]
-    strategies = [s for s in STRATEGY_PARTITIONS.get_partition_keys() if s in set(train_log["strategy"])]
+    strategies = [s for s in cfg.strategies if s in set(train_log["strategy"])]
     seeds = set(cfg.seeds)
     mine = {t: df.filter(pl.col("strategy").is_in(strategies) & pl.col("seed").is_in(seeds)) if "seed" in df.columns
             else df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}

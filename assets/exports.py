@@ -3,18 +3,22 @@
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings
-from assets.orderings import STRATEGY_PARTITIONS
+from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
+from assets.params import PARAM_CLASSES, asset_config
 from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.export import export_ordering
 
 
+ExportsParams = PARAM_CLASSES["exports"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"numpy"})
-def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+            config: ExportsParams) -> dg.MaterializeResult:
     """Write the partition's ordering in every format of ``export_formats`` under
     ``exports/<strategy>/<format>/`` (global batch ``export_global_batch`` or ``batch_size``,
     ``export_world_size`` ranks, ``export_workers`` workers; see docs/export.md)."""
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
     if strategy in TRAINING_TIME_STRATEGIES or not cfg.export_formats:
         why = "picks sequences online (no fixed order)" if strategy in TRAINING_TIME_STRATEGIES else "export_formats is empty"

@@ -25,12 +25,17 @@ def materialize_partition(config_file: str, data_root: str, asset: str, partitio
     """On a Ray worker: materialize ``asset[partition]`` here; return its metadata and data version."""
     os.environ[_ON_WORKER] = "1"
     if config_file:
-        os.environ["STRATA_CONFIG"] = config_file  # the partitions are read from it at import
+        os.environ["STRATA_CONFIG"] = config_file
+    from assets.common import sync_partitions
     from assets.definitions import build_definitions
+    from pipeline.config import resolve_config
 
     defs = build_definitions(config_file or None, data_root)
+    instance = dg.DagsterInstance.ephemeral()
+    sync_partitions(instance, resolve_config(config_file or None, data_root))  # strategies/seeds are dynamic partitions
     try:
-        result = dg.materialize(list(defs.assets), selection=[asset], partition_key=partition, resources=defs.resources)
+        result = dg.materialize(list(defs.assets), selection=[asset], partition_key=partition, resources=defs.resources,
+                                instance=instance)
     except dg.DagsterUserCodeExecutionError as exc:
         if isinstance(exc.user_exception, StrataInputError):
             raise exc.user_exception from None

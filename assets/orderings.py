@@ -1,33 +1,20 @@
 """orderings: one partition per strategy, each a permutation of the packed sequences."""
 
 
-import hashlib
-import json
-
 import dagster as dg
 import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, env_config, strategy_partitions
+from assets.params import PARAM_CLASSES, asset_config
+from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings  # noqa: F401 (STRATEGY_PARTITIONS re-exported)
 from pipeline.storage.atomic import write_parquet
 from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.ordering import OrderParams, run_strategy
 from pipeline.reports.diagnostics import ordering_ids
 
-STRATEGY_PARTITIONS = strategy_partitions()
-
-
-def _params_version() -> str:
-    """Code version of ``orderings``: its code plus the ordering parameters of the configuration,
-    so editing e.g. ``lam`` marks the orderings (and only their downstream) stale in the UI."""
-    cfg = env_config()
-    keys = (
-        "objective", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max", "greedy_block",
-        "batch_size", "seed",
-    )  # fmt: skip
-    blob = json.dumps({k: getattr(cfg, k) for k in keys}, sort_keys=True)
-    return "2+" + hashlib.sha256(blob.encode()).hexdigest()[:8]
+PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="orderings", blocking=True,
+                                      description="The partition's ordering is a permutation of its sequences.")
 
 
 def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -47,11 +34,19 @@ def order_params(cfg) -> OrderParams:
     )
 
 
-@dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version=_params_version(), kinds={"parquet"})
-def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id)."""
+OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's parameters (assets/params.py)
+
+
+@dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version="2", kinds={"parquet"},
+          check_specs=[PERMUTATION_CHECK])
+def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+              config: OrderingsParams) -> dg.MaterializeResult:
+    """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id).
+
+    Its check ``ordering_is_permutation`` reads this partition's files only (other strategies'
+    files may still hold an ordering of an older corpus until they are re-run)."""
     rec = Recorder(context, duckdb, {"sequences": None})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
     docs, segments = ordering_inputs(layout)
     params = order_params(cfg)
@@ -65,11 +60,17 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         outputs.append(write_parquet(result.segments, seg_path))
     elif seg_path.exists():
         seg_path.unlink()
+    order, segs = load_ordering(layout, strategy)
+    m = int(segs["sequence_id"].max()) + 1
+    ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
+    check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=ok,
+                                metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
         {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode},
         {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none"},
+        check_results=[check],
     )
 
 
@@ -93,16 +94,3 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
     docs, segments = ordering_inputs(layout)
     result = run_strategy(strategy, docs, segments, cfg.seq_len, params, seed)
     return ordering_ids(result.order), (result.segments if result.segments is not None else segments)
-
-
-@dg.asset_check(asset=orderings, blocking=True, description="The ordering is a permutation of its sequences.")
-def ordering_is_permutation(context: dg.AssetCheckExecutionContext, settings: StrataSettings) -> dg.AssetCheckResult:
-    layout = settings.layout()
-    results = {}
-    for strategy in STRATEGY_PARTITIONS.get_partition_keys():
-        if not layout.ordering(strategy).exists():
-            continue
-        order, segments = load_ordering(layout, strategy)
-        m = int(segments["sequence_id"].max()) + 1
-        results[strategy] = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
-    return dg.AssetCheckResult(passed=all(results.values()) and bool(results), metadata={"checked": str(results)})

@@ -7,6 +7,7 @@ Runs are recorded in a persistent Dagster instance under ``<data root>/dagster``
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import dagster as dg
@@ -37,6 +38,38 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> Strat
     return cfg
 
 
+def release_dead_claims(instance: dg.DagsterInstance) -> list[str]:
+    """Free the training-pool slots held by runs of a ``strata`` process on this machine that is gone
+    (killed mid-training): with a pool limit of 1 they would block every later run. Returns their run ids."""
+    import socket
+
+    from dagster._core.storage.dagster_run import DagsterRunStatus
+
+    from assets.common import TRAIN_POOL
+
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return []
+    freed = []
+    for run_id in storage.get_concurrency_info(TRAIN_POOL).active_run_ids:
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.tags.get("strata/host") != socket.gethostname():
+            continue
+        pid = int(run.tags.get("strata/pid", "0"))
+        try:
+            alive = pid > 0 and (os.kill(pid, 0) is None)
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+        if not alive:
+            storage.free_concurrency_slots_for_run(run_id)
+            if run.status in (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.NOT_STARTED):
+                instance.report_run_failed(run)
+            freed.append(run_id)
+    return freed
+
+
 def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
     """Asset names chosen by a Dagster asset-selection string (e.g. ``'*orderings'``); all when None."""
     graph = defs.resolve_asset_graph()
@@ -57,10 +90,11 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
 
 
 def materialize_all(config_file: str | None = None, data_root: str | None = None, select: str | None = None,
-                    log=print, log_level: str = "INFO") -> Path | None:
+                    log=print, log_level: str = "INFO", instance: dg.DagsterInstance | None = None) -> Path | None:
     """Materialize the selected assets (all by default): upstream assets, each strategy partition,
     each strategy x seed partition, then the gathering assets. Returns the path of ``report.md`` when
     ``ablation_report`` was among them."""
+    from assets.common import sync_partitions
     from assets.definitions import build_definitions
 
     if config_file is None:
@@ -68,8 +102,11 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     cfg = resolve_config(config_file, data_root)
     defs = build_definitions(config_file, str(cfg.root))
     chosen = selected_keys(defs, select)
-    instance = dg.DagsterInstance.get()
-    graph = defs.resolve_asset_graph()
+    instance = instance or dg.DagsterInstance.get()
+    sync_partitions(instance, cfg)
+    for run_id in release_dead_claims(instance):
+        log(f"freed the training-pool slot of run {run_id} (its strata process is gone)")
+    tags = {"strata/pid": str(os.getpid()), "strata/host": socket.gethostname()}
     all_assets = list(defs.assets) + list(defs.asset_checks or [])
     resources = defs.resources
 
@@ -82,7 +119,7 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         try:
             result = dg.materialize(
                 all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
-                raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+                raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}}, tags=tags,
             )
         except dg.DagsterUserCodeExecutionError as exc:
             if isinstance(exc.user_exception, StrataInputError):
@@ -92,8 +129,7 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
             raise RuntimeError(f"materialization failed: {label}")
 
     run(UPSTREAM)
-    keys = graph.get(dg.AssetKey("orderings")).partitions_def.get_partition_keys()
-    for s in keys:
+    for s in cfg.strategies:
         run(PER_STRATEGY, s)
         for seed in cfg.seeds:
             run(PER_RUN, dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}))

@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
+from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
 from pipeline.storage.atomic import write_bin, write_parquet
 from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing
@@ -14,15 +15,19 @@ from pipeline.data.tokens import open_tokens
 from pipeline.storage.warehouse import replace_rows
 
 
+SequencesParams = PARAM_CLASSES["sequences"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="data", deps=["tokens", "clusters"], code_version="1", kinds={"parquet"})
-def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+              config: SequencesParams) -> dg.MaterializeResult:
     """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured
     ``packing`` (concat, padding, best_fit, atom-size shuffles; see pipeline/packing/pack.py).
 
     Writes ``sequences/segments.parquet`` and the M x L token matrix ``sequences/tokens.bin``.
     """
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     stream = np.diff(offsets)
     doc_order = np.random.default_rng(cfg.seed).permutation(stream.size)

@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
+from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
 from pipeline.distributed.text_shards import clear_shards, map_text_shards, tokenize_shard
 from pipeline.storage.cache import HashCache, cached_tokenize, tokenizer_fingerprint
@@ -14,11 +15,15 @@ from pipeline.data.tokenizer import load_tokenizer, train_bpe
 from pipeline.data.tokens import token_dtype
 
 
+TokenizerParams = PARAM_CLASSES["tokenizer"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="data", deps=["corpus"], code_version="1", kinds={"huggingface"})
-def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+              config: TokenizerParams) -> dg.MaterializeResult:
     """Train a byte-level BPE (``vocab_size`` ids) on the training documents, or copy a given tokenizer."""
     rec = Recorder(context, duckdb, {"corpus": None})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     texts = pl.read_parquet(layout.corpus, columns=["text"])["text"].to_list()
     with atomic_dir(layout.tokenizer) as tmp:
         tok = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else train_bpe(texts, cfg.vocab_size)
@@ -35,7 +40,7 @@ def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     edited documents are tokenized on a rerun. The misses are tokenized in shards of
     ``shard_docs`` documents on the configured ``engine`` (local or Ray)."""
     rec = Recorder(context, duckdb, {"corpus": None, "tokenizer": None})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings), settings.layout()
     tok = load_tokenizer(layout.tokenizer)
     corpus = pl.read_parquet(layout.corpus)
     hashes = corpus["content_hash"].to_list()

@@ -5,9 +5,10 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, run_key, run_partitions
+from assets.params import PARAM_CLASSES, asset_config
+from assets.common import RUN_PARTITIONS, STRATEGY_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key  # noqa: F401 (re-exported)
 from assets.on_ray import run_on_ray
-from assets.orderings import STRATEGY_PARTITIONS, load_ordering, seeded_ordering
+from assets.orderings import load_ordering, seeded_ordering
 from pipeline.storage.atomic import atomic_dir, write_parquet
 from pipeline.packing.pack import SequenceStore
 from pipeline.data.tokenizer import load_tokenizer
@@ -16,15 +17,13 @@ from pipeline.reports.consumed import consumed_diversity
 from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
 from pipeline.storage.warehouse import replace_rows
 
-RUN_PARTITIONS = run_partitions(STRATEGY_PARTITIONS)
 BY_STRATEGY = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="strategy")
 FROZEN_FRACTION = 0.2  # mixture fidelity is measured at the random run's 20% checkpoint
 
 
-def frozen_strategy() -> str:
-    """The run whose 20% checkpoint is the frozen model: random when present, else the first."""
-    keys = STRATEGY_PARTITIONS.get_partition_keys()
-    return "random" if "random" in keys else keys[0]
+def frozen_strategy(cfg) -> str:
+    """The run whose 20% checkpoint is the frozen model: random when configured, else the first."""
+    return "random" if "random" in cfg.strategies else cfg.strategies[0]
 
 
 def _store(layout, cfg, segments, tok) -> SequenceStore:
@@ -54,14 +53,19 @@ def load_heldout_batch(layout, cfg, tok):
     return heldout_batch(docs["text"].to_list(), units, tok, cfg.seq_len, cfg.heldout_docs)
 
 
+TrainingRunsParams = PARAM_CLASSES["training_runs"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(
     group_name="ablation",
     deps=[dg.AssetDep("orderings", partition_mapping=BY_STRATEGY)],
     partitions_def=RUN_PARTITIONS,
     code_version="4",
     kinds={"pytorch"},
+    pool=TRAIN_POOL,
 )
-def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+                  config: TrainingRunsParams) -> dg.MaterializeResult:
     """Train the same model (same budget, optimizer, batch and sequence length for every
     strategy) on the partition's ordering — or, for ``odm``, on what ODM's Exp3 sampler picks
     online from per-cluster pools. The partition's seed seeds the model init *and* the strategy's
@@ -81,7 +85,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
         return on_ray
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"orderings": strategy})
-    cfg, layout = settings.config(), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     order, segments = seeded_ordering(layout, cfg, strategy, seed)
     tok = load_tokenizer(layout.tokenizer)
     held = load_heldout_batch(layout, cfg, tok)
@@ -107,7 +111,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
         rows = gradient_stable_ranks(model, store, stream, range(start, start + cfg.probe_batches), cfg.batch_size, cfg.cross_document)
         frac = fractions[steps_done]
         probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(frac * 100)}%")))
-        if (strategy, frac, seed) == (frozen_strategy(), FROZEN_FRACTION, cfg.seeds[0]):
+        if (strategy, frac, seed) == (frozen_strategy(cfg), FROZEN_FRACTION, cfg.seeds[0]):
             with atomic_dir(run_dir / "frozen") as tmp:
                 model.save_pretrained(str(tmp))
 
@@ -155,8 +159,12 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     )
 
 
+GradientAnalysesParams = PARAM_CLASSES["gradient_analyses"]  # launchpad: this asset's parameters (assets/params.py)
+
+
 @dg.asset(group_name="ablation", deps=["training_runs"], code_version="1", kinds={"pytorch"})
-def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+                      config: GradientAnalysesParams) -> dg.MaterializeResult:
     """Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint (the random run's 20% model, else the
     first strategy's), cosine
     similarity of the gradients of 10 consecutive chunks of each strategy's stream — a 10 x 10
@@ -167,16 +175,16 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
     from pipeline.training.loop import device
 
     rec = Recorder(context, duckdb, {"training_runs": "*"})
-    cfg, layout = settings.config(), settings.layout()
-    frozen = layout.run_dir(frozen_strategy(), cfg.seeds[0]) / "frozen"
+    cfg, layout = asset_config(context, settings, config), settings.layout()
+    frozen = layout.run_dir(frozen_strategy(cfg), cfg.seeds[0]) / "frozen"
     if not frozen.exists():
         from pipeline.errors import StrataInputError
 
-        raise StrataInputError(f"no frozen checkpoint at {frozen}", fix=f"keep 0.2 in probe_fractions and materialize training_runs[{frozen_strategy()}, seed {cfg.seeds[0]}]")
+        raise StrataInputError(f"no frozen checkpoint at {frozen}", fix=f"keep 0.2 in probe_fractions and materialize training_runs[{frozen_strategy(cfg)}, seed {cfg.seeds[0]}]")
     model = AutoModelForCausalLM.from_pretrained(str(frozen)).to(device())
     tok = load_tokenizer(layout.tokenizer)
     frames, matrices = [], {}
-    for strategy in STRATEGY_PARTITIONS.get_partition_keys():
+    for strategy in cfg.strategies:
         stream_path = layout.run_dir(strategy, cfg.seeds[0]) / "stream.parquet"
         if not stream_path.exists():
             continue

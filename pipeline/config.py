@@ -147,6 +147,8 @@ class StrataConfig(_Model):
     paloma_dir: str = ""  # a directory in Paloma's layout <source>/<split>/*.jsonl.gz (optional)
     dclm_dir: str = ""  # DCLM-core data in llm-foundry format (local_data/ + eval_meta_data.csv; optional)
     dclm_limit: int = Field(5, ge=0)  # rows per DCLM task (seeded sample); 0 = all
+    # scheduling
+    train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
 
     @field_validator("packing")
     @classmethod

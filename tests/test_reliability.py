@@ -325,9 +325,10 @@ def test_config_strategies_respected(tmp_path, reference_run):
     assert "[random]" in reference_run[2].stdout and "[greedy]" not in reference_run[2].stdout
     cfg_path = _write_cfg(tmp_path / "cfg.yaml", _cfg(tmp_path / "root", tmp_path / "c.jsonl", strategies=["greedy"]))
     probe = (
-        "import dagster as dg, assets.cli; from assets.runner import prepare_environment; "
-        f"prepare_environment({str(cfg_path)!r}, None); from assets.definitions import defs; "
-        "print(defs.resolve_asset_graph().get(dg.AssetKey('orderings')).partitions_def.get_partition_keys())"
+        "import dagster as dg, assets.cli; from assets.runner import prepare_environment; from assets.common import sync_partitions; "
+        f"cfg = prepare_environment({str(cfg_path)!r}, None); from assets.definitions import defs; "
+        "inst = dg.DagsterInstance.get(); sync_partitions(inst, cfg); "
+        "print(defs.resolve_asset_graph().get(dg.AssetKey('orderings')).partitions_def.get_partition_keys(dynamic_partitions_store=inst))"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(cfg_path), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

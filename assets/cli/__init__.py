@@ -46,6 +46,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _materialize(args.config, args.data_root, args.select)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Every asset and partition of the configuration: fresh, stale (and why) or missing."""
+    import json
+
+    import dagster as dg
+    from rich.console import Console
+    from rich.table import Table
+
+    from assets.common import sync_partitions
+    from assets.definitions import build_definitions
+    from assets.runner import prepare_environment
+    from assets.status import observe_corpus, statuses
+
+    cfg = prepare_environment(args.config or os.environ.get("STRATA_CONFIG") or None, args.data_root)
+    defs = build_definitions(os.environ.get("STRATA_CONFIG") or None, str(cfg.root))
+    instance = dg.DagsterInstance.get()
+    sync_partitions(instance, cfg)
+    observe_corpus(instance, cfg)
+    rows = statuses(defs, instance, cfg)
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=1))
+        return 0
+    colors = {"fresh": "green", "stale": "yellow", "missing": "red"}
+    table = Table(title=f"Strata status ({cfg.root})")
+    for col in ("asset", "partition", "status", "why"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r.asset, r.partition or "", f"[{colors[r.status]}]{r.status}[/]", r.why)
+    console = Console()
+    console.print(table)
+    counts = {s: sum(r.status == s for r in rows) for s in colors}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Print the ordering diagnostics and the ablation table of a data root; re-render the figures."""
     from pathlib import Path
@@ -121,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--select", default=None,
                      help="Dagster asset selection, e.g. '*orderings' (everything up to the orderings), 'training_runs+'")
     run.set_defaults(func=cmd_run)
+    status = sub.add_parser("status", help="every asset/partition: fresh, stale (and why) or missing")
+    status.add_argument("--config", default=None, help="YAML/JSON config (default: $STRATA_CONFIG, else the defaults)")
+    status.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
+    status.add_argument("--json", action="store_true", help="print JSON rows (asset, partition, status, why)")
+    status.set_defaults(func=cmd_status)
     report = sub.add_parser("report", help="ordering diagnostics + ablation table of a data root (terminal, report/ PNGs)")
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
     report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")

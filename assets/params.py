@@ -1,0 +1,158 @@
+"""Which configuration parameters each asset depends on: its code version and its launchpad face.
+
+``PARAMS`` is the one source of truth. From it come
+- each asset's code version: its code version plus a hash of these parameters and those of its
+  upstream assets, as the definitions' config sets them (:func:`with_config_versions`), so changing
+  ``k`` marks ``clusters`` and everything downstream of it stale, and nothing upstream;
+- each asset's ``dg.Config`` class (launchpad): its own keys (those no other asset reads) with the
+  types of :class:`pipeline.config.StrataConfig`, all optional (empty = the config file's value);
+- the runtime check that the config the asset runs with is the one its version was built from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import typing
+from typing import Any, Optional
+
+import dagster as dg
+from pydantic import ValidationError, create_model
+
+from pipeline.config import StrataConfig, validation_error
+from pipeline.errors import StrataInputError
+
+RAW_CORPUS = dg.AssetKey("raw_corpus")
+# asset -> the StrataConfig keys its output depends on (beyond its upstream assets' data).
+# Left out on purpose: speed knobs (embed_batch_size) and keys that only name files of other assets.
+PARAMS: dict[str, tuple[str, ...]] = {
+    "corpus": ("corpus", "heldout_fraction", "seed"),
+    "tokenizer": ("tokenizer", "vocab_size"),
+    "tokens": (),
+    "embeddings": ("embed_method", "embed_model", "embed_max_tokens"),
+    "clusters": ("k", "seed", "kmeans_iters", "pca_components", "kmeans_spherical", "kmeans_max_points_per_centroid"),
+    "sequences": ("seq_len", "packing", "seed"),
+    "orderings": ("objective", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max",
+                  "greedy_block", "batch_size", "seq_len", "seed"),
+    "exports": ("export_formats", "export_global_batch", "export_world_size", "export_workers", "batch_size", "seq_len"),
+    "ordering_diagnostics": ("length_bins",),
+    "diagnostics_report": ("length_bins", "seed"),
+    "training_runs": ("model_preset", "seq_len", "batch_size", "max_steps", "lr", "warmup_steps", "weight_decay",
+                      "cross_document", "odm_smoothing", "odm_warmup_fraction", "probe_fractions", "probe_batches", "attention",
+                      "compile", "heldout_docs", "heldout_every"),
+    "gradient_analyses": ("fidelity_chunks", "fidelity_sequences_per_chunk", "batch_size", "seq_len", "cross_document"),
+    "evaluations": ("eval_limit", "wikitext_path", "paloma_dir", "dclm_dir", "dclm_limit", "seed"),
+    "ablation_report": ("bootstrap_samples", "seed"),
+}
+
+
+def params_hash(keys: tuple[str, ...] | list[str], cfg: StrataConfig) -> str:
+    blob = json.dumps(cfg.subset(sorted(keys)), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def version_keys(assets: list) -> dict[str, tuple[str, ...]]:
+    """Each asset's parameters plus those of every asset upstream of it: what its output depends on."""
+    parents: dict[str, list[str]] = {}
+    for a in assets:
+        if isinstance(a, dg.AssetsDefinition):
+            for spec in a.specs:
+                parents[spec.key.to_user_string()] = [d.asset_key.to_user_string() for d in spec.deps]
+    out: dict[str, tuple[str, ...]] = {}
+
+    def closure(name: str) -> tuple[str, ...]:
+        if name not in out:
+            keys = set(PARAMS.get(name, ()))
+            for parent in parents.get(name, []):
+                keys |= set(closure(parent))
+            out[name] = tuple(sorted(keys))
+        return out[name]
+
+    for name in parents:
+        closure(name)
+    return out
+
+
+def with_config_versions(assets: list, cfg: StrataConfig) -> list:
+    """The assets with code versions that cover their parameters and their upstream assets'
+    parameters under ``cfg`` (so a change marks the whole affected subgraph stale, as Dagster
+    compares code versions asset by asset), listed in the metadata ``parameters``; and with a
+    direct dependency on ``raw_corpus`` (so a corpus edit marks every asset built from it stale)."""
+    keys = version_keys(assets)
+
+    def version(spec: dg.AssetSpec) -> dg.AssetSpec:
+        name = spec.key.to_user_string()
+        if name not in PARAMS:
+            return spec
+        code = (spec.code_version or "0").split("+")[0]
+        deps = list(spec.deps)
+        if RAW_CORPUS not in {d.asset_key for d in deps}:
+            deps.append(dg.AssetDep(RAW_CORPUS))
+        return spec.replace_attributes(
+            code_version=f"{code}+{params_hash(keys[name], cfg)}" if keys[name] else code,
+            metadata={**spec.metadata, "parameters": ", ".join(keys[name]) or "none"},
+            deps=deps,
+        )
+
+    return [a.map_asset_specs(version) if isinstance(a, dg.AssetsDefinition) and a.is_materializable else a for a in assets]
+
+
+def _launchpad_type(annotation: Any) -> Any:
+    """The dg.Config type of a StrataConfig field: Literals become str (StrataConfig validates them)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return str
+    if typing.get_origin(annotation) is list:
+        return list[_launchpad_type(typing.get_args(annotation)[0])]
+    return annotation
+
+
+# Keys several assets read (and the corpus, which raw_corpus observes) are set in the config file
+# only: overriding e.g. seq_len for one asset would disagree with the others.
+SHARED = {key for key in {k for keys in PARAMS.values() for k in keys}
+          if key == "corpus" or sum(key in keys for keys in PARAMS.values()) > 1}
+
+
+def _config_class(asset: str) -> type[dg.Config]:
+    fields: dict[str, Any] = {}
+    for key in PARAMS[asset]:
+        if key in SHARED:
+            continue
+        fields[key] = (Optional[_launchpad_type(StrataConfig.model_fields[key].annotation)], None)
+    name = "".join(p.capitalize() for p in asset.split("_")) + "Params"
+    doc = f"Parameters of `{asset}` for this run; empty = the config file's value (README 'Configuration')."
+    return typing.cast(type[dg.Config], create_model(name, __base__=dg.Config, __doc__=doc, **fields))
+
+
+PARAM_CLASSES: dict[str, type[dg.Config]] = {asset: _config_class(asset) for asset in PARAMS}
+
+
+def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config | None = None) -> StrataConfig:
+    """The configuration an asset runs with: the config file's, with this run's launchpad overrides
+    (recorded in the materialization's metadata as ``launchpad_overrides``).
+
+    Fails when the config file no longer gives the asset's code version (it was edited after the
+    definitions were loaded): the version would not describe the parameters used.
+    """
+    cfg = settings.config()
+    name = context.asset_key.to_user_string()
+    expected = context.assets_def.code_versions_by_key.get(context.asset_key) or ""
+    keys = [k for k in str(context.assets_def.specs_by_key[context.asset_key].metadata.get("parameters", "")).split(", ") if k in StrataConfig.model_fields]
+    if keys and expected.partition("+")[2] != params_hash(keys, cfg):
+        raise StrataInputError(
+            f"the configuration of `{name}` changed since the Dagster definitions were loaded",
+            fix="reload the definitions (Dagster UI: Deployment > Reload; `strata run` and `strata status` reload by themselves)",
+        )
+    context.add_asset_metadata({"parameter_values": dg.MetadataValue.json(cfg.subset(keys))})  # what status diffs
+    given = params.model_dump() if params is not None else {}
+    overrides = {k: v for k, v in given.items() if v is not None and v != getattr(cfg, k)}
+    if overrides:
+        try:
+            cfg = StrataConfig.model_validate({**cfg.model_dump(), **overrides})
+        except ValidationError as exc:
+            raise validation_error(exc, "launchpad config") from None
+        context.log.warning(f"launchpad overrides for this run: {overrides} (the code version describes the config file)")
+        context.add_asset_metadata({"launchpad_overrides": dg.MetadataValue.json(overrides)})
+    return cfg
+
+
+__all__ = ["PARAMS", "PARAM_CLASSES", "asset_config", "params_hash", "version_keys", "with_config_versions"]

@@ -1,0 +1,100 @@
+"""What is fresh, stale (and why) or missing: Dagster's own staleness, asked headless.
+
+``strata status`` and the Dagster UI read the same thing: the stale-status resolver the UI's
+GraphQL layer uses, over the same instance and definitions, after the same corpus observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dagster as dg
+from dagster._core.definitions.data_version import DATA_VERSION_TAG, CachingStaleStatusResolver, StaleStatus
+from dagster._core.definitions.events import AssetKeyPartitionKey
+from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._time import get_current_datetime
+
+from pipeline.config import StrataConfig
+from pipeline.data.corpus import corpus_fingerprint
+
+RAW = dg.AssetKey("raw_corpus")
+
+
+@dataclass(frozen=True)
+class Row:
+    asset: str
+    partition: str | None
+    status: str  # fresh | stale | missing
+    why: str  # root causes of staleness, "" otherwise
+
+
+def observe_corpus(instance: dg.DagsterInstance, cfg: StrataConfig) -> str:
+    """Record an observation of ``raw_corpus`` (what "Observe sources" does in the UI) when its
+    data version changed; returns the current data version."""
+    version = corpus_fingerprint(cfg.corpus)
+    latest = instance.get_latest_data_version_record(RAW, is_source=True)
+    if latest is None or (latest.asset_observation and latest.asset_observation.tags.get(DATA_VERSION_TAG)) != version:
+        instance.report_runless_asset_event(dg.AssetObservation(asset_key=RAW, tags={DATA_VERSION_TAG: version}))
+    return version
+
+
+def resolver(defs: dg.Definitions, instance: dg.DagsterInstance) -> CachingStaleStatusResolver:
+    graph = defs.resolve_asset_graph()
+    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+                          instance=instance, asset_graph=graph)
+    return CachingStaleStatusResolver(instance=instance, asset_graph=graph, loading_context=view)
+
+
+def _partitions(asset: str, partitions_def, cfg: StrataConfig) -> list[str | None]:
+    if partitions_def is None:
+        return [None]
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        return [dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}) for s in cfg.strategies for seed in cfg.seeds]
+    return list(cfg.strategies)
+
+
+def _label(key: AssetKeyPartitionKey) -> str:
+    name = key.asset_key.to_user_string()
+    if key.partition_key is None:
+        return name
+    pk = key.partition_key
+    part = ", ".join(pk.keys_by_dimension[d] for d in ("strategy", "seed")) if isinstance(pk, dg.MultiPartitionKey) else pk
+    return f"{name}[{part}]"
+
+
+def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, cfg: StrataConfig) -> list[str]:
+    """Config keys whose value differs from the one the latest materialization recorded."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition is not None else None), limit=1
+    ).records
+    if not records or records[0].asset_materialization is None:
+        return []
+    recorded = records[0].asset_materialization.metadata.get("parameter_values")
+    if recorded is None:
+        return []
+    before = recorded.value
+    now = cfg.subset(list(before))
+    return [f"{k}: {before[k]!r} -> {now[k]!r}" for k in sorted(before) if before[k] != now[k]]
+
+
+def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
+    """Every materializable asset and partition of the config, in graph order."""
+    res = resolver(defs, instance)
+    graph = defs.resolve_asset_graph()
+    rows = []
+    for key in graph.toposorted_asset_keys:
+        node = graph.get(key)
+        if not node.is_materializable:
+            continue
+        for part in _partitions(key.to_user_string(), node.partitions_def, cfg):
+            status = res.get_status(key, part)
+            why = ""
+            if status == StaleStatus.STALE:
+                causes = res.get_stale_root_causes(key, part)
+                why = "; ".join(sorted({f"{_label(c.key)}: {c.reason}" + (f" ({_label(c.dependency)})" if c.dependency else "")
+                                        for c in causes}))
+                changed = changed_parameters(instance, key, part, cfg)
+                if changed:
+                    why += f" — config changed: {', '.join(changed)}"
+            rows.append(Row(key.to_user_string(), None if part is None else str(part), status.value.lower(), why))
+    return rows

@@ -1,0 +1,87 @@
+"""strata status on a fresh root, partitions that follow the config, the training pool, launchpad classes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from assets.common import TRAIN_POOL, sync_partitions
+from assets.params import PARAM_CLASSES, PARAMS, SHARED
+from pipeline.config import StrataConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def instance(tmp_path):
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as inst:
+        yield inst
+
+
+def test_partitions_and_pool_follow_the_config(instance):
+    assert sync_partitions(instance, StrataConfig(strategies=["random", "greedy"], seeds=[0, 1]))["added"] == [
+        "strategy=random", "strategy=greedy", "seed=0", "seed=1"]
+    assert instance.event_log_storage.get_concurrency_info(TRAIN_POOL).slot_count == 1
+    changes = sync_partitions(instance, StrataConfig(strategies=["greedy", "odm"], seeds=[1], train_concurrency=2))
+    assert changes == {"added": ["strategy=odm"], "removed": ["strategy=random", "seed=0"]}
+    assert instance.get_dynamic_partitions("strategy") == ["greedy", "odm"] and instance.get_dynamic_partitions("seed") == ["1"]
+    assert instance.event_log_storage.get_concurrency_info(TRAIN_POOL).slot_count == 2
+
+
+def test_training_and_evaluations_hold_the_pool():
+    from assets.evaluations import evaluations
+    from assets.training import training_runs
+
+    for asset in (training_runs, evaluations):
+        assert {op.pool for op in [asset.op]} == {TRAIN_POOL}
+
+
+def test_dead_process_claims_are_released(instance):
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+    from assets.runner import release_dead_claims
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    host = socket.gethostname()
+    runs = {"dead": {"strata/pid": dead.strip(), "strata/host": host}, "alive": {"strata/pid": str(os.getpid()), "strata/host": host},
+            "ui": {}}
+    sync_partitions(instance, StrataConfig(train_concurrency=3))
+    for name, tags in runs.items():
+        instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=f"{name}-run", tags=tags, status=DagsterRunStatus.STARTED))
+        assert instance.event_log_storage.claim_concurrency_slot(TRAIN_POOL, f"{name}-run", "training_runs").is_claimed
+    assert release_dead_claims(instance) == ["dead-run"]
+    assert instance.event_log_storage.get_concurrency_info(TRAIN_POOL).active_run_ids == {"alive-run", "ui-run"}
+    assert instance.get_run_by_id("dead-run").status == DagsterRunStatus.FAILURE
+
+
+def test_launchpad_classes_are_the_config_fields():
+    for asset, cls in PARAM_CLASSES.items():
+        assert issubclass(cls, dg.Config)
+        assert set(cls.model_fields) == set(PARAMS[asset]) - SHARED
+        assert set(cls.model_fields) <= set(StrataConfig.model_fields)
+    assert PARAM_CLASSES["clusters"](k=5).k == 5 and PARAM_CLASSES["orderings"](lam=0.5).lam == 0.5
+    assert PARAM_CLASSES["training_runs"](model_preset="small").model_preset == "small"
+
+
+def test_status_of_a_fresh_root_lists_every_partition_missing(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"data_root": str(tmp_path / "root"), "strategies": ["random", "greedy"], "seeds": [0, 1],
+                                   "corpus": {"path": str(tmp_path / "c.jsonl")}}))
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "a", "text": "one document"}) + "\n")
+    env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", "status", "--config", str(cfg), "--json"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)
+    assert {r["status"] for r in rows} == {"missing"}
+    parts = {(r["asset"], r["partition"]) for r in rows}
+    assert ("orderings", "greedy") in parts and ("training_runs", "1|random") in parts and ("corpus", None) in parts
+    assert len(rows) == 9 + 3 * 2 + 2 * 4  # 9 unpartitioned assets, 3 per strategy, 2 per strategy x seed
