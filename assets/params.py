@@ -136,13 +136,13 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
     cfg = settings.config()
     name = context.asset_key.to_user_string()
     expected = context.assets_def.code_versions_by_key.get(context.asset_key) or ""
-    keys = [k for k in str(context.assets_def.specs_by_key[context.asset_key].metadata.get("parameters", "")).split(", ") if k in StrataConfig.model_fields]
+    covered = str(context.assets_def.specs_by_key[context.asset_key].metadata.get("parameters", ""))
+    keys = [k for k in covered.split(", ") if k in StrataConfig.model_fields]
     if keys and expected.partition("+")[2] != params_hash(keys, cfg):
         raise StrataInputError(
             f"the configuration of `{name}` changed since the Dagster definitions were loaded",
             fix="reload the definitions (Dagster UI: Deployment > Reload; `strata run` and `strata status` reload by themselves)",
         )
-    context.add_asset_metadata({"parameter_values": dg.MetadataValue.json(cfg.subset(keys))})  # what status diffs
     given = params.model_dump() if params is not None else {}
     overrides = {k: v for k, v in given.items() if v is not None and v != getattr(cfg, k)}
     if overrides:
@@ -152,6 +152,7 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
             raise validation_error(exc, "launchpad config") from None
         context.log.warning(f"launchpad overrides for this run: {overrides} (the code version describes the config file)")
         context.add_asset_metadata({"launchpad_overrides": dg.MetadataValue.json(overrides)})
+    context.add_asset_metadata({"parameter_values": dg.MetadataValue.json(cfg.subset(keys))})  # what status diffs
     return cfg
 
 

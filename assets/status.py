@@ -96,5 +96,9 @@ def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConf
                 changed = changed_parameters(instance, key, part, cfg)
                 if changed:
                     why += f" — config changed: {', '.join(changed)}"
+            elif status == StaleStatus.FRESH:
+                changed = changed_parameters(instance, key, part, cfg)
+                if changed:  # its code version matches the config, but a launchpad run overrode parameters
+                    why = f"built with launchpad overrides: {', '.join(changed)}"
             rows.append(Row(key.to_user_string(), None if part is None else str(part), status.value.lower(), why))
     return rows

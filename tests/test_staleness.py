@@ -95,3 +95,46 @@ def test_corpus_edit_marks_everything_stale_then_back(graph):
         corpus.write_text(original)
     stale, _, rows = _stale(instance, cfg, tmp)  # the original content is the materialized version again
     assert stale == set(), rows
+
+
+def _materialize(instance, cfg: dict, tmp, name: str, selection: list[str], run_config: dict | None = None):
+    from assets.definitions import build_definitions
+
+    path = tmp / name
+    path.write_text(yaml.safe_dump(cfg))
+    defs = build_definitions(str(path), None)
+    return defs, path, lambda: dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=selection, instance=instance,
+                                              resources=defs.resources, run_config=run_config or {}, raise_on_error=False)
+
+
+def test_config_edited_after_loading_stops_with_the_fix(graph):
+    instance, cfg, tmp = graph
+    _, path, run = _materialize(instance, {**cfg, "k": 8}, tmp, "loaded.yaml", ["clusters"])
+    path.write_text(yaml.safe_dump({**cfg, "k": 5}))  # edited after the definitions were built
+    result = run()
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    message = str(failure.step_failure_data.error)
+    assert "configuration of `clusters` changed since the Dagster definitions were loaded" in message and "Reload" in message
+
+
+def test_launchpad_override_is_applied_and_recorded(graph):
+    """Last in this module: it rematerializes clusters with k=5 from the launchpad."""
+    import numpy as np
+
+    from pipeline.storage.layout import Layout
+
+    instance, cfg, tmp = graph
+    _, _, run = _materialize(instance, cfg, tmp, "same.yaml", ["clusters"], {"ops": {"clusters": {"config": {"k": 5}}}})
+    result = run()
+    assert result.success
+    assert np.load(Layout(tmp / "root").centroids).shape[0] == 5
+    meta = result.asset_materializations_for_node("clusters")[0].metadata
+    assert meta["launchpad_overrides"].value == {"k": 5} and meta["parameter_values"].value["k"] == 5
+    stale, _, rows = _stale(instance, cfg, tmp)
+    # clusters' code version still describes the file (k=4): Dagster calls it fresh and status names
+    # the override; its new data makes everything reading clusters stale (Dagster's data versions).
+    why = {r.asset: (r.status, r.why) for r in rows}
+    assert why["clusters"] == ("fresh", "built with launchpad overrides: k: 5 -> 4"), rows
+    assert stale == {"sequences", "diagnostics_report"}, rows
+    assert "clusters: has a new data version" in why["sequences"][1]
