@@ -142,9 +142,11 @@ def test_config_keys_match_the_engine_defaults_and_are_validated():
 MATERIALIZE = """
 import json, sys
 import dagster as dg
+from assets.common import sync_partitions
 from assets.runner import UPSTREAM, prepare_environment
-prepare_environment(sys.argv[1], None)
+cfg = prepare_environment(sys.argv[1], None)
 from assets.definitions import defs
+sync_partitions(dg.DagsterInstance.get(), cfg)  # strategies are dynamic partitions that follow the config
 kw = dict(instance=dg.DagsterInstance.get(), resources=defs.resources, raise_on_error=True)
 everything = list(defs.assets) + list(defs.asset_checks or [])
 dg.materialize(everything, selection=UPSTREAM, **kw)
