@@ -53,18 +53,18 @@ def _config(tmp: Path, name: str, engine: str, address: str = "") -> Path:
 def materialize(config: Path, selection: list[str], partition: str | None = None):
     """Materialize ``selection`` (one partition) in this process, as ``strata run`` does."""
     import dagster as dg
-    from dagster_duckdb import DuckDBResource
 
-    from assets import corpus, embeddings, orderings, sequences, tokens, training
-    from assets.common import StrataSettings
+    from assets.common import sync_partitions
+    from assets.definitions import build_definitions
+    from pipeline.config import resolve_config
 
     root = Path(yaml.safe_load(config.read_text())["data_root"])
     root.mkdir(parents=True, exist_ok=True)
-    return dg.materialize(
-        dg.load_assets_from_modules([corpus, tokens, embeddings, sequences, orderings, training]), selection=selection,
-        partition_key=partition, raise_on_error=True,
-        resources={"settings": StrataSettings(config_file=str(config)), "duckdb": DuckDBResource(database=str(root / "strata.duckdb"))},
-    )
+    defs = build_definitions(str(config), None)
+    instance = dg.DagsterInstance.ephemeral()
+    sync_partitions(instance, resolve_config(str(config)))  # strategies and seeds are dynamic partitions
+    return dg.materialize(list(defs.assets), selection=selection, partition_key=partition, raise_on_error=True,
+                          resources=defs.resources, instance=instance)
 
 
 def _through_orderings(config: Path) -> None:
