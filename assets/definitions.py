@@ -14,11 +14,12 @@ from pipeline.offline import set_offline
 set_offline()
 
 from assets import checks, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
+from assets import mixture  # noqa: E402
 from assets.common import StrataSettings, sync_partitions  # noqa: E402
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
 
-_MODULES = [corpus, tokens, embeddings, sequences, orderings, exports, diagnostics, training, evaluations, checks]
+_MODULES = [corpus, tokens, embeddings, sequences, orderings, exports, diagnostics, training, evaluations, checks, mixture]
 
 
 def config_sensor(config_file: str | None, data_root: str | None, built_from) -> dg.SensorDefinition:

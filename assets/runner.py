@@ -134,4 +134,20 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         for seed in cfg.seeds:
             run(PER_RUN, dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}))
     run(GATHER)
+    if cfg.mixture.enabled or select:
+        materialize_mixture(run, cfg)
     return cfg.root / "report.md" if "ablation_report" in chosen else None
+
+
+def materialize_mixture(run, cfg: StrataConfig) -> None:
+    """The TerRIFIC mixture stage (when ``mixture.enabled``, or as selected): target, iterations in
+    order, weights + curriculum, runs per strategy, ablation."""
+    from assets.mixture import MIXTURE_STRATEGIES
+
+    run(["mixture_target"])
+    for i in range(cfg.mixture.iterations):
+        run(["mixture_iterations"], str(i))
+    run(["mixture_weights", "mixture_curriculum"])
+    for s in MIXTURE_STRATEGIES:
+        run(["mixture_runs"], s)
+    run(["mixture_ablation"])

@@ -31,7 +31,7 @@ from pipeline.names import (
     WITHIN_SORTS,
 )
 
-__all__ = ["CorpusConfig", "RayConfig", "StrataConfig", "TRAINING_TIME_STRATEGIES", "config_from_dict", "load_config", "resolve_config", "validation_error"]
+__all__ = ["CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "TRAINING_TIME_STRATEGIES", "config_from_dict", "load_config", "resolve_config", "validation_error"]
 
 ALL_STRATEGIES = (*ORDERING_STRATEGIES, *TRAINING_TIME_STRATEGIES)
 
@@ -77,6 +77,27 @@ class RayConfig(_Model):
         if value and value != "auto" and not value.startswith("ray://") and ":" not in value:
             raise ValueError("use '' (a local Ray instance for the run), 'auto', 'ray://host:port' or 'host:port'")
         return value
+
+
+class MixtureConfig(_Model):
+    """TerRIFIC mixture and curriculum learning (pipeline/mixture/, assets/mixture.py)."""
+
+    enabled: bool = False  # `strata run` / `strata demo` also materialize the mixture assets
+    target_path: str = ""  # JSONL/Parquet of target documents (`text` field); "" = held-out split of target_source
+    target_source: str = ""  # held-out source used as the target when target_path is empty; "" = the largest
+    iterations: int = Field(3, ge=1)  # static Train -> Measure -> Update iterations (partitions of mixture_iterations)
+    step_size: float = Field(1.0, gt=0.0)  # eta: logits += eta * delta (static and curriculum)
+    curriculum_iterations: int = Field(2, ge=0)  # meta-iterations t of Algorithm 1
+    checkpoints: int = Field(3, ge=1)  # B log-uniform checkpoints per meta-iteration
+    min_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # N_min as a fraction of the token budget (N_max = the budget)
+    examples_per_cluster: int = Field(4, ge=1)  # fixed subsample of each cluster's sequences for g_j
+    target_examples: int = Field(16, ge=1)  # target sequences for v (the other half of the target set scores models)
+    projection_dim: int = Field(1024, ge=1)  # d of the sparse projection P_d
+    projection_nnz: int = Field(4, ge=1)  # nonzeros per column of P_d (<= projection_dim)
+    clip: float = Field(0.0, ge=0.0)  # t of clip_t; 0 = the median per-example gradient norm of the measurement
+    ridge: float = Field(0.1, gt=0.0)  # R + ridge * (tr R / d) I
+    score_clip: float = Field(2.0, gt=0.0)  # clip of the variance-normalized scores
+    max_repeat: float = Field(4.0, ge=1.0)  # a cluster's sequences are used at most this many times (realization)
 
 
 class StrataConfig(_Model):
@@ -149,6 +170,7 @@ class StrataConfig(_Model):
     dclm_limit: int = Field(5, ge=0)  # rows per DCLM task (seeded sample); 0 = all
     # scheduling
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
+    mixture: MixtureConfig = Field(default_factory=MixtureConfig)
 
     @field_validator("packing")
     @classmethod

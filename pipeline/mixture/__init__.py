@@ -1,0 +1,1 @@
+"""Learning the mixture and the curriculum (TerRIFIC curricula): the influence primitive, the loops, realization."""
