@@ -50,6 +50,8 @@ def _partitions(asset: str, partitions_def, cfg: StrataConfig) -> list[str | Non
         return [None]
     if isinstance(partitions_def, dg.MultiPartitionsDefinition):
         return [dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}) for s in cfg.strategies for seed in cfg.seeds]
+    if isinstance(partitions_def, dg.StaticPartitionsDefinition):  # the mixture stage's own partitions
+        return list(partitions_def.get_partition_keys())
     return list(cfg.strategies)
 
 
