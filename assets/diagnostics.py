@@ -49,7 +49,7 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     docs = V.document_features(layout)
     strategies = [s for s in cfg.strategies if layout.ordering(s).exists() and s not in TRAINING_TIME_STRATEGIES]
     schedules = {s: V.load_schedule(layout, s, docs, cfg.length_bins) for s in strategies}
-    emb = np.load(layout.embeddings, allow_pickle=False)
+    emb = np.load(layout.embeddings, mmap_mode="r")
     labels = docs["source"].to_numpy()
     corpus = D.corpus_diagnostics(docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), embeddings=emb,
                                   labels=labels if len(set(labels)) > 1 else None, seed=cfg.seed)

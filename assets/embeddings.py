@@ -8,7 +8,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
-from pipeline.represent.clusters import kmeans
+from pipeline.represent.clusters import assign_clusters, train_kmeans
 from pipeline.distributed.text_shards import clear_shards, embed_shard, map_text_shards
 from pipeline.storage.cache import HashCache, cached_embed, embedding_fingerprint
 from pipeline.represent.embeddings import IMPLEMENTATION, default_model_path
@@ -58,18 +58,20 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
 ClustersParams = PARAM_CLASSES["clusters"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="representation", deps=["embeddings"], code_version="2", kinds={"parquet"})
+@dg.asset(group_name="representation", deps=["embeddings"], code_version="3", kinds={"parquet"})
 def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
              config: ClustersParams) -> dg.MaterializeResult:
-    """Seeded faiss k-means (spherical by default, optional PCA) of the embeddings:
-    ``clusters.parquet`` (doc_id, cluster) + centroids."""
+    """Seeded faiss k-means (spherical by default, optional PCA) trained on a seeded sample of
+    ``k * kmeans_max_points_per_centroid`` embeddings, then every document assigned in batches
+    from the memory-mapped matrix: ``clusters.parquet`` (doc_id, cluster) + centroids."""
     rec = Recorder(context, duckdb, {"embeddings": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    emb = np.load(layout.embeddings, allow_pickle=False)
-    assign, centroids = kmeans(
+    emb = np.load(layout.embeddings, mmap_mode="r")
+    centroids, transform, backend = train_kmeans(
         emb, cfg.k, cfg.seed, cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
         max_points_per_centroid=cfg.kmeans_max_points_per_centroid,
     )
+    assign = assign_clusters(emb, centroids, transform, cfg.kmeans_spherical)
     df = pl.DataFrame({"doc_id": np.arange(assign.size, dtype=np.int64), "cluster": assign.astype(np.int32)})
     write_parquet(df, layout.clusters)
     write_npy(centroids, layout.centroids)
@@ -80,5 +82,6 @@ def clusters(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb
         [layout.clusters, layout.centroids],
         {"documents": df.height, "clusters": cfg.k},
         {"k": cfg.k, "seed": cfg.seed, "iters": cfg.kmeans_iters, "pca": cfg.pca_components, "spherical": cfg.kmeans_spherical},
-        {"largest_cluster_docs": int(sizes["n_docs"].max()), "smallest_cluster_docs": int(sizes["n_docs"].min())},
+        {"largest_cluster_docs": int(sizes["n_docs"].max()), "smallest_cluster_docs": int(sizes["n_docs"].min()),
+         "backend": backend, "trained_on": int(min(emb.shape[0], cfg.k * cfg.kmeans_max_points_per_centroid))},
     )

@@ -8,8 +8,8 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
-from pipeline.storage.atomic import write_bin, write_parquet
-from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing
+from pipeline.storage.atomic import write_parquet
+from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing, write_sequence_matrix
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
 from pipeline.storage.warehouse import replace_rows
@@ -24,7 +24,8 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured
     ``packing`` (concat, padding, best_fit, atom-size shuffles; see pipeline/packing/pack.py).
 
-    Writes ``sequences/segments.parquet`` and the M x L token matrix ``sequences/tokens.bin``.
+    Writes ``sequences/segments.parquet`` and the M x L token matrix ``sequences/tokens.bin``,
+    streamed from the memory-mapped token store a block of sequences at a time (no M x L array).
     """
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
@@ -36,8 +37,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     write_parquet(packed.segments, layout.segments)
     pad_id = load_tokenizer(layout.tokenizer).pad_token_id
     store = SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id)
-    matrix = store.masked_batch(np.arange(packed.n_sequences))[0]
-    write_bin(matrix.astype(tokens.dtype), layout.sequence_matrix)
+    write_sequence_matrix(store, tokens.dtype, layout.sequence_matrix)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with duckdb.get_connection() as con:

@@ -11,25 +11,31 @@ from assets.common import Recorder, StrataSettings
 from pipeline.distributed.text_shards import clear_shards, map_text_shards, tokenize_shard
 from pipeline.storage.cache import HashCache, cached_tokenize, tokenizer_fingerprint
 from pipeline.storage.atomic import atomic_dir, write_bin, write_npy, write_parquet
-from pipeline.data.tokenizer import load_tokenizer, train_bpe
+from pipeline.data.tokenizer import load_tokenizer, sample_texts, train_bpe
 from pipeline.data.tokens import token_dtype
 
 
 TokenizerParams = PARAM_CLASSES["tokenizer"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="data", deps=["corpus"], code_version="1", kinds={"huggingface"})
+@dg.asset(group_name="data", deps=["corpus"], code_version="2", kinds={"huggingface"})
 def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
               config: TokenizerParams) -> dg.MaterializeResult:
-    """Train a byte-level BPE (``vocab_size`` ids) on the training documents, or copy a given tokenizer."""
+    """Train a byte-level BPE (``vocab_size`` ids) on a seeded sample of about ``tokenizer_sample_chars``
+    characters of the training documents (streamed; all of them when the corpus is smaller), or copy a given tokenizer."""
     rec = Recorder(context, duckdb, {"corpus": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    texts = pl.read_parquet(layout.corpus, columns=["text"])["text"].to_list()
+    total = int(pl.read_parquet(layout.shards, columns=["n_chars"])["n_chars"].sum())
     with atomic_dir(layout.tokenizer) as tmp:
-        tok = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else train_bpe(texts, cfg.vocab_size)
+        if cfg.tokenizer:
+            tok = load_tokenizer(cfg.tokenizer)
+        else:
+            tok = train_bpe(sample_texts(layout.corpus, total, cfg.tokenizer_sample_chars, cfg.seed), cfg.vocab_size)
         tok.save_pretrained(str(tmp))
     files = sorted(p for p in layout.tokenizer.iterdir() if p.is_file())
-    return rec.finish(files, {"vocab_size": len(tok)}, {"tokenizer": cfg.tokenizer or "bpe", "vocab_size": cfg.vocab_size})
+    return rec.finish(files, {"vocab_size": len(tok)}, {"tokenizer": cfg.tokenizer or "bpe", "vocab_size": cfg.vocab_size,
+                                                        "sample_chars": cfg.tokenizer_sample_chars, "seed": cfg.seed},
+                      {"corpus_chars": total})
 
 
 @dg.asset(group_name="data", deps=["corpus", "tokenizer"], code_version="2", kinds={"numpy"})

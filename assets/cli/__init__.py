@@ -111,7 +111,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     schedules = {s: V.load_schedule(layout, s, docs, args.bins) for s in strategies}
     metrics = pl.concat([D.ordering_diagnostics(s, sched) for s, sched in schedules.items()])
     summary = V.summary_table(metrics)
-    emb = np.load(layout.embeddings, allow_pickle=False) if layout.embeddings.exists() else None
+    emb = np.load(layout.embeddings, mmap_mode="r") if layout.embeddings.exists() else None
     figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), layout.inside("report"))
     md = write_text(V.render_markdown(summary, figures, layout.inside("report")), layout.inside("report", "diagnostics.md"))
     console = Console()

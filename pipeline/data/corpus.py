@@ -1,22 +1,32 @@
-"""Reading a corpus into one validated table: ``id, text, source, subdomain``.
+"""The corpus stage: every shard read, validated and split, then one table of training documents.
 
-Inputs: JSONL / JSONL.gz (streamed line by line so every error names its line), Parquet, a
-Hugging Face dataset (online users only), or the built-in corpus. Every problem names the file,
-the line and the fix; with ``on_error="skip"`` bad records are skipped and counted instead.
+Inputs: Parquet / JSONL / JSONL.gz / JSONL.zst shards (a file, a directory, a glob or a list; see
+:mod:`pipeline.data.shards`), a Hugging Face dataset streamed record by record (online users
+only), or the built-in corpus. Every problem names the shard file, the line (or row) and the fix;
+with ``on_error="skip"`` bad records are skipped and counted per shard.
+
+:func:`build_corpus` streams: each shard is validated by :func:`validate_unit` into its own
+Parquet file under ``corpus/shards/`` (named by the shard's content fingerprint, so an unchanged
+shard is never read again), then the global steps (ids unique across shards, the ``max_docs``
+sample, dense ``doc_id``) stream those files into ``corpus.parquet``, one row group per batch and
+never across shards. Memory: one batch of documents plus about 10 bytes a document.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import polars as pl
 
 from pipeline.config import CorpusConfig
+from pipeline.data.shards import (
+    BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
+)
 from pipeline.errors import StrataInputError
 
 CORPUS_SCHEMA = {"id": pl.String, "text": pl.String, "source": pl.String, "subdomain": pl.String}
@@ -24,178 +34,327 @@ CORPUS_SCHEMA = {"id": pl.String, "text": pl.String, "source": pl.String, "subdo
 
 @dataclass
 class CorpusReport:
-    """What reading found: kept documents and every skipped record with its reason."""
+    """What reading found: records read, skipped records ``(line, reason)`` and per-shard counts."""
 
     path: str
     n_read: int = 0
-    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason)
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line or row, reason), all shards
+    skipped_by_shard: dict[str, int] = field(default_factory=dict)
     lines: list[int] = field(default_factory=list)  # file line (or row) of each kept record
 
 
-def _check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -> tuple[str, str, str, str]:
-    if not isinstance(rec, dict):
-        raise StrataInputError("record is not a JSON object", path=where, line=line, fix="write one JSON object per line")
-    if cfg.text_field not in rec:
-        raise StrataInputError(
-            f"missing text field {cfg.text_field!r} (keys: {sorted(rec)[:8]})",
-            path=where, line=line, fix="add the field, or set corpus.text_field to the field holding the text",
-        )
-    text = rec[cfg.text_field]
-    if not isinstance(text, str):
-        raise StrataInputError(
-            f"text field {cfg.text_field!r} is {type(text).__name__}, not a string",
-            path=where, line=line, fix="store the document text as a JSON string",
-        )
-    if not text.strip():
-        raise StrataInputError("document text is empty or whitespace", path=where, line=line, fix="remove the record or set corpus.on_error: skip")
-    doc_id = rec.get(cfg.id_field, line)
-    source = rec.get(cfg.source_field, "corpus")
-    subdomain = rec.get("subdomain", source)
-    return str(doc_id), text, str(source), str(subdomain)
+def corpus_units(cfg: CorpusConfig) -> list[str]:
+    """The corpus's units of reading: shard file paths, ``hf:<name>`` or ``builtin``."""
+    if _has_path(cfg):
+        return [str(p) for p in discover_shards(cfg.path)]
+    return [f"hf:{cfg.hf_dataset}"] if cfg.hf_dataset else ["builtin"]
 
 
-def _read_jsonl(path: Path, cfg: CorpusConfig, report: CorpusReport) -> list[tuple[str, str, str, str]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows: list[tuple[str, str, str, str]] = []
-    try:
-        with opener(path, "rb") as fh:
-            for line_no, raw in enumerate(fh, start=1):
-                if not raw.strip():
-                    continue
-                report.n_read += 1
-                try:
-                    try:
-                        line = raw.decode("utf-8")
-                    except UnicodeDecodeError as exc:
-                        raise StrataInputError(
-                            f"invalid UTF-8 at byte {exc.start}", path=path, line=line_no, fix="re-encode the file as UTF-8"
-                        ) from None
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise StrataInputError(
-                            f"malformed JSON ({exc.msg} at column {exc.colno})", path=path, line=line_no,
-                            fix="make each line one complete JSON object, or set corpus.on_error: skip",
-                        ) from None
-                    rows.append(_check_record(rec, cfg, path, line_no))
-                    report.lines.append(line_no)
-                except StrataInputError as err:
-                    if cfg.on_error == "fail":
-                        raise
-                    report.skipped.append((line_no, err.problem))
-    except (OSError, EOFError) as exc:
-        raise StrataInputError(f"cannot read the corpus file ({exc})", path=path, fix="check the path and permissions, and that .gz files are complete") from exc
-    return rows
+def _has_path(cfg: CorpusConfig) -> bool:
+    return bool(cfg.path) and cfg.path != []
 
 
-def _read_parquet(path: Path, cfg: CorpusConfig, report: CorpusReport) -> list[tuple[str, str, str, str]]:
-    try:
-        df = pl.read_parquet(path)
-    except Exception as exc:  # polars raises several types for unreadable files
-        raise StrataInputError(f"cannot read Parquet ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
-    rows = []
-    for i, rec in enumerate(df.iter_rows(named=True), start=1):
-        report.n_read += 1
-        try:
-            rows.append(_check_record(rec, cfg, path, i))
-            report.lines.append(i)
-        except StrataInputError as err:
-            if cfg.on_error == "fail":
-                raise StrataInputError(err.problem, path=path, line=None, fix=f"row {i}: {err.fix}") from None
-            report.skipped.append((i, err.problem))
-    return rows
+def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
+    """Validated batches (``id, text, source, subdomain, line``) of one unit of :func:`corpus_units`."""
+    if unit == "builtin":
+        from pipeline.data.builtin_corpus import builtin_documents
+
+        rows = builtin_documents(cfg.builtin_max_docs)
+        report.n_read = len(rows)
+        return iter([pl.DataFrame(rows, schema=list(SHARD_COLUMNS)[:4], orient="row")
+                     .with_columns(line=pl.int_range(1, len(rows) + 1, dtype=pl.Int64))])
+    if unit.startswith("hf:"):
+        return read_records(hf_records(cfg), cfg, unit, report, batch_rows)
+    return read_shard(Path(unit), cfg, report, batch_rows)
 
 
-def _read_hf(cfg: CorpusConfig, report: CorpusReport) -> list[tuple[str, str, str, str]]:
-    import datasets
+def duplicate_ids(ids: list[pl.Series]) -> tuple[list[np.ndarray], tuple[int, str, list[tuple[int, int]]] | None]:
+    """Later occurrences of repeated document ids across units (in unit order, then row order).
 
-    ds = datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split)
-    rows = []
-    for i, rec in enumerate(ds, start=1):
-        report.n_read += 1
-        try:
-            rows.append(_check_record(rec, cfg, cfg.hf_dataset, i))
-            report.lines.append(i)
-        except StrataInputError as err:
-            if cfg.on_error == "fail":
-                raise
-            report.skipped.append((i, err.problem))
-    return rows
+    Returns a boolean mask per unit (true = a repeat of an earlier id) and the first repeated id as
+    ``(unit of its second occurrence, id, [(unit, row), ...])``, or None. Ids are compared through
+    a 64-bit hash and confirmed on the strings, so memory is 8 bytes a document.
+    """
+    sizes = [s.len() for s in ids]
+    hashed = np.concatenate([s.hash(seed=0).to_numpy() for s in ids]) if ids else np.zeros(0, np.uint64)
+    masks = [np.zeros(n, bool) for n in sizes]
+    if hashed.size < 2:
+        return masks, None
+    uniq, counts = np.unique(hashed, return_counts=True)
+    cand = uniq[counts > 1]
+    if not cand.size:
+        return masks, None
+    starts = np.cumsum([0, *sizes])
+    pos = np.flatnonzero(np.isin(hashed, cand))  # global positions, ascending
+    unit = np.searchsorted(starts, pos, side="right") - 1
+    strings = [ids[u][int(p - starts[u])] for u, p in zip(unit, pos)]
+    seen: dict[str, list[tuple[int, int]]] = {}
+    first = None
+    for u, p, s in zip(unit, pos, strings):
+        row = int(p - starts[u])
+        if s in seen:
+            masks[u][row] = True
+            if first is None:
+                first = (int(u), s, seen[s])
+        seen.setdefault(s, []).append((int(u), row))
+    if first is not None:
+        first = (first[0], first[1], seen[first[1]])
+    return masks, first
 
 
 def read_corpus(cfg: CorpusConfig, seed: int = 0) -> tuple[pl.DataFrame, CorpusReport]:
-    """Read and validate the configured corpus; see module docstring."""
-    if cfg.path:
-        path = Path(cfg.path).expanduser()
-        report = CorpusReport(str(path))
-        if not path.is_file():
-            raise StrataInputError("corpus file not found", path=path, fix="set corpus.path to an existing .jsonl, .jsonl.gz or .parquet file")
-        if path.suffix == ".parquet":
-            rows = _read_parquet(path, cfg, report)
-        elif path.name.endswith((".jsonl", ".jsonl.gz", ".json", ".ndjson")):
-            rows = _read_jsonl(path, cfg, report)
-        else:
-            raise StrataInputError("unknown corpus format", path=path, fix="use .jsonl, .jsonl.gz or .parquet")
-    elif cfg.hf_dataset:
-        report = CorpusReport(f"hf:{cfg.hf_dataset}")
-        rows = _read_hf(cfg, report)
-    else:
-        from pipeline.data.builtin_corpus import builtin_documents
-
-        report = CorpusReport("builtin")
-        rows = builtin_documents(cfg.builtin_max_docs)
-        report.n_read = len(rows)
-        report.lines = list(range(1, len(rows) + 1))
-    df = pl.DataFrame(rows, schema=CORPUS_SCHEMA, orient="row")
-    dup = df["id"].is_duplicated().to_numpy()
-    if dup.any():
-        lines = np.asarray(report.lines)
-        if cfg.on_error == "fail":
-            first = df["id"][int(np.flatnonzero(dup)[0])]
-            where = lines[df["id"].to_numpy() == first].tolist()[:5]
-            raise StrataInputError(
-                f"duplicate document id {first!r} (records {where})", path=report.path,
-                fix="give every document a unique id, set corpus.id_field to a unique field, or corpus.on_error: skip",
-            )
-        later = df["id"].is_duplicated().to_numpy() & ~df["id"].is_first_distinct().to_numpy()
-        report.skipped += [(int(line), f"duplicate document id {i!r}") for line, i in zip(lines[later], df["id"].filter(pl.Series(later)))]
-        df = df.filter(pl.Series(~later))
+    """Read and validate the whole configured corpus into one table, in memory (small corpora and
+    tests; the ``corpus`` asset streams shard by shard with :func:`build_corpus`)."""
+    units = corpus_units(cfg)
+    report = CorpusReport(units[0] if len(units) == 1 else str(cfg.path))
+    frames: list[pl.DataFrame] = []
+    for unit in units:
+        sr = ShardReport(unit)
+        parts = list(read_unit(unit, cfg, sr))
+        frames.append(pl.concat(parts) if parts else pl.DataFrame(schema=SHARD_COLUMNS))
+        report.n_read += sr.n_read
+        report.skipped += sr.skipped
+        report.skipped_by_shard[unit] = len(sr.skipped)
+    masks, first = duplicate_ids([f["id"] for f in frames])
+    if first is not None and cfg.on_error == "fail":
+        raise _duplicate_error(first, units, [f["line"] for f in frames])
+    for i, (f, m) in enumerate(zip(frames, masks)):
+        if m.any():
+            report.skipped += [(int(line), f"duplicate document id {doc!r}") for line, doc in zip(f["line"].filter(pl.Series(m)), f["id"].filter(pl.Series(m)))]
+            report.skipped_by_shard[units[i]] += int(m.sum())
+            frames[i] = f.filter(pl.Series(~m))
+    df = pl.concat(frames)
+    report.lines = df["line"].to_list()
+    df = df.drop("line").cast(CORPUS_SCHEMA)
     if df.height == 0:
         raise StrataInputError("the corpus has no usable documents", path=report.path, fix="point corpus.path at a non-empty corpus")
     if cfg.max_docs and df.height > cfg.max_docs:
-        rng = np.random.default_rng(seed)
-        keep = np.sort(rng.choice(df.height, cfg.max_docs, replace=False))
-        df = df[keep]
+        df = df[max_docs_sample(df.height, cfg.max_docs, seed)]
     return df, report
 
 
+def max_docs_sample(n: int, max_docs: int, seed: int) -> np.ndarray:
+    """Sorted positions of the seeded ``max_docs`` sample among ``n`` valid documents."""
+    return np.sort(np.random.default_rng(seed).choice(n, max_docs, replace=False))
+
+
+def _duplicate_error(first, units: list[str], lines: list[pl.Series]) -> StrataInputError:
+    unit, doc, where = first
+    if len(units) == 1:
+        records = str([int(lines[u][r]) for u, r in where[:5]])
+    else:
+        records = "[" + ", ".join(f"{Path(units[u]).name} line {int(lines[u][r])}" for u, r in where[:5]) + "]"
+    return StrataInputError(
+        f"duplicate document id {doc!r} (records {records})", path=units[unit],
+        fix="give every document a unique id, set corpus.id_field to a unique field, or corpus.on_error: skip",
+    )
+
+
 def content_hashes(texts: pl.Series) -> pl.Series:
-    """SHA-256 (hex) of each document's UTF-8 text: the identity used for caching and dedup."""
-    return pl.Series("content_hash", [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts])
+    """SHA-256 (hex) of each document's UTF-8 text: the identity used for dedup and the held-out split."""
+    sha = hashlib.sha256
+    return pl.Series("content_hash", [sha(t.encode("utf-8")).hexdigest() for t in texts], dtype=pl.String)
 
 
 def heldout_mask(hashes: pl.Series, fraction: float, seed: int) -> np.ndarray:
     """Seeded held-out split keyed on content hash: stable when documents are added or removed."""
     salt = f"{seed}:".encode()
-    u = np.array([int.from_bytes(hashlib.sha256(salt + h.encode()).digest()[:8], "big") for h in hashes], dtype=np.uint64)
+    sha = hashlib.sha256
+    u = np.fromiter((int.from_bytes(sha(salt + h.encode()).digest()[:8], "big") for h in hashes), dtype=np.uint64, count=len(hashes))
     return (u / np.float64(2**64)) < fraction
 
 
 def corpus_fingerprint(cfg: CorpusConfig) -> str:
-    """Data version of the raw corpus: SHA-256 of the file's bytes (or of the built-in
-    documents, or the dataset name) plus the reading options, so editing, appending or deleting a
-    document, or changing a field mapping, changes it."""
+    """Data version of the raw corpus: SHA-256 over every shard's bytes (or the built-in documents,
+    or the dataset name) plus the reading options, so editing, appending or deleting a document or a
+    shard, or changing a field mapping, changes it."""
     h = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode())
-    if cfg.path:
-        path = Path(cfg.path).expanduser()
-        if not path.is_file():
-            raise StrataInputError("corpus file not found", path=path, fix="set corpus.path to an existing .jsonl, .jsonl.gz or .parquet file")
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    elif not cfg.hf_dataset:
-        from pipeline.data.builtin_corpus import builtin_documents
-
-        for doc in builtin_documents(cfg.builtin_max_docs):
-            h.update("\x1f".join(doc).encode("utf-8", "surrogatepass"))
+    for unit, fp in unit_fingerprints(cfg).items():
+        h.update(f"{unit}\0{fp}\0".encode())
     return h.hexdigest()[:16]
+
+
+def unit_fingerprints(cfg: CorpusConfig) -> dict[str, str]:
+    """Content fingerprint of each unit of :func:`corpus_units` (hf datasets: name and split only)."""
+    out = {}
+    for unit in corpus_units(cfg):
+        if unit == "builtin":
+            from pipeline.data.builtin_corpus import builtin_documents
+
+            h = hashlib.sha256(f"builtin:{cfg.builtin_max_docs}".encode())
+            for doc in builtin_documents(cfg.builtin_max_docs):
+                h.update("\x1f".join(doc).encode("utf-8", "surrogatepass"))
+            out[unit] = h.hexdigest()[:32]
+        elif unit.startswith("hf:"):
+            out[unit] = hashlib.sha256(f"{unit}:{cfg.hf_split}".encode()).hexdigest()[:32]
+        else:
+            out[unit] = shard_fingerprint(Path(unit), cfg)
+    return out
+
+
+# --------------------------------------------------------------------------- streaming build
+
+SHARD_FILE_COLUMNS = ["id", "text", "source", "subdomain", "line", "content_hash", "heldout"]
+MANIFEST_SCHEMA = {
+    "shard": pl.Int32, "path": pl.String, "fingerprint": pl.String, "n_read": pl.Int64, "n_skipped": pl.Int64,
+    "n_heldout": pl.Int64, "n_docs": pl.Int64, "doc_start": pl.Int64, "row_group_start": pl.Int32,
+    "row_group_end": pl.Int32, "n_chars": pl.Int64, "docs_digest": pl.String,
+}
+
+
+@dataclass
+class CorpusBuild:
+    """What :func:`build_corpus` wrote: the shard manifest, held-out documents and the report."""
+
+    manifest: pl.DataFrame  # MANIFEST_SCHEMA, one row per shard
+    heldout: pl.DataFrame  # id, text, source, subdomain (small: heldout_fraction of the corpus)
+    stats: pl.DataFrame  # source, split, n_docs, n_chars
+    report: CorpusReport
+    reused: int  # shards whose validated file was reused
+    validated: int  # shards read and validated now
+
+
+def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int = BATCH_ROWS) -> dict:
+    """Read and validate one shard into ``out`` (Parquet: ``SHARD_FILE_COLUMNS``) and ``out``.json
+    (its report); pure per-shard work. Returns the report ``{n_read, skipped: [[line, reason]]}``."""
+    import pyarrow.parquet as pq
+
+    from pipeline.storage.atomic import atomic_path, write_json
+
+    sr = ShardReport(unit)
+    with atomic_path(out) as tmp:
+        writer = None
+        try:
+            for batch in read_unit(unit, cfg, sr, batch_rows):
+                hashes = content_hashes(batch["text"])
+                batch = batch.with_columns(hashes, heldout=pl.Series(heldout_mask(hashes, heldout_fraction, seed)))
+                table = batch.select(SHARD_FILE_COLUMNS).to_arrow()
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema, compression="zstd", write_statistics=False)
+                writer.write_table(table, row_group_size=len(table))
+            if writer is None:
+                empty = pl.DataFrame(schema={**SHARD_COLUMNS, "content_hash": pl.String, "heldout": pl.Boolean}).select(SHARD_FILE_COLUMNS)
+                empty.write_parquet(tmp, statistics=False)
+        finally:
+            if writer is not None:
+                writer.close()
+    info = {"unit": unit, "n_read": sr.n_read, "skipped": [[int(line), reason] for line, reason in sr.skipped]}
+    write_json(info, out.with_suffix(".json"))
+    return info
+
+
+def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_dir: Path, corpus_path: Path,
+                 batch_rows: int = BATCH_ROWS, log=None) -> CorpusBuild:
+    """Validate every shard (reusing unchanged ones) and stream the training documents into
+    ``corpus_path`` (``doc_id, id, text, source, subdomain, content_hash, shard``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.storage.atomic import atomic_path
+
+    fps = unit_fingerprints(cfg)
+    units = list(fps)
+    tag = hashlib.sha256(f"{heldout_fraction}:{seed}:{batch_rows}".encode()).hexdigest()[:8]
+    files, infos, reused = [], [], 0
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    for unit in units:
+        out = shard_dir / f"{fps[unit]}-{tag}.parquet"
+        if out.is_file() and out.with_suffix(".json").is_file() and not unit.startswith("hf:"):
+            infos.append(json.loads(out.with_suffix(".json").read_text()))
+            reused += 1
+        else:
+            if log:
+                log(f"validating shard {unit}")
+            infos.append(validate_unit(unit, cfg, heldout_fraction, seed, out, batch_rows))
+        files.append(out)
+    keep_names = {p.name for f in files for p in (f, f.with_suffix(".json"))}
+    for stale in shard_dir.iterdir():
+        if stale.is_file() and stale.name not in keep_names:
+            stale.unlink()
+
+    report = CorpusReport(units[0] if len(units) == 1 else str(cfg.path))
+    for unit, info in zip(units, infos):
+        report.n_read += info["n_read"]
+        report.skipped += [(int(a), str(b)) for a, b in info["skipped"]]
+        report.skipped_by_shard[unit] = len(info["skipped"])
+    ids = [pl.read_parquet(f, columns=["id"])["id"] for f in files]
+    masks, first = duplicate_ids(ids)
+    if first is not None and cfg.on_error == "fail":
+        lines = [pl.read_parquet(f, columns=["line"])["line"] if any(u == i for i, _ in first[2]) else pl.Series([], dtype=pl.Int64)
+                 for u, f in enumerate(files)]
+        raise _duplicate_error(first, units, lines)
+    for u, m in enumerate(masks):
+        if m.any():
+            lines = pl.read_parquet(files[u], columns=["line"])["line"].filter(pl.Series(m))
+            report.skipped += [(int(line), f"duplicate document id {doc!r}") for line, doc in zip(lines, ids[u].filter(pl.Series(m)))]
+            report.skipped_by_shard[units[u]] += int(m.sum())
+    del ids
+    valid = [~m for m in masks]
+    total = int(sum(int(v.sum()) for v in valid))
+    if total == 0:
+        raise StrataInputError("the corpus has no usable documents", path=report.path, fix="point corpus.path at a non-empty corpus")
+    if cfg.max_docs and total > cfg.max_docs:
+        chosen = np.zeros(total, bool)
+        chosen[max_docs_sample(total, cfg.max_docs, seed)] = True
+        at = 0
+        for u, v in enumerate(valid):
+            idx = np.flatnonzero(v)
+            v[idx[~chosen[at : at + idx.size]]] = False
+            at += idx.size
+
+    schema = pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
+                        ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32())])
+    rows, held, stats = [], [], []
+    doc_id, rg = 0, 0
+    with atomic_path(corpus_path) as tmp:
+        with pq.ParquetWriter(tmp, schema, compression="zstd", write_statistics=False) as writer:
+            for u, f in enumerate(files):
+                digest = hashlib.sha256()
+                start, rg_start, n_chars, n_held, row = doc_id, rg, 0, 0, 0
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows):
+                    df = pl.from_arrow(batch)
+                    assert isinstance(df, pl.DataFrame)
+                    df = df.filter(pl.Series(valid[u][row : row + df.height]))
+                    row += batch.num_rows
+                    ho = df.filter(pl.col("heldout"))
+                    train = df.filter(~pl.col("heldout"))
+                    if ho.height:
+                        held.append(ho.select("id", "text", "source", "subdomain"))
+                        n_held += ho.height
+                    stats.append(df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().sum()))
+                    if not train.height:
+                        continue
+                    n_chars += int(train["text"].str.len_chars().sum())
+                    digest.update("\n".join(train["content_hash"].to_list()).encode() + b"\n")
+                    out = train.select(
+                        doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", text="text", source="source",
+                        subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32),
+                    )
+                    writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)
+                    doc_id += train.height
+                    rg += 1
+                info = infos[u]
+                rows.append({"shard": u, "path": units[u], "fingerprint": fps[units[u]], "n_read": info["n_read"],
+                             "n_skipped": report.skipped_by_shard[units[u]], "n_heldout": n_held, "n_docs": doc_id - start,
+                             "doc_start": start, "row_group_start": rg_start, "row_group_end": rg, "n_chars": n_chars,
+                             "docs_digest": digest.hexdigest()[:32]})
+    if doc_id == 0:
+        raise StrataInputError("the corpus has no training documents left after the held-out split", path=report.path,
+                               fix="add documents or lower heldout_fraction")
+    stat = (pl.concat(stats).with_columns(split=pl.when(pl.col("heldout")).then(pl.lit("heldout")).otherwise(pl.lit("train")))
+            .group_by("source", "split").agg(pl.col("n_docs").sum().cast(pl.Int64), pl.col("n_chars").sum().cast(pl.Int64)).sort("source", "split"))
+    heldout = pl.concat(held) if held else pl.DataFrame(schema=CORPUS_SCHEMA)
+    return CorpusBuild(pl.DataFrame(rows, schema=MANIFEST_SCHEMA), heldout, stat, report, reused, len(units) - reused)
+
+
+def iter_shard_texts(corpus_path: Path, shard: dict, batch_rows: int = BATCH_ROWS, columns=("text",)) -> Iterator[pl.DataFrame]:
+    """The training documents of one manifest row, read back from ``corpus.parquet`` in batches."""
+    import pyarrow.parquet as pq
+
+    groups = list(range(int(shard["row_group_start"]), int(shard["row_group_end"])))
+    if not groups:
+        return
+    for batch in pq.ParquetFile(corpus_path).iter_batches(batch_size=batch_rows, row_groups=groups, columns=list(columns)):
+        df = pl.from_arrow(batch)
+        assert isinstance(df, pl.DataFrame)
+        yield df

@@ -469,3 +469,15 @@ def sequence_tokens(
 ) -> np.ndarray:
     """The (len(sequence_ids), seq_len) token matrix of the given sequences."""
     return SequenceStore(tokens, doc_offsets, segments, seq_len).batch(sequence_ids)[0]
+
+
+def write_sequence_matrix(store: SequenceStore, dtype: np.dtype, path, block: int = 1024) -> int:
+    """Write the ``(M, L)`` token matrix of ``store`` (raw ``dtype``) to ``path`` atomically,
+    ``block`` sequences at a time: memory is ``block x L`` tokens, never the matrix. Returns M."""
+    from pipeline.storage.atomic import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        for a in range(0, store.n_sequences, block):
+            ids = np.arange(a, min(a + block, store.n_sequences))
+            fh.write(store.masked_batch(ids)[0].astype(dtype).tobytes())
+    return store.n_sequences

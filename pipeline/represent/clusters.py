@@ -36,30 +36,61 @@ KMEANSPP_MAX_K = 1024
 PCA_FIT_MAX = 100_000  # rows for the covariance: >= 100 rows per dimension up to d = 1,000
 
 
-def pca_reduce(x: np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
-    """Project ``x`` on its top ``n_components`` principal axes (float32 ``(N, n_components)``).
+ASSIGN_BATCH = 1 << 16  # rows assigned per faiss search: memory is this many rows, not N
+
+
+def pca_fit(x: np.ndarray, n_components: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean (d,), axes (d, n_components))`` of the top principal axes of ``x`` (array or memmap).
 
     The mean and covariance come from a seeded sample of at most ``PCA_FIT_MAX`` rows (float32
-    products, float64 eigendecomposition), and each axis's sign is fixed (largest-magnitude loading positive) so results are reproducible.
+    products, float64 eigendecomposition), and each axis's sign is fixed (largest-magnitude
+    loading positive) so results are reproducible.
     """
     n, d = x.shape
     if not 1 <= n_components <= d:
         raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible", fix=f"use 0 (no PCA) or 1..{d}")
-    fit = x if n <= PCA_FIT_MAX else x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))]
+    fit = np.asarray(x) if n <= PCA_FIT_MAX else np.asarray(x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))])
     mean = fit.mean(axis=0, dtype=np.float64)
     centered = fit - mean.astype(np.float32)
     _, vecs = np.linalg.eigh((centered.T @ centered).astype(np.float64))
     axes = vecs[:, ::-1][:, :n_components]
     axes *= np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(n_components)])
+    return mean.astype(np.float32), axes.astype(np.float32)
+
+
+def pca_reduce(x: np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
+    """Project ``x`` on its top ``n_components`` principal axes (float32 ``(N, n_components)``; see :func:`pca_fit`)."""
+    mu, w = pca_fit(x, n_components, seed)
+    n = x.shape[0]
     out = np.empty((n, n_components), dtype=np.float32)
-    w, mu = axes.astype(np.float32), mean.astype(np.float32)
     for a in range(0, n, 1 << 16):
         out[a : a + (1 << 16)] = (x[a : a + (1 << 16)] - mu) @ w
     return out
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
-    return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+    return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32, copy=False)
+
+
+class Transform:
+    """What k-means sees of an embedding row: L2-normalized (spherical), PCA-projected (then
+    normalized again when spherical). Row-wise, so batches give the rows of the whole."""
+
+    def __init__(self, spherical: bool, pca: tuple[np.ndarray, np.ndarray] | None):
+        self.spherical, self.pca = spherical, pca
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(rows, dtype=np.float32)
+        if not np.isfinite(x).all():
+            raise StrataInputError("embeddings contain NaN/inf", fix="recompute the embeddings asset")
+        if self.spherical:
+            x = _normalize(x)
+        if self.pca is not None:
+            mu, w = self.pca
+            x = (x - mu) @ w
+            if self.spherical:
+                x = _normalize(x)
+        return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def kmeans(
@@ -76,11 +107,32 @@ def kmeans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(assignment int64 (N,), centroids float32 (k, d'))``.
 
-    ``d'`` is ``pca`` when PCA is on (centroids live in the reduced space), else the input dim.
-    ``threads`` > 0 sets faiss's OpenMP threads for this call. ``backend``: ``auto`` (faiss, or
-    scikit-learn's MiniBatchKMeans if faiss cannot be imported), ``faiss`` or ``sklearn``.
+    ``embeddings`` may be a memory-mapped ``.npy``: only the training sample (``k *
+    max_points_per_centroid`` rows at most) is read whole, every row is then assigned in batches
+    of ``ASSIGN_BATCH``. ``d'`` is ``pca`` when PCA is on (centroids live in the reduced space),
+    else the input dim. ``threads`` > 0 sets faiss's OpenMP threads for this call. ``backend``:
+    ``auto`` (faiss, or scikit-learn's MiniBatchKMeans if faiss cannot be imported), ``faiss`` or
+    ``sklearn``.
     """
-    x = np.ascontiguousarray(embeddings, dtype=np.float32)
+    centroids, transform, backend = train_kmeans(embeddings, k, seed, niter, pca=pca, spherical=spherical,
+                                                 max_points_per_centroid=max_points_per_centroid, threads=threads, backend=backend)
+    return assign_clusters(embeddings, centroids, transform, spherical, threads), centroids
+
+
+def train_kmeans(
+    embeddings: np.ndarray,
+    k: int,
+    seed: int = 0,
+    niter: int = 20,
+    *,
+    pca: int = 0,
+    spherical: bool = False,
+    max_points_per_centroid: int = 256,
+    threads: int = 0,
+    backend: str = "auto",
+) -> tuple[np.ndarray, Transform, str]:
+    """Centroids trained on the seeded sample (module docstring), the row transform and the backend used."""
+    x = embeddings
     if x.ndim != 2 or x.shape[0] == 0:
         raise StrataInputError(f"embeddings must be a non-empty 2-D array, got shape {x.shape}", fix="recompute the embeddings asset")
     n = x.shape[0]
@@ -93,14 +145,11 @@ def kmeans(
         raise StrataInputError(f"niter={niter}, max_points_per_centroid={max_points_per_centroid} are impossible", fix="use positive integers")
     if backend not in BACKENDS:
         raise StrataInputError(f"unknown k-means backend {backend!r}", fix=f"use one of {list(BACKENDS)}")
-    if not np.isfinite(x).all():
-        raise StrataInputError("embeddings contain NaN/inf", fix="recompute the embeddings asset")
-    if spherical:
-        x = _normalize(x)
+    pca_params = None
     if pca:
-        x = pca_reduce(x, pca, seed)
-        if spherical:
-            x = _normalize(x)
+        pca_params = pca_fit(Transform(spherical, None)(x[_sample_rows(n, PCA_FIT_MAX, seed)]), pca, seed)
+    transform = Transform(spherical, pca_params)
+    train = transform(x[_sample_rows(n, int(k) * max_points_per_centroid, seed)])
     if backend == "auto":
         try:
             import faiss  # noqa: F401
@@ -108,13 +157,42 @@ def kmeans(
             backend = "faiss"
         except ImportError:
             backend = "sklearn"
-    run = _faiss_kmeans if backend == "faiss" else _sklearn_kmeans
-    return run(x, int(k), seed, niter, spherical, max_points_per_centroid, threads)
+    run = _faiss_train if backend == "faiss" else _sklearn_train
+    return run(train, int(k), seed, niter, spherical, max_points_per_centroid, threads), transform, backend
 
 
-def _training_sample(x: np.ndarray, k: int, mppc: int, seed: int) -> np.ndarray:
-    n = x.shape[0]
-    return x if n <= k * mppc else x[np.sort(np.random.default_rng(seed).choice(n, k * mppc, replace=False))]
+def assign_clusters(embeddings: np.ndarray, centroids: np.ndarray, transform: Transform, spherical: bool,
+                    threads: int = 0, batch_rows: int = ASSIGN_BATCH) -> np.ndarray:
+    """Nearest centroid (inner product when spherical, else L2) of every row, ``batch_rows`` at a time."""
+    n = embeddings.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    for a in range(0, n, batch_rows):
+        out[a : a + batch_rows] = assign_batch(transform(embeddings[a : a + batch_rows]), centroids, spherical, threads)
+    return out
+
+
+def assign_batch(x: np.ndarray, centroids: np.ndarray, spherical: bool, threads: int = 0) -> np.ndarray:
+    """Exact nearest centroid of already transformed rows (faiss flat index, else numpy)."""
+    try:
+        import faiss
+    except ImportError:
+        sq = (centroids**2).sum(1)
+        return np.argmax(x @ centroids.T if spherical else 2 * x @ centroids.T - sq, axis=1).astype(np.int64)
+    before = faiss.omp_get_max_threads()
+    if threads > 0:
+        faiss.omp_set_num_threads(threads)
+    try:
+        index = faiss.IndexFlatIP(centroids.shape[1]) if spherical else faiss.IndexFlatL2(centroids.shape[1])
+        index.add(np.ascontiguousarray(centroids, dtype=np.float32))
+        _, a = index.search(x, 1)
+    finally:
+        faiss.omp_set_num_threads(before)
+    return a[:, 0].astype(np.int64)
+
+
+def _sample_rows(n: int, m: int, seed: int) -> np.ndarray | slice:
+    """All rows (a slice, read in order) when ``n <= m``, else a sorted seeded sample of ``m``."""
+    return slice(None) if n <= m else np.sort(np.random.default_rng(seed).choice(n, m, replace=False))
 
 
 def _kmeanspp_seeds(train: np.ndarray, k: int, seed: int) -> np.ndarray | None:
@@ -126,11 +204,17 @@ def _kmeanspp_seeds(train: np.ndarray, k: int, seed: int) -> np.ndarray | None:
     m = min(train.shape[0], max(16 * k, 4096))
     rng = np.random.default_rng(seed)
     sample = train if m == train.shape[0] else train[np.sort(rng.choice(train.shape[0], m, replace=False))]
-    seeds, _ = kmeans_plusplus(sample, k, random_state=seed)
+    from threadpoolctl import threadpool_limits
+
+    # One BLAS thread: its k sequential steps multiply tiny matrices, where threads only add
+    # synchronization (10x slower with 2 threads on a busy 2-core machine), and results then do
+    # not depend on the core count.
+    with threadpool_limits(1):
+        seeds, _ = kmeans_plusplus(sample, k, random_state=seed)
     return np.ascontiguousarray(seeds, dtype=np.float32)
 
 
-def _faiss_kmeans(x: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+def _faiss_train(train: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> np.ndarray:
     import faiss
 
     before = faiss.omp_get_max_threads()
@@ -139,31 +223,20 @@ def _faiss_kmeans(x: np.ndarray, k: int, seed: int, niter: int, spherical: bool,
     try:
         gpu = faiss.get_num_gpus() > 0
         km = faiss.Kmeans(
-            x.shape[1], k, niter=niter, seed=seed, spherical=spherical, max_points_per_centroid=mppc,
+            train.shape[1], k, niter=niter, seed=seed, spherical=spherical, max_points_per_centroid=mppc,
             min_points_per_centroid=1, gpu=gpu, verbose=False,
         )
-        km.train(x, init_centroids=_kmeanspp_seeds(_training_sample(x, k, mppc, seed), k, seed))
-        _, assign = km.index.search(x, 1)
+        km.train(train, init_centroids=_kmeanspp_seeds(train, k, seed))
     finally:
         faiss.omp_set_num_threads(before)
-    return assign[:, 0].astype(np.int64), np.asarray(km.centroids, dtype=np.float32)
+    return np.asarray(km.centroids, dtype=np.float32)
 
 
-def _sklearn_kmeans(x: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+def _sklearn_train(train: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> np.ndarray:
     """MiniBatchKMeans on the same seeded training sample; spherical = unit inputs and centroids."""
     from sklearn.cluster import MiniBatchKMeans
 
-    n = x.shape[0]
-    train = _training_sample(x, k, mppc, seed)
     km = MiniBatchKMeans(n_clusters=k, random_state=seed, max_iter=niter, n_init=1, batch_size=min(train.shape[0], max(1024, 4 * k)))
     km.fit(train)
     centroids = km.cluster_centers_.astype(np.float32)
-    if spherical:
-        centroids = _normalize(centroids)
-    assign = np.empty(n, dtype=np.int64)
-    sq = (centroids**2).sum(1)
-    for a in range(0, n, 1 << 14):
-        block = x[a : a + (1 << 14)]
-        # nearest centroid: argmax of inner product (spherical) or of -||x - c||^2 up to a constant
-        assign[a : a + (1 << 14)] = np.argmax(block @ centroids.T if spherical else 2 * block @ centroids.T - sq, axis=1)
-    return assign, centroids
+    return _normalize(centroids) if spherical else centroids

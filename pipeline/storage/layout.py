@@ -17,6 +17,15 @@ class Layout:
         return self.root / "corpus.parquet"
 
     @property
+    def shards(self) -> Path:
+        """The shard manifest written by ``corpus`` (one row per corpus shard)."""
+        return self.root / "corpus" / "shards.parquet"
+
+    def shard_dir(self, stage: str) -> Path:
+        """Per-shard artifacts of a stage (``corpus``), named by content fingerprint."""
+        return self.root / stage / "shards"
+
+    @property
     def heldout(self) -> Path:
         return self.root / "heldout"
 

@@ -1,0 +1,256 @@
+"""Corpus shards: discovering them and reading each one as a stream of validated record batches.
+
+``corpus.path`` names a file, a directory (every shard file below it), a glob (``data/*.parquet``)
+or a list of these. Shard formats: Parquet (read by row-group batches with pyarrow), and JSONL
+(``.jsonl``/``.json``/``.ndjson``), plain or compressed with gzip (``.gz``) or Zstandard (``.zst``),
+decompressed by pyarrow's streams and read line by line so every error names its line. Shards are
+read in sorted path order; a shard's documents keep their file order.
+
+Validation is the same for every format: a record needs a non-empty string text; ``id`` defaults
+to the line (JSONL) or row (Parquet) number, ``source`` to ``"corpus"``, ``subdomain`` to the
+source. With ``on_error: fail`` the first bad record stops the run naming the shard file, its line
+(or row) and the fix; with ``on_error: skip`` bad records are counted per shard.
+
+:func:`read_shard` is a pure per-shard function (a path in, batches out) so that an engine can map
+it over shards; :func:`validate_shard` writes one shard's validated documents to Parquet.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import polars as pl
+
+from pipeline.config import CorpusConfig
+from pipeline.errors import StrataInputError
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+COMPRESSIONS = ("", ".gz", ".zst")
+SHARD_SUFFIXES = (".parquet", *(s + c for s in JSONL_SUFFIXES for c in COMPRESSIONS))
+BATCH_ROWS = 8192  # records per batch: peak memory of reading is this many documents' text
+SHARD_COLUMNS = {"id": pl.String, "text": pl.String, "source": pl.String, "subdomain": pl.String, "line": pl.Int64}
+FORMATS = "Parquet (.parquet) or JSONL (.jsonl/.json/.ndjson, optionally .gz or .zst)"
+
+
+@dataclass
+class ShardReport:
+    """What reading one shard found: records read and every skipped record (line or row, reason)."""
+
+    path: str
+    n_read: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def is_shard(path: Path) -> bool:
+    return path.name.endswith(SHARD_SUFFIXES)
+
+
+def _entries(spec: str | Sequence[str]) -> list[str]:
+    if isinstance(spec, str):
+        return [spec] if spec else []
+    return [str(s) for s in spec]
+
+
+def discover_shards(spec: str | Sequence[str]) -> list[Path]:
+    """Shard files named by ``corpus.path`` (file, directory, glob or list), sorted, without repeats."""
+    found: list[Path] = []
+    for entry in _entries(spec):
+        path = Path(entry).expanduser()
+        if any(ch in entry for ch in "*?["):
+            matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+            files = [p for p in matches if p.is_file() and is_shard(p)]
+            if not files:
+                raise StrataInputError(f"no corpus shards match the pattern {entry!r}", path=path.parent,
+                                       fix=f"point corpus.path at {FORMATS} files")
+        elif path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and is_shard(p) and not p.name.startswith("."))
+            if not files:
+                raise StrataInputError("the corpus directory holds no shard files", path=path, fix=f"put {FORMATS} files in it")
+        elif path.is_file():
+            if not is_shard(path):
+                raise StrataInputError("unknown corpus format", path=path, fix=f"use {FORMATS}")
+            files = [path]
+        else:
+            raise StrataInputError("corpus file not found", path=path, fix=f"set corpus.path to an existing file, directory or glob of {FORMATS} shards")
+        found += files
+    seen: set[Path] = set()
+    out = []
+    for p in found:
+        r = p.resolve()
+        if r not in seen:
+            seen.add(r)
+            out.append(r)
+    return sorted(out)
+
+
+def shard_fingerprint(path: Path, cfg: CorpusConfig, chunk: int = 1 << 22) -> str:
+    """Data version of one shard: SHA-256 of its bytes and of the reading options (32 hex digits)."""
+    opts = {k: v for k, v in cfg.model_dump().items() if k in ("text_field", "id_field", "source_field", "on_error")}
+    h = hashlib.sha256(json.dumps(opts, sort_keys=True).encode())
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -> tuple[str, str, str, str]:
+    """``(id, text, source, subdomain)`` of one JSON record, or a StrataInputError naming ``where``/``line``."""
+    if not isinstance(rec, dict):
+        raise StrataInputError("record is not a JSON object", path=where, line=line, fix="write one JSON object per line")
+    if cfg.text_field not in rec:
+        raise StrataInputError(
+            f"missing text field {cfg.text_field!r} (keys: {sorted(rec)[:8]})",
+            path=where, line=line, fix="add the field, or set corpus.text_field to the field holding the text",
+        )
+    text = rec[cfg.text_field]
+    if not isinstance(text, str):
+        raise StrataInputError(
+            f"text field {cfg.text_field!r} is {type(text).__name__}, not a string",
+            path=where, line=line, fix="store the document text as a JSON string",
+        )
+    if not text.strip():
+        raise StrataInputError("document text is empty or whitespace", path=where, line=line, fix="remove the record or set corpus.on_error: skip")
+    doc_id = rec.get(cfg.id_field, line)
+    source = rec.get(cfg.source_field, "corpus")
+    subdomain = rec.get("subdomain", source)
+    return str(doc_id), text, str(source), str(subdomain)
+
+
+def _frame(rows: list[tuple[str, str, str, str]], lines: list[int]) -> pl.DataFrame:
+    df = pl.DataFrame(rows, schema=list(SHARD_COLUMNS)[:4], orient="row")
+    return df.with_columns(line=pl.Series(lines, dtype=pl.Int64)).cast(SHARD_COLUMNS)
+
+
+def _read_jsonl(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
+    import pyarrow as pa
+
+    rows: list[tuple[str, str, str, str]] = []
+    lines: list[int] = []
+    try:
+        with pa.input_stream(str(path), compression="detect") as raw:
+            for line_no, data in enumerate(io.BufferedReader(raw, 1 << 20), start=1):  # type: ignore[arg-type]
+                if not data.strip():
+                    continue
+                report.n_read += 1
+                try:
+                    try:
+                        text = data.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise StrataInputError(f"invalid UTF-8 at byte {exc.start}", path=path, line=line_no, fix="re-encode the file as UTF-8") from None
+                    try:
+                        rec = json.loads(text)
+                    except json.JSONDecodeError as exc:
+                        raise StrataInputError(
+                            f"malformed JSON ({exc.msg} at column {exc.colno})", path=path, line=line_no,
+                            fix="make each line one complete JSON object, or set corpus.on_error: skip",
+                        ) from None
+                    rows.append(check_record(rec, cfg, path, line_no))
+                    lines.append(line_no)
+                except StrataInputError as err:
+                    if cfg.on_error == "fail":
+                        raise
+                    report.skipped.append((line_no, err.problem))
+                if len(rows) >= batch_rows:
+                    yield _frame(rows, lines)
+                    rows, lines = [], []
+    except (OSError, EOFError, pa.ArrowInvalid) as exc:
+        raise StrataInputError(f"cannot read the corpus file ({exc})", path=path,
+                               fix="check the path and permissions, and that .gz/.zst files are complete") from exc
+    if rows:
+        yield _frame(rows, lines)
+
+
+def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
+    """Row-group batches; validation is vectorized and an error names the row (1-based)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several types for unreadable files
+        raise StrataInputError(f"cannot read Parquet ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
+    names = pf.schema_arrow.names
+    if cfg.text_field not in names:
+        raise StrataInputError(f"missing text column {cfg.text_field!r} (columns: {names[:8]})", path=path, line=1,
+                               fix="add the column, or set corpus.text_field to the column holding the text")
+    kind = pf.schema_arrow.field(cfg.text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        raise StrataInputError(f"text column {cfg.text_field!r} is {kind}, not a string", path=path, line=1,
+                               fix="store the document text as a string column")
+    cols = [c for c in dict.fromkeys([cfg.text_field, cfg.id_field, cfg.source_field, "subdomain"]) if c in names]
+    row = 0
+    try:
+        batches = pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=True)
+        for batch in batches:
+            df = pl.from_arrow(batch)
+            assert isinstance(df, pl.DataFrame)
+            n = df.height
+            line = pl.int_range(row + 1, row + n + 1, dtype=pl.Int64, eager=True)
+            text = df[cfg.text_field].cast(pl.String)
+            bad = (text.is_null() | (text.str.strip_chars().str.len_bytes() == 0)).to_numpy()
+            report.n_read += n
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                if cfg.on_error == "fail":
+                    what = "null" if text[first] is None else "empty or whitespace"
+                    raise StrataInputError(f"document text is {what}", path=path, line=row + first + 1,
+                                           fix="remove the row or set corpus.on_error: skip (the line is the 1-based row)")
+                report.skipped += [(int(i) + row + 1, "document text is empty, null or whitespace") for i in np.flatnonzero(bad)]
+            doc_id = df[cfg.id_field].cast(pl.String) if cfg.id_field in df.columns else line.cast(pl.String)
+            doc_id = doc_id.fill_null(line.cast(pl.String))
+            source = (df[cfg.source_field].cast(pl.String) if cfg.source_field in df.columns else pl.Series([None] * n, dtype=pl.String)).fill_null("corpus")
+            sub = (df["subdomain"].cast(pl.String) if "subdomain" in df.columns else pl.Series([None] * n, dtype=pl.String)).fill_null(source)
+            out = pl.DataFrame({"id": doc_id, "text": text, "source": source, "subdomain": sub, "line": line})
+            row += n
+            yield out.filter(pl.Series(~bad)) if bad.any() else out
+    except StrataInputError:
+        raise
+    except Exception as exc:
+        raise StrataInputError(f"cannot read Parquet after row {row} ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
+
+
+def read_shard(path: Path, cfg: CorpusConfig, report: ShardReport | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
+    """Validated record batches of one shard: ``id, text, source, subdomain, line`` (see module docstring)."""
+    report = report if report is not None else ShardReport(str(path))
+    if path.name.endswith(".parquet"):
+        return _read_parquet(path, cfg, report, batch_rows)
+    if path.name.endswith(SHARD_SUFFIXES):
+        return _read_jsonl(path, cfg, report, batch_rows)
+    raise StrataInputError("unknown corpus format", path=path, fix=f"use {FORMATS}")
+
+
+def read_records(records, cfg: CorpusConfig, where: str, report: ShardReport, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
+    """Validated batches from an iterable of dict records (a Hugging Face streaming dataset)."""
+    rows: list[tuple[str, str, str, str]] = []
+    lines: list[int] = []
+    for i, rec in enumerate(records, start=1):
+        report.n_read += 1
+        try:
+            rows.append(check_record(rec, cfg, where, i))
+            lines.append(i)
+        except StrataInputError as err:
+            if cfg.on_error == "fail":
+                raise
+            report.skipped.append((i, err.problem))
+        if len(rows) >= batch_rows:
+            yield _frame(rows, lines)
+            rows, lines = [], []
+    if rows:
+        yield _frame(rows, lines)
+
+
+def hf_records(cfg: CorpusConfig):
+    """A Hugging Face dataset as a stream of records (online users; ``streaming=True``, nothing downloaded whole)."""
+    import datasets
+
+    return datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=True)
