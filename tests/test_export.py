@@ -17,7 +17,7 @@ import torch
 from pipeline.errors import StrataInputError
 from pipeline.export import export_stream, stream_from_arrays
 from pipeline.packing.pack import SequenceStore, pack
-from tests.export_readers import loader_order, olmo_core_local_indices, read_mds, streaming_partitions
+from export_readers import loader_order, olmo_core_local_indices, read_mds, streaming_partitions
 
 L, G, EOS, PAD, VOCAB = 32, 8, 1, 0, 5000
 SETUPS = [(1, 1), (2, 2)]  # (world size, workers)
