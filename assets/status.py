@@ -80,7 +80,7 @@ def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition
 
 
 def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
-    """Every materializable asset and partition of the config, in graph order."""
+    """Every materializable asset and partition of the config, in graph order (the mixture stage only when enabled)."""
     res = resolver(defs, instance)
     graph = defs.resolve_asset_graph()
     rows = []
@@ -88,6 +88,8 @@ def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConf
         node = graph.get(key)
         if not node.is_materializable:
             continue
+        if node.group_name == "mixture" and not cfg.mixture.enabled:
+            continue  # the TerRIFIC stage is not part of this config (mixture.enabled: false)
         for part in _partitions(key.to_user_string(), node.partitions_def, cfg):
             status = res.get_status(key, part)
             why = ""

@@ -36,7 +36,7 @@ def ray_cluster():
 
 # --------------------------------------------------------------------------- graph runs
 def _config(tmp: Path, name: str, engine: str, address: str = "") -> Path:
-    corpus = tmp / "corpus.jsonl"
+    corpus = tmp.parent / "corpus.jsonl"  # one file for both engines: the shard manifest records its path
     if not corpus.exists():
         corpus.write_text("".join(json.dumps(r) + "\n" for r in demo_slice(N_DOCS)))
     cfg = {

@@ -84,6 +84,6 @@ def test_status_of_a_fresh_root_lists_every_partition_missing(tmp_path):
     assert {r["status"] for r in rows} == {"missing"}
     parts = {(r["asset"], r["partition"]) for r in rows}
     assert ("orderings", "greedy") in parts and ("training_runs", "1|random") in parts and ("corpus", None) in parts
-    # 9 unpartitioned assets, 3 per strategy, 2 per strategy x seed; the mixture stage: 4 unpartitioned,
-    # mixture_iterations (3 by default), mixture_runs (greedy_mixture, greedy_curriculum)
-    assert len(rows) == 9 + 3 * 2 + 2 * 4 + 4 + 3 + 2
+    # 9 unpartitioned assets, 3 per strategy, 2 per strategy x seed; the mixture stage is off by default
+    assert len(rows) == 9 + 3 * 2 + 2 * 4
+    assert not any(r["asset"].startswith("mixture") for r in rows)

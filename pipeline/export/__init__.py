@@ -60,7 +60,8 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, seq_len
                     world_size: int = 1, workers: int = 1, progress=None) -> dict:
     """Export ``orderings/<strategy>.parquet`` of the data root ``layout`` (see ``export_stream``).
 
-    ``meta.json`` records the lineage: the SHA-256 of the ordering and of the segments it refers to.
+    ``meta.json`` records the lineage: the ordering and the segments it refers to (paths relative to the
+    data root) with their SHA-256.
     """
     from pipeline.config import TRAINING_TIME_STRATEGIES
     from pipeline.data.tokenizer import load_tokenizer
@@ -72,12 +73,13 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, seq_len
     tok = load_tokenizer(layout.tokenizer)
     stream = open_stream(layout, strategy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seq_len=seq_len)
     seg = layout.ordering_segments(strategy)
-    meta = {
+    seg = seg if seg.exists() else layout.segments
+    meta = {  # paths relative to the data root, so the same inputs give the same bytes wherever the root lies
         "strategy": strategy,
         "lineage": {
-            "ordering": str(layout.ordering(strategy)), "ordering_sha256": file_sha256(layout.ordering(strategy)),
-            "segments": str(seg if seg.exists() else layout.segments),
-            "segments_sha256": file_sha256(seg if seg.exists() else layout.segments),
+            "ordering": layout.ordering(strategy).relative_to(layout.root).as_posix(),
+            "ordering_sha256": file_sha256(layout.ordering(strategy)),
+            "segments": seg.relative_to(layout.root).as_posix(), "segments_sha256": file_sha256(seg),
         },
     }
     return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
