@@ -3,9 +3,16 @@
 Layout: ``tokens.bin`` (raw ``uint16`` when the vocabulary fits, else ``uint32``) and
 ``doc_offsets.npy`` (int64, N+1): document d's stream is ``tokens[off[d]:off[d+1]]`` and its
 last id is EOS. ``n_tokens[d] = off[d+1] - off[d] - 1`` counts the text tokens.
+
+The ``tokens`` asset writes the store shard by shard (``tokens/shards/<docs>-<tokenizer>.bin``,
+:mod:`pipeline.distributed.text_shards`) and concatenates the shards' files in corpus order;
+:func:`tokenize_documents` is the in-memory form for small document sets.
 """
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -43,3 +50,14 @@ def open_tokens(tokens_path, offsets_path) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{tokens_path}: size {size} does not match {total} tokens; rematerialize the tokens asset")
     dtype = np.uint16 if size // total == 2 else np.uint32
     return np.memmap(tokens_path, dtype=dtype, mode="r"), offsets
+
+
+def concat_files(parts: list[Path], out: Path, chunk: int = 1 << 24) -> Path:
+    """Concatenate raw files into ``out`` atomically, streaming (memory: one chunk)."""
+    from pipeline.storage.atomic import atomic_path
+
+    with atomic_path(out) as tmp, open(tmp, "wb") as dst:
+        for p in parts:
+            with open(p, "rb") as src:
+                shutil.copyfileobj(src, dst, chunk)
+    return out

@@ -26,9 +26,14 @@ class Shard:
     name: str  # shown in progress and errors
     args: tuple  # positional arguments of the shard function (must pickle for Ray)
     outputs: tuple[Path, ...] = field(default_factory=tuple)  # all present = the shard is done
+    load: Callable[[], tuple] | None = None  # reads the arguments when the shard is submitted, instead of ``args``
 
     def done(self) -> bool:
         return bool(self.outputs) and all(p.exists() for p in self.outputs)
+
+    def arguments(self) -> tuple:
+        """The shard's arguments: read only now (so only the shards in flight hold their inputs) when ``load`` is set."""
+        return self.load() if self.load is not None else self.args
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ def map_shards(
     elif engine == "local":
         failures = {}
         for i, shard in enumerate(todo):
-            result = call_shard(fn, shard.args)
+            result = call_shard(fn, shard.arguments())
             if isinstance(result, ShardFailure):
                 failures[i] = result
                 break

@@ -89,7 +89,8 @@ def map_shards_ray(
             while queue and free:
                 i, shard = queue.pop(0)
                 worker = free.pop()
-                ref = worker.run.remote(fn, shard.args) if actors else task.remote(fn, shard.args)
+                args = shard.arguments()
+                ref = worker.run.remote(fn, args) if actors else task.remote(fn, args)
                 inflight[ref] = (i, worker)
             [ref], _ = ray.wait(list(inflight), num_returns=1)
             i, worker = inflight.pop(ref)

@@ -26,6 +26,7 @@ checkpoint, which is deleted once the run completes.
 from __future__ import annotations
 
 import functools
+from typing import Any
 import hashlib
 import json
 import os
@@ -413,13 +414,42 @@ def mean_rows(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.nda
     return out.numpy()
 
 
+@functools.lru_cache(maxsize=1)
+def _shallow_parts(model_dir: str) -> tuple[np.ndarray, Any]:
+    """(input-embedding matrix, tokenizer) of a model, loaded once per process (many units reuse them)."""
+    path = Path(model_dir)
+    return load_embedding_matrix(path), _shallow_tokenizer(path)
+
+
 def embed_shallow(texts: list[str], model_path: str | os.PathLike, max_tokens: int = 256, progress: bool = False) -> np.ndarray:
     """Diversity-ordered training shallow embedding: L2-normalized mean of input-embedding rows of the text's tokens."""
-    path = Path(model_path)
-    table = load_embedding_matrix(path)
-    backend = _shallow_tokenizer(path)
+    table, backend = _shallow_parts(str(model_path))
     ids, offsets = tokenize(backend, texts, max_tokens, add_special_tokens=False)
     return embed_shallow_ids(table, ids, offsets)
+
+
+def same_tokenizer(model_path: str, tokenizer_json: str) -> bool:
+    """Whether a tokenizer (serialized ``tokenizer.json``) gives the model's ids: same normalizer,
+    pre-tokenizer, model (vocabulary, merges) and added tokens."""
+    keys = ("normalizer", "pre_tokenizer", "model", "added_tokens")
+    mine, other = json.loads(_shallow_parts(str(_model_dir(model_path)))[1].to_str()), json.loads(tokenizer_json)
+    return all(mine.get(k) == other.get(k) for k in keys)
+
+
+def shallow_from_ids(model_path: str, max_tokens: int, ids: np.ndarray, n_tokens: np.ndarray) -> np.ndarray:
+    """Shallow embeddings of documents already tokenized by the model's own tokenizer: ``ids`` holds
+    each document's ``n_tokens[i]`` text ids back to back (no EOS); the first ``max_tokens`` count,
+    as in :func:`embed_shallow` on the texts."""
+    n_tokens = np.asarray(n_tokens, dtype=np.int64)
+    keep = np.minimum(n_tokens, max_tokens) if max_tokens > 0 else n_tokens
+    if (keep <= 0).any():
+        raise StrataInputError(f"{int((keep <= 0).sum())} document(s) have no tokens", fix="remove empty documents from the corpus")
+    starts = np.concatenate([[0], np.cumsum(n_tokens)[:-1]])
+    offsets = np.zeros(keep.size + 1, np.int64)
+    np.cumsum(keep, out=offsets[1:])
+    idx = np.repeat(starts - offsets[:-1], keep) + np.arange(int(offsets[-1]))
+    table, _ = _shallow_parts(str(_model_dir(model_path)))
+    return embed_shallow_ids(table, np.asarray(ids[idx], dtype=np.int64), offsets)
 
 
 def embed_shallow_ids(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:

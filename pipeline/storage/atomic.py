@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -83,6 +83,25 @@ def write_npy(arr: np.ndarray, path: str | os.PathLike) -> Path:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             np.save(fh, arr, allow_pickle=False)
+    return Path(path)
+
+
+def write_rows(blocks: Iterable[np.ndarray], n_rows: int, path: str | os.PathLike, dtype: np.dtype = np.dtype(np.float32)) -> Path:
+    """Write ``n_rows`` rows, given as consecutive 2-D blocks, atomically as one ``.npy`` through a
+    memory map (memory: one block)."""
+    from numpy.lib.format import open_memmap
+
+    with atomic_path(path) as tmp:
+        mm, at = None, 0
+        for block in blocks:
+            if mm is None:
+                mm = open_memmap(tmp, mode="w+", dtype=dtype, shape=(n_rows, block.shape[1]))
+            mm[at : at + block.shape[0]] = block
+            at += block.shape[0]
+        if mm is None or at != n_rows:
+            raise ValueError(f"{path}: got {at} rows for {n_rows}")
+        mm.flush()
+        del mm
     return Path(path)
 
 
