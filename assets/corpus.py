@@ -28,11 +28,13 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     Writes ``corpus.parquet`` (doc_id, id, text, source, subdomain, content_hash, shard) for
     training, ``corpus/shards.parquet`` (one row per shard) and ``heldout/<source>/val/*.jsonl.gz``
     (Paloma layout) for evaluation. Validated shards are kept under ``corpus/shards/`` by content
-    fingerprint: an unchanged shard is not read again.
+    fingerprint: an unchanged shard is not read again. With ``engine: ray`` the shards are read
+    and validated as Ray tasks (workers need read access to the raw shards).
     """
     rec = Recorder(context, duckdb, {})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    built = build_corpus(cfg.corpus, cfg.seed, cfg.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=context.log.info)
+    built = build_corpus(cfg.corpus, cfg.seed, cfg.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=context.log.info,
+                         engine=cfg.engine, ray_cfg=cfg.ray)
     write_parquet(built.manifest, layout.shards)
     with atomic_dir(layout.heldout) as tmp:
         if built.heldout.height:
@@ -48,7 +50,8 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     return rec.finish(
         [layout.corpus, layout.shards, *held_files],
         {"train_docs": n_train, "heldout_docs": built.heldout.height, "skipped": len(report.skipped), "shards": built.manifest.height},
-        {"corpus": cfg.corpus.path or cfg.corpus.hf_dataset or "builtin", "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed},
+        {"corpus": cfg.corpus.path or cfg.corpus.hf_dataset or "builtin", "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed,
+         "engine": cfg.engine},
         {"sources": dg.MetadataValue.md(built.stats.to_pandas().to_markdown(index=False)),
          "shards_validated": built.validated, "shards_reused": built.reused,
          "skipped_by_shard": dg.MetadataValue.json(report.skipped_by_shard)},

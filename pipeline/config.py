@@ -133,6 +133,7 @@ class StrataConfig(_Model):
     pca_components: int = Field(0, ge=0)  # 0 = cluster the embeddings as they are
     kmeans_spherical: bool = True  # cosine k-means (embeddings are unit-norm)
     kmeans_max_points_per_centroid: int = Field(256, ge=1)
+    keep_centroids: bool = True  # corpus only appended to: keep the trained centroids, assign the new shards (false: retrain)
     # sequences
     seq_len: int = Field(256, ge=2)
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"

@@ -142,7 +142,7 @@ def test_worker_killed_during_embedding_gives_identical_artifacts(ray_cluster, l
         running.clear()
         watcher.join()
     assert killed, "no embedding actor was caught running a shard"
-    assert _metadata(result, "embeddings")["shards"] == N_DOCS // SHARD_DOCS
+    assert _metadata(result, "embeddings")["units"] == N_DOCS // SHARD_DOCS
     ours = (tmp_path / "root" / "embeddings" / "embeddings.npy").read_bytes()
     assert ours == (local_root / "embeddings" / "embeddings.npy").read_bytes()
 
@@ -173,40 +173,42 @@ def test_driver_killed_midway_rerun_resumes_and_matches(ray_cluster, local_root,
     finally:
         driver.wait()
     written = len(list(work.glob("embeddings-*.npz")))
-    assert 1 <= written < N_DOCS // SHARD_DOCS, f"{written} shards written when the driver was killed"
+    assert 1 <= written < N_DOCS // SHARD_DOCS, f"{written} units written when the driver was killed"
     assert not (tmp_path / "root" / "embeddings" / "embeddings.npy").exists()
     meta = _metadata(materialize(config, ["embeddings"]), "embeddings")
-    assert meta["shards_resumed"] == written and meta["shards"] == N_DOCS // SHARD_DOCS
+    assert meta["units_resumed"] == written and meta["units"] == N_DOCS // SHARD_DOCS
     ours = (tmp_path / "root" / "embeddings" / "embeddings.npy").read_bytes()
     assert ours == (local_root / "embeddings" / "embeddings.npy").read_bytes()
-    assert not list(work.glob("*.npz"))  # shard files are removed once the artifact exists
+    assert not list(work.glob("*.npz"))  # unit files are removed once the shard's artifact exists
 
 
 def test_bad_record_in_one_shard_fails_with_its_file_and_line(ray_cluster, tmp_path):
+    """The corpus stage validates shards as Ray tasks: a bad record fails with the local message."""
     from pipeline.config import CorpusConfig, RayConfig
-    from pipeline.data.corpus import read_corpus
-    from pipeline.distributed.engine import Shard, map_shards
+    from pipeline.data.corpus import build_corpus
     from pipeline.errors import StrataInputError
 
     address, _ = ray_cluster
     records = demo_slice(9)
-    shards = []
+    raw = tmp_path / "raw"
+    raw.mkdir()
     for i in range(3):
         lines = [json.dumps(r) for r in records[3 * i : 3 * i + 3]]
         if i == 1:
             lines[1] = lines[1][:-5]  # a truncated JSON object on line 2 of shard 1
-        path = tmp_path / f"shard-{i}.jsonl"
-        path.write_text("\n".join(lines) + "\n")
-        shards.append(Shard(path.name, (CorpusConfig(path=str(path), source_field="domain"), 0)))
+        (raw / f"shard-{i}.jsonl").write_text("\n".join(lines) + "\n")
     messages = {}
     for engine in ("local", "ray"):
-        saved: list[str] = []
+        out = tmp_path / engine
         with pytest.raises(StrataInputError) as err:
-            map_shards(read_corpus, shards, lambda s, r: saved.append(s.name), engine=engine, ray_cfg=RayConfig(address=address))
+            build_corpus(CorpusConfig(path=str(raw), source_field="domain"), 0, 0.0, out / "shards", out / "corpus.parquet",
+                         engine=engine, ray_cfg=RayConfig(address=address))
         messages[engine] = str(err.value)
-        assert "shard-0.jsonl" in saved and "shard-1.jsonl" not in saved
+        validated = {json.loads(p.read_text())["unit"] for p in (out / "shards").glob("*.json")}
+        assert str(raw / "shard-0.jsonl") in validated and str(raw / "shard-1.jsonl") not in validated
+        assert not (out / "corpus.parquet").exists()
     assert messages["ray"] == messages["local"]
-    assert messages["ray"].startswith(f"{tmp_path / 'shard-1.jsonl'}, line 2: malformed JSON")
+    assert messages["ray"].startswith(f"{raw / 'shard-1.jsonl'}, line 2: malformed JSON")
     assert "Traceback" not in messages["ray"] and "Ray" not in messages["ray"]
 
 

@@ -83,7 +83,7 @@ def test_map_corpus_shards_reuses_shards_and_resumes_units(tmp_path, texts, toke
                                  stage="tokens", key="k", work_dir=tmp_path / "work", cfg=cfg)
 
     out.mkdir()
-    assert run() == {"shards": 3, "shards_computed": 2, "shards_reused": 1, "units_resumed": 0}
+    assert run() == {"shards": 3, "shards_computed": 2, "shards_reused": 1, "units": 9, "units_resumed": 0}
     assert calls == [(0, 7), (7, 14), (14, 21), (21, 25), (25, 32), (32, 39), (39, 46), (46, 53), (53, 60)]
     whole, _ = tokenize_documents(tokenizer, texts, progress=False)
     got = np.concatenate([np.load(out / f"{s['docs_digest']}.npy") for s in (manifest[0], manifest[2])])
@@ -96,6 +96,6 @@ def test_map_corpus_shards_reuses_shards_and_resumes_units(tmp_path, texts, toke
     for a, b in ((25, 32), (32, 39)):
         np.savez(tmp_path / "work" / f"tokens-{manifest[2]['docs_digest']}-k-{a - 25}.npz", *tokenize_unit(*unit_args(a, b)))
     calls.clear()
-    assert run() == {"shards": 3, "shards_computed": 1, "shards_reused": 2, "units_resumed": 2}
+    assert run() == {"shards": 3, "shards_computed": 1, "shards_reused": 2, "units": 5, "units_resumed": 2}
     assert calls == [(39, 46), (46, 53), (53, 60)]
     np.testing.assert_array_equal(np.load(out / f"{manifest[2]['docs_digest']}.npy"), whole[got.size - np.load(out / f"{manifest[2]['docs_digest']}.npy").size :])

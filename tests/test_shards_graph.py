@@ -1,6 +1,7 @@
 """The asset graph on a sharded corpus: appending or editing a shard recomputes only that shard's
-corpus, tokens and embeddings (read from the Dagster instance's materialization events), and every
-token is conserved across shards (the blocking checks pass in every run)."""
+corpus, tokens and embeddings (read from the Dagster instance's materialization events); an append
+keeps the centroids and assigns only the new shard, an edit retrains them; every token is
+conserved across shards (the blocking checks pass in every run)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     instance = dg.DagsterInstance.from_config(str(layout.root / "dagster"))
     assert _latest(instance, "tokens")["shards_computed"] == 3
     assert _latest(instance, "embeddings")["from_token_store"] is True
+    assert _latest(instance, "clusters")["centroids"] == "trained"
+    first_centroids = np.load(layout.centroids)
 
     _write_shard(shards / "part-3.parquet", recs[150:])  # append a fourth shard
     _materialize(cfg_path, root)
@@ -77,6 +80,9 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     for asset in ("tokens", "embeddings"):
         meta = _latest(instance, asset)
         assert (meta["shards_computed"], meta["shards_reused"]) == (1, 3), (asset, meta)
+    meta = _latest(instance, "clusters")  # appended only: centroids kept, only the new shard assigned
+    assert (meta["centroids"], meta["assign_shards_computed"], meta["assign_shards_reused"]) == ("kept", 1, 3), meta
+    np.testing.assert_array_equal(np.load(layout.centroids), first_centroids)
 
     edited = recs[50:100]
     edited[7] = {**edited[7], "text": "An edited document about nothing in particular. " + edited[7]["text"]}
@@ -84,6 +90,8 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     _materialize(cfg_path, root)
     for asset in ("tokens", "embeddings"):
         assert (_latest(instance, asset)["shards_computed"], _latest(instance, asset)["shards_reused"]) == (1, 3), asset
+    meta = _latest(instance, "clusters")  # a shard it was trained on changed: retrained, everything reassigned
+    assert (meta["centroids"], meta["assign_shards_computed"]) == ("trained", 4), meta
 
     # The reused + recomputed store equals tokenizing and embedding the final corpus from scratch.
     texts = pl.read_parquet(layout.corpus)["text"].to_list()

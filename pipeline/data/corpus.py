@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.config import CorpusConfig
+from pipeline.distributed.engine import Shard, map_shards
 from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )
@@ -243,10 +244,35 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     return info
 
 
+def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int) -> tuple[bytes, bytes]:
+    """:func:`validate_unit` on a Ray worker (``out`` is the driver's path, unused here): the
+    validated shard's bytes and its report, written by the driver (:func:`_save_validated`), so
+    workers need read access to the raw shards only."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="strata-validate-") as tmp:
+        local = Path(tmp) / "shard.parquet"
+        validate_unit(unit, cfg, heldout_fraction, seed, local, batch_rows)
+        return local.read_bytes(), local.with_suffix(".json").read_bytes()
+
+
+def _saved(shard, result) -> None:
+    """Nothing to write: :func:`validate_unit` wrote the shard's files itself."""
+
+
+def _save_validated(shard, result: tuple[bytes, bytes]) -> None:
+    from pipeline.storage.atomic import atomic_path
+
+    for path, data in zip(shard.outputs, result):  # the report last: both present = the shard is done
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
+
+
 def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_dir: Path, corpus_path: Path,
-                 batch_rows: int = BATCH_ROWS, log=None) -> CorpusBuild:
-    """Validate every shard (reusing unchanged ones) and stream the training documents into
-    ``corpus_path`` (``doc_id, id, text, source, subdomain, content_hash, shard``)."""
+                 batch_rows: int = BATCH_ROWS, log=None, engine: str = "local", ray_cfg=None) -> CorpusBuild:
+    """Validate every shard (reusing unchanged ones; on Ray workers with ``engine="ray"``) and
+    stream the training documents into ``corpus_path`` (``doc_id, id, text, source, subdomain,
+    content_hash, shard``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -257,16 +283,19 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     tag = hashlib.sha256(f"{heldout_fraction}:{seed}:{batch_rows}".encode()).hexdigest()[:8]
     files, infos, reused = [], [], 0
     shard_dir.mkdir(parents=True, exist_ok=True)
+    todo = []
     for unit in units:
         out = shard_dir / f"{fps[unit]}-{tag}.parquet"
+        files.append(out)
         if out.is_file() and out.with_suffix(".json").is_file() and not unit.startswith("hf:"):
-            infos.append(json.loads(out.with_suffix(".json").read_text()))
             reused += 1
         else:
-            if log:
-                log(f"validating shard {unit}")
-            infos.append(validate_unit(unit, cfg, heldout_fraction, seed, out, batch_rows))
-        files.append(out)
+            out.unlink(missing_ok=True)
+            todo.append(Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows), (out, out.with_suffix(".json"))))
+    remote = engine == "ray" and not any(s.args[0].startswith("hf:") for s in todo)
+    map_shards(validate_unit_remote if remote else validate_unit, todo, _save_validated if remote else _saved,
+               engine=engine if remote else "local", ray_cfg=ray_cfg, progress=(lambda s: log(f"validated {s.name}")) if log else None)
+    infos = [json.loads(f.with_suffix(".json").read_text()) for f in files]
     keep_names = {p.name for f in files for p in (f, f.with_suffix(".json"))}
     for stale in shard_dir.iterdir():
         if stale.is_file() and stale.name not in keep_names:

@@ -41,15 +41,19 @@ def tokenize_documents(tokenizer, texts: list[str], batch: int = 1024, progress:
     return flat, offsets
 
 
+def token_dtype_of(tokens_path: Path, offsets: np.ndarray) -> np.dtype:
+    """The dtype of a raw token file holding ``offsets[-1]`` ids: file size / token count."""
+    total = int(offsets[-1])
+    size = Path(tokens_path).stat().st_size
+    if total == 0 or size % total or size // total not in (2, 4):
+        raise ValueError(f"{tokens_path}: size {size} does not match {total} tokens; rematerialize the tokens asset")
+    return np.dtype(np.uint16 if size // total == 2 else np.uint32)
+
+
 def open_tokens(tokens_path, offsets_path) -> tuple[np.ndarray, np.ndarray]:
     """Memory-map the flat token store; its dtype follows from file size / token count."""
     offsets = np.load(offsets_path, allow_pickle=False)
-    total = int(offsets[-1])
-    size = tokens_path.stat().st_size
-    if total == 0 or size % total or size // total not in (2, 4):
-        raise ValueError(f"{tokens_path}: size {size} does not match {total} tokens; rematerialize the tokens asset")
-    dtype = np.uint16 if size // total == 2 else np.uint32
-    return np.memmap(tokens_path, dtype=dtype, mode="r"), offsets
+    return np.memmap(tokens_path, dtype=token_dtype_of(tokens_path, offsets), mode="r"), offsets
 
 
 def concat_files(parts: list[Path], out: Path, chunk: int = 1 << 24) -> Path:

@@ -121,7 +121,8 @@ def map_corpus_shards(
     ``unit_args(start, stop)`` gives ``fn``'s arguments for documents ``start:stop`` (global doc
     ids); ``assemble(shard, unit_files)`` writes a shard's artifacts from its units' results (files
     holding ``fn``'s return value, read with :func:`load_unit`). Returns ``shards``,
-    ``shards_computed``, ``shards_reused`` and ``units_resumed`` (found complete from an earlier run)."""
+    ``shards_computed``, ``shards_reused``, ``units`` (of the shards computed) and ``units_resumed``
+    (found complete from an earlier run)."""
     n = cfg.shard_docs
     todo = [s for s in manifest if int(s["n_docs"]) and not done(s)]
     units: dict[str, list[Shard]] = {}
@@ -157,7 +158,8 @@ def map_corpus_shards(
 
     map_shards(fn, flat, save, engine=cfg.engine, ray_cfg=cfg.ray, actors=actors)
     bar.close()
-    return {"shards": len(manifest), "shards_computed": len(todo), "shards_reused": len(manifest) - len(todo), "units_resumed": resumed}
+    return {"shards": len(manifest), "shards_computed": len(todo), "shards_reused": len(manifest) - len(todo), "units": len(owner),
+            "units_resumed": resumed}
 
 
 def prune(shard_dir: Path, keep: set[str]) -> int:

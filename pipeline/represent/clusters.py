@@ -27,6 +27,10 @@ and per-centroid sums have a fixed order). GPU faiss is not bitwise reproducible
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 
 from pipeline.errors import StrataInputError
@@ -188,6 +192,50 @@ def assign_batch(x: np.ndarray, centroids: np.ndarray, spherical: bool, threads:
     finally:
         faiss.omp_set_num_threads(before)
     return a[:, 0].astype(np.int64)
+
+
+# --------------------------------------------------------------------------- kept centroids
+def save_model(model_dir: Path, centroids: np.ndarray, transform: Transform, meta: dict) -> str:
+    """Write a trained model (centroids, PCA, ``meta``: what it was trained with and on) atomically;
+    return its key (a digest of the arrays: per-shard assignments are named by it)."""
+    from pipeline.storage.atomic import atomic_dir
+
+    arrays = {"centroids": centroids, **({"pca_mean": transform.pca[0], "pca_w": transform.pca[1]} if transform.pca else {})}
+    key = model_key(arrays)
+    with atomic_dir(model_dir) as tmp:
+        for name, arr in arrays.items():
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr, dtype=np.float32), allow_pickle=False)
+        (tmp / "model.json").write_text(json.dumps({**meta, "key": key, "spherical": transform.spherical}, indent=1, sort_keys=True))
+    return key
+
+
+def load_model(model_dir: Path) -> tuple[np.ndarray, Transform, dict] | None:
+    """A saved model, or None when there is none (or it is incomplete)."""
+    try:
+        meta = json.loads((model_dir / "model.json").read_text())
+        centroids = np.load(model_dir / "centroids.npy", allow_pickle=False)
+        pca = (np.load(model_dir / "pca_mean.npy"), np.load(model_dir / "pca_w.npy")) if (model_dir / "pca_w.npy").is_file() else None
+    except (OSError, ValueError):
+        return None
+    return centroids, Transform(bool(meta["spherical"]), pca), meta
+
+
+def model_key(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        h.update(name.encode() + np.ascontiguousarray(arrays[name], dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
+def keeps(meta: dict, params: dict, shards: set[str]) -> bool:
+    """Whether a saved model still serves: trained with these ``params`` and on shards (by
+    ``docs_digest``) all still in the corpus unchanged, i.e. the corpus was only appended to."""
+    return meta.get("params") == params and set(meta.get("trained_shards", [])) <= shards
+
+
+def assign_unit(centroids: np.ndarray, pca: tuple[np.ndarray, np.ndarray] | None, spherical: bool, rows: np.ndarray) -> np.ndarray:
+    """Cluster (int32) of each embedding row: a pure per-unit function (either engine)."""
+    return assign_batch(Transform(spherical, pca)(rows), centroids, spherical).astype(np.int32)
 
 
 def _sample_rows(n: int, m: int, seed: int) -> np.ndarray | slice:
