@@ -4,10 +4,13 @@ A generator writes a synthetic corpus as Parquet shards (``--shard-docs`` docume
 is cut from the shared demo corpus (``/work/shared/data/corpus/demo_corpus.jsonl.gz``), one
 domain per document drawn from a skewed mix (weights 0.35, 0.2, 0.14, ... over the 8 domains),
 with log-normal lengths in characters (median 450, sigma 1; about 180 BPE tokens a document).
-The graph then runs in a child process through ``orderings`` and ``ordering_diagnostics`` (no
-training) with shallow embeddings, k = 1000 and seq_len 2048, one stage at a time, while this
-process samples the RssAnon of the child's process tree (heap; pages of memory-mapped files do
-not count) every 0.1 s. Figures are printed, never asserted.
+The graph then runs through ``orderings`` and ``ordering_diagnostics`` (no training) with shallow
+embeddings, k = 1000 and seq_len 2048, one stage at a time, each in a child process of its own
+(as Dagster's multiprocess executor runs steps), while this process samples the RssAnon of the
+child's process tree (heap; pages of memory-mapped files do not count) every 0.1 s. A stage's wall time is
+the asset's (process start-up and imports excluded; the total includes them); CPU seconds are the
+child's (all threads, imports included).
+Figures are printed, never asserted.
 
     python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep]
 """
@@ -71,26 +74,24 @@ def generate(n_docs: int, out_dir: Path, shard_docs: int, seed: int = 0) -> dict
 
 
 CHILD = r"""
-import json, sys, time
+import resource, sys, time
 from assets.runner import prepare_environment
-prepare_environment(sys.argv[1], None)
+cfg = prepare_environment(sys.argv[1], None)
 import dagster as dg
 from assets.definitions import defs
+from assets.common import sync_partitions
 instance = dg.DagsterInstance.get()
+sync_partitions(instance, cfg)
 everything = list(defs.assets) + list(defs.asset_checks or [])
-keys = defs.resolve_asset_graph().get(dg.AssetKey("orderings")).partitions_def.get_partition_keys()
-marks = open(sys.argv[2], "a")
-def run(stage, selection, parts=(None,)):
-    marks.write(json.dumps({"stage": stage, "event": "start", "t": time.time()}) + "\n"); marks.flush()
-    for p in parts:
-        r = dg.materialize(everything, selection=selection, partition_key=p, instance=instance, resources=defs.resources)
-        assert r.success, stage
-    marks.write(json.dumps({"stage": stage, "event": "end", "t": time.time()}) + "\n"); marks.flush()
-run("corpus", ["raw_corpus", "corpus"])
-for s in ["tokenizer", "tokens", "embeddings", "clusters", "sequences"]:
-    run(s, [s])
-run("orderings", ["orderings"], keys)
-run("ordering_diagnostics", ["ordering_diagnostics"], keys)
+stage = sys.argv[2]
+selection = ["raw_corpus", "corpus"] if stage == "corpus" else [stage]
+parts = list(cfg.strategies) if stage in ("orderings", "ordering_diagnostics") else [None]
+t0 = time.time()
+for p in parts:
+    r = dg.materialize(everything, selection=selection, partition_key=p, instance=instance, resources=defs.resources)
+    assert r.success, stage
+a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"{time.time() - t0} {a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime}")
 """
 
 
@@ -126,45 +127,44 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str]) -> 
         "embed_method": "shallow", "k": 1000, "seq_len": 2048, "strategies": strategies, "batch_size": 32,
     }
     (base / "cfg.json").write_text(json.dumps(cfg))
-    marks = base / "marks.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), str(marks)], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=open(base / "child.log", "w"))
-    samples: list[tuple[float, int]] = []
+    spans, cpus, peaks = {}, {}, {}
+    for stage in STAGES:  # one process per stage, as Dagster's multiprocess executor runs steps
+        log = open(base / f"{stage}.log", "w")
+        t0 = time.time()
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=log, text=True)
+        peak = [0]
 
-    def sample() -> None:
-        while child.poll() is None:
-            samples.append((time.time(), _rss_anon_tree(child.pid)))
-            time.sleep(0.1)
+        def sample(child=child, peak=peak) -> None:
+            while child.poll() is None:
+                peak[0] = max(peak[0], _rss_anon_tree(child.pid))
+                time.sleep(0.1)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    child.wait()
-    sampler.join()
-    if child.returncode:
-        raise SystemExit(f"the graph failed; see {base / 'child.log'}")
-    events = [json.loads(line) for line in marks.read_text().splitlines()]
-    spans = {e["stage"]: [0.0, 0.0] for e in events}
-    for e in events:
-        spans[e["stage"]][0 if e["event"] == "start" else 1] = e["t"]
-    t = np.array([s[0] for s in samples])
-    m = np.array([s[1] for s in samples])
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        out, _ = child.communicate()
+        sampler.join()
+        if child.returncode:
+            raise SystemExit(f"stage {stage} failed; see {base / f'{stage}.log'}")
+        inner, cpu = map(float, out.split()[-2:])
+        spans[stage], cpus[stage], peaks[stage] = (time.time() - t0, inner), cpu, peak[0]
+        print(f"  {stage}: {spans[stage][0]:.0f} s ({inner:.0f} s in the asset), {cpu:.0f} CPU-s, peak anon {peak[0] / 2**30:.2f} GB", flush=True)
     root = base / "root"
     tokens = int(np.load(root / "tokens" / "doc_offsets.npy", mmap_mode="r")[-1])
     docs = pl.read_parquet(root / "corpus" / "shards.parquet")["n_docs"].sum()
     rows = []
     for stage in STAGES:
-        a, b = spans[stage]
-        inside = (t >= a) & (t <= b)
-        peak = int(m[inside].max()) if inside.any() else 0
-        wall = b - a
-        rows.append({"stage": stage, "wall_s": wall, "peak_anon_gb": peak / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
-    rows.append({"stage": "total", "wall_s": spans[STAGES[-1]][1] - spans[STAGES[0]][0], "peak_anon_gb": m.max() / 2**30,
-                 "docs_per_s": docs / (spans[STAGES[-1]][1] - spans[STAGES[0]][0]), "tokens_per_s": tokens / (spans[STAGES[-1]][1] - spans[STAGES[0]][0])})
+        wall = spans[stage][1]
+        rows.append({"stage": stage, "wall_s": wall, "cpu_s": cpus[stage], "peak_anon_gb": peaks[stage] / 2**30,
+                     "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
+    wall = sum(full for full, _ in spans.values())  # the whole path, process start-ups included
+    rows.append({"stage": "total", "wall_s": wall, "cpu_s": sum(cpus.values()), "peak_anon_gb": max(peaks.values()) / 2**30,
+                 "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
     print(f"\n{n_docs:,} documents ({docs:,} training), {tokens / 1e6:.1f}M tokens, shards of {shard_docs:,}; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'stage':<22}{'wall s':>9}{'peak anon GB':>14}{'docs/s':>12}{'tokens/s':>14}")
+    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'peak anon GB':>14}{'docs/s':>12}{'tokens/s':>14}")
     for r in rows:
-        print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['peak_anon_gb']:>14.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
+        print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['peak_anon_gb']:>14.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
     return rows
 
 

@@ -212,8 +212,9 @@ def test_bad_record_in_one_shard_fails_with_its_file_and_line(ray_cluster, tmp_p
     assert "Traceback" not in messages["ray"] and "Ray" not in messages["ray"]
 
 
-def test_training_partition_runs_as_a_ray_task(local_root, ray_root):
-    """training_runs[random, seed 0] on the cluster: its own Dagster run on a Ray worker, the local bytes."""
+def test_training_and_evaluation_partitions_run_as_ray_tasks(local_root, ray_root):
+    """training_runs and evaluations [random, seed 0] on the cluster: each its own Dagster run on a
+    Ray worker, the local bytes."""
     import dagster as dg
     import duckdb
 
@@ -231,3 +232,10 @@ def test_training_partition_runs_as_a_ray_task(local_root, ray_root):
     for name in ("log.parquet", "stream.parquet", "model/model.safetensors"):
         ours = (ray_root / "runs" / "random" / "seed0" / name).read_bytes()
         assert ours == (local_root / "runs" / "random" / "seed0" / name).read_bytes(), name
+    for root in (local_root, ray_root):
+        results[root] = materialize(root.parent / "root.yaml", ["evaluations"], partition)
+    assert _metadata(results[ray_root], "evaluations")["engine"] == "ray"
+    evals = sorted(p.relative_to(local_root) for p in (local_root / "evals").glob("random.seed0*.parquet"))
+    assert evals and sorted(p.relative_to(ray_root) for p in (ray_root / "evals").glob("random.seed0*.parquet")) == evals
+    for name in evals:
+        assert (ray_root / name).read_bytes() == (local_root / name).read_bytes(), name

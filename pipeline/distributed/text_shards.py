@@ -38,9 +38,11 @@ def _backend(tokenizer_json: str):
 def tokenize_unit(tokenizer_json: str, eos_id: int, dtype: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(flat ids with EOS after each document, n_tokens, n_chars, n_bytes)`` of ``texts``: the ids
     :func:`pipeline.data.tokens.tokenize_documents` gives, from the tokenizer's serialized form
-    (``encode_batch`` runs on every core)."""
+    (the Rust batch encoder runs on every core)."""
     dt = np.dtype(dtype)
-    encs = _backend(tokenizer_json).encode_batch(texts, add_special_tokens=False)
+    backend = _backend(tokenizer_json)
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no character offsets: ~20% faster
+    encs = encode(texts, add_special_tokens=False)
     n_tokens = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
     flat = np.empty(int(n_tokens.sum()) + len(encs), dtype=dt)
     ends = np.cumsum(n_tokens + 1) - 1
