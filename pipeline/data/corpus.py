@@ -348,7 +348,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                     ho = df.filter(pl.col("heldout"))
                     train = df.filter(~pl.col("heldout"))
                     if ho.height:
-                        held.append(ho.select("id", "text", "source", "subdomain"))
+                        held.append(_compact(ho.select("id", "text", "source", "subdomain")))
                         n_held += ho.height
                     stats.append(df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().sum()))
                     if not train.height:
@@ -374,6 +374,19 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
             .group_by("source", "split").agg(pl.col("n_docs").sum().cast(pl.Int64), pl.col("n_chars").sum().cast(pl.Int64)).sort("source", "split"))
     heldout = pl.concat(held) if held else pl.DataFrame(schema=CORPUS_SCHEMA)
     return CorpusBuild(pl.DataFrame(rows, schema=MANIFEST_SCHEMA), heldout, stat, report, reused, len(units) - reused)
+
+
+def _compact(df: pl.DataFrame) -> pl.DataFrame:
+    """A copy of ``df`` in buffers of its own: a filtered polars frame's strings are views into the
+    whole batch's buffers, so keeping a few held-out rows would keep every batch's text alive."""
+    import pyarrow as pa
+
+    table = df.to_arrow()
+    schema = pa.schema([pa.field(f.name, pa.large_string() if pa.types.is_string_view(f.type) or pa.types.is_string(f.type) else f.type)
+                        for f in table.schema])
+    out = pl.from_arrow(table.cast(schema))
+    assert isinstance(out, pl.DataFrame)
+    return out
 
 
 def iter_shard_texts(corpus_path: Path, shard: dict, batch_rows: int = BATCH_ROWS, columns=("text",)) -> Iterator[pl.DataFrame]:
