@@ -114,7 +114,7 @@ def _rss_anon_tree(pid: int) -> int:
     return total
 
 
-def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str]) -> list[dict]:
+def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES) -> list[dict]:
     import polars as pl
 
     base = work / f"n{n_docs}"
@@ -129,7 +129,7 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str]) -> 
     (base / "cfg.json").write_text(json.dumps(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, peaks = {}, {}, {}
-    for stage in STAGES:  # one process per stage, as Dagster's multiprocess executor runs steps
+    for stage in stages:  # one process per stage, as Dagster's multiprocess executor runs steps
         log = open(base / f"{stage}.log", "w")
         t0 = time.time()
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage], cwd=ROOT, env=env,
@@ -151,10 +151,11 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str]) -> 
         spans[stage], cpus[stage], peaks[stage] = (time.time() - t0, inner), cpu, peak[0]
         print(f"  {stage}: {spans[stage][0]:.0f} s ({inner:.0f} s in the asset), {cpu:.0f} CPU-s, peak anon {peak[0] / 2**30:.2f} GB", flush=True)
     root = base / "root"
-    tokens = int(np.load(root / "tokens" / "doc_offsets.npy", mmap_mode="r")[-1])
+    offsets = root / "tokens" / "doc_offsets.npy"
+    tokens = int(np.load(offsets, mmap_mode="r")[-1]) if offsets.is_file() else 0
     docs = pl.read_parquet(root / "corpus" / "shards.parquet")["n_docs"].sum()
     rows = []
-    for stage in STAGES:
+    for stage in stages:
         wall = spans[stage][1]
         rows.append({"stage": stage, "wall_s": wall, "cpu_s": cpus[stage], "peak_anon_gb": peaks[stage] / 2**30,
                      "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
@@ -175,10 +176,11 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=["random", "greedy", "greedy_block_shuffle", "cluster_packed"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_scale"))
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and data root")
+    ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     args = ap.parse_args()
     peaks = {}
     for n in args.docs:
-        rows = measure(n, args.work, args.shard_docs, args.strategies)
+        rows = measure(n, args.work, args.shard_docs, args.strategies, STAGES[: STAGES.index(args.until) + 1])
         peaks[n] = rows[-1]["peak_anon_gb"]
         if not args.keep:
             shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
