@@ -42,6 +42,9 @@ class StrataSettings(dg.ConfigurableResource):
 # `strata_config` sensor (Dagster UI) and `strata status` sync them (sync_partitions), so adding a
 # strategy to the config file needs no restart.
 STRATEGY_PARTITIONS = dg.DynamicPartitionsDefinition(name="strategy")
+# Corpus shards (one partition per shard file, keyed by pipeline.data.corpus.shard_key) are
+# discovered from corpus.path the same way.
+SHARD_PARTITIONS = dg.DynamicPartitionsDefinition(name="corpus_shard")
 SEED_PARTITIONS = dg.DynamicPartitionsDefinition(name="seed")
 RUN_PARTITIONS = dg.MultiPartitionsDefinition({"strategy": STRATEGY_PARTITIONS, "seed": SEED_PARTITIONS})
 # Training and evaluation steps hold a slot of this Dagster pool: with the default limit of 1 a
@@ -50,10 +53,13 @@ TRAIN_POOL = "strata_train"
 
 
 def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str, list[str]]:
-    """Make the instance's strategy/seed partitions equal the config's and set the training pool's
-    limit; returns what was added and removed."""
+    """Make the instance's strategy/seed/corpus-shard partitions equal the config's (shards as
+    discovered under ``corpus.path``) and set the training pool's limit; returns what was added and removed."""
+    from pipeline.data.corpus import corpus_units, shard_key
+
     changes: dict[str, list[str]] = {"added": [], "removed": []}
-    for name, wanted in (("strategy", list(cfg.strategies)), ("seed", [str(s) for s in cfg.seeds])):
+    shards = [shard_key(u) for u in corpus_units(cfg.corpus)]
+    for name, wanted in (("strategy", list(cfg.strategies)), ("seed", [str(s) for s in cfg.seeds]), ("corpus_shard", shards)):
         have = instance.get_dynamic_partitions(name)
         new = [k for k in wanted if k not in have]
         if new:

@@ -5,8 +5,9 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
-from assets.common import Recorder, StrataSettings
-from pipeline.data.corpus import build_corpus, corpus_fingerprint
+from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
+from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_versions, validate_shard
+from pipeline.errors import StrataInputError
 from evals.paloma import write_paloma_layout
 from pipeline.storage.atomic import atomic_dir, write_parquet
 from pipeline.storage.warehouse import replace_rows
@@ -17,21 +18,52 @@ def raw_corpus(settings: StrataSettings) -> dg.DataVersion:
     return dg.DataVersion(corpus_fingerprint(settings.config().corpus))
 
 
+@dg.observable_source_asset(group_name="data", partitions_def=SHARD_PARTITIONS,
+                            description="One corpus shard per partition; its data version is a hash of the shard's bytes and the reading options.")
+def raw_shards(context: dg.AssetExecutionContext, settings: StrataSettings) -> dg.DataVersionsByPartition:
+    versions = shard_versions(settings.config().corpus)
+    return dg.DataVersionsByPartition({k: dg.DataVersion(fp) for k, (_, fp) in versions.items()})
+
+
+@dg.asset(group_name="data", deps=["raw_shards"], partitions_def=SHARD_PARTITIONS, code_version="1", kinds={"parquet"})
+def corpus_shards(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """Read and validate one corpus shard (a partition per shard file under ``corpus.path``, found by
+    the ``strata_config`` sensor, ``strata run`` and ``strata status``) into
+    ``corpus/shards/<fingerprint>-<split>.parquet`` (+ ``.json``, its report): records with content
+    hash and held-out flag. An unchanged shard is not read again; an appended or edited shard is
+    the only partition to run. ``corpus`` gathers the shards."""
+    rec = Recorder(context, duckdb, {})
+    cfg, layout = settings.config(), settings.layout()
+    versions = shard_versions(cfg.corpus)
+    if context.partition_key not in versions:
+        raise StrataInputError(f"shard partition {context.partition_key!r} is not in the corpus any more",
+                               path=str(cfg.corpus.path), fix="run `strata status` (it drops partitions of removed shards)")
+    unit, fp = versions[context.partition_key]
+    out, info, reused = validate_shard(unit, fp, cfg.corpus, cfg.heldout_fraction, cfg.seed, layout.shard_dir("corpus"))
+    return rec.finish(
+        [out, out.with_suffix(".json")],
+        {"records": info["n_read"], "skipped": len(info["skipped"])},
+        {"shard": unit, "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed},
+        {"fingerprint": fp, "reused": reused},
+    )
+
+
 CorpusParams = PARAM_CLASSES["corpus"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="data", deps=["raw_corpus"], code_version="2", kinds={"parquet"})
+@dg.asset(group_name="data", deps=["raw_corpus", "corpus_shards"], code_version="2", kinds={"parquet"})
 def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
            config: CorpusParams) -> dg.MaterializeResult:
     """Read and validate every corpus shard as a stream of batches; split off a seeded held-out set.
 
     Writes ``corpus.parquet`` (doc_id, id, text, source, subdomain, content_hash, shard) for
     training, ``corpus/shards.parquet`` (one row per shard) and ``heldout/<source>/val/*.jsonl.gz``
-    (Paloma layout) for evaluation. Validated shards are kept under ``corpus/shards/`` by content
-    fingerprint: an unchanged shard is not read again. With ``engine: ray`` the shards are read
+    (Paloma layout) for evaluation. It gathers the validated shards of ``corpus_shards`` (kept
+    under ``corpus/shards/`` by content fingerprint) and validates any shard still missing, so an
+    unchanged shard is not read again. With ``engine: ray`` the shards are read
     and validated as Ray tasks (workers need read access to the raw shards).
     """
-    rec = Recorder(context, duckdb, {})
+    rec = Recorder(context, duckdb, {"corpus_shards": "*"})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     built = build_corpus(cfg.corpus, cfg.seed, cfg.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=context.log.info,
                          engine=cfg.engine, ray_cfg=cfg.ray)

@@ -26,6 +26,7 @@ RAW_CORPUS = dg.AssetKey("raw_corpus")
 # asset -> the StrataConfig keys its output depends on (beyond its upstream assets' data).
 # Left out on purpose: speed knobs (embed_batch_size) and keys that only name files of other assets.
 PARAMS: dict[str, tuple[str, ...]] = {
+    "corpus_shards": ("heldout_fraction", "seed"),  # reading options and content: raw_shards' data version
     "corpus": ("corpus", "heldout_fraction", "seed"),
     "tokenizer": ("tokenizer", "vocab_size"),
     "tokens": (),
@@ -87,7 +88,7 @@ def with_config_versions(assets: list, cfg: StrataConfig) -> list:
             return spec
         code = (spec.code_version or "0").split("+")[0]
         deps = list(spec.deps)
-        if RAW_CORPUS not in {d.asset_key for d in deps}:
+        if RAW_CORPUS not in {d.asset_key for d in deps} and name != "corpus_shards":  # a shard follows its own source partition
             deps.append(dg.AssetDep(RAW_CORPUS))
         return spec.replace_attributes(
             code_version=f"{code}+{params_hash(keys[name], cfg)}" if keys[name] else code,

@@ -91,7 +91,8 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
 
 def materialize_all(config_file: str | None = None, data_root: str | None = None, select: str | None = None,
                     log=print, log_level: str = "INFO", instance: dg.DagsterInstance | None = None) -> Path | None:
-    """Materialize the selected assets (all by default): upstream assets, each strategy partition,
+    """Materialize the selected assets (all by default): the corpus shards that are new or changed,
+    upstream assets, each strategy partition,
     each strategy x seed partition, then the gathering assets. Returns the path of ``report.md`` when
     ``ablation_report`` was among them."""
     from assets.common import sync_partitions
@@ -128,6 +129,11 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         if not result.success:
             raise RuntimeError(f"materialization failed: {label}")
 
+    if "corpus_shards" in chosen:  # new or edited shards only, one run per shard partition
+        from assets.status import shards_to_run
+
+        for key in shards_to_run(defs, instance, cfg):
+            run(["corpus_shards"], key)
     run(UPSTREAM)
     for s in cfg.strategies:
         run(PER_STRATEGY, s)

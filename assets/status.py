@@ -14,10 +14,12 @@ from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._time import get_current_datetime
 
+from assets.common import SHARD_PARTITIONS
 from pipeline.config import StrataConfig
-from pipeline.data.corpus import corpus_fingerprint
+from pipeline.data.corpus import corpus_fingerprint, corpus_units, shard_key, shard_versions
 
 RAW = dg.AssetKey("raw_corpus")
+RAW_SHARDS = dg.AssetKey("raw_shards")
 
 
 @dataclass(frozen=True)
@@ -29,13 +31,19 @@ class Row:
 
 
 def observe_corpus(instance: dg.DagsterInstance, cfg: StrataConfig) -> str:
-    """Record an observation of ``raw_corpus`` (what "Observe sources" does in the UI) when its
-    data version changed; returns the current data version."""
+    """Record observations of ``raw_corpus`` and of each ``raw_shards`` partition (what "Observe
+    sources" does in the UI) whose data version changed; returns the corpus's data version."""
     version = corpus_fingerprint(cfg.corpus)
-    latest = instance.get_latest_data_version_record(RAW, is_source=True)
-    if latest is None or (latest.asset_observation and latest.asset_observation.tags.get(DATA_VERSION_TAG)) != version:
-        instance.report_runless_asset_event(dg.AssetObservation(asset_key=RAW, tags={DATA_VERSION_TAG: version}))
+    _observe(instance, RAW, None, version)
+    for key, (_, fp) in shard_versions(cfg.corpus).items():
+        _observe(instance, RAW_SHARDS, key, fp)
     return version
+
+
+def _observe(instance: dg.DagsterInstance, asset: dg.AssetKey, partition: str | None, version: str) -> None:
+    latest = instance.get_latest_data_version_record(asset, is_source=True, partition_key=partition)
+    if latest is None or (latest.asset_observation and latest.asset_observation.tags.get(DATA_VERSION_TAG)) != version:
+        instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset, partition=partition, tags={DATA_VERSION_TAG: version}))
 
 
 def resolver(defs: dg.Definitions, instance: dg.DagsterInstance) -> CachingStaleStatusResolver:
@@ -52,6 +60,8 @@ def _partitions(asset: str, partitions_def, cfg: StrataConfig) -> list[str | Non
         return [dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}) for s in cfg.strategies for seed in cfg.seeds]
     if isinstance(partitions_def, dg.StaticPartitionsDefinition):  # the mixture stage's own partitions
         return list(partitions_def.get_partition_keys())
+    if partitions_def.name == "corpus_shard":
+        return [shard_key(u) for u in corpus_units(cfg.corpus)]
     return list(cfg.strategies)
 
 
@@ -106,3 +116,11 @@ def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConf
                     why = f"built with launchpad overrides: {', '.join(changed)}"
             rows.append(Row(key.to_user_string(), None if part is None else str(part), status.value.lower(), why))
     return rows
+
+
+def shards_to_run(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[str]:
+    """The ``corpus_shards`` partitions that are missing or stale (new or edited shards, changed
+    split options), after observing the corpus: what ``strata run`` materializes, one run each."""
+    observe_corpus(instance, cfg)
+    res, key = resolver(defs, instance), dg.AssetKey("corpus_shards")
+    return [p for p in _partitions("corpus_shards", SHARD_PARTITIONS, cfg) if res.get_status(key, p) != StaleStatus.FRESH]

@@ -23,25 +23,19 @@ from pipeline.storage.layout import Layout
 
 pytestmark = pytest.mark.integration
 
-UPSTREAM = ["raw_corpus", "corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
-SCRIPT = """
-import sys
-from assets.runner import prepare_environment
-prepare_environment(sys.argv[1], None)
-import dagster as dg
-from assets.definitions import defs
-r = dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=sys.argv[2].split(","),
-                   instance=dg.DagsterInstance.get(), resources=defs.resources)
-failed = [c.check_name for c in r.get_asset_check_evaluations() if not c.passed]
-assert r.success and not failed, failed
-"""
-
-
 def _materialize(cfg_path, cwd) -> None:
+    """``strata run --select '*sequences'`` (blocking checks, e.g. token conservation, fail it)."""
     env = {**os.environ, "DAGSTER_HOME": ""}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(cfg_path), ",".join(UPSTREAM)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg_path), "--select", "*sequences"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _shards_run(instance: dg.DagsterInstance, after: int) -> tuple[list[str], int]:
+    """The corpus_shards partitions materialized since event ``after``, and the newest event id."""
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("corpus_shards"), after_storage_id=after),
+                                              limit=100).records
+    return sorted(r.partition_key for r in records), max([after] + [r.storage_id for r in records])
 
 
 def _latest(instance: dg.DagsterInstance, asset: str) -> dict:
@@ -69,6 +63,10 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
 
     _materialize(cfg_path, root)
     instance = dg.DagsterInstance.from_config(str(layout.root / "dagster"))
+    keys = sorted(instance.get_dynamic_partitions("corpus_shard"))
+    assert [k.split("@")[0] for k in keys] == [f"part-{i}.parquet" for i in range(3)]
+    ran, mark = _shards_run(instance, 0)
+    assert ran == keys
     assert _latest(instance, "tokens")["shards_computed"] == 3
     assert _latest(instance, "embeddings")["from_token_store"] is True
     assert _latest(instance, "clusters")["centroids"] == "trained"
@@ -76,7 +74,9 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
 
     _write_shard(shards / "part-3.parquet", recs[150:])  # append a fourth shard
     _materialize(cfg_path, root)
-    assert _latest(instance, "corpus")["shards_validated"] == 1 and _latest(instance, "corpus")["shards_reused"] == 3
+    ran, mark = _shards_run(instance, mark)
+    assert [k.split("@")[0] for k in ran] == ["part-3.parquet"]  # only the new shard's partition ran
+    assert (_latest(instance, "corpus")["shards_validated"], _latest(instance, "corpus")["shards_reused"]) == (0, 4)  # the partition did it
     for asset in ("tokens", "embeddings"):
         meta = _latest(instance, asset)
         assert (meta["shards_computed"], meta["shards_reused"]) == (1, 3), (asset, meta)
@@ -88,6 +88,8 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     edited[7] = {**edited[7], "text": "An edited document about nothing in particular. " + edited[7]["text"]}
     _write_shard(shards / "part-1.parquet", edited)  # edit shard 2
     _materialize(cfg_path, root)
+    ran, mark = _shards_run(instance, mark)
+    assert [k.split("@")[0] for k in ran] == ["part-1.parquet"]
     for asset in ("tokens", "embeddings"):
         assert (_latest(instance, asset)["shards_computed"], _latest(instance, asset)["shards_reused"]) == (1, 3), asset
     meta = _latest(instance, "clusters")  # a shard it was trained on changed: retrained, everything reassigned

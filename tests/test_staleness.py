@@ -18,7 +18,7 @@ from helpers import demo_slice
 
 pytestmark = pytest.mark.integration
 
-ALL = {"corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings", "exports", "ordering_diagnostics",
+ALL = {"corpus_shards", "corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings", "exports", "ordering_diagnostics",
        "diagnostics_report", "training_runs", "gradient_analyses", "evaluations", "ablation_report"}
 AFTER_ORDERINGS = {"orderings", "exports", "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses",
                    "evaluations", "ablation_report"}
@@ -90,7 +90,7 @@ def test_corpus_edit_marks_everything_stale_then_back(graph):
         corpus.write_text(original + json.dumps({"id": "new", "text": "an appended document " * 20, "domain": "new"}) + "\n")
         stale, missing, rows = _stale(instance, cfg, tmp)
         assert stale == ALL and not missing, rows
-        assert all("raw_corpus" in r.why for r in rows if r.status == "stale"), rows
+        assert all("raw_corpus" in r.why or "raw_shards" in r.why for r in rows if r.status == "stale"), rows
     finally:
         corpus.write_text(original)
     stale, _, rows = _stale(instance, cfg, tmp)  # the original content is the materialized version again

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -193,6 +194,36 @@ def unit_fingerprints(cfg: CorpusConfig) -> dict[str, str]:
     return out
 
 
+def shard_key(unit: str) -> str:
+    """The Dagster partition key of a unit of :func:`corpus_units`: its file name and a digest of
+    its full path (two directories may hold files of one name), e.g. ``part-00001.parquet@3fa2c1d0``;
+    ``builtin`` and ``hf_<name>`` otherwise."""
+    if unit == "builtin" or unit.startswith("hf:"):
+        return re.sub(r"[^A-Za-z0-9._-]", "_", unit.replace("hf:", "hf_", 1))
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(unit).name)
+    return f"{name}@{hashlib.sha256(unit.encode()).hexdigest()[:8]}"
+
+
+def shard_versions(cfg: CorpusConfig) -> dict[str, tuple[str, str]]:
+    """``{partition key: (unit, content fingerprint)}`` of every shard of the corpus."""
+    return {shard_key(u): (u, fp) for u, fp in unit_fingerprints(cfg).items()}
+
+
+def validated_path(shard_dir: Path, fingerprint: str, heldout_fraction: float, seed: int, batch_rows: int = BATCH_ROWS) -> Path:
+    """Where a shard's validated records live: named by its content and the split options."""
+    tag = hashlib.sha256(f"{heldout_fraction}:{seed}:{batch_rows}".encode()).hexdigest()[:8]
+    return shard_dir / f"{fingerprint}-{tag}.parquet"
+
+
+def validate_shard(unit: str, fingerprint: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, shard_dir: Path,
+                   batch_rows: int = BATCH_ROWS) -> tuple[Path, dict, bool]:
+    """Validate one shard into ``shard_dir`` unless its validated file exists: (path, report, reused)."""
+    out = validated_path(shard_dir, fingerprint, heldout_fraction, seed, batch_rows)
+    if out.is_file() and out.with_suffix(".json").is_file() and not unit.startswith("hf:"):
+        return out, json.loads(out.with_suffix(".json").read_text()), True
+    return out, validate_unit(unit, cfg, heldout_fraction, seed, out, batch_rows), False
+
+
 # --------------------------------------------------------------------------- streaming build
 
 SHARD_FILE_COLUMNS = ["id", "text", "source", "subdomain", "line", "content_hash", "heldout"]
@@ -280,12 +311,11 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
 
     fps = unit_fingerprints(cfg)
     units = list(fps)
-    tag = hashlib.sha256(f"{heldout_fraction}:{seed}:{batch_rows}".encode()).hexdigest()[:8]
     files, infos, reused = [], [], 0
     shard_dir.mkdir(parents=True, exist_ok=True)
     todo = []
     for unit in units:
-        out = shard_dir / f"{fps[unit]}-{tag}.parquet"
+        out = validated_path(shard_dir, fps[unit], heldout_fraction, seed, batch_rows)
         files.append(out)
         if out.is_file() and out.with_suffix(".json").is_file() and not unit.startswith("hf:"):
             reused += 1
