@@ -30,8 +30,8 @@ def corpus_shards(context: dg.AssetExecutionContext, settings: StrataSettings, d
     """Read and validate one corpus shard (a partition per shard file under ``corpus.path``, found by
     the ``strata_config`` sensor, ``strata run`` and ``strata status``) into
     ``corpus/shards/<fingerprint>-<split>.parquet`` (+ ``.json``, its report): records with content
-    hash and held-out flag. An unchanged shard is not read again; an appended or edited shard is
-    the only partition to run. ``corpus`` gathers the shards."""
+    hash and held-out flag, on a Ray worker with ``engine: ray``. An unchanged shard is not read
+    again; an appended or edited shard is the only partition to run. ``corpus`` gathers the shards."""
     rec = Recorder(context, duckdb, {})
     cfg, layout = settings.config(), settings.layout()
     versions = shard_versions(cfg.corpus)
@@ -39,7 +39,8 @@ def corpus_shards(context: dg.AssetExecutionContext, settings: StrataSettings, d
         raise StrataInputError(f"shard partition {context.partition_key!r} is not in the corpus any more",
                                path=str(cfg.corpus.path), fix="run `strata status` (it drops partitions of removed shards)")
     unit, fp = versions[context.partition_key]
-    out, info, reused = validate_shard(unit, fp, cfg.corpus, cfg.heldout_fraction, cfg.seed, layout.shard_dir("corpus"))
+    out, info, reused = validate_shard(unit, fp, cfg.corpus, cfg.heldout_fraction, cfg.seed, layout.shard_dir("corpus"),
+                                       engine=cfg.engine, ray_cfg=cfg.ray)
     return rec.finish(
         [out, out.with_suffix(".json")],
         {"records": info["n_read"], "skipped": len(info["skipped"])},

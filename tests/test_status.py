@@ -28,7 +28,7 @@ def instance(tmp_path):
 
 def test_partitions_and_pool_follow_the_config(instance):
     assert sync_partitions(instance, StrataConfig(strategies=["random", "greedy"], seeds=[0, 1]))["added"] == [
-        "strategy=random", "strategy=greedy", "seed=0", "seed=1"]
+        "strategy=random", "strategy=greedy", "seed=0", "seed=1", "corpus_shard=builtin"]
     assert instance.event_log_storage.get_concurrency_info(TRAIN_POOL).slot_count == 1
     changes = sync_partitions(instance, StrataConfig(strategies=["greedy", "odm"], seeds=[1], train_concurrency=2))
     assert changes == {"added": ["strategy=odm"], "removed": ["strategy=random", "seed=0"]}
@@ -84,6 +84,7 @@ def test_status_of_a_fresh_root_lists_every_partition_missing(tmp_path):
     assert {r["status"] for r in rows} == {"missing"}
     parts = {(r["asset"], r["partition"]) for r in rows}
     assert ("orderings", "greedy") in parts and ("training_runs", "1|random") in parts and ("corpus", None) in parts
-    # 9 unpartitioned assets, 3 per strategy, 2 per strategy x seed; the mixture stage is off by default
-    assert len(rows) == 9 + 3 * 2 + 2 * 4
+    # 9 unpartitioned assets, 1 per corpus shard, 3 per strategy, 2 per strategy x seed; the mixture stage is off by default
+    assert len(rows) == 9 + 1 + 3 * 2 + 2 * 4
+    assert [r["partition"].split("@")[0] for r in rows if r["asset"] == "corpus_shards"] == ["c.jsonl"]
     assert not any(r["asset"].startswith("mixture") for r in rows)

@@ -216,12 +216,18 @@ def validated_path(shard_dir: Path, fingerprint: str, heldout_fraction: float, s
 
 
 def validate_shard(unit: str, fingerprint: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, shard_dir: Path,
-                   batch_rows: int = BATCH_ROWS) -> tuple[Path, dict, bool]:
-    """Validate one shard into ``shard_dir`` unless its validated file exists: (path, report, reused)."""
+                   batch_rows: int = BATCH_ROWS, engine: str = "local", ray_cfg=None) -> tuple[Path, dict, bool]:
+    """Validate one shard into ``shard_dir`` unless its validated file exists (as a Ray task with
+    ``engine="ray"``): (path, report, reused)."""
     out = validated_path(shard_dir, fingerprint, heldout_fraction, seed, batch_rows)
     if out.is_file() and out.with_suffix(".json").is_file() and not unit.startswith("hf:"):
         return out, json.loads(out.with_suffix(".json").read_text()), True
-    return out, validate_unit(unit, cfg, heldout_fraction, seed, out, batch_rows), False
+    out.unlink(missing_ok=True)
+    remote = engine == "ray" and not unit.startswith("hf:")
+    shard = Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows), (out, out.with_suffix(".json")))
+    map_shards(validate_unit_remote if remote else validate_unit, [shard], _save_validated if remote else _saved,
+               engine="ray" if remote else "local", ray_cfg=ray_cfg)
+    return out, json.loads(out.with_suffix(".json").read_text()), False
 
 
 # --------------------------------------------------------------------------- streaming build
