@@ -46,14 +46,28 @@ def make_lm(model: Any, tokenizer: Any, *, device: str, batch_size: int = 8, max
 
 def run_task(lm: Any, task: str, *, metadata: dict[str, Any], limit: int | None = None,
              log_samples: bool = False) -> dict[str, Any]:
-    """``simple_evaluate`` one task from ``evals/tasks`` (built-in tasks are not indexed)."""
-    from lm_eval import simple_evaluate
+    """Evaluate one task from ``evals/tasks`` (built-in tasks are not indexed), zero-shot, seeded 0.
+
+    Calls ``lm_eval.evaluator.evaluate`` with the setup ``simple_evaluate`` would do for an
+    in-memory model (seeds, zero-shot, fewshot seed) but without its run record: that record
+    runs ``git describe`` in the working directory (printing "fatal: not a git repository"
+    outside a checkout) and collects the environment (pip, conda, GPU tools: ~1 s per task)."""
+    import random
+
+    import numpy as np
+    import torch
+    from lm_eval.evaluator import evaluate
     from lm_eval.tasks import TaskManager
 
-    tm = TaskManager(include_path=str(TASK_DIR), include_defaults=False, metadata=metadata)
-    return simple_evaluate(model=lm, tasks=[task], task_manager=tm, limit=limit, log_samples=log_samples,
-                           num_fewshot=0, bootstrap_iters=0, random_seed=0, numpy_random_seed=0,
-                           torch_random_seed=0, fewshot_random_seed=0)
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    loaded = TaskManager(include_path=str(TASK_DIR), include_defaults=False, metadata=metadata).load([task])
+    for task_obj in loaded["tasks"].values():
+        if task_obj.get_config("num_fewshot") != 0:
+            task_obj.set_config(key="num_fewshot", value=0)
+        task_obj.set_fewshot_seed(seed=0)
+    return evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=log_samples, fewshot_as_multiturn=True)
 
 
 def metric_value(results: dict[str, Any], task: str, metric: str) -> float:

@@ -329,6 +329,19 @@ def test_evaluate_wikitext_and_heldout_match_direct_torch(model, tokenizer, tmp_
     assert got[("heldout", "mean", "bits_per_byte")]["value"] == pytest.approx(((s1 + s2) / 2 + py) / 2, rel=1e-4)
 
 
+def test_evaluation_outside_a_git_checkout_runs_no_git(model, tokenizer, tmp_path, monkeypatch, capfd):
+    """lm-eval's run record calls `git describe` in the working directory; Strata does not ask for it."""
+    held = pl.DataFrame({"text": ["The cat sat on the mat.", "def f(x):\n    return x"], "id": ["a", "c"],
+                         "source": ["prose", "code"]})
+    write_paloma_layout(held, tmp_path / "heldout")
+    monkeypatch.chdir(tmp_path)  # not inside any git repository
+    rows = evaluate(model, tokenizer, heldout_dir=tmp_path / "heldout", wikitext_path=None, paloma_dir=None,
+                    dclm_dir=None, limit=2, dclm_limit=None, device="cpu", work_dir=tmp_path / "work")
+    assert rows and all(math.isfinite(r["value"]) for r in rows)
+    out, err = capfd.readouterr()
+    assert "not a git repository" not in out + err
+
+
 @needs_data
 def test_evaluation_never_reaches_past_the_trained_positions(tokenizer, tmp_path):
     """A Strata model trained at seq_len L: rolling windows (held-out, WikiText) and few-shot DCLM
