@@ -86,11 +86,15 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
     """The order training seed ``seed`` trains on: the materialized ordering (``cfg.seed``) for
     a seed-free strategy or seed == cfg.seed, else the strategy re-run with ``seed`` (same
     parameters), so seeds vary the shuffle / noise, not only the model init."""
-    from pipeline.ordering.strategies import seed_dependent
+    from pipeline.ordering.strategies import reseed_block_shuffle, seed_dependent
 
     params = order_params(cfg)
     if strategy in TRAINING_TIME_STRATEGIES or seed == cfg.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)
+    if strategy == "greedy_block_shuffle":  # the greedy beneath is seed-free: re-shuffle its blocks only
+        order, segments = load_ordering(layout, strategy)
+        if (reseeded := reseed_block_shuffle(order, params, cfg.seed, seed)) is not None:
+            return reseeded, segments
     docs, segments = ordering_inputs(layout)
     result = run_strategy(strategy, docs, segments, cfg.seq_len, params, seed)
     return ordering_ids(result.order), (result.segments if result.segments is not None else segments)

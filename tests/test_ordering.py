@@ -30,7 +30,7 @@ from pipeline.ordering import (
 from assets.cli.schedule import run_cli
 from pipeline.ordering.curriculum import curriculum_greedy_order
 from pipeline.ordering.documents import cluster_queues, stratified_order
-from pipeline.ordering.strategies import duplicate_subsets
+from pipeline.ordering.strategies import block_shuffle, block_unshuffle, duplicate_subsets, reseed_block_shuffle
 from pipeline.packing.pack import pack_concat
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
@@ -174,6 +174,30 @@ def test_block_shuffle_keeps_greedy_blocks():
         assert np.array_equal(b[p : p + block.size], block)
         p, seen = p + block.size, seen + 1
     assert seen == len(blocks) and not np.array_equal(b, g)
+
+
+def test_block_shuffle_matches_the_block_loop_and_inverts():
+    rows = np.random.default_rng(3).permutation(103)
+    for size, seed in ((32, 0), (32, 4), (1, 2), (103, 1), (200, 5)):
+        blocks = np.random.default_rng(seed).permutation(-(-rows.size // size))
+        loop = np.concatenate([rows[b * size : (b + 1) * size] for b in blocks])  # the former implementation
+        shuffled = block_shuffle(rows, size, seed)
+        assert shuffled.dtype == loop.dtype and np.array_equal(shuffled, loop)
+        assert np.array_equal(block_unshuffle(shuffled, size, seed), rows)
+
+
+def test_reseeded_block_shuffle_equals_rerunning_the_strategy():
+    docs, seg = toy_tables(np.random.default_rng(6))
+    params = OrderParams(bins=16, block_size=16)
+    base = run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=0).order["sequence_id"].to_numpy()
+    assert np.array_equal(run_strategy("greedy", docs, seg, 128, params, seed=0).order["sequence_id"].to_numpy(),
+                          run_strategy("greedy", docs, seg, 128, params, seed=3).order["sequence_id"].to_numpy())
+    for seed in (1, 2, 7):
+        again = run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=seed).order["sequence_id"].to_numpy()
+        reseeded = reseed_block_shuffle(base, params, 0, seed)
+        assert reseeded.dtype == again.dtype and np.array_equal(reseeded, again)
+    assert reseed_block_shuffle(base, OrderParams(bins=16, block_size=16, noise=0.5), 0, 1) is None  # noisy greedy: re-run
+    assert reseed_block_shuffle(base, OrderParams(bins=16, block_size=16, greedy_exact_max=10), 0, 1) is None  # blocked greedy
 
 
 def test_noise_zero_is_deterministic_and_large_noise_is_a_shuffle():

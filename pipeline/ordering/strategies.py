@@ -112,10 +112,7 @@ def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, s
     if name == "greedy_block_shuffle":
         if params.block_size < 1:
             raise StrataInputError(f"block size {params.block_size} is impossible", fix="use --block-size >= 1")
-        rows = _greedy(features, params, seed)
-        n_blocks = -(-m // params.block_size)
-        blocks = np.random.default_rng(seed).permutation(n_blocks)
-        return np.concatenate([rows[b * params.block_size : (b + 1) * params.block_size] for b in blocks])
+        return block_shuffle(_greedy(features, params, seed), params.block_size, seed)
     raise StrataInputError(f"{name!r} is not a sequence-level strategy", fix=f"use one of {', '.join(SEQUENCE_LEVEL)}")
 
 
@@ -123,6 +120,43 @@ def _greedy(features: SequenceFeatures, params: OrderParams, seed: int) -> np.nd
     obj = params.objective_weights()
     p = params
     return greedy_scaled_order(features, obj, p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size)[0]
+
+
+def _block_positions(n: int, block_size: int, seed: int) -> np.ndarray:
+    """Positions of ``n`` items cut into blocks of ``block_size`` (the last may be shorter), the
+    blocks in a seeded random order: ``greedy_block_shuffle``'s permutation."""
+    blocks = np.random.default_rng(seed).permutation(-(-n // block_size))
+    starts = blocks * block_size
+    sizes = np.minimum(block_size, n - starts)
+    return np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(n)
+
+
+def block_shuffle(rows: np.ndarray, block_size: int, seed: int) -> np.ndarray:
+    """``rows`` in blocks of ``block_size`` consecutive items, the blocks in a seeded random order."""
+    return np.asarray(rows)[_block_positions(len(rows), block_size, seed)]
+
+
+def block_unshuffle(order: np.ndarray, block_size: int, seed: int) -> np.ndarray:
+    """The inverse of :func:`block_shuffle`: ``block_unshuffle(block_shuffle(r, b, s), b, s) == r``."""
+    order = np.asarray(order)
+    rows = np.empty_like(order)
+    rows[_block_positions(order.size, block_size, seed)] = order
+    return rows
+
+
+def greedy_seed_free(n_sequences: int, params: OrderParams) -> bool:
+    """Whether ``greedy``'s order ignores its seed: no noise and the exact greedy (the blocked greedy
+    deals sequences to blocks with a seeded draw)."""
+    return params.noise == 0 and greedy_mode(n_sequences, params.greedy_exact_max) == "exact"
+
+
+def reseed_block_shuffle(order: np.ndarray, params: OrderParams, from_seed: int, to_seed: int) -> np.ndarray | None:
+    """``greedy_block_shuffle``'s order for ``to_seed`` from its order for ``from_seed`` (sequence
+    ids), without re-running the greedy: the same ids as :func:`run_strategy` with ``to_seed``.
+    None when the greedy order beneath depends on the seed (see :func:`greedy_seed_free`)."""
+    if not greedy_seed_free(len(order), params):
+        return None
+    return block_shuffle(block_unshuffle(order, params.block_size, from_seed), params.block_size, to_seed)
 
 
 GREEDY_BASED = ("greedy", "greedy_block_shuffle", "duplicate_separated")  # strategies whose result names a greedy_mode
