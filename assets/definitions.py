@@ -10,8 +10,10 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from pipeline.offline import set_offline
+from pipeline.threads import set_thread_policy
 
 set_offline()
+set_thread_policy()  # before any asset imports torch
 
 from assets import checks, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
 from assets import mixture  # noqa: E402

@@ -175,8 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.offline import set_offline
+    from pipeline.threads import set_thread_policy
 
     set_offline()
+    set_thread_policy()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
