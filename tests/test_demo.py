@@ -14,7 +14,7 @@ from pipeline.errors import StrataInputError
 def test_demo_config_has_three_seeds_and_the_default_strategies(tmp_path):
     path = write_demo_config(tmp_path, None, None)
     cfg = load_config(path)
-    assert cfg.seeds == [0, 1, 2] and cfg.max_steps * cfg.batch_size * cfg.seq_len == 163_840
+    assert cfg.seeds == [0, 1, 2] and cfg.max_steps * cfg.batch_size * cfg.seq_len == 122_880
     assert "stratified" in cfg.strategies and cfg.strategies == StrataConfig().strategies
     assert not (cfg.wikitext_path or cfg.paloma_dir or cfg.dclm_dir)  # the demo evaluates no external suite by default
 
