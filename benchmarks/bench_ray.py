@@ -2,9 +2,10 @@
 
     python benchmarks/bench_ray.py [--docs 600 --shard-docs 100 --max-tokens 256 --node-cpus 1]
 
-Real demo-corpus texts; tokenization with the embedding model's tokenizer (``tokenize_shard``),
-then all-MiniLM-L6-v2 sentence embeddings (``embed_shard``), both cut into the same shards of
-``--shard-docs`` documents (:mod:`pipeline.distributed.text_shards`). Engines:
+Real demo-corpus texts written as a one-shard ``corpus.parquet``; tokenization with the embedding
+model's tokenizer (``tokenize_unit``), then all-MiniLM-L6-v2 sentence embeddings (``embed_unit``),
+both cut into the same work units of ``--shard-docs`` documents and mapped by
+:func:`pipeline.distributed.text_shards.map_corpus_shards`, as the assets do. Engines:
 
 - ``local``: this process, torch on every core, and again with one torch thread (what a 1-CPU
   Ray actor uses: on a loaded machine, multi-threaded torch can lose more than it gains);
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import RayConfig, StrataConfig  # noqa: E402
 from pipeline.distributed.local_cluster import local_cluster  # noqa: E402
-from pipeline.distributed.text_shards import embed_shard, map_text_shards, tokenize_shard  # noqa: E402
+from pipeline.distributed.text_shards import embed_unit, load_unit, map_corpus_shards, read_docs, tokenize_unit  # noqa: E402
 from pipeline.offline import set_offline  # noqa: E402
 from pipeline.represent.embeddings import default_model_path  # noqa: E402
 
@@ -54,20 +55,28 @@ def texts(n: int) -> list[str]:
     return out
 
 
-def run(docs: list[str], cfg: StrataConfig, work: Path) -> tuple[float, float, np.ndarray]:
-    """Seconds to tokenize and to embed ``docs`` on ``cfg.engine`` (fresh shard folders), and the embeddings."""
+def run(corpus: Path, n: int, cfg: StrataConfig, work: Path) -> tuple[float, float, np.ndarray]:
+    """Seconds to tokenize and to embed the ``n`` documents of ``corpus`` on ``cfg.engine`` (fresh
+    folders), and the embeddings."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(default_model_path()) / "tokenizer.json"))
     tok_args = (tok.to_str(), tok.token_to_id("[SEP]"), np.dtype(np.uint16).str)
     emb_args = ("sentence", "", cfg.embed_max_tokens, cfg.embed_batch_size, False)
+    manifest = [{"path": "bench", "doc_start": 0, "n_docs": n, "docs_digest": "bench"}]
     shutil.rmtree(work, ignore_errors=True)
-    t0 = time.perf_counter()
-    map_text_shards(tokenize_shard, tok_args, docs, stage="tokens", fingerprint="bench", work_dir=work, cfg=cfg)
-    t1 = time.perf_counter()
-    emb = np.concatenate(map_text_shards(embed_shard, emb_args, docs, stage="embeddings", fingerprint="bench",
-                                         work_dir=work, cfg=cfg, actors=True))
-    return t1 - t0, time.perf_counter() - t1, emb
+    out: dict[str, list[np.ndarray]] = {}
+
+    def stage(name: str, fn, args: tuple, actors: bool = False) -> float:
+        t0 = time.perf_counter()
+        map_corpus_shards(manifest, fn, lambda a, b: (*args, read_docs(corpus, a, b)["text"].to_list()),
+                          lambda shard, files: out.__setitem__(name, [load_unit(f)[0] for f in files]), lambda s: False,
+                          stage=name, key="bench", work_dir=work / name, cfg=cfg, actors=actors)
+        return time.perf_counter() - t0
+
+    tok_s = stage("tokens", tokenize_unit, tok_args)
+    emb_s = stage("embeddings", embed_unit, emb_args, actors=True)
+    return tok_s, emb_s, np.concatenate(out["embeddings"])
 
 
 def main() -> None:
@@ -80,22 +89,26 @@ def main() -> None:
     set_offline()
     docs = texts(args.docs)
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    corpus = work / "corpus.parquet"
+    import polars as pl
+
+    pl.DataFrame({"doc_id": range(len(docs)), "text": docs}).write_parquet(corpus, row_group_size=8192)
     base = dict(shard_docs=args.shard_docs, embed_max_tokens=args.max_tokens)
     print(f"{len(docs)} documents, {args.shard_docs} a shard, first {args.max_tokens} tokens, {os.cpu_count()} cores on this machine")
     rows = []
-    tok_s, emb_s, ref = run(docs, StrataConfig(engine="local", **base), work / "local")
+    tok_s, emb_s, ref = run(corpus, len(docs), StrataConfig(engine="local", **base), work / "local")
     rows.append(("local (this process)", tok_s, emb_s, True))
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    tok_s, emb_s, emb = run(docs, StrataConfig(engine="local", **base), work / "local1")
+    tok_s, emb_s, emb = run(corpus, len(docs), StrataConfig(engine="local", **base), work / "local1")
     torch.set_num_threads(threads)
     rows.append(("local, 1 torch thread", tok_s, emb_s, emb.tobytes() == ref.tobytes()))
     for nodes in (1, 2):
         with local_cluster([args.node_cpus] * nodes) as (address, _):
             cfg = StrataConfig(engine="ray", ray=RayConfig(address=address), **base)
-            tok_s, emb_s, emb = run(docs, cfg, work / f"ray{nodes}")
+            tok_s, emb_s, emb = run(corpus, len(docs), cfg, work / f"ray{nodes}")
         rows.append((f"ray x{nodes} node{'s' if nodes > 1 else ''} ({args.node_cpus} CPU each)", tok_s, emb_s,
                      emb.tobytes() == ref.tobytes()))
     shutil.rmtree(work, ignore_errors=True)
