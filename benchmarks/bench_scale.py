@@ -5,8 +5,9 @@ is cut from the shared demo corpus (``/work/shared/data/corpus/demo_corpus.jsonl
 domain per document drawn from a skewed mix (weights 0.35, 0.2, 0.14, ... over the 8 domains),
 with log-normal lengths in characters (median 450, sigma 1; about 180 BPE tokens a document).
 The graph then runs through ``orderings`` and ``ordering_diagnostics`` (no training) with shallow
-embeddings, k = 1000 and seq_len 2048, one stage at a time, each in a child process of its own
-(as Dagster's multiprocess executor runs steps), while this process samples the RssAnon of the
+embeddings, k = 1000 and seq_len 2048, one stage at a time, each stage (each strategy partition of
+the partitioned ones) in a child process of its own, as Dagster's multiprocess executor runs
+steps and a UI backfill runs partitions, while this process samples the RssAnon of the
 child's process tree (heap; pages of memory-mapped files do not count) every 0.1 s. A stage's wall time is
 the asset's (process start-up and imports excluded; the total includes them); CPU seconds are the
 child's (all threads, imports included).
@@ -85,7 +86,7 @@ sync_partitions(instance, cfg)
 everything = list(defs.assets) + list(defs.asset_checks or [])
 stage = sys.argv[2]
 selection = ["raw_corpus", "corpus"] if stage == "corpus" else [stage]
-parts = list(cfg.strategies) if stage in ("orderings", "ordering_diagnostics") else [None]
+parts = [sys.argv[3]] if len(sys.argv) > 3 else [None]
 t0 = time.time()
 for p in parts:
     r = dg.materialize(everything, selection=selection, partition_key=p, instance=instance, resources=defs.resources)
@@ -129,27 +130,34 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     (base / "cfg.json").write_text(json.dumps(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, peaks = {}, {}, {}
-    for stage in stages:  # one process per stage, as Dagster's multiprocess executor runs steps
-        log = open(base / f"{stage}.log", "w")
-        t0 = time.time()
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=log, text=True)
-        peak = [0]
+    for stage in stages:  # one process per stage (per partition), as Dagster's multiprocess executor runs steps
+        parts = strategies if stage in ("orderings", "ordering_diagnostics") else [None]
+        spans[stage], cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0
+        for part in parts:
+            log = open(base / f"{stage}.log", "a")
+            t0 = time.time()
+            child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage] + ([part] if part else []), cwd=ROOT,
+                                     env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+            peak = [0]
 
-        def sample(child=child, peak=peak) -> None:
-            while child.poll() is None:
-                peak[0] = max(peak[0], _rss_anon_tree(child.pid))
-                time.sleep(0.1)
+            def sample(child=child, peak=peak) -> None:
+                while child.poll() is None:
+                    peak[0] = max(peak[0], _rss_anon_tree(child.pid))
+                    time.sleep(0.1)
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        out, _ = child.communicate()
-        sampler.join()
-        if child.returncode:
-            raise SystemExit(f"stage {stage} failed; see {base / f'{stage}.log'}")
-        inner, cpu = map(float, out.split()[-2:])
-        spans[stage], cpus[stage], peaks[stage] = (time.time() - t0, inner), cpu, peak[0]
-        print(f"  {stage}: {spans[stage][0]:.0f} s ({inner:.0f} s in the asset), {cpu:.0f} CPU-s, peak anon {peak[0] / 2**30:.2f} GB", flush=True)
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            out, _ = child.communicate()
+            sampler.join()
+            if child.returncode:
+                raise SystemExit(f"stage {stage} failed; see {base / f'{stage}.log'}")
+            inner, cpu = map(float, out.split()[-2:])
+            full = time.time() - t0
+            spans[stage] = (spans[stage][0] + full, spans[stage][1] + inner)
+            cpus[stage] += cpu
+            peaks[stage] = max(peaks[stage], peak[0])
+        print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s, "
+              f"peak anon {peaks[stage] / 2**30:.2f} GB", flush=True)
     root = base / "root"
     offsets = root / "tokens" / "doc_offsets.npy"
     tokens = int(np.load(offsets, mmap_mode="r")[-1]) if offsets.is_file() else 0

@@ -83,11 +83,15 @@ class Transform:
     def __init__(self, spherical: bool, pca: tuple[np.ndarray, np.ndarray] | None):
         self.spherical, self.pca = spherical, pca
 
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
+    def __call__(self, rows: np.ndarray, inplace: bool = False) -> np.ndarray:
+        """The transformed rows; ``inplace``: ``rows`` is a float32 array the caller owns and gives
+        up (a gathered sample), so normalizing reuses its memory instead of copying it."""
         x = np.ascontiguousarray(rows, dtype=np.float32)
         if not np.isfinite(x).all():
             raise StrataInputError("embeddings contain NaN/inf", fix="recompute the embeddings asset")
-        if self.spherical:
+        if self.spherical and inplace and x is rows:
+            x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        elif self.spherical:
             x = _normalize(x)
         if self.pca is not None:
             mu, w = self.pca
@@ -153,7 +157,8 @@ def train_kmeans(
     if pca:
         pca_params = pca_fit(Transform(spherical, None)(x[_sample_rows(n, PCA_FIT_MAX, seed)]), pca, seed)
     transform = Transform(spherical, pca_params)
-    train = transform(x[_sample_rows(n, int(k) * max_points_per_centroid, seed)])
+    rows = _sample_rows(n, int(k) * max_points_per_centroid, seed)
+    train = transform(x[rows], inplace=not isinstance(rows, slice))  # a gathered sample is ours: normalized in place
     if backend == "auto":
         try:
             import faiss  # noqa: F401
