@@ -56,10 +56,15 @@ def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str
     """Make the instance's strategy/seed/corpus-shard partitions equal the config's (shards as
     discovered under ``corpus.path``) and set the training pool's limit; returns what was added and removed."""
     from pipeline.data.corpus import corpus_units, shard_key
+    from pipeline.errors import StrataInputError
 
     changes: dict[str, list[str]] = {"added": [], "removed": []}
-    shards = [shard_key(u) for u in corpus_units(cfg.corpus)]
-    for name, wanted in (("strategy", list(cfg.strategies)), ("seed", [str(s) for s in cfg.seeds]), ("corpus_shard", shards)):
+    wanted_by = {"strategy": list(cfg.strategies), "seed": [str(s) for s in cfg.seeds]}
+    try:
+        wanted_by["corpus_shard"] = [shard_key(u) for u in corpus_units(cfg.corpus)]
+    except StrataInputError:  # no corpus there (yet): shard partitions stay as they are; `corpus` names the problem
+        pass
+    for name, wanted in wanted_by.items():
         have = instance.get_dynamic_partitions(name)
         new = [k for k in wanted if k not in have]
         if new:
