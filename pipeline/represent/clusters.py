@@ -72,8 +72,15 @@ def pca_reduce(x: np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
     return out
 
 
+def _row_norms(x: np.ndarray, block: int = 1 << 15) -> np.ndarray:
+    """``np.linalg.norm(x, axis=1, keepdims=True)``, the same values, a block of rows at a time (the
+    whole-matrix call makes an x * x temporary as large as x)."""
+    return np.concatenate([np.linalg.norm(x[a : a + block], axis=1, keepdims=True) for a in range(0, x.shape[0], block)]
+                          or [np.zeros((0, 1), dtype=x.dtype)])
+
+
 def _normalize(x: np.ndarray) -> np.ndarray:
-    return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32, copy=False)
+    return (x / np.maximum(_row_norms(x), 1e-12)).astype(np.float32, copy=False)
 
 
 class Transform:
@@ -90,7 +97,7 @@ class Transform:
         if not np.isfinite(x).all():
             raise StrataInputError("embeddings contain NaN/inf", fix="recompute the embeddings asset")
         if self.spherical and inplace and x is rows:
-            x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+            x /= np.maximum(_row_norms(x), 1e-12)
         elif self.spherical:
             x = _normalize(x)
         if self.pca is not None:
