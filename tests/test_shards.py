@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from helpers import demo_slice
 from pipeline.config import CorpusConfig, config_from_dict
-from pipeline.data.corpus import build_corpus, iter_shard_texts, read_corpus
+from pipeline.data.corpus import build_corpus, read_corpus
 from pipeline.data.shards import discover_shards
+from pipeline.distributed.text_shards import read_docs
 from pipeline.errors import StrataInputError
 
 
@@ -114,9 +116,12 @@ def test_build_corpus_streams_and_reuses_unchanged_shards(shards, tmp_path):
     assert corpus["doc_id"].to_list() == list(range(corpus.height))
     m = first.manifest
     assert m["n_docs"].sum() == corpus.height and (m["doc_start"] == m["n_docs"].cum_sum() - m["n_docs"]).all()
-    for row in m.to_dicts():  # each shard's documents come back from its own row groups
-        ids = pl.concat(list(iter_shard_texts(out, row, columns=("doc_id",))))["doc_id"].to_numpy()
-        np.testing.assert_array_equal(ids, np.arange(row["doc_start"], row["doc_start"] + row["n_docs"]))
+    parquet = pq.ParquetFile(out)
+    for row in m.to_dicts():  # each shard's documents are its own row groups; read_docs finds them by doc id
+        want = np.arange(row["doc_start"], row["doc_start"] + row["n_docs"])
+        groups = list(range(row["row_group_start"], row["row_group_end"]))
+        np.testing.assert_array_equal(pl.from_arrow(parquet.read_row_groups(groups, columns=["doc_id"]))["doc_id"].to_numpy(), want)
+        np.testing.assert_array_equal(read_docs(out, int(want[0]), int(want[-1]) + 1, ["doc_id"])["doc_id"].to_numpy(), want)
     before = out.read_bytes()
     again = build_corpus(cfg, 0, 0.1, work, out, batch_rows=7)
     assert again.validated == 0 and again.reused == 4 and out.read_bytes() == before

@@ -423,16 +423,3 @@ def _compact(df: pl.DataFrame) -> pl.DataFrame:
     out = pl.from_arrow(table.cast(schema))
     assert isinstance(out, pl.DataFrame)
     return out
-
-
-def iter_shard_texts(corpus_path: Path, shard: dict, batch_rows: int = BATCH_ROWS, columns=("text",)) -> Iterator[pl.DataFrame]:
-    """The training documents of one manifest row, read back from ``corpus.parquet`` in batches."""
-    import pyarrow.parquet as pq
-
-    groups = list(range(int(shard["row_group_start"]), int(shard["row_group_end"])))
-    if not groups:
-        return
-    for batch in pq.ParquetFile(corpus_path).iter_batches(batch_size=batch_rows, row_groups=groups, columns=list(columns)):
-        df = pl.from_arrow(batch)
-        assert isinstance(df, pl.DataFrame)
-        yield df
