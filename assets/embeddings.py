@@ -1,5 +1,6 @@
 """embeddings and clusters: sentence embeddings of each document and seeded faiss k-means."""
 
+import functools
 
 import dagster as dg
 import numpy as np
@@ -54,14 +55,18 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     if token_files is not None:
         starts = np.array([int(s["doc_start"]) for s in live], dtype=np.int64)
 
-        def unit_args(a: int, b: int) -> tuple:
-            i = int(np.searchsorted(starts, a, side="right")) - 1
+        @functools.lru_cache(maxsize=1)  # units come shard by shard: read each shard's counts once
+        def shard_store(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             bin_path, stats_path = token_files[i]
             n_all = pl.read_parquet(stats_path, columns=["n_tokens"])["n_tokens"].to_numpy()
             offsets = np.concatenate([[0], np.cumsum(n_all + 1)])
+            return np.memmap(bin_path, dtype=token_dtype_of(bin_path, offsets), mode="r"), offsets, n_all
+
+        def unit_args(a: int, b: int) -> tuple:
+            i = int(np.searchsorted(starts, a, side="right")) - 1
+            store, offsets, n_all = shard_store(i)
             lo, hi = a - int(starts[i]), b - int(starts[i])
             keep = np.minimum(n_all[lo:hi], cfg.embed_max_tokens) if cfg.embed_max_tokens > 0 else n_all[lo:hi]
-            store = np.memmap(bin_path, dtype=token_dtype_of(bin_path, offsets), mode="r")
             ids = np.concatenate([store[o : o + k] for o, k in zip(offsets[lo:hi], keep)])
             return (model, cfg.embed_max_tokens, ids, keep)
 
