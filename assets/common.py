@@ -99,10 +99,10 @@ class Recorder:
     """Times a materialization and writes its lineage row (see pipeline/storage/warehouse.py).
 
     ``deps`` maps each upstream asset to the partition whose data version is recorded: ``None``
-    for an unpartitioned asset, a partition key, or ``"*"`` for every partition.
+    for an unpartitioned asset, a partition key, a list of them, or ``"*"`` for every partition.
     """
 
-    def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource, deps: dict[str, str | None]):
+    def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource, deps: dict[str, str | list[str] | None]):
         self.context, self.duckdb, self.deps = context, duckdb, deps
         self.t0 = time.perf_counter()
         self.partition = context.partition_key if context.has_partition_key else None
@@ -122,6 +122,8 @@ class Recorder:
             for dep, part in self.deps.items():
                 if part == "*":
                     inputs.update({f"{dep}[{p}]": v for p, v in data_versions(con, dep).items()})
+                elif isinstance(part, list):
+                    inputs.update({f"{dep}[{p}]": latest_data_version(con, dep, p) for p in part})
                 else:
                     inputs[dep if part is None else f"{dep}[{part}]"] = latest_data_version(con, dep, part)
             write_lineage(
@@ -138,7 +140,8 @@ class Recorder:
                 wall_s=time.perf_counter() - self.t0,
             )
         meta = {f"rows/{k}": v for k, v in rows.items()}
-        meta["path"] = dg.MetadataValue.path(str(outputs[0]))
+        if outputs:  # none: a shard partition with no training documents
+            meta["path"] = dg.MetadataValue.path(str(outputs[0]))
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
         meta.update(metadata or {})
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version), check_results=check_results or None)

@@ -2,11 +2,15 @@
 
 
 import dagster as dg
+import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
-from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_versions, validate_shard
+from pipeline.config import StrataConfig
+from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_key, shard_versions, validate_shard
+from pipeline.distributed.text_shards import ShardDocs, manifest_shards
+from pipeline.storage.layout import Layout
 from pipeline.errors import StrataInputError
 from evals.paloma import write_paloma_layout
 from pipeline.storage.atomic import atomic_dir, write_parquet
@@ -34,11 +38,7 @@ def corpus_shards(context: dg.AssetExecutionContext, settings: StrataSettings, d
     again; an appended or edited shard is the only partition to run. ``corpus`` gathers the shards."""
     rec = Recorder(context, duckdb, {})
     cfg, layout = settings.config(), settings.layout()
-    versions = shard_versions(cfg.corpus)
-    if context.partition_key not in versions:
-        raise StrataInputError(f"shard partition {context.partition_key!r} is not in the corpus any more",
-                               path=str(cfg.corpus.path), fix="run `strata status` (it drops partitions of removed shards)")
-    unit, fp = versions[context.partition_key]
+    unit, fp = shard_of(context.partition_key, cfg)
     out, info, reused = validate_shard(unit, fp, cfg.corpus, cfg.heldout_fraction, cfg.seed, layout.shard_dir("corpus"),
                                        engine=cfg.engine, ray_cfg=cfg.ray)
     return rec.finish(
@@ -49,6 +49,33 @@ def corpus_shards(context: dg.AssetExecutionContext, settings: StrataSettings, d
     )
 
 
+def shard_of(partition_key: str, cfg: StrataConfig) -> tuple[str, str]:
+    """(raw shard, content fingerprint) of a ``corpus_shard`` partition."""
+    versions = shard_versions(cfg.corpus)
+    if partition_key not in versions:
+        raise StrataInputError(f"shard partition {partition_key!r} is not in the corpus any more",
+                               path=str(cfg.corpus.path), fix="run `strata status` (it drops partitions of removed shards)")
+    return versions[partition_key]
+
+
+def partition_docs(partition_key: str, cfg: StrataConfig, layout: Layout) -> ShardDocs:
+    """The training rows of a ``corpus_shard`` partition, for the per-shard stages (its validated
+    file, which ``corpus_shards`` wrote; validated here if missing)."""
+    unit, fp = shard_of(partition_key, cfg)
+    out, _, _ = validate_shard(unit, fp, cfg.corpus, cfg.heldout_fraction, cfg.seed, layout.shard_dir("corpus"),
+                               engine=cfg.engine, ray_cfg=cfg.ray)
+    return ShardDocs.of(unit, out)
+
+
+def gathered_shards(layout: Layout, rec: Recorder | None = None, *dep_assets: str) -> list[tuple[dict, ShardDocs]]:
+    """Every shard of the corpus ``corpus`` gathered (``corpus/shards.parquet``) with its training
+    rows; records each shard's partition of ``dep_assets`` as an input of ``rec``'s lineage row."""
+    shards = manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
+    for dep in dep_assets:
+        rec.deps[dep] = [shard_key(s.unit) for _, s in shards]
+    return shards
+
+
 CorpusParams = PARAM_CLASSES["corpus"]  # launchpad: this asset's parameters (assets/params.py)
 
 
@@ -57,18 +84,19 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
            config: CorpusParams) -> dg.MaterializeResult:
     """Read and validate every corpus shard as a stream of batches; split off a seeded held-out set.
 
-    Writes ``corpus.parquet`` (doc_id, id, text, source, subdomain, content_hash, shard) for
-    training, ``corpus/shards.parquet`` (one row per shard) and ``heldout/<source>/val/*.jsonl.gz``
+    Writes ``corpus.parquet`` (doc_id, id, text, source, subdomain, content_hash, shard,
+    shard_row) for training, ``corpus/shards.parquet`` (one row per shard) and ``heldout/<source>/val/*.jsonl.gz``
     (Paloma layout) for evaluation. It gathers the validated shards of ``corpus_shards`` (kept
     under ``corpus/shards/`` by content fingerprint) and validates any shard still missing, so an
     unchanged shard is not read again. With ``engine: ray`` the shards are read
     and validated as Ray tasks (workers need read access to the raw shards).
     """
-    rec = Recorder(context, duckdb, {"corpus_shards": "*"})
+    rec = Recorder(context, duckdb, {})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     built = build_corpus(cfg.corpus, cfg.seed, cfg.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=context.log.info,
                          engine=cfg.engine, ray_cfg=cfg.ray)
     write_parquet(built.manifest, layout.shards)
+    rec.deps["corpus_shards"] = [shard_key(u) for u in built.manifest["path"]]
     with atomic_dir(layout.heldout) as tmp:
         if built.heldout.height:
             write_paloma_layout(built.heldout, tmp)

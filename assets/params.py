@@ -23,16 +23,23 @@ from pipeline.config import StrataConfig, validation_error
 from pipeline.errors import StrataInputError
 
 RAW_CORPUS = dg.AssetKey("raw_corpus")
+RAW_SHARDS = dg.AssetKey("raw_shards")
+# Partitioned by corpus shard: each follows its own shard (corpus_shards[p] <- raw_shards[p]), not the whole corpus.
+SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
 # asset -> the StrataConfig keys its output depends on (beyond its upstream assets' data).
 # Left out on purpose: speed knobs (embed_batch_size) and keys that only name files of other assets.
 PARAMS: dict[str, tuple[str, ...]] = {
     "corpus_shards": ("heldout_fraction", "seed"),  # reading options and content: raw_shards' data version
     "corpus": ("corpus", "heldout_fraction", "seed"),
     "tokenizer": ("tokenizer", "vocab_size"),
+    "token_shards": (),
     "tokens": (),
-    "embeddings": ("embed_method", "embed_model", "embed_max_tokens"),
-    "clusters": ("k", "seed", "kmeans_iters", "pca_components", "kmeans_spherical", "kmeans_max_points_per_centroid",
-                 "keep_centroids"),
+    "embedding_shards": ("embed_method", "embed_model", "embed_max_tokens"),
+    "embeddings": (),
+    "centroids": ("k", "seed", "kmeans_iters", "pca_components", "kmeans_spherical", "kmeans_max_points_per_centroid",
+                  "keep_centroids"),
+    "cluster_shards": (),
+    "clusters": (),
     "sequences": ("seq_len", "packing", "seed"),
     "orderings": ("objective", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max",
                   "greedy_block", "batch_size", "seq_len", "seed"),
@@ -79,7 +86,9 @@ def with_config_versions(assets: list, cfg: StrataConfig) -> list:
     """The assets with code versions that cover their parameters and their upstream assets'
     parameters under ``cfg`` (so a change marks the whole affected subgraph stale, as Dagster
     compares code versions asset by asset), listed in the metadata ``parameters``; and with a
-    direct dependency on ``raw_corpus`` (so a corpus edit marks every asset built from it stale)."""
+    direct dependency on ``raw_corpus`` (so a corpus edit marks every whole-corpus asset built from
+    it stale), or for a per-shard asset on its own shard's ``raw_shards`` partition (Dagster does
+    not pass staleness down the graph by itself)."""
     keys = version_keys(assets)
 
     def version(spec: dg.AssetSpec) -> dg.AssetSpec:
@@ -88,8 +97,9 @@ def with_config_versions(assets: list, cfg: StrataConfig) -> list:
             return spec
         code = (spec.code_version or "0").split("+")[0]
         deps = list(spec.deps)
-        if RAW_CORPUS not in {d.asset_key for d in deps} and name != "corpus_shards":  # a shard follows its own source partition
-            deps.append(dg.AssetDep(RAW_CORPUS))
+        raw = RAW_SHARDS if name in SHARD_ASSETS else RAW_CORPUS
+        if raw not in {d.asset_key for d in deps}:
+            deps.append(dg.AssetDep(raw))
         return spec.replace_attributes(
             code_version=f"{code}+{params_hash(keys[name], cfg)}" if keys[name] else code,
             metadata={**spec.metadata, "parameters": ", ".join(keys[name]) or "none"},

@@ -15,7 +15,13 @@ import dagster as dg
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
-UPSTREAM = ["raw_corpus", "corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences"]
+# The graph before the strategies, in order: unpartitioned groups, and per-shard groups (tuples)
+# run once per corpus shard partition that is missing or stale.
+BEFORE_STRATEGIES: list[list[str] | tuple[str, ...]] = [
+    ("corpus_shards",), ["raw_corpus", "corpus", "tokenizer"], ("token_shards", "embedding_shards"),
+    ["tokens", "embeddings", "centroids"], ("cluster_shards",), ["clusters", "sequences"],
+]
+UPSTREAM = [a for group in BEFORE_STRATEGIES if isinstance(group, list) for a in group]
 PER_STRATEGY = ["orderings", "exports", "ordering_diagnostics"]
 PER_RUN = ["training_runs", "evaluations"]
 GATHER = ["diagnostics_report", "gradient_analyses", "ablation_report"]
@@ -91,8 +97,9 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
 
 def materialize_all(config_file: str | None = None, data_root: str | None = None, select: str | None = None,
                     log=print, log_level: str = "INFO", instance: dg.DagsterInstance | None = None) -> Path | None:
-    """Materialize the selected assets (all by default): the corpus shards that are new or changed,
-    upstream assets, each strategy partition,
+    """Materialize the selected assets (all by default): the whole-corpus assets, each corpus-shard
+    partition that is missing or stale (new or edited shards; all of them after a new tokenizer or
+    k-means model) between them, each strategy partition,
     each strategy x seed partition, then the gathering assets. Returns the path of ``report.md`` when
     ``ablation_report`` was among them."""
     from assets.common import sync_partitions
@@ -129,12 +136,15 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         if not result.success:
             raise RuntimeError(f"materialization failed: {label}")
 
-    if "corpus_shards" in chosen:  # new or edited shards only, one run per shard partition
-        from assets.status import shards_to_run
+    from assets.status import shards_to_run
 
-        for key in shards_to_run(defs, instance, cfg):
-            run(["corpus_shards"], key)
-    run(UPSTREAM)
+    for group in BEFORE_STRATEGIES:
+        if isinstance(group, list):
+            run(group)
+            continue
+        selection = [a for a in group if a in chosen]
+        for key in shards_to_run(defs, instance, cfg, selection) if selection else []:
+            run(selection, key)
     for s in cfg.strategies:
         run(PER_STRATEGY, s)
         for seed in cfg.seeds:

@@ -118,9 +118,11 @@ def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConf
     return rows
 
 
-def shards_to_run(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[str]:
-    """The ``corpus_shards`` partitions that are missing or stale (new or edited shards, changed
-    split options), after observing the corpus: what ``strata run`` materializes, one run each."""
+def shards_to_run(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig, assets: list[str]) -> list[str]:
+    """The corpus-shard partitions in which any of ``assets`` (per-shard assets) is missing or stale
+    (a new or edited shard, changed split options, a new tokenizer or k-means model), after
+    observing the corpus: what ``strata run`` materializes, one run each."""
     observe_corpus(instance, cfg)
-    res, key = resolver(defs, instance), dg.AssetKey("corpus_shards")
-    return [p for p in _partitions("corpus_shards", SHARD_PARTITIONS, cfg) if res.get_status(key, p) != StaleStatus.FRESH]
+    res = resolver(defs, instance)
+    keys = [dg.AssetKey(a) for a in assets]
+    return [p for p in _partitions("corpus_shards", SHARD_PARTITIONS, cfg) if any(res.get_status(k, p) != StaleStatus.FRESH for k in keys)]

@@ -13,7 +13,7 @@ from helpers import demo_slice
 from pipeline.config import RayConfig
 from pipeline.data.tokenizer import load_tokenizer, train_bpe
 from pipeline.data.tokens import tokenize_documents
-from pipeline.distributed.text_shards import load_unit, map_corpus_shards, read_docs, tokenize_unit
+from pipeline.distributed.text_shards import ShardDocs, load_unit, map_corpus_shards, read_shard_docs, tokenize_unit
 from pipeline.represent.embeddings import default_model_path, embed, same_tokenizer, shallow_from_ids
 from pipeline.storage.fingerprints import tokenizer_fingerprint
 
@@ -56,46 +56,54 @@ def test_fingerprints_change_with_what_produced_them(texts, tokenizer):
     assert tokenizer_fingerprint(train_bpe(texts, 300)) == tokenizer_fingerprint(tokenizer)
 
 
-def _corpus(tmp_path, texts) -> tuple:
-    path = tmp_path / "corpus.parquet"
-    pl.DataFrame({"doc_id": range(len(texts)), "text": texts}).write_parquet(path, row_group_size=16)
-    manifest = [{"path": f"s{i}", "doc_start": a, "n_docs": b - a, "docs_digest": f"{i:032x}"}
-                for i, (a, b) in enumerate([(0, 25), (25, 25), (25, 60)])]  # shard 1 is empty
-    return path, manifest
+def _shards(tmp_path, texts) -> list[ShardDocs]:
+    """Three validated shards (row groups of 16): 25 documents, none (all held out), then 35 with
+    5 held-out rows between them (skipped by the per-shard stages)."""
+    parts = [(texts[:25], [False] * 25), (texts[25:30], [True] * 5), (texts[25:60], [True] * 0)]
+    held = ["held out " + t for t in texts[:5]]
+    parts[2] = (texts[25:40] + held + texts[40:60], [False] * 15 + [True] * 5 + [False] * 20)
+    out = []
+    for i, (txt, ho) in enumerate(parts):
+        path = tmp_path / f"v{i}.parquet"
+        pl.DataFrame({"text": txt, "heldout": ho}).write_parquet(path, row_group_size=16)
+        out.append(ShardDocs.of(f"s{i}", path))
+    return out
 
 
 def test_map_corpus_shards_reuses_shards_and_resumes_units(tmp_path, texts, tokenizer):
-    path, manifest = _corpus(tmp_path, texts)
-    np.testing.assert_array_equal(read_docs(path, 10, 41)["text"].to_list(), texts[10:41])
+    shards = _shards(tmp_path, texts)
+    assert [s.n_docs for s in shards] == [25, 0, 35]
+    assert read_shard_docs(shards[2], 10, 21)["text"].to_list() == texts[35:46]  # the held-out rows between are skipped
     cfg = SimpleNamespace(shard_docs=7, engine="local", ray=RayConfig())
     args = (tokenizer.backend_tokenizer.to_str(), tokenizer.eos_token_id, "<u2")
     out, calls = tmp_path / "out", []
 
-    def unit_args(a, b):
-        calls.append((a, b))
-        return (*args, read_docs(path, a, b)["text"].to_list())
+    def unit_args(shard, a, b):
+        calls.append((shard.unit, a, b))
+        return (*args, read_shard_docs(shard, a, b)["text"].to_list())
 
     def assemble(shard, files):
-        np.save(out / f"{shard['docs_digest']}.npy", np.concatenate([load_unit(f)[0] for f in files]))
+        np.save(out / f"{shard.name}.npy", np.concatenate([load_unit(f)[0] for f in files]))
 
     def run():
-        return map_corpus_shards(manifest, tokenize_unit, unit_args, assemble, lambda s: (out / f"{s['docs_digest']}.npy").is_file(),
+        return map_corpus_shards(shards, tokenize_unit, unit_args, assemble, lambda s: (out / f"{s.name}.npy").is_file(),
                                  stage="tokens", key="k", work_dir=tmp_path / "work", cfg=cfg)
 
     out.mkdir()
     assert run() == {"shards": 3, "shards_computed": 2, "shards_reused": 1, "units": 9, "units_resumed": 0}
-    assert calls == [(0, 7), (7, 14), (14, 21), (21, 25), (25, 32), (32, 39), (39, 46), (46, 53), (53, 60)]
+    assert calls == [("s0", 0, 7), ("s0", 7, 14), ("s0", 14, 21), ("s0", 21, 25)] + [("s2", a, min(a + 7, 35)) for a in range(0, 35, 7)]
     whole, _ = tokenize_documents(tokenizer, texts, progress=False)
-    got = np.concatenate([np.load(out / f"{s['docs_digest']}.npy") for s in (manifest[0], manifest[2])])
+    got = np.concatenate([np.load(out / f"{s.name}.npy") for s in (shards[0], shards[2])])
     np.testing.assert_array_equal(got, whole)
     assert not list((tmp_path / "work").iterdir())  # unit files are removed once their shard is assembled
 
     calls.clear()
     assert run()["shards_computed"] == 0 and calls == []  # everything reused
-    (out / f"{manifest[2]['docs_digest']}.npy").unlink()  # as if a run died after 2 units of shard 2
-    for a, b in ((25, 32), (32, 39)):
-        np.savez(tmp_path / "work" / f"tokens-{manifest[2]['docs_digest']}-k-{a - 25}.npz", *tokenize_unit(*unit_args(a, b)))
+    last = out / f"{shards[2].name}.npy"
+    last.unlink()  # as if a run died after 2 units of shard 2
+    for a, b in ((0, 7), (7, 14)):
+        np.savez(tmp_path / "work" / f"tokens-{shards[2].name}-k-{a}.npz", *tokenize_unit(*unit_args(shards[2], a, b)))
     calls.clear()
     assert run() == {"shards": 3, "shards_computed": 1, "shards_reused": 2, "units": 5, "units_resumed": 2}
-    assert calls == [(39, 46), (46, 53), (53, 60)]
-    np.testing.assert_array_equal(np.load(out / f"{manifest[2]['docs_digest']}.npy"), whole[got.size - np.load(out / f"{manifest[2]['docs_digest']}.npy").size :])
+    assert calls == [("s2", 14, 21), ("s2", 21, 28), ("s2", 28, 35)]
+    np.testing.assert_array_equal(np.load(last), whole[got.size - np.load(last).size :])

@@ -467,9 +467,10 @@ def test_lineage_of_a_real_run(reference_run):
     with duckdb.connect(str(root / "strata.duckdb"), read_only=True) as con:
         tree = lineage_of(con, "training_runs", "0|random")
     summary = upstream_summary(tree)
-    assert {"corpus", "tokens", "embeddings", "clusters", "sequences", "orderings[random]"} <= set(summary)
+    assert {"corpus", "tokens", "embeddings", "centroids", "clusters", "sequences", "orderings[random]"} <= set(summary)
+    assert any(k.startswith("token_shards[") for k in summary) and any(k.startswith("cluster_shards[") for k in summary), summary
     assert not any(v.get("missing") for v in summary.values()), summary
-    assert summary["clusters"]["parameters"]["k"] == 4
+    assert summary["centroids"]["parameters"]["k"] == 4
 
 
 # -- security -------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""The asset graph on a sharded corpus: appending or editing a shard recomputes only that shard's
-corpus, tokens and embeddings (read from the Dagster instance's materialization events); an append
-keeps the centroids and assigns only the new shard, an edit retrains them; every token is
-conserved across shards (the blocking checks pass in every run)."""
+"""The asset graph on a sharded corpus: appending or editing a shard runs only that shard's
+partitions of corpus_shards, token_shards and embedding_shards (read from the Dagster instance's
+materialization events); an append keeps the centroids and runs only the new cluster_shards
+partition, an edit retrains them and reassigns every shard; documents the corpus drops (a
+duplicate id in another shard) are left out of the gathered stores; every token is conserved
+across shards (the blocking checks pass in every run)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import yaml
 from helpers import demo_slice
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens, tokenize_documents
+from pipeline.distributed.text_shards import kept_rows, manifest_shards
+from pipeline.represent.clusters import assign_unit, load_model
 from pipeline.represent.embeddings import default_model_path, embed
 from pipeline.storage.layout import Layout
 
@@ -31,11 +35,18 @@ def _materialize(cfg_path, cwd) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-def _shards_run(instance: dg.DagsterInstance, after: int) -> tuple[list[str], int]:
-    """The corpus_shards partitions materialized since event ``after``, and the newest event id."""
-    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("corpus_shards"), after_storage_id=after),
-                                              limit=100).records
-    return sorted(r.partition_key for r in records), max([after] + [r.storage_id for r in records])
+SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
+
+
+def _shards_run(instance: dg.DagsterInstance, after: int) -> tuple[dict[str, list[str]], int]:
+    """The partitions (file names) of each per-shard asset materialized since event ``after``, and the newest event id."""
+    ran, mark = {}, after
+    for asset in SHARD_ASSETS:
+        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), after_storage_id=after),
+                                                  limit=100).records
+        ran[asset] = sorted(r.partition_key.split("@")[0] for r in records)
+        mark = max([mark] + [r.storage_id for r in records])
+    return ran, mark
 
 
 def _latest(instance: dg.DagsterInstance, asset: str) -> dict:
@@ -53,35 +64,37 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     shards.mkdir()
     for i in range(3):
         _write_shard(shards / f"part-{i}.parquet", recs[i * 50 : (i + 1) * 50])
-    cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(shards), "source_field": "domain"},
+    dup = {**recs[0], "text": "A different text under an id the first shard already has. " + recs[120]["text"]}
+    _write_shard(shards / "part-2.parquet", recs[100:125] + [dup] + recs[125:150])  # dropped by `corpus` (on_error: skip)
+    cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(shards), "source_field": "domain", "on_error": "skip"},
            "tokenizer": default_model_path(), "embed_method": "shallow", "embed_max_tokens": 32,
            "k": 4, "seq_len": 128, "heldout_fraction": 0.05, "strategies": ["random"]}
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     root = request.config.rootpath
     layout = Layout(tmp_path / "root")
+    names = [f"part-{i}.parquet" for i in range(4)]
 
     _materialize(cfg_path, root)
     instance = dg.DagsterInstance.from_config(str(layout.root / "dagster"))
     keys = sorted(instance.get_dynamic_partitions("corpus_shard"))
-    assert [k.split("@")[0] for k in keys] == [f"part-{i}.parquet" for i in range(3)]
+    assert [k.split("@")[0] for k in keys] == names[:3]
     ran, mark = _shards_run(instance, 0)
-    assert ran == keys
-    assert _latest(instance, "tokens")["shards_computed"] == 3
-    assert _latest(instance, "embeddings")["from_token_store"] is True
-    assert _latest(instance, "clusters")["centroids"] == "trained"
+    assert ran == {a: names[:3] for a in SHARD_ASSETS}  # every stage of every shard ran as its own partition
+    assert _latest(instance, "tokens")["shards_computed"] == 0  # the gathers found every shard's files
+    assert _latest(instance, "embedding_shards")["from_token_store"] is True
+    assert _latest(instance, "centroids")["centroids"] == "trained"
+    assert _latest(instance, "corpus")["rows/skipped"] == 1
     first_centroids = np.load(layout.centroids)
 
     _write_shard(shards / "part-3.parquet", recs[150:])  # append a fourth shard
     _materialize(cfg_path, root)
     ran, mark = _shards_run(instance, mark)
-    assert [k.split("@")[0] for k in ran] == ["part-3.parquet"]  # only the new shard's partition ran
-    assert (_latest(instance, "corpus")["shards_validated"], _latest(instance, "corpus")["shards_reused"]) == (0, 4)  # the partition did it
-    for asset in ("tokens", "embeddings"):
+    assert ran == {a: ["part-3.parquet"] for a in SHARD_ASSETS}, ran  # only the new shard's partitions ran; centroids kept
+    assert _latest(instance, "centroids")["centroids"] == "kept"
+    for asset in ("corpus", "tokens", "embeddings"):
         meta = _latest(instance, asset)
-        assert (meta["shards_computed"], meta["shards_reused"]) == (1, 3), (asset, meta)
-    meta = _latest(instance, "clusters")  # appended only: centroids kept, only the new shard assigned
-    assert (meta["centroids"], meta["assign_shards_computed"], meta["assign_shards_reused"]) == ("kept", 1, 3), meta
+        assert meta.get("shards_validated", meta.get("shards_computed")) == 0, (asset, meta)
     np.testing.assert_array_equal(np.load(layout.centroids), first_centroids)
 
     edited = recs[50:100]
@@ -89,14 +102,15 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     _write_shard(shards / "part-1.parquet", edited)  # edit shard 2
     _materialize(cfg_path, root)
     ran, mark = _shards_run(instance, mark)
-    assert [k.split("@")[0] for k in ran] == ["part-1.parquet"]
-    for asset in ("tokens", "embeddings"):
-        assert (_latest(instance, asset)["shards_computed"], _latest(instance, asset)["shards_reused"]) == (1, 3), asset
-    meta = _latest(instance, "clusters")  # a shard it was trained on changed: retrained, everything reassigned
-    assert (meta["centroids"], meta["assign_shards_computed"]) == ("trained", 4), meta
+    assert {a: ran[a] for a in SHARD_ASSETS[:3]} == {a: ["part-1.parquet"] for a in SHARD_ASSETS[:3]}, ran
+    assert _latest(instance, "centroids")["centroids"] == "trained"  # a shard it was trained on changed: retrained
+    assert ran["cluster_shards"] == names, ran  # a new model: every shard reassigned
 
-    # The reused + recomputed store equals tokenizing and embedding the final corpus from scratch.
+    # The reused + recomputed stores equal tokenizing and embedding the final corpus from scratch.
     texts = pl.read_parquet(layout.corpus)["text"].to_list()
+    assert dup["text"] not in texts
+    dropped = [kept_rows(layout.corpus, row, shard) is not None for row, shard in manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))]
+    assert dropped == [False, False, True, False]  # the gathers took part-2's kept rows only
     flat, off = tokenize_documents(load_tokenizer(default_model_path()), texts, progress=False)
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     np.testing.assert_array_equal(np.asarray(tokens), flat)
@@ -106,4 +120,8 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     assert manifest.height == 4 and manifest["n_docs"].sum() == len(texts)
     docs = pl.read_parquet(layout.documents)
     assert docs["doc_id"].to_list() == list(range(len(texts)))
+    np.testing.assert_array_equal(docs["n_tokens"].to_numpy(), np.diff(off) - 1)
+    cents, transform, _ = load_model(layout.inside("clusters", "model"))
+    assign = assign_unit(cents, transform.pca, transform.spherical, np.load(layout.embeddings))
+    np.testing.assert_array_equal(pl.read_parquet(layout.clusters)["cluster"].to_numpy(), assign)
     assert _latest(instance, "sequences")["rows/sequences"] > 0  # token_conservation passed in every run (SCRIPT)

@@ -18,15 +18,16 @@ from helpers import demo_slice
 
 pytestmark = pytest.mark.integration
 
-ALL = {"corpus_shards", "corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings", "exports", "ordering_diagnostics",
+ALL = {"corpus_shards", "corpus", "tokenizer", "token_shards", "tokens", "embedding_shards", "embeddings", "centroids", "cluster_shards",
+       "clusters", "sequences", "orderings", "exports", "ordering_diagnostics",
        "diagnostics_report", "training_runs", "gradient_analyses", "evaluations", "ablation_report"}
 AFTER_ORDERINGS = {"orderings", "exports", "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses",
                    "evaluations", "ablation_report"}
 TRAINING = {"training_runs", "gradient_analyses", "evaluations", "ablation_report"}
 EXPECTED = {
-    "k": (8, {"clusters", "sequences"} | AFTER_ORDERINGS),
+    "k": (8, {"centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
     "seq_len": (48, {"sequences"} | AFTER_ORDERINGS),
-    "embed_method": ("sentence", {"embeddings", "clusters", "sequences"} | AFTER_ORDERINGS),
+    "embed_method": ("sentence", {"embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
     "lam": (0.5, AFTER_ORDERINGS),
     "model_preset": ("small", TRAINING),
 }
@@ -109,32 +110,33 @@ def _materialize(instance, cfg: dict, tmp, name: str, selection: list[str], run_
 
 def test_config_edited_after_loading_stops_with_the_fix(graph):
     instance, cfg, tmp = graph
-    _, path, run = _materialize(instance, {**cfg, "k": 8}, tmp, "loaded.yaml", ["clusters"])
+    _, path, run = _materialize(instance, {**cfg, "k": 8}, tmp, "loaded.yaml", ["centroids"])
     path.write_text(yaml.safe_dump({**cfg, "k": 5}))  # edited after the definitions were built
     result = run()
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
     message = str(failure.step_failure_data.error)
-    assert "configuration of `clusters` changed since the Dagster definitions were loaded" in message and "Reload" in message
+    assert "configuration of `centroids` changed since the Dagster definitions were loaded" in message and "Reload" in message
 
 
 def test_launchpad_override_is_applied_and_recorded(graph):
-    """Last in this module: it rematerializes clusters with k=5 from the launchpad."""
+    """Last in this module: it rematerializes centroids (and clusters) with k=5 from the launchpad."""
     import numpy as np
 
     from pipeline.storage.layout import Layout
 
     instance, cfg, tmp = graph
-    _, _, run = _materialize(instance, cfg, tmp, "same.yaml", ["clusters"], {"ops": {"clusters": {"config": {"k": 5}}}})
+    _, _, run = _materialize(instance, cfg, tmp, "same.yaml", ["centroids", "clusters"], {"ops": {"centroids": {"config": {"k": 5}}}})
     result = run()
     assert result.success
     assert np.load(Layout(tmp / "root").centroids).shape[0] == 5
-    meta = result.asset_materializations_for_node("clusters")[0].metadata
+    meta = result.asset_materializations_for_node("centroids")[0].metadata
     assert meta["launchpad_overrides"].value == {"k": 5} and meta["parameter_values"].value["k"] == 5
     stale, _, rows = _stale(instance, cfg, tmp)
-    # clusters' code version still describes the file (k=4): Dagster calls it fresh and status names
-    # the override; its new data makes everything reading clusters stale (Dagster's data versions).
+    # centroids' code version still describes the file (k=4): Dagster calls it fresh and status names
+    # the override; its new data makes everything reading it stale (Dagster's data versions).
     why = {r.asset: (r.status, r.why) for r in rows}
-    assert why["clusters"] == ("fresh", "built with launchpad overrides: k: 5 -> 4"), rows
-    assert stale == {"sequences", "diagnostics_report"}, rows
+    assert why["centroids"] == ("fresh", "built with launchpad overrides: k: 5 -> 4"), rows
+    assert stale == {"cluster_shards", "sequences", "diagnostics_report"}, rows
+    assert "centroids: has a new data version" in why["cluster_shards"][1]
     assert "clusters: has a new data version" in why["sequences"][1]

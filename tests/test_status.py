@@ -67,7 +67,7 @@ def test_launchpad_classes_are_the_config_fields():
         assert issubclass(cls, dg.Config)
         assert set(cls.model_fields) == set(PARAMS[asset]) - SHARED
         assert set(cls.model_fields) <= set(StrataConfig.model_fields)
-    assert PARAM_CLASSES["clusters"](k=5).k == 5 and PARAM_CLASSES["orderings"](lam=0.5).lam == 0.5
+    assert PARAM_CLASSES["centroids"](k=5).k == 5 and PARAM_CLASSES["orderings"](lam=0.5).lam == 0.5
     assert PARAM_CLASSES["training_runs"](model_preset="small").model_preset == "small"
 
 
@@ -84,7 +84,7 @@ def test_status_of_a_fresh_root_lists_every_partition_missing(tmp_path):
     assert {r["status"] for r in rows} == {"missing"}
     parts = {(r["asset"], r["partition"]) for r in rows}
     assert ("orderings", "greedy") in parts and ("training_runs", "1|random") in parts and ("corpus", None) in parts
-    # 9 unpartitioned assets, 1 per corpus shard, 3 per strategy, 2 per strategy x seed; the mixture stage is off by default
-    assert len(rows) == 9 + 1 + 3 * 2 + 2 * 4
+    # 10 unpartitioned assets, 4 per corpus shard, 3 per strategy, 2 per strategy x seed; the mixture stage is off by default
+    assert len(rows) == 10 + 4 + 3 * 2 + 2 * 4
     assert [r["partition"].split("@")[0] for r in rows if r["asset"] == "corpus_shards"] == ["c.jsonl"]
     assert not any(r["asset"].startswith("mixture") for r in rows)

@@ -236,7 +236,7 @@ SHARD_FILE_COLUMNS = ["id", "text", "source", "subdomain", "line", "content_hash
 MANIFEST_SCHEMA = {
     "shard": pl.Int32, "path": pl.String, "fingerprint": pl.String, "n_read": pl.Int64, "n_skipped": pl.Int64,
     "n_heldout": pl.Int64, "n_docs": pl.Int64, "doc_start": pl.Int64, "row_group_start": pl.Int32,
-    "row_group_end": pl.Int32, "n_chars": pl.Int64, "docs_digest": pl.String,
+    "row_group_end": pl.Int32, "n_chars": pl.Int64, "docs_digest": pl.String, "validated": pl.String,
 }
 
 
@@ -309,7 +309,10 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                  batch_rows: int = BATCH_ROWS, log=None, engine: str = "local", ray_cfg=None) -> CorpusBuild:
     """Validate every shard (reusing unchanged ones; on Ray workers with ``engine="ray"``) and
     stream the training documents into ``corpus_path`` (``doc_id, id, text, source, subdomain,
-    content_hash, shard``)."""
+    content_hash, shard, shard_row``). ``shard_row`` is the document's index among its validated
+    shard's training rows (``heldout`` false), the rows the per-shard stages compute; the manifest's
+    ``validated`` names that file. They differ from ``corpus.parquet``'s rows only where the global
+    steps (ids unique across shards, ``max_docs``) dropped documents."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -368,17 +371,20 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
             at += idx.size
 
     schema = pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
-                        ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32())])
+                        ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32()),
+                        ("shard_row", pa.int64())])
     rows, held, stats = [], [], []
     doc_id, rg = 0, 0
     with atomic_path(corpus_path) as tmp:
         with pq.ParquetWriter(tmp, schema, compression="zstd", write_statistics=False) as writer:
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
-                start, rg_start, n_chars, n_held, row = doc_id, rg, 0, 0, 0
+                start, rg_start, n_chars, n_held, row, train_row = doc_id, rg, 0, 0, 0, 0
                 for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows):
                     df = pl.from_arrow(batch)
                     assert isinstance(df, pl.DataFrame)
+                    df = df.with_columns(shard_row=(~pl.col("heldout")).cast(pl.Int64).cum_sum() - 1 + train_row)
+                    train_row += int((~df["heldout"]).sum())
                     df = df.filter(pl.Series(valid[u][row : row + df.height]))
                     row += batch.num_rows
                     ho = df.filter(pl.col("heldout"))
@@ -393,7 +399,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                     digest.update("\n".join(train["content_hash"].to_list()).encode() + b"\n")
                     out = train.select(
                         doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", text="text", source="source",
-                        subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32),
+                        subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32), shard_row="shard_row",
                     )
                     writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)
                     doc_id += train.height
@@ -402,7 +408,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                 rows.append({"shard": u, "path": units[u], "fingerprint": fps[units[u]], "n_read": info["n_read"],
                              "n_skipped": report.skipped_by_shard[units[u]], "n_heldout": n_held, "n_docs": doc_id - start,
                              "doc_start": start, "row_group_start": rg_start, "row_group_end": rg, "n_chars": n_chars,
-                             "docs_digest": digest.hexdigest()[:32]})
+                             "docs_digest": digest.hexdigest()[:32], "validated": f.name})
     if doc_id == 0:
         raise StrataInputError("the corpus has no training documents left after the held-out split", path=report.path,
                                fix="add documents or lower heldout_fraction")

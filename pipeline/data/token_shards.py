@@ -1,0 +1,105 @@
+"""Token ids per corpus shard (the ``token_shards`` partitions) and the store gathered from them.
+
+Each validated shard's training rows are tokenized on their own into
+``tokens/shards/<validated>-<tokenizer>.bin`` (the flat ids, EOS after each document) and ``.parquet``
+(per-document ``n_tokens``, ``n_chars``, ``n_bytes``), in work units of ``shard_docs`` documents on
+the configured engine (:mod:`pipeline.distributed.text_shards`). :func:`gather_tokens` writes the
+whole-corpus store of :mod:`pipeline.data.tokens` from them in ``corpus.parquet`` order: a shard's
+file is copied as it is, or only its kept documents where the global corpus steps dropped some.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from pipeline.data.tokens import token_dtype
+from pipeline.distributed.text_shards import ShardDocs, kept_rows, load_unit, map_corpus_shards, read_docs, read_shard_docs, tokenize_unit
+from pipeline.storage.atomic import atomic_path, write_npy, write_parquet
+from pipeline.storage.fingerprints import fingerprint_digest, tokenizer_fingerprint
+
+TOKEN_STATS = {"n_tokens": pl.Int64, "n_chars": pl.Int64, "n_bytes": pl.Int64}
+
+
+def tokenizer_key(tok) -> str:
+    """What names a tokenizer's shard files: a digest of its fingerprint."""
+    return fingerprint_digest(tokenizer_fingerprint(tok))
+
+
+def token_files(shard_dir: Path, shard: ShardDocs, key: str) -> tuple[Path, Path]:
+    """A shard's ``.bin`` (ids) and ``.parquet`` (per-document counts) under ``shard_dir``."""
+    return shard_dir / f"{shard.name}-{key}.bin", shard_dir / f"{shard.name}-{key}.parquet"
+
+
+def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Path, cfg) -> dict[str, int]:
+    """Tokenize every shard whose files are missing (:func:`map_corpus_shards`'s counts)."""
+    key, dtype = tokenizer_key(tok), token_dtype(len(tok))
+    args = (tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.str)
+    shard_dir.mkdir(parents=True, exist_ok=True)
+
+    def assemble(shard: ShardDocs, unit_files: list[Path]) -> None:
+        out_bin, out_stats = token_files(shard_dir, shard, key)
+        stats = []
+        with atomic_path(out_bin) as tmp, open(tmp, "wb") as fh:
+            for f in unit_files:
+                flat, n_tokens, n_chars, n_bytes = load_unit(f)
+                fh.write(flat.tobytes())
+                stats.append(pl.DataFrame({"n_tokens": n_tokens, "n_chars": n_chars, "n_bytes": n_bytes}, schema=TOKEN_STATS))
+        write_parquet(pl.concat(stats), out_stats)
+
+    return map_corpus_shards(
+        shards, tokenize_unit, lambda s, a, b: (*args, read_shard_docs(s, a, b)["text"].to_list()), assemble,
+        lambda s: all(f.is_file() for f in token_files(shard_dir, s, key)), stage="tokens", key=key, work_dir=work_dir, cfg=cfg,
+    )
+
+
+def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtype, shard_dir: Path, corpus_path: Path,
+                  tokens_path: Path, offsets_path: Path, documents_path: Path, chunk_docs: int = 1 << 16) -> np.ndarray:
+    """Write ``tokens.bin``, ``doc_offsets.npy`` and ``documents.parquet`` (the corpus columns
+    without text, plus token/char/byte counts) from the shards' files; returns ``n_tokens`` per
+    document. Memory: one shard's counts and ``chunk_docs`` documents' ids."""
+    counts = []
+    cols = ["doc_id", "id", "source", "subdomain", "content_hash"]
+    with atomic_path(tokens_path) as tmp, open(tmp, "wb") as out, atomic_path(documents_path) as tmp_docs:
+        writer = None
+        try:
+            for row, shard in shards:
+                if not int(row["n_docs"]):
+                    continue
+                bin_path, stats_path = token_files(shard_dir, shard, key)
+                stats = pl.read_parquet(stats_path)
+                rows = kept_rows(corpus_path, row, shard)
+                if rows is None:
+                    with open(bin_path, "rb") as src:
+                        while block := src.read(1 << 24):
+                            out.write(block)
+                else:
+                    n_all = stats["n_tokens"].to_numpy()
+                    starts = np.concatenate([[0], np.cumsum(n_all + 1)])
+                    store = np.memmap(bin_path, dtype=dtype, mode="r")
+                    for a in range(0, rows.size, chunk_docs):
+                        r = rows[a : a + chunk_docs]
+                        lens = n_all[r] + 1
+                        first = np.repeat(starts[r] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+                        out.write(np.asarray(store[first + np.arange(first.size)]).tobytes())
+                    stats = stats[rows]
+                counts.append(stats["n_tokens"].to_numpy())
+                lo = int(row["doc_start"])
+                table = read_docs(corpus_path, lo, lo + int(row["n_docs"]), cols).with_columns(
+                    stats.select(["n_chars", "n_bytes", "n_tokens"])).to_arrow()
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp_docs, table.schema, compression="zstd", write_statistics=False)
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
+    n_tokens = np.concatenate(counts)
+    offsets = np.zeros(n_tokens.size + 1, dtype=np.int64)
+    np.cumsum(n_tokens + 1, out=offsets[1:])
+    write_npy(offsets, offsets_path)
+    if tokens_path.stat().st_size != int(offsets[-1]) * dtype.itemsize:
+        raise RuntimeError(f"{tokens_path}: size does not match {int(offsets[-1])} tokens; delete {shard_dir} and rerun")
+    return n_tokens

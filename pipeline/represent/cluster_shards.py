@@ -1,0 +1,38 @@
+"""Cluster assignment per corpus shard (the ``cluster_shards`` partitions).
+
+The k-means model (``clusters/model/``, trained on a sample of the gathered embeddings and kept
+across appends, :mod:`pipeline.represent.clusters`) assigns each shard's embedding rows on their
+own into ``clusters/shards/<validated>-<model>.npy`` (int32), in work units of ``shard_docs`` rows on
+the configured engine. The file is named by the model's key, so a kept model never reassigns an
+old shard and a retrained one reassigns them all. The ``clusters`` asset gathers the shards' rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.distributed.text_shards import ShardDocs, load_unit, map_corpus_shards
+from pipeline.represent.clusters import Transform, assign_unit
+from pipeline.storage.atomic import write_npy
+
+
+def assignment_file(shard_dir: Path, shard: ShardDocs, model_key: str) -> Path:
+    return shard_dir / f"{shard.name}-{model_key}.npy"
+
+
+def assign_shards(shards: list[ShardDocs], centroids: np.ndarray, transform: Transform, model_key: str,
+                  embedding_file, shard_dir: Path, work_dir: Path, cfg) -> dict[str, int]:
+    """Assign every shard whose file is missing; ``embedding_file(shard)`` is its embeddings' ``.npy``."""
+    shard_dir.mkdir(parents=True, exist_ok=True)
+
+    def unit_args(shard: ShardDocs, a: int, b: int) -> tuple:
+        rows = np.load(embedding_file(shard), mmap_mode="r")
+        return (centroids, transform.pca, transform.spherical, np.asarray(rows[a:b]))
+
+    return map_corpus_shards(
+        shards, assign_unit, unit_args,
+        lambda shard, files: write_npy(np.concatenate([load_unit(f)[0] for f in files]), assignment_file(shard_dir, shard, model_key)),
+        lambda s: assignment_file(shard_dir, s, model_key).is_file(), stage="clusters", key=model_key, work_dir=work_dir, cfg=cfg,
+    )

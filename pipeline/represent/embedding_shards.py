@@ -1,0 +1,72 @@
+"""Embeddings per corpus shard (the ``embedding_shards`` partitions).
+
+Each validated shard's training rows are embedded on their own into
+``embeddings/shards/<validated>-<model>.npy`` (float32, unit-norm rows), in work units of
+``shard_docs`` documents on the configured engine: in this process, or on Ray model actors. With
+``shallow`` embeddings and the pipeline's tokenizer equal to the model's, a unit's ids are read
+from the shard's token files (:mod:`pipeline.data.token_shards`) instead of tokenizing again.
+The ``embeddings`` asset gathers the shards' rows (:func:`pipeline.distributed.text_shards.gather_rows`).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from pipeline.data.tokens import token_dtype_of
+from pipeline.distributed.text_shards import ShardDocs, embed_unit, embed_unit_from_ids, load_unit, map_corpus_shards, read_shard_docs
+from pipeline.represent.embeddings import IMPLEMENTATION
+from pipeline.storage.atomic import write_rows
+from pipeline.storage.fingerprints import embedding_fingerprint, fingerprint_digest
+
+
+def embedding_key(model: str, max_tokens: int, method: str) -> str:
+    """What names a shard's embeddings: the model's files, ``embed_method``, ``embed_max_tokens``."""
+    return fingerprint_digest(embedding_fingerprint(model, max_tokens, method=method, implementation=IMPLEMENTATION))
+
+
+def embedding_file(shard_dir: Path, shard: ShardDocs, key: str) -> Path:
+    return shard_dir / f"{shard.name}-{key}.npy"
+
+
+def embed_shards(shards: list[ShardDocs], cfg, model: str, shard_dir: Path, work_dir: Path,
+                 token_files=None) -> dict[str, int]:
+    """Embed every shard whose file is missing (:func:`map_corpus_shards`'s counts plus
+    ``from_token_store``). ``token_files(shard)`` gives a shard's token ``(.bin, .parquet)`` when
+    ``shallow`` may read the token store (the pipeline's tokenizer is the model's), else None."""
+    key = embedding_key(model, cfg.embed_max_tokens, cfg.embed_method)
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    from_store = cfg.embed_method == "shallow" and token_files is not None and all(
+        all(f.is_file() for f in token_files(s)) for s in shards)
+
+    def assemble(shard: ShardDocs, unit_files: list[Path]) -> None:
+        write_rows((load_unit(f)[0] for f in unit_files), shard.n_docs, embedding_file(shard_dir, shard, key))
+
+    if from_store:
+        @functools.lru_cache(maxsize=1)  # units come shard by shard: read each shard's counts once
+        def shard_store(shard: ShardDocs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            bin_path, stats_path = token_files(shard)
+            n_all = pl.read_parquet(stats_path, columns=["n_tokens"])["n_tokens"].to_numpy()
+            offsets = np.concatenate([[0], np.cumsum(n_all + 1)])
+            return np.memmap(bin_path, dtype=token_dtype_of(bin_path, offsets), mode="r"), offsets, n_all
+
+        def unit_args(shard: ShardDocs, a: int, b: int) -> tuple:
+            store, offsets, n_all = shard_store(shard)
+            keep = np.minimum(n_all[a:b], cfg.embed_max_tokens) if cfg.embed_max_tokens > 0 else n_all[a:b]
+            ids = np.concatenate([store[o : o + k] for o, k in zip(offsets[a:b], keep)])
+            return (model, cfg.embed_max_tokens, ids, keep)
+
+        fn = embed_unit_from_ids
+    else:
+        args = (cfg.embed_method, cfg.embed_model, cfg.embed_max_tokens, cfg.embed_batch_size, False)
+
+        def unit_args(shard: ShardDocs, a: int, b: int) -> tuple:
+            return (*args, read_shard_docs(shard, a, b)["text"].to_list())
+
+        fn = embed_unit
+    run = map_corpus_shards(shards, fn, unit_args, assemble, lambda s: embedding_file(shard_dir, s, key).is_file(), stage="embeddings",
+                            key=key, work_dir=work_dir, cfg=cfg, actors=not from_store)
+    return {**run, "from_token_store": bool(from_store)}
