@@ -6,7 +6,8 @@ domain per document drawn from a skewed mix (weights 0.35, 0.2, 0.14, ... over t
 with log-normal lengths in characters (median 450, sigma 1; about 180 BPE tokens a document).
 The graph then runs through ``orderings`` and ``ordering_diagnostics`` (no training) with shallow
 embeddings, k = 1000 and seq_len 2048, one stage at a time, each stage (each strategy partition of
-the partitioned ones) in a child process of its own, as Dagster's multiprocess executor runs
+``orderings`` and its diagnostics; all corpus-shard partitions of a per-shard stage together, one
+after another, as ``strata run`` runs them) in a child process of its own, as Dagster's multiprocess executor runs
 steps and a UI backfill runs partitions, while this process samples the RssAnon of the
 child's process tree (heap; pages of memory-mapped files do not count) every 0.1 s. A stage's wall time is
 the asset's (process start-up and imports excluded; the total includes them); CPU seconds are the
@@ -36,7 +37,9 @@ DEMO = Path(os.environ.get("STRATA_SHARED_DATA", ROOT.parent / "shared" / "data"
 if not DEMO.is_file():
     DEMO = Path("/work/shared/data/corpus/demo_corpus.jsonl.gz")
 MIX = np.array([0.35, 0.2, 0.14, 0.1, 0.08, 0.06, 0.04, 0.03])
-STAGES = ["corpus", "tokenizer", "tokens", "embeddings", "clusters", "sequences", "orderings", "ordering_diagnostics"]
+STAGES = ["corpus_shards", "corpus", "tokenizer", "token_shards", "embedding_shards", "tokens", "embeddings", "centroids",
+          "cluster_shards", "clusters", "sequences", "orderings", "ordering_diagnostics"]
+SHARD_STAGES = {"corpus_shards", "token_shards", "embedding_shards", "cluster_shards"}
 
 
 def generate(n_docs: int, out_dir: Path, shard_docs: int, seed: int = 0) -> dict:
@@ -86,7 +89,7 @@ sync_partitions(instance, cfg)
 everything = list(defs.assets) + list(defs.asset_checks or [])
 stage = sys.argv[2]
 selection = ["raw_corpus", "corpus"] if stage == "corpus" else [stage]
-parts = [sys.argv[3]] if len(sys.argv) > 3 else [None]
+parts = sys.argv[3:] or [None]
 t0 = time.time()
 for p in parts:
     r = dg.materialize(everything, selection=selection, partition_key=p, instance=instance, resources=defs.resources)
@@ -130,13 +133,19 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     (base / "cfg.json").write_text(json.dumps(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, peaks = {}, {}, {}
-    for stage in stages:  # one process per stage (per partition), as Dagster's multiprocess executor runs steps
-        parts = strategies if stage in ("orderings", "ordering_diagnostics") else [None]
+    sys.path.insert(0, str(ROOT))
+    from pipeline.data.corpus import shard_key
+    from pipeline.data.shards import discover_shards
+
+    shard_keys = [shard_key(str(p)) for p in discover_shards(str(base / "shards"))]
+    for stage in stages:  # one process per stage and per strategy partition, as Dagster's multiprocess executor runs steps
+        # a per-shard stage runs its partitions one after another in one process, as `strata run` does
+        parts = [[s] for s in strategies] if stage in ("orderings", "ordering_diagnostics") else [shard_keys] if stage in SHARD_STAGES else [[]]
         spans[stage], cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0
         for part in parts:
             log = open(base / f"{stage}.log", "a")
             t0 = time.time()
-            child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage] + ([part] if part else []), cwd=ROOT,
+            child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage, *part], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=log, text=True)
             peak = [0]
 
