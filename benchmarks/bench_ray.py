@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ray.py [--docs 600 --shard-docs 100 --max-tokens 256 --node-cpus 1]
 
-Real demo-corpus texts written as a one-shard ``corpus.parquet``; tokenization with the embedding
+Real demo-corpus texts written as one validated corpus shard; tokenization with the embedding
 model's tokenizer (``tokenize_unit``), then all-MiniLM-L6-v2 sentence embeddings (``embed_unit``),
 both cut into the same work units of ``--shard-docs`` documents and mapped by
 :func:`pipeline.distributed.text_shards.map_corpus_shards`, as the assets do. Engines:
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import RayConfig, StrataConfig  # noqa: E402
 from pipeline.distributed.local_cluster import local_cluster  # noqa: E402
-from pipeline.distributed.text_shards import embed_unit, load_unit, map_corpus_shards, read_docs, tokenize_unit  # noqa: E402
+from pipeline.distributed.text_shards import ShardDocs, embed_unit, load_unit, map_corpus_shards, read_shard_docs, tokenize_unit  # noqa: E402
 from pipeline.offline import set_offline  # noqa: E402
 from pipeline.represent.embeddings import default_model_path  # noqa: E402
 
@@ -56,20 +56,20 @@ def texts(n: int) -> list[str]:
 
 
 def run(corpus: Path, n: int, cfg: StrataConfig, work: Path) -> tuple[float, float, np.ndarray]:
-    """Seconds to tokenize and to embed the ``n`` documents of ``corpus`` on ``cfg.engine`` (fresh
+    """Seconds to tokenize and to embed the ``n`` documents of the shard ``corpus`` on ``cfg.engine`` (fresh
     folders), and the embeddings."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(default_model_path()) / "tokenizer.json"))
     tok_args = (tok.to_str(), tok.token_to_id("[SEP]"), np.dtype(np.uint16).str)
     emb_args = ("sentence", "", cfg.embed_max_tokens, cfg.embed_batch_size, False)
-    manifest = [{"path": "bench", "doc_start": 0, "n_docs": n, "docs_digest": "bench"}]
+    shards = [ShardDocs.of("bench", corpus)]
     shutil.rmtree(work, ignore_errors=True)
     out: dict[str, list[np.ndarray]] = {}
 
     def stage(name: str, fn, args: tuple, actors: bool = False) -> float:
         t0 = time.perf_counter()
-        map_corpus_shards(manifest, fn, lambda a, b: (*args, read_docs(corpus, a, b)["text"].to_list()),
+        map_corpus_shards(shards, fn, lambda s, a, b: (*args, read_shard_docs(s, a, b)["text"].to_list()),
                           lambda shard, files: out.__setitem__(name, [load_unit(f)[0] for f in files]), lambda s: False,
                           stage=name, key="bench", work_dir=work / name, cfg=cfg, actors=actors)
         return time.perf_counter() - t0
@@ -89,10 +89,10 @@ def main() -> None:
     set_offline()
     docs = texts(args.docs)
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    corpus = work / "corpus.parquet"
+    corpus = work / "shard.parquet"
     import polars as pl
 
-    pl.DataFrame({"doc_id": range(len(docs)), "text": docs}).write_parquet(corpus, row_group_size=8192)
+    pl.DataFrame({"text": docs, "heldout": [False] * len(docs)}).write_parquet(corpus, row_group_size=8192)
     base = dict(shard_docs=args.shard_docs, embed_max_tokens=args.max_tokens)
     print(f"{len(docs)} documents, {args.shard_docs} a shard, first {args.max_tokens} tokens, {os.cpu_count()} cores on this machine")
     rows = []

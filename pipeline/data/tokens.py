@@ -4,14 +4,13 @@ Layout: ``tokens.bin`` (raw ``uint16`` when the vocabulary fits, else ``uint32``
 ``doc_offsets.npy`` (int64, N+1): document d's stream is ``tokens[off[d]:off[d+1]]`` and its
 last id is EOS. ``n_tokens[d] = off[d+1] - off[d] - 1`` counts the text tokens.
 
-The ``tokens`` asset writes the store shard by shard (``tokens/shards/<docs>-<tokenizer>.bin``,
-:mod:`pipeline.distributed.text_shards`) and concatenates the shards' files in corpus order;
+The ``token_shards`` partitions write each corpus shard's ids (``tokens/shards/<validated>-<tokenizer>.bin``,
+:mod:`pipeline.data.token_shards`) and the ``tokens`` asset gathers them in corpus order;
 :func:`tokenize_documents` is the in-memory form for small document sets.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -54,14 +53,3 @@ def open_tokens(tokens_path, offsets_path) -> tuple[np.ndarray, np.ndarray]:
     """Memory-map the flat token store; its dtype follows from file size / token count."""
     offsets = np.load(offsets_path, allow_pickle=False)
     return np.memmap(tokens_path, dtype=token_dtype_of(tokens_path, offsets), mode="r"), offsets
-
-
-def concat_files(parts: list[Path], out: Path, chunk: int = 1 << 24) -> Path:
-    """Concatenate raw files into ``out`` atomically, streaming (memory: one chunk)."""
-    from pipeline.storage.atomic import atomic_path
-
-    with atomic_path(out) as tmp, open(tmp, "wb") as dst:
-        for p in parts:
-            with open(p, "rb") as src:
-                shutil.copyfileobj(src, dst, chunk)
-    return out
