@@ -8,7 +8,7 @@ from dagster_duckdb import DuckDBResource
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from pipeline.config import StrataConfig
-from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_key, shard_versions, validate_shard
+from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_key, shard_version, shard_versions, validate_shard
 from pipeline.distributed.text_shards import ShardDocs, manifest_shards
 from pipeline.storage.layout import Layout
 from pipeline.errors import StrataInputError
@@ -51,11 +51,11 @@ def corpus_shards(context: dg.AssetExecutionContext, settings: StrataSettings, d
 
 def shard_of(partition_key: str, cfg: StrataConfig) -> tuple[str, str]:
     """(raw shard, content fingerprint) of a ``corpus_shard`` partition."""
-    versions = shard_versions(cfg.corpus)
-    if partition_key not in versions:
+    found = shard_version(cfg.corpus, partition_key)
+    if found is None:
         raise StrataInputError(f"shard partition {partition_key!r} is not in the corpus any more",
                                path=str(cfg.corpus.path), fix="run `strata status` (it drops partitions of removed shards)")
-    return versions[partition_key]
+    return found
 
 
 def partition_docs(partition_key: str, cfg: StrataConfig, layout: Layout) -> ShardDocs:

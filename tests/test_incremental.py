@@ -11,7 +11,7 @@ import pytest
 
 from helpers import demo_slice
 from pipeline.config import RayConfig
-from pipeline.data.tokenizer import load_tokenizer, train_bpe
+from pipeline.data.tokenizer import load_tokenizer, sample_texts, train_bpe
 from pipeline.data.tokens import tokenize_documents
 from pipeline.distributed.text_shards import ShardDocs, load_unit, map_corpus_shards, read_shard_docs, tokenize_unit
 from pipeline.represent.embeddings import default_model_path, embed, same_tokenizer, shallow_from_ids
@@ -107,3 +107,17 @@ def test_map_corpus_shards_reuses_shards_and_resumes_units(tmp_path, texts, toke
     assert run() == {"shards": 3, "shards_computed": 1, "shards_reused": 2, "units": 5, "units_resumed": 2}
     assert calls == [("s2", 14, 21), ("s2", 21, 28), ("s2", 28, 35)]
     np.testing.assert_array_equal(np.load(last), whole[got.size - np.load(last).size :])
+
+
+def test_tokenizer_sample_is_seeded_bernoulli_over_the_corpus(tmp_path, texts):
+    path = tmp_path / "corpus.parquet"
+    pl.DataFrame({"text": texts}).write_parquet(path, row_group_size=16)
+    total = sum(len(t) for t in texts)
+    assert list(sample_texts(path, total, 0, 0)) == texts  # no budget: every text, in order
+    assert list(sample_texts(path, total, total, 0)) == texts
+    got = list(sample_texts(path, total, total // 4, 7, batch_rows=16))
+    rng = np.random.default_rng(7)  # the same draws, batch by batch: each text kept with p = budget / total
+    want = [t for a in range(0, len(texts), 16) for t, u in zip(texts[a : a + 16], rng.random(len(texts[a : a + 16])))
+            if u < (total // 4) / total]
+    assert got == want and 0 < len(got) < len(texts)
+    assert got == list(sample_texts(path, total, total // 4, 7, batch_rows=16))  # same seed, same sample

@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
@@ -177,21 +178,27 @@ def corpus_fingerprint(cfg: CorpusConfig) -> str:
 
 
 def unit_fingerprints(cfg: CorpusConfig) -> dict[str, str]:
-    """Content fingerprint of each unit of :func:`corpus_units` (hf datasets: name and split only)."""
-    out = {}
-    for unit in corpus_units(cfg):
-        if unit == "builtin":
-            from pipeline.data.builtin_corpus import builtin_documents
+    """Content fingerprint of each unit of :func:`corpus_units`."""
+    return {unit: unit_fingerprint(unit, cfg) for unit in corpus_units(cfg)}
 
-            h = hashlib.sha256(f"builtin:{cfg.builtin_max_docs}".encode())
-            for doc in builtin_documents(cfg.builtin_max_docs):
-                h.update("\x1f".join(doc).encode("utf-8", "surrogatepass"))
-            out[unit] = h.hexdigest()[:32]
-        elif unit.startswith("hf:"):
-            out[unit] = hashlib.sha256(f"{unit}:{cfg.hf_split}".encode()).hexdigest()[:32]
-        else:
-            out[unit] = shard_fingerprint(Path(unit), cfg)
-    return out
+
+def unit_fingerprint(unit: str, cfg: CorpusConfig) -> str:
+    """Content fingerprint of one unit (hf datasets: name and split only)."""
+    if unit == "builtin":
+        return _builtin_fingerprint(cfg.builtin_max_docs)
+    if unit.startswith("hf:"):
+        return hashlib.sha256(f"{unit}:{cfg.hf_split}".encode()).hexdigest()[:32]
+    return shard_fingerprint(Path(unit), cfg)
+
+
+@lru_cache(maxsize=4)
+def _builtin_fingerprint(max_docs: int) -> str:
+    from pipeline.data.builtin_corpus import builtin_documents
+
+    h = hashlib.sha256(f"builtin:{max_docs}".encode())
+    for doc in builtin_documents(max_docs):
+        h.update("\x1f".join(doc).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]
 
 
 def shard_key(unit: str) -> str:
@@ -207,6 +214,15 @@ def shard_key(unit: str) -> str:
 def shard_versions(cfg: CorpusConfig) -> dict[str, tuple[str, str]]:
     """``{partition key: (unit, content fingerprint)}`` of every shard of the corpus."""
     return {shard_key(u): (u, fp) for u, fp in unit_fingerprints(cfg).items()}
+
+
+def shard_version(cfg: CorpusConfig, key: str) -> tuple[str, str] | None:
+    """``(unit, content fingerprint)`` of the shard with partition key ``key`` (reading only that
+    shard), or None when the corpus has no such shard."""
+    for unit in corpus_units(cfg):
+        if shard_key(unit) == key:
+            return unit, unit_fingerprint(unit, cfg)
+    return None
 
 
 def validated_path(shard_dir: Path, fingerprint: str, heldout_fraction: float, seed: int, batch_rows: int = BATCH_ROWS) -> Path:

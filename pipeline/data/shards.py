@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -90,10 +91,18 @@ def discover_shards(spec: str | Sequence[str]) -> list[Path]:
     return sorted(out)
 
 
-def shard_fingerprint(path: Path, cfg: CorpusConfig, chunk: int = 1 << 22) -> str:
-    """Data version of one shard: SHA-256 of its bytes and of the reading options (32 hex digits)."""
-    opts = {k: v for k, v in cfg.model_dump().items() if k in ("text_field", "id_field", "source_field", "on_error")}
-    h = hashlib.sha256(json.dumps(opts, sort_keys=True).encode())
+def shard_fingerprint(path: Path, cfg: CorpusConfig) -> str:
+    """Data version of one shard: SHA-256 of its bytes and of the reading options (32 hex digits).
+    Remembered in this process while the file's size and modification time stay the same."""
+    opts = json.dumps({k: v for k, v in cfg.model_dump().items() if k in ("text_field", "id_field", "source_field", "on_error")},
+                      sort_keys=True)
+    st = Path(path).stat()
+    return _file_fingerprint(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, opts)
+
+
+@lru_cache(maxsize=4096)
+def _file_fingerprint(path: str, size: int, mtime_ns: int, opts: str, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256(opts.encode())
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(chunk), b""):
             h.update(block)

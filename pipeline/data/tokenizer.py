@@ -83,9 +83,7 @@ def sample_texts(corpus_path: Path, total_chars: int, budget_chars: int, seed: i
     p = 1.0 if budget_chars <= 0 or total_chars <= budget_chars else budget_chars / total_chars
     rng = np.random.default_rng(seed)
     for batch in pq.ParquetFile(corpus_path).iter_batches(batch_size=batch_rows, columns=["text"]):
-        texts = batch.column(0).to_pylist()
-        if p >= 1.0:
-            yield from texts
-            continue
-        for i in np.flatnonzero(rng.random(len(texts)) < p):
-            yield texts[i]
+        texts = batch.column(0)
+        if p < 1.0:  # only the sampled texts become Python strings
+            texts = texts.take(np.flatnonzero(rng.random(len(texts)) < p))
+        yield from texts.to_pylist()
