@@ -396,7 +396,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
                 start, rg_start, n_chars, n_held, row, train_row = doc_id, rg, 0, 0, 0, 0
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_rows):
+                for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows):
                     df = pl.from_arrow(batch)
                     assert isinstance(df, pl.DataFrame)
                     df = df.with_columns(shard_row=(~pl.col("heldout")).cast(pl.Int64).cum_sum() - 1 + train_row)

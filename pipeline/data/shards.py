@@ -185,7 +185,7 @@ def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read every selected column chunk of the file up front
     except Exception as exc:  # pyarrow raises several types for unreadable files
         raise StrataInputError(f"cannot read Parquet ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
     names = pf.schema_arrow.names

@@ -82,7 +82,8 @@ def sample_texts(corpus_path: Path, total_chars: int, budget_chars: int, seed: i
 
     p = 1.0 if budget_chars <= 0 or total_chars <= budget_chars else budget_chars / total_chars
     rng = np.random.default_rng(seed)
-    for batch in pq.ParquetFile(corpus_path).iter_batches(batch_size=batch_rows, columns=["text"]):
+    # pre_buffer=False: pyarrow would otherwise read the whole text column of the file up front
+    for batch in pq.ParquetFile(corpus_path, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=["text"]):
         texts = batch.column(0)
         if p < 1.0:  # only the sampled texts become Python strings
             texts = texts.take(np.flatnonzero(rng.random(len(texts)) < p))
