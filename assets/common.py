@@ -130,7 +130,7 @@ class Recorder:
                 con,
                 asset=asset,
                 partition=self.partition,
-                run_id=self.context.run_id,
+                run_id=self.context.run.run_id,
                 code_version=self.context.assets_def.code_versions_by_key.get(self.context.assets_def.key) or "",
                 data_version=version,
                 input_versions=inputs,
