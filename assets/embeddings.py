@@ -113,10 +113,8 @@ def centroids(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     cfg, layout = asset_config(context, settings, config), settings.layout()
     emb = np.load(layout.embeddings, mmap_mode="r")
     live = [row["docs_digest"] for row in pl.read_parquet(layout.shards).to_dicts() if int(row["n_docs"])]
-    model = cfg.embed_model or default_model_path()
     params = {"k": cfg.k, "seed": cfg.seed, "iters": cfg.kmeans_iters, "pca": cfg.pca_components, "spherical": cfg.kmeans_spherical,
-              "max_points_per_centroid": cfg.kmeans_max_points_per_centroid,
-              "embeddings": embedding_key(model, cfg.embed_max_tokens, cfg.embed_method)}
+              "max_points_per_centroid": cfg.kmeans_max_points_per_centroid, "embeddings": _embed_key(cfg)[1]}
     model_dir = layout.inside("clusters", "model")
     saved = load_model(model_dir) if cfg.keep_centroids else None
     kept = saved is not None and keeps(saved[2], params, set(live)) and layout.centroids.is_file()
