@@ -67,12 +67,11 @@ def partition_docs(partition_key: str, cfg: StrataConfig, layout: Layout) -> Sha
     return ShardDocs.of(unit, out)
 
 
-def gathered_shards(layout: Layout, rec: Recorder | None = None, *dep_assets: str) -> list[tuple[dict, ShardDocs]]:
+def gathered_shards(layout: Layout, rec: Recorder, dep_asset: str) -> list[tuple[dict, ShardDocs]]:
     """Every shard of the corpus ``corpus`` gathered (``corpus/shards.parquet``) with its training
-    rows; records each shard's partition of ``dep_assets`` as an input of ``rec``'s lineage row."""
+    rows; records each shard's partition of ``dep_asset`` as an input of ``rec``'s lineage row."""
     shards = manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
-    for dep in dep_assets:
-        rec.deps[dep] = [shard_key(s.unit) for _, s in shards]
+    rec.deps[dep_asset] = [shard_key(s.unit) for _, s in shards]
     return shards
 
 

@@ -74,9 +74,8 @@ def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     shards = gathered_shards(layout, rec, "token_shards")
     run = tokenize_shards([s for _, s in shards], tok, shard_dir, layout.inside("work", "tokens"), cfg)
     prune(shard_dir, {f.name for _, s in shards for f in token_files(shard_dir, s, key)})
-    n_tokens = gather_tokens(shards, key, token_dtype(len(tok)), shard_dir, layout.corpus, layout.tokens, layout.doc_offsets,
-                             layout.documents)
     dtype = token_dtype(len(tok))
+    n_tokens = gather_tokens(shards, key, dtype, shard_dir, layout.corpus, layout.tokens, layout.doc_offsets, layout.documents)
     return rec.finish(
         [layout.documents, layout.tokens, layout.doc_offsets],
         {"documents": int(n_tokens.size), "tokens": int(n_tokens.sum() + n_tokens.size)},
