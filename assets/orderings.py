@@ -17,9 +17,13 @@ PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="ordering
                                       description="The partition's ordering is a permutation of its sequences.")
 
 
-def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per-document (doc_id, cluster, n_tokens as stream length incl. EOS, content_hash) and base segments."""
-    docs = pl.read_parquet(layout.documents, columns=["doc_id", "n_tokens", "content_hash"]).join(
+def ordering_inputs(layout, params: OrderParams | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per-document (doc_id, cluster, n_tokens as stream length incl. EOS, content_hash, and the
+    documents columns ``params``' families name, e.g. source) and base segments."""
+    extra = params.column_families() if params is not None else []
+    have = pl.read_parquet_schema(layout.documents)
+    cols = ["doc_id", "n_tokens", "content_hash"] + [c for c in extra if c in have]
+    docs = pl.read_parquet(layout.documents, columns=cols).join(
         pl.read_parquet(layout.clusters), on="doc_id"
     ).with_columns(pl.col("n_tokens") + 1).sort("doc_id")
     return docs, pl.read_parquet(layout.segments)
@@ -28,7 +32,7 @@ def ordering_inputs(layout) -> tuple[pl.DataFrame, pl.DataFrame]:
 def order_params(cfg) -> OrderParams:
     """The ordering knobs of a configuration."""
     return OrderParams(
-        objective=cfg.objective, bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
+        objective=cfg.objective, families=tuple(cfg.families), bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
         curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
         greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block,
     )
@@ -48,8 +52,8 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
-    docs, segments = ordering_inputs(layout)
     params = order_params(cfg)
+    docs, segments = ordering_inputs(layout, params)
     # odm picks sequences online during training (ODM) from per-cluster pools: it gets the
     # cluster_packed packing, whose sequences each hold one cluster. Its order here is not trained
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
@@ -95,6 +99,6 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
         order, segments = load_ordering(layout, strategy)
         if (reseeded := reseed_block_shuffle(order, params, cfg.seed, seed)) is not None:
             return reseeded, segments
-    docs, segments = ordering_inputs(layout)
+    docs, segments = ordering_inputs(layout, params)
     result = run_strategy(strategy, docs, segments, cfg.seq_len, params, seed)
     return ordering_ids(result.order), (result.segments if result.segments is not None else segments)

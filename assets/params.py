@@ -41,7 +41,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "cluster_shards": (),
     "clusters": (),
     "sequences": ("seq_len", "packing", "seed"),
-    "orderings": ("objective", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max",
+    "orderings": ("objective", "families", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max",
                   "greedy_block", "batch_size", "seq_len", "seed"),
     "exports": ("export_formats", "export_global_batch", "export_world_size", "export_workers", "batch_size", "seq_len"),
     "ordering_diagnostics": ("length_bins",),

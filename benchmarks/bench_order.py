@@ -46,6 +46,7 @@ from pipeline.ordering import (  # noqa: E402
 )
 from pipeline.ordering.documents import stratified_order  # noqa: E402
 from pipeline.ordering.features import Csr, SequenceFeatures, length_bin_edges  # noqa: E402
+from pipeline.ordering.repair import repair_batches  # noqa: E402
 from pipeline.packing.pack import pack_concat  # noqa: E402
 
 L, K, B, BATCH = 2048, 1000, 100, 32
@@ -99,7 +100,8 @@ def peak_rss_mb() -> float:
 def warm_up() -> None:
     f = sequence_features(np.array([0, 0, 1, 2]), np.array([0, 1, 1, 0]), np.array([3, 4, 5, 6]), np.array([1, 2, 3, 3]), 2)
     greedy_order(f, Objective.named("f3", 1.0))
-    greedy_blocked_order(f, Objective.named("f3", 1.0), block=2, batch=1)  # compiles the batch repair
+    greedy_blocked_order(f, Objective.named("f3", 1.0), block=2)
+    repair_batches(np.arange(4), f, 1)  # compiles the batch repair
     stratified_order(np.array([0, 1, 0]), np.array([1, 2, 3]))
 
 

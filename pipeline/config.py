@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from pipeline.errors import StrataInputError
 from pipeline.names import (
@@ -139,7 +139,8 @@ class StrataConfig(_Model):
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
     strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed", "odm"], min_length=1)
-    objective: Literal[OBJECTIVES] = "f3"  # type: ignore[valid-type]  # greedy objective (Don't Shuffle, Optimize)
+    objective: Literal[OBJECTIVES] = "stationary"  # type: ignore[valid-type]  # greedy objective: stationary | f1 | f2 | f3 | custom (docs/ordering.md)
+    families: list[str] = Field(default_factory=list, validate_default=True)  # objective custom: "name[:weight[:classes]]", e.g. [cluster, length_bin:1, concentration:0.5:16, source:0.5]
     length_bins: int = Field(100, ge=1)
     lam: float = Field(1.0, ge=0.0)
     noise: float = Field(0.0, ge=0.0)  # sigma_sched (units of mean sequence length squared)
@@ -198,6 +199,26 @@ class StrataConfig(_Model):
             raise ValueError(f"unknown strategies {unknown}; list ordering strategies among {sorted(ALL_STRATEGIES)}")
         if len(set(value)) != len(value):
             raise ValueError("a strategy is listed twice; list each strategy once")
+        return value
+
+    @field_validator("families")
+    @classmethod
+    def _families(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        objective = info.data.get("objective")
+        if objective == "custom" and not value:
+            raise ValueError("objective custom needs families; list them, e.g. families: [cluster, length_bin:1, source:0.5]")
+        if value and objective != "custom":
+            raise ValueError(f"families are set but objective is {objective!r}; set objective: custom to balance your own families, or remove families to use the preset")
+        for text in value:
+            parts = str(text).split(":")
+            try:
+                ok = bool(parts[0]) and len(parts) <= 3 and all(float(p) >= 0 for p in parts[1:2]) and all(int(p) >= 2 for p in parts[2:])
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"cannot read the family {text!r}; write name[:weight[:classes]] with weight >= 0 and classes >= 2, e.g. 'concentration:0.5:16' or 'source:0.5'")
+        if len({str(t).split(":")[0] for t in value}) != len(value):
+            raise ValueError("a family is named twice; name each family once")
         return value
 
     @field_validator("seeds")

@@ -8,7 +8,9 @@ declared here, so add new strategies, packings, embedding methods or model prese
 from __future__ import annotations
 
 EMBED_METHODS = ("sentence", "shallow", "deep")
-OBJECTIVES = ("f1", "f2", "f3")  # greedy objectives of Don't Shuffle, Optimize
+OBJECTIVES = ("stationary", "f1", "f2", "f3", "custom")  # greedy objectives: Don't Shuffle, Optimize's f1-f3, Strata's default, your own families
+TOKEN_FAMILIES = ("cluster", "length_bin", "norm")  # built-in token families of the greedy (plus any documents column)
+SEQUENCE_FAMILIES = ("concentration", "documents", "cluster_count")  # sequence families: quantile classes held at their share of sequences
 WITHIN_SORTS = ("original", "length-asc", "length-desc", "length-riffle")
 ORDERING_STRATEGIES = (
     "original", "random", "greedy", "greedy_fast", "greedy_curriculum", "greedy_block_shuffle", "stratified",

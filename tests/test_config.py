@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
@@ -67,14 +68,19 @@ def test_names_declared_for_the_config_match_the_stages():
     """Stages answer to the names pipeline/names.py declares (the config imports no stage)."""
     from pipeline.ordering import STRATEGIES
     from pipeline.ordering.documents import WITHIN_SORTS
-    from pipeline.ordering.greedy import OBJECTIVES
+    from pipeline.ordering.characteristics import Family, family_matrix, preset
+    from pipeline.ordering.features import sequence_features
     from pipeline.packing.pack import PACKING_SPECS, parse_packing
     from pipeline.represent.embeddings import METHODS
     from pipeline.training.model import PRESETS
 
     assert set(STRATEGIES) == set(names.ORDERING_STRATEGIES), "declare new strategies in pipeline/names.py"
     assert set(PRESETS) == set(names.MODEL_PRESETS), "declare new model presets in pipeline/names.py"
-    assert METHODS == names.EMBED_METHODS and OBJECTIVES == names.OBJECTIVES and WITHIN_SORTS == names.WITHIN_SORTS
+    assert METHODS == names.EMBED_METHODS and WITHIN_SORTS == names.WITHIN_SORTS
+    assert all(preset(o, 1.0) for o in names.OBJECTIVES if o != "custom")  # every named objective is a preset
+    f = sequence_features(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([3, 4, 5]), np.array([1, 2, 3]), 2)
+    for name in names.TOKEN_FAMILIES + names.SEQUENCE_FAMILIES:  # every declared family is built
+        assert family_matrix(f, Family(name), 1.0).n_rows == 2
     assert all(parse_packing(spec) for spec in PACKING_SPECS)
 
 

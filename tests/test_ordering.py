@@ -29,6 +29,7 @@ from pipeline.ordering import (
 )
 from assets.cli.schedule import run_cli
 from pipeline.ordering.curriculum import curriculum_greedy_order
+from pipeline.ordering.characteristics import quantile_classes
 from pipeline.ordering.documents import cluster_queues, stratified_order
 from pipeline.ordering.strategies import block_shuffle, block_unshuffle, duplicate_subsets, reseed_block_shuffle
 from pipeline.packing.pack import pack_concat
@@ -43,32 +44,50 @@ def dense(x, m):
     return out
 
 
-def brute_force_greedy(f, obj: Objective) -> np.ndarray:
-    """Reference: evaluate Don't Shuffle, Optimize / TerRIFIC curricula's f for every unscheduled sequence at every step.
+def family_dense(f, fam, unit):
+    """x^f of one family as a dense matrix and its row weights w^f_s, built here from the features."""
+    m = f.n_sequences
+    C = dense(f.clusters, m)
+    if fam.name == "cluster":
+        return C, C.sum(1)
+    if fam.name == "length_bin":
+        return dense(f.bins, m), C.sum(1)
+    if fam.name == "norm":
+        return np.sqrt((C**2).sum(1))[:, None], C.sum(1)
+    if fam.level == "tokens":
+        return dense(f.columns[fam.name], m), C.sum(1)
+    value = {"concentration": np.sqrt((C**2).sum(1)) / C.sum(1), "documents": f.spans, "cluster_count": (C > 0).sum(1)}[fam.name]
+    cls = quantile_classes(value, fam.classes)
+    return np.eye(cls.max() + 1)[cls] * unit, np.full(m, unit)
 
-    Same documented tie rule as the library: scores within tie_tolerance of the minimum tie,
-    the lowest row wins.
+
+def brute_force_greedy(f, obj: Objective) -> np.ndarray:
+    """Reference: evaluate the greedy's objective for every unscheduled sequence at every step.
+
+    f(s) = sum_families w_f sum_g [(X_g + x_sg) - t_g (W_f + w_f(s))]^2, t = the family's share
+    (Don't Shuffle, Optimize f1/f2/f3; TerRIFIC curricula J_sched). Same documented tie rule as the
+    library: scores within tie_tolerance of the minimum tie, the lowest row wins.
     """
     m = f.n_sequences
-    C, Lb = dense(f.clusters, m), dense(f.bins, m)
-    ell = C.sum(1)
-    tau, kap = C.sum(0) / ell.sum(), Lb.sum(0) / ell.sum()
-    norm = np.sqrt((C**2).sum(1))
-    rho = norm.sum() / ell.sum()
-    T, U, S, N = np.zeros(C.shape[1]), np.zeros(Lb.shape[1]), 0.0, 0.0
+    unit = f.lengths.mean()
+    fams = []
+    for fam in obj.families:
+        x, w = family_dense(f, fam, unit)
+        fams.append((fam.weight, x, w, x.sum(0) / w.sum(), np.zeros(x.shape[1]), [0.0]))
     live = np.ones(m, bool)
-    tol = tie_tolerance(ell.max(), obj.lam_bins, obj.mu_norm)
+    tol = tie_tolerance(max(f.lengths.max(), unit), obj.total_weight)
     out = []
     for _ in range(m):
         idx = np.flatnonzero(live)
-        Sp = (S + ell[idx])[:, None]
-        score = (((T + C[idx]) - tau * Sp) ** 2).sum(1)
-        score += obj.lam_bins * (((U + Lb[idx]) - kap * Sp) ** 2).sum(1)
-        score += obj.mu_norm * (N + norm[idx] - rho * Sp[:, 0]) ** 2
+        score = np.zeros(idx.size)
+        for wt, x, w, t, X, W in fams:
+            score += wt * (((X + x[idx]) - t * (W[0] + w[idx])[:, None]) ** 2).sum(1)
         s = idx[np.flatnonzero(score <= score.min() + tol)[0]]
         out.append(s)
         live[s] = False
-        T, U, S, N = T + C[s], U + Lb[s], S + ell[s], N + norm[s]
+        for wt, x, w, t, X, W in fams:
+            X += x[s]
+            W[0] += w[s]
     return np.array(out)
 
 
@@ -85,10 +104,11 @@ def packed_instance(rng, n_docs, seq_len, k, max_len, ties=False):
 
 
 def variable_instance(rng, m, k):
-    """Sequences of variable length l_s (TerRIFIC curricula) with 1-4 spans each."""
+    """Sequences of variable length l_s (TerRIFIC curricula) with 1-4 spans each, and a source column."""
     spans = rng.integers(1, 5, m)
     seq = np.repeat(np.arange(m), spans)
-    return sequence_features(seq, rng.integers(0, k, seq.size), rng.integers(5, 400, seq.size), rng.integers(1, 50, seq.size), 10)
+    return sequence_features(seq, rng.integers(0, k, seq.size), rng.integers(5, 400, seq.size), rng.integers(1, 50, seq.size), 10,
+                             seg_columns={"source": rng.integers(0, 3, seq.size)})
 
 
 def instances():
@@ -104,21 +124,28 @@ def instances():
             f = variable_instance(rng, int(rng.integers(100, 1500)), int(rng.integers(2, 20)))
         else:
             f = packed_instance(rng, int(rng.integers(60, 400)), 32, 40, 300)
-        out.append((f, ["f3", "f3", "f1", "f2"][i % 4 if i < 20 else 0], [1.0, 0.5, 2.0, 1.0][i % 4]))
+        objective = ["f3", "stationary", "custom", "f2", "stationary", "f1"][i % 6 if i < 20 else 0]
+        families = ["cluster:0.5", "length_bin", "concentration:2:3", "documents:1:4", "norm:0.5"]
+        if kind == 2 and objective == "custom":
+            families += ["source:0.7"]
+        out.append((f, objective, [1.0, 0.5, 2.0, 1.0][i % 4], families if objective == "custom" else []))
     return out
 
 
 def test_exact_greedy_matches_brute_force():
     has_ties = 0
-    for f, objective, lam in instances():
+    seen = set()
+    for f, objective, lam, families in instances():
         assert f.n_sequences <= 2000
-        obj = Objective.named(objective, lam)
+        obj = Objective.named(objective, lam, families)
+        seen |= {fam.name for fam in obj.families}
         fast = greedy_order(f, obj)
         ref = brute_force_greedy(f, obj)
         assert np.array_equal(fast, ref), (objective, f.n_sequences)
         key = np.round(dense(f.clusters, f.n_sequences), 6)
         has_ties += np.unique(key, axis=0).shape[0] < f.n_sequences
     assert has_ties >= 6  # instances with identical sequences (exact ties) are covered
+    assert seen == {"cluster", "length_bin", "norm", "concentration", "documents", "cluster_count", "source"}
 
 
 def test_windowed_mode_is_exact_when_the_pool_holds_everything():
@@ -230,7 +257,11 @@ def test_constant_curriculum_equals_fixed_mixture_greedy():
     s = np.array([5.0, 900.0, 4e4])
     assert np.allclose(cur.cumulative(s), s[:, None] * tau)
     obj = Objective.named("f3", 1.0)
-    assert np.array_equal(curriculum_greedy_order(f, cur, 1.0), greedy_order(f, obj))
+    assert np.array_equal(curriculum_greedy_order(f, cur, obj), greedy_order(f, obj))
+    stationary = Objective.named("stationary", 1.0)  # the default's families are inherited
+    assert np.array_equal(curriculum_greedy_order(f, cur, stationary), greedy_order(f, stationary))
+    with pytest.raises(StrataInputError, match="source"):
+        curriculum_greedy_order(f, cur, Objective.named("custom", 1.0, ["cluster", "source"]))
 
 
 def test_curriculum_moves_clusters_in_time():
@@ -240,7 +271,7 @@ def test_curriculum_moves_clusters_in_time():
     cur = curriculum_from_dict({"knots": [{"tokens": total * 0.25, "logits": [3, -3]}, {"tokens": total * 0.75, "logits": [-3, 3]}]}, 2)
     e = cur.cumulative(np.array([total * 0.05, total * 0.9]))
     assert e[0, 0] > 0.9 * total * 0.05 and np.isclose(e.sum(1), [total * 0.05, total * 0.9]).all()
-    order = curriculum_greedy_order(f, cur, 1.0)
+    order = curriculum_greedy_order(f, cur, Objective.named("f3", 1.0))
     c0 = dense(f.clusters, f.n_sequences)[:, 0] / f.lengths
     first, last = c0[order[: order.size // 5]].mean(), c0[order[-order.size // 5 :]].mean()
     assert first > 0.8 and last < 0.35

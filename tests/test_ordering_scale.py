@@ -91,7 +91,7 @@ def test_batch_repair_lowers_the_worst_batches_and_moves_few_sequences(big):
 
 def test_one_block_is_the_exact_greedy():
     f = bench_instance(600, seed=2, k=40, n_bins=10)
-    for obj in (F3, Objective.named("f1", 1.0), Objective.named("f2", 0.5)):
+    for obj in (F3, Objective.named("f1", 1.0), Objective.named("f2", 0.5), Objective.named("stationary")):
         assert np.array_equal(greedy_blocked_order(f, obj, block=f.n_sequences, seed=5), greedy_order(f, obj))
 
 
@@ -99,10 +99,10 @@ def test_threshold_switches_modes_and_names_them():
     f = bench_instance(600, seed=1, k=40, n_bins=10)
     m = f.n_sequences
     assert greedy_mode(m, m) == "exact" and greedy_mode(m, m - 1) == "blocked"
-    rows, mode = greedy_scaled_order(f, F3, exact_max=m)
-    assert mode == "exact" and np.array_equal(rows, greedy_order(f, F3))
+    rows, mode = greedy_scaled_order(f, F3, exact_max=m)  # then the swap repair of the worst batches
+    assert mode == "exact" and np.array_equal(rows, repair_batches(greedy_order(f, F3), f, 32)[0])
     rows, mode = greedy_scaled_order(f, F3, exact_max=m - 1, block=128, seed=7)
-    assert mode == "blocked" and np.array_equal(rows, greedy_blocked_order(f, F3, block=128, seed=7))
+    assert mode == "blocked" and np.array_equal(rows, repair_batches(greedy_blocked_order(f, F3, block=128, seed=7), f, 32)[0])
     assert not np.array_equal(rows, greedy_order(f, F3))
     with pytest.raises(StrataInputError):
         greedy_scaled_order(f, F3, exact_max=-1)

@@ -16,7 +16,8 @@ from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import write_parquet
 from pipeline.ordering.documents import WITHIN_SORTS
 from pipeline.ordering.features import sequence_features
-from pipeline.ordering.greedy import BLOCK, EXACT_MAX, OBJECTIVES, greedy_mode
+from pipeline.names import OBJECTIVES
+from pipeline.ordering.greedy import BLOCK, EXACT_MAX, greedy_mode
 from pipeline.ordering.strategies import DOCUMENT_LEVEL, SEQUENCE_LEVEL, OrderParams, document_order, sequence_order
 
 SEGMENT_COLUMNS = ("sequence_id", "doc_id", "cluster", "doc_length", "n_tokens")
@@ -44,7 +45,8 @@ def _read(path: str, columns: tuple[str, ...]) -> pl.DataFrame:
 
 def _params(args: argparse.Namespace) -> OrderParams:
     return OrderParams(
-        objective=getattr(args, "objective", "f3"),
+        objective=getattr(args, "objective", "stationary"),
+        families=tuple(getattr(args, "families", None) or ()),
         bins=getattr(args, "bins", 100),
         lam=getattr(args, "lam", 1.0),
         noise=getattr(args, "noise", 0.0),
@@ -62,11 +64,16 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     seg = _read(args.segments, SEGMENT_COLUMNS)
     if (seg["n_tokens"] <= 0).any() or (seg["doc_length"] <= 0).any():
         raise StrataInputError("n_tokens and doc_length must be > 0", fix="drop empty spans", path=args.segments)
+    params = _params(args)
+    extra = {}
+    for name in params.column_families():
+        if name not in seg.columns:
+            raise StrataInputError(f"the family {name!r} names no column", fix=f"add an integer column {name!r} (one category per span)", path=args.segments)
+        extra[name] = seg[name].rank("dense").to_numpy().astype(np.int64) - 1
     f = sequence_features(
         seg["sequence_id"].to_numpy(), seg["cluster"].to_numpy(), seg["doc_length"].to_numpy(),
-        seg["n_tokens"].to_numpy(), args.bins, seg["doc_id"].to_numpy(),
+        seg["n_tokens"].to_numpy(), args.bins, seg["doc_id"].to_numpy(), seg_columns=extra,
     )  # fmt: skip
-    params = _params(args)
     rows = sequence_order(args.strategy, f, params, args.seed)
     ids = f.sequence_ids[rows]
     out = pl.DataFrame({"position": np.arange(ids.size, dtype=np.int64), "sequence_id": ids.astype(np.int64)})
@@ -96,7 +103,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("segments", help="parquet: sequence_id, doc_id, cluster, doc_length, n_tokens (one row per span)")
     p.add_argument("--strategy", choices=SEQUENCE_LEVEL, default="greedy")
     p.add_argument("--out", required=True, help="parquet to write: position, sequence_id")
-    p.add_argument("--objective", choices=OBJECTIVES, default="f3", help="greedy objective (Don't Shuffle, Optimize), default f3")
+    p.add_argument("--objective", choices=OBJECTIVES, default="stationary",
+                   help="greedy objective: stationary (default), Don't Shuffle, Optimize's f1/f2/f3, or custom (--families)")
+    p.add_argument("--families", type=lambda v: [x for x in v.split(",") if x], default=None,
+                   help="with --objective custom: name[:weight[:classes]],... e.g. cluster,length_bin:1,concentration:0.5:16; "
+                        "an integer column of SEGMENTS named here becomes a token family")
     p.add_argument("--bins", type=int, default=100, help="quantile document-length bins B (default 100)")
     p.add_argument("--lambda", dest="lam", type=float, default=1.0, help="weight of the length (f3) / norm (f2) term")
     p.add_argument("--noise", type=float, default=0.0, help="sigma_sched in units of Lbar^2 (default 0)")

@@ -31,7 +31,7 @@ import yaml
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import Csr, SequenceFeatures
-from pipeline.ordering.greedy import tie_tolerance
+from pipeline.ordering.greedy import Objective, tie_tolerance
 
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(16)
 
@@ -129,20 +129,33 @@ def curriculum_from_dict(raw: object, n_clusters: int, path: object = "<curricul
 
 
 def curriculum_greedy_order(
-    features: SequenceFeatures, curriculum: Curriculum, lam: float, noise: float = 0.0, seed: int = 0
+    features: SequenceFeatures, curriculum: Curriculum, objective: Objective, noise: float = 0.0, seed: int = 0
 ) -> np.ndarray:
     """Greedy with curriculum targets E_j(S + l_s) and U*_b(S + l_s) (TerRIFIC curricula); rows in order.
 
-    The targets move for every cluster at every step, so there is no sparse update: each step
-    scores all remaining sequences with one sparse mat-vec per distinct sequence length,
-    O(M * nnz) per step. Meant for demo-sized inputs (thousands of sequences). Ties and noise
-    follow ``greedy`` (lowest row within ``tie_tolerance``; sigma in units of Lbar^2).
+    ``objective``'s ``cluster`` family follows the curriculum, its ``length_bin`` family (weight lam)
+    the curriculum's length target, its ``norm`` family the fixed rho and its sequence families
+    (``concentration``, ``documents``, ``cluster_count``) their fixed shares of sequences, as in
+    ``greedy``; other token families (documents columns) have no curriculum target and are refused. The targets move for every cluster at every
+    step, so there is no sparse update: each step scores all remaining sequences with one sparse
+    mat-vec per distinct sequence length, O(M * nnz) per step. Meant for demo-sized inputs
+    (thousands of sequences). Ties and noise follow ``greedy`` (lowest row within
+    ``tie_tolerance``; sigma in units of Lbar^2).
     """
     if curriculum.logits.shape[1] != features.clusters.n_cols:
         raise StrataInputError(
             f"the curriculum has {curriculum.logits.shape[1]} clusters, the sequences {features.clusters.n_cols}",
             fix="give one logit per cluster (or a mapping of cluster ids)",
         )
+    weights = {f.name: f.weight for f in objective.families}
+    other = sorted(set(weights) - {"cluster", "length_bin", "norm", "concentration", "documents", "cluster_count"})
+    if other or "cluster" not in weights:
+        raise StrataInputError(
+            f"greedy_curriculum cannot balance the families {other or ['(no cluster family)']}",
+            fix="use the families cluster, length_bin, norm, concentration, documents and cluster_count (any preset)",
+        )
+    wc, lam, wn = weights["cluster"], weights.get("length_bin", 0.0), weights.get("norm", 0.0)
+    seq_fams = Objective(tuple(f for f in objective.families if f.level == "sequences"))
     m = features.n_sequences
     c = _scipy_csr(features.clusters, m)
     bm = _scipy_csr(features.bins, m)
@@ -151,7 +164,15 @@ def curriculum_greedy_order(
     c2 = np.asarray(c.multiply(c).sum(axis=1)).ravel()
     b2 = np.asarray(bm.multiply(bm).sum(axis=1)).ravel()
     lengths = features.lengths
-    tol = tie_tolerance(lengths.max(), lam, 0.0)
+    norms = np.sqrt(c2)
+    rho = norms.sum() / lengths.sum()
+    N = 0.0
+    if seq_fams.families:
+        chars = seq_fams.matrix(features)
+        xs, t_seq, unit = _scipy_csr(chars.x, m), chars.targets(lengths), chars.unit
+        a_seq = np.asarray(xs.multiply(xs).sum(axis=1)).ravel() - 2.0 * unit * (xs @ t_seq) + unit**2 * (t_seq @ t_seq)
+        Xs = np.zeros(xs.shape[1])
+    tol = tie_tolerance(max(lengths.max(), lengths.mean()), objective.total_weight)
     sigma = float(noise) * float(lengths.mean()) ** 2
     rng = np.random.default_rng(seed)
     T = np.zeros(c.shape[1])
@@ -165,11 +186,15 @@ def curriculum_greedy_order(
         for length in np.unique(lengths[live]):
             e = acc + curriculum.integral(S, S + length)
             e *= (S + length) / e.sum()
-            wc = T - e
-            wb = U - e @ kappa_cond
+            dc = T - e
+            db = U - e @ kappa_cond
             sel = live & (lengths == length)
-            sc = c2 + 2.0 * (c @ wc) + wc @ wc + lam * (b2 + 2.0 * (bm @ wb) + wb @ wb)
+            sc = wc * (c2 + 2.0 * (c @ dc) + dc @ dc) + lam * (b2 + 2.0 * (bm @ db) + db @ db)
             score[sel] = sc[sel]
+        if seq_fams.families:
+            score += a_seq + 2.0 * (xs @ (Xs - t_seq * unit * step))
+        if wn:
+            score += wn * (N + norms - rho * (S + lengths)) ** 2
         score[~live] = np.inf
         if sigma > 0:
             score[live] += sigma * rng.standard_normal(int(live.sum()))
@@ -180,8 +205,12 @@ def curriculum_greedy_order(
         T[c.indices[lo:hi]] += c.data[lo:hi]
         lo, hi = bm.indptr[r], bm.indptr[r + 1]
         U[bm.indices[lo:hi]] += bm.data[lo:hi]
+        if seq_fams.families:
+            lo, hi = xs.indptr[r], xs.indptr[r + 1]
+            Xs[xs.indices[lo:hi]] += xs.data[lo:hi]
         acc = acc + curriculum.integral(S, S + lengths[r])
         S += lengths[r]
+        N += norms[r]
     return out
 
 

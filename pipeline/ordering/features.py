@@ -8,8 +8,8 @@ sequence holds a handful of documents, so only a few entries per row are nonzero
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
 
 import numpy as np
 
@@ -90,10 +90,20 @@ class SequenceFeatures:
     lengths: np.ndarray  # (M,) float64, l_s
     bin_edges: np.ndarray  # interior quantile edges over document lengths (len = B_eff - 1)
     cluster_bin_tokens: np.ndarray  # (K, B_eff) tokens per (cluster, bin): kappa_{b|j} of TerRIFIC curricula
+    spans: np.ndarray | None = None  # (M,) document spans per sequence (None: one each)
+    columns: Mapping[str, Csr] = field(default_factory=dict)  # tokens per category of other document columns
 
     @property
     def n_sequences(self) -> int:
         return self.sequence_ids.size
+
+    def take_rows(self, rows: np.ndarray) -> "SequenceFeatures":
+        """The features of these rows (in this order); bin edges and the joint table stay global."""
+        rows = np.asarray(rows, dtype=np.int64)
+        spans = None if self.spans is None else self.spans[rows]
+        cols = {k: v.take_rows(rows) for k, v in self.columns.items()}
+        return SequenceFeatures(self.sequence_ids[rows], self.clusters.take_rows(rows), self.bins.take_rows(rows),
+                                self.lengths[rows], self.bin_edges, self.cluster_bin_tokens, spans, cols)
 
 
 def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int, n_cols: int) -> Csr:
@@ -114,6 +124,7 @@ def sequence_features(
     n_bins: int,
     seg_doc: np.ndarray | None = None,
     bin_edges: np.ndarray | None = None,
+    seg_columns: Mapping[str, np.ndarray] | None = None,
 ) -> SequenceFeatures:
     """Build c_s and l_{s,b} from one row per document span placed in a sequence (vectorized).
 
@@ -122,7 +133,9 @@ def sequence_features(
     are token-weighted quantiles (``pipeline.reports.diagnostics.length_bin_edges``, shared with the
     metrics so the scheduler balances the very bins the diagnostics measure) over distinct
     documents when ``seg_doc`` is given, else over spans. Given ``bin_edges`` are used as they are
-    (e.g. edges of a whole corpus whose sequences are built part by part).
+    (e.g. edges of a whole corpus whose sequences are built part by part). ``seg_columns`` maps a
+    documents column (e.g. ``source``) to each span's integer category; each becomes a token
+    family (tokens per category) the greedy can balance.
     """
     seg_sequence = np.asarray(seg_sequence, dtype=np.int64)
     seg_cluster = np.asarray(seg_cluster, dtype=np.int64)
@@ -150,4 +163,11 @@ def sequence_features(
     lengths = np.bincount(rows, weights=seg_tokens, minlength=m)
     nb = edges.size + 1
     joint = np.bincount(seg_cluster * nb + bin_of, weights=seg_tokens, minlength=k * nb).reshape(k, nb)
-    return SequenceFeatures(seq_ids, clusters, bins, lengths, edges, joint)
+    spans = np.bincount(rows, minlength=m).astype(np.int64)
+    cols = {}
+    for name, codes in (seg_columns or {}).items():
+        codes = np.asarray(codes, dtype=np.int64)
+        if codes.shape != seg_sequence.shape or (codes.size and codes.min() < 0):
+            raise StrataInputError(f"column {name!r} needs one category id >= 0 per span", fix="encode it densely (0..n-1)")
+        cols[name] = _csr_from_pairs(rows, codes, seg_tokens, m, int(codes.max()) + 1)
+    return SequenceFeatures(seq_ids, clusters, bins, lengths, edges, joint, spans, cols)

@@ -1,24 +1,28 @@
-"""Greedy mixture-adherent ordering of sequences (Don't Shuffle, Optimize f1/f2/f3; TerRIFIC curricula J_sched with l_s).
+"""Greedy mixture-adherent ordering of sequences (Don't Shuffle, Optimize f1/f2/f3; TerRIFIC curricula J_sched).
 
-Objective (TerRIFIC curricula, boxed J_sched; Don't Shuffle, Optimize f3 when every l_s = L)::
+Objective over the families of ``pipeline.ordering.characteristics`` (their columns scaled by
+sqrt(weight), token columns first)::
 
-    f(s) = sum_j [(T_j + c_sj) - tau_j (S + l_s)]^2 + lam * sum_b [(U_b + l_sb) - kappa_b (S + l_s)]^2
-           + mu * (N + n_s - rho (S + l_s))^2
+    f(s) = sum_{g token} [(X_g + x_sg) - t_g (S + l_s)]^2 + sum_{g seq} [(X_g + x_sg) - t_g (W + u)]^2
 
-``mu`` is Don't Shuffle, Optimize's f2 L2-norm term (n_s = ||c_s||_2, rho = sum n / sum l, which is N_bar / L
-for fixed-length sequences). Writing D_j = T_j - tau_j S, E_b = U_b - kappa_b S, R = N - rho S,
-f(s) = const + A_s + 2 Q_s - 2 S a_s - 2 l_s G + 2 mu R v_s  with the static per-sequence terms
-A_s = ||c_s - tau l_s||^2 + lam ||l_s. - kappa l_s||^2 + mu v_s^2,  a_s = <tau, c_s> + lam <kappa, l_s.>,
-v_s = n_s - rho l_s, the global scalar G = <T, tau> + lam <U, kappa> - S (||tau||^2 + lam ||kappa||^2),
-and Q_s = <T, c_s> + lam <U, l_s.>. Only Q_s depends on the choice history per sequence, and it
-changes only for sequences sharing a cluster or a length bin with the chosen one: the exact
-greedy updates those through inverted lists and evaluates the O(1) score of every remaining
-sequence per step (O(M^2) cheap operations instead of the brute force's O(M^2 (K + B))).
+It is TerRIFIC curricula's boxed J_sched with l_s when the families are cluster + lam * length_bin,
+and Don't Shuffle, Optimize's f3 when every l_s = L (f1: cluster alone; f2: cluster + lam * the
+single column ||c_s||_2 with target rho, i.e. lam (N + n_s - rho (S + l_s))^2). Sequence
+families count a sequence as ``u`` (= mean l_s) in its class column; W = u * (sequences picked).
+Writing Q_s = <X, x_s>, a_s = <t_tok, x_s>, b_s = <t_seq, x_s> and
+A_s = ||x_tok,s - t_tok l_s||^2 + ||x_seq,s - t_seq u||^2,
+
+    f(s) = const + A_s + 2 Q_s - 2 S a_s - 2 l_s G - 2 W b_s,   G = <X_tok, t_tok> - S ||t_tok||^2.
+
+Only Q_s depends on the choice history per sequence, and it changes only for sequences sharing a
+column with the chosen one: the exact greedy updates those through inverted lists and evaluates
+the O(1) score of every remaining sequence per step (O(M^2) cheap operations instead of the brute
+force's O(M^2 G)).
 
 Tie-break (deterministic, shared with the brute-force reference in the tests): scores within
-``tie_tolerance`` (1e-9 * max_s l_s^2 * (1 + lam + mu)) of the step's minimum are ties, and the
-lowest sequence row wins. The tolerance absorbs floating-point rounding, which differs between
-algebraically equal forms of f, so both forms pick the same sequence.
+``tie_tolerance`` (1e-9 * max(l_s, u)^2 * the sum of the family weights) of the step's minimum are
+ties, and the lowest sequence row wins. The tolerance absorbs floating-point rounding, which
+differs between algebraically equal forms of f, so both forms pick the same sequence.
 
 Noise (TerRIFIC curricula "Injecting Noise"): eps_s ~ N(0, (sigma * Lbar^2)^2) i.i.d. per remaining
 sequence per step is added to f(s); sigma is therefore in units of Lbar^2 squared tokens
@@ -28,63 +32,58 @@ sequence per step is added to f(s); sigma is therefore in units of Lbar^2 square
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numba
 import numpy as np
 from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.characteristics import Characteristics, Family, characteristics, objective_families
 from pipeline.ordering.features import Csr, SequenceFeatures
 from pipeline.ordering.repair import repair_batches
-
-from pipeline.names import OBJECTIVES  # declared for the config
 
 TIE_RTOL = 1e-9
 
 
-def tie_tolerance(max_length: float, lam: float, mu: float) -> float:
+def tie_tolerance(max_length: float, total_weight: float) -> float:
     """Scores closer than this to the step minimum are ties (lowest row wins)."""
-    return TIE_RTOL * float(max_length) ** 2 * (1.0 + lam + mu)
+    return TIE_RTOL * float(max_length) ** 2 * float(total_weight)
 
 
 @dataclass(frozen=True)
 class Objective:
-    """Weights of the three terms: f1 = (0, 0), f2 = (0, lam), f3 = (lam, 0)."""
+    """The families the greedy balances (``pipeline.ordering.characteristics``)."""
 
-    lam_bins: float
-    mu_norm: float
-
-    @staticmethod
-    def named(objective: str, lam: float) -> "Objective":
-        if objective not in OBJECTIVES:
-            raise StrataInputError(f"unknown objective {objective!r}", fix=f"use one of {', '.join(OBJECTIVES)}")
-        if lam < 0 or not np.isfinite(lam):
-            raise StrataInputError(f"lambda={lam} is impossible", fix="use a finite lambda >= 0 (default 1.0)")
-        return Objective(lam if objective == "f3" else 0.0, lam if objective == "f2" else 0.0)
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Global target shares: tau_j (clusters), kappa_b (length bins), rho (f2 norm per token)."""
-
-    tau: np.ndarray
-    kappa: np.ndarray
-    rho: float
+    families: tuple[Family, ...]
 
     @staticmethod
-    def of(features: SequenceFeatures) -> "Targets":
-        return Targets.of_rows(features.clusters, features.bins, features.lengths)
+    def named(objective: str, lam: float = 1.0, families: Sequence[str | Family] = ()) -> "Objective":
+        """A preset (f1, f2, f3, stationary) or, with ``objective="custom"``, the given families."""
+        return Objective(objective_families(objective, lam, families))
+
+    @property
+    def total_weight(self) -> float:
+        return float(sum(f.weight for f in self.families))
+
+    def matrix(self, features: SequenceFeatures) -> Characteristics:
+        return characteristics(features, self.families)
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.families))
+
+
+@dataclass
+class GreedyState:
+    """Running totals X (every column of the objective), S (tokens) and n (sequences) of the prefix."""
+
+    X: np.ndarray
+    S: float = 0.0
+    n: int = 0
 
     @staticmethod
-    def of_rows(clusters: Csr, bins: Csr, lengths: np.ndarray) -> "Targets":
-        """The shares of these rows alone (a block's own targets in the blocked mode)."""
-        total = float(np.sum(lengths))
-        norms = _row_norms(clusters)
-        return Targets(clusters.column_totals() / total, bins.column_totals() / total, float(norms.sum() / total))
-
-
-def _row_norms(c: Csr) -> np.ndarray:
-    return np.sqrt(np.add.reduceat(c.data**2, c.indptr[:-1]) * (np.diff(c.indptr) > 0))
+    def empty(n_cols: int) -> "GreedyState":
+        return GreedyState(np.zeros(n_cols))
 
 
 def _columns(c: Csr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -96,29 +95,15 @@ def _columns(c: Csr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ptr, rows, c.data[order]
 
 
-@dataclass
-class GreedyState:
-    """Running totals T_j, U_b, S_tot and N (sum of picked ||c_s||_2) of the prefix."""
-
-    T: np.ndarray
-    U: np.ndarray
-    S: float = 0.0
-    N: float = 0.0
-
-    @staticmethod
-    def empty(n_clusters: int, n_bins: int) -> "GreedyState":
-        return GreedyState(np.zeros(n_clusters), np.zeros(n_bins))
-
-
 DEAD = 1e300  # score offset of scheduled rows (finite, so the fastmath scan stays valid)
 
 
 @numba.njit(cache=False, fastmath=True)
-def _scan(buf, A, Q, a, l, v, n, S, G, muR):
-    """buf = scores of rows 0..n-1 (TerRIFIC curricula J_sched up to a constant); return their minimum."""
+def _scan(buf, A, Q, a, b, l, n, S, G, W):
+    """buf = scores of rows 0..n-1 (f up to a constant); return their minimum."""
     best = DEAD
     for i in range(n):
-        sc = A[i] + 2.0 * Q[i] - 2.0 * S * a[i] - 2.0 * l[i] * G + 2.0 * muR * v[i]
+        sc = A[i] + 2.0 * Q[i] - 2.0 * S * a[i] - 2.0 * l[i] * G - 2.0 * W * b[i]
         buf[i] = sc
         best = min(best, sc)
     return best
@@ -142,69 +127,57 @@ def _compact_lists(ptr, rows, vals, newidx):
 
 
 @numba.njit(cache=False)
-def _greedy_kernel(
-    cptr, cind, cdat, ccol_ptr, ccol_rows, ccol_vals,
-    bptr, bind, bdat, bcol_ptr, bcol_rows, bcol_vals,
-    lengths, norms, tau, kappa, lam, mu, rho, T, U, S0, N0, n_pick, tol, sigma, seed,
-):  # fmt: skip
-    """Exact greedy; inverted lists (c*col*) are modified in place. Returns picked rows."""
+def _greedy_kernel(xptr, xind, xdat, col_ptr, col_rows, col_vals, n_tok, lengths, unit, t, X, S0, n0, n_pick, tol,
+                   sigma, seed):  # fmt: skip
+    """Exact greedy; the inverted lists (col_*) are modified in place. Returns picked rows, S, n."""
     m = lengths.size
-    use_bins = lam != 0.0
     tt = 0.0
+    uu = 0.0
     GT = 0.0
-    for j in range(tau.size):
-        tt += tau[j] * tau[j]
-        GT += T[j] * tau[j]
-    kk = 0.0
-    GU = 0.0
-    for b in range(kappa.size):
-        kk += kappa[b] * kappa[b]
-        GU += U[b] * kappa[b]
+    for j in range(t.size):
+        if j < n_tok:
+            tt += t[j] * t[j]
+            GT += X[j] * t[j]
+        else:
+            uu += t[j] * t[j]
     # live arrays, indexed by live slot; slots keep the row order (ties -> lowest slot = lowest row)
     A = np.empty(m)
     a = np.empty(m)
+    b = np.empty(m)
     l = np.empty(m)
-    v = np.empty(m)
     Q = np.empty(m)
     row = np.arange(m)
     for r in range(m):
         lr = lengths[r]
-        ac = 0.0
-        cc = 0.0
-        qc = 0.0
-        for k in range(cptr[r], cptr[r + 1]):
-            ac += tau[cind[k]] * cdat[k]
-            cc += cdat[k] * cdat[k]
-            qc += T[cind[k]] * cdat[k]
-        A[r] = cc - 2.0 * lr * ac + lr * lr * tt
-        a[r] = ac
-        Q[r] = qc
-        if use_bins:
-            ab = 0.0
-            bb = 0.0
-            qb = 0.0
-            for k in range(bptr[r], bptr[r + 1]):
-                ab += kappa[bind[k]] * bdat[k]
-                bb += bdat[k] * bdat[k]
-                qb += U[bind[k]] * bdat[k]
-            A[r] += lam * (bb - 2.0 * lr * ab + lr * lr * kk)
-            a[r] += lam * ab
-            Q[r] += lam * qb
-        v[r] = norms[r] - rho * lr
-        A[r] += mu * v[r] * v[r]
+        xx = 0.0
+        ar = 0.0
+        br = 0.0
+        qr = 0.0
+        for k in range(xptr[r], xptr[r + 1]):
+            j = xind[k]
+            x = xdat[k]
+            xx += x * x
+            qr += X[j] * x
+            if j < n_tok:
+                ar += t[j] * x
+            else:
+                br += t[j] * x
+        A[r] = xx - 2.0 * lr * ar + lr * lr * tt - 2.0 * unit * br + unit * unit * uu
+        a[r] = ar
+        b[r] = br
+        Q[r] = qr
         l[r] = lr
     if sigma > 0.0:
         np.random.seed(seed)
     buf = np.empty(m)
     out = np.empty(n_pick, dtype=np.int64)
     S = S0
-    N = N0
+    npk = n0
     n = m  # live slots 0..n-1 (scheduled ones carry DEAD until the next compaction)
     alive = m
     newidx = np.empty(m, dtype=np.int64)
     for step in range(n_pick):
-        G = GT + lam * GU - S * (tt + lam * kk)
-        best = _scan(buf, A, Q, a, l, v, n, S, G, mu * (N - rho * S))
+        best = _scan(buf, A, Q, a, b, l, n, S, GT - S * tt, unit * npk)
         if sigma > 0.0:
             best = DEAD
             for i in range(n):
@@ -219,24 +192,16 @@ def _greedy_kernel(
         out[step] = r
         A[i] = DEAD
         alive -= 1
-        for k in range(cptr[r], cptr[r + 1]):
-            j = cind[k]
-            c = cdat[k]
-            T[j] += c
-            GT += tau[j] * c
-            for t in range(ccol_ptr[j], ccol_ptr[j + 1]):
-                Q[ccol_rows[t]] += c * ccol_vals[t]
-        if use_bins:
-            for k in range(bptr[r], bptr[r + 1]):
-                b = bind[k]
-                c = bdat[k]
-                U[b] += c
-                GU += kappa[b] * c
-                lc = lam * c
-                for t in range(bcol_ptr[b], bcol_ptr[b + 1]):
-                    Q[bcol_rows[t]] += lc * bcol_vals[t]
+        for k in range(xptr[r], xptr[r + 1]):
+            j = xind[k]
+            c = xdat[k]
+            X[j] += c
+            if j < n_tok:
+                GT += t[j] * c
+            for q in range(col_ptr[j], col_ptr[j + 1]):
+                Q[col_rows[q]] += c * col_vals[q]
         S += lengths[r]
-        N += norms[r]
+        npk += 1
         if alive * 2 <= n and n > 256:
             w = 0
             for s in range(n):
@@ -244,26 +209,22 @@ def _greedy_kernel(
                     newidx[s] = w
                     A[w] = A[s]
                     a[w] = a[s]
+                    b[w] = b[s]
                     l[w] = l[s]
-                    v[w] = v[s]
                     Q[w] = Q[s]
                     row[w] = row[s]
                     w += 1
                 else:
                     newidx[s] = -1
             n = w
-            _compact_lists(ccol_ptr, ccol_rows, ccol_vals, newidx)
-            if use_bins:
-                _compact_lists(bcol_ptr, bcol_rows, bcol_vals, newidx)
-    return out, S, N
+            _compact_lists(col_ptr, col_rows, col_vals, newidx)
+    return out, S, npk
 
 
 def greedy_rows(
-    clusters: Csr,
-    bins: Csr,
+    chars: Characteristics,
     lengths: np.ndarray,
-    targets: Targets,
-    objective: Objective,
+    targets: np.ndarray,
     state: GreedyState,
     n_pick: int | None = None,
     noise: float = 0.0,
@@ -271,7 +232,8 @@ def greedy_rows(
 ) -> np.ndarray:
     """Run the exact greedy on these rows from ``state`` (updated in place); return picked rows.
 
-    ``n_pick`` < number of rows stops early (the windowed mode continues from the state).
+    ``targets`` = t of ``chars.targets`` (the rows' own, or global ones); ``n_pick`` < number of
+    rows stops early (the windowed mode continues from the state).
     """
     m = lengths.size
     n_pick = m if n_pick is None else int(n_pick)
@@ -279,28 +241,24 @@ def greedy_rows(
         raise StrataInputError(f"noise sigma={noise} is impossible", fix="use a finite sigma >= 0 (0 = deterministic)")
     if m == 0:
         return np.zeros(0, dtype=np.int64)
-    ccol = _columns(clusters)
-    bcol = _columns(bins)
+    x = chars.x
     lengths = np.asarray(lengths, dtype=np.float64)
-    tol = tie_tolerance(lengths.max(), objective.lam_bins, objective.mu_norm)
+    tol = tie_tolerance(max(lengths.max(), chars.unit), chars.total_weight)
     sigma = float(noise) * float(lengths.mean()) ** 2
-    out, S, N = _greedy_kernel(
-        clusters.indptr, clusters.indices, clusters.data, *ccol,
-        bins.indptr, bins.indices, bins.data, *bcol,
-        lengths, _row_norms(clusters), targets.tau, targets.kappa,
-        float(objective.lam_bins), float(objective.mu_norm), float(targets.rho),
-        state.T, state.U, float(state.S), float(state.N), n_pick, tol, sigma, int(seed) % (2**32),
+    out, S, n = _greedy_kernel(
+        x.indptr, x.indices, x.data, *_columns(x), chars.n_token_cols, lengths, chars.unit,
+        np.asarray(targets, dtype=np.float64), state.X, float(state.S), int(state.n), n_pick, tol, sigma,
+        int(seed) % (2**32),
     )  # fmt: skip
-    state.S, state.N = float(S), float(N)
+    state.S, state.n = float(S), int(n)
     return out
 
 
 def greedy_order(features: SequenceFeatures, objective: Objective, noise: float = 0.0, seed: int = 0) -> np.ndarray:
-    """Exact greedy (f1/f2/f3 by ``objective``): rows of ``features`` in schedule order."""
-    state = GreedyState.empty(features.clusters.n_cols, features.bins.n_cols)
-    return greedy_rows(
-        features.clusters, features.bins, features.lengths, Targets.of(features), objective, state, None, noise, seed
-    )
+    """Exact greedy over ``objective``'s families: rows of ``features`` in schedule order."""
+    chars = objective.matrix(features)
+    state = GreedyState.empty(chars.x.n_cols)
+    return greedy_rows(chars, features.lengths, chars.targets(features.lengths), state, None, noise, seed)
 
 
 def _dominant(x: Csr) -> np.ndarray:
@@ -348,8 +306,9 @@ def greedy_windowed_order(
     if window < 2:
         raise StrataInputError(f"window={window} is too small", fix="use a pool of at least 2 sequences (default 4096)")
     m = features.n_sequences
-    targets = Targets.of(features)
-    state = GreedyState.empty(features.clusters.n_cols, features.bins.n_cols)
+    chars = objective.matrix(features)
+    targets = chars.targets(features.lengths)
+    state = GreedyState.empty(chars.x.n_cols)
     stream = stratified_stream(features, np.random.default_rng(seed))
     pool = np.sort(stream[:window])
     nxt = pool.size
@@ -358,10 +317,7 @@ def greedy_windowed_order(
     rnd = 0
     while pool.size:
         n_pick = pool.size if nxt >= m else min(step, pool.size)
-        rows = greedy_rows(
-            features.clusters.take_rows(pool), features.bins.take_rows(pool), features.lengths[pool],
-            targets, objective, state, n_pick, noise, seed + rnd,
-        )  # fmt: skip
+        rows = greedy_rows(chars.take_rows(pool), features.lengths[pool], targets, state, n_pick, noise, seed + rnd)
         picked.append(pool[rows])
         keep = np.ones(pool.size, dtype=bool)
         keep[rows] = False
@@ -374,7 +330,6 @@ def greedy_windowed_order(
 
 EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exact greedy (~17 s at 100k, one core)
 BLOCK = 8_192  # default `greedy_block`: sequences per block of the blocked mode
-GREEDY_MODES = ("exact", "blocked")
 
 
 def greedy_mode(n_sequences: int, exact_max: int = EXACT_MAX) -> str:
@@ -399,14 +354,12 @@ def greedy_blocked_order(
     block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
-    batch: int = 32,
 ) -> np.ndarray:
     """Scalable greedy: the exact greedy on each of ceil(M / block) stratified blocks, concatenated.
 
     Each block (``stratified_blocks``) is an independent instance of the exact greedy with its own
     targets (the block's tau, kappa, rho) and an empty prefix state; the schedule is block 0's order,
-    then block 1's, and so on. Last, the worst 0.1% of the training batches of ``batch`` sequences
-    get one repairing swap each with a nearby batch (``pipeline.ordering.repair``). Cost
+    then block 1's, and so on (``greedy_scaled_order`` then repairs the worst batches). Cost
     O(M * block) instead of O(M^2); memory O(M) plus one block.
 
     Why this and not the alternatives (measured on bench_order's instances, K=1000, B=100, batch 32):
@@ -436,7 +389,7 @@ def greedy_blocked_order(
       worst of 312,500 batches 0.052 for length bins), so one swap of a sequence of each of the
       worst 0.1% of the batches with one of a neighbour batch removes them without moving the mean.
 
-    With ``block`` >= M there is one block, no repair, and the order equals ``greedy_order``'s.
+    With ``block`` >= M there is one block and the order equals ``greedy_order``'s.
     Noise: block i draws its eps_s with seed ``seed + i``.
     """
     if block < 1:
@@ -444,14 +397,13 @@ def greedy_blocked_order(
     m = features.n_sequences
     n_blocks = max(1, -(-m // int(block)))
     blocks = stratified_blocks(features, n_blocks, np.random.default_rng(seed))
+    chars = objective.matrix(features)
     parts = []
     for i, rows in enumerate(tqdm(blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)):
-        c, b, lengths = features.clusters.take_rows(rows), features.bins.take_rows(rows), features.lengths[rows]
-        state = GreedyState.empty(c.n_cols, b.n_cols)
-        picked = greedy_rows(c, b, lengths, Targets.of_rows(c, b, lengths), objective, state, None, noise, seed + i)
+        sub, lengths = chars.take_rows(rows), features.lengths[rows]
+        picked = greedy_rows(sub, lengths, sub.targets(lengths), GreedyState.empty(sub.x.n_cols), None, noise, seed + i)
         parts.append(rows[picked])
-    order = np.concatenate(parts)
-    return repair_batches(order, features, batch)[0] if n_blocks > 1 else order
+    return np.concatenate(parts)
 
 
 def greedy_scaled_order(
@@ -463,10 +415,20 @@ def greedy_scaled_order(
     seed: int = 0,
     batch: int = 32,
 ) -> tuple[np.ndarray, str]:
-    """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above; (rows, mode)."""
+    """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above, then the
+    swap repair of the worst 1% of its training batches of ``batch`` sequences
+    (``pipeline.ordering.repair``); (rows, mode).
+
+    The repair is there in both modes because no greedy step looks at a whole batch: now and then
+    the greedy must put two sequences of one group close together (in a block's tail, or where a
+    sequence family holds a class at its share), and one swap with a nearby batch removes such
+    rare batches without moving the mean or the stream's composition.
+    """
     if exact_max < 0:
         raise StrataInputError(f"greedy_exact_max={exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
     mode = greedy_mode(features.n_sequences, exact_max)
     if mode == "exact":
-        return greedy_order(features, objective, noise, seed), mode
-    return greedy_blocked_order(features, objective, block, noise, seed, batch), mode
+        order = greedy_order(features, objective, noise, seed)
+    else:
+        order = greedy_blocked_order(features, objective, block, noise, seed)
+    return repair_batches(order, features, batch)[0], mode

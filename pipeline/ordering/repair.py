@@ -1,4 +1,4 @@
-"""Swap repair of a schedule's worst training batches (the blocked greedy's last step).
+"""Swap repair of a schedule's worst training batches (the greedy strategy's last step).
 
 The measure is Don't Shuffle, Optimize's objective restricted to the training batches, as the
 diagnostics compute it (``pipeline.reports.diagnostics.batch_deviations``): for each full batch
@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.ordering.features import SequenceFeatures
 
-REPAIR_FRACTION = 0.001  # share of the batches repaired (the worst ones)
+REPAIR_FRACTION = 0.01  # share of the batches repaired (the worst ones)
 REPAIR_REACH = 2  # partner batches at most this many batches away
 
 

@@ -23,6 +23,7 @@ from pipeline.ordering.documents import (
     stratified_order,
     token_weighted_order,
 )
+from pipeline.names import TOKEN_FAMILIES
 from pipeline.ordering.features import SequenceFeatures, sequence_features
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode, greedy_scaled_order, greedy_windowed_order
 from pipeline.packing.pack import SEGMENT_SCHEMA, check_seq_len, pack_concat
@@ -34,7 +35,8 @@ Level = Literal["sequence", "document"]
 class OrderParams:
     """Knobs of all strategies (each uses the ones it names in its description)."""
 
-    objective: str = "f3"  # greedy objective: f1 | f2 | f3 (Don't Shuffle, Optimize)
+    objective: str = "stationary"  # greedy objective: stationary | f1 | f2 | f3 | custom (pipeline.ordering.characteristics)
+    families: tuple[str, ...] = ()  # objective custom: the families, "name[:weight[:classes]]"
     bins: int = 100  # B quantile length bins (f3)
     lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
     noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
@@ -46,7 +48,11 @@ class OrderParams:
     greedy_block: int = BLOCK  # sequences per block of the blocked greedy
 
     def objective_weights(self) -> Objective:
-        return Objective.named(self.objective, self.lam)
+        return Objective.named(self.objective, self.lam, self.families)
+
+    def column_families(self) -> list[str]:
+        """Families that name a documents column (e.g. ``source``): the inputs must carry it."""
+        return [f.name for f in self.objective_weights().families if f.level == "tokens" and f.name not in TOKEN_FAMILIES]
 
 
 @dataclass(frozen=True)
@@ -68,12 +74,14 @@ class Inputs:
     seq_len: int
     params: OrderParams
     seed: int
+    columns: dict[str, np.ndarray]  # per doc_id: dense category codes of the documents columns the families name
 
     def features(self, segments: pl.DataFrame | None = None) -> SequenceFeatures:
         seg = self.segments if segments is None else segments
         d = seg["doc_id"].to_numpy()
         return sequence_features(
-            seg["sequence_id"].to_numpy(), self.cluster[d], self.length[d], seg["n_tokens"].to_numpy(), self.params.bins, d
+            seg["sequence_id"].to_numpy(), self.cluster[d], self.length[d], seg["n_tokens"].to_numpy(), self.params.bins, d,
+            seg_columns={name: codes[d] for name, codes in self.columns.items()},
         )
 
 
@@ -108,7 +116,7 @@ def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, s
         if params.curriculum is None:
             raise StrataInputError("greedy_curriculum needs a curriculum", fix="pass --curriculum KNOTS.json (or .yaml)")
         cur = load_curriculum(params.curriculum, features.clusters.n_cols)
-        return curriculum_greedy_order(features, cur, obj.lam_bins, params.noise, seed)
+        return curriculum_greedy_order(features, cur, obj, params.noise, seed)
     if name == "greedy_block_shuffle":
         if params.block_size < 1:
             raise StrataInputError(f"block size {params.block_size} is impossible", fix="use --block-size >= 1")
@@ -339,5 +347,13 @@ def run_strategy(
     seg_docs = segments["doc_id"].to_numpy()
     if seg_docs.size and (seg_docs.max() >= n or (cluster[seg_docs] < 0).any()):
         raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
-    inp = Inputs(cluster, length, np.sort(doc_id), content_hash, segments, int(seq_len), params, int(seed))
+    columns = {}
+    for name in params.column_families():
+        if name not in docs.columns:
+            raise StrataInputError(
+                f"the family {name!r} names no column of the documents", fix=f"use one of the documents columns {docs.columns} or a built-in family"
+            )
+        columns[name] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
+        columns[name][doc_id] = docs[name].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
+    inp = Inputs(cluster, length, np.sort(doc_id), content_hash, segments, int(seq_len), params, int(seed), columns)
     return STRATEGIES[name].run(inp)

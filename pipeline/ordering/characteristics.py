@@ -1,0 +1,250 @@
+"""Characteristic families the greedy balances (Don't Shuffle, Optimize, "A Greedy Algorithm", generalized).
+
+Don't Shuffle, Optimize wants "the characteristics of the data we train on [to be] constant
+throughout training" for *any* measurable trait; its f1 balances clusters, f3 adds a quantile
+histogram of document lengths, f2 the L2 norm of c_s. Strata treats these as instances of one
+open set of **families**, each with a weight w_f and a matrix x^f (one row per sequence):
+
+- *token families* (``level="tokens"``): x^f_{s,g} counts the tokens of sequence s in group g,
+  the target t^f_g is the group's share of all tokens, and the family's running total grows by
+  l_s per pick: ``cluster`` (c_{s,j}), ``length_bin`` (l_{s,b}), any categorical column of the
+  documents table (e.g. ``source``, ``subdomain``), and ``norm`` (the single column ||c_s||_2 with
+  target rho = sum ||c_s|| / sum l_s: f2's term);
+- *sequence families* (``level="sequences"``): each sequence falls in one class, the target is the
+  class's share of *sequences*, and the running total grows by one sequence per pick:
+  ``concentration`` (quantile classes of ||c_s||_2 / l_s: a single-cluster sequence has 1, a
+  sequence spread evenly over n clusters 1/sqrt(n)) and ``documents`` (quantile classes of the
+  number of document spans in s). A sequence counts ``unit`` = mean l_s in its class column, so
+  one off-target sequence costs about what one off-target sequence costs a token family (L^2).
+
+The greedy minimizes sum_f w_f sum_g [(X^f_g + x^f_sg) - t^f_g (W^f + w^f_s)]^2 with W^f the
+family's running total (S tokens, or unit * n sequences) and w^f_s = l_s or unit. Scaling a
+family's x and t by sqrt(w_f) makes every weight 1, so all families become the columns of one
+matrix (token columns first) and one set of inverted lists (``pipeline.ordering.greedy``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.errors import StrataInputError
+from pipeline.ordering.features import Csr, SequenceFeatures
+
+from pipeline.names import OBJECTIVES, SEQUENCE_FAMILIES, TOKEN_FAMILIES  # noqa: F401 (declared for the config)
+
+DEFAULT_CLASSES = 4
+
+
+@dataclass(frozen=True)
+class Family:
+    """One characteristic family of the objective: its name, weight and (sequence families) classes."""
+
+    name: str
+    weight: float = 1.0
+    classes: int = DEFAULT_CLASSES
+
+    @property
+    def level(self) -> Literal["tokens", "sequences"]:
+        return "sequences" if self.name in SEQUENCE_FAMILIES else "tokens"
+
+    @staticmethod
+    def parse(text: str) -> "Family":
+        """``name[:weight[:classes]]``, e.g. ``cluster``, ``length_bin:1``, ``concentration:1:4``, ``source:0.5``."""
+        fix = "write a family as name[:weight[:classes]], e.g. 'concentration:1:4' or 'source:0.5'"
+        parts = str(text).strip().split(":")
+        if not parts[0] or len(parts) > 3:
+            raise StrataInputError(f"cannot read the family {text!r}", fix=fix)
+        try:
+            weight = float(parts[1]) if len(parts) > 1 else 1.0
+            classes = int(parts[2]) if len(parts) > 2 else DEFAULT_CLASSES
+        except ValueError:
+            raise StrataInputError(f"cannot read the family {text!r}", fix=fix) from None
+        fam = Family(parts[0], weight, classes)
+        if len(parts) == 3 and fam.level == "tokens":
+            raise StrataInputError(f"token family {fam.name!r} takes no classes", fix=f"write '{fam.name}:{weight:g}'")
+        fam.check()
+        return fam
+
+    def check(self) -> None:
+        if not np.isfinite(self.weight) or self.weight < 0:
+            raise StrataInputError(f"family {self.name!r} has weight {self.weight}", fix="use a finite weight >= 0")
+        if self.level == "sequences" and self.classes < 2:
+            raise StrataInputError(
+                f"family {self.name!r} has {self.classes} classes", fix="use at least 2 quantile classes (default 4)"
+            )
+
+    def __str__(self) -> str:
+        base = f"{self.name}:{self.weight:g}"
+        return f"{base}:{self.classes}" if self.level == "sequences" else base
+
+
+STATIONARY = (  # the families `stationary` adds to f3: (name, weight, classes)
+    ("concentration", 0.5, 16),
+    ("documents", 0.5, 16),
+    ("cluster_count", 0.5, 8),
+    ("norm", 0.25, 0),
+)
+
+
+def preset(objective: str, lam: float) -> tuple[Family, ...]:
+    """The families of a named objective (Don't Shuffle, Optimize's f1/f2/f3; Strata's ``stationary``).
+
+    f1 = clusters; f3 = clusters + lam * length bins; f2 = clusters + lam * (N - rho S)^2 (its L2
+    norm term). ``stationary`` (the default) = f3 plus what holds the *kind* of sequence at its
+    share throughout the stream, which f3 leaves free to drift (it front-loads mixed, short-document
+    sequences): 16 quantile classes of ||c_s||/l_s, 16 of the number of document spans and 8 of the
+    number of distinct clusters, each at its share of sequences (weight 0.5), and f2's norm term at
+    weight 0.25, which pins the mean concentration inside the classes. Chosen on held-out synthetic
+    instances (K = 30-1000, Zipf cluster sizes, log-normal lengths, L = 256 and 2048) as the
+    lightest set whose every tenth stays inside random's band for clusters and documents per
+    sequence, document length and concentration at a per-batch deviation within 1.1x of f3's
+    (docs/ordering.md, "Drift"; ``benchmarks/bench_order.py --drift``).
+    """
+    if objective not in OBJECTIVES or objective == "custom":
+        raise StrataInputError(f"unknown objective {objective!r}", fix=f"use one of {', '.join(o for o in OBJECTIVES if o != 'custom')}")
+    if lam < 0 or not np.isfinite(lam):
+        raise StrataInputError(f"lambda={lam} is impossible", fix="use a finite lambda >= 0 (default 1.0)")
+    base = (Family("cluster", 1.0),)
+    if objective == "f1":
+        return base
+    if objective == "f2":
+        return base + (Family("norm", lam),)
+    out = base + (Family("length_bin", lam),)
+    if objective == "stationary":
+        out += tuple(Family(n, w, c or DEFAULT_CLASSES) for n, w, c in STATIONARY)
+    return out
+
+
+def objective_families(objective: str, lam: float, families: Sequence[str | Family] = ()) -> tuple[Family, ...]:
+    """The families an ordering balances: ``families`` when given (``objective`` must then be
+    ``custom`` or omitted), else the preset of ``objective``. Zero-weight families are dropped."""
+    if objective == "custom" or families:
+        if objective not in ("custom", "") and families:
+            raise StrataInputError(
+                f"both objective={objective!r} and families={list(map(str, families))} are given",
+                fix="set objective: custom to use your own families, or drop `families` to use the preset",
+            )
+        if not families:
+            raise StrataInputError("objective `custom` needs `families`", fix="list them, e.g. families: [cluster:1, length_bin:1, source:0.5]")
+        fams = tuple(f if isinstance(f, Family) else Family.parse(f) for f in families)
+    else:
+        fams = preset(objective, lam)
+    names = [f.name for f in fams]
+    if len(set(names)) != len(names):
+        raise StrataInputError(f"a family is named twice in {names}", fix="name each family once")
+    for f in fams:
+        f.check()
+    kept = tuple(f for f in fams if f.weight > 0)
+    if not kept:
+        raise StrataInputError("every family has weight 0", fix="give at least one family a weight > 0")
+    return kept
+
+
+def quantile_classes(values: np.ndarray, n_classes: int) -> np.ndarray:
+    """Class 0..n-1 of each value: quantile classes of equal sequence counts (ties merge classes)."""
+    v = np.asarray(values, dtype=np.float64)
+    srt = np.sort(v)
+    q = srt[np.minimum((np.arange(1, n_classes) * v.size) // n_classes, v.size - 1)]
+    edges = np.unique(q)
+    edges = edges[edges < srt[-1]]
+    return np.searchsorted(edges, v, side="left").astype(np.int64)
+
+
+def concentration(features: SequenceFeatures) -> np.ndarray:
+    """||c_s||_2 / l_s per sequence (1 for a single-cluster sequence)."""
+    c = features.clusters
+    sq = np.add.reduceat(c.data**2, c.indptr[:-1]) * (np.diff(c.indptr) > 0)
+    return np.sqrt(sq) / features.lengths
+
+
+def _one_hot(classes: np.ndarray, value: float) -> Csr:
+    m = classes.size
+    return Csr(np.arange(m + 1, dtype=np.int64), classes.astype(np.int64), np.full(m, value), int(classes.max()) + 1)
+
+
+def _scaled(x: Csr, scale: float) -> Csr:
+    return Csr(x.indptr, x.indices, x.data * scale, x.n_cols)
+
+
+def family_matrix(features: SequenceFeatures, family: Family, unit: float) -> Csr:
+    """x^f of one family for every row of ``features`` (unscaled by the weight)."""
+    if family.name == "cluster":
+        return features.clusters
+    if family.name == "length_bin":
+        return features.bins
+    if family.name == "norm":
+        c = features.clusters
+        norms = np.sqrt(np.add.reduceat(c.data**2, c.indptr[:-1]) * (np.diff(c.indptr) > 0))
+        m = norms.size
+        return Csr(np.arange(m + 1, dtype=np.int64), np.zeros(m, dtype=np.int64), norms, 1)
+    if family.name == "concentration":
+        return _one_hot(quantile_classes(concentration(features), family.classes), unit)
+    if family.name == "cluster_count":
+        return _one_hot(quantile_classes(np.diff(features.clusters.indptr), family.classes), unit)
+    if family.name == "documents":
+        spans = np.ones(features.n_sequences) if features.spans is None else features.spans
+        return _one_hot(quantile_classes(spans, family.classes), unit)
+    if family.name in features.columns:
+        return features.columns[family.name]
+    have = ", ".join(["cluster", "length_bin", "norm", *SEQUENCE_FAMILIES, *features.columns])
+    raise StrataInputError(
+        f"no characteristic {family.name!r} for these sequences",
+        fix=f"use one of {have} (a documents column becomes a family when the orderings asset reads it: docs/ordering.md)",
+    )
+
+
+def _hstack(parts: Sequence[Csr]) -> Csr:
+    """Column-wise concatenation of CSR matrices with the same rows (columns offset in order)."""
+    m = parts[0].n_rows
+    counts = np.sum([np.diff(p.indptr) for p in parts], axis=0)
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    offsets = np.cumsum([0] + [p.n_cols for p in parts])
+    rows = np.concatenate([np.repeat(np.arange(m, dtype=np.int64), np.diff(p.indptr)) for p in parts])
+    cols = np.concatenate([p.indices + o for p, o in zip(parts, offsets)])
+    data = np.concatenate([p.data for p in parts])
+    order = np.lexsort((cols, rows))
+    return Csr(indptr, cols[order], data[order], int(offsets[-1]))
+
+
+@dataclass(frozen=True)
+class Characteristics:
+    """All families of an objective as one matrix x (M x G): token columns first, then sequence
+    columns; each family's columns scaled by sqrt(weight); ``unit`` = a sequence's weight in a
+    sequence column; ``spans`` = the column range of each family."""
+
+    x: Csr
+    n_token_cols: int
+    unit: float
+    total_weight: float
+    family_columns: Mapping[str, tuple[int, int]]
+
+    def take_rows(self, rows: np.ndarray) -> "Characteristics":
+        x = self.x.take_rows(rows)
+        return Characteristics(x, self.n_token_cols, self.unit, self.total_weight, self.family_columns)
+
+    def targets(self, lengths: np.ndarray) -> np.ndarray:
+        """t: each token column's share of the rows' tokens, each sequence column's share of the rows (scaled)."""
+        tot = self.x.column_totals()
+        t = np.empty_like(tot)
+        nt = self.n_token_cols
+        t[:nt] = tot[:nt] / float(np.sum(lengths))
+        t[nt:] = tot[nt:] / (self.unit * len(lengths))
+        return t
+
+
+def characteristics(features: SequenceFeatures, families: Sequence[Family]) -> Characteristics:
+    """Build the objective's matrix for ``features`` (see the module docstring)."""
+    unit = float(np.mean(features.lengths))
+    ordered = [f for f in families if f.level == "tokens"] + [f for f in families if f.level == "sequences"]
+    parts, spans, start = [], {}, 0
+    for fam in ordered:
+        x = _scaled(family_matrix(features, fam, unit), float(np.sqrt(fam.weight)))
+        parts.append(x)
+        spans[fam.name] = (start, start + x.n_cols)
+        start += x.n_cols
+    n_token = sum(p.n_cols for p, f in zip(parts, ordered) if f.level == "tokens")
+    return Characteristics(_hstack(parts), n_token, unit, float(sum(f.weight for f in families)), spans)
