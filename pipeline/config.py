@@ -158,8 +158,8 @@ class StrataConfig(_Model):
     warmup_steps: int = Field(6, ge=0)
     weight_decay: float = Field(0.1, ge=0.0)
     cross_document: bool = False  # allow attention across document boundaries
-    odm_smoothing: float = Field(0.5, ge=0.0, le=1.0)  # ODM reward moving-average smoothing
-    odm_warmup_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    odm_smoothing: float = 0.5  # ODM reward moving-average weight alpha, in [0, 1)
+    odm_warmup_fraction: float = 0.01  # ODM: fraction of the steps at the prior policy, in [0, 1)
     attention: Literal["auto", "dense", "flex"] = "auto"  # document masking: auto = FlexAttention block masks on CUDA, dense mask on CPU
     compile: bool = False  # torch.compile the decoder (GPU runs)
     heldout_docs: int = Field(64, ge=1)  # fixed held-out batch: first N held-out documents (first seq_len tokens each)
@@ -233,6 +233,20 @@ class StrataConfig(_Model):
     def _fractions(cls, value: list[float]) -> list[float]:
         if any(not 0.0 < f <= 1.0 for f in value):
             raise ValueError("use fractions of the steps in (0, 1]")
+        return value
+
+    @field_validator("odm_smoothing")
+    @classmethod
+    def _odm_smoothing(cls, value: float) -> float:
+        if not 0.0 <= value < 1.0:  # also NaN
+            raise ValueError("use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays uniform)")
+        return value
+
+    @field_validator("odm_warmup_fraction")
+    @classmethod
+    def _odm_warmup_fraction(cls, value: float) -> float:
+        if not 0.0 <= value < 1.0:  # also NaN
+            raise ValueError("use a fraction of the steps in [0, 1), e.g. 0.01 (the paper's 1%)")
         return value
 
     @property

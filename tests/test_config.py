@@ -31,6 +31,11 @@ def test_defaults_and_attribute_access():
     ("strategies", ["random", "sorted_by_vibes"], "unknown strategies ['sorted_by_vibes']"),
     ("strategies", [], "at least 1 item"),
     ("seeds", [0, 0], "distinct integers"),
+    ("odm_smoothing", 1.0, "use a moving-average weight in [0, 1)"),  # the ODM sampler rejects 1: caught at load
+    ("odm_smoothing", -0.5, "use a moving-average weight in [0, 1)"),
+    ("odm_smoothing", float("inf"), "use a moving-average weight in [0, 1)"),
+    ("odm_smoothing", float("nan"), "use a moving-average weight in [0, 1)"),
+    ("odm_warmup_fraction", 1.0, "use a fraction of the steps in [0, 1)"),
 ])
 def test_type_and_range_errors_name_key_value_and_fix(key, value, fix):
     with pytest.raises(StrataInputError) as err:

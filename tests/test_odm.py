@@ -8,8 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from pipeline.config import config_from_dict
 from pipeline.errors import StrataInputError
-from pipeline.training.odm import ODMSampler, exp3_policy, exploration_rate, sequence_clusters
+from pipeline.training.odm import ODMSampler, exp3_policy, exploration_rate, reward_update, sequence_clusters
 
 
 def test_sequence_cluster_is_the_majority_token_cluster():
@@ -49,9 +50,9 @@ def test_probabilities_sum_to_one_respect_the_floor_and_favour_high_loss():
     mix = s.mixture_rows()
     probs = mix["prob"].to_numpy().reshape(300, 4)
     assert np.allclose(probs.sum(1), 1.0)
-    floors = np.array([exploration_rate(8 * n + 1, 4) for n in range(300)])  # 8 turns (draws) per step
+    floors = np.array([exploration_rate(8 * n + 1, 4) for n in range(300)])  # the clock advances 8 draws per step
     assert (probs[s.warmup_steps :] >= floors[s.warmup_steps :, None] - 1e-12).all()
-    late = probs[-50:].mean(0)  # E_{t-1} R grows with the loss gap (~0.6 at t = 2,400 turns)
+    late = probs[-50:].mean(0)  # E_{t-1} times the reward gap: ~0.2-0.7 at t = 2,400 draws
     assert late[0] > 0.26 and late[0] > 1.1 * late[1:].max()
 
 
@@ -66,21 +67,71 @@ def test_warmup_keeps_the_prior_and_records_no_reward():
     assert np.allclose(u.policy(1), 1 / 3)
 
 
-def test_reward_is_the_moving_average_of_importance_weighted_group_loss():
-    seq_cluster = np.arange(40) % 2
-    s = ODMSampler(seq_cluster, total_steps=10, seed=3, micro_batches=2, smoothing=0.5, warmup_fraction=0.0)
-    s.rewards[:] = [4.0, 0.0]
-    ids = s.next_batch(6)  # 2 micro-batches of 3 sequences
-    pi = s.mixture_rows()["prob"].to_numpy()
-    losses = np.arange(6, dtype=float) + 1.0
-    arms = seq_cluster[ids].reshape(2, 3)
-    assert (arms == arms[:, :1]).all()  # each micro-batch comes from one cluster
-    expected = np.array([4.0, 0.0])
-    for g in range(2):  # one turn per micro-batch, in draw order
-        i = arms[g, 0]
-        expected[i] = 0.5 * expected[i] + 0.5 * losses[3 * g : 3 * g + 3].mean() / pi[i]
-    s.update(ids, losses)
-    assert np.allclose(s.rewards, expected)
+def test_group_loss_sums_every_draw_of_an_arm_and_updates_once_per_step():
+    """The issue's example: one arm drawn twice in a step, micro-batch losses 2 and 3, pi = 0.5,
+    alpha = 0.5, R = 0 before. Alg. 1: L = 2 + 3, R <- 0.5 * 0 + 0.5 * 5 / 0.5 = 5.0 (a turn per
+    micro-batch gave 0.5 * (0.5 * 2 / 0.5) + 0.5 * 3 / 0.5 = 4.0)."""
+    pi = np.array([0.5, 0.5])
+    assert reward_update(np.zeros(2), np.array([0, 0]), np.array([2.0, 3.0]), pi, 0.5).tolist() == [5.0, 0.0]
+    # line 11: only arms with L != 0 move; an arm whose draws all scored 0 keeps its reward
+    assert reward_update(np.array([3.0, 1.0]), np.array([0, 1]), np.array([0.0, 2.0]), pi, 0.5).tolist() == [3.0, 2.5]
+
+    for seed in range(50):  # the same example through the sampler: a first step with both draws from one arm
+        s = ODMSampler(np.arange(40) % 2, total_steps=10, seed=seed, micro_batches=2, smoothing=0.5, warmup_fraction=0.0)
+        ids = s.next_batch(4)  # 2 micro-batches of 2 sequences
+        arms = (ids % 2).reshape(2, 2)
+        if arms[0, 0] == arms[1, 0]:
+            break
+    assert (arms == arms[:, :1]).all() and arms[0, 0] == arms[1, 0]
+    assert s.mixture_rows()["prob"].to_list() == [0.5, 0.5]  # K = 2, E_1 = 1/K: pi is exactly uniform
+    s.update(ids, np.array([1.5, 2.5, 2.0, 4.0]))  # micro-batch means 2 and 3
+    drawn = int(arms[0, 0])
+    assert s.rewards[drawn] == 5.0 and s.rewards[1 - drawn] == 0.0
+
+
+def _algorithm_1(arms: list[list[int]], losses: list[list[float]], k: int, alpha: float) -> tuple[list[list[float]], list[list[float]]]:
+    """ODM's Algorithm 1 written out from the paper, with the sampler's clock (t = draws before the
+    step + 1): the policy of every step and the rewards after it, for the given draws and
+    micro-batch losses."""
+    rewards, policies, after = [0.0] * k, [], []
+    draws = 0
+    for step_arms, step_losses in zip(arms, losses):
+        t = draws + 1
+        e_t = min(1 / k, math.sqrt(math.log(k) / (k * t)))
+        e_prev = 1 / k if t == 1 else min(1 / k, math.sqrt(math.log(k) / (k * (t - 1))))
+        gibbs = [math.exp(e_prev * r) for r in rewards]
+        pi = [(1 - k * e_t) * w / sum(gibbs) + e_t for w in gibbs]
+        group = [0.0] * k
+        for arm, loss in zip(step_arms, step_losses):
+            group[arm] += loss
+        for i in range(k):
+            if group[i] != 0:
+                rewards[i] = alpha * rewards[i] + (1 - alpha) * group[i] / pi[i]
+        draws += len(step_arms)
+        policies.append(pi)
+        after.append(list(rewards))
+    return policies, after
+
+
+def test_several_steps_match_algorithm_1():
+    k, g, per_mb, steps, alpha = 3, 4, 2, 8, 0.3
+    seq_cluster = np.arange(90) % k
+    s = ODMSampler(seq_cluster, total_steps=steps, seed=7, micro_batches=g, smoothing=alpha, warmup_fraction=0.0)
+    arms, mb_losses, rewards = [], [], []
+    for n in range(steps):
+        ids = s.next_batch(g * per_mb)
+        clusters = seq_cluster[ids].reshape(g, per_mb)
+        assert (clusters == clusters[:, :1]).all()
+        losses = 1.0 + clusters[:, 0].repeat(per_mb) + 0.25 * n + 0.01 * (ids % 5)
+        s.update(ids, losses)
+        arms.append(clusters[:, 0].tolist())
+        mb_losses.append(losses.reshape(g, per_mb).mean(1).tolist())
+        rewards.append(s.rewards.tolist())
+    policies, expected = _algorithm_1(arms, mb_losses, k, alpha)
+    assert np.allclose(s.mixture_rows()["prob"].to_numpy().reshape(steps, k), policies, rtol=1e-12, atol=0)
+    assert np.allclose(rewards, expected, rtol=1e-12, atol=0)
+    assert np.ptp(policies[-1]) > 0.01  # the policy has left uniform: the rewards reached it
+    assert any(len(set(a)) < len(a) for a in arms) and any(len(set(a)) < k for a in arms)  # repeats and undrawn arms
 
 
 def test_pools_are_drawn_without_replacement_then_reshuffled_and_seeded():
@@ -113,23 +164,45 @@ def test_misuse_is_reported():
     with pytest.raises(StrataInputError):
         s.update(ids, np.array([1.0, np.nan, 1.0, 1.0]))
     with pytest.raises(StrataInputError):
+        s.update(ids, np.array([1.0, -1.0, 1.0, 1.0]))
+    with pytest.raises(StrataInputError):
         ODMSampler(np.arange(4), total_steps=10, smoothing=1.0)
+
+
+@pytest.mark.parametrize("key, arg", [("odm_smoothing", "smoothing"), ("odm_warmup_fraction", "warmup_fraction")])
+def test_the_config_accepts_exactly_the_values_the_sampler_accepts(key, arg):
+    for value in (0.0, 0.5, 0.99, 1.0, 1.5, -0.1, float("nan"), float("inf")):
+        try:
+            ODMSampler(np.arange(4), total_steps=10, **{arg: value})
+            trains = True
+        except StrataInputError:
+            trains = False
+        try:
+            config_from_dict({key: value})
+            loads = True
+        except StrataInputError:
+            loads = False
+        assert loads == trains, (key, value)
 
 
 def test_policy_moves_within_a_demo_sized_run_towards_the_high_loss_cluster():
     """32 clusters, 60 steps of 16 sequences (the demo): cluster 5's loss stays at 6 nats, the
     rest fall to 3 by mid-run; pi must up-weight cluster 5 (with the paper's one turn per step,
-    E_t = 1/K for t < K ln K = 111 steps and pi would stay exactly uniform)."""
+    E_t = 1/K for t < K ln K = 111 steps and pi would stay exactly uniform). One run is noisy: an
+    arm drawn twice in a step gets the sum of its two losses (Alg. 1, line 8) and keeps that reward
+    until its next draw, so the weights are averaged over 5 seeds."""
     k, steps, batch = 32, 60, 16
     seq_cluster = np.arange(32 * 40) % k
-    s = ODMSampler(seq_cluster, total_steps=steps, seed=0)
-    for n in range(steps):
-        ids = s.next_batch(batch)
-        loss = np.where(seq_cluster[ids] == 5, 6.0, 6.0 - 3.0 * min(1.0, 2 * n / steps))
-        s.update(ids, loss)
-    probs = s.mixture_rows()["prob"].to_numpy().reshape(steps, k)
-    assert s.t == steps * batch
-    assert np.allclose(probs[0], 1 / k)
-    last = probs[-10:].mean(0)
-    assert last.argmax() == 5 and last[5] > 1.3 / k  # ~1.37 / K
-    assert np.abs(last - 1 / k).max() > 0.01  # not uniform
+    last = np.zeros(k)
+    for seed in range(5):
+        s = ODMSampler(seq_cluster, total_steps=steps, seed=seed)
+        for n in range(steps):
+            ids = s.next_batch(batch)
+            loss = np.where(seq_cluster[ids] == 5, 6.0, 6.0 - 3.0 * min(1.0, 2 * n / steps))
+            s.update(ids, loss)
+        probs = s.mixture_rows()["prob"].to_numpy().reshape(steps, k)
+        assert s.t == steps * batch
+        assert np.allclose(probs[0], 1 / k)
+        last += probs[-10:].mean(0) / 5
+    assert last.argmax() == 5 and last[5] > 1.3 / k  # ~1.56 / K
+    assert last[5] > 1.1 * np.delete(last, 5).max()  # ~1.09 / K for the largest other

@@ -1,28 +1,27 @@
 """Online Data Mixing (ODM, Albalak et al., Algorithm 1): a training-time strategy ``odm``.
 
-The clusters are the arms of an Exp3 bandit. A *turn* is one draw of a cluster and one
-micro-batch from it (Alg. 1, lines 5-7); with G micro-batches per optimizer step an optimizer
-step plays G turns. Before turn t the sampler computes the exploration rate and the policy
+The clusters are the arms of an Exp3 bandit. An optimizer step is one iteration of Alg. 1's
+outer loop: the policy is fixed, G micro-batches are drawn from it (one cluster per micro-batch,
+lines 6-7), and after the step the rewards are updated once. Before the step the sampler computes
+the exploration rate and the policy
 
     E_t = min{1/K, sqrt(ln K / (K t))}                                      (Alg. 1, line 3)
     pi_t(D_i) = (1 - K E_t) exp(E_{t-1} R_i) / sum_j exp(E_{t-1} R_j) + E_t   (Alg. 1, line 4)
 
-and after the step turns every micro-batch's loss into the reward of the cluster it came from,
+and after it sums the losses of every micro-batch drawn from each cluster and updates the
+reward of every cluster with a non-zero sum,
 
-    R_i <- alpha R_i + (1 - alpha) L(micro-batch) / pi_t(D_i)                 (Alg. 1, lines 8-12)
+    L_{D_i} = sum over the step's micro-batches b drawn from D_i of L(f, x_b, y_b)   (Alg. 1, lines 5, 8)
+    R_i <- alpha R_i + (1 - alpha) L_{D_i} / pi_t(D_i)     for L_{D_i} != 0      (Alg. 1, lines 11-12)
 
-(the moving average of the importance-weighted loss), one turn after another in draw order.
-During the warm-up (1% of the steps, ODM section 2) the policy stays at its prior and no rewards
-are recorded.
+(the moving average of the importance-weighted group loss). During the warm-up (1% of the steps,
+ODM section 2) the policy stays at its prior and no rewards are recorded.
 
-**Change of clock (documented departure).** The paper plays one turn per optimizer step with
-one domain per batch (t = step). Here the clock counts micro-batch draws: G turns per step,
-the policy frozen for the G draws of a step (their losses exist only after the step). With the
-paper's clock and K = 32 clusters, E_t = 1/K (so pi is exactly uniform) for t < K ln K = 111
-steps, i.e. for a whole demo-sized run; counting draws, the same run plays G times as many
-turns and the policy moves after ~111/G steps. The reward scale is Alg. 1's (loss / pi, no
-rescaling): E_{t-1} (R_i - R_j) ~ sqrt(K ln K / t) * loss gap, so a 1-nat gap tilts pi by
-~e^0.6 at 1,000 turns with K = 32.
+**Change of clock (documented departure).** Alg. 1 evaluates E_t at t = the step. Here t counts
+micro-batch draws: the policy of a step is evaluated at t = (draws before it) + 1, so the clock
+advances by G per step. With the paper's clock and K = 32 clusters, E_t = 1/K (so pi is exactly
+uniform) for t < K ln K = 111 steps, i.e. for a whole demo-sized run; counting draws, the policy
+moves after ~111/G steps. The reward scale is Alg. 1's (summed loss / pi, no rescaling).
 
 Choices where the paper is open, as a careful reimplementation would make them:
 - A sequence's cluster is the cluster holding most of its tokens (ties: the smaller cluster id);
@@ -92,6 +91,19 @@ def exp3_policy(rewards: np.ndarray, eps_t: float, eps_prev: float) -> np.ndarra
     return (1.0 - rewards.size * eps_t) * g / g.sum() + eps_t
 
 
+def reward_update(rewards: np.ndarray, arms: np.ndarray, losses: np.ndarray, pi: np.ndarray, alpha: float) -> np.ndarray:
+    """The rewards after one step whose micro-batch g came from cluster ``arms[g]`` with loss ``losses[g]``.
+
+    L_{D_i} = sum of the losses drawn from D_i (Alg. 1, lines 5, 8); for every D_i with
+    L_{D_i} != 0, R_i <- alpha R_i + (1 - alpha) L_{D_i} / pi(D_i) (lines 11-12): once per step.
+    """
+    group = np.bincount(arms, weights=losses, minlength=rewards.size)
+    hit = group != 0
+    out = np.asarray(rewards, dtype=np.float64).copy()
+    out[hit] = alpha * out[hit] + (1.0 - alpha) * group[hit] / pi[hit]
+    return out
+
+
 class ODMSampler:
     """Exp3 data mixing over cluster pools of sequence ids; query it every training step.
 
@@ -129,7 +141,7 @@ class ODMSampler:
         self.warmup_steps = int(math.ceil(warmup_fraction * max(1, total_steps)))
         self.prior = sizes / sizes.sum() if prior == "proportional" else np.full(self.k, 1.0 / self.k)
         self.rewards = np.zeros(self.k)  # R_i, Alg. 1 line 1
-        self.t = 0  # turns played (micro-batch draws)
+        self.t = 0  # the exploration clock: micro-batch draws so far
         self.step = 0  # optimizer steps played
         self.rng = np.random.default_rng(seed)
         self._perm = [self.rng.permutation(p) for p in self.pools]
@@ -139,8 +151,8 @@ class ODMSampler:
         self._served: list[np.ndarray] = []
 
     def policy(self, t: int, step: int | None = None) -> np.ndarray:
-        """The sampling distribution of turn t (1-based): the prior during warm-up (optimizer
-        ``step`` <= the warm-up steps; default: t), else Alg. 1."""
+        """The sampling distribution at clock t (1-based, in draws): the prior during warm-up
+        (optimizer ``step`` <= the warm-up steps; default: t), else Alg. 1, line 4."""
         if (t if step is None else step) <= self.warmup_steps or self.k == 1:
             return self.prior.copy()
         return exp3_policy(self.rewards, exploration_rate(t, self.k), exploration_rate(t - 1, self.k))
@@ -159,7 +171,7 @@ class ODMSampler:
         return np.concatenate(out)
 
     def next_batch(self, batch_size: int) -> np.ndarray:
-        """Play one optimizer step: G turns drawn from the policy of the next turn; B sequence ids."""
+        """Play one optimizer step: G clusters drawn from the policy at clock t + 1 (Alg. 1, lines 3-7); B sequence ids."""
         if self._pending is not None:
             raise StrataInputError("ODM next_batch called twice without update", fix="call update(ids, losses) after every step")
         g = batch_size if self.micro_batches is None else self.micro_batches
@@ -178,22 +190,21 @@ class ODMSampler:
         return ids
 
     def update(self, ids: np.ndarray, losses: np.ndarray) -> None:
-        """Record the step's per-sequence losses as rewards, one turn per micro-batch (Alg. 1, lines 8-12)."""
+        """Record the step's per-sequence losses as rewards: one update per step (Alg. 1, lines 8-12)."""
         if self._pending is None:
             raise StrataInputError("ODM update without a batch", fix="call next_batch(B) before update")
         served, arms, pi = self._pending
         ids, losses = np.asarray(ids), np.asarray(losses, dtype=np.float64)
         if ids.shape != served.shape or not np.array_equal(ids, served) or losses.shape != ids.shape:
             raise StrataInputError("ODM update got other ids than the last batch", fix="pass the ids next_batch returned and one loss per id")
-        if not np.isfinite(losses).all():
-            raise StrataInputError("ODM got a non-finite training loss", fix="lower the learning rate or check the data")
+        if not (np.isfinite(losses) & (losses >= 0)).all():
+            raise StrataInputError("ODM got a non-finite or negative training loss", fix="lower the learning rate or check the data")
         self._pending = None
         self.t += arms.size
         if self.step <= self.warmup_steps:
             return
         mb_loss = losses.reshape(arms.size, -1).mean(axis=1)  # L(f, x, y) of each micro-batch
-        for arm, loss in zip(arms, mb_loss):  # one turn per micro-batch, in draw order
-            self.rewards[arm] = self.alpha * self.rewards[arm] + (1 - self.alpha) * loss / pi[arm]
+        self.rewards = reward_update(self.rewards, arms, mb_loss, pi, self.alpha)
 
     def mixture_rows(self) -> pl.DataFrame:
         """The policy of every step: columns ``step`` (0-based training step), ``cluster``, ``prob``."""
