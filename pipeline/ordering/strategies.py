@@ -348,12 +348,12 @@ def run_strategy(
     if seg_docs.size and (seg_docs.max() >= n or (cluster[seg_docs] < 0).any()):
         raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
     columns = {}
-    for name in params.column_families():
-        if name not in docs.columns:
+    for col in params.column_families():
+        if col not in docs.columns:
             raise StrataInputError(
-                f"the family {name!r} names no column of the documents", fix=f"use one of the documents columns {docs.columns} or a built-in family"
+                f"the family {col!r} names no column of the documents", fix=f"use one of the documents columns {docs.columns} or a built-in family"
             )
-        columns[name] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
-        columns[name][doc_id] = docs[name].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
+        columns[col] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
+        columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
     inp = Inputs(cluster, length, np.sort(doc_id), content_hash, segments, int(seq_len), params, int(seed), columns)
     return STRATEGIES[name].run(inp)
