@@ -11,37 +11,91 @@ from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.reports import diagnostics as D
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
 from pipeline.reports.plots import plot_k_calibration
+from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
 from pipeline.storage.atomic import write_parquet, write_text
 from pipeline.storage.warehouse import replace_rows
 
 
-@dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"duckdb"})
-def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+STATIONARITY_CHECK = dg.AssetCheckSpec(
+    "ordering_is_stationary", asset="ordering_diagnostics", blocking=False,
+    description="Every characteristic of the ordering (distinct clusters and documents per sequence, mean document "
+                "length, concentration, cluster / length-bin / source share deviations), in each tenth of the stream and "
+                "over the prefix training consumes, lies inside the band of uniform shuffles of the same sequences "
+                "(table ordering_stationarity). Warns (does not fail the run), naming what is outside.")
+
+OrderingDiagnosticsParams = PARAM_CLASSES["ordering_diagnostics"]  # launchpad: stationarity_shuffles
+
+
+def stationarity_check(strategy: str, table: pl.DataFrame, n_random: int) -> dg.AssetCheckResult:
+    """``ordering_is_stationary``: passes when no part of ``table`` is outside random's band; else
+    a WARN whose description names every characteristic and part outside it."""
+    if table.is_empty():
+        return dg.AssetCheckResult(check_name=STATIONARITY_CHECK.name, passed=True, severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"{strategy} has no schedule before training: nothing to test",
+                                   metadata={"strategy": strategy})
+    lines = S.out_of_band(table)
+    summary = S.out_of_band_summary(table)
+    return dg.AssetCheckResult(
+        check_name=STATIONARITY_CHECK.name, passed=not lines, severity=dg.AssetCheckSeverity.WARN,
+        description=f"outside random's band: {summary}" if lines else "every characteristic inside random's band",
+        metadata={
+            "strategy": strategy,
+            "parts_outside": len(lines),
+            "characteristics_outside": ", ".join(S.characteristics(table.filter(~pl.col("inside")))) or "none",
+            "outside": dg.MetadataValue.md("\n".join(f"- {line}" for line in lines) or "none"),
+            "shuffles": n_random,
+            # a uniform shuffle leaves the pooled band by chance at most this often per characteristic (module docstring)
+            "false_alarm_bound_per_characteristic": f"{2 / (n_random + 1):.3f} (level, two-sided), "
+                                                    f"{1 / (n_random + 1):.3f} (share), for the tenths and for the prefix",
+        },
+    )
+
+
+@dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="2", kinds={"duckdb"},
+          check_specs=[STATIONARITY_CHECK])
+def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
+                         config: OrderingDiagnosticsParams) -> dg.MaterializeResult:
     """Unique clusters per sequence, per-batch share deviations (batches of 8/32/128), prefix error,
-    drift per decile — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``.
+    drift per decile — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``;
+    stationarity (every characteristic per tenth and over the first ``max_steps x batch_size``
+    sequences, against the band of ``stationarity_shuffles`` uniform shuffles) — DuckDB table
+    ``ordering_stationarity`` and ``diagnostics/<strategy>.stationarity.parquet``, with the
+    non-blocking check ``ordering_is_stationary``.
     A training-time strategy (odm) has no schedule before training: it gets no rows here; its
     diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs)."""
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
-    cfg, layout = asset_config(context, settings), settings.layout()
+    cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
+    prefix = cfg.max_steps * cfg.batch_size
     if strategy in TRAINING_TIME_STRATEGIES:
-        metrics = D.rows_frame([])
+        metrics, stationarity = D.rows_frame([]), S.empty_table()
     else:
         docs = V.document_features(layout)
         sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
         metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
+        stationarity = S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=cfg.stationarity_shuffles,
+                                            seed=cfg.seed)
     out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
+    out_stat = write_parquet(stationarity, layout.inside("diagnostics", f"{strategy}.stationarity.parquet"))
     with duckdb.get_connection() as con:
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
+        replace_rows(con, "ordering_stationarity", stationarity, {"strategy": strategy})
     summary = V.summary_table(metrics)
-    return rec.finish([out], {"metrics": metrics.height}, {"strategy": strategy, "length_bins": cfg.length_bins},
-                      {"summary": dg.MetadataValue.md(V.markdown_table(summary))})
+    check = stationarity_check(strategy, stationarity, cfg.stationarity_shuffles)
+    return rec.finish([out, out_stat], {"metrics": metrics.height, "stationarity": stationarity.height},
+                      {"strategy": strategy, "length_bins": cfg.length_bins, "prefix_sequences": prefix,
+                       "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed},
+                      {"summary": dg.MetadataValue.md(V.markdown_table(summary)),
+                       "stationarity": dg.MetadataValue.md(S.markdown(stationarity) if stationarity.height else "no schedule"),
+                       "stationarity_outside": S.out_of_band_summary(stationarity) or "none"},
+                      check_results=[check])
 
 
-@dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="1", kinds={"matplotlib"})
+@dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="2", kinds={"matplotlib"})
 def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md``,
+    """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md`` (one
+    stationarity figure per characteristic, from ``ordering_stationarity``),
     corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``,
     and Diversity-ordered training's k calibration (silhouette vs k on a sample) in ``k_calibration``."""
     rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
@@ -56,8 +110,10 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     with duckdb.get_connection() as con:
         replace_rows(con, "corpus_metrics", corpus, {})
         metrics = con.sql("SELECT * FROM ordering_metrics").pl().filter(pl.col("strategy").is_in(strategies))
+        stationarity = S.sort_table(con.sql("SELECT * FROM ordering_stationarity").pl(), strategies)
     report_dir = layout.inside("report")
-    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), report_dir)
+    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), report_dir, stationarity=stationarity,
+                              prefix_sequences=cfg.max_steps * cfg.batch_size)
     ks = [k for k in DEFAULT_KS if k <= emb.shape[0] // 40]  # faiss wants >= 39 points per centroid
     if len(ks) >= 2:
         cal = calibrate_k(emb, ks, sample_size=min(5000, emb.shape[0]), seed=cfg.seed)
@@ -66,7 +122,9 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
             replace_rows(con, "k_calibration", pl.DataFrame({"k": cal.ks, "silhouette": cal.silhouettes,
                                                             "recommended": cal.ks == cal.recommended_k}), {})
     summary = V.summary_table(metrics)
-    md_path = write_text(V.render_markdown(summary, figures, report_dir), report_dir / "diagnostics.md")
-    ui = "\n\n".join([V.markdown_table(summary)] + [V.image_markdown(p, n) for n, p in figures.items()])
+    md_path = write_text(V.render_markdown(summary, figures, report_dir, stationarity), report_dir / "diagnostics.md")
+    ui = "\n\n".join([V.markdown_table(summary), "**stationarity: outside random's band**",
+                       V.markdown_table(V.stationarity_summary(stationarity))]
+                      + [V.image_markdown(p, n) for n, p in figures.items()])
     return rec.finish([md_path, *figures.values()], {"strategies": len(strategies), "figures": len(figures)},
                       {"strategies": strategies}, {"report": dg.MetadataValue.md(ui)})

@@ -44,7 +44,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "orderings": ("objective", "families", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max",
                   "greedy_block", "batch_size", "seq_len", "seed"),
     "exports": ("export_formats", "export_global_batch", "export_world_size", "export_workers", "batch_size", "seq_len"),
-    "ordering_diagnostics": ("length_bins",),
+    "ordering_diagnostics": ("length_bins", "max_steps", "batch_size", "seed", "stationarity_shuffles"),  # prefix = max_steps x batch_size
     "diagnostics_report": ("length_bins", "seed"),
     "training_runs": ("model_preset", "seq_len", "batch_size", "max_steps", "lr", "warmup_steps", "weight_decay",
                       "cross_document", "odm_smoothing", "odm_warmup_fraction", "probe_fractions", "probe_batches", "attention",

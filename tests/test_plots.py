@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import polars as pl
 import pytest
 from PIL import Image
 
@@ -61,6 +62,19 @@ def test_ordering_bar_shows_the_schedule(schedules):
     original = P._token_stream_clusters(schedules["original"], 500)
     assert np.all(np.diff(original) >= 0) and np.unique(original).size == 12
     assert np.any(np.diff(P._token_stream_clusters(schedules["random"], 500)) < 0)
+
+
+def test_stationarity_figures(schedules, tmp_path):
+    from pipeline.reports import stationarity as S
+    from pipeline.reports import visual as V
+
+    table = pl.concat([S.stationarity_table(sched, prefix=64, strategy=name) for name, sched in schedules.items()])
+    for name in S.characteristics(table):
+        check_png(P.plot_stationarity(table, name, tmp_path / f"{name}.png", prefix_sequences=64))
+    figs = V.write_figures(schedules, None, np.zeros(1), tmp_path / "report", batch_size=8, stationarity=table, prefix_sequences=64)
+    assert {f"stationarity_{c}" for c in S.characteristics(table)} <= set(figs)
+    with pytest.raises(StrataInputError):
+        P.plot_stationarity(table, "no_such_characteristic", tmp_path / "none.png")
 
 
 def test_cluster_cloud_and_colors(tmp_path):

@@ -73,6 +73,22 @@ def test_everything_fresh_after_a_run(graph):
     assert {r.asset for r in rows} == ALL
 
 
+def test_stationarity_table_and_check_ran(graph):
+    """ordering_diagnostics wrote ordering_stationarity and ran its non-blocking check (a WARN at worst: the run went on)."""
+    import duckdb
+
+    from pipeline.reports.stationarity import LEVEL
+
+    instance, cfg, tmp = graph
+    with duckdb.connect(str(tmp / "root" / "strata.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT characteristic, count(*) FROM ordering_stationarity WHERE strategy = 'random' GROUP BY 1").fetchall()
+    assert set(LEVEL) | {"cluster_share_dev", "length_bin_share_dev"} <= {c for c, _ in rows} and {n for _, n in rows} == {11}
+    key = dg.AssetCheckKey(dg.AssetKey("ordering_diagnostics"), "ordering_is_stationary")
+    records = instance.event_log_storage.get_asset_check_execution_history(key, limit=5)
+    evaluation = records[0].event.dagster_event.event_specific_data
+    assert evaluation.severity == dg.AssetCheckSeverity.WARN and evaluation.metadata["strategy"].value == "random"
+
+
 @pytest.mark.parametrize("key", list(EXPECTED))
 def test_parameter_change_marks_exactly_its_assets_stale(graph, key):
     instance, cfg, tmp = graph

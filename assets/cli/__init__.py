@@ -93,11 +93,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from assets.common import env_config
     from pipeline.reports import diagnostics as D
+    from pipeline.reports import stationarity as S
     from pipeline.reports import visual as V
     from pipeline.storage.atomic import write_text
     from pipeline.storage.layout import Layout
 
-    root = Path(args.data_root).resolve() if args.data_root else env_config().root
+    cfg = env_config()
+    root = Path(args.data_root).resolve() if args.data_root else cfg.root
     layout = Layout(root)
     if not layout.duckdb.exists():
         raise StrataInputError("no strata.duckdb in the data root", path=root, fix="run `strata demo` or `strata run` first, or pass --data-root")
@@ -112,8 +114,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     metrics = pl.concat([D.ordering_diagnostics(s, sched) for s, sched in schedules.items()])
     summary = V.summary_table(metrics)
     emb = np.load(layout.embeddings, mmap_mode="r") if layout.embeddings.exists() else None
-    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), layout.inside("report"))
-    md = write_text(V.render_markdown(summary, figures, layout.inside("report")), layout.inside("report", "diagnostics.md"))
+    prefix = cfg.max_steps * cfg.batch_size
+    stationarity = pl.concat([S.stationarity_table(sched, prefix=prefix, strategy=s, n_random=cfg.stationarity_shuffles, seed=cfg.seed)
+                              for s, sched in schedules.items()])
+    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), layout.inside("report"), stationarity=stationarity,
+                              prefix_sequences=prefix)
+    md = write_text(V.render_markdown(summary, figures, layout.inside("report"), stationarity), layout.inside("report", "diagnostics.md"))
     console = Console()
     table = Table(title=f"Ordering diagnostics ({root})")
     for col in summary.columns:
@@ -121,6 +127,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     for row in summary.iter_rows():
         table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
     console.print(table)
+    console.print(f"stationarity over tenths and the first {prefix:,} sequences, outside the band of "
+                  f"{cfg.stationarity_shuffles} uniform shuffles:")
+    for strategy, outside in V.stationarity_summary(stationarity).iter_rows():
+        console.print(f"  {strategy}: {outside}", highlight=False)
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         has_ablation = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
     if has_ablation and layout.report.exists():

@@ -84,7 +84,9 @@ class Schedule:
     """An ordering of packed sequences with everything the metrics need.
 
     ``order[p]`` is the sequence at position p; ``position[s]`` its inverse. ``clusters`` and
-    ``bins`` are the sparse c_s and l_s; ``seg_*`` the segment rows (for document-level drift).
+    ``bins`` are the sparse c_s and l_s; ``seg_*`` the segment rows (for document-level drift and
+    documents per sequence). ``doc_source`` holds dense codes 0..S-1 of a per-document source
+    label (indexed by doc_id) when one was given, else None.
     """
 
     order: np.ndarray
@@ -95,6 +97,8 @@ class Schedule:
     seg_tokens: np.ndarray
     seg_doc_length: np.ndarray
     bin_edges: np.ndarray
+    seg_doc: np.ndarray
+    doc_source: np.ndarray | None = None
 
     @property
     def n_sequences(self) -> int:
@@ -122,12 +126,15 @@ def prepare(
     bin_edges: np.ndarray | None = None,
     n_bins: int = 100,
     n_clusters: int | None = None,
+    doc_source: np.ndarray | pl.Series | None = None,
 ) -> Schedule:
     """Join an ordering with its packing's segments, document clusters and length bins.
 
     ``segments`` follows ``pipeline.packing.pack.SEGMENT_SCHEMA``; ``doc_cluster`` and ``doc_length``
     (stream length, n_tokens + 1) are indexed by doc_id. Length bins come from ``bin_edges`` when
     given (share them between strategies), else from :func:`length_bin_edges` over all documents.
+    ``doc_source`` (optional, indexed by doc_id) is a per-document source label of any type; it is
+    kept as dense integer codes (sorted label text) for the stationarity diagnostics.
     """
     order = ordering_ids(ordering)
     m = order.size
@@ -157,6 +164,12 @@ def prepare(
     k = int(doc_cluster.max()) + 1 if n_clusters is None else int(n_clusters)
     if doc_cluster.min() < 0 or doc_cluster.max() >= k:
         raise StrataInputError(f"cluster ids must lie in 0..{k - 1}", fix="relabel clusters densely from 0")
+    source = None
+    if doc_source is not None:
+        labels = pl.Series(doc_source).cast(pl.Utf8).fill_null("")  # a missing label is a label of its own
+        if labels.len() != doc_cluster.size:
+            raise StrataInputError("doc_source and doc_cluster differ in length", fix="pass one source label per doc_id")
+        source = (labels.rank("dense") - 1).to_numpy().astype(np.int64)
     edges = length_bin_edges(doc_length, n_bins) if bin_edges is None else np.asarray(bin_edges)
     doc_bin = length_bins(doc_length, edges)
     return Schedule(
@@ -168,6 +181,8 @@ def prepare(
         seg_tokens=seg_tok,
         seg_doc_length=doc_length[seg_doc],
         bin_edges=edges,
+        seg_doc=seg_doc,
+        doc_source=source,
     )
 
 

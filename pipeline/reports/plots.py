@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+import polars as pl
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from pipeline.reports import diagnostics as D
+from pipeline.reports import stationarity as S
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_path
 
@@ -285,3 +287,74 @@ def animate_ordering(
     with atomic_path(path) as tmp:
         pictures[0].save(tmp, format="GIF", save_all=True, append_images=pictures[1:], duration=1000 // fps, loop=0)
     return Path(path)
+
+
+def plot_stationarity(frame: pl.DataFrame, characteristic: str, path: str | os.PathLike, *,
+                      prefix_sequences: int | None = None) -> Path:
+    """One characteristic of the stationarity table (``pipeline.reports.stationarity``): its value
+    in each tenth of the stream, one line per strategy, with random's band shaded, and the value
+    over the consumed prefix marked right of the tenths (diamond) with the prefix's band.
+
+    The band most strategies share (same sequences: sequence-level strategies) is shaded grey; a
+    strategy with its own packing (document-level strategies) has its own band, drawn as dotted
+    lines in its colour. Points outside their band are ringed in red.
+    """
+    sub = frame.filter(pl.col("characteristic") == characteristic)
+    if sub.is_empty():
+        raise StrataInputError(f"no rows for characteristic {characteristic!r}", fix="pass a stationarity_table with it")
+    strategies = list(sub["strategy"].unique(maintain_order=True))
+    colors = cluster_colors(len(strategies))  # tab10 up to 10 strategies
+    per: dict[str, dict[str, np.ndarray]] = {}
+    for name in strategies:
+        rows = sub.filter(pl.col("strategy") == name)
+        tenth = rows.filter(pl.col("part") != S.PREFIX).with_columns(i=pl.col("part").cast(pl.Int64)).sort("i")
+        pre = rows.filter(pl.col("part") == S.PREFIX)
+        per[name] = {k: tenth[k].to_numpy() for k in ("value", "band_lo", "band_hi", "inside")} | {
+            "p_" + k: pre[k].to_numpy() for k in ("value", "band_lo", "band_hi", "inside")}
+    n = max(v["value"].size for v in per.values())
+    x, xp = np.arange(n), n + 0.6
+    bands: dict[tuple, list[str]] = {}
+    for name, v in per.items():
+        key = tuple(np.round([v["band_lo"][0], v["band_hi"][0], *v["p_band_lo"], *v["p_band_hi"]], 12))
+        bands.setdefault(key, []).append(name)
+    shared = max(bands, key=lambda k: (len(bands[k]), "random" in bands[k]))
+    fig = Figure(figsize=(9.5, 4.6))
+    ax = fig.subplots()
+    one_sided = characteristic in S.SHARE
+    ax.fill_between([-0.4, n - 0.6], shared[0], shared[1], color="0.82", lw=0, label=f"random's band ({', '.join(bands[shared])})")
+    ax.fill_between([xp - 0.35, xp + 0.35], shared[2], shared[3], color="0.82", lw=0)
+    if one_sided:  # the band's top is the threshold
+        ax.hlines(shared[1], -0.4, n - 0.6, colors="0.35", lw=1.2)
+        ax.hlines(shared[3], xp - 0.35, xp + 0.35, colors="0.35", lw=1.2)
+    ring_x: list[float] = []
+    ring_y: list[float] = []
+    for i, (name, v) in enumerate(per.items()):
+        color = colors[i]
+        own = next(k for k, names in bands.items() if name in names)
+        if own != shared:
+            ax.hlines([own[0], own[1]], -0.4, n - 0.6, colors=[color], linestyles=":", lw=1.2,
+                      label=f"{', '.join(bands[own])}'s band (own packing)" if bands[own][0] == name else None)
+            ax.hlines([own[2], own[3]], xp - 0.35, xp + 0.35, colors=[color], linestyles=":", lw=1.2)
+        m = v["value"].size
+        ax.plot(x[:m], v["value"], "-o", color=color, ms=4, lw=1.6, label=name)
+        off = (i - (len(per) - 1) / 2) * 0.12
+        ax.plot([xp + off] * v["p_value"].size, v["p_value"], "D", color=color, ms=7, mec="black", mew=0.5)
+        ring_x += [*x[:m][~v["inside"]], *[xp + off] * int((~v["p_inside"]).sum())]
+        ring_y += [*v["value"][~v["inside"]], *v["p_value"][~v["p_inside"]]]
+    if ring_x:
+        ax.scatter(ring_x, ring_y, s=130, facecolors="none", edgecolors="red", lw=1.4, zorder=5, label="outside its band")
+    ax.axvline((n - 1 + xp) / 2, color="0.4", lw=0.8)
+    ax.set_xticks([*x, xp])
+    ax.set_xticklabels([str(i) for i in x] + ["prefix" + (f"\n{prefix_sequences:,} seq." if prefix_sequences else "")])
+    ax.set_xlim(-0.6, xp + 0.6)
+    ax.set_xlabel("tenth of the stream  |  the prefix training consumes")
+    ax.set_ylabel(S.LABELS.get(characteristic, characteristic))
+    kind = "targeted by f3" if characteristic in S.TARGETED else "not targeted"
+    side = "; lower is better: only the band's top matters" if one_sided else ""
+    ax.set_title(f"Stationarity: {characteristic} ({kind}{side})", fontsize=11)
+    if one_sided:
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)

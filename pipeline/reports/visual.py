@@ -13,6 +13,7 @@ import polars as pl
 
 from pipeline.reports import diagnostics as D
 from pipeline.reports import plots
+from pipeline.reports import stationarity as S
 from pipeline.storage.layout import Layout
 
 SUMMARY_METRICS = [
@@ -36,16 +37,20 @@ def document_features(layout: Layout) -> pl.DataFrame:
 
 
 def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:
-    """Join a strategy's ordering with its segments; length-bin edges shared by all strategies."""
+    """Join a strategy's ordering with its segments; length-bin edges shared by all strategies;
+    the documents' ``source`` label when ``docs`` has one."""
     seg_path = layout.ordering_segments(strategy)
     segments = pl.read_parquet(seg_path if seg_path.exists() else layout.segments)
     lengths = docs["stream_length"].to_numpy()
     edges = D.length_bin_edges(lengths, n_bins)
-    return D.prepare(segments, pl.read_parquet(layout.ordering(strategy)), docs["cluster"].to_numpy(), lengths, bin_edges=edges)
+    return D.prepare(segments, pl.read_parquet(layout.ordering(strategy)), docs["cluster"].to_numpy(), lengths, bin_edges=edges,
+                     doc_source=docs["source"] if "source" in docs.columns else None)
 
 
-def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | None, doc_cluster: np.ndarray, out_dir: Path, batch_size: int = 32) -> dict[str, Path]:
-    """Render every comparison figure into ``out_dir``; return {name: path}."""
+def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | None, doc_cluster: np.ndarray, out_dir: Path,
+                  batch_size: int = 32, stationarity: pl.DataFrame | None = None, prefix_sequences: int | None = None) -> dict[str, Path]:
+    """Render every comparison figure into ``out_dir``; return {name: path}. With ``stationarity``
+    (rows of ``pipeline.reports.stationarity.stationarity_table``), one figure per characteristic."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {
         "ordering_bars": plots.plot_ordering_bars(schedules, out_dir / "ordering_bars.png"),
@@ -57,7 +62,20 @@ def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | Non
         figs["cluster_cloud"] = plots.plot_cluster_cloud(embeddings, doc_cluster, out_dir / "cluster_cloud.png")
     animated = "greedy" if "greedy" in schedules else next(iter(schedules))
     figs["ordering_animation"] = plots.animate_ordering(schedules[animated], out_dir / f"ordering_animation_{animated}.gif")
+    if stationarity is not None and not stationarity.is_empty():
+        for name in S.characteristics(stationarity):
+            figs[f"stationarity_{name}"] = plots.plot_stationarity(stationarity, name, out_dir / f"stationarity_{name}.png",
+                                                                   prefix_sequences=prefix_sequences)
     return figs
+
+
+def stationarity_summary(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per strategy: the characteristics (and parts) outside random's band, or "none"."""
+    return pl.DataFrame(
+        [{"strategy": s, "outside random's band": S.out_of_band_summary(rows) or "none"}
+         for (s,), rows in frame.group_by("strategy", maintain_order=True)],
+        schema={"strategy": pl.Utf8, "outside random's band": pl.Utf8},
+    )
 
 
 def summary_table(metrics: pl.DataFrame) -> pl.DataFrame:
@@ -88,8 +106,12 @@ def image_markdown(path: Path, title: str) -> str:
     return f"**{title}**\n\n![{title}](data:{mime};base64,{data})"
 
 
-def render_markdown(summary: pl.DataFrame, figures: dict[str, Path], base: Path) -> str:
-    """``report/diagnostics.md``: the summary table and relative links to the figures."""
+def render_markdown(summary: pl.DataFrame, figures: dict[str, Path], base: Path, stationarity: pl.DataFrame | None = None) -> str:
+    """``report/diagnostics.md``: the summary table, each strategy's characteristics outside
+    random's band (with ``stationarity``), and relative links to the figures."""
     parts = ["# Ordering diagnostics", "", markdown_table(summary), ""]
+    if stationarity is not None and not stationarity.is_empty():
+        parts += ["## Stationarity (by tenth of the stream and over the consumed prefix)", "",
+                  markdown_table(stationarity_summary(stationarity)), ""]
     parts += [f"## {name.replace('_', ' ')}\n\n![{name}]({p.relative_to(base)})\n" for name, p in figures.items()]
     return "\n".join(parts)
