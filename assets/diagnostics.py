@@ -45,9 +45,8 @@ def stationarity_check(strategy: str, table: pl.DataFrame, n_random: int) -> dg.
             "characteristics_outside": ", ".join(S.characteristics(table.filter(~pl.col("inside")))) or "none",
             "outside": dg.MetadataValue.md("\n".join(f"- {line}" for line in lines) or "none"),
             "shuffles": n_random,
-            # a uniform shuffle leaves the pooled band by chance at most this often per characteristic (module docstring)
-            "false_alarm_bound_per_characteristic": f"{2 / (n_random + 1):.3f} (level, two-sided), "
-                                                    f"{1 / (n_random + 1):.3f} (share), for the tenths and for the prefix",
+            # a uniform shuffle leaves the simultaneous envelope somewhere about this often (module docstring)
+            "false_alarm_rate": f"about {1 / (n_random + 1):.3f} (1 / (shuffles + 1), all characteristics and parts at once)",
         },
     )
 
