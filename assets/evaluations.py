@@ -134,8 +134,8 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
                       {"strategies": strategies, "seeds": cfg.seeds, "bootstrap_samples": cfg.bootstrap_samples},
                       {"report": dg.MetadataValue.md(ui), "significant_differences": significant,
                        "positive_control": verdict.status,
-                       "seeds_for_0.5%": plan[0]["seeds_needed"] if plan else None,
-                       "heldout_docs_for_0.5%": plan[0]["units_needed"] if plan else None})
+                       "power_seeds_needed": plan[0]["seeds_needed"] if plan else None,
+                       "power_heldout_docs_needed": plan[0]["units_needed"] if plan else None})
 
 
 def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:
