@@ -69,16 +69,20 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
 AblationReportParams = PARAM_CLASSES["ablation_report"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses"], code_version="3", kinds={"duckdb"})
+@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses"], code_version="4", kinds={"duckdb"})
 def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
                     config: AblationReportParams) -> dg.MaterializeResult:
     """Strategy x metric table (the fixed held-out batch's final loss and every evaluation
     metric, mean ± std over seeds) in DuckDB ``ablation``; the difference of every strategy to
     ``random`` with a paired-bootstrap 95% interval over held-out documents and seeds, its
-    significance and the minimum detectable effect in ``ablation_delta``; the consumed-stream
-    diversity table; ``report.md`` with held-out loss-vs-tokens curves (seed bands), training
-    curves, stable ranks, the mixture fidelity heatmaps and the ODM mixture under ``report/``."""
-    from pipeline.reports.stats import delta_table
+    significance and the minimum detectable effect in ``ablation_delta``; the power of the run and
+    the run a 0.5% difference needs in ``ablation_power``; the consumed-stream diversity table;
+    ``report.md``, opening with the positive control (``cluster_sorted``) and the power statement,
+    with the power figure, held-out loss-vs-tokens curves (seed bands), training curves, stable
+    ranks, the mixture fidelity heatmaps and the ODM mixture under ``report/``."""
+    from evals.paloma import read_paloma_docs
+    from pipeline.names import POSITIVE_CONTROL
+    from pipeline.reports.stats import control_verdict, delta_table, mde_by_checkpoint, power_table
     from pipeline.reports.tables import higher_is_better, run_units
 
     cfg = asset_config(context, settings, config)
@@ -96,23 +100,42 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     units = run_units(mine.get("heldout_curve"), mine.get("eval_results"), mine.get("eval_units"))
     table = ablation_table(units)
     deltas = delta_table(units, "random", cfg.bootstrap_samples, cfg.seed, higher_is_better)
+    verdict = control_verdict(deltas, POSITIVE_CONTROL)
+    heldout_available = read_paloma_docs(layout.heldout).height if any(layout.heldout.rglob("*.jsonl.gz")) else None
+    power = power_table(units, "random", POSITIVE_CONTROL, max_units=heldout_available,
+                        tokens_per_run=cfg.max_steps * cfg.batch_size * cfg.seq_len)
     diversity = mine.get("consumed_metrics")
     with duckdb.get_connection() as con:
         replace_rows(con, "ablation", table, {})
         replace_rows(con, "ablation_delta", deltas, {})
-    figures = training_figures(mine, layout.inside("report"), cfg.seeds[0])
+        con.execute("DROP TABLE IF EXISTS ablation_power")  # wholly derived: its columns follow this code's POWER_SCHEMA
+        replace_rows(con, "ablation_power", power, {})
+    figures = {}
+    if power.filter(pl.col("strategy") == "pooled").height:
+        from pipeline.reports.power_plots import plot_power
+
+        checkpoints = mde_by_checkpoint(mine["heldout_curve"]) if "heldout_curve" in mine else pl.DataFrame()
+        figures["power"] = plot_power(power, checkpoints, layout.inside("report", "power.png"))
+    figures |= training_figures(mine, layout.inside("report"), cfg.seeds[0])
     jumps = mine.get("epoch_jumps")
     flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
     extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
     if flagged is not None and flagged.height:
         extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
-    md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity)
-    outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet"))]
-    ui = render_report(table, strategies=strategies, deltas=deltas, diversity=diversity) + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
+    md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity, power=power)
+    outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet")),
+               write_parquet(power, layout.inside("report", "ablation_power.parquet"))]
+    ui = (render_report(table, strategies=strategies, deltas=deltas, diversity=diversity, power=power)
+          + "\n\n".join(image_markdown(p, n) for n, p in figures.items()))
     significant = deltas.filter(pl.col("significant")).height if deltas.height else 0
-    return rec.finish([*outputs, *figures.values()], {"strategies": len(strategies), "rows": table.height, "deltas": deltas.height},
+    plan = power.filter(pl.col("strategy") == "pooled").to_dicts()
+    return rec.finish([*outputs, *figures.values()],
+                      {"strategies": len(strategies), "rows": table.height, "deltas": deltas.height, "power": power.height},
                       {"strategies": strategies, "seeds": cfg.seeds, "bootstrap_samples": cfg.bootstrap_samples},
-                      {"report": dg.MetadataValue.md(ui), "significant_differences": significant})
+                      {"report": dg.MetadataValue.md(ui), "significant_differences": significant,
+                       "positive_control": verdict.status,
+                       "power_seeds_needed": plan[0]["seeds_needed"] if plan else None,
+                       "power_heldout_docs_needed": plan[0]["units_needed"] if plan else None})
 
 
 def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:

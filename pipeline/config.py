@@ -138,7 +138,7 @@ class StrataConfig(_Model):
     seq_len: int = Field(256, ge=2)
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
-    strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed", "odm"], min_length=1)
+    strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed", "odm", "cluster_sorted"], min_length=1)  # cluster_sorted: the positive control
     objective: Literal[OBJECTIVES] = "stationary"  # type: ignore[valid-type]  # greedy objective: stationary | f1 | f2 | f3 | custom (docs/ordering.md)
     families: list[str] = Field(default_factory=list, validate_default=True)  # objective custom: "name[:weight[:classes]]", e.g. [cluster, length_bin:1, concentration:0.5:16, source:0.5]
     length_bins: int = Field(100, ge=1)

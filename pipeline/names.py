@@ -15,7 +15,9 @@ WITHIN_SORTS = ("original", "length-asc", "length-desc", "length-riffle")
 ORDERING_STRATEGIES = (
     "original", "random", "greedy", "greedy_fast", "greedy_curriculum", "greedy_block_shuffle", "stratified",
     "token_weighted", "round_robin", "bin_packing", "cluster_packed", "duplicate_separated",
+    "cluster_sorted",  # the positive control (pipeline/ordering/control.py)
 )
+POSITIVE_CONTROL = "cluster_sorted"  # the deliberately harmful order every ablation report checks first
 TRAINING_TIME_STRATEGIES = ("odm",)  # chosen online during training (ODM), not by a scheduler
 PACKING_VARIANTS = ("concat", "padding", "best_fit")
 ATOM_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)  # Packing & shuffling, Table 1 / Table 4

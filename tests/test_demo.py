@@ -1,4 +1,4 @@
-"""``strata demo``'s configuration: three seeds, stratified in the default set, ``--evals DIR``."""
+"""``strata demo``'s configuration: three seeds, stratified and the positive control in the default set, ``--evals DIR``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def test_demo_config_has_three_seeds_and_the_default_strategies(tmp_path):
     cfg = load_config(path)
     assert cfg.seeds == [0, 1, 2] and cfg.max_steps * cfg.batch_size * cfg.seq_len == 122_880
     assert "stratified" in cfg.strategies and cfg.strategies == StrataConfig().strategies
+    assert "cluster_sorted" in cfg.strategies  # the positive control the ablation report opens with
     assert not (cfg.wikitext_path or cfg.paloma_dir or cfg.dclm_dir)  # the demo evaluates no external suite by default
 
 

@@ -541,3 +541,53 @@ def test_cli_schedule_and_schedule_docs(tmp_path, capsys):
         run_cli(["schedule", str(tmp_path / "bad.parquet"), "--out", str(out)])
     with pytest.raises(StrataInputError, match="does not exist"):
         run_cli(["schedule", str(tmp_path / "nope.parquet"), "--out", str(out)])
+
+
+def test_cluster_sorted_dominant_cluster_is_token_weighted_with_ties_to_the_lowest_id():
+    from pipeline.ordering.control import dominant_clusters
+
+    # sequence 0: 3 tokens of cluster 0, 5 of cluster 1 -> 1; sequence 1: 8 of cluster 1 -> 1;
+    # sequence 2: 4 of cluster 2, 4 of cluster 0 -> tie -> 0; sequence 3: 2 + 2 of cluster 2, 3 of cluster 1 -> 2
+    seg = pl.DataFrame({"sequence_id": [0, 0, 1, 2, 2, 3, 3, 3], "doc_id": [0, 1, 2, 3, 4, 5, 6, 7],
+                        "n_tokens": [3, 5, 8, 4, 4, 2, 2, 3]})
+    ids, dom = dominant_clusters(seg, np.array([0, 1, 1, 2, 0, 2, 2, 1]))
+    assert ids.tolist() == [0, 1, 2, 3] and dom.tolist() == [1, 1, 0, 2]
+
+
+def test_cluster_sorted_groups_clusters_in_a_seeded_order():
+    from pipeline.ordering.control import dominant_clusters
+    from pipeline.ordering.strategies import SEED_FREE, seed_dependent
+
+    rng = np.random.default_rng(3)
+    docs, seg = toy_tables(rng, n=2000, k=6, seq_len=64)
+    ids, dom = dominant_clusters(seg, docs["cluster"].to_numpy())
+    dom_of = dict(zip(ids.tolist(), dom.tolist()))
+    firsts = []
+    for seed in (0, 1, 2, 3):
+        res = run_strategy("cluster_sorted", docs, seg, 64, OrderParams(), seed)
+        order = res.order["sequence_id"].to_numpy()
+        assert res.segments is None and np.array_equal(np.sort(order), ids)  # the base packing, permuted
+        runs = [dom_of[s] for s in order]
+        changes = [c for i, c in enumerate(runs) if i == 0 or c != runs[i - 1]]
+        assert sorted(changes) == sorted(set(dom.tolist()))  # every cluster is one contiguous block
+        firsts.append(tuple(changes))
+    assert len(set(firsts)) > 1  # the cluster order depends on the seed ...
+    again = run_strategy("cluster_sorted", docs, seg, 64, OrderParams(), 1).order
+    assert again.equals(run_strategy("cluster_sorted", docs, seg, 64, OrderParams(), 1).order)  # ... and only on it
+    assert "cluster_sorted" not in SEED_FREE and seed_dependent("cluster_sorted", OrderParams())
+
+
+def test_demo_cluster_sorted_trains_on_few_clusters_where_random_sees_all(demo):
+    """The positive control's premise on the demo corpus (8 domains, 2,487 sequences): the first
+    30 batches of 16 sequences (what `strata demo` trains on) come from at most 4 domains under
+    cluster_sorted (a sequence's domain: its dominant one) for each of the demo's seeds, from all 8 under random."""
+    from pipeline.ordering.control import dominant_clusters
+
+    docs, seg, _ = demo
+    ids, dom = dominant_clusters(seg, docs["cluster"].to_numpy())
+    for seed in (0, 1, 2):
+        seen = {}
+        for name in ("cluster_sorted", "random"):
+            order = run_strategy(name, docs, seg, 256, OrderParams(), seed).order["sequence_id"].to_numpy()[: 30 * 16]
+            seen[name] = np.unique(dom[np.searchsorted(ids, order)]).size
+        assert seen["random"] == 8 and seen["cluster_sorted"] <= 4, (seed, seen)

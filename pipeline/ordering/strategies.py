@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.control import cluster_sorted_order
 from pipeline.ordering.curriculum import curriculum_greedy_order, load_curriculum
 from pipeline.ordering.documents import (
     WITHIN_SORTS,
@@ -278,6 +279,7 @@ _DESCRIPTIONS = {
     "bin_packing": "worst-fit packing of round-robin documents into sequence-sized bins, repacked",
     "cluster_packed": "documents packed cluster by cluster, sequences shuffled (minimum diversity baseline)",
     "duplicate_separated": "Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each greedy-ordered, concatenated",
+    "cluster_sorted": "positive control: sequences grouped by dominant cluster, clusters in a seeded order (pipeline/ordering/control.py)",
 }
 
 STRATEGIES: dict[str, Strategy] = {
@@ -285,6 +287,8 @@ STRATEGIES: dict[str, Strategy] = {
     **{n: Strategy(n, "document", _DESCRIPTIONS[n], _document_strategy(n)) for n in DOCUMENT_LEVEL},
     "cluster_packed": Strategy("cluster_packed", "document", _DESCRIPTIONS["cluster_packed"], _cluster_packed),
     "duplicate_separated": Strategy("duplicate_separated", "document", _DESCRIPTIONS["duplicate_separated"], _duplicate_separated),
+    "cluster_sorted": Strategy("cluster_sorted", "sequence", _DESCRIPTIONS["cluster_sorted"],
+                               lambda inp: OrderingResult(_order_frame(cluster_sorted_order(inp.segments, inp.cluster, inp.seed)), None)),
 }
 
 
