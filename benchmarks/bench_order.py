@@ -15,9 +15,20 @@ Modes: `greedy_exact` (exact greedy at any size), `greedy_blocked` (the blocked 
 size), `greedy` (exact up to `greedy_exact_max`, blocked above: what the pipeline runs),
 `greedy_fast`, `random`.
 
-    python benchmarks/bench_order.py             # sizes up to M=1M (minutes)
+Drift (docs/ordering.md, "Drift"): on held-out instances (K = 30, 300, 1000; L = 256 and 2048;
+Zipf cluster sizes, log-normal lengths; seeds not used to choose the default), every objective's
+exact greedy (the `greedy` strategy: exact below `greedy_exact_max`, then the batch repair) and
+`random`: distinct clusters and documents per sequence in the 1st, 5th and 10th tenth of the
+stream, the characteristics outside random's band (`pipeline.reports.stationarity`, 20 shuffles,
+prefix = 480 sequences as the demo trains on), and the mean / worst per-batch max deviation of
+cluster and length-bin shares (batch 32) with its ratio to f3's exact greedy without the repair
+(the order f3 gave before the repair was part of `greedy` in exact mode).
+
+    python benchmarks/bench_order.py             # sizes up to M=1M (minutes), then the drift table
     python benchmarks/bench_order.py --10m       # and greedy at M=10M (about 15 minutes more)
     python benchmarks/bench_order.py --quick     # 10x smaller
+    python benchmarks/bench_order.py --drift     # only the drift table (every objective)
+    python benchmarks/bench_order.py --objective f3   # the speed cases with another objective (default stationary)
     taskset -c 0 python benchmarks/bench_order.py   # pin to one core
 """
 
@@ -35,7 +46,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.reports.diagnostics import Composition, batch_deviations, composition  # noqa: E402
+import polars as pl  # noqa: E402
+
+from pipeline.reports.diagnostics import Composition, batch_deviations, composition, prepare  # noqa: E402
+from pipeline.reports.stationarity import out_of_band_summary, stationarity_table  # noqa: E402
 from pipeline.ordering import (  # noqa: E402
     Objective,
     OrderParams,
@@ -147,16 +161,17 @@ def instance(m: int, seed: int) -> SequenceFeatures:
     return _concat(parts)
 
 
-def case_sequences(mode: str, m: int, seed: int) -> dict:
+def case_sequences(mode: str, m: int, seed: int, objective: str) -> dict:
     t0 = time.perf_counter()
     f = instance(m, seed)
     build = time.perf_counter() - t0
     warm_up()
     name, overrides = MODES[mode]
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = sequence_order(name, f, OrderParams(bins=B, **overrides), seed)
+    rows = sequence_order(name, f, OrderParams(objective=objective, bins=B, **overrides), seed)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
-    out = {"mode": mode, "M": f.n_sequences, "seconds": secs, "cpu_s": cpu, "build_s": build, "peak_rss_mb": peak_rss_mb()}
+    out = {"mode": mode, "objective": objective, "M": f.n_sequences, "seconds": secs, "cpu_s": cpu, "build_s": build,
+           "peak_rss_mb": peak_rss_mb()}
     assert np.array_equal(np.sort(rows), np.arange(f.n_sequences)), "not a permutation"
     out.update(quality(f, rows))
     del rows
@@ -180,14 +195,18 @@ def case_stratified(n_docs: int, seed: int) -> dict:
 
 
 def child(argv: list[str]) -> dict:
-    kind, size, seed = argv[0], int(argv[1]), int(argv[2])
+    kind, size, seed, objective = argv[0], int(argv[1]), int(argv[2]), argv[3]
     if kind == "stratified":
         return case_stratified(size, seed)
-    return case_sequences(kind, size, seed)
+    return case_sequences(kind, size, seed, objective)
+
+
+OBJECTIVE = "stationary"  # the speed cases' objective (--objective)
 
 
 def run_case(kind: str, size: int, seed: int = 0) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, str(size), str(seed)], capture_output=True, text=True)
+    argv = [sys.executable, __file__, "--child", kind, str(size), str(seed), OBJECTIVE]
+    proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -200,7 +219,7 @@ def _dev(q: dict, what: str) -> str:
 def show(r: dict) -> None:
     size = f"M={r['M']:,}" if "M" in r else f"docs={r['docs']:,}"
     cpu = f" (cpu {r['cpu_s']:.2f} s)" if "cpu_s" in r else ""
-    line = f"{r['mode']:<15} {size:<14} {r['seconds']:8.2f} s{cpu}  peak RSS {r['peak_rss_mb']:7.0f} MB"
+    line = f"{r['mode']:<15} {r.get('objective', ''):<11} {size:<14} {r['seconds']:8.2f} s{cpu}  peak RSS {r['peak_rss_mb']:7.0f} MB"
     if "cluster_dev" in r:
         rnd = r["random"]
         line += (
@@ -223,15 +242,22 @@ def ratios(r: dict, exact: dict, label: str) -> None:
 
 
 def main() -> None:
+    global OBJECTIVE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="10x smaller instances")
     ap.add_argument("--10m", dest="ten_m", action="store_true", help="also greedy at M=10M")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--drift", action="store_true", help="only the drift table of every objective")
+    ap.add_argument("--objective", default=OBJECTIVE, help="objective of the speed cases (default stationary)")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child)))
         return
+    OBJECTIVE = args.objective
     s = 10 if args.quick else 1
+    if args.drift:
+        drift_table(s)
+        return
     print(f"L={L} K={K} B={B} batch={BATCH}; one process per case, one core", flush=True)
     print("-- exact greedy vs the blocked greedy (and greedy_fast) on the same instances", flush=True)
     exact = {}
@@ -264,6 +290,50 @@ def main() -> None:
             f"   packed {name:<10} batch{BATCH} max-dev clusters {q['cluster_dev']:.5f}  bins {q['bin_dev']:.5f}"
             f"  clusters/sequence {q['clusters_per_seq']:.2f}"
         )
+    drift_table(s)
+
+
+DRIFT_INSTANCES = ((30, 256, 20_000), (300, 256, 20_000), (1000, 256, 60_000), (30, 2048, 12_000), (300, 2048, 20_000),
+                   (1000, 2048, 60_000))  # (K, L, sequences); the last is the drift issue's instance
+DRIFT_OBJECTIVES = ("f1", "f2", "f3", "stationary")
+
+
+def drift_instance(k: int, seq_len: int, m: int, seed: int) -> tuple[SequenceFeatures, pl.DataFrame, np.ndarray, np.ndarray]:
+    """Zipf(1) cluster sizes over k clusters, log-normal lengths, a random packing into seq_len; m sequences."""
+    rng = np.random.default_rng(seed)
+    n_docs = int(m * seq_len / 500 * 1.08)
+    p = 1.0 / np.arange(1, k + 1)
+    cluster = rng.choice(k, n_docs, p=p / p.sum())
+    length = np.clip(rng.lognormal(5.5, 1.2, n_docs), 1, 200_000).astype(np.int64)
+    seg = pack_concat(rng.permutation(n_docs), length, seq_len).segments.filter(pl.col("sequence_id") < m)
+    d = seg["doc_id"].to_numpy()
+    f = sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), B, d)
+    return f, seg, cluster, length
+
+
+def drift_table(scale: int) -> None:
+    """Per objective: clusters and documents per sequence by tenth, what leaves random's band, batch deviations."""
+    print(f"-- drift: every objective's `greedy` (exact) and random; batch {BATCH}; ratios to f3's exact greedy before the repair", flush=True)
+    for i, (k, seq_len, m) in enumerate(DRIFT_INSTANCES):
+        f, seg, cluster, length = drift_instance(k, seq_len, m // scale, 9000 + i)
+        orders = {obj: sequence_order("greedy", f, OrderParams(objective=obj, bins=B), 0) for obj in DRIFT_OBJECTIVES}
+        orders["random"] = np.random.default_rng(0).permutation(f.n_sequences)
+        ref = quality(f, greedy_order(f, Objective.named("f3")))
+        print(f"K={k} L={seq_len} M={f.n_sequences:,}", flush=True)
+        for name, rows in orders.items():
+            sched = prepare(seg, f.sequence_ids[rows], cluster, length, bin_edges=f.bin_edges)
+            table = stationarity_table(sched, prefix=min(480, f.n_sequences), strategy=name)
+            tenth = lambda c: table.filter((pl.col("characteristic") == c) & pl.col("part").is_in(["0", "4", "9"]))["value"]  # noqa: E731
+            q = quality(f, rows)
+            print(
+                f"   {name:<11} clusters/seq {' > '.join(f'{v:.2f}' for v in tenth('clusters_per_seq'))}"
+                f"  docs/seq {' > '.join(f'{v:.2f}' for v in tenth('docs_per_seq'))}"
+                f"  batch dev clusters {q['cluster_dev']:.4f}/{q['cluster_dev_max']:.4f} ({q['cluster_dev'] / ref['cluster_dev']:.2f}x/"
+                f"{q['cluster_dev_max'] / ref['cluster_dev_max']:.2f}x) bins {q['bin_dev']:.4f}/{q['bin_dev_max']:.4f}"
+                f" ({q['bin_dev'] / ref['bin_dev']:.2f}x/{q['bin_dev_max'] / ref['bin_dev_max']:.2f}x)"
+                f"  outside band: {out_of_band_summary(table) or 'none'}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -416,7 +416,7 @@ def greedy_scaled_order(
     batch: int = 32,
 ) -> tuple[np.ndarray, str]:
     """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above, then the
-    swap repair of the worst 5% of its training batches of ``batch`` sequences
+    swap repair of the worst 10% of its training batches of ``batch`` sequences
     (``pipeline.ordering.repair``); (rows, mode).
 
     The repair is there in both modes because no greedy step looks at a whole batch: now and then

@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.ordering.features import SequenceFeatures
 
-REPAIR_FRACTION = 0.05  # share of the batches repaired (the worst ones)
+REPAIR_FRACTION = 0.10  # share of the batches repaired (the worst ones)
 REPAIR_REACH = 2  # partner batches at most this many batches away
 
 
