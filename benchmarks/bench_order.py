@@ -28,6 +28,7 @@ cluster and length-bin shares (batch 32) with its ratio to f3's exact greedy wit
     python benchmarks/bench_order.py --10m       # and greedy at M=10M (about 15 minutes more)
     python benchmarks/bench_order.py --quick     # 10x smaller
     python benchmarks/bench_order.py --drift     # only the drift table (every objective)
+    python benchmarks/bench_order.py --drift --1m   # and f3 / stationary blocked at M=1M (CPU seconds, drift)
     python benchmarks/bench_order.py --objective f3   # the speed cases with another objective (default stationary)
     taskset -c 0 python benchmarks/bench_order.py   # pin to one core
 """
@@ -115,7 +116,7 @@ def warm_up() -> None:
     f = sequence_features(np.array([0, 0, 1, 2]), np.array([0, 1, 1, 0]), np.array([3, 4, 5, 6]), np.array([1, 2, 3, 3]), 2)
     greedy_order(f, Objective.named("f3", 1.0))
     greedy_blocked_order(f, Objective.named("f3", 1.0), block=2)
-    repair_batches(np.arange(4), f, 1)  # compiles the batch repair
+    repair_batches(np.arange(f.n_sequences), f, 1)  # compiles the batch repair
     stratified_order(np.array([0, 1, 0]), np.array([1, 2, 3]))
 
 
@@ -247,6 +248,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10x smaller instances")
     ap.add_argument("--10m", dest="ten_m", action="store_true", help="also greedy at M=10M")
     ap.add_argument("--drift", action="store_true", help="only the drift table of every objective")
+    ap.add_argument("--1m", dest="one_m", action="store_true", help="with --drift: also the blocked greedy at M=1M")
     ap.add_argument("--objective", default=OBJECTIVE, help="objective of the speed cases (default stationary)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -257,6 +259,8 @@ def main() -> None:
     s = 10 if args.quick else 1
     if args.drift:
         drift_table(s)
+        if args.one_m:
+            drift_blocked(1_000_000 // s)
         return
     print(f"L={L} K={K} B={B} batch={BATCH}; one process per case, one core", flush=True)
     print("-- exact greedy vs the blocked greedy (and greedy_fast) on the same instances", flush=True)
@@ -311,6 +315,47 @@ def drift_instance(k: int, seq_len: int, m: int, seed: int) -> tuple[SequenceFea
     return f, seg, cluster, length
 
 
+def drift_row(name: str, f: SequenceFeatures, seg: pl.DataFrame, cluster: np.ndarray, length: np.ndarray, rows: np.ndarray,
+              ref: dict) -> None:
+    sched = prepare(seg, f.sequence_ids[rows], cluster, length, bin_edges=f.bin_edges)
+    table = stationarity_table(sched, prefix=min(480, f.n_sequences), strategy=name)
+    tenth = lambda c: table.filter((pl.col("characteristic") == c) & pl.col("part").is_in(["0", "4", "9"]))["value"]  # noqa: E731
+    q = quality(f, rows)
+    print(
+        f"   {name:<11} clusters/seq {' > '.join(f'{v:.2f}' for v in tenth('clusters_per_seq'))}"
+        f"  docs/seq {' > '.join(f'{v:.2f}' for v in tenth('docs_per_seq'))}"
+        f"  batch dev clusters {q['cluster_dev']:.4f}/{q['cluster_dev_max']:.4f} ({q['cluster_dev'] / ref['cluster_dev']:.2f}x/"
+        f"{q['cluster_dev_max'] / ref['cluster_dev_max']:.2f}x) bins {q['bin_dev']:.4f}/{q['bin_dev_max']:.4f}"
+        f" ({q['bin_dev'] / ref['bin_dev']:.2f}x/{q['bin_dev_max'] / ref['bin_dev_max']:.2f}x)"
+        f"  outside band: {out_of_band_summary(table) or 'none'}",
+        flush=True,
+    )
+
+
+def drift_blocked(m: int) -> None:
+    """f3 and stationary through `greedy` above greedy_exact_max (blocked, then the repair) at M=m:
+    CPU seconds of the ordering, drift and batch deviation; ratios to f3's blocked greedy as it was
+    before the sequence families (the worst 0.1% of the batches repaired)."""
+    f, seg, cluster, length = drift_instance(K, L, m, 9100)
+    warm_up()
+    exact_max = OrderParams().greedy_exact_max
+    if f.n_sequences <= exact_max:
+        raise SystemExit(f"--1m needs more than greedy_exact_max={exact_max} sequences (drop --quick)")
+    print(f"-- drift at scale: `greedy` (blocked) K={K} L={L} M={f.n_sequences:,}; ratios to f3's blocked greedy with 0.1% repaired",
+          flush=True)
+    orders = {}
+    for obj in ("f3", "stationary"):
+        c0 = time.process_time()
+        orders[obj] = sequence_order("greedy", f, OrderParams(objective=obj, bins=B), 0)
+        print(f"   {obj}: {time.process_time() - c0:.1f} CPU s", flush=True)
+    orders["random"] = np.random.default_rng(0).permutation(f.n_sequences)
+    f3 = Objective.named("f3")
+    orders["f3 (0.1%)"] = repair_batches(greedy_blocked_order(f, f3), f, BATCH, fraction=0.001)[0]
+    ref = quality(f, orders["f3 (0.1%)"])
+    for name, rows in orders.items():
+        drift_row(name, f, seg, cluster, length, rows, ref)
+
+
 def drift_table(scale: int) -> None:
     """Per objective: clusters and documents per sequence by tenth, what leaves random's band, batch deviations."""
     print(f"-- drift: every objective's `greedy` (exact) and random; batch {BATCH}; ratios to f3's exact greedy before the repair", flush=True)
@@ -321,19 +366,7 @@ def drift_table(scale: int) -> None:
         ref = quality(f, greedy_order(f, Objective.named("f3")))
         print(f"K={k} L={seq_len} M={f.n_sequences:,}", flush=True)
         for name, rows in orders.items():
-            sched = prepare(seg, f.sequence_ids[rows], cluster, length, bin_edges=f.bin_edges)
-            table = stationarity_table(sched, prefix=min(480, f.n_sequences), strategy=name)
-            tenth = lambda c: table.filter((pl.col("characteristic") == c) & pl.col("part").is_in(["0", "4", "9"]))["value"]  # noqa: E731
-            q = quality(f, rows)
-            print(
-                f"   {name:<11} clusters/seq {' > '.join(f'{v:.2f}' for v in tenth('clusters_per_seq'))}"
-                f"  docs/seq {' > '.join(f'{v:.2f}' for v in tenth('docs_per_seq'))}"
-                f"  batch dev clusters {q['cluster_dev']:.4f}/{q['cluster_dev_max']:.4f} ({q['cluster_dev'] / ref['cluster_dev']:.2f}x/"
-                f"{q['cluster_dev_max'] / ref['cluster_dev_max']:.2f}x) bins {q['bin_dev']:.4f}/{q['bin_dev_max']:.4f}"
-                f" ({q['bin_dev'] / ref['bin_dev']:.2f}x/{q['bin_dev_max'] / ref['bin_dev_max']:.2f}x)"
-                f"  outside band: {out_of_band_summary(table) or 'none'}",
-                flush=True,
-            )
+            drift_row(name, f, seg, cluster, length, rows, ref)
 
 
 if __name__ == "__main__":

@@ -416,8 +416,8 @@ def greedy_scaled_order(
     batch: int = 32,
 ) -> tuple[np.ndarray, str]:
     """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above, then the
-    swap repair of the worst 10% of its training batches of ``batch`` sequences
-    (``pipeline.ordering.repair``); (rows, mode).
+    swap repair of its worst training batches of ``batch`` sequences (4 passes over the worst 2%,
+    ``pipeline.ordering.repair``); (rows, mode).
 
     The repair is there in both modes because no greedy step looks at a whole batch: now and then
     the greedy must put two sequences of one group close together (in a block's tail, or where a

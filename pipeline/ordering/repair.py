@@ -8,9 +8,14 @@ of its cluster and its length-bin dev.
 
 The worst ``fraction`` of the batches (at least one), worst first, each get the single swap of one
 of their sequences with one sequence of a batch at most ``reach`` batches away that lowers the
-larger of the two batches' scores the most, if any does. Nothing else moves, so the mean deviation
-barely changes; the swaps target the rare batch where the greedy had to place two sequences of one
-group close together (e.g. two whole sequences of a long-document length bin in one batch).
+larger of the two batches' scores the most, if any does; this is repeated ``passes`` times, each
+pass on the batches then worst (a batch one swap could not fix, e.g. in a run of bad batches at the
+end of a blocked greedy's block, gets another swap once its neighbours have improved). Nothing else
+moves, so the mean deviation barely changes; the swaps target the rare batch where the greedy had to
+place two sequences of one group close together (e.g. two whole sequences of a long-document length
+bin in one batch). Measured at M = 1M (K = 1000, L = 2048, blocked greedy, objective stationary):
+the worst batch 0.049 / 0.053 (clusters / bins) unrepaired; 0.040 / 0.041 after one pass over the
+worst 10% (24 s); 0.031 / 0.031 after 4 passes over the worst 2% (17 s).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import numpy as np
 
 from pipeline.ordering.features import SequenceFeatures
 
-REPAIR_FRACTION = 0.10  # share of the batches repaired (the worst ones)
+REPAIR_FRACTION = 0.02  # share of the batches repaired per pass (the worst ones)
+REPAIR_PASSES = 4
 REPAIR_REACH = 2  # partner batches at most this many batches away
 
 
@@ -96,7 +102,8 @@ def _repair(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, n_fix, re
 
 
 def repair_batches(
-    order: np.ndarray, features: SequenceFeatures, batch: int, fraction: float = REPAIR_FRACTION, reach: int = REPAIR_REACH
+    order: np.ndarray, features: SequenceFeatures, batch: int, fraction: float = REPAIR_FRACTION, reach: int = REPAIR_REACH,
+    passes: int = REPAIR_PASSES,
 ) -> tuple[np.ndarray, int]:
     """The order (rows of ``features``) with its worst batches swap-repaired, and the number of swaps."""
     order = np.array(order, dtype=np.int64)
@@ -107,8 +114,10 @@ def repair_batches(
     tau, kappa = features.clusters.column_totals() / total, features.bins.column_totals() / total
     c, b = features.clusters, features.bins
     n_fix = max(1, int(fraction * n_batches))
-    swaps = _repair(
-        order, int(batch), c.indptr, c.indices, c.data, b.indptr, b.indices, b.data,
-        np.asarray(features.lengths, dtype=np.float64), tau, kappa, n_fix, int(reach),
-    )  # fmt: skip
+    swaps = 0
+    for _ in range(int(passes)):
+        swaps += _repair(
+            order, int(batch), c.indptr, c.indices, c.data, b.indptr, b.indices, b.data,
+            np.asarray(features.lengths, dtype=np.float64), tau, kappa, n_fix, int(reach),
+        )  # fmt: skip
     return order, int(swaps)
