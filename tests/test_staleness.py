@@ -136,7 +136,7 @@ def test_config_edited_after_loading_stops_with_the_fix(graph):
 
 
 def test_launchpad_override_is_applied_and_recorded(graph):
-    """Last in this module: it rematerializes centroids (and clusters) with k=5 from the launchpad."""
+    """It rematerializes centroids (and clusters) with k=5 from the launchpad (keep it near the end)."""
     import numpy as np
 
     from pipeline.storage.layout import Layout
@@ -156,3 +156,36 @@ def test_launchpad_override_is_applied_and_recorded(graph):
     assert stale == {"cluster_shards", "sequences", "diagnostics_report"}, rows
     assert "centroids: has a new data version" in why["cluster_shards"][1]
     assert "clusters: has a new data version" in why["sequences"][1]
+
+
+def test_launchpad_families_balance_a_documents_column(graph):
+    """After the k test (it rematerializes orderings): the launchpad's `objective: custom` and
+    `families` reach the greedy, which balances the documents' `source` column; the materialization
+    records both, and families without `objective: custom` stop with the fix."""
+    import polars as pl
+
+    from pipeline.ordering import OrderParams, run_strategy
+    from assets.orderings import ordering_inputs
+    from pipeline.storage.layout import Layout
+
+    instance, cfg, tmp = graph
+    instance.add_dynamic_partitions("strategy", ["greedy"])
+    families = ["cluster", "length_bin:1", "source:2", "documents:0.5:4"]
+    launchpad = {"ops": {"orderings": {"config": {"objective": "custom", "families": families}}}}
+    defs, _, _ = _materialize(instance, cfg, tmp, "families.yaml", ["orderings"])
+    res = dg.materialize(list(defs.assets), selection=["orderings"], partition_key="greedy", instance=instance,
+                         resources=defs.resources, run_config=launchpad, raise_on_error=False)
+    assert res.success
+    meta = res.asset_materializations_for_node("orderings")[0].metadata
+    assert meta["launchpad_overrides"].value == {"objective": "custom", "families": families}
+    layout = Layout(tmp / "root")
+    params = OrderParams(objective="custom", families=tuple(families), bins=cfg["length_bins"], block_size=cfg["batch_size"])
+    docs, segments = ordering_inputs(layout, params)
+    assert "source" in docs.columns  # read from documents.parquet because a family names it
+    expected = run_strategy("greedy", docs, segments, cfg["seq_len"], params, 0).order
+    assert pl.read_parquet(layout.ordering("greedy")).equals(expected)
+    bad = {"ops": {"orderings": {"config": {"families": families}}}}
+    res = dg.materialize(list(defs.assets), selection=["orderings"], partition_key="greedy", instance=instance,
+                         resources=defs.resources, run_config=bad, raise_on_error=False)
+    failure = next(e for e in res.all_events if e.is_step_failure)
+    assert "objective: custom" in str(failure.step_failure_data.error)
