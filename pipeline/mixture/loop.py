@@ -168,7 +168,7 @@ def curriculum_order(ctx: MetaContext, cur: Curriculum, seed: int) -> tuple[np.n
     weights = cur.cumulative(np.array([ctx.budget_tokens]))[0] / ctx.budget_tokens
     real = realize(ctx.seq_cluster, weights, ctx.budget_sequences, ctx.max_repeat, seed)
     f = multiset_features(ctx.pool_segments, ctx.doc_cluster, ctx.doc_length, real.sequence_ids, ctx.n_clusters, ctx.bins)
-    rows = curriculum_greedy_order(f, cur, ctx.lam, ctx.noise, seed)
+    rows = curriculum_greedy_order(f, cur, Objective.named("f3", ctx.lam), ctx.noise, seed)
     return real.sequence_ids[rows], real
 
 
