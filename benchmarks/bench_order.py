@@ -303,7 +303,8 @@ DRIFT_OBJECTIVES = ("f1", "f2", "f3", "stationary")
 
 
 def drift_instance(k: int, seq_len: int, m: int, seed: int) -> tuple[SequenceFeatures, pl.DataFrame, np.ndarray, np.ndarray]:
-    """Zipf(1) cluster sizes over k clusters, log-normal lengths, a random packing into seq_len; m sequences."""
+    """Zipf(1) cluster sizes over k clusters, log-normal lengths, a random packing into seq_len; m sequences
+    (the instance of tests/test_ordering_scale.py's ``bench_instance``, with the segments kept)."""
     rng = np.random.default_rng(seed)
     n_docs = int(m * seq_len / 500 * 1.08)
     p = 1.0 / np.arange(1, k + 1)

@@ -236,18 +236,14 @@ class StrataConfig(_Model):
             raise ValueError("use fractions of the steps in (0, 1]")
         return value
 
-    @field_validator("odm_smoothing")
+    @field_validator("odm_smoothing", "odm_warmup_fraction")
     @classmethod
-    def _odm_smoothing(cls, value: float) -> float:
+    def _odm_unit_interval(cls, value: float, info: ValidationInfo) -> float:
         if not 0.0 <= value < 1.0:  # also NaN
-            raise ValueError("use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays uniform)")
-        return value
-
-    @field_validator("odm_warmup_fraction")
-    @classmethod
-    def _odm_warmup_fraction(cls, value: float) -> float:
-        if not 0.0 <= value < 1.0:  # also NaN
-            raise ValueError("use a fraction of the steps in [0, 1), e.g. 0.01 (the paper's 1%)")
+            raise ValueError({
+                "odm_smoothing": "use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays uniform)",
+                "odm_warmup_fraction": "use a fraction of the steps in [0, 1), e.g. 0.01 (the paper's 1%)",
+            }[info.field_name])
         return value
 
     @property
