@@ -20,10 +20,10 @@ pytestmark = pytest.mark.integration
 
 ALL = {"corpus_shards", "corpus", "tokenizer", "token_shards", "tokens", "embedding_shards", "embeddings", "centroids", "cluster_shards",
        "clusters", "sequences", "orderings", "exports", "ordering_diagnostics",
-       "diagnostics_report", "training_runs", "gradient_analyses", "evaluations", "ablation_report"}
+       "diagnostics_report", "training_runs", "gradient_analyses", "claims", "evaluations", "ablation_report"}
 AFTER_ORDERINGS = {"orderings", "exports", "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses",
-                   "evaluations", "ablation_report"}
-TRAINING = {"training_runs", "gradient_analyses", "evaluations", "ablation_report"}
+                   "claims", "evaluations", "ablation_report"}
+TRAINING = {"training_runs", "gradient_analyses", "claims", "evaluations", "ablation_report"}
 EXPECTED = {
     "k": (8, {"centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
     "seq_len": (48, {"sequences"} | AFTER_ORDERINGS),
