@@ -76,7 +76,7 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
 def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
                config: ClaimRunsParams) -> dg.MaterializeResult:
     """The training runs only the claims need (``strata claims --full``; pipeline/training/experiments.py):
-    multi-epoch runs of a corpus sample in its original (topical) order and in the stratified order
+    multi-epoch runs of a corpus sample in a topical order (grouped by source) and in the stratified order
     (Diversity-ordered training's epoch-boundary anomaly), and runs per packing — concat with each
     atom size of ``claims_atoms`` and padding — at equal tokens (Packing & shuffling), for every
     seed of ``claims_seeds``. DuckDB ``claim_runs_log`` (per step), ``claim_runs_heldout`` (the
@@ -88,7 +88,7 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     from pipeline.packing.pack import SequenceStore
     from pipeline.reports.claim_inputs import diversity_clusters
     from pipeline.reports.visual import document_features
-    from pipeline.training.experiments import epoch_boundary_arms, packing_arms
+    from pipeline.training.experiments import epoch_boundary_arms, packing_arms, topic_groups
     from pipeline.training.loop import train
 
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None, "embeddings": None, "corpus": None})
@@ -97,7 +97,9 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     lengths = docs["stream_length"].to_numpy()
     cluster, k = diversity_clusters(layout, cfg, docs)
     base = _settings(cfg, cfg.seed)
-    arms = (epoch_boundary_arms(lengths, cluster, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds, base)
+    topic, kind = topic_groups(docs["source"].to_numpy(), cluster)
+    arms = (epoch_boundary_arms(lengths, cluster, topic, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds,
+                                base, kind)
             + packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base))
     tok = load_tokenizer(layout.tokenizer)
     held = load_heldout_batch(layout, cfg, tok)

@@ -14,7 +14,7 @@ from pipeline.packing.pack import SequenceStore, pack_concat
 from pipeline.reports import claims as C
 from pipeline.reports import diagnostics as D
 from pipeline.reports.claim_inputs import diversity_schedules
-from pipeline.training.experiments import epoch_boundary_arms, packing_arms, padding_steps
+from pipeline.training.experiments import epoch_boundary_arms, packing_arms, padding_steps, topic_groups
 from pipeline.training.loop import TrainSettings, stream_ids, train
 
 VOCAB, EOS, PAD = 48, 1, 0
@@ -227,11 +227,11 @@ def test_epochs_repeat_the_same_batches():
 
 
 def test_epoch_boundary_claim_on_a_cluster_sorted_corpus(tmp_path):
-    """A cluster-sorted order trained for 3 epochs: at each restart the stream jumps from the last
+    """A topic-sorted order trained for 3 epochs: at each restart the stream jumps from the last
     topic back to the first and the gradient norm spikes; an interleaved order does not."""
     flat, lengths, offsets, topic = _two_topics(80, 32)
     rows = []
-    for arm, docs in (("original", np.arange(80)), ("stratified", np.ravel(np.column_stack([np.arange(40), np.arange(40, 80)])))):
+    for arm, docs in (("topical", np.arange(80)), ("stratified", np.ravel(np.column_stack([np.arange(40), np.arange(40, 80)])))):
         pk = pack_concat(docs, lengths, 32)
         store = SequenceStore(flat, offsets, pk.segments, 32)
         for seed in (0, 1):
@@ -240,29 +240,35 @@ def test_epoch_boundary_claim_on_a_cluster_sorted_corpus(tmp_path):
             rows += [{**r, "arm": arm, "seed": seed, "experiment": "epoch_boundary"} for r in log]
     data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=1000, claim_log=pl.DataFrame(rows))
     out = {c.key: c for c in C.epoch_boundary_claims(data)}
-    c = out["dot.epoch_boundary.original.grad_norm"]
+    c = out["dot.epoch_boundary.topical.grad_norm"]
     assert c.value > 1.5 and c.verdict == "reproduced" and c.n == 4
-    assert out["dot.epoch_boundary.original_minus_stratified.grad_norm"].verdict == "reproduced"
+    assert out["dot.epoch_boundary.topical_minus_stratified.grad_norm"].verdict == "reproduced"
     jumps = data.tables_out["claims_epoch_jumps"]
-    assert set(jumps["arm"]) == {"original", "stratified"} and (jumps["boundaries"] == 2).all()
+    assert set(jumps["arm"]) == {"topical", "stratified"} and (jumps["boundaries"] == 2).all()
     assert Path(c.figure).stat().st_size > 10_000
     with pytest.raises(C.MissingData):
         C.epoch_boundary_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
 
 
-def test_epoch_arms_share_documents_and_measure_topicality():
-    cluster = np.repeat(np.arange(4), 50)  # corpus sorted by cluster
-    lengths = np.random.default_rng(0).integers(10, 60, 200)
+def test_epoch_arms_group_one_sample_by_topic():
+    rng = np.random.default_rng(0)
+    cluster = rng.integers(0, 4, 200)
+    source = np.array(["web", "code"])[rng.integers(0, 2, 200)]  # sources interleaved in the corpus's order
+    topic, kind = topic_groups(source, cluster)
+    assert kind == "source" and topic[0] == 0 and set(topic) == {0, 1} and (topic == (source != source[0])).all()
+    assert topic_groups(np.array(["one"] * 200), cluster) == (pytest.approx(cluster), "cluster")
+    lengths = rng.integers(10, 60, 200)
     base = TrainSettings(preset="tiny", seq_len=32, batch_size=4)
-    arms = epoch_boundary_arms(lengths, cluster, 32, 24, 3, [0, 1], base)
-    assert [(a.arm, a.seed) for a in arms] == [("original", 0), ("stratified", 0), ("original", 1), ("stratified", 1)]
+    arms = epoch_boundary_arms(lengths, cluster, topic, 32, 24, 3, [0, 1], base, kind)
+    assert [(a.arm, a.seed) for a in arms] == [("topical", 0), ("stratified", 0), ("topical", 1), ("stratified", 1)]
     for a, b in zip(arms[::2], arms[1::2]):
-        assert a.order.size == b.order.size == 24 and a.steps == 3 * 6 and a.settings.epochs == 3
+        assert a.order.size == b.order.size == 24 and a.steps == 3 * 6 and a.settings.epochs == 3 and a.settings.seed == a.seed
         da, db = set(a.segments["doc_id"]), set(b.segments["doc_id"])
         assert len(da | db) <= a.info["documents"] and len(da & db) >= 0.8 * min(len(da), len(db))  # one sample, two orders
-        k_seen = np.unique(cluster[np.asarray(sorted(da | db))]).size  # the sorted sample changes cluster k_seen - 1 times
-        assert a.info["adjacent_same_cluster"] == pytest.approx(1 - (k_seen - 1) / (a.info["documents"] - 1), abs=0.05)
-        assert b.info["adjacent_same_cluster"] < a.info["adjacent_same_cluster_random"] < a.info["adjacent_same_cluster"]
+        in_order = a.segments.sort("sequence_id", "seq_token_start")["doc_id"].to_numpy()
+        assert (np.diff(topic[in_order]) >= 0).all() and a.info["topic_groups"] == 2  # topic 0's documents, then topic 1's
+        stream = b.segments.sort("sequence_id", "seq_token_start")["doc_id"].unique(maintain_order=True).to_numpy()
+        assert (cluster[stream][1:] == cluster[stream][:-1]).mean() < 0.2  # stratified: neighbours differ in cluster
 
 
 def test_packing_arms_train_at_equal_tokens():

@@ -156,7 +156,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         has_report = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
     select = " or ".join(f"key:{a}" for a in (["claim_runs"] if args.full else []) + ["claims"] + (["ablation_report"] if has_report else []))
-    materialize_all(config, str(cfg.root), select=select)
+    materialize_all(config, str(cfg.root), select=select, log=(lambda m: print(m, file=sys.stderr)) if args.json else print)
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         rows = con.sql("SELECT * FROM claims").pl()
         missing = con.sql("SELECT * FROM claims_not_measured").pl()

@@ -11,9 +11,11 @@ from pipeline.errors import StrataInputError
 # tokens per run (122,880), the held-out batch every 10 steps (4 points per curve), embeddings of each
 # document's first 128 tokens (all-MiniLM-L6-v2's training length). Measured on 2 idle cores:
 # 11 min 54 s wall, 1,096 CPU-s. See docs/training.md, "The demo".
+# greedy and random probe 11 batches per checkpoint each, so the claims pair 3 x 11 = 33 (>= 32) probe
+# batches per checkpoint for the stable rank (claims_probe_batches; the default 32 is per run).
 # Everything else is StrataConfig's default (built-in corpus, tiny model).
 DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 30, "warmup_steps": 3, "heldout_every": 10,
-                                 "embed_max_tokens": 128}
+                                 "embed_max_tokens": 128, "claims_probe_batches": 11}
 
 
 def eval_paths(evals_dir: str | Path) -> dict[str, str]:

@@ -175,7 +175,7 @@ def plot_epoch_claim(logs: pl.DataFrame, path: str | os.PathLike) -> Path:
     boundaries as vertical lines."""
     fig = Figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 2)
-    colors = {"original": RANDOM, "stratified": GREEDY}
+    colors = {"topical": RANDOM, "stratified": GREEDY}
     for ax, metric in zip(axes, ("loss", "grad_norm")):
         for arm, run in logs.group_by("arm", maintain_order=True):
             arm = arm[0]
@@ -193,7 +193,7 @@ def plot_epoch_claim(logs: pl.DataFrame, path: str | os.PathLike) -> Path:
         ax.set_yscale("log" if metric == "grad_norm" else "linear")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Diversity-ordered training: the epoch boundary, original (topical) vs stratified order", fontsize=11)
+    fig.suptitle("Diversity-ordered training: the epoch boundary, topical vs stratified (diversity) order", fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
 

@@ -521,7 +521,7 @@ def fidelity_claims(data: ClaimData) -> list[Claim]:
 # Diversity-ordered training: the epoch-boundary anomaly (the claims' own multi-epoch runs)
 # ---------------------------------------------------------------------------------------------
 
-EPOCH_ARMS = ("original", "stratified")  # the topical corpus order and the diversity order
+EPOCH_ARMS = ("topical", "stratified")  # a topical order (the paper's original order was one) and the diversity order
 JUMP_SCHEMA = {"arm": pl.String, "seed": pl.Int64, "boundary": pl.Int64, "step": pl.Int64, "metric": pl.String, "ratio": pl.Float64}
 
 
@@ -566,12 +566,14 @@ def jump_table(jumps: pl.DataFrame, n_boot: int, seed: int) -> pl.DataFrame:
 @claim("dot_epoch_boundary")
 def epoch_boundary_claims(data: ClaimData) -> list[Claim]:
     """Diversity-ordered training's epoch-boundary anomaly, on multi-epoch runs of a sample of the
-    corpus in its original (topical) order and in the stratified (diversity) order (``claim_runs``):
-    in the original order the loss and the gradient norm jump when the stream restarts; in the
-    diversity order they do not (less than in the original). Strata's figures: the jump ratio
-    (first step of the new epoch / mean of the last steps before it), and the original's ratio
-    minus the stratified's, paired by seed and boundary. Interval: two-way bootstrap over seeds x
-    boundaries. The per-arm ratios are the table ``claims_epoch_jumps``."""
+    corpus in a topical order (grouped by source or cluster, like the paper's original order) and
+    in the stratified (diversity) order (``claim_runs``): in the topical order the loss and the
+    gradient norm jump when the stream restarts; in the diversity order they do not (less than in
+    the topical one). Strata's figures: the jump ratio (the metric at the first step of the new
+    epoch / its mean over the last steps before it), and the topical ratio minus the stratified
+    one, paired by seed and boundary (both runs of a seed share the documents, the init and the
+    learning-rate schedule, so the trend of the loss cancels). Interval: two-way bootstrap over
+    seeds x boundaries. The per-order ratios are the table ``claims_epoch_jumps``."""
     from pipeline.reports.claim_plots import plot_epoch_claim
 
     logs = data.claim_log
@@ -584,40 +586,40 @@ def epoch_boundary_claims(data: ClaimData) -> list[Claim]:
     table = jump_table(jumps, data.n_boot, data.seed)
     data.tables_out["claims_epoch_jumps"] = table
     path = str(plot_epoch_claim(logs, data.figure("claim_epoch_boundary")))
-    info = ""
+    how = ""
     arms = data.claim_arms
-    if arms is not None and arms.height:
-        a = arms.filter((pl.col("experiment") == "epoch_boundary") & (pl.col("arm") == "original"))
-        if a.height and "adjacent_same_cluster" in a.columns:
-            info = (f"; original order: {a['adjacent_same_cluster'].mean():.0%} of adjacent documents share a cluster "
-                    f"(random order: {a['adjacent_same_cluster_random'].mean():.0%})")
-    common = dict(paper=DOT, paper_source="the epoch-boundary anomaly (fine-tuning; \"the gradient norm spikes to nearly 4x\")",
-                  figure=path)
-    out = []
+    if arms is not None and arms.height and "topic" in arms.columns:
+        a = arms.filter((pl.col("experiment") == "epoch_boundary") & (pl.col("arm") == "topical"))
+        if a.height:
+            how = (f"; topical order: the sample grouped by {a['topic'][0]} ({a['topic_groups'].min()}-{a['topic_groups'].max()} groups, "
+                   f"{a['steps'][0]} steps over {a['steps'][0] // max(1, int(logs['epoch'].max()) + 1)}-step epochs)")
+    common = dict(paper=DOT, paper_source="the epoch-boundary anomaly (observed while fine-tuning)", figure=path)
     quotes = {"grad_norm": "≈4x (\"The gradient norm spikes to nearly 4x its normal value\")",
               "loss": "a jump (\"The loss drops sharply near the end of the first epoch ..., then spikes when it sees the beginning again\")"}
+    out = []
     for metric, label in (("grad_norm", "gradient norm"), ("loss", "loss")):
-        m = ratio_matrix(jumps, "original", metric)
+        m = ratio_matrix(jumps, "topical", metric)
         if m.size == 0:
             continue
         mean, lo, hi = interval_2way(m, data.n_boot, data.seed)
         out.append(Claim(
-            key=f"dot.epoch_boundary.original.{metric}", claim=f"in the original (topical) order the {label} jumps at the epoch boundary",
+            key=f"dot.epoch_boundary.topical.{metric}", claim=f"in a topical order the {label} jumps at the epoch boundary",
             paper_figure=quotes[metric], value=mean, ci_low=lo, ci_high=hi, threshold=1.0, side=">",
             interval=f"two-way bootstrap over {m.shape[0]} seeds x {m.shape[1]} boundaries", n=int(m.size),
-            detail=f"{label} at the first step of an epoch / its mean over the last steps before{info}", **common,
+            detail=f"{label} at the first step of an epoch / its mean over the last steps before{how}", **common,
         ))
         s = ratio_matrix(jumps, "stratified", metric)
         if s.shape == m.shape and s.size:
             mean, lo, hi = interval_2way(m - s, data.n_boot, data.seed)
             out.append(Claim(
-                key=f"dot.epoch_boundary.original_minus_stratified.{metric}",
-                claim=f"in the diversity (stratified) order the {label} does not jump (less than in the original order)",
+                key=f"dot.epoch_boundary.topical_minus_stratified.{metric}",
+                claim=f"in the diversity (stratified) order the {label} does not jump (less than in the topical order)",
                 paper_figure="no anomaly: \"Reordering the dataset so that each training sequence contains maximum topic "
                              "diversity eliminates epoch-boundary anomalies\"",
                 value=mean, ci_low=lo, ci_high=hi, threshold=0.0, side=">",
                 interval=f"two-way bootstrap over {m.shape[0]} seeds x {m.shape[1]} boundaries (paired)", n=int(m.size),
-                detail=f"jump ratio original minus stratified; stratified's own ratio {float(s.mean()):.3f}", **common,
+                detail=f"jump ratio topical minus stratified; stratified's own ratio {float(s.mean()):.3f}, topical's {float(m.mean()):.3f}",
+                **common,
             ))
     return out
 

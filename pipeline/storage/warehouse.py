@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS lineage (
 def replace_rows(con, table: str, df: pl.DataFrame, key: dict[str, Any]) -> int:
     """Replace the rows of ``table`` matching ``key`` (column -> value) by ``df``; return rows written.
 
-    Columns of ``df`` the table lacks (written by newer code into an older warehouse) are added first."""
+    An empty ``key`` replaces the whole table. Columns of ``df`` the table lacks (written by newer
+    code into an older warehouse) are added first."""
     if not table.isidentifier():
         raise ValueError(f"bad table name {table!r}")
     con.register("_strata_rows", df.to_arrow())
@@ -40,6 +41,8 @@ def replace_rows(con, table: str, df: pl.DataFrame, key: dict[str, Any]) -> int:
         if key:
             where = " AND ".join(f"{c} = ?" for c in key)
             con.execute(f"DELETE FROM {table} WHERE {where}", list(key.values()))
+        else:  # the empty key matches every row: the whole table is replaced
+            con.execute(f"DELETE FROM {table}")
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _strata_rows")
         con.execute("COMMIT")
     except Exception:

@@ -1,10 +1,14 @@
 """The claims' own training runs (``strata claims --full``): what each run trains on, and how long.
 
 - **Epoch boundary** (Diversity-ordered training): a seeded sample of the corpus's documents large
-  enough for ``n_sequences`` sequences, in two orders — ``original``, the corpus's own order (by
-  doc_id; topical when the corpus is, and the detail says how topical), and ``stratified``, the
-  paper's stratified greedy on the same documents — each packed by concat and trained for
-  ``epochs`` passes over the same ``n_sequences`` sequences in the same order (``TrainSettings.epochs``).
+  enough for ``n_sequences`` sequences, in two orders — ``topical``, the sample grouped by topic
+  (by source, in the corpus's order of sources and documents, as a corpus concatenated source by
+  source comes; by cluster when the corpus has one source), the kind of original order the paper
+  starts from, and ``stratified``, the paper's stratified greedy on the same documents — each
+  packed by concat and trained for ``epochs`` passes over the same ``n_sequences`` sequences in
+  the same order (``TrainSettings.epochs``). Grouping matters: a uniform sample of a corpus keeps
+  its order's coarse drift but not its runs of neighbouring documents, and a topic must last a
+  few steps for the model to settle on it before the stream restarts.
 - **Packing** (Packing & shuffling): all training documents in a seeded order, packed by concat with
   each atom size (x seq_len, the atoms shuffled) and by padding with atom = seq_len, trained in
   packing order (the atom shuffle is the shuffle) with plain causal attention over the whole
@@ -33,7 +37,7 @@ class Arm:
     """One run of a claim experiment: its sequences (``segments``), their order and its settings."""
 
     experiment: str  # epoch_boundary | packing
-    arm: str  # original | stratified | concat-x<a> | padding-x1
+    arm: str  # topical | stratified | concat-x<a> | padding-x1
     seed: int
     order: np.ndarray
     segments: pl.DataFrame
@@ -45,40 +49,41 @@ class Arm:
         return self.settings.steps(self.order.size)
 
 
-def adjacent_same(cluster: np.ndarray) -> float:
-    """Share of consecutive documents that share a cluster (1 = sorted by topic)."""
-    return float((cluster[1:] == cluster[:-1]).mean()) if cluster.size > 1 else math.nan
+def topic_groups(source: np.ndarray, cluster: np.ndarray) -> tuple[np.ndarray, str]:
+    """Per-document topic label of the topical order: the source (codes in order of first appearance),
+    or the cluster when there is a single source; and which of the two it is."""
+    names = list(dict.fromkeys(np.asarray(source).tolist()))
+    if len(names) > 1:
+        code = {n: i for i, n in enumerate(names)}
+        return np.array([code[v] for v in np.asarray(source).tolist()], dtype=np.int64), "source"
+    return np.asarray(cluster, dtype=np.int64), "cluster"
 
 
-def _first_sequences(segments: pl.DataFrame, n: int) -> pl.DataFrame:
-    return segments.filter(pl.col("sequence_id") < n)
+def epoch_boundary_arms(lengths: np.ndarray, cluster: np.ndarray, topic: np.ndarray, seq_len: int, n_sequences: int, epochs: int,
+                        seeds: list[int], base: TrainSettings, topic_kind: str = "source") -> list[Arm]:
+    """The ``topical`` and ``stratified`` arms of every seed (module docstring).
 
-
-def epoch_boundary_arms(lengths: np.ndarray, cluster: np.ndarray, seq_len: int, n_sequences: int, epochs: int,
-                        seeds: list[int], base: TrainSettings) -> list[Arm]:
-    """The ``original`` and ``stratified`` arms of every seed (module docstring).
-
-    ``lengths`` and ``cluster`` are per training document (doc_id order = the corpus's order).
+    ``lengths``, ``cluster`` (what stratified balances) and ``topic`` (what the topical order groups
+    by) are per training document, in doc_id order (the corpus's order).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     cluster = np.asarray(cluster, dtype=np.int64)
+    topic = np.asarray(topic, dtype=np.int64)
     need = (n_sequences + 1) * seq_len
     out = []
     for seed in seeds:
         pick = np.random.default_rng(seed).permutation(lengths.size)
         take = int(np.searchsorted(np.cumsum(lengths[pick]), need)) + 1
         docs = np.sort(pick[:take])
-        orders = {"original": docs, "stratified": docs[stratified_order(cluster[docs], lengths[docs])]}
+        orders = {"topical": docs[np.lexsort((docs, topic[docs]))], "stratified": docs[stratified_order(cluster[docs], lengths[docs])]}
         packed = {arm: pack("concat", o, lengths, seq_len).segments for arm, o in orders.items()}
         n = min(n_sequences, *(int(p["sequence_id"].max()) + 1 for p in packed.values()))
         if n < base.batch_size:
             raise StrataInputError(f"the corpus fills {n} sequences of {seq_len} tokens, less than one batch",
                                    fix="lower batch_size or claims_epoch_sequences, or use a larger corpus")
-        rand = cluster[docs][np.random.default_rng(seed).permutation(docs.size)]
+        info = {"sequences": n, "documents": int(docs.size), "topic": topic_kind, "topic_groups": int(np.unique(topic[docs]).size)}
         for arm, o in orders.items():
-            info = {"sequences": n, "documents": int(docs.size), "adjacent_same_cluster": adjacent_same(cluster[o]),
-                    "adjacent_same_cluster_random": adjacent_same(rand)}
-            out.append(Arm("epoch_boundary", arm, seed, np.arange(n), _first_sequences(packed[arm], n),
+            out.append(Arm("epoch_boundary", arm, seed, np.arange(n), packed[arm].filter(pl.col("sequence_id") < n),
                            replace(base, seed=seed, epochs=epochs, heldout_every=0), info))
     return out
 
