@@ -37,16 +37,18 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     from pipeline.reports.claims import claims_frame, claims_section, evaluate
     from pipeline.reports.visual import image_markdown
 
+    rec = Recorder(context, duckdb, {"orderings": "*", "training_runs": "*", "gradient_analyses": None, "embeddings": None, "clusters": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    deps: dict = {"orderings": "*", "training_runs": "*", "gradient_analyses": None, "embeddings": None, "clusters": None}
     out_dir = layout.inside("report", "claims")
-    with duckdb.get_connection() as con:
-        read = _reader(con)
-        data = claim_data(layout, cfg, order_params(cfg), read, out_dir, log=context.log.info)
-        if data.claim_log is not None:
-            deps["claim_runs"] = None
-    rec = Recorder(context, duckdb, deps)
     t0 = time.perf_counter()
+
+    def read_table(name: str) -> pl.DataFrame | None:  # a short connection per read (claims may read later)
+        with duckdb.get_connection() as con:
+            return _reader(con)(name)
+
+    data = claim_data(layout, cfg, order_params(cfg), read_table, out_dir, log=context.log.info)
+    if data.claim_log is not None:  # the claims' own runs exist: their version is an input too
+        rec.deps["claim_runs"] = None
     found, missing = evaluate(data, progress=lambda name: context.log.info(f"claim {name} ({time.perf_counter() - t0:.0f} s)"))
     table = claims_frame(found)
     side = {name: data.tables_out.get(name) for name in SIDE_TABLES}

@@ -591,8 +591,10 @@ def epoch_boundary_claims(data: ClaimData) -> list[Claim]:
     if arms is not None and arms.height and "topic" in arms.columns:
         a = arms.filter((pl.col("experiment") == "epoch_boundary") & (pl.col("arm") == "topical"))
         if a.height:
-            how = (f"; topical order: the sample grouped by {a['topic'][0]} ({a['topic_groups'].min()}-{a['topic_groups'].max()} groups, "
-                   f"{a['steps'][0]} steps over {a['steps'][0] // max(1, int(logs['epoch'].max()) + 1)}-step epochs)")
+            lo, hi = int(a["topic_groups"].min()), int(a["topic_groups"].max())
+            epochs = int(logs["epoch"].max()) + 1
+            how = (f"; topical order: the sample grouped by {a['topic'][0]} ({lo if lo == hi else f'{lo}-{hi}'} groups), "
+                   f"{epochs} epochs of {int(a['steps'][0]) // epochs} steps")
     common = dict(paper=DOT, paper_source="the epoch-boundary anomaly (observed while fine-tuning)", figure=path)
     quotes = {"grad_norm": "≈4x (\"The gradient norm spikes to nearly 4x its normal value\")",
               "loss": "a jump (\"The loss drops sharply near the end of the first epoch ..., then spikes when it sees the beginning again\")"}
