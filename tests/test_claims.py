@@ -116,6 +116,9 @@ def test_stable_rank_claim_pairs_probes_and_reads_the_ratio(tmp_path):
     assert set(up) == {"dso.stable_rank.attention.20%", "dso.stable_rank.mlp.20%"}
     c = up["dso.stable_rank.mlp.20%"]
     assert c.value == pytest.approx(1.1, rel=0.01) and c.ci_low > 1.05 and c.verdict == "reproduced" and c.n == 32
+    shuffled = _srank_rows(1.1).sample(fraction=1.0, shuffle=True, seed=5)  # row order must not move the interval
+    again = {c.key: c for c in C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=shuffled))}
+    assert all((again[k].value, again[k].ci_low, again[k].ci_high) == (up[k].value, up[k].ci_low, up[k].ci_high) for k in up)
     down = C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(0.9)))
     assert all(c.verdict == "not reproduced" for c in down)
     d = C.log_ratio_matrix(_srank_rows(1.0, noise=0.0), "20%", "attention")

@@ -325,7 +325,7 @@ def log_ratio_matrix(rows: pl.DataFrame, checkpoint: str, block: str, a: str = "
     pa = sel.filter(pl.col("strategy") == a).select(*keys, la=pl.col("stable_rank").log())
     pb = sel.filter(pl.col("strategy") == b).select(*keys, lb=pl.col("stable_rank").log())
     d = (pa.join(pb, on=keys, how="inner").group_by("seed", "probe").agg(d=(pl.col("la") - pl.col("lb")).mean())
-         .drop_nans().pivot(on="probe", index="seed", values="d").sort("seed").drop("seed"))
+         .drop_nans().sort("seed", "probe").pivot(on="probe", index="seed", values="d").sort("seed").drop("seed"))
     m = d.to_numpy().astype(np.float64) if d.height else np.zeros((0, 0))
     return m[:, ~np.isnan(m).any(axis=0)] if m.size else m
 
@@ -546,7 +546,7 @@ def ratio_matrix(jumps: pl.DataFrame, arm: str, metric: str) -> np.ndarray:
     sel = jumps.filter((pl.col("arm") == arm) & (pl.col("metric") == metric))
     if sel.height == 0:
         return np.zeros((0, 0))
-    return sel.pivot(on="boundary", index="seed", values="ratio").sort("seed").drop("seed").to_numpy().astype(np.float64)
+    return sel.sort("seed", "boundary").pivot(on="boundary", index="seed", values="ratio").sort("seed").drop("seed").to_numpy().astype(np.float64)
 
 
 def jump_table(jumps: pl.DataFrame, n_boot: int, seed: int) -> pl.DataFrame:
@@ -638,7 +638,7 @@ def paired_units(units: pl.DataFrame, a: str, b: str) -> np.ndarray:
     d = pa.join(pb, on=["seed", "unit"], how="inner").with_columns(d=pl.col("la") - pl.col("lb"))
     if d.height == 0:
         return np.zeros((0, 0))
-    m = d.pivot(on="unit", index="seed", values="d").sort("seed").drop("seed").to_numpy().astype(np.float64)
+    m = d.sort("seed", "unit").pivot(on="unit", index="seed", values="d").sort("seed").drop("seed").to_numpy().astype(np.float64)
     return m[:, ~np.isnan(m).any(axis=0)]
 
 
