@@ -284,7 +284,7 @@ def test_packing_arms_train_at_equal_tokens():
     assert all(a.settings.cross_document and a.settings.max_steps == 10 for a in arms[:3])
     filled = float(pad.segments["n_tokens"].sum() + pad.segments["eos_added"].sum()) / pad.order.size
     assert pad.steps == padding_steps(10, 32, pad.segments, pad.order.size) > 10
-    assert 10 * 4 * 32 <= pad.steps * 4 * filled < (10 * 32 + 32) * 4
+    assert abs(pad.steps * 4 * filled - 10 * 4 * 32) <= 0.5 * 4 * filled  # the concat runs' tokens, to half a step
 
 
 def test_packing_claims_on_known_losses(tmp_path):

@@ -357,8 +357,7 @@ def stable_rank_claims(data: ClaimData) -> list[Claim]:
                 paper_figure="\"substantially higher stable rank for both attention and feed-forward blocks for nearly all layers\" "
                              "(a chart; no number given)",
                 paper_source="Results › Quantifying Batch Diversity (checkpoints at 20% and 100% of steps)",
-                value=math.exp(mean), ci_low=math.exp(lo) if not math.isnan(lo) else lo,
-                ci_high=math.exp(hi) if not math.isnan(hi) else hi, threshold=1.0, side=">",
+                value=math.exp(mean), ci_low=math.exp(lo), ci_high=math.exp(hi), threshold=1.0, side=">",
                 interval=f"two-way bootstrap over {d.shape[0]} seeds x {d.shape[1]} paired probe batches",
                 n=int(d.size),
                 detail=f"geometric-mean srank ratio greedy/random over the {block} matrices of every layer; "

@@ -89,9 +89,10 @@ def epoch_boundary_arms(lengths: np.ndarray, cluster: np.ndarray, topic: np.ndar
 
 
 def padding_steps(concat_steps: int, seq_len: int, segments: pl.DataFrame, n_sequences: int) -> int:
-    """Steps a padded packing needs to see the tokens ``concat_steps`` full sequences hold."""
+    """Steps a padded packing needs to see as many non-padding tokens as ``concat_steps`` steps of
+    full sequences: the nearest whole number of steps (within half a step's tokens)."""
     filled = float(segments["n_tokens"].sum() + segments["eos_added"].sum()) / n_sequences
-    return int(math.ceil(concat_steps * seq_len / filled))
+    return max(1, int(round(concat_steps * seq_len / filled)))
 
 
 def packing_arms(lengths: np.ndarray, seq_len: int, atoms: list[float], seeds: list[int], base: TrainSettings) -> list[Arm]:
