@@ -20,7 +20,6 @@ Each seed draws its own sample / order and initializes the model; both arms of a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
