@@ -15,13 +15,13 @@ from pipeline.threads import set_thread_policy
 set_offline()
 set_thread_policy()  # before any asset imports torch
 
-from assets import checks, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
+from assets import checks, claims, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
 from assets import mixture  # noqa: E402
 from assets.common import StrataSettings, sync_partitions  # noqa: E402
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
 
-_MODULES = [corpus, tokens, embeddings, sequences, orderings, exports, diagnostics, training, evaluations, checks, mixture]
+_MODULES = [corpus, tokens, embeddings, sequences, orderings, exports, diagnostics, training, evaluations, claims, checks, mixture]
 
 
 def config_sensor(config_file: str | None, data_root: str | None, built_from) -> dg.SensorDefinition:

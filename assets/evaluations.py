@@ -12,6 +12,7 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import RUN_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key
 from assets.on_ray import run_on_ray
 from pipeline.storage.atomic import write_parquet, write_text
+from pipeline.reports.claims import CLAIM_TABLES, claims_report_section
 from pipeline.reports.tables import ablation_table, render_report
 from pipeline.reports.visual import image_markdown
 from pipeline.storage.warehouse import replace_rows
@@ -69,7 +70,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
 AblationReportParams = PARAM_CLASSES["ablation_report"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses"], code_version="4", kinds={"duckdb"})
+@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses", "claims"], code_version="4", kinds={"duckdb"})
 def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
                     config: AblationReportParams) -> dg.MaterializeResult:
     """Strategy x metric table (the fixed held-out batch's final loss and every evaluation
@@ -86,12 +87,13 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     from pipeline.reports.tables import higher_is_better, run_units
 
     cfg = asset_config(context, settings, config)
-    rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None})
+    rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None, "claims": None})
     layout = settings.layout()
     names = ("train_log", "eval_results", "eval_units", "heldout_curve", "consumed_metrics", "stable_rank", "fidelity", "odm_mixture", "epoch_jumps")
     with duckdb.get_connection() as con:
         tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in names if t in tables}
+        claim_tables = {t: con.sql(f"SELECT * FROM {t}").pl() for t in CLAIM_TABLES if t in tables}
     train_log = read["train_log"]
     strategies = [s for s in cfg.strategies if s in set(train_log["strategy"])]
     seeds = set(cfg.seeds)
@@ -122,11 +124,14 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
     if flagged is not None and flagged.height:
         extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
+    claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
+    extra += "\n" + claims_md
     md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity, power=power)
     outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet")),
                write_parquet(power, layout.inside("report", "ablation_power.parquet"))]
     ui = (render_report(table, strategies=strategies, deltas=deltas, diversity=diversity, power=power)
           + "\n\n".join(image_markdown(p, n) for n, p in figures.items()))
+    ui += "\n\n" + claims_md.split("\n![")[0] + "\n\n" + "\n\n".join(image_markdown(p, n) for n, p in claim_figures.items())
     significant = deltas.filter(pl.col("significant")).height if deltas.height else 0
     plan = power.filter(pl.col("strategy") == "pooled").to_dicts()
     return rec.finish([*outputs, *figures.values()],

@@ -48,11 +48,16 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "diagnostics_report": ("length_bins", "seed"),
     "training_runs": ("model_preset", "seq_len", "batch_size", "max_steps", "lr", "warmup_steps", "weight_decay",
                       "cross_document", "odm_smoothing", "odm_warmup_fraction", "probe_fractions", "probe_batches", "attention",
-                      "compile", "heldout_docs", "heldout_every"),
+                      "compile", "heldout_docs", "heldout_every", "epochs", "claims_probe_batches"),
     "gradient_analyses": ("fidelity_chunks", "fidelity_sequences_per_chunk", "batch_size", "seq_len", "cross_document"),
     "evaluations": ("eval_limit", "wikitext_path", "paloma_dir", "dclm_dir", "dclm_limit", "seed"),
     "ablation_report": ("bootstrap_samples", "seed"),
+    "claims": ("claims_k", "claims_shuffles", "bootstrap_samples", "batch_size", "length_bins", "seed"),
+    "claim_runs": ("claims_k", "claims_seeds", "claims_epochs", "claims_epoch_sequences", "claims_atoms"),
 }
+# asset -> assets whose parameters it reads too, without reading their data: claim_runs trains with
+# training_runs' settings. Its code version covers them; they stay in training_runs' launchpad.
+READS_PARAMS_OF: dict[str, tuple[str, ...]] = {"claim_runs": ("training_runs",)}
 
 
 def params_hash(keys: tuple[str, ...] | list[str], cfg: StrataConfig) -> str:
@@ -72,6 +77,8 @@ def version_keys(assets: list) -> dict[str, tuple[str, ...]]:
     def closure(name: str) -> tuple[str, ...]:
         if name not in out:
             keys = set(PARAMS.get(name, ()))
+            for other in READS_PARAMS_OF.get(name, ()):
+                keys |= set(PARAMS[other])
             for parent in parents.get(name, []):
                 keys |= set(closure(parent))
             out[name] = tuple(sorted(keys))

@@ -24,7 +24,8 @@ BEFORE_STRATEGIES: list[list[str] | tuple[str, ...]] = [
 UPSTREAM = [a for group in BEFORE_STRATEGIES if isinstance(group, list) for a in group]
 PER_STRATEGY = ["orderings", "exports", "ordering_diagnostics"]
 PER_RUN = ["training_runs", "evaluations"]
-GATHER = ["diagnostics_report", "gradient_analyses", "ablation_report"]
+GATHER = ["diagnostics_report", "gradient_analyses", "claims", "ablation_report"]
+CLAIM_RUNS = ["claim_runs"]  # the claims' own training runs: with claims_full, or when selected (strata claims --full)
 
 
 def prepare_environment(config_file: str | None, data_root: str | None) -> StrataConfig:
@@ -149,6 +150,8 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         run(PER_STRATEGY, s)
         for seed in cfg.seeds:
             run(PER_RUN, dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}))
+    if cfg.claims_full or select:
+        run(CLAIM_RUNS)
     run(GATHER)
     if cfg.mixture.enabled or select:
         materialize_mixture(run, cfg)

@@ -90,7 +90,8 @@ def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition
 
 
 def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
-    """Every materializable asset and partition of the config, in graph order (the mixture stage only when enabled)."""
+    """Every materializable asset and partition of the config, in graph order (the mixture stage only when
+    enabled; ``claim_runs`` once materialized or with ``claims_full``)."""
     res = resolver(defs, instance)
     graph = defs.resolve_asset_graph()
     rows = []
@@ -102,6 +103,8 @@ def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConf
             continue  # the TerRIFIC stage is not part of this config (mixture.enabled: false)
         for part in _partitions(key.to_user_string(), node.partitions_def, cfg):
             status = res.get_status(key, part)
+            if key.to_user_string() == "claim_runs" and status == StaleStatus.MISSING and not cfg.claims_full:
+                continue  # the claims' own runs: listed once trained (strata claims --full) or configured (claims_full)
             why = ""
             if status == StaleStatus.STALE:
                 causes = res.get_stale_root_causes(key, part)

@@ -14,16 +14,18 @@ from pipeline.packing.pack import SequenceStore
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
 from pipeline.reports.consumed import consumed_diversity
-from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
+from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
 from pipeline.storage.warehouse import replace_rows
 
 BY_STRATEGY = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="strategy")
-FROZEN_FRACTION = 0.2  # mixture fidelity is measured at the random run's 20% checkpoint
+FROZEN_FRACTION = 0.2  # the frozen checkpoint of mixture fidelity: a model at 20% of a run's steps
+CLAIM_STRATEGIES = ("greedy", "random")  # their stable ranks are compared by the claims (claims_probe_batches each)
 
 
-def frozen_strategy(cfg) -> str:
-    """The run whose 20% checkpoint is the frozen model: random when configured, else the first."""
-    return "random" if "random" in cfg.strategies else cfg.strategies[0]
+def probe_count(cfg, strategy: str) -> int:
+    """Stable-rank probe batches per checkpoint: ``claims_probe_batches`` for the runs the claims
+    pair (greedy, random), ``probe_batches`` for the others."""
+    return max(cfg.probe_batches, cfg.claims_probe_batches) if strategy in CLAIM_STRATEGIES else cfg.probe_batches
 
 
 def _store(layout, cfg, segments, tok) -> SequenceStore:
@@ -36,7 +38,7 @@ def _settings(cfg, seed: int) -> TrainSettings:
         preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
         lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,
         cross_document=cfg.cross_document, attention=cfg.attention, heldout_every=cfg.heldout_every,
-        compile=cfg.compile,
+        compile=cfg.compile, epochs=cfg.epochs,
     )
 
 
@@ -98,22 +100,22 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     ts = _settings(cfg, seed)
     run_dir = layout.run_dir(strategy, seed)
     sampler = None
+    n_steps = ts.steps(store.n_sequences if strategy == "odm" else order.size)
     if strategy == "odm":
         doc_cluster = pl.read_parquet(layout.clusters).sort("doc_id")["cluster"].to_numpy()
-        sampler = ODMSampler(sequence_clusters(segments, doc_cluster), cfg.max_steps, seed=seed,
+        sampler = ODMSampler(sequence_clusters(segments, doc_cluster), n_steps, seed=seed,
                              smoothing=cfg.odm_smoothing, warmup_fraction=cfg.odm_warmup_fraction)
     probes: list[pl.DataFrame] = []
-    fractions = {checkpoint_steps(cfg.max_steps, [f])[0]: f for f in cfg.probe_fractions}
+    fractions = {checkpoint_steps(n_steps, [f])[0]: f for f in cfg.probe_fractions}
+    n_probe = probe_count(cfg, strategy)
 
     def probe(steps_done: int, model) -> None:
-        stream = sampler.served_ids() if sampler is not None else order
-        start = max(0, steps_done - cfg.probe_batches)
-        rows = gradient_stable_ranks(model, store, stream, range(start, start + cfg.probe_batches), cfg.batch_size, cfg.cross_document)
-        frac = fractions[steps_done]
-        probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(frac * 100)}%")))
-        if (strategy, frac, seed) == (frozen_strategy(cfg), FROZEN_FRACTION, cfg.seeds[0]):
-            with atomic_dir(run_dir / "frozen") as tmp:
-                model.save_pretrained(str(tmp))
+        if sampler is not None:  # ODM's next batches do not exist yet: its last served batches
+            stream, start, epochs = sampler.served_ids(), max(0, steps_done - n_probe), 0
+        else:  # the batches the schedule serves next (past the end of the run: the ones it would)
+            stream, start, epochs = order, steps_done, cfg.epochs
+        rows = gradient_stable_ranks(model, store, stream, range(start, start + n_probe), cfg.batch_size, cfg.cross_document, epochs)
+        probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(fractions[steps_done] * 100)}%")))
 
     model, log = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
                        sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe, heldout=held,
@@ -123,7 +125,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
         tok.save_pretrained(str(tmp))
     key = {"strategy": strategy, "seed": seed}
     log_df = pl.DataFrame(log).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
-    served = sampler.served_ids() if sampler is not None else order[np.arange(cfg.max_steps * cfg.batch_size) % order.size]
+    served = sampler.served_ids() if sampler is not None else stream_ids(order, n_steps, cfg.batch_size, cfg.epochs)
     # tokens_per_s is wall-clock throughput: kept in DuckDB, left out of the (deterministic) artifact
     outputs = [write_parquet(log_df.drop("tokens_per_s"), run_dir / "log.parquet"),
                write_parquet(pl.DataFrame({"position": np.arange(served.size), "sequence_id": served}), run_dir / "stream.parquet")]
@@ -162,27 +164,35 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
 GradientAnalysesParams = PARAM_CLASSES["gradient_analyses"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="ablation", deps=["training_runs"], code_version="1", kinds={"pytorch"})
+@dg.asset(group_name="ablation", deps=["training_runs"], code_version="2", kinds={"pytorch"})
 def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
                       config: GradientAnalysesParams) -> dg.MaterializeResult:
-    """Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint (the random run's 20% model, else the
-    first strategy's), cosine
-    similarity of the gradients of 10 consecutive chunks of each strategy's stream — a 10 x 10
-    matrix per strategy in DuckDB table ``fidelity``."""
-    from transformers import AutoModelForCausalLM
+    """Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint trained on non-overlapping
+    data, as the paper measures it — a model trained on the held-out split (documents no schedule
+    holds; same settings and init as the runs) for 20% of the runs' steps, saved under
+    ``gradients/frozen`` — cosine similarity of the gradients of 10 consecutive chunks of each
+    strategy's stream: a 10 x 10 matrix per strategy in DuckDB table ``fidelity``."""
+    from dataclasses import replace
 
+    from evals.paloma import read_paloma_docs
     from pipeline.training.gradients import fidelity_rows, mixture_fidelity
-    from pipeline.training.loop import device
+    from pipeline.training.heldout import heldout_store
 
     rec = Recorder(context, duckdb, {"training_runs": "*"})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    frozen = layout.run_dir(frozen_strategy(cfg), cfg.seeds[0]) / "frozen"
-    if not frozen.exists():
+    tok = load_tokenizer(layout.tokenizer)
+    if not layout.heldout.exists() or not any(layout.heldout.rglob("*.jsonl.gz")):
         from pipeline.errors import StrataInputError
 
-        raise StrataInputError(f"no frozen checkpoint at {frozen}", fix=f"keep 0.2 in probe_fractions and materialize training_runs[{frozen_strategy(cfg)}, seed {cfg.seeds[0]}]")
-    model = AutoModelForCausalLM.from_pretrained(str(frozen)).to(device())
-    tok = load_tokenizer(layout.tokenizer)
+        raise StrataInputError("no held-out documents to train the frozen checkpoint on", path=layout.heldout,
+                               fix="set heldout_fraction > 0 (mixture fidelity needs a model trained on documents no schedule holds)")
+    held = heldout_store(read_paloma_docs(layout.heldout)["text"].to_list(), tok, cfg.seq_len)
+    frozen_steps = checkpoint_steps(cfg.max_steps, [FROZEN_FRACTION])[0]
+    model, _ = train(held, np.random.default_rng(cfg.seed).permutation(held.n_sequences), len(tok), tok.eos_token_id,
+                     tok.pad_token_id, replace(_settings(cfg, cfg.seeds[0]), epochs=0), stop_after=frozen_steps)
+    frozen = layout.inside("gradients", "frozen")
+    with atomic_dir(frozen) as tmp:
+        model.save_pretrained(str(tmp))
     frames, matrices = [], {}
     for strategy in cfg.strategies:
         stream_path = layout.run_dir(strategy, cfg.seeds[0]) / "stream.parquet"
@@ -204,5 +214,6 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
     with duckdb.get_connection() as con:
         replace_rows(con, "fidelity", table, {})
     off = {s: float(m[~np.eye(m.shape[0], dtype=bool)].mean()) for s, m in matrices.items()}
-    return rec.finish([out], {"strategies": len(matrices)}, {"chunks": cfg.fidelity_chunks},
+    return rec.finish([out, frozen / "model.safetensors"], {"strategies": len(matrices)},
+                      {"chunks": cfg.fidelity_chunks, "frozen_steps": frozen_steps, "frozen_sequences": held.n_sequences},
                       {"mean_offdiagonal_cosine": dg.MetadataValue.json(off)})

@@ -155,6 +155,7 @@ class StrataConfig(_Model):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds: model init + every seeded strategy's shuffle/noise/sampler; one run per strategy x seed (strata demo: [0, 1, 2])
     model_preset: Literal[MODEL_PRESETS] = "tiny"  # type: ignore[valid-type]
     max_steps: int = Field(60, ge=1)
+    epochs: int = Field(0, ge=0)  # 0: max_steps steps; N >= 1: N passes over each stream (floor(M / batch_size) steps each), replacing max_steps
     lr: float = Field(3e-3, gt=0.0)
     warmup_steps: int = Field(6, ge=0)
     weight_decay: float = Field(0.1, ge=0.0)
@@ -181,6 +182,15 @@ class StrataConfig(_Model):
     paloma_dir: str = ""  # a directory in Paloma's layout <source>/<split>/*.jsonl.gz (optional)
     dclm_dir: str = ""  # DCLM-core data in llm-foundry format (local_data/ + eval_meta_data.csv; optional)
     dclm_limit: int = Field(5, ge=0)  # rows per DCLM task (seeded sample); 0 = all
+    # claims (pipeline/reports/claims.py, `strata claims`): each paper's measurable claim on this corpus
+    claims_k: int = Field(30, ge=0)  # clusters of Diversity-ordered training's table (the paper's k=30); 0 = k
+    claims_shuffles: int = Field(20, ge=2)  # random shuffles greedy is compared with (prefix error, worst vs best batch)
+    claims_probe_batches: int = Field(32, ge=1)  # greedy and random runs: stable-rank probe batches per checkpoint (paired by seed and index)
+    claims_full: bool = False  # `strata run` / `strata demo` also train the claims' own runs (as `strata claims --full`)
+    claims_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)  # seeds of the claims' own runs
+    claims_epochs: int = Field(3, ge=2)  # epoch-boundary runs: passes over their stream
+    claims_epoch_sequences: int = Field(320, ge=2)  # epoch-boundary runs: sequences per epoch
+    claims_atoms: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0], min_length=2)  # atom sizes (x seq_len) compared
     # scheduling
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
@@ -227,6 +237,20 @@ class StrataConfig(_Model):
     def _seeds(cls, value: list[int]) -> list[int]:
         if any(s < 0 for s in value) or len(set(value)) != len(value):
             raise ValueError("use distinct integers >= 0")
+        return value
+
+    @field_validator("claims_seeds")
+    @classmethod
+    def _claims_seeds(cls, value: list[int]) -> list[int]:
+        return cls._seeds(value)
+
+    @field_validator("claims_atoms")
+    @classmethod
+    def _atoms(cls, value: list[float]) -> list[float]:
+        from pipeline.names import ATOM_MULTIPLES
+
+        if any(a not in ATOM_MULTIPLES for a in value) or 1.0 not in value or len(set(value)) != len(value):
+            raise ValueError(f"use distinct atom sizes among {list(ATOM_MULTIPLES)}, including 1.0 (atom = seq_len)")
         return value
 
     @field_validator("probe_fractions")

@@ -113,7 +113,7 @@ def test_duckdb_lineage_and_report(run):
         outputs = con.execute("SELECT outputs FROM lineage WHERE asset = 'sequences'").fetchone()[0]
     assert assets == {"corpus_shards", "corpus", "tokenizer", "token_shards", "tokens", "embedding_shards", "embeddings", "centroids",
                       "cluster_shards", "clusters", "sequences", "orderings", "exports",
-                      "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses", "evaluations",
+                      "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses", "claims", "evaluations",
                       "ablation_report"}
     assert steps == [(s, cfg["max_steps"]) for s in sorted(STRATEGIES)]
     assert evals == {"heldout", "wikitext", "dclm"}
@@ -124,6 +124,7 @@ def test_duckdb_lineage_and_report(run):
     assert "heldout_batch/loss" in report and all(s in report for s in STRATEGIES)
     assert "heldout_batch/loss" in proc.stdout  # the CLI prints the table
     assert "Difference to `random`" in report and "Diversity of the consumed stream" in report
+    assert "## Claims of the papers, reproduced on this corpus" in report and "(report/claims/claim_prefix_error.png)" in report
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         deltas = con.execute("SELECT strategy, metric, ci_low, ci_high, significant FROM ablation_delta").fetchall()
         consumed = con.execute("SELECT DISTINCT strategy FROM consumed_metrics ORDER BY 1").fetchall()

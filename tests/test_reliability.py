@@ -369,6 +369,17 @@ def test_two_processes_write_duckdb_without_loss(tmp_path):
     assert stats == [("p", 50, n - 1, n - 1), ("q", 50, n - 1, n - 1)]  # replace_rows kept exactly the last write
 
 
+def test_replace_rows_replaces_the_key_or_the_whole_table_and_adds_new_columns():
+    con = duckdb.connect()
+    replace_rows(con, "t", pl.DataFrame({"s": ["a", "b"], "v": [1, 2]}), {})
+    replace_rows(con, "t", pl.DataFrame({"s": ["a"], "v": [3]}), {"s": "a"})
+    assert sorted(con.execute("SELECT s, v FROM t").fetchall()) == [("a", 3), ("b", 2)]
+    replace_rows(con, "t", pl.DataFrame({"s": ["c"], "v": [4], "extra": [0.5]}), {})  # empty key: every row goes
+    assert con.execute("SELECT s, v, extra FROM t").fetchall() == [("c", 4, 0.5)]
+    replace_rows(con, "t", pl.DataFrame({"s": ["d"], "v": [5]}), {"s": "d"})
+    assert sorted(con.execute("SELECT s, extra FROM t").fetchall()) == [("c", 0.5), ("d", None)]
+
+
 def test_plain_connect_conflicts_while_another_process_writes(tmp_path):
     """Why connect_with_retry exists: DuckDB refuses a second process while one holds the file."""
     db = tmp_path / "x.duckdb"

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.integration
 
 ALL = {"corpus_shards", "corpus", "tokenizer", "token_shards", "tokens", "embedding_shards", "embeddings", "centroids", "cluster_shards",
        "clusters", "sequences", "orderings", "exports", "ordering_diagnostics",
-       "diagnostics_report", "training_runs", "gradient_analyses", "evaluations", "ablation_report"}
+       "diagnostics_report", "training_runs", "gradient_analyses", "claims", "evaluations", "ablation_report"}
 AFTER_ORDERINGS = {"orderings", "exports", "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses",
-                   "evaluations", "ablation_report"}
-TRAINING = {"training_runs", "gradient_analyses", "evaluations", "ablation_report"}
+                   "claims", "evaluations", "ablation_report"}
+TRAINING = {"training_runs", "gradient_analyses", "claims", "evaluations", "ablation_report"}
 EXPECTED = {
     "k": (8, {"centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
     "seq_len": (48, {"sequences"} | AFTER_ORDERINGS),
@@ -153,7 +153,7 @@ def test_launchpad_override_is_applied_and_recorded(graph):
     # the override; its new data makes everything reading it stale (Dagster's data versions).
     why = {r.asset: (r.status, r.why) for r in rows}
     assert why["centroids"] == ("fresh", "built with launchpad overrides: k: 5 -> 4"), rows
-    assert stale == {"cluster_shards", "sequences", "diagnostics_report"}, rows
+    assert stale == {"cluster_shards", "sequences", "diagnostics_report", "claims"}, rows  # the two read clusters directly
     assert "centroids: has a new data version" in why["cluster_shards"][1]
     assert "clusters: has a new data version" in why["sequences"][1]
 

@@ -139,6 +139,56 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_claims(args: argparse.Namespace) -> int:
+    """Measure each paper's claim on this data root (materialize ``claims``; with ``--full`` first the
+    claims' own runs, ``claim_runs``) and print one row per claim with its verdict."""
+    import json
+
+    import duckdb
+    from rich.console import Console
+    from rich.table import Table
+
+    from assets.runner import materialize_all, prepare_environment
+    from pipeline.storage.layout import Layout
+
+    from pathlib import Path
+
+    t0 = time.perf_counter()
+    config = args.config or os.environ.get("STRATA_CONFIG") or None
+    demo = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").resolve() / "demo_config.yaml"
+    if config is None and demo.is_file():  # a data root made by `strata demo`: its settings
+        config = str(demo)
+    cfg = prepare_environment(config, args.data_root)
+    layout = Layout(cfg.root)
+    if not layout.ordering("greedy").exists() and not layout.segments.exists():
+        raise StrataInputError("no packed sequences in the data root", path=cfg.root,
+                               fix="run `strata demo` or `strata run` first (the claims read its orderings and runs), or pass --data-root")
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        has_report = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
+    select = " or ".join(f"key:{a}" for a in (["claim_runs"] if args.full else []) + ["claims"] + (["ablation_report"] if has_report else []))
+    materialize_all(config, str(cfg.root), select=select, log=(lambda m: print(m, file=sys.stderr)) if args.json else print)
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        rows = con.sql("SELECT * FROM claims").pl()
+        missing = con.sql("SELECT * FROM claims_not_measured").pl()
+    if args.json:
+        print(json.dumps(rows.to_dicts(), indent=1, default=str))
+        return 0
+    colors = {"reproduced": "green", "not reproduced": "red", "inconclusive": "yellow"}
+    table = Table(title=f"Claims of the papers on this corpus ({cfg.root})", show_lines=True)
+    for col in ("paper", "claim", "paper's figure", "Strata [95% CI]", "claimed", "verdict"):
+        table.add_column(col, overflow="fold")
+    for r in rows.iter_rows(named=True):
+        table.add_row(r["paper"], r["claim"], r["paper_figure"].split(" (\"")[0].split(": \"")[0],
+                      f"{r['value']:.4g} [{r['ci_low']:.4g}, {r['ci_high']:.4g}]", f"{r['side']} {r['threshold']:g}",
+                      f"[{colors[r['verdict']]}]{r['verdict']}[/]")
+    console = Console()
+    console.print(table)
+    for r in missing.iter_rows(named=True):
+        console.print(f"not measured: {r['claim']} ({r['reason']})")
+    console.print(f"report: {layout.inside('report', 'claims', 'claims.md')}\ntotal time: {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 EXIT_INPUT = 2  # bad input or configuration (StrataInputError): the message names the file, the value and the fix
 EXIT_USAGE = 64  # command-line usage error (unknown command or option, missing argument): sysexits' EX_USAGE
 
@@ -175,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
     report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")
     report.set_defaults(func=cmd_report)
+    claims = sub.add_parser("claims", help="each paper's measurable claim on this data root: figure, 95% interval, verdict")
+    claims.add_argument("--config", default=None, help="YAML/JSON config of the data root (default: $STRATA_CONFIG, else the defaults)")
+    claims.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
+    claims.add_argument("--full", action="store_true",
+                        help="also train the claims' own runs (epoch boundary, packing; about 30 min on 2 cores at the demo's size)")
+    claims.add_argument("--json", action="store_true", help="print the rows as JSON")
+    claims.set_defaults(func=cmd_claims)
     from assets.cli import export, schedule, tools
 
     schedule.register(sub)

@@ -9,13 +9,13 @@ from pipeline.errors import StrataInputError
 
 # Three seeds of the seven default strategies (21 runs): 30 steps x 16 x 256 tokens per run (122,880),
 # the held-out batch every 10 steps (4 points per curve), embeddings of each document's first 128
-# tokens (all-MiniLM-L6-v2's training length). The six strategies before the positive control
-# (cluster_sorted, a default strategy) took 12 min 20 s wall, 1,123 CPU-s on 2 idle cores; with the
-# control: not re-measured yet. At these 30 steps the control trains on 3-4 of the 32 clusters and is
-# detected (docs/training.md, "Positive control and power" and "The demo").
-# Everything else is StrataConfig's default (built-in corpus, tiny model, every default strategy).
+# tokens (all-MiniLM-L6-v2's training length). At these 30 steps the positive control (cluster_sorted)
+# trains on 3-4 of the 32 clusters and is detected (docs/training.md, "Positive control and power").
+# greedy and random probe 11 batches per checkpoint each, so the claims pair 3 x 11 = 33 (>= 32) probe
+# batches per checkpoint for the stable rank (claims_probe_batches; the default 32 is per run).
+# Time measured in docs/training.md, "The demo". Everything else is StrataConfig's default.
 DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 30, "warmup_steps": 3, "heldout_every": 10,
-                                 "embed_max_tokens": 128}
+                                 "embed_max_tokens": 128, "claims_probe_batches": 11}
 
 
 def eval_paths(evals_dir: str | Path) -> dict[str, str]:

@@ -24,16 +24,25 @@ CREATE TABLE IF NOT EXISTS lineage (
 
 
 def replace_rows(con, table: str, df: pl.DataFrame, key: dict[str, Any]) -> int:
-    """Replace the rows of ``table`` matching ``key`` (column -> value) by ``df``; return rows written."""
+    """Replace the rows of ``table`` matching ``key`` (column -> value) by ``df``; return rows written.
+
+    An empty ``key`` replaces the whole table. Columns of ``df`` the table lacks (written by newer
+    code into an older warehouse) are added first."""
     if not table.isidentifier():
         raise ValueError(f"bad table name {table!r}")
     con.register("_strata_rows", df.to_arrow())
     try:
         con.execute("BEGIN TRANSACTION")
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM _strata_rows LIMIT 0")
+        have = {c for (c,) in con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
+        for name, kind, *_ in con.execute("DESCRIBE SELECT * FROM _strata_rows").fetchall():
+            if name not in have:  # a column newer code writes: added (NULL in the older rows)
+                con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
         if key:
             where = " AND ".join(f"{c} = ?" for c in key)
             con.execute(f"DELETE FROM {table} WHERE {where}", list(key.values()))
+        else:  # the empty key matches every row: the whole table is replaced
+            con.execute(f"DELETE FROM {table}")
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _strata_rows")
         con.execute("COMMIT")
     except Exception:

@@ -8,7 +8,9 @@
   optimizer applies, which is what "effective directions explored in parameter space" measures.
 * Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint, the large-batch gradient of each of 10
   consecutive chunks of a schedule, and the 10 x 10 matrix of their cosine similarities. A schedule
-  without drift has a flat matrix (TerRIFIC curricula reports 0.945-0.947 everywhere).
+  without drift has a flat matrix (TerRIFIC curricula reports 0.945-0.947 everywhere). As the paper
+  does ("a frozen model checkpoint (trained on non-overlapping data)"), the checkpoint is trained on
+  documents no schedule holds (the held-out split: ``pipeline.training.heldout.heldout_store``).
 
 Gradients come from ``torch.autograd.grad``: no optimizer step, ``.grad`` buffers untouched, the
 model's train/eval mode restored. Forward passes use bf16 autocast on CUDA.
@@ -24,7 +26,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.training.model import batch_tensors, mask_mode_of, token_losses
 from pipeline.packing.pack import SequenceStore
-from pipeline.training.loop import autocast
+from pipeline.training.loop import autocast, batch_positions
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -60,10 +62,11 @@ def _loss(model, store: SequenceStore, ids: np.ndarray, cross_document: bool, de
     return total / scored.sum().clamp(min=1) if reduction == "mean" else (total, scored.sum())
 
 
-def batch_ids(order: np.ndarray, position: int, batch_size: int) -> np.ndarray:
-    """The sequence ids of batch ``position`` of a stream (wrapping like ``train`` does)."""
+def batch_ids(order: np.ndarray, position: int, batch_size: int, epochs: int = 0) -> np.ndarray:
+    """The sequence ids of batch ``position`` of a stream (wrapping like ``train`` does, or with
+    ``epochs`` the drop-last epochs of ``train``)."""
     order = np.asarray(order, dtype=np.int64)
-    return order[np.arange(position * batch_size, (position + 1) * batch_size) % order.size]
+    return order[batch_positions(position, batch_size, order.size, epochs)]
 
 
 def gradient_stable_ranks(
@@ -73,11 +76,14 @@ def gradient_stable_ranks(
     positions: Sequence[int],
     batch_size: int,
     cross_document: bool = False,
+    epochs: int = 0,
 ) -> pl.DataFrame:
     """Stable rank of each layer matrix's gradient on each probed batch (no optimizer step).
 
-    Batch p is ``order[p*B:(p+1)*B]``, the batch the run trains on at step p. Returns one row per
-    (batch, matrix): ``position, layer_name, layer, block, matrix, stable_rank``.
+    Batch p is ``order[p*B:(p+1)*B]``, the batch the run trains on at step p (``epochs`` as in
+    ``train``). Returns one row per (batch, matrix): ``probe`` (the batch's index among
+    ``positions``, which pairs the probes of two runs), ``position, layer_name, layer, block,
+    matrix, stable_rank``.
     """
     import torch
 
@@ -90,11 +96,12 @@ def gradient_stable_ranks(
     model.eval()
     rows = []
     try:
-        for p in positions:
-            loss = _loss(model, store, batch_ids(order, int(p), batch_size), cross_document, dev, "mean")
+        for probe, p in enumerate(positions):
+            loss = _loss(model, store, batch_ids(order, int(p), batch_size, epochs), cross_document, dev, "mean")
             grads = torch.autograd.grad(loss, params)
             for (name, i, block, kind, _), g in zip(mats, grads):
-                rows.append({"position": int(p), "layer_name": name, "layer": i, "block": block, "matrix": kind, "stable_rank": stable_rank(g)})
+                rows.append({"probe": probe, "position": int(p), "layer_name": name, "layer": i, "block": block, "matrix": kind,
+                             "stable_rank": stable_rank(g)})
     finally:
         model.train(was_training)
     return pl.DataFrame(rows)

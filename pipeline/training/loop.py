@@ -4,7 +4,10 @@ Every strategy gets the same model init (seeded), token budget, optimizer (AdamW
 then cosine decay to 10% of the peak), batch size and sequence length; only the order of the
 sequences differs. Step t trains on ``order[t*B:(t+1)*B]`` (wrapping into a next epoch if the
 budget exceeds the stream), or, for a training-time strategy such as ODM (``pipeline.training.odm``), on the
-ids a sampler returns. Loss is next-token cross-entropy within documents only. On a CUDA device the
+ids a sampler returns. With ``epochs = N`` the run is N passes over the stream instead: each
+epoch is the same ``floor(M / B)`` batches in the same order (an incomplete last batch is dropped,
+as a data loader with ``drop_last`` does), so every epoch boundary is a clean restart of the
+stream — the setting of Diversity-ordered training's epoch-boundary anomaly. Loss is next-token cross-entropy within documents only. On a CUDA device the
 forward pass runs under bf16 autocast and document masking goes through FlexAttention block masks
 (``attention="auto"``); on a CPU through a dense mask and SDPA. A fixed held-out batch
 (``pipeline.training.heldout``) is scored every ``heldout_every`` steps.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Protocol
 
 import numpy as np
@@ -42,6 +45,19 @@ class TrainSettings:
     attention: str = "auto"  # auto (flex on CUDA, dense on CPU) | dense | flex
     heldout_every: int = 10  # score the held-out batch every N steps (0: at the end only)
     compile: bool = False  # torch.compile the decoder (pays on a GPU for long runs; see docs/training.md)
+    epochs: int = 0  # 0: max_steps steps (wrapping); N >= 1: N passes of floor(M / batch_size) steps each
+
+    def steps(self, n_sequences: int) -> int:
+        """Optimizer steps of a run over ``n_sequences`` sequences: ``max_steps``, or with ``epochs``
+        N passes of ``floor(n_sequences / batch_size)`` steps."""
+        if self.epochs <= 0:
+            return self.max_steps
+        if n_sequences < self.batch_size:
+            raise StrataInputError(
+                f"an epoch of {n_sequences} sequences holds no full batch of {self.batch_size}",
+                fix="use more sequences per epoch or a smaller batch_size",
+            )
+        return self.epochs * (n_sequences // self.batch_size)
 
     def mask_mode(self, dev: str) -> str:
         if self.attention == "auto":
@@ -80,6 +96,23 @@ def autocast(dev: str):
     return torch.autocast("cuda", dtype=torch.bfloat16) if dev == "cuda" else torch.autocast("cpu", enabled=False)
 
 
+def batch_positions(step: int, batch_size: int, n_sequences: int, epochs: int = 0) -> np.ndarray:
+    """Positions in the stream of the sequences of step ``step``: ``[t*B, (t+1)*B)`` modulo M, or
+    with ``epochs`` the batch ``t mod floor(M/B)`` of the same epoch order (drop-last)."""
+    if epochs > 0:
+        step = step % (n_sequences // batch_size)
+    return np.arange(step * batch_size, (step + 1) * batch_size) % n_sequences
+
+
+def stream_ids(order: np.ndarray, steps: int, batch_size: int, epochs: int = 0) -> np.ndarray:
+    """The sequence ids ``steps`` steps of training consume from ``order``, in training order."""
+    order = np.asarray(order, dtype=np.int64)
+    i = np.arange(max(0, steps) * batch_size)
+    if epochs > 0:
+        return order[(i // batch_size) % (order.size // batch_size) * batch_size + i % batch_size]
+    return order[i % order.size]
+
+
 def checkpoint_steps(max_steps: int, fractions: Iterable[float] = (0.2, 1.0)) -> list[int]:
     """Steps completed at the given fractions of the run (Don't Shuffle, Optimize probes 20% and 100%)."""
     return sorted({max(1, min(max_steps, int(round(f * max_steps)))) for f in fractions})
@@ -99,10 +132,13 @@ def train(
     on_checkpoint: Callable[[int, object], None] | None = None,
     heldout: HeldoutBatch | None = None,
     on_heldout: Callable[[int, int, np.ndarray], None] | None = None,
+    stop_after: int | None = None,
 ):
     """Train a fresh model on ``order`` (or on what ``sampler`` serves); return ``(model, log rows)``.
 
-    Log rows: ``step, loss, grad_norm, lr, tokens_seen, epoch, tokens_per_s``; ``epoch`` counts
+    The run lasts ``settings.steps(M)`` steps (``max_steps``, or ``epochs`` passes); ``stop_after``
+    ends it earlier with the learning-rate schedule of the whole run (a model as it is at that step
+    of the run). Log rows: ``step, loss, grad_norm, lr, tokens_seen, epoch, tokens_per_s``; ``epoch`` counts
     passes over the stream (``order`` or, with a sampler, the store's sequences). With a sampler
     ``order`` may be None; the sampler gets every step's per-sequence mean losses (its mixture log
     stays on the sampler, e.g. ``ODMSampler.mixture_rows()``). ``on_checkpoint(steps_done, model)``
@@ -119,6 +155,9 @@ def train(
         M = order.size
     else:
         M = store.n_sequences
+    n_steps = settings.steps(M)
+    settings = replace(settings, max_steps=n_steps)  # the lr schedule and the held-out steps follow the run's length
+    last = n_steps if stop_after is None else max(0, min(n_steps, int(stop_after)))
     dev = device()
     mode = settings.mask_mode(dev)
     model = build_model(settings.preset, vocab_size, settings.seq_len, settings.seed, eos_id, pad_id, mode).to(dev)
@@ -144,9 +183,9 @@ def train(
     tokens_seen = 0
     model.train()
     score(0, 0)
-    for step in tqdm(range(settings.max_steps), desc="train", unit="step", disable=not progress):
+    for step in tqdm(range(last), desc="train", unit="step", disable=not progress):
         t0 = time.perf_counter()
-        ids = sampler.next_batch(B) if sampler is not None else order[np.arange(step * B, (step + 1) * B) % M]
+        ids = sampler.next_batch(B) if sampler is not None else order[batch_positions(step, B, M, settings.epochs)]
         batch = batch_tensors(store, ids, settings.cross_document, dev, mode)
         lr = lr_at(step, settings)
         for group in opt.param_groups:
@@ -169,7 +208,7 @@ def train(
             "grad_norm": float(grad_norm.item()),
             "lr": lr,
             "tokens_seen": tokens_seen,
-            "epoch": int((step * B) // M),
+            "epoch": int(step // (M // B)) if settings.epochs > 0 else int((step * B) // M),
             "tokens_per_s": B * L / (time.perf_counter() - t0),
         }
         rows.append(row)

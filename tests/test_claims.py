@@ -1,0 +1,331 @@
+"""The claims report: each claim's computation on a hand-built case whose answer is known."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pipeline.ordering import OrderParams
+from pipeline.packing.pack import SequenceStore, pack_concat
+from pipeline.reports import claims as C
+from pipeline.reports import diagnostics as D
+from pipeline.reports.claim_inputs import diversity_schedules
+from pipeline.training.experiments import epoch_boundary_arms, packing_arms, padding_steps, topic_groups
+from pipeline.training.loop import TrainSettings, stream_ids, train
+
+VOCAB, EOS, PAD = 48, 1, 0
+
+
+@pytest.mark.parametrize(("low", "high", "threshold", "side", "expected"), [
+    (1.2, 1.5, 1.0, ">", "reproduced"),
+    (0.7, 0.9, 1.0, ">", "not reproduced"),
+    (0.9, 1.1, 1.0, ">", "inconclusive"),
+    (1.0, 1.0, 1.0, ">", "inconclusive"),  # a degenerate interval on the threshold decides nothing
+    (1.0, 1.0, 1.0, ">=", "reproduced"),  # a fraction that had to be 1 and is 1 in every replicate
+    (0.9, 1.0, 1.0, ">=", "inconclusive"),
+    (0.8, 0.97, 1.0, ">=", "not reproduced"),
+    (-0.3, -0.1, 0.0, "<", "reproduced"),
+    (0.1, 0.3, 0.0, "<", "not reproduced"),
+    (-0.1, 0.1, 0.0, "<", "inconclusive"),
+    (math.nan, math.nan, 0.0, "<", "inconclusive"),
+])
+def test_verdict_is_decided_by_the_interval(low, high, threshold, side, expected):
+    assert C.verdict(low, high, threshold, side) == expected
+
+
+def _pure_schedule(order: np.ndarray, n_per_cluster: int, seq_len: int = 10) -> D.Schedule:
+    """Sequences 0..n-1 all cluster 0, n..2n-1 all cluster 1 (one document each, equal length)."""
+    m = 2 * n_per_cluster
+    seg = pl.DataFrame({"sequence_id": np.arange(m), "doc_id": np.arange(m), "n_tokens": np.full(m, seq_len)})
+    cluster = np.repeat([0, 1], n_per_cluster)
+    return D.prepare(seg, np.asarray(order), cluster, np.full(m, seq_len), n_bins=2)
+
+
+def _interleaved(n: int) -> np.ndarray:
+    return np.ravel(np.column_stack([np.arange(n), np.arange(n, 2 * n)]))
+
+
+def test_prefix_claim_on_sorted_and_interleaved_orders(tmp_path):
+    n = 20
+    sorted_order, inter = np.arange(2 * n), _interleaved(n)
+    # greedy = interleaved, random = cluster-sorted: greedy is below everywhere but at t = 1 and t = M - 1,
+    # where one pure sequence (first / missing) decides both errors, which then tie
+    data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=500, schedule=_pure_schedule(inter, n),
+                       random_positions=[_pure_schedule(sorted_order, n).position] * 3)
+    rows = {c.key: c for c in C.prefix_error_claims(data)}
+    t = C.prefix_grid(2 * n)
+    c = rows["dso.prefix_error.clusters"]
+    assert c.value == pytest.approx((t.size - 2) / t.size) and c.n == 3 * t.size
+    assert c.verdict == "inconclusive" and "t = 1, 39" in c.detail and Path(c.figure).stat().st_size > 10_000
+    # greedy = sorted, random = interleaved: never below
+    data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=500, schedule=_pure_schedule(sorted_order, n),
+                       random_positions=[_pure_schedule(inter, n).position] * 3)
+    c = {c.key: c for c in C.prefix_error_claims(data)}["dso.prefix_error.clusters"]
+    assert c.value == 0.0 and c.verdict == "not reproduced"
+
+
+def test_prefix_fraction_interval_on_known_curves():
+    rng = np.random.default_rng(0)
+    r = np.abs(rng.normal(1.0, 0.1, (20, 100)))
+    ind = C.prefix_indicators(0.5 * r.min(axis=0), r)  # below every shuffle at every prefix
+    mean, lo, hi = C.interval_2way(ind, 1000, 0)
+    assert (mean, lo, hi) == (1.0, 1.0, 1.0) and C.verdict(lo, hi, 1.0, ">=") == "reproduced"
+    g = 0.5 * r.min(axis=0)
+    g[::10] = 2.0  # above every shuffle at 10 of 100 prefixes
+    mean, lo, hi = C.interval_2way(C.prefix_indicators(g, r), 1000, 0)
+    assert mean == pytest.approx(0.9) and hi < 1.0 and C.verdict(lo, hi, 1.0, ">=") == "not reproduced"
+
+
+def test_worst_vs_best_batch_on_sorted_and_interleaved_orders(tmp_path):
+    n = 20
+    inter, sorted_order = _pure_schedule(_interleaved(n), n), _pure_schedule(np.arange(2 * n), n)
+    # batches of 2: interleaved batches hold one sequence of each cluster (deviation 0), sorted ones
+    # one cluster only (deviation |1 - 0.5| = 0.5)
+    good = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=200, schedule=inter, random_positions=[sorted_order.position] * 4)
+    c = {c.key: c for c in C.worst_best_claims(good)}["dso.worst_vs_best_batch.clusters"]
+    assert (c.value, c.ci_low, c.ci_high) == (-0.5, -0.5, -0.5) and c.verdict == "reproduced"
+    bad = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=200, schedule=sorted_order, random_positions=[inter.position] * 4)
+    c = {c.key: c for c in C.worst_best_claims(bad)}["dso.worst_vs_best_batch.clusters"]
+    assert c.value == 0.5 and c.verdict == "not reproduced" and "held in 0/4" in c.detail
+    assert list(C.worst_best_gaps(np.array([0.1, 0.3]), [np.array([0.2, 0.5]), np.array([0.4])])) == pytest.approx([0.1, -0.1])
+
+
+def _srank_rows(factor: float, noise: float = 0.02, seeds=(0, 1), probes: int = 16) -> pl.DataFrame:
+    rng = np.random.default_rng(3)
+    rows = []
+    for seed in seeds:
+        for probe in range(probes):
+            for block, mats in (("attention", "qkvo"), ("mlp", ("gate", "up", "down"))):
+                for layer in range(2):
+                    for m in mats:
+                        base = float(rng.uniform(2, 20))
+                        name = f"layers.{layer}.{block}.{m}"
+                        for strategy, f in (("random", 1.0), ("greedy", factor)):
+                            rows.append({"strategy": strategy, "seed": seed, "checkpoint": "20%", "probe": probe, "position": 6 + probe,
+                                         "layer_name": name, "layer": layer, "block": block, "matrix": m,
+                                         "stable_rank": base * f * float(np.exp(rng.normal(0, noise)))})
+    return pl.DataFrame(rows)
+
+
+def test_stable_rank_claim_pairs_probes_and_reads_the_ratio(tmp_path):
+    up = {c.key: c for c in C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(1.1)))}
+    assert set(up) == {"dso.stable_rank.attention.20%", "dso.stable_rank.mlp.20%"}
+    c = up["dso.stable_rank.mlp.20%"]
+    assert c.value == pytest.approx(1.1, rel=0.01) and c.ci_low > 1.05 and c.verdict == "reproduced" and c.n == 32
+    shuffled = _srank_rows(1.1).sample(fraction=1.0, shuffle=True, seed=5)  # row order must not move the interval
+    again = {c.key: c for c in C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=shuffled))}
+    assert all((again[k].value, again[k].ci_low, again[k].ci_high) == (up[k].value, up[k].ci_low, up[k].ci_high) for k in up)
+    down = C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(0.9)))
+    assert all(c.verdict == "not reproduced" for c in down)
+    d = C.log_ratio_matrix(_srank_rows(1.0, noise=0.0), "20%", "attention")
+    assert d.shape == (2, 16) and np.allclose(d, 0.0)
+    same = C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(1.0, noise=0.0)))
+    assert all(c.value == pytest.approx(1.0) and c.verdict == "inconclusive" for c in same)
+    with pytest.raises(C.MissingData):
+        C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+
+
+def test_diversity_table_on_a_sorted_corpus(tmp_path):
+    """40 documents of 8 tokens (5 + 3 of... stream length 8), cluster 0 then cluster 1 in corpus
+    order, 16-token sequences: the corpus order packs two same-cluster documents per sequence
+    (1 cluster each); stratified alternates the clusters (2 per sequence)."""
+    n, length, seq_len = 40, 8, 16
+    docs = pl.DataFrame({"doc_id": np.arange(n), "stream_length": np.full(n, length)})
+    cluster = np.repeat([0, 1], n // 2)
+    base = pack_concat(np.random.default_rng(0).permutation(n), np.full(n, length), seq_len).segments
+    edges = D.length_bin_edges(np.full(n, length), 4)
+    schedules = diversity_schedules(docs, cluster, base, seq_len, OrderParams(bins=4), 0, edges)
+    assert set(schedules) == {"original", "round_robin", "stratified", "bin_packing", "random", "greedy"}
+    data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=300, diversity=schedules, diversity_k=2)
+    rows = {c.key: c for c in C.diversity_claims(data)}
+    table = data.tables_out["claims_diversity"]
+    by = {r["strategy"]: r for r in table.iter_rows(named=True)}
+    assert by["original"]["clusters_per_seq_mean"] == 1.0 and by["stratified"]["clusters_per_seq_mean"] == 2.0
+    assert by["stratified"]["clusters_per_seq_std"] == 0.0 and by["original"]["paper_mean"] == 17.5
+    # batches of 2 sequences: the corpus order's are one cluster (deviation 0.5), stratified's balanced (0)
+    assert by["original"]["batch_token_share_dev_mean"] == pytest.approx(0.5) and by["stratified"]["batch_token_share_dev_max"] == 0.0
+    c = rows["dot.diversity.stratified_vs_original"]
+    assert (c.value, c.ci_low, c.ci_high, c.verdict) == (2.0, 2.0, 2.0, "reproduced")
+    assert rows["dot.diversity.stratified_vs_rivals"].verdict == "inconclusive"  # round-robin alternates too: 2 = 2
+
+
+def test_stratified_balances_counts_not_tokens(tmp_path):
+    """Many short documents and a few long ones in one cluster: stratified's count deficits put the
+    long ones where their cluster's turn falls, so its batches miss the token shares by more than
+    greedy's, which balances tokens."""
+    rng = np.random.default_rng(0)
+    cluster = rng.integers(0, 4, 400)
+    length = np.where(rng.random(400) < 0.9, 6, 120)
+    docs = pl.DataFrame({"doc_id": np.arange(400), "stream_length": length})
+    base = pack_concat(rng.permutation(400), length, 32).segments
+    schedules = diversity_schedules(docs, cluster, base, 32, OrderParams(bins=4), 0, D.length_bin_edges(length, 4))
+    table = C.diversity_table(schedules, 8, 4)
+    dev = dict(table.select("strategy", "batch_token_share_dev_mean").iter_rows())
+    assert dev["stratified"] > dev["greedy"]
+
+
+def test_fidelity_spread_on_known_matrices(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 10
+    flat = 0.9 + rng.normal(0, 0.002, (n, n))
+    flat = (flat + flat.T) / 2
+    np.fill_diagonal(flat, 1.0)
+    half = np.arange(n) < 5
+    block = np.where(half[:, None] == half[None, :], 0.9, 0.3)  # two regimes: the schedule drifts at chunk 5
+    np.fill_diagonal(block, 1.0)
+    mean, lo, hi = C.spread_bootstrap(flat, block, 500, 0)
+    assert mean == pytest.approx(C.offdiagonal(flat).std() - C.offdiagonal(block).std()) and hi < 0
+    c = C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, fidelity={"greedy": flat, "random": block}))[0]
+    assert c.verdict == "reproduced" and c.n == 10
+    c = C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, fidelity={"greedy": block, "random": flat}))[0]
+    assert c.verdict == "not reproduced"
+
+
+def _two_topics(n_docs: int, seq_len: int):
+    """Documents of two topics with disjoint vocabularies; doc i < n/2 is topic 0."""
+    rng = np.random.default_rng(1)
+    half = n_docs // 2
+    docs = [rng.integers(2, 20, int(rng.integers(12, 40))) for _ in range(half)]
+    docs += [rng.integers(25, 45, int(rng.integers(12, 40))) for _ in range(half)]
+    flat = np.concatenate([np.append(d, EOS) for d in docs]).astype(np.int64)
+    lengths = np.array([d.size + 1 for d in docs])
+    return flat, lengths, np.concatenate([[0], np.cumsum(lengths)]), np.repeat([0, 1], half)
+
+
+def test_fidelity_claim_with_real_gradients(tmp_path):
+    """Mixture fidelity of a shuffled stream (as "greedy") against a topic-sorted one (as "random")
+    at a tiny model: the sorted stream's chunks drift from topic 0 to topic 1."""
+    from pipeline.training.gradients import mixture_fidelity
+    from pipeline.training.model import build_model
+
+    flat, lengths, offsets, _ = _two_topics(120, 32)
+    pk = pack_concat(np.arange(120), lengths, 32)
+    store = SequenceStore(flat, offsets, pk.segments, 32)
+    model = build_model("tiny", VOCAB, 32, 0, EOS, PAD)
+    shuffled = mixture_fidelity(model, store, np.random.default_rng(0).permutation(store.n_sequences), sequences_per_chunk=6, batch_size=6)
+    drifting = mixture_fidelity(model, store, np.arange(store.n_sequences), sequences_per_chunk=6, batch_size=6)
+    c = C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=6, n_boot=500, fidelity={"greedy": shuffled, "random": drifting}))[0]
+    assert c.value < 0 and c.verdict == "reproduced"
+
+
+def test_epochs_repeat_the_same_batches():
+    flat, lengths, offsets, _ = _two_topics(40, 16)
+    pk = pack_concat(np.arange(40), lengths, 16)
+    store = SequenceStore(flat, offsets, pk.segments, 16)
+    m = store.n_sequences
+    order = np.random.default_rng(0).permutation(m)
+    s = TrainSettings(preset="tiny", seq_len=16, batch_size=8, warmup_steps=1, epochs=2, max_steps=999)
+    assert s.steps(m) == 2 * (m // 8)
+    _, log = train(store, order, VOCAB, EOS, PAD, s, progress=False)
+    assert len(log) == 2 * (m // 8) and [r["epoch"] for r in log] == [0] * (m // 8) + [1] * (m // 8)
+    ids = stream_ids(order, len(log), 8, epochs=2).reshape(2, -1)
+    assert (ids[0] == ids[1]).all() and (ids[0] == order[: (m // 8) * 8]).all()  # drop-last, same order each epoch
+    assert (stream_ids(order, 3, 8) == order[np.arange(24) % m]).all()  # without epochs: wrapping as before
+    _, short = train(store, order, VOCAB, EOS, PAD, s, progress=False, stop_after=3)
+    assert [r["step"] for r in short] == [0, 1, 2] and short[2]["lr"] == log[2]["lr"]
+
+
+def test_epoch_boundary_claim_on_a_cluster_sorted_corpus(tmp_path):
+    """A topic-sorted order trained for 3 epochs: at each restart the stream jumps from the last
+    topic back to the first and the gradient norm spikes; an interleaved order does not."""
+    flat, lengths, offsets, topic = _two_topics(80, 32)
+    rows = []
+    for arm, docs in (("topical", np.arange(80)), ("stratified", np.ravel(np.column_stack([np.arange(40), np.arange(40, 80)])))):
+        pk = pack_concat(docs, lengths, 32)
+        store = SequenceStore(flat, offsets, pk.segments, 32)
+        for seed in (0, 1):
+            s = TrainSettings(preset="tiny", seq_len=32, batch_size=4, lr=5e-3, warmup_steps=2, seed=seed, epochs=3)
+            _, log = train(store, np.arange(store.n_sequences), VOCAB, EOS, PAD, s, progress=False)
+            rows += [{**r, "arm": arm, "seed": seed, "experiment": "epoch_boundary"} for r in log]
+    data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=1000, claim_log=pl.DataFrame(rows))
+    out = {c.key: c for c in C.epoch_boundary_claims(data)}
+    c = out["dot.epoch_boundary.topical.grad_norm"]
+    assert c.value > 1.5 and c.verdict == "reproduced" and c.n == 4
+    assert out["dot.epoch_boundary.topical_minus_stratified.grad_norm"].verdict == "reproduced"
+    jumps = data.tables_out["claims_epoch_jumps"]
+    assert set(jumps["arm"]) == {"topical", "stratified"} and (jumps["boundaries"] == 2).all()
+    assert Path(c.figure).stat().st_size > 10_000
+    with pytest.raises(C.MissingData):
+        C.epoch_boundary_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+
+
+def test_epoch_arms_group_one_sample_by_topic():
+    rng = np.random.default_rng(0)
+    cluster = rng.integers(0, 4, 200)
+    source = np.array(["web", "code"])[rng.integers(0, 2, 200)]  # sources interleaved in the corpus's order
+    topic, kind = topic_groups(source, cluster)
+    assert kind == "source" and topic[0] == 0 and set(topic) == {0, 1} and (topic == (source != source[0])).all()
+    assert topic_groups(np.array(["one"] * 200), cluster) == (pytest.approx(cluster), "cluster")
+    lengths = rng.integers(10, 60, 200)
+    base = TrainSettings(preset="tiny", seq_len=32, batch_size=4)
+    arms = epoch_boundary_arms(lengths, cluster, topic, 32, 24, 3, [0, 1], base, kind)
+    assert [(a.arm, a.seed) for a in arms] == [("topical", 0), ("stratified", 0), ("topical", 1), ("stratified", 1)]
+    for a, b in zip(arms[::2], arms[1::2]):
+        assert a.order.size == b.order.size == 24 and a.steps == 3 * 6 and a.settings.epochs == 3 and a.settings.seed == a.seed
+        da, db = set(a.segments["doc_id"]), set(b.segments["doc_id"])
+        assert len(da | db) <= a.info["documents"] and len(da & db) >= 0.8 * min(len(da), len(db))  # one sample, two orders
+        in_order = a.segments.sort("sequence_id", "seq_token_start")["doc_id"].to_numpy()
+        assert (np.diff(topic[in_order]) >= 0).all() and a.info["topic_groups"] == 2  # topic 0's documents, then topic 1's
+        stream = b.segments.sort("sequence_id", "seq_token_start")["doc_id"].unique(maintain_order=True).to_numpy()
+        assert (cluster[stream][1:] == cluster[stream][:-1]).mean() < 0.2  # stratified: neighbours differ in cluster
+
+
+def test_packing_arms_train_at_equal_tokens():
+    lengths = np.random.default_rng(0).integers(20, 200, 300)
+    base = TrainSettings(preset="tiny", seq_len=32, batch_size=4, max_steps=10)
+    arms = packing_arms(lengths, 32, [0.5, 1.0, 2.0], [0], base)
+    names = [a.arm for a in arms]
+    assert names == ["concat-x0.5", "concat-x1", "concat-x2", "padding-x1"]
+    pad = arms[-1]
+    assert all(a.settings.cross_document and a.settings.max_steps == 10 for a in arms[:3])
+    filled = float(pad.segments["n_tokens"].sum() + pad.segments["eos_added"].sum()) / pad.order.size
+    assert pad.steps == padding_steps(10, 32, pad.segments, pad.order.size) > 10
+    assert abs(pad.steps * 4 * filled - 10 * 4 * 32) <= 0.5 * 4 * filled  # the concat runs' tokens, to half a step
+
+
+def test_packing_claims_on_known_losses(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = []
+    offsets = {"concat-x1": 0.0, "padding-x1": -0.1, "concat-x0.5": 0.3, "concat-x2": 0.05}
+    for seed in (0, 1, 2):
+        base = rng.normal(4.0, 0.3, 32)
+        for arm, off in offsets.items():
+            rows += [{"experiment": "packing", "arm": arm, "seed": seed, "unit": f"d{u}", "loss": base[u] + off + rng.normal(0, 0.01)}
+                     for u in range(32)]
+    arms = pl.DataFrame([{"experiment": "packing", "arm": a, "seed": 0, "steps": 10, "mean_doc_tokens": 500.0, "seq_len": 256}
+                         for a in offsets])
+    out = {c.key: c for c in C.packing_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, claim_heldout=pl.DataFrame(rows),
+                                                          claim_arms=arms))}
+    assert set(out) == {"packing.padding-x1_vs_concat-x1", "packing.concat-x1_vs_concat-x0.5", "packing.concat-x1_vs_concat-x2"}
+    assert out["packing.padding-x1_vs_concat-x1"].value == pytest.approx(-0.1, abs=0.01)
+    assert all(c.verdict == "reproduced" for c in out.values())
+    assert "mean document 500 tokens vs seq_len 256" in out["packing.concat-x1_vs_concat-x2"].detail
+    assert C.paired_units(pl.DataFrame(rows), "concat-x2", "concat-x1").shape == (3, 32)
+
+
+def test_registry_section_and_table(tmp_path):
+    calls = []
+
+    @C.claim("test_only_claim")
+    def extra(data: C.ClaimData) -> list[C.Claim]:  # a new row is one function
+        calls.append(data.batch_size)
+        return [C.Claim("x.y", "Paper", "a claim", "1.0", "somewhere", 0.5, 0.4, 0.6, 0.0, ">", "bootstrap", 10, figure="")]
+
+    try:
+        found, missing = C.evaluate(C.ClaimData(out_dir=tmp_path, batch_size=7))
+    finally:
+        del C.CLAIMS["test_only_claim"]
+    assert calls == [7] and [c.key for c in found] == ["x.y"] and found[0].verdict == "reproduced"
+    assert set(missing) == {"dso_prefix_error", "dso_worst_vs_best_batch", "dso_stable_rank", "dot_diversity_table",
+                            "terrific_fidelity", "dot_epoch_boundary", "packing"}
+    frame = C.claims_frame(found)
+    assert frame.schema == pl.Schema(C.CLAIM_SCHEMA) and frame["verdict"][0] == "reproduced"
+    md, figs = C.claims_section(frame, missing=missing)
+    assert "| Paper | a claim | 1.0 | 0.5 [0.4, 0.6] | > 0 | **reproduced** |" in md and "`packing` (" in md and figs == {}
+    tables = {"claims": frame, "claims_not_measured": pl.DataFrame({"claim": ["packing"], "reason": ["needs runs"]})}
+    md2, _ = C.claims_report_section(tables.get)
+    assert "`packing` (needs runs)" in md2
