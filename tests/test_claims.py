@@ -320,7 +320,7 @@ def test_registry_section_and_table(tmp_path):
     finally:
         del C.CLAIMS["test_only_claim"]
     assert calls == [7] and [c.key for c in found] == ["x.y"] and found[0].verdict == "reproduced"
-    assert set(missing) == {"dso_prefix_error", "dso_worst_vs_best_batch", "dso_stable_rank", "dot_diversity_table",
+    assert set(missing) == {"dso_prefix_error", "dso_stationarity", "dso_worst_vs_best_batch", "dso_stable_rank", "dot_diversity_table",
                             "terrific_fidelity", "dot_epoch_boundary", "packing"}
     frame = C.claims_frame(found)
     assert frame.schema == pl.Schema(C.CLAIM_SCHEMA) and frame["verdict"][0] == "reproduced"
@@ -329,3 +329,39 @@ def test_registry_section_and_table(tmp_path):
     tables = {"claims": frame, "claims_not_measured": pl.DataFrame({"claim": ["packing"], "reason": ["needs runs"]})}
     md2, _ = C.claims_report_section(tables.get)
     assert "`packing` (needs runs)" in md2
+
+
+def test_stationarity_claim_by_hand(tmp_path):
+    """An order whose characteristics are flat (sequences interleaved by kind) is inside random's
+    envelope, reproduced; an order sorted by kind (all single-cluster sequences last) leaves it,
+    not reproduced; the figure is written. The value is the diagnostics' own test: at most 1
+    exactly when every part of ``stationarity_table``'s band holds the ordering."""
+    from pipeline.reports import stationarity as S
+
+    rng = np.random.default_rng(3)
+    m = 400
+    # half the sequences hold 2 documents of 2 clusters, half one document of one cluster
+    mixed = np.arange(m) % 2 == 0
+    seq = np.concatenate([np.repeat(np.arange(m)[mixed], 2), np.arange(m)[~mixed]])
+    docs = np.arange(seq.size)
+    cluster = rng.integers(0, 4, seq.size)
+    cluster[mixed[seq] & (np.arange(seq.size) % 2 == 1)] = (cluster[mixed[seq] & (np.arange(seq.size) % 2 == 1)] + 1) % 4
+    lengths = np.where(mixed[seq], 8, 16)
+    segments = pl.DataFrame({"sequence_id": seq, "doc_id": docs, "n_tokens": lengths - 0})
+    flat = np.arange(m)  # mixed, single, mixed, ...: flat in every tenth
+    by_kind = np.r_[np.arange(m)[mixed], np.arange(m)[~mixed]]
+    randoms = [D.prepare(segments, rng.permutation(m), cluster, lengths, n_bins=2).position for _ in range(20)]
+    rows = {}
+    for name, order in (("flat", flat), ("by_kind", by_kind)):
+        sched = D.prepare(segments, order, cluster, lengths, n_bins=2)
+        data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=300, schedule=sched, random_positions=randoms, prefix=40)
+        (row,) = C.stationarity_claims(data)
+        rows[name] = row
+        names, n, values = S.profiles(sched, 40, [sched.order] + [np.argsort(p) for p in randoms])
+        inside_by_hand = S.envelope_ratio(values[0], values[1:], n, np.isin(names, S.SHARE)[:, None])[0] <= 1
+        assert (row.value <= 1) == inside_by_hand
+    assert rows["flat"].value < 1 and rows["flat"].verdict == "reproduced"
+    assert rows["by_kind"].value > 1 and rows["by_kind"].verdict == "not reproduced"
+    assert "clusters_per_seq" in rows["by_kind"].detail and Path(rows["by_kind"].figure).exists()
+    with pytest.raises(C.MissingData):
+        C.stationarity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, schedule=sched, random_positions=randoms))

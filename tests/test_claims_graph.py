@@ -19,7 +19,7 @@ from pipeline.reports.claims import VERDICTS
 pytestmark = pytest.mark.integration
 
 KEYS = {
-    "dso.prefix_error.clusters", "dso.prefix_error.length_bins", "dso.worst_vs_best_batch.clusters",
+    "dso.prefix_error.clusters", "dso.prefix_error.length_bins", "dso.stationarity", "dso.worst_vs_best_batch.clusters",
     "dso.worst_vs_best_batch.length_bins", "dso.stable_rank.attention.25%", "dso.stable_rank.mlp.25%",
     "dso.stable_rank.attention.100%", "dso.stable_rank.mlp.100%", "dot.diversity.stratified_vs_original",
     "dot.diversity.stratified_vs_rivals", "terrific.fidelity.greedy_vs_random", "dot.epoch_boundary.topical.grad_norm",

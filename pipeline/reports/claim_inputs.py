@@ -60,7 +60,8 @@ def diversity_schedules(docs: pl.DataFrame, cluster: np.ndarray, segments: pl.Da
 def claim_data(layout: Layout, cfg, params: OrderParams, read_table: Callable[[str], pl.DataFrame | None],
                out_dir: Path, log: Callable[[str], None] = print) -> ClaimData:
     """Everything the registered claims need that this data root has (see the module docstring)."""
-    data = ClaimData(out_dir=out_dir, batch_size=cfg.batch_size, n_boot=cfg.bootstrap_samples, seed=cfg.seed, table=read_table)
+    data = ClaimData(out_dir=out_dir, batch_size=cfg.batch_size, n_boot=cfg.bootstrap_samples, seed=cfg.seed, table=read_table,
+                     prefix=cfg.max_steps * cfg.batch_size)
     have_base = layout.documents.exists() and layout.clusters.exists() and layout.segments.exists()
     if have_base:
         docs = document_features(layout)
@@ -71,7 +72,8 @@ def claim_data(layout: Layout, cfg, params: OrderParams, read_table: Callable[[s
         frame = docs.select("doc_id", "cluster", n_tokens="stream_length")
         if layout.ordering("greedy").exists():
             log(f"ordering claims: greedy vs {cfg.claims_shuffles} random shuffles")
-            data.schedule = D.prepare(segments, pl.read_parquet(layout.ordering("greedy")), cluster, lengths, bin_edges=edges)
+            data.schedule = D.prepare(segments, pl.read_parquet(layout.ordering("greedy")), cluster, lengths, bin_edges=edges,
+                                      doc_source=docs["source"])
             data.random_positions = [
                 D.prepare(segments, run_strategy("random", frame, segments, cfg.seq_len, params, cfg.seed + i).order,
                           cluster, lengths, bin_edges=edges).position

@@ -214,16 +214,44 @@ def stationarity_table(
     }, schema=SCHEMA)
 
 
+def _moments(shuffles: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation (characteristics, n + 1) of the shuffles' values (R,
+    characteristics, n + 1): the first ``n`` parts (tenths) pooled, the prefix on its own."""
+    mean = np.concatenate([shuffles[:, :, :n].mean(axis=(0, 2))[:, None].repeat(n, 1), shuffles[:, :, n:].mean(axis=0)], axis=1)
+    sd = np.concatenate([shuffles[:, :, :n].std(axis=(0, 2))[:, None].repeat(n, 1), shuffles[:, :, n:].std(axis=0)], axis=1)
+    return mean, np.maximum(sd, RTOL * np.abs(mean) + ATOL)
+
+
+def standardized(values: np.ndarray, mean: np.ndarray, sd: np.ndarray, one_sided: np.ndarray) -> np.ndarray:
+    """(v - m) / s per characteristic and part; absolute for the two-sided (level) characteristics."""
+    z = (values - mean) / sd
+    return np.where(one_sided, z, np.abs(z))
+
+
 def _envelope(shuffles: np.ndarray, n: int, one_sided: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi), each (characteristics, n + 1): the simultaneous envelope of the shuffles' values
     (R, characteristics, n + 1), the first ``n`` parts pooled (see the module docstring)."""
-    mean = np.concatenate([shuffles[:, :, :n].mean(axis=(0, 2))[:, None].repeat(n, 1), shuffles[:, :, n:].mean(axis=0)], axis=1)
-    sd = np.concatenate([shuffles[:, :, :n].std(axis=(0, 2))[:, None].repeat(n, 1), shuffles[:, :, n:].std(axis=0)], axis=1)
-    sd = np.maximum(sd, RTOL * np.abs(mean) + ATOL)
-    z = (shuffles - mean) / sd
-    z = np.where(one_sided, z, np.abs(z))
-    z_max = float(z.max(axis=(1, 2)).max()) if shuffles.shape[0] else 0.0
+    mean, sd = _moments(shuffles, n)
+    z_max = float(standardized(shuffles, mean, sd, one_sided).max()) if shuffles.shape[0] else 0.0
     return mean - z_max * sd, mean + z_max * sd
+
+
+def profiles(schedule: Schedule, prefix: int, orders: list[np.ndarray]) -> tuple[list[str], int, np.ndarray]:
+    """The characteristics' names, the number of tenths n, and each order's values (len(orders),
+    characteristics, n + 1): the n tenths, then the prefix (what :func:`stationarity_table` judges)."""
+    stream = _Stream(schedule, prefix)
+    return stream.names, stream.n, np.stack([stream.values(np.asarray(o)) for o in orders])
+
+
+def envelope_ratio(value: np.ndarray, shuffles: np.ndarray, n: int, one_sided: np.ndarray) -> tuple[float, np.ndarray, float]:
+    """How far an ordering's profile ``value`` (characteristics, n + 1) reaches into the shuffles'
+    simultaneous envelope: (its largest standardized deviation / the envelope's z*, its largest
+    standardized deviation per characteristic, z*). At most 1 exactly when every part is inside
+    the band of :func:`stationarity_table` (up to its rounding slack)."""
+    mean, sd = _moments(shuffles, n)
+    per_char = standardized(value, mean, sd, one_sided).max(axis=1)
+    z_star = float(standardized(shuffles, mean, sd, one_sided).max())
+    return float(per_char.max()) / z_star, per_char, z_star
 
 
 def empty_table() -> pl.DataFrame:
