@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.names import TOKEN_FAMILIES
 from pipeline.ordering.control import cluster_sorted_order
 from pipeline.ordering.curriculum import curriculum_greedy_order, load_curriculum
 from pipeline.ordering.documents import (
@@ -24,7 +25,6 @@ from pipeline.ordering.documents import (
     stratified_order,
     token_weighted_order,
 )
-from pipeline.names import TOKEN_FAMILIES
 from pipeline.ordering.features import SequenceFeatures, sequence_features
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode, greedy_scaled_order, greedy_windowed_order
 from pipeline.packing.pack import SEGMENT_SCHEMA, check_seq_len, pack_concat
