@@ -125,13 +125,13 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     if flagged is not None and flagged.height:
         extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
     claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
-    extra += "\n" + claims_md
-    md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity, power=power)
+    md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity, power=power, claims=claims_md)
     outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet")),
                write_parquet(power, layout.inside("report", "ablation_power.parquet"))]
-    ui = (render_report(table, strategies=strategies, deltas=deltas, diversity=diversity, power=power)
-          + "\n\n".join(image_markdown(p, n) for n, p in figures.items()))
-    ui += "\n\n" + claims_md.split("\n![")[0] + "\n\n" + "\n\n".join(image_markdown(p, n) for n, p in claim_figures.items())
+    ui = (render_report(table, strategies=strategies, deltas=deltas, diversity=diversity, power=power,
+                        claims=claims_md.split("\n![")[0])
+          + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
+          + "\n\n" + "\n\n".join(image_markdown(p, n) for n, p in claim_figures.items()))
     significant = deltas.filter(pl.col("significant")).height if deltas.height else 0
     plan = power.filter(pl.col("strategy") == "pooled").to_dicts()
     return rec.finish([*outputs, *figures.values()],

@@ -165,6 +165,15 @@ def test_report_opens_with_the_detected_control_then_the_power_statement():
     assert "**" in _delta_row(md).split("|")[2]  # greedy's significant difference is bolded
 
 
+def test_the_claims_table_follows_the_control_sentence():
+    units = _units({"random": 0.0, "greedy": -0.5, "cluster_sorted": 1.0})
+    claims = "## The papers' claims\n\n| paper | claim |\n|---|---|\n| Don't Shuffle, Optimize | constant |"
+    md = render_report(ablation_table(units), deltas=delta_table(units), power=power_table(units, max_units=2), claims=claims)
+    lines = md.splitlines()
+    assert lines[2].startswith("The positive control `cluster_sorted`") and lines[4] == "## The papers' claims"
+    assert md.index("| Don't Shuffle, Optimize | constant |") < md.index("**Power.**") < md.index("## Difference to")
+
+
 def test_an_undetected_control_says_the_run_has_no_power_and_unbolds_everything():
     md = _report(0.0)
     first = md.splitlines()[2]

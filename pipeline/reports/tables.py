@@ -186,8 +186,10 @@ def _shown(metric: str, max_depth: int) -> bool:
 
 def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str] | None = None, extra: str = "",
                   deltas: pl.DataFrame | None = None, diversity: pl.DataFrame | None = None,
-                  power: pl.DataFrame | None = None, control: str = POSITIVE_CONTROL, baseline: str = "random") -> str:
-    """Markdown: first the positive-control sentence (``control_sentence``), then the power
+                  power: pl.DataFrame | None = None, control: str = POSITIVE_CONTROL, baseline: str = "random",
+                  claims: str = "") -> str:
+    """Markdown: first the positive-control sentence (``control_sentence``), then ``claims`` (the
+    papers' claims section, ``pipeline.reports.claims.claims_report_section``), then the power
     statement (``power_section``, when ``power`` is given), the mean ± std table (metrics as rows,
     strategies as columns, nothing bolded), the difference-to-baseline table with 95% intervals
     (bold only where the interval excludes zero and the control was detected or absent) and
@@ -205,6 +207,7 @@ def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str]
         "",
         control_sentence(verdict),
         "",
+        *([claims.strip(), ""] if claims.strip() else []),
         *(power_section(power, deltas, verdict) + [""] if power is not None else []),
         f"Mean{' ± std over ' + str(n_seeds) + ' seeds' if n_seeds > 1 else ''} per strategy "
         "(lower is better except accuracies and Core). `heldout_batch/loss` is the next-token loss "
