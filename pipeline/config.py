@@ -150,7 +150,7 @@ class StrataConfig(_Model):
     greedy_exact_max: int = Field(100_000, ge=0)  # greedy: exact up to this many sequences, blocked greedy above (docs/ordering.md)
     greedy_block: int = Field(8_192, ge=1)  # sequences per block of the blocked greedy
     batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
-    stationarity_shuffles: int = Field(20, ge=1)  # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
+    stationarity_shuffles: int = Field(50, ge=1)  # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
     # training
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds: model init + every seeded strategy's shuffle/noise/sampler; one run per strategy x seed (strata demo: [0, 1, 2])
     model_preset: Literal[MODEL_PRESETS] = "tiny"  # type: ignore[valid-type]

@@ -47,7 +47,7 @@ parts at once, and per-part ranges of R = 20 shuffles let a uniform shuffle leav
 about half of the cases (measured: 55% at R = 20, 18% at R = 100). The envelope bounds the whole
 profile at once: an ordering that is itself a uniform shuffle, exchangeable with the R, has the
 largest z of the R + 1 with probability 1 / (R + 1), so the check's false-alarm rate is about
-1 / (R + 1) = 4.8% at R = 20 whatever the number of characteristics
+1 / (R + 1) = 4.8% at R = 20 (2% at the default R = 50) whatever the number of characteristics
 (``benchmarks/bench_stationarity.py --false-alarms``). A real drift leaves it by many band widths.
 
 Everything is vectorized: per-sequence features are computed once, and each shuffle costs a few
@@ -79,7 +79,7 @@ LABELS = {
 }
 PREFIX = "prefix"
 N_PARTS = 10
-DEFAULT_SHUFFLES = 20
+DEFAULT_SHUFFLES = 50
 BAND_STREAM = 0x5174  # spawn key of the band's shuffles: not the stream of default_rng(seed)
 RTOL, ATOL = 1e-9, 1e-12  # floating-point slack of "inside"
 SCHEMA = {
@@ -190,7 +190,7 @@ def stationarity_table(
     if prefix < 1:
         raise StrataInputError(f"prefix of {prefix} sequences is empty", fix="pass max_steps x batch_size (>= 1)")
     if n_random < 1:
-        raise StrataInputError(f"n_random={n_random} gives no band", fix="use at least one shuffle (default 20)")
+        raise StrataInputError(f"n_random={n_random} gives no band", fix=f"use at least one shuffle (default {DEFAULT_SHUFFLES})")
     stream = _Stream(schedule, prefix)
     names, n = stream.names, stream.n
     value = stream.values(schedule.order)
