@@ -1,6 +1,7 @@
 """claims and claim_runs: each paper's measurable claim, reproduced on this corpus (pipeline/reports/claims.py)."""
 
 import time
+from pathlib import Path
 
 import dagster as dg
 import numpy as np
@@ -50,7 +51,9 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     if data.claim_log is not None:  # the claims' own runs exist: their version is an input too
         rec.deps["claim_runs"] = None
     found, missing = evaluate(data, progress=lambda name: context.log.info(f"claim {name} ({time.perf_counter() - t0:.0f} s)"))
-    table = claims_frame(found)
+    table = claims_frame(found).with_columns(  # figures relative to the data root: the same bytes wherever it lies
+        pl.col("figure").map_elements(lambda f: str(Path(f).relative_to(layout.root)) if f and Path(f).is_relative_to(layout.root) else f,
+                                      return_dtype=pl.String))
     side = {name: data.tables_out.get(name) for name in SIDE_TABLES}
     side["claims_not_measured"] = pl.DataFrame({"claim": list(missing), "reason": list(missing.values())},
                                                schema={"claim": pl.String, "reason": pl.String})
@@ -63,9 +66,9 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
                 outputs.append(write_parquet(df, out_dir / f"{name}.parquet"))
             else:
                 con.execute(f"DROP TABLE IF EXISTS {name}")
-    md, figures = claims_section(table, side["claims_diversity"], side["claims_epoch_jumps"], missing, base=out_dir)
+    md, figures = claims_section(table, side["claims_diversity"], side["claims_epoch_jumps"], missing, base=out_dir, root=layout.root)
     outputs.append(write_text(md, out_dir / "claims.md"))
-    ui, _ = claims_section(table, side["claims_diversity"], side["claims_epoch_jumps"], missing)
+    ui, _ = claims_section(table, side["claims_diversity"], side["claims_epoch_jumps"], missing, root=layout.root)
     ui = ui.split("\n![")[0] + "\n\n" + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
     verdicts = {v: int((table["verdict"] == v).sum()) for v in ("reproduced", "not reproduced", "inconclusive")}
     return rec.finish([*outputs, *figures.values()], {"claims": table.height, "figures": len(figures)},

@@ -741,7 +741,8 @@ def _interval(r: dict) -> str:
 
 
 def claims_section(claims: pl.DataFrame | None, diversity: pl.DataFrame | None = None, jumps: pl.DataFrame | None = None,
-                   missing: Mapping[str, str] | None = None, base: Path | None = None) -> tuple[str, dict[str, Path]]:
+                   missing: Mapping[str, str] | None = None, base: Path | None = None,
+                   root: Path | None = None) -> tuple[str, dict[str, Path]]:
     """The ablation report's claims section: ``(markdown, {figure name: PNG path})``.
 
     ``claims``: the ``claims`` table; ``diversity``: ``claims_diversity``; ``jumps``:
@@ -790,8 +791,9 @@ def claims_section(claims: pl.DataFrame | None, diversity: pl.DataFrame | None =
                          f"{r['seeds']} | {r['boundaries']} |")
     figures: dict[str, Path] = {}
     for f in claims["figure"].unique(maintain_order=True).to_list():
-        if f:
-            figures[Path(f).stem] = Path(f)
+        if f:  # stored relative to the data root (``root``; default ``base``)
+            p = Path(f)
+            figures[p.stem] = p if p.is_absolute() or (root or base) is None else (root or base) / p
     lines += [""]
     for name, p in figures.items():
         shown = p.relative_to(base) if base is not None and p.is_relative_to(base) else p
