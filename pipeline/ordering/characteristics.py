@@ -33,7 +33,7 @@ import numpy as np
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import Csr, SequenceFeatures
 
-from pipeline.names import OBJECTIVES, SEQUENCE_FAMILIES, TOKEN_FAMILIES  # noqa: F401 (declared for the config)
+from pipeline.names import OBJECTIVES, SEQUENCE_FAMILIES
 
 DEFAULT_CLASSES = 4
 
@@ -153,11 +153,15 @@ def quantile_classes(values: np.ndarray, n_classes: int) -> np.ndarray:
     return np.searchsorted(edges, v, side="left").astype(np.int64)
 
 
+def cluster_norms(features: SequenceFeatures) -> np.ndarray:
+    """||c_s||_2 per sequence (tokens)."""
+    c = features.clusters
+    return np.sqrt(np.add.reduceat(c.data**2, c.indptr[:-1]) * (np.diff(c.indptr) > 0))
+
+
 def concentration(features: SequenceFeatures) -> np.ndarray:
     """||c_s||_2 / l_s per sequence (1 for a single-cluster sequence)."""
-    c = features.clusters
-    sq = np.add.reduceat(c.data**2, c.indptr[:-1]) * (np.diff(c.indptr) > 0)
-    return np.sqrt(sq) / features.lengths
+    return cluster_norms(features) / features.lengths
 
 
 def _one_hot(classes: np.ndarray, value: float) -> Csr:
@@ -176,8 +180,7 @@ def family_matrix(features: SequenceFeatures, family: Family, unit: float) -> Cs
     if family.name == "length_bin":
         return features.bins
     if family.name == "norm":
-        c = features.clusters
-        norms = np.sqrt(np.add.reduceat(c.data**2, c.indptr[:-1]) * (np.diff(c.indptr) > 0))
+        norms = cluster_norms(features)
         m = norms.size
         return Csr(np.arange(m + 1, dtype=np.int64), np.zeros(m, dtype=np.int64), norms, 1)
     if family.name == "concentration":
