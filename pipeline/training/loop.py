@@ -10,20 +10,25 @@ as a data loader with ``drop_last`` does), so every epoch boundary is a clean re
 stream — the setting of Diversity-ordered training's epoch-boundary anomaly. Loss is next-token cross-entropy within documents only. On a CUDA device the
 forward pass runs under bf16 autocast and document masking goes through FlexAttention block masks
 (``attention="auto"``); on a CPU through a dense mask and SDPA. A fixed held-out batch
-(``pipeline.training.heldout``) is scored every ``heldout_every`` steps.
+(``pipeline.training.heldout``) is scored every ``heldout_every`` steps. With a
+:class:`~pipeline.training.checkpoint.Checkpointing` the run writes a checkpoint every
+``every`` steps and, started again with the same settings, resumes from it: the resumed run's
+model, log and callbacks equal those of an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable, Protocol
 
 import numpy as np
 from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
+from pipeline.training.checkpoint import Checkpointing, rng_state, set_rng_state
 from pipeline.training.heldout import HeldoutBatch, score_heldout, score_steps
 from pipeline.training.model import MASK_MODES, batch_tensors, build_model, token_losses
 from pipeline.packing.pack import SequenceStore
@@ -74,6 +79,10 @@ class BatchSampler(Protocol):
 
     def update(self, ids: np.ndarray, losses: np.ndarray) -> None: ...
 
+    def state_dict(self) -> dict: ...  # numpy arrays and plain values (checkpointing)
+
+    def load_state_dict(self, state: dict) -> None: ...
+
 
 def lr_at(step: int, s: TrainSettings) -> float:
     """Linear warmup for ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr``."""
@@ -118,6 +127,16 @@ def checkpoint_steps(max_steps: int, fractions: Iterable[float] = (0.2, 1.0)) ->
     return sorted({max(1, min(max_steps, int(round(f * max_steps)))) for f in fractions})
 
 
+def fingerprint(settings: TrainSettings, order: np.ndarray | None, n_sequences: int, vocab_size: int, eos_id: int,
+                pad_id: int, dev: str, sampler: BatchSampler | None) -> dict:
+    """What a run's result depends on in the loop itself: a checkpoint is resumed only under the same values."""
+    return {
+        "settings": asdict(settings), "n_sequences": n_sequences, "vocab_size": vocab_size, "eos_id": eos_id, "pad_id": pad_id,
+        "device": dev, "sampler": type(sampler).__name__ if sampler is not None else "",
+        "order_sha256": hashlib.sha256(np.ascontiguousarray(order, dtype=np.int64).tobytes()).hexdigest() if order is not None else "",
+    }
+
+
 def train(
     store: SequenceStore,
     order: np.ndarray | None,
@@ -133,6 +152,7 @@ def train(
     heldout: HeldoutBatch | None = None,
     on_heldout: Callable[[int, int, np.ndarray], None] | None = None,
     stop_after: int | None = None,
+    checkpointing: Checkpointing | None = None,
 ):
     """Train a fresh model on ``order`` (or on what ``sampler`` serves); return ``(model, log rows)``.
 
@@ -145,6 +165,12 @@ def train(
     is called after each step count in ``checkpoints`` (for gradient probes; it must not step the
     optimizer). With ``heldout``, ``on_heldout(steps_done, tokens_seen, per_doc_losses)`` is called
     before the first step and every ``settings.heldout_every`` steps and after the last.
+
+    With ``checkpointing`` a checkpoint is written every ``checkpointing.every`` steps, after that
+    step's callbacks; a run started with a checkpoint of the same fingerprint (:func:`fingerprint`
+    plus ``checkpointing.key``) continues after its step, with the callbacks of the steps before it
+    not repeated (their effects are in the caller's restored state). A sampler must then provide
+    ``state_dict()`` / ``load_state_dict()``.
     """
     import torch
 
@@ -160,6 +186,9 @@ def train(
     last = n_steps if stop_after is None else max(0, min(n_steps, int(stop_after)))
     dev = device()
     mode = settings.mask_mode(dev)
+    if checkpointing is not None and sampler is not None and not callable(getattr(sampler, "state_dict", None)):
+        raise StrataInputError(f"the sampler {type(sampler).__name__} has no state_dict(), so its run cannot be checkpointed",
+                               fix="give the sampler state_dict() / load_state_dict(), or set checkpoint_every: 0")
     model = build_model(settings.preset, vocab_size, settings.seq_len, settings.seed, eos_id, pad_id, mode).to(dev)
     if settings.compile:
         model.model.compile()  # in place: the decoder's forward is compiled, state_dict keys unchanged
@@ -180,10 +209,25 @@ def train(
                 on_heldout(steps_done, tokens, score_heldout(model, heldout, dev, B, mode))
 
     rows: list[dict] = []
-    tokens_seen = 0
+    start = tokens_seen = 0
+    if checkpointing is not None:
+        key = {**fingerprint(settings, order, M, vocab_size, eos_id, pad_id, dev, sampler), "caller": checkpointing.key}
+        saved = checkpointing.load(key)
+        if saved is not None:
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+            if sampler is not None:
+                sampler.load_state_dict(saved["sampler"])
+            if checkpointing.restore is not None:
+                checkpointing.restore(saved["caller"])
+            set_rng_state(saved["rng"])
+            start, tokens_seen, rows = int(saved["step"]), int(saved["tokens_seen"]), list(saved["rows"])
+            checkpointing.resumed_from = start
+            checkpointing.log(f"resuming from {checkpointing.path} at step {start} of {n_steps}")
     model.train()
-    score(0, 0)
-    for step in tqdm(range(last), desc="train", unit="step", disable=not progress):
+    if start == 0:
+        score(0, 0)
+    for step in tqdm(range(start, last), desc="train", unit="step", disable=not progress, initial=start, total=last):
         t0 = time.perf_counter()
         ids = sampler.next_batch(B) if sampler is not None else order[batch_positions(step, B, M, settings.epochs)]
         batch = batch_tensors(store, ids, settings.cross_document, dev, mode)
@@ -217,6 +261,12 @@ def train(
         if on_checkpoint is not None and step + 1 in probe_at:
             on_checkpoint(step + 1, model)
         score(step + 1, tokens_seen)
+        if checkpointing is not None and checkpointing.due(step + 1, n_steps):
+            checkpointing.save(key, {
+                "step": step + 1, "tokens_seen": tokens_seen, "rows": rows, "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "rng": rng_state(),
+                "sampler": sampler.state_dict() if sampler is not None else {},
+            })
     model.eval()
     return model, rows
 

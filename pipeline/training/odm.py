@@ -221,3 +221,21 @@ class ODMSampler:
     def served_ids(self) -> np.ndarray:
         """The realised stream: every sequence id served so far, in training order."""
         return np.concatenate(self._served) if self._served else np.zeros(0, dtype=np.int64)
+
+    def state_dict(self) -> dict:
+        """Everything that moves while sampling (rewards, clocks, generator, pool cursors, the
+        mixture log and the served stream), between steps; numpy arrays and plain values."""
+        if self._pending is not None:
+            raise StrataInputError("ODM state taken between next_batch and update", fix="checkpoint after update(ids, losses)")
+        return {"rewards": self.rewards.copy(), "t": self.t, "step": self.step, "rng": self.rng.bit_generator.state,
+                "perm": [p.copy() for p in self._perm], "cursor": self._cursor.copy(),
+                "mixture": [p.copy() for p in self._mixture], "served": [s.copy() for s in self._served]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` of a sampler built with the same arguments."""
+        if len(state["perm"]) != self.k or any(p.size != q.size for p, q in zip(state["perm"], self.pools)):
+            raise StrataInputError("ODM state of other cluster pools", fix="resume with the sequences and clusters the state was taken with")
+        self.rewards, self.t, self.step = np.asarray(state["rewards"], dtype=np.float64), int(state["t"]), int(state["step"])
+        self.rng.bit_generator.state = state["rng"]
+        self._perm, self._cursor = list(state["perm"]), np.asarray(state["cursor"], dtype=np.int64)
+        self._mixture, self._served, self._pending = list(state["mixture"]), list(state["served"]), None

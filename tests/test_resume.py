@@ -1,0 +1,155 @@
+"""Resume = same stream: a killed run continues where it stopped and ends as an uninterrupted one.
+
+Strata's own loop (``pipeline.training.checkpoint``): stopped after a checkpoint, then run again,
+it gives the uninterrupted run's model, log, held-out curve and probe calls, with and without
+the ODM sampler; a checkpoint of other settings is ignored. The ``training_runs`` asset is
+SIGKILLed in a real process after a checkpoint and re-run: every output file's bytes and its
+DuckDB rows equal those of an uninterrupted materialization. The HF Trainer on the ``hf`` export
+(docs/training.md's recipe) is killed after a ``save_steps`` checkpoint and resumed with
+``resume_from_checkpoint``: the batches after the resume are positions ``[N·G, …)`` of the stream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.errors import StrataInputError
+from pipeline.training.checkpoint import Checkpointing, decode, encode
+from pipeline.training.heldout import HeldoutBatch
+from pipeline.training.loop import TrainSettings, train
+from pipeline.training.odm import ODMSampler, sequence_clusters
+from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
+
+SETTINGS = TrainSettings(preset="tiny", seq_len=32, batch_size=4, max_steps=10, lr=1e-2, warmup_steps=2, attention="dense",
+                         heldout_every=3)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rng = np.random.default_rng(0)
+    docs = repetitive_docs(60, rng)
+    store, _, seg = make_store(docs, SETTINGS.seq_len)
+    return store, seg, np.arange(len(docs)) % 3
+
+
+def _heldout() -> HeldoutBatch:
+    """Five held-out documents of 12-20 tokens."""
+    rng = np.random.default_rng(7)
+    tokens, filled = np.full((5, SETTINGS.seq_len), PAD), np.zeros((5, SETTINGS.seq_len), dtype=bool)
+    for i, n in enumerate((12, 20, 15, 18, 13)):
+        tokens[i, :n], filled[i, :n] = np.append(rng.integers(2, VOCAB, n - 1), EOS), True
+    return HeldoutBatch(tokens, filled, [f"d{i}" for i in range(5)])
+
+
+class Recording:
+    """What the callbacks of a run see, kept in its checkpoints as the asset keeps its curve and probes."""
+
+    def __init__(self):
+        self.curve: list[tuple] = []
+        self.probes: list[tuple] = []
+
+    def on_heldout(self, steps, tokens, losses):
+        self.curve.append((steps, tokens, losses.copy()))
+
+    def on_checkpoint(self, steps, model):
+        self.probes.append((steps, float(sum(p.detach().double().sum() for p in model.parameters()))))
+
+    def state(self) -> dict:
+        return {"curve": self.curve, "probes": self.probes}
+
+    def restore(self, state: dict) -> None:
+        self.curve, self.probes = [tuple(c) for c in state["curve"]], [tuple(p) for p in state["probes"]]
+
+
+def _run(store, order, sampler=None, ck_path=None, every=3, stop_after=None, settings=SETTINGS, key=None):
+    rec = Recording()
+    ck = None if ck_path is None else Checkpointing(ck_path, every, key=key or {}, state=rec.state, restore=rec.restore,
+                                                     log=rec.__dict__.setdefault("messages", []).append)
+    model, rows = train(store, order, VOCAB, EOS, PAD, settings, progress=False, sampler=sampler, checkpoints=[2, 10],
+                        on_checkpoint=rec.on_checkpoint, heldout=_heldout(), on_heldout=rec.on_heldout,
+                        stop_after=stop_after, checkpointing=ck)
+    return model, [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows], rec, ck
+
+
+def _same(a, b):
+    (ma, ra, ca, _), (mb, rb, cb, _) = a, b
+    assert ra == rb
+    assert [(s, t) for s, t, _ in ca.curve] == [(s, t) for s, t, _ in cb.curve]
+    assert all(np.array_equal(x, y) for (_, _, x), (_, _, y) in zip(ca.curve, cb.curve))
+    assert ca.probes == cb.probes
+    sa, sb = ma.state_dict(), mb.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_encode_round_trips_arrays_and_frames():
+    import polars as pl
+
+    obj = {"a": np.arange(6, dtype=np.uint32).reshape(2, 3), "f": pl.DataFrame({"x": [1, 2], "y": ["a", "b"]}).cast({"x": pl.Int16}),
+           "l": [np.float64(1.5), (np.zeros(0, dtype=np.int64), "s")]}
+    back = decode(encode(obj))
+    assert back["a"].dtype == np.uint32 and np.array_equal(back["a"], obj["a"])
+    assert back["f"].equals(obj["f"]) and back["f"].schema == obj["f"].schema
+    assert back["l"][0] == 1.5 and back["l"][1][0].dtype == np.int64 and back["l"][1][1] == "s"
+
+
+def test_stopped_and_resumed_run_equals_uninterrupted(corpus, tmp_path):
+    store, _, _ = corpus
+    order = np.random.default_rng(1).permutation(store.n_sequences)
+    full = _run(store, order)
+    ck_path = tmp_path / "ckpt.pt"
+    _run(store, order, ck_path=ck_path, stop_after=7)  # checkpoints after steps 3 and 6; step 7 is lost
+    assert ck_path.exists()
+    resumed = _run(store, order, ck_path=ck_path)
+    assert resumed[3].resumed_from == 6 and "at step 6 of 10" in resumed[2].messages[0]
+    _same(full, resumed)
+    assert ck_path.exists()  # the caller removes it once its outputs are written
+    resumed[3].remove()
+    assert not ck_path.exists()
+
+
+def test_odm_sampler_resumes(corpus, tmp_path):
+    store, seg, doc_cluster = corpus
+    sc = sequence_clusters(seg, doc_cluster)
+    full_sampler = ODMSampler(sc, SETTINGS.max_steps, seed=3, warmup_fraction=0.1)
+    full = _run(store, None, sampler=full_sampler)
+    ck_path = tmp_path / "ckpt.pt"
+    _run(store, None, sampler=ODMSampler(sc, SETTINGS.max_steps, seed=3, warmup_fraction=0.1), ck_path=ck_path, every=4, stop_after=6)
+    sampler = ODMSampler(sc, SETTINGS.max_steps, seed=3, warmup_fraction=0.1)
+    resumed = _run(store, None, sampler=sampler, ck_path=ck_path, every=4)
+    assert resumed[3].resumed_from == 4
+    _same(full, resumed)
+    assert np.array_equal(sampler.served_ids(), full_sampler.served_ids())
+    assert sampler.mixture_rows().equals(full_sampler.mixture_rows())
+    assert not np.allclose(sampler.rewards, 0)  # the rewards moved, and were restored
+
+
+def test_checkpoint_of_other_settings_is_ignored(corpus, tmp_path):
+    store, _, _ = corpus
+    order = np.random.default_rng(1).permutation(store.n_sequences)
+    ck_path = tmp_path / "ckpt.pt"
+    _run(store, order, ck_path=ck_path, stop_after=4, key={"inputs": "v1"})
+    other = TrainSettings(**{**SETTINGS.__dict__, "lr": 5e-3})
+    fresh = _run(store, order, ck_path=ck_path, settings=other, key={"inputs": "v1"})
+    assert fresh[3].resumed_from is None
+    assert "other settings (differing: settings.lr)" in fresh[2].messages[0] and "training from step 0" in fresh[2].messages[0]
+    _same(fresh, _run(store, order, settings=other))
+    _run(store, order, ck_path=ck_path, stop_after=4, key={"inputs": "v1"})
+    moved = _run(store, order, ck_path=ck_path, key={"inputs": "v2"})  # same settings, other input data
+    assert moved[3].resumed_from is None and "differing: caller.inputs" in moved[2].messages[0]
+    assert _run(store, order[::-1].copy(), ck_path=ck_path, stop_after=1)[2].messages[0].count("order_sha256") == 1
+
+
+def test_sampler_without_state_is_refused(corpus, tmp_path):
+    store, _, _ = corpus
+
+    class Plain:
+        def next_batch(self, b):
+            return np.arange(b)
+
+        def update(self, ids, losses):
+            pass
+
+    with pytest.raises(StrataInputError, match="cannot be checkpointed"):
+        _run(store, None, sampler=Plain(), ck_path=tmp_path / "ckpt.pt")
