@@ -27,7 +27,8 @@ RAW_SHARDS = dg.AssetKey("raw_shards")
 # Partitioned by corpus shard: each follows its own shard (corpus_shards[p] <- raw_shards[p]), not the whole corpus.
 SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
 # asset -> the StrataConfig keys its output depends on (beyond its upstream assets' data).
-# Left out on purpose: speed knobs (embed_batch_size) and keys that only name files of other assets.
+# Left out on purpose: speed knobs (embed_batch_size), checkpoint_every (a resumed run's outputs are
+# byte-identical) and keys that only name files of other assets.
 PARAMS: dict[str, tuple[str, ...]] = {
     "corpus_shards": ("heldout_fraction", "seed"),  # reading options and content: raw_shards' data version
     "corpus": ("corpus", "heldout_fraction", "seed"),

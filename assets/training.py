@@ -5,7 +5,7 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.params import PARAM_CLASSES, asset_config
+from assets.params import PARAM_CLASSES, PARAMS, asset_config
 from assets.common import RUN_PARTITIONS, STRATEGY_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key  # noqa: F401 (re-exported)
 from assets.on_ray import run_on_ray
 from assets.orderings import load_ordering, seeded_ordering
@@ -14,8 +14,9 @@ from pipeline.packing.pack import SequenceStore
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
 from pipeline.reports.consumed import consumed_diversity
+from pipeline.training.checkpoint import Checkpointing
 from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
-from pipeline.storage.warehouse import replace_rows
+from pipeline.storage.warehouse import latest_data_version, replace_rows
 
 BY_STRATEGY = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="strategy")
 FROZEN_FRACTION = 0.2  # the frozen checkpoint of mixture fidelity: a model at 20% of a run's steps
@@ -74,7 +75,10 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     randomness (a seed-dependent ordering is re-run with it; ODM's sampler draws with it).
 
     Writes ``runs/<strategy>/seed<seed>/model`` (``save_pretrained`` + tokenizer), ``log.parquet``,
-    ``stream.parquet`` (the sequences trained on, in order) and ``heldout_curve.parquet``.
+    ``stream.parquet`` (the sequences trained on, in order) and ``heldout_curve.parquet``. Every
+    ``checkpoint_every`` steps it writes ``ckpt.pt`` there; a killed run materialized again with the
+    same settings and inputs resumes from it and writes the uninterrupted run's bytes; the file is
+    removed once the outputs are written (docs/training.md, "Checkpoints and resume").
     DuckDB: ``train_log`` (per step), ``heldout_curve`` (the fixed held-out batch's per-document
     loss every ``heldout_every`` steps), ``consumed_metrics`` (diversity of the consumed stream),
     ``stable_rank`` (gradient stable ranks per layer at 20%/100% of steps), ``epoch_jumps`` and,
@@ -106,6 +110,15 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
         sampler = ODMSampler(sequence_clusters(segments, doc_cluster), n_steps, seed=seed,
                              smoothing=cfg.odm_smoothing, warmup_fraction=cfg.odm_warmup_fraction)
     probes: list[pl.DataFrame] = []
+
+    def restore(state: dict) -> None:
+        curve[:], probes[:] = state["curve"], state["probes"]
+
+    with duckdb.get_connection() as con:
+        inputs = {f"{a}[{p}]" if p else a: latest_data_version(con, a, p)
+                  for a, p in (("corpus", None), ("tokens", None), ("clusters", None), ("sequences", None), ("orderings", strategy))}
+    ckpt = Checkpointing(run_dir / "ckpt.pt", cfg.checkpoint_every, key={"inputs": inputs, "params": cfg.subset(PARAMS["training_runs"])},
+                         state=lambda: {"curve": curve, "probes": probes}, restore=restore, log=context.log.warning)
     fractions = {checkpoint_steps(n_steps, [f])[0]: f for f in cfg.probe_fractions}
     n_probe = probe_count(cfg, strategy)
 
@@ -119,7 +132,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
 
     model, log = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
                        sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe, heldout=held,
-                       on_heldout=on_heldout)
+                       on_heldout=on_heldout, checkpointing=ckpt)
     with atomic_dir(run_dir / "model") as tmp:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
@@ -149,6 +162,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
             mixture = sampler.mixture_rows().with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
             outputs.append(write_parquet(mixture, run_dir / "odm_mixture.parquet"))
             replace_rows(con, "odm_mixture", mixture, key)
+    ckpt.remove()
     last = curve_df.filter(pl.col("step") == pl.col("step").max()) if curve_df.height else None
     final = float(last["loss"].mean()) if last is not None else float("nan")
     return rec.finish(
@@ -157,7 +171,8 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
         {**ts.__dict__, "strategy": strategy},
         {"heldout_batch_loss": final, "tokens_per_s": float(log_df["tokens_per_s"].median()),
          "params": sum(p.numel() for p in model.parameters()),
-         "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0},
+         "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0,
+         "resumed_from_step": ckpt.resumed_from if ckpt.resumed_from is not None else 0},
     )
 
 

@@ -166,6 +166,7 @@ class StrataConfig(_Model):
     compile: bool = False  # torch.compile the decoder (GPU runs)
     heldout_docs: int = Field(64, ge=1)  # fixed held-out batch: first N held-out documents (first seq_len tokens each)
     heldout_every: int = Field(10, ge=0)  # score the held-out batch every N steps (0 = at the end only)
+    checkpoint_every: int = Field(200, ge=0)  # training_runs: write runs/<strategy>/seed<n>/ckpt.pt every N steps; a killed run resumes from it (0 = never)
     bootstrap_samples: int = Field(2000, ge=100)  # paired bootstrap replicates of the report's intervals
     probe_fractions: list[float] = Field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
     probe_batches: int = Field(2, ge=1)  # batches probed per checkpoint

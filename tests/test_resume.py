@@ -11,17 +11,31 @@ DuckDB rows equal those of an uninterrupted materialization. The HF Trainer on t
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
 import numpy as np
+import polars as pl
 import pytest
 import torch
+import yaml
 
+from helpers import demo_slice
 from pipeline.errors import StrataInputError
+from pipeline.storage.layout import Layout
 from pipeline.training.checkpoint import Checkpointing, decode, encode
 from pipeline.training.heldout import HeldoutBatch
 from pipeline.training.loop import TrainSettings, train
 from pipeline.training.odm import ODMSampler, sequence_clusters
 from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
 
+REPO = Path(__file__).resolve().parents[1]
 SETTINGS = TrainSettings(preset="tiny", seq_len=32, batch_size=4, max_steps=10, lr=1e-2, warmup_steps=2, attention="dense",
                          heldout_every=3)
 
@@ -153,3 +167,114 @@ def test_sampler_without_state_is_refused(corpus, tmp_path):
 
     with pytest.raises(StrataInputError, match="cannot be checkpointed"):
         _run(store, None, sampler=Plain(), ck_path=tmp_path / "ckpt.pt")
+
+
+# -- the training_runs asset, SIGKILLed in a real process ----------------------------------------
+KILL_AT = 10  # the process kills itself during step 10, after the checkpoint of step 8
+KILLING_RUN = """
+import os, signal, sys
+import assets.training
+from assets.cli import main
+
+real, kill_odm = assets.training.train, sys.argv[1] == "odm"
+
+
+def train(*args, **kwargs):
+    def on_step(row):
+        if row["step"] + 1 == {kill_at} and (kwargs.get("sampler") is not None) == kill_odm:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, on_step=on_step, **kwargs)
+
+
+assets.training.train = train
+sys.exit(main(["run", "--config", sys.argv[2], "--select", "key:training_runs"]))
+""".format(kill_at=KILL_AT)
+TABLES = ("train_log", "heldout_curve", "consumed_metrics", "stable_rank", "epoch_jumps", "odm_mixture")
+
+
+def _env(tmp: Path) -> dict:
+    return {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(REPO)}
+
+
+def _strata(cfg: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg), *args], capture_output=True,
+                          text=True, env=_env(cfg.parent), cwd=REPO, timeout=600)
+
+
+def _killed(cfg: Path, strategy: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", KILLING_RUN, strategy, str(cfg)], capture_output=True, text=True,
+                          env=_env(cfg.parent), cwd=REPO, timeout=600)
+
+
+def _outputs(layout: Layout, strategy: str) -> dict:
+    """Every file of the run directory (bytes) and the run's DuckDB rows (tokens_per_s, a wall-clock figure, left out)."""
+    run_dir = layout.run_dir(strategy, 0)
+    files = {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    rows = {}
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        present = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        for table in TABLES:
+            if table in present:
+                df = con.sql(f"SELECT * EXCLUDE (tokens_per_s) FROM {table}" if table == "train_log" else f"SELECT * FROM {table}")
+                df = df.pl().filter((pl.col("strategy") == strategy) & (pl.col("seed") == 0))
+                if df.height:
+                    rows[table] = df.sort(df.columns)
+    return {"files": files, "rows": rows}
+
+
+def _assert_same(resumed: dict, reference: dict) -> None:
+    assert resumed["files"].keys() == reference["files"].keys()
+    differ = sorted(k for k in reference["files"] if resumed["files"][k] != reference["files"][k])
+    assert not differ, f"files that differ from the uninterrupted run's: {differ}"
+    assert resumed["rows"].keys() == reference["rows"].keys()
+    for table, df in reference["rows"].items():
+        assert resumed["rows"][table].equals(df), table
+
+
+@pytest.fixture(scope="module")
+def killed_runs(tmp_path_factory):
+    """An uninterrupted materialization of training_runs (random, odm), then one killed per strategy and resumed.
+
+    Returns (reference outputs, resumed outputs, the resuming processes' output, leftovers)."""
+    tmp = tmp_path_factory.mktemp("resume")
+    corpus = tmp / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in demo_slice(70)))
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "data_root": str(tmp / "root"), "corpus": {"path": str(corpus), "source_field": "domain"}, "heldout_fraction": 0.1,
+        "vocab_size": 300, "k": 3, "seq_len": 64, "length_bins": 4, "batch_size": 4, "embed_method": "shallow",
+        "embed_max_tokens": 32, "strategies": ["random", "odm"], "max_steps": 16, "warmup_steps": 2, "heldout_docs": 8,
+        "heldout_every": 3, "checkpoint_every": 4, "probe_batches": 1, "claims_probe_batches": 1, "odm_warmup_fraction": 0.1,
+    }))
+    layout = Layout(tmp / "root")
+    for args in (("--select", "*orderings"), ("--select", "key:training_runs")):
+        proc = _strata(cfg, *args)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    reference = {s: _outputs(layout, s) for s in ("random", "odm")}
+    shutil.rmtree(layout.inside("runs"))
+
+    ckpt = {s: layout.run_dir(s, 0) / "ckpt.pt" for s in ("random", "odm")}
+    first = _killed(cfg, "random")  # killed in random's step 10
+    assert first.returncode == -signal.SIGKILL, first.stderr[-4000:]
+    assert ckpt["random"].exists() and not (layout.run_dir("random", 0) / "model").exists()
+    second = _killed(cfg, "odm")  # random resumes and finishes; killed in odm's step 10
+    assert second.returncode == -signal.SIGKILL, second.stderr[-4000:]
+    assert not ckpt["random"].exists() and ckpt["odm"].exists()
+    resumed = {"random": _outputs(layout, "random")}
+    third = _strata(cfg, "--select", "key:training_runs")  # random again from step 0, odm resumes
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-4000:]
+    resumed["odm"] = _outputs(layout, "odm")
+    leftovers = sorted(str(p) for p in layout.inside("runs").rglob("*") if p.name.startswith(".") or p.name == "ckpt.pt")
+    return reference, resumed, {"random": second.stdout + second.stderr, "odm": third.stdout + third.stderr}, leftovers
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("strategy", ["random", "odm"])
+def test_killed_training_run_resumes_to_identical_outputs(killed_runs, strategy):
+    reference, resumed, logs, leftovers = killed_runs
+    assert f"runs/{strategy}/seed0/ckpt.pt at step 8 of 16" in logs[strategy]
+    assert logs[strategy].count("resuming from") == 1  # the other partition trained from step 0
+    expected = {"train_log", "heldout_curve", "consumed_metrics", "stable_rank"} | ({"odm_mixture"} if strategy == "odm" else set())
+    assert expected <= reference[strategy]["rows"].keys()
+    _assert_same(resumed[strategy], reference[strategy])
+    assert not leftovers
