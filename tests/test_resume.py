@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ import yaml
 
 from helpers import demo_slice
 from pipeline.errors import StrataInputError
+from pipeline.packing.pack import SequenceStore
 from pipeline.storage.layout import Layout
 from pipeline.training.checkpoint import Checkpointing, decode, encode
 from pipeline.training.heldout import HeldoutBatch
@@ -278,3 +280,82 @@ def test_killed_training_run_resumes_to_identical_outputs(killed_runs, strategy)
     assert expected <= reference[strategy]["rows"].keys()
     _assert_same(resumed[strategy], reference[strategy])
     assert not leftovers
+
+
+# -- the Hugging Face Trainer on the hf export ---------------------------------------------------
+L, G, HF_VOCAB, MAX_STEPS, SAVE_STEPS, HF_KILL_AT = 32, 4, 500, 8, 3, 5
+HF_SETUP = """
+import os, signal, sys
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+EXPORT_DIR, OUTPUT_DIR, SEEN, KILL_AT = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+G, MAX_STEPS, SAVE_STEPS = {G}, {max_steps}, {save_steps}
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size={vocab}, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings={L}))
+seen = []
+
+
+def record(module, args, kwargs):  # the rows every forward pass sees; the process kills itself in forward KILL_AT
+    seen.append(kwargs["input_ids"].cpu().numpy())
+    np.save(SEEN, np.stack(seen))
+    if len(seen) == KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+model.register_forward_pre_hook(record, with_kwargs=True)
+""".format(G=G, max_steps=MAX_STEPS, save_steps=SAVE_STEPS, vocab=HF_VOCAB, L=L)
+
+
+def docs_recipe() -> str:
+    """docs/training.md's HF Trainer resume recipe: its python block that resumes from a checkpoint."""
+    text = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "resume_from_checkpoint" in b]
+    assert len(blocks) == 1, "docs/training.md holds one HF Trainer resume recipe"
+    return blocks[0]
+
+
+def test_hf_trainer_resumes_at_position_n_times_g(tmp_path):
+    pytest.importorskip("datasets")
+    from pipeline.export import export_stream, stream_from_arrays
+    from pipeline.packing.pack import pack
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 60, size=120)
+    tokens = rng.integers(2, HF_VOCAB, size=int(lengths.sum())).astype(np.uint16)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    tokens[offsets[1:] - 1] = EOS
+    packing = pack("concat", np.arange(lengths.size), lengths, L, seed=0)
+    order = rng.permutation(packing.n_sequences)
+    assert order.size >= MAX_STEPS * G  # one epoch: the Trainer's step s reads rows [s·G, (s+1)·G)
+    export = tmp_path / "hf"
+    export_stream(stream_from_arrays(tokens, offsets, packing.segments, order, L, eos_id=EOS, pad_id=PAD), "hf", export, global_batch=G)
+    want = SequenceStore(tokens, offsets, packing.segments, L, pad_id=PAD).batch(order[: MAX_STEPS * G])[0]
+
+    script = HF_SETUP + docs_recipe()
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = tmp_path / "run"
+
+    def run(seen: Path, kill_at: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", script, str(export), str(out), str(seen), str(kill_at)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+
+    killed = run(tmp_path / "killed.npy", HF_KILL_AT)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{SAVE_STEPS}"]
+    before = np.load(tmp_path / "killed.npy")
+    np.testing.assert_array_equal(before.reshape(-1, L), want[: HF_KILL_AT * G])
+
+    resumed = run(tmp_path / "resumed.npy", 0)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    after = np.load(tmp_path / "resumed.npy")
+    assert after.shape == (MAX_STEPS - SAVE_STEPS, G, L)
+    np.testing.assert_array_equal(after.reshape(-1, L), want[SAVE_STEPS * G :])  # positions [N·G, MAX_STEPS·G)
+    import pyarrow.parquet as pq
+
+    rows = np.array(pq.read_table(sorted((export / "data").glob("*.parquet"))[0])["input_ids"].to_pylist())
+    np.testing.assert_array_equal(after.reshape(-1, L), rows[SAVE_STEPS * G : MAX_STEPS * G])
