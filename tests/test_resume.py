@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -194,18 +195,18 @@ sys.exit(main(["run", "--config", sys.argv[2], "--select", "key:training_runs"])
 TABLES = ("train_log", "heldout_curve", "consumed_metrics", "stable_rank", "epoch_jumps", "odm_mixture")
 
 
-def _env(tmp: Path) -> dict:
+def _env() -> dict:
     return {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(REPO)}
 
 
 def _strata(cfg: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg), *args], capture_output=True,
-                          text=True, env=_env(cfg.parent), cwd=REPO, timeout=600)
+                          text=True, env=_env(), cwd=REPO, timeout=600)
 
 
 def _killed(cfg: Path, strategy: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", KILLING_RUN, strategy, str(cfg)], capture_output=True, text=True,
-                          env=_env(cfg.parent), cwd=REPO, timeout=600)
+                          env=_env(), cwd=REPO, timeout=600)
 
 
 def _outputs(layout: Layout, strategy: str) -> dict:
@@ -355,7 +356,5 @@ def test_hf_trainer_resumes_at_position_n_times_g(tmp_path):
     after = np.load(tmp_path / "resumed.npy")
     assert after.shape == (MAX_STEPS - SAVE_STEPS, G, L)
     np.testing.assert_array_equal(after.reshape(-1, L), want[SAVE_STEPS * G :])  # positions [N·G, MAX_STEPS·G)
-    import pyarrow.parquet as pq
-
     rows = np.array(pq.read_table(sorted((export / "data").glob("*.parquet"))[0])["input_ids"].to_pylist())
     np.testing.assert_array_equal(after.reshape(-1, L), rows[SAVE_STEPS * G : MAX_STEPS * G])
