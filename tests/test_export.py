@@ -1,6 +1,5 @@
-"""Exports keep Strata's order: every format read back with the trainer's own code (or, where the
-library cannot be installed beside the stack, by the format's specification) yields the global
-batches, in order, token for token, for 1 rank and for 2 ranks x 2 workers."""
+"""Exports keep Strata's order: every format read back with the trainer's own code yields the
+global batches, in order, token for token, for 1 rank and for 2 ranks x 2 workers."""
 
 from __future__ import annotations
 
@@ -17,7 +16,16 @@ import torch
 from pipeline.errors import StrataInputError
 from pipeline.export import export_stream, stream_from_arrays
 from pipeline.packing.pack import SequenceStore, pack
-from export_readers import loader_order, olmo_core_local_indices, read_mds, streaming_partitions
+
+# MosaicML streaming's package __init__ also imports ``streaming.vision`` (torchvision, which has no
+# build for this CPU torch); its reader lives in ``streaming.base`` and never touches vision.
+# Registering the package without running its __init__ imports ``streaming.base`` as shipped.
+IMPORT_STREAMING = (
+    "import importlib.util, sys\n"
+    "_spec = importlib.util.find_spec('streaming')\n"
+    "if _spec is not None and 'streaming' not in sys.modules:\n"
+    "    sys.modules['streaming'] = importlib.util.module_from_spec(_spec)\n"
+)
 
 L, G, EOS, PAD, VOCAB = 32, 8, 1, 0, 5000
 SETUPS = [(1, 1), (2, 2)]  # (world size, workers)
@@ -60,19 +68,10 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
     flat = np.memmap(tmp_path / "np" / "tokens.bin", dtype=meta["dtype"], mode="r")
     assert flat.size == order.size * L
     np.testing.assert_array_equal(flat.reshape(-1, L), store.batch(order)[0])
-    # OLMo-core (does not install beside this stack): NumpyFSLDataset instance i is tokens[i*L:(i+1)*L]
-    # of the raw file; its shuffle=False loader's rank/worker slicing rebuilds every global batch
+    # OLMo-core: NumpyFSLDataset over the raw file, its shuffle=False loader for R ranks x W workers
     want = expected_batches(store, order)
-    instances = flat.reshape(-1, L)
     for world, workers in SETUPS:
-        b = G // world
-        for s in range(want.shape[0]):
-            got = np.empty((G, L), flat.dtype)
-            for rank in range(world):
-                w = s % workers  # worker w holds global batches w, w + W, ...
-                mine = olmo_core_local_indices(order.size, G, rank, world, w, workers).reshape(-1, b)[s // workers]
-                got[mine - s * G] = instances[mine]
-            np.testing.assert_array_equal(got, want[s])
+        np.testing.assert_array_equal(_olmo_core_batches(tmp_path / "np", meta, world, workers, tmp_path / f"olmo{world}"), want)
 
     from torch.utils.data import DataLoader
 
@@ -91,6 +90,29 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
     # resumable: starting at step 3 continues exactly where step 2 ended
     resumed = [b["input_ids"].numpy() for b in DataLoader(ds, batch_sampler=GlobalBatchSampler(len(ds), G, 0, 1, start_step=3), collate_fn=collate_packed)]
     np.testing.assert_array_equal(np.stack(resumed), want[3:])
+
+
+def _olmo_core_batches(export_dir: Path, meta: dict, world: int, workers: int, work_dir: Path) -> np.ndarray:
+    """(steps, G, L): every rank's OLMo-core batches of each step, put in place by their instance index."""
+    pytest.importorskip("olmo_core")
+    from olmo_core.data import DataCollator, NumpyFSLDataLoader, NumpyFSLDataset
+
+    ds = NumpyFSLDataset(export_dir / "tokens.bin", sequence_length=meta["seq_len"], pad_token_id=meta["pad_id"],
+                         eos_token_id=meta["eos_id"], vocab_size=VOCAB, dtype=np.dtype(meta["dtype"]).type)
+    steps = meta["n_sequences"] // G
+    got = np.zeros((steps, G, meta["seq_len"]), np.int64)
+    for rank in range(world):
+        dl = NumpyFSLDataLoader(ds, collator=DataCollator(pad_token_id=meta["pad_id"]), global_batch_size=G * meta["seq_len"],
+                                work_dir=work_dir, shuffle=False, dp_world_size=world, dp_rank=rank, fs_local_rank=0,
+                                num_workers=workers)
+        dl.reshuffle(epoch=1)
+        batches = list(dl)
+        assert len(batches) == steps
+        for s, b in enumerate(batches):
+            idx = b["index"].numpy()
+            assert (idx // G == s).all()  # every instance of step s comes from global batch s
+            got[s, idx % G] = b["input_ids"].numpy()
+    return got
 
 
 def test_torch_dataset_masks_documents_and_padding(tmp_path):
@@ -174,31 +196,43 @@ def _megatron_batches(dataset, total: int, world: int, workers: int) -> np.ndarr
     return np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(total // G)])
 
 
+def _streaming():
+    """MosaicML streaming's ``streaming.base`` (see ``IMPORT_STREAMING``), or skip where it is not installed."""
+    exec(IMPORT_STREAMING, {})
+    return pytest.importorskip("streaming.base")
+
+
 @pytest.mark.parametrize("world,workers", SETUPS)
 def test_mds_layout_follows_streaming_partition(tmp_path, concat, world, workers):
+    """streaming's own reader and partition function: rank r's DataLoader (W workers, batches
+    handed to the workers in turn) reads the r-th slice of every global batch."""
+    base = _streaming()
+    from streaming.base.partition import get_partitions
+
     stream, store, order = concat
     out = tmp_path / "mds"
     export_stream(stream, "mds", out, global_batch=G, world_size=world, workers=workers)
-    samples = read_mds(out)
+    ds = base.StreamingDataset(local=str(out), shuffle=False, batch_size=G // world, num_canonical_nodes=1)
     n = order.size // G * G
-    assert samples.shape == (n, L)
-    part = streaming_partitions(n, world, workers, G // world)
-    per_rank = [[samples[ids] for ids in loader_order(part, r)] for r in range(world)]
+    assert ds.num_samples == n
+    samples = np.stack([ds.get_item(i)["input_ids"] for i in range(n)])
+    part = get_partitions("orig", n, 1, 1, world, workers, G // world)  # (node, rank, worker, batch, sample)
+    per_rank = [[samples[ids[ids >= 0]] for j in range(part.shape[3]) for w in range(workers)
+                 for ids in [part[0, r, w, j]] if (ids >= 0).any()] for r in range(world)]
     got = np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(n // G)])
     np.testing.assert_array_equal(got, expected_batches(store, order))
 
 
 def test_mds_with_streaming_library(tmp_path, concat):
-    """With MosaicML streaming importable (it does not install beside this stack's numpy and
-    transformers: see docs/export.md), read through StreamingDataset itself, one process per rank."""
-    pytest.importorskip("streaming")
+    """StreamingDataset itself, one process per rank (streaming joins them in a process group)."""
+    _streaming()
     stream, store, order = concat
     want = expected_batches(store, order)
     for world, workers in SETUPS:
         out = tmp_path / f"mds{world}"
         export_stream(stream, "mds", out, global_batch=G, world_size=world, workers=workers)
-        code = (
-            "import sys, numpy as np; from streaming import StreamingDataset; from torch.utils.data import DataLoader\n"
+        code = IMPORT_STREAMING + (
+            "import numpy as np; from streaming.base import StreamingDataset; from torch.utils.data import DataLoader\n"
             f"ds = StreamingDataset(local={str(out)!r}, shuffle=False, batch_size={G // world}, num_canonical_nodes=1)\n"
             f"dl = DataLoader(ds, batch_size={G // world}, num_workers={workers})\n"
             "np.save(sys.argv[1], np.stack([b['input_ids'].numpy() for b in dl]))\n"
