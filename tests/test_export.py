@@ -3,8 +3,10 @@ global batches, in order, token for token, for 1 rank and for 2 ranks x 2 worker
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,21 @@ IMPORT_STREAMING = (
 
 L, G, EOS, PAD, VOCAB = 32, 8, 1, 0, 5000
 SETUPS = [(1, 1), (2, 2)]  # (world size, workers)
+EXPORT_DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
+
+
+def recipe(name: str) -> str:
+    """The code block under ``<!-- recipe: name -->`` in docs/export.md (the tests run it verbatim)."""
+    found = re.search(rf"<!-- recipe: {re.escape(name)} -->\n```[a-z]*\n(.*?)```", EXPORT_DOC.read_text(encoding="utf-8"), re.S)
+    assert found, f"docs/export.md has no recipe {name!r}"
+    return found.group(1)
+
+
+def run_recipe(name: str, **names) -> dict:
+    """Execute a docs recipe with the upper-case placeholders it reads bound to ``names``; its namespace."""
+    namespace = dict(names)
+    exec(compile(recipe(name), f"docs/export.md[{name}]", "exec"), namespace)
+    return namespace
 
 
 def _data(variant: str, seed: int = 0):
@@ -71,7 +88,7 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
     # OLMo-core: NumpyFSLDataset over the raw file, its shuffle=False loader for R ranks x W workers
     want = expected_batches(store, order)
     for world, workers in SETUPS:
-        np.testing.assert_array_equal(_olmo_core_batches(tmp_path / "np", meta, world, workers, tmp_path / f"olmo{world}"), want)
+        np.testing.assert_array_equal(_olmo_core_batches(tmp_path / "np", world, workers, tmp_path / f"olmo{world}"), want)
 
     from torch.utils.data import DataLoader
 
@@ -92,21 +109,16 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
     np.testing.assert_array_equal(np.stack(resumed), want[3:])
 
 
-def _olmo_core_batches(export_dir: Path, meta: dict, world: int, workers: int, work_dir: Path) -> np.ndarray:
-    """(steps, G, L): every rank's OLMo-core batches of each step, put in place by their instance index."""
+def _olmo_core_batches(export_dir: Path, world: int, workers: int, work_dir: Path) -> np.ndarray:
+    """(steps, G, L): every rank's batches from docs/export.md's OLMo-core recipe, put in place by
+    their instance index."""
     pytest.importorskip("olmo_core")
-    from olmo_core.data import DataCollator, NumpyFSLDataLoader, NumpyFSLDataset
-
-    ds = NumpyFSLDataset(export_dir / "tokens.bin", sequence_length=meta["seq_len"], pad_token_id=meta["pad_id"],
-                         eos_token_id=meta["eos_id"], vocab_size=VOCAB, dtype=np.dtype(meta["dtype"]).type)
-    steps = meta["n_sequences"] // G
-    got = np.zeros((steps, G, meta["seq_len"]), np.int64)
+    got = None
     for rank in range(world):
-        dl = NumpyFSLDataLoader(ds, collator=DataCollator(pad_token_id=meta["pad_id"]), global_batch_size=G * meta["seq_len"],
-                                work_dir=work_dir, shuffle=False, dp_world_size=world, dp_rank=rank, fs_local_rank=0,
-                                num_workers=workers)
-        dl.reshuffle(epoch=1)
-        batches = list(dl)
+        ns = run_recipe("olmo-core", DIR=str(export_dir), VOCAB=VOCAB, G=G, WORK_DIR=str(work_dir), R=world, RANK=rank, W=workers)
+        meta, batches = ns["meta"], list(ns["loader"])
+        steps = meta["n_sequences"] // G
+        got = np.zeros((steps, G, meta["seq_len"]), np.int64) if got is None else got
         assert len(batches) == steps
         for s, b in enumerate(batches):
             idx = b["index"].numpy()
@@ -141,11 +153,10 @@ def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
     pytest.importorskip("megatron.core")
     from megatron.core.datasets import helpers
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
-    from pipeline.export.megatron import gpt_indices, install_gpt_index_cache
+    from pipeline.export.megatron import gpt_indices
 
     stream, store, order = concat
     out = tmp_path / "meg"
@@ -163,23 +174,40 @@ def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
     np.testing.assert_array_equal(built, sample)
 
     n_steps = order.size // G
-    def build(cache: Path):
-        cfg = GPTDatasetConfig(
-            random_seed=1234, sequence_length=L, blend=([prefix], None), split="100,0,0", path_to_cache=str(cache),
-            tokenizer=NullTokenizer(VOCAB), reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-        )
-        return cfg, BlendedMegatronDatasetBuilder(GPTDataset, [n_steps * G, None, None], lambda: True, cfg).build()[0]
-
-    cfg, _ = build(tmp_path / "unused")
-    install_gpt_index_cache(out, cfg, n_steps * G)
-    _, train = build(Path(cfg.path_to_cache))  # path_to_cache None would mean <prefix>/cache
+    cache = tmp_path / "cache"
+    train = megatron_from_recipe(out, tmp_path / "tok", cache, n_steps)
     want = expected_batches(store, order)
     for world, workers in SETUPS:
         got = _megatron_batches(train, n_steps * G, world, workers)
         np.testing.assert_array_equal(got, want)
     # without the cache GPTDataset shuffles: the test would notice a missing/misnamed cache
-    _, shuffled = build(tmp_path / "fresh")
+    config = run_recipe("megatron", TOKENIZER_DIR=str(tmp_path / "tok"), L=L, DIR=str(out), CACHE=str(cache), TRAIN_ITERS=n_steps, G=G)["config"]
+    fresh = dataclasses.replace(config, path_to_cache=str(tmp_path / "fresh"))
+    shuffled = BlendedMegatronDatasetBuilder(GPTDataset, [n_steps * G, None, None], lambda: True, fresh).build()[0]
     assert not np.array_equal(shuffled[0]["tokens"].numpy(), want[0, 0])
+
+
+def save_tokenizer(directory: Path) -> Path:
+    """A word-level tokenizer with Strata's pad and EOS ids, saved as a transformers tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<pad>": PAD, "<eos>": EOS, "a": 2}, unk_token="a"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(str(directory))
+    return directory
+
+
+def megatron_from_recipe(export_dir: Path, tokenizer_dir: Path, cache: Path, n_steps: int, **overrides):
+    """The train GPTDataset Megatron builds with docs/export.md's recipe config (``overrides`` replace fields)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    if not tokenizer_dir.exists():
+        save_tokenizer(tokenizer_dir)
+    ns = run_recipe("megatron", TOKENIZER_DIR=str(tokenizer_dir), L=L, DIR=str(export_dir), CACHE=str(cache),
+                    TRAIN_ITERS=n_steps, G=G)
+    config = dataclasses.replace(ns["config"], **overrides)
+    return BlendedMegatronDatasetBuilder(GPTDataset, [n_steps * G, None, None], lambda: True, config).build()[0]
 
 
 def _megatron_batches(dataset, total: int, world: int, workers: int) -> np.ndarray:
@@ -292,8 +320,6 @@ def test_bad_batching_is_refused(tmp_path, concat):
 def _data_root(root: Path, variant: str = "concat") -> tuple:
     """A data root holding the documented artifacts an export reads (tokens, sequences, ordering, tokenizer)."""
     import polars as pl
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
 
     from pipeline.storage.layout import Layout
 
@@ -306,8 +332,7 @@ def _data_root(root: Path, variant: str = "concat") -> tuple:
     stream.segments.write_parquet(layout.segments)
     store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)
     pl.DataFrame({"position": np.arange(order.size), "sequence_id": order}).write_parquet(layout.ordering("greedy"))
-    tok = Tokenizer(models.WordLevel({"<pad>": PAD, "<eos>": EOS, "a": 2}, unk_token="a"))
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(str(layout.tokenizer))
+    save_tokenizer(layout.tokenizer)
     return store, order
 
 
