@@ -125,9 +125,16 @@ def test_olmo_core_recipe_document_lengths(tmp_path, variant, atom):
         allowed = (doc[:, None] == doc[None, :]) & np.tri(L, dtype=bool)
         filled = want["filled"][k]
         np.testing.assert_array_equal(allowed[filled], want["allowed"][k][filled])
-    # the recipe's loader carries doc_lens into every batch
-    batch = next(iter(ns["loader"]))
-    assert batch["doc_lens"].shape[0] == G and int(batch["doc_lens"].sum()) == G * L
+    # the recipe's loader carries doc_lens and the label mask into every batch: OLMo-core's labels
+    # are scored exactly where Strata's are
+    from olmo_core.data.utils import get_labels
+
+    for s, batch in enumerate(ns["loader"]):
+        assert batch["doc_lens"].shape[0] == G and int(batch["doc_lens"].sum()) == G * L
+        np.testing.assert_array_equal(batch["index"].numpy(), np.arange(s * G, (s + 1) * G))
+        np.testing.assert_array_equal((get_labels(batch) != -100).numpy(), want["scored"][s * G : (s + 1) * G])
+        unmasked = get_labels({k: v for k, v in batch.items() if k != "label_mask"})
+        assert ((unmasked != -100).numpy() & ~want["scored"][s * G : (s + 1) * G]).any()  # what label_mask.bin removes
 
 
 @pytest.mark.parametrize("variant,atom", VARIANTS)
