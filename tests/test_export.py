@@ -152,8 +152,6 @@ def test_torch_dataset_masks_documents_and_padding(tmp_path):
 def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
     pytest.importorskip("megatron.core")
     from megatron.core.datasets import helpers
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     from pipeline.export.megatron import gpt_indices
@@ -181,9 +179,7 @@ def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
         got = _megatron_batches(train, n_steps * G, world, workers)
         np.testing.assert_array_equal(got, want)
     # without the cache GPTDataset shuffles: the test would notice a missing/misnamed cache
-    config = run_recipe("megatron", TOKENIZER_DIR=str(tmp_path / "tok"), L=L, DIR=str(out), CACHE=str(cache), TRAIN_ITERS=n_steps, G=G)["config"]
-    fresh = dataclasses.replace(config, path_to_cache=str(tmp_path / "fresh"))
-    shuffled = BlendedMegatronDatasetBuilder(GPTDataset, [n_steps * G, None, None], lambda: True, fresh).build()[0]
+    shuffled = megatron_from_recipe(out, tmp_path / "tok", cache, n_steps, path_to_cache=str(tmp_path / "fresh"))
     assert not np.array_equal(shuffled[0]["tokens"].numpy(), want[0, 0])
 
 

@@ -17,9 +17,11 @@ from pipeline.packing.pack import SequenceStore, pack
 from pipeline.training.model import batch_tensors, build_model, token_losses
 from test_export import EOS, G, L, PAD, VOCAB, megatron_from_recipe, run_recipe
 
+pytestmark = pytest.mark.integration  # end to end through three trainers' code; small and fast
+
 # several documents per sequence; best_fit pads the end of sequences; every document piece inside
 # a sequence follows an EOS
-VARIANTS = [("concat", None), ("best_fit", None)]
+VARIANTS = ["concat", "best_fit"]
 LOSS_TOLERANCE = 1e-5  # |HF loss - Strata loss|, float32 on CPU
 
 
@@ -43,10 +45,10 @@ def _strata(store, ids) -> dict:
             "scored": (b["labels"] != -100).numpy(), "filled": b["filled"].numpy()}
 
 
-@pytest.mark.parametrize("variant,atom", VARIANTS)
-def test_megatron_recipe_masks_like_strata(tmp_path, variant, atom):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_megatron_recipe_masks_like_strata(tmp_path, variant):
     pytest.importorskip("megatron.core")
-    stream, store, order = _packed(variant, atom)
+    stream, store, order = _packed(variant)
     out = tmp_path / "meg"
     export_stream(stream, "megatron", out, global_batch=G)
     assert json.loads((out / "meta.json").read_text())["document_masking"]["eos_delimited"]
@@ -108,10 +110,10 @@ def test_export_warns_where_eos_trainers_join_documents(tmp_path):
     assert json.loads((tmp_path / "hf" / "meta.json").read_text())["document_masking"]["warning"] is None
 
 
-@pytest.mark.parametrize("variant,atom", VARIANTS)
-def test_olmo_core_recipe_document_lengths(tmp_path, variant, atom):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_olmo_core_recipe_document_lengths(tmp_path, variant):
     pytest.importorskip("olmo_core")
-    stream, store, order = _packed(variant, atom)
+    stream, store, order = _packed(variant)
     out = tmp_path / "np"
     export_stream(stream, "numpy", out, global_batch=G)
     ns = run_recipe("olmo-core", DIR=str(out), VOCAB=VOCAB, G=G, WORK_DIR=str(tmp_path / "work"), R=1, RANK=0, W=0)
@@ -137,10 +139,10 @@ def test_olmo_core_recipe_document_lengths(tmp_path, variant, atom):
         assert ((unmasked != -100).numpy() & ~want["scored"][s * G : (s + 1) * G]).any()  # what label_mask.bin removes
 
 
-@pytest.mark.parametrize("variant,atom", VARIANTS)
-def test_hf_recipe_flattening_gives_strata_positions_and_loss(tmp_path, variant, atom):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_hf_recipe_flattening_gives_strata_positions_and_loss(tmp_path, variant):
     datasets = pytest.importorskip("datasets")
-    stream, store, order = _packed(variant, atom)
+    stream, store, order = _packed(variant)
     out = tmp_path / "hf"
     export_stream(stream, "hf", out, global_batch=G)
     model = build_model("tiny", VOCAB, L, 0, EOS, PAD, "dense").eval()  # Strata's own Llama, SDPA on CPU
