@@ -248,19 +248,15 @@ def test_mds_layout_follows_streaming_partition(tmp_path, concat, world, workers
 
 
 def test_mds_with_streaming_library(tmp_path, concat):
-    """StreamingDataset itself, one process per rank (streaming joins them in a process group)."""
+    """docs/export.md's StreamingDataset recipe, one process per rank (streaming joins them in a process group)."""
     _streaming()
     stream, store, order = concat
     want = expected_batches(store, order)
     for world, workers in SETUPS:
         out = tmp_path / f"mds{world}"
         export_stream(stream, "mds", out, global_batch=G, world_size=world, workers=workers)
-        code = IMPORT_STREAMING + (
-            "import numpy as np; from streaming.base import StreamingDataset; from torch.utils.data import DataLoader\n"
-            f"ds = StreamingDataset(local={str(out)!r}, shuffle=False, batch_size={G // world}, num_canonical_nodes=1)\n"
-            f"dl = DataLoader(ds, batch_size={G // world}, num_workers={workers})\n"
-            "np.save(sys.argv[1], np.stack([b['input_ids'].numpy() for b in dl]))\n"
-        )
+        code = (IMPORT_STREAMING + f"DIR, G, R, W = {str(out)!r}, {G}, {world}, {workers}\n" + recipe("mds")
+                + "import numpy as np\nnp.save(sys.argv[1], np.stack([b['input_ids'].numpy() for b in dl]))\n")
         port = str(29500 + world + os.getpid() % 1000)
         procs, dests = [], []
         for rank in range(world):  # the ranks run at once: streaming joins them in a process group

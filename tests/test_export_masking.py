@@ -89,11 +89,13 @@ def test_megatron_flags_are_the_recipe_config():
         assert f"--{field.replace('_', '-')}" in flags and f"{field}=True" in config_text
 
 
-def test_export_warns_where_eos_trainers_join_documents(tmp_path):
-    """Padding atoms of half a sequence put a document after padding: the export counts those
-    sequences, and they are exactly the ones where Megatron's EOS-based mask differs from Strata's."""
+@pytest.mark.parametrize("variant", ["padding", "concat"])
+def test_export_warns_where_eos_trainers_join_documents(tmp_path, variant):
+    """Atoms of half a sequence put a document after padding (padding) or after a cut mid-text
+    (concat): the export counts those sequences, and they are exactly the ones where Megatron's
+    EOS-based mask differs from Strata's."""
     pytest.importorskip("megatron.core")
-    stream, store, order = _packed("padding", atom_multiple=0.5)
+    stream, store, order = _packed(variant, atom_multiple=0.5)
     out = tmp_path / "meg"
     export_stream(stream, "megatron", out, global_batch=G)
     masking = json.loads((out / "meta.json").read_text())["document_masking"]
