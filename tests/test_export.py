@@ -1,11 +1,12 @@
-"""Exports keep Strata's order: every format read back with the trainer's own code (or, where the
-library cannot be installed beside the stack, by the format's specification) yields the global
-batches, in order, token for token, for 1 rank and for 2 ranks x 2 workers."""
+"""Exports keep Strata's order: every format read back with the trainer's own code yields the
+global batches, in order, token for token, for 1 rank and for 2 ranks x 2 workers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,34 @@ import torch
 from pipeline.errors import StrataInputError
 from pipeline.export import export_stream, stream_from_arrays
 from pipeline.packing.pack import SequenceStore, pack
-from export_readers import loader_order, olmo_core_local_indices, read_mds, streaming_partitions
+
+# MosaicML streaming's package __init__ also imports ``streaming.vision`` (torchvision, which has no
+# build for this CPU torch); its reader lives in ``streaming.base`` and never touches vision.
+# Registering the package without running its __init__ imports ``streaming.base`` as shipped.
+IMPORT_STREAMING = (
+    "import importlib.util, sys\n"
+    "_spec = importlib.util.find_spec('streaming')\n"
+    "if _spec is not None and 'streaming' not in sys.modules:\n"
+    "    sys.modules['streaming'] = importlib.util.module_from_spec(_spec)\n"
+)
 
 L, G, EOS, PAD, VOCAB = 32, 8, 1, 0, 5000
 SETUPS = [(1, 1), (2, 2)]  # (world size, workers)
+EXPORT_DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
+
+
+def recipe(name: str) -> str:
+    """The code block under ``<!-- recipe: name -->`` in docs/export.md (the tests run it verbatim)."""
+    found = re.search(rf"<!-- recipe: {re.escape(name)} -->\n```[a-z]*\n(.*?)```", EXPORT_DOC.read_text(encoding="utf-8"), re.S)
+    assert found, f"docs/export.md has no recipe {name!r}"
+    return found.group(1)
+
+
+def run_recipe(name: str, **names) -> dict:
+    """Execute a docs recipe with the upper-case placeholders it reads bound to ``names``; its namespace."""
+    namespace = dict(names)
+    exec(compile(recipe(name), f"docs/export.md[{name}]", "exec"), namespace)
+    return namespace
 
 
 def _data(variant: str, seed: int = 0):
@@ -60,19 +85,10 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
     flat = np.memmap(tmp_path / "np" / "tokens.bin", dtype=meta["dtype"], mode="r")
     assert flat.size == order.size * L
     np.testing.assert_array_equal(flat.reshape(-1, L), store.batch(order)[0])
-    # OLMo-core (does not install beside this stack): NumpyFSLDataset instance i is tokens[i*L:(i+1)*L]
-    # of the raw file; its shuffle=False loader's rank/worker slicing rebuilds every global batch
+    # OLMo-core: NumpyFSLDataset over the raw file, its shuffle=False loader for R ranks x W workers
     want = expected_batches(store, order)
-    instances = flat.reshape(-1, L)
     for world, workers in SETUPS:
-        b = G // world
-        for s in range(want.shape[0]):
-            got = np.empty((G, L), flat.dtype)
-            for rank in range(world):
-                w = s % workers  # worker w holds global batches w, w + W, ...
-                mine = olmo_core_local_indices(order.size, G, rank, world, w, workers).reshape(-1, b)[s // workers]
-                got[mine - s * G] = instances[mine]
-            np.testing.assert_array_equal(got, want[s])
+        np.testing.assert_array_equal(_olmo_core_batches(tmp_path / "np", world, workers, tmp_path / f"olmo{world}"), want)
 
     from torch.utils.data import DataLoader
 
@@ -91,6 +107,24 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
     # resumable: starting at step 3 continues exactly where step 2 ended
     resumed = [b["input_ids"].numpy() for b in DataLoader(ds, batch_sampler=GlobalBatchSampler(len(ds), G, 0, 1, start_step=3), collate_fn=collate_packed)]
     np.testing.assert_array_equal(np.stack(resumed), want[3:])
+
+
+def _olmo_core_batches(export_dir: Path, world: int, workers: int, work_dir: Path) -> np.ndarray:
+    """(steps, G, L): every rank's batches from docs/export.md's OLMo-core recipe, put in place by
+    their instance index."""
+    pytest.importorskip("olmo_core")
+    got = None
+    for rank in range(world):
+        ns = run_recipe("olmo-core", DIR=str(export_dir), VOCAB=VOCAB, G=G, WORK_DIR=str(work_dir), R=world, RANK=rank, W=workers)
+        meta, batches = ns["meta"], list(ns["loader"])
+        steps = meta["n_sequences"] // G
+        got = np.zeros((steps, G, meta["seq_len"]), np.int64) if got is None else got
+        assert len(batches) == steps
+        for s, b in enumerate(batches):
+            idx = b["index"].numpy()
+            assert (idx // G == s).all()  # every instance of step s comes from global batch s
+            got[s, idx % G] = b["input_ids"].numpy()
+    return got
 
 
 def test_torch_dataset_masks_documents_and_padding(tmp_path):
@@ -118,12 +152,9 @@ def test_torch_dataset_masks_documents_and_padding(tmp_path):
 def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
     pytest.importorskip("megatron.core")
     from megatron.core.datasets import helpers
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.indexed_dataset import IndexedDataset
-    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
-    from pipeline.export.megatron import gpt_indices, install_gpt_index_cache
+    from pipeline.export.megatron import gpt_indices
 
     stream, store, order = concat
     out = tmp_path / "meg"
@@ -141,23 +172,38 @@ def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
     np.testing.assert_array_equal(built, sample)
 
     n_steps = order.size // G
-    def build(cache: Path):
-        cfg = GPTDatasetConfig(
-            random_seed=1234, sequence_length=L, blend=([prefix], None), split="100,0,0", path_to_cache=str(cache),
-            tokenizer=NullTokenizer(VOCAB), reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-        )
-        return cfg, BlendedMegatronDatasetBuilder(GPTDataset, [n_steps * G, None, None], lambda: True, cfg).build()[0]
-
-    cfg, _ = build(tmp_path / "unused")
-    install_gpt_index_cache(out, cfg, n_steps * G)
-    _, train = build(Path(cfg.path_to_cache))  # path_to_cache None would mean <prefix>/cache
+    cache = tmp_path / "cache"
+    train = megatron_from_recipe(out, tmp_path / "tok", cache, n_steps)
     want = expected_batches(store, order)
     for world, workers in SETUPS:
         got = _megatron_batches(train, n_steps * G, world, workers)
         np.testing.assert_array_equal(got, want)
     # without the cache GPTDataset shuffles: the test would notice a missing/misnamed cache
-    _, shuffled = build(tmp_path / "fresh")
+    shuffled = megatron_from_recipe(out, tmp_path / "tok", cache, n_steps, path_to_cache=str(tmp_path / "fresh"))
     assert not np.array_equal(shuffled[0]["tokens"].numpy(), want[0, 0])
+
+
+def save_tokenizer(directory: Path) -> Path:
+    """A word-level tokenizer with Strata's pad and EOS ids, saved as a transformers tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"<pad>": PAD, "<eos>": EOS, "a": 2}, unk_token="a"))
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(str(directory))
+    return directory
+
+
+def megatron_from_recipe(export_dir: Path, tokenizer_dir: Path, cache: Path, n_steps: int, **overrides):
+    """The train GPTDataset Megatron builds with docs/export.md's recipe config (``overrides`` replace fields)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
+    if not tokenizer_dir.exists():
+        save_tokenizer(tokenizer_dir)
+    ns = run_recipe("megatron", TOKENIZER_DIR=str(tokenizer_dir), L=L, DIR=str(export_dir), CACHE=str(cache),
+                    TRAIN_ITERS=n_steps, G=G)
+    config = dataclasses.replace(ns["config"], **overrides)
+    return BlendedMegatronDatasetBuilder(GPTDataset, [n_steps * G, None, None], lambda: True, config).build()[0]
 
 
 def _megatron_batches(dataset, total: int, world: int, workers: int) -> np.ndarray:
@@ -174,35 +220,43 @@ def _megatron_batches(dataset, total: int, world: int, workers: int) -> np.ndarr
     return np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(total // G)])
 
 
+def _streaming():
+    """MosaicML streaming's ``streaming.base`` (see ``IMPORT_STREAMING``), or skip where it is not installed."""
+    exec(IMPORT_STREAMING, {})
+    return pytest.importorskip("streaming.base")
+
+
 @pytest.mark.parametrize("world,workers", SETUPS)
 def test_mds_layout_follows_streaming_partition(tmp_path, concat, world, workers):
+    """streaming's own reader and partition function: rank r's DataLoader (W workers, batches
+    handed to the workers in turn) reads the r-th slice of every global batch."""
+    base = _streaming()
+    from streaming.base.partition import get_partitions
+
     stream, store, order = concat
     out = tmp_path / "mds"
     export_stream(stream, "mds", out, global_batch=G, world_size=world, workers=workers)
-    samples = read_mds(out)
+    ds = base.StreamingDataset(local=str(out), shuffle=False, batch_size=G // world, num_canonical_nodes=1)
     n = order.size // G * G
-    assert samples.shape == (n, L)
-    part = streaming_partitions(n, world, workers, G // world)
-    per_rank = [[samples[ids] for ids in loader_order(part, r)] for r in range(world)]
+    assert ds.num_samples == n
+    samples = np.stack([ds.get_item(i)["input_ids"] for i in range(n)])
+    part = get_partitions("orig", n, 1, 1, world, workers, G // world)  # (node, rank, worker, batch, sample)
+    per_rank = [[samples[ids[ids >= 0]] for j in range(part.shape[3]) for w in range(workers)
+                 for ids in [part[0, r, w, j]] if (ids >= 0).any()] for r in range(world)]
     got = np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(n // G)])
     np.testing.assert_array_equal(got, expected_batches(store, order))
 
 
 def test_mds_with_streaming_library(tmp_path, concat):
-    """With MosaicML streaming importable (it does not install beside this stack's numpy and
-    transformers: see docs/export.md), read through StreamingDataset itself, one process per rank."""
-    pytest.importorskip("streaming")
+    """docs/export.md's StreamingDataset recipe, one process per rank (streaming joins them in a process group)."""
+    _streaming()
     stream, store, order = concat
     want = expected_batches(store, order)
     for world, workers in SETUPS:
         out = tmp_path / f"mds{world}"
         export_stream(stream, "mds", out, global_batch=G, world_size=world, workers=workers)
-        code = (
-            "import sys, numpy as np; from streaming import StreamingDataset; from torch.utils.data import DataLoader\n"
-            f"ds = StreamingDataset(local={str(out)!r}, shuffle=False, batch_size={G // world}, num_canonical_nodes=1)\n"
-            f"dl = DataLoader(ds, batch_size={G // world}, num_workers={workers})\n"
-            "np.save(sys.argv[1], np.stack([b['input_ids'].numpy() for b in dl]))\n"
-        )
+        code = (IMPORT_STREAMING + f"DIR, G, R, W = {str(out)!r}, {G}, {world}, {workers}\n" + recipe("mds")
+                + "import numpy as np\nnp.save(sys.argv[1], np.stack([b['input_ids'].numpy() for b in dl]))\n")
         port = str(29500 + world + os.getpid() % 1000)
         procs, dests = [], []
         for rank in range(world):  # the ranks run at once: streaming joins them in a process group
@@ -258,8 +312,6 @@ def test_bad_batching_is_refused(tmp_path, concat):
 def _data_root(root: Path, variant: str = "concat") -> tuple:
     """A data root holding the documented artifacts an export reads (tokens, sequences, ordering, tokenizer)."""
     import polars as pl
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
 
     from pipeline.storage.layout import Layout
 
@@ -272,8 +324,7 @@ def _data_root(root: Path, variant: str = "concat") -> tuple:
     stream.segments.write_parquet(layout.segments)
     store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)
     pl.DataFrame({"position": np.arange(order.size), "sequence_id": order}).write_parquet(layout.ordering("greedy"))
-    tok = Tokenizer(models.WordLevel({"<pad>": PAD, "<eos>": EOS, "a": 2}, unk_token="a"))
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(str(layout.tokenizer))
+    save_tokenizer(layout.tokenizer)
     return store, order
 
 

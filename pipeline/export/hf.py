@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.export.numpy_tokens import meta_of
-from pipeline.export.stream import OrderedStream, positions_in_pieces, sequence_pieces
+from pipeline.export.numpy_tokens import DocumentCheck, meta_of
+from pipeline.export.stream import OrderedStream, positions_in_pieces
 from pipeline.storage.atomic import write_json
 
 SHARD_TOKENS = 1 << 27  # about 134M tokens per shard
@@ -27,7 +27,7 @@ SHARD_TOKENS = 1 << 27  # about 134M tokens per shard
 
 def export_hf(stream: OrderedStream, out: Path, meta: dict, progress=None) -> list[Path]:
     L, m = stream.seq_len, stream.n_sequences
-    pieces = sequence_pieces(stream.segments, L)
+    check = DocumentCheck(stream)
     per_shard = max(1, SHARD_TOKENS // L)
     n_shards = max(1, -(-m // per_shard))
     schema = pa.schema([
@@ -52,7 +52,8 @@ def export_hf(stream: OrderedStream, out: Path, meta: dict, progress=None) -> li
                 if lo + rows.shape[0] > hi:  # the chunk crosses into the next shard
                     pending = (hi, rows[hi - lo :])
                     rows = rows[: hi - lo]
-                counts, lengths, _ = pieces.of(stream.order[lo : lo + rows.shape[0]])
+                counts, lengths, _ = check.pieces.of(stream.order[lo : lo + rows.shape[0]])
+                check.add(lo, rows)
                 flat = pa.array(np.ascontiguousarray(rows, dtype=np.int32).reshape(-1))
                 pos = pa.array(positions_in_pieces(lengths))
                 offs = np.zeros(counts.size + 1, np.int32)
@@ -67,5 +68,5 @@ def export_hf(stream: OrderedStream, out: Path, meta: dict, progress=None) -> li
                 if pending is not None or lo + rows.shape[0] >= hi:
                     break
         files.append(path)
-    files.append(write_json(meta_of(stream, "hf", meta), out / "meta.json"))
+    files.append(write_json(meta_of(stream, "hf", meta, check), out / "meta.json"))
     return files

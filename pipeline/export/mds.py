@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.export.numpy_tokens import meta_of
+from pipeline.export.numpy_tokens import DocumentCheck, meta_of
 from pipeline.export.stream import CHUNK_TOKENS, OrderedStream
 from pipeline.storage.atomic import write_json
 
@@ -79,5 +79,5 @@ def export_mds(stream: OrderedStream, out: Path, meta: dict, *, global_batch: in
         json.dump({"version": 2, "shards": shards}, fh, sort_keys=True)
     files.append(out / "index.json")
     extra = {**meta, "n_written": n, "per_rank_batch": global_batch // world_size}
-    files.append(write_json(meta_of(stream, "mds", extra), out / "meta.json"))
+    files.append(write_json(meta_of(stream, "mds", extra, DocumentCheck(stream).run()), out / "meta.json"))
     return files

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.export.numpy_tokens import meta_of, write_tokens
+from pipeline.export.numpy_tokens import DocumentCheck, meta_of, write_tokens
 from pipeline.export.stream import OrderedStream
 from pipeline.storage.atomic import write_json, write_npy
 
@@ -62,7 +62,8 @@ def write_idx(path: Path, lengths: np.ndarray, dtype: np.dtype) -> None:
 
 def export_megatron(stream: OrderedStream, out: Path, meta: dict, progress=None) -> list[Path]:
     m, L = stream.n_sequences, stream.seq_len
-    write_tokens(stream, out / f"{PREFIX}.bin", extra_tokens=np.array([stream.eos_id]), progress=progress)
+    check = DocumentCheck(stream)
+    write_tokens(stream, out / f"{PREFIX}.bin", extra_tokens=np.array([stream.eos_id]), progress=progress, check=check)
     lengths = np.full(m, L, np.int32)
     lengths[-1] = L + 1
     write_idx(out / f"{PREFIX}.idx", lengths, stream.dtype)
@@ -70,7 +71,7 @@ def export_megatron(stream: OrderedStream, out: Path, meta: dict, progress=None)
     files = [out / f"{PREFIX}.bin", out / f"{PREFIX}.idx"]
     for name, arr in (("document_index", doc), ("sample_index", sample), ("shuffle_index", shuffle)):
         files.append(write_npy(arr, out / "gpt_index" / f"{name}.npy"))
-    files.append(write_json(meta_of(stream, "megatron", {**meta, "data_prefix": PREFIX, "train_samples": m}), out / "meta.json"))
+    files.append(write_json(meta_of(stream, "megatron", {**meta, "data_prefix": PREFIX, "train_samples": m}, check), out / "meta.json"))
     return files
 
 

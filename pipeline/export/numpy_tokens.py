@@ -2,6 +2,9 @@
 
 ``tokens.bin`` holds the sequences in training order, each exactly ``seq_len`` tokens (padding
 included), no header, in the token dtype (``uint16`` when the vocabulary fits, else ``uint32``).
+``label_mask.bin`` (one byte per token, parallel to it) is true where Strata's training scores the
+token as a next-token target — a real token that does not start its document piece — OLMo-core's
+``label_mask_paths`` format.
 ``segments.parquet`` gives the document boundaries by position (``position, seq_token_start,
 n_tokens, doc_id, doc_token_start``; ``n_tokens`` counts an inserted EOS) and ``meta.json`` the
 dtype, sequence length, count, EOS and pad ids, strategy and lineage.
@@ -9,12 +12,14 @@ dtype, sequence length, count, EOS and pad ids, strategy and lineage.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from pipeline.export.stream import OrderedStream
+from pipeline.export.stream import OrderedStream, sequence_pieces
 from pipeline.storage.atomic import write_json, write_parquet
 
 
@@ -29,13 +34,24 @@ def ordered_segments(stream: OrderedStream) -> pl.DataFrame:
     return pos.join(seg, on="sequence_id").sort("position", "seq_token_start").drop("sequence_id")
 
 
-def write_tokens(stream: OrderedStream, path: Path, extra_tokens: np.ndarray | None = None, progress=None) -> int:
-    """Append the ordered rows to ``path`` chunk by chunk (then ``extra_tokens``); tokens written."""
+def write_tokens(stream: OrderedStream, path: Path, extra_tokens: np.ndarray | None = None, progress=None,
+                 check: DocumentCheck | None = None, label_mask_path: Path | None = None) -> int:
+    """Write the ordered rows to ``path`` chunk by chunk (then ``extra_tokens``); tokens written.
+
+    In the same pass ``check`` sees every chunk, and ``label_mask_path`` (if given) receives the
+    rows' label mask (:func:`label_mask`)."""
     written = 0
-    with open(path, "wb") as fh:
-        for _, rows in stream.chunks():
+    if label_mask_path is not None and check is None:
+        check = DocumentCheck(stream)
+    masks = open(label_mask_path, "wb") if label_mask_path is not None else contextlib.nullcontext()
+    with open(path, "wb") as fh, masks as mask_fh:
+        for lo, rows in stream.chunks():
             np.ascontiguousarray(rows, dtype=stream.dtype).tofile(fh)
             written += rows.size
+            if check is not None:
+                lengths, is_doc = check.add(lo, rows)
+                if label_mask_path is not None:
+                    label_mask(lengths, is_doc).tofile(mask_fh)
             if progress is not None:
                 progress(rows.shape[0])
         if extra_tokens is not None:
@@ -44,7 +60,69 @@ def write_tokens(stream: OrderedStream, path: Path, extra_tokens: np.ndarray | N
     return written
 
 
-def meta_of(stream: OrderedStream, fmt: str, extra: dict) -> dict:
+EOS_READERS = {  # how each format's trainers find documents: by the EOS tokens in the stream
+    "numpy": "OLMo-core's generate_doc_lengths", "megatron": "Megatron's reset_attention_mask / reset_position_ids",
+    "mds": "a document mask built from EOS tokens",
+}
+EXACT_READERS = {"numpy": "pipeline.export.torch_dataset", "hf": "the seq_lengths column"}
+
+
+def not_eos_delimited(rows: np.ndarray, lengths: np.ndarray, is_doc: np.ndarray, eos_id: int) -> np.ndarray:
+    """Per row of ``rows`` (n, L): whether cutting it after every EOS, as EOS-based trainers do,
+    splits its real tokens otherwise than Strata's document pieces (``lengths``/``is_doc`` of the
+    rows' pieces in order, summing to L per row): a piece not preceded by EOS (after padding, or a
+    document cut mid-text), or an EOS inside a piece."""
+    n, L = rows.shape
+    piece_start = np.zeros(n * L, bool)
+    piece_start[np.cumsum(lengths) - lengths] = True
+    after_eos = np.ones((n, L), bool)
+    after_eos[:, 1:] = rows[:, :-1] == eos_id
+    differ = (piece_start != after_eos.reshape(-1)) & np.repeat(is_doc, lengths)
+    return differ.reshape(n, L).any(axis=1)
+
+
+class DocumentCheck:
+    """Counts, chunk by chunk, the sequences whose documents EOS-based trainers would cut otherwise
+    than Strata (:func:`not_eos_delimited`); ``result(fmt)`` is ``meta.json``'s ``document_masking``,
+    with a loud warning (logged too) when there are any."""
+
+    def __init__(self, stream: OrderedStream):
+        self.stream, self.pieces, self.bad = stream, sequence_pieces(stream.segments, stream.seq_len), 0
+
+    def add(self, lo: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Check the rows at positions ``lo ..``; their pieces ``(lengths, is_doc)``."""
+        _, lengths, is_doc = self.pieces.of(self.stream.order[lo : lo + rows.shape[0]])
+        self.bad += int(not_eos_delimited(rows, lengths, is_doc, self.stream.eos_id).sum())
+        return lengths, is_doc
+
+    def run(self) -> DocumentCheck:
+        """Check the whole stream (for writers that read it in another order)."""
+        for lo, rows in self.stream.chunks():
+            self.add(lo, rows)
+        return self
+
+    def result(self, fmt: str) -> dict:
+        warning = None
+        if self.bad and fmt != "hf":
+            exact = f"; {EXACT_READERS[fmt]} masks them exactly" if fmt in EXACT_READERS else ""
+            warning = (f"{self.bad} of {self.stream.n_sequences} sequences hold a document boundary that is not an "
+                       f"EOS (a document after padding, or cut mid-text): {EOS_READERS[fmt]} joins those documents, "
+                       f"so such a trainer attends across them where Strata's training did not{exact} "
+                       "(docs/export.md, 'Document masking')")
+            logging.getLogger(__name__).warning("export %s: %s", fmt, warning)
+        return {"eos_delimited": self.bad == 0, "not_eos_delimited_sequences": self.bad, "warning": warning}
+
+
+def label_mask(lengths: np.ndarray, is_doc: np.ndarray) -> np.ndarray:
+    """Flat bool mask of targets over rows cut into pieces ``lengths``/``is_doc``: real tokens that
+    do not start their piece (nothing is predicted across documents, from or into padding)."""
+    mask = np.repeat(is_doc, lengths)
+    mask[np.cumsum(lengths) - lengths] = False
+    return mask
+
+
+def meta_of(stream: OrderedStream, fmt: str, extra: dict, check: DocumentCheck) -> dict:
+    """``meta.json`` of an export; ``check`` has seen every sequence."""
     return {
         "format": fmt,
         "dtype": np.dtype(stream.dtype).name,
@@ -53,15 +131,17 @@ def meta_of(stream: OrderedStream, fmt: str, extra: dict) -> dict:
         "n_tokens": stream.n_sequences * stream.seq_len,
         "eos_id": int(stream.eos_id),
         "pad_id": int(stream.pad_id),
+        "document_masking": check.result(fmt),
         **extra,
     }
 
 
 def export_numpy(stream: OrderedStream, out: Path, meta: dict, progress=None) -> list[Path]:
-    write_tokens(stream, out / "tokens.bin", progress=progress)
+    check = DocumentCheck(stream)
+    write_tokens(stream, out / "tokens.bin", progress=progress, check=check, label_mask_path=out / "label_mask.bin")
     write_parquet(ordered_segments(stream), out / "segments.parquet")
-    write_json(meta_of(stream, "numpy", meta), out / "meta.json")
-    return [out / "tokens.bin", out / "segments.parquet", out / "meta.json"]
+    write_json(meta_of(stream, "numpy", meta, check), out / "meta.json")
+    return [out / "tokens.bin", out / "label_mask.bin", out / "segments.parquet", out / "meta.json"]
 
 
 def open_numpy(export_dir: str | Path) -> tuple[np.memmap, dict]:
