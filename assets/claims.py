@@ -33,7 +33,7 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     jump ratios in ``claims_epoch_jumps``), a figure per claim and ``report/claims.md``. Claims
     whose data this root lacks (the runs of ``claim_runs``, until ``strata claims --full``) are
     listed as not measured."""
-    from assets.orderings import order_params
+    from pipeline.ordering.engine import OrderParams
     from pipeline.reports.claim_inputs import claim_data
     from pipeline.reports.claims import claims_frame, claims_section, evaluate
     from pipeline.reports.visual import image_markdown
@@ -47,7 +47,7 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
         with duckdb.get_connection() as con:
             return _reader(con)(name)
 
-    data = claim_data(layout, cfg, order_params(cfg), read_table, out_dir, log=context.log.info)
+    data = claim_data(layout, cfg, OrderParams.from_config(cfg), read_table, out_dir, log=context.log.info)
     if data.claim_log is not None:  # the claims' own runs exist: their version is an input too
         rec.deps["claim_runs"] = None
     found, missing = evaluate(data, progress=lambda name: context.log.info(f"claim {name} ({time.perf_counter() - t0:.0f} s)"))
