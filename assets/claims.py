@@ -87,7 +87,8 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     seed of ``claims_seeds``. DuckDB ``claim_runs_log`` (per step), ``claim_runs_heldout`` (the
     fixed held-out batch's per-document loss after the last step) and ``claim_runs_arms`` (what
     each run trained on). Materialize ``claims`` afterwards to turn them into claim rows."""
-    from assets.training import _settings, load_heldout_batch
+    from assets.training import load_heldout_batch
+    from pipeline.training.loop import TrainSettings
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.data.tokens import open_tokens
     from pipeline.packing.pack import SequenceStore
@@ -101,7 +102,7 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     docs = document_features(layout)
     lengths = docs["stream_length"].to_numpy()
     cluster, k = diversity_clusters(layout, cfg, docs)
-    base = _settings(cfg, cfg.seed)
+    base = TrainSettings.from_config(cfg, cfg.seed)
     topic, kind = topic_groups(docs["source"].to_numpy(), cluster)
     arms = (epoch_boundary_arms(lengths, cluster, topic, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds,
                                 base, kind)
