@@ -82,14 +82,13 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
     a seed-free strategy or seed == cfg.seed, else the strategy re-run with ``seed`` (same
     parameters), so seeds vary the shuffle / noise, not only the model init."""
     from pipeline.ordering.engine import seed_dependent
-    from pipeline.ordering.strategies.greedy import reseed_block_shuffle
 
-    params = OrderParams.from_config(cfg)
-    if not strategies.spec(strategy).scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
+    params, spec = OrderParams.from_config(cfg), strategies.spec(strategy)
+    if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)
-    if strategy == "greedy_block_shuffle":  # the greedy beneath is seed-free: re-shuffle its blocks only
+    if spec.reseed is not None:  # e.g. greedy_block_shuffle: the greedy beneath is seed-free, re-shuffle its blocks only
         order, segments = load_ordering(layout, strategy)
-        if (reseeded := reseed_block_shuffle(order, params, cfg.seed, seed)) is not None:
+        if (reseeded := spec.reseed(order, params, cfg.seed, seed)) is not None:
             return reseeded, segments
     docs, segments = ordering_inputs(layout, params)
     result = run_strategy(strategy, docs, segments, cfg.seq_len, params, seed)

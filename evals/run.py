@@ -20,12 +20,6 @@ from evals.suites import REGISTRY, ordered
 ROLLING_METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SUITES":  # the registry's suite names, in the order they run
-        return tuple(s.name for s in ordered())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass
 class SuiteRun:
     """One suite's run: the model, its input and the evaluation settings."""

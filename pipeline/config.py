@@ -26,14 +26,6 @@ from pipeline.names import EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPE
 __all__ = ["CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "config_from_dict", "load_config", "resolve_config", "validation_error"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TRAINING_TIME_STRATEGIES":  # strategies a sampler runs during training (the strategies' registry)
-        from pipeline import names
-
-        return names.TRAINING_TIME_STRATEGIES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True)
 

@@ -2,10 +2,10 @@
 
 The configuration validates against these lists; each stage is checked against them —
 ``tests/test_config.py`` fails when a stage adds a packing, embedding method or model preset
-that is not declared here. Ordering strategies and export formats are not listed here: they come
-from their registries (``pipeline/ordering/strategies/``, ``pipeline/export/formats/``), whose spec
-modules import no stage; ``ORDERING_STRATEGIES``, ``TRAINING_TIME_STRATEGIES`` and
-``EXPORT_FORMATS`` read them on first use.
+that is not declared here. Ordering strategies, export formats and eval suites are not listed here:
+they come from their registries (``pipeline/ordering/strategies/``, ``pipeline/export/formats/``,
+``evals/suites/``), whose spec modules import no stage; ``ORDERING_STRATEGIES`` reads the
+strategies' on first use.
 """
 
 from __future__ import annotations
@@ -35,14 +35,9 @@ PACKING_SPECS = (
 
 
 def __getattr__(name: str) -> Any:
-    """The registries' names: ``ORDERING_STRATEGIES`` (scheduled before training),
-    ``TRAINING_TIME_STRATEGIES`` (chosen online during training, e.g. ODM), ``EXPORT_FORMATS``."""
-    if name in ("ORDERING_STRATEGIES", "TRAINING_TIME_STRATEGIES"):
+    """``ORDERING_STRATEGIES``: the strategies scheduled before training, from their registry."""
+    if name == "ORDERING_STRATEGIES":
         from pipeline.ordering import strategies
 
-        return strategies.names("sequence", "document") if name == "ORDERING_STRATEGIES" else strategies.training_time()
-    if name == "EXPORT_FORMATS":
-        from pipeline.export import formats
-
-        return formats.REGISTRY.names()
+        return strategies.names("sequence", "document")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -131,25 +131,12 @@ class Sequences:
     segments_path: Path
     matrix_path: Path
 
-    def segments(self) -> "pl.DataFrame":
-        import polars as pl
-
-        return pl.read_parquet(self.segments_path)
-
 
 @dataclass(frozen=True)
 class Store:
     """Typed reads of the artifacts under a data root (``Layout`` gives their paths)."""
 
     layout: Layout
-
-    @classmethod
-    def at(cls, root: str | Path) -> "Store":
-        return cls(Layout(Path(root)))
-
-    @property
-    def root(self) -> Path:
-        return self.layout.root
 
     def ordering(self, strategy: str) -> Ordering:
         """``orderings/<strategy>.parquet`` with the segments it refers to: the strategy's own
@@ -189,6 +176,3 @@ class Store:
             raise StrataInputError(f"the sequence matrix ({size} bytes) is not {n_seq} rows of {itemsize}-byte tokens",
                                    path=lay.sequence_matrix, fix="rematerialize sequences")
         return Sequences(size // (n_seq * itemsize), lay.segments, lay.sequence_matrix)
-
-    def run_dir(self, strategy: str, seed: int) -> Path:
-        return self.layout.run_dir(strategy, seed)

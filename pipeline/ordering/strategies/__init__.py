@@ -14,8 +14,8 @@ configuration keys it reads and how it runs:
   writes the packing of ``packing_from`` for it, and it has no fixed order to export.
 
 Everything else derives from the specs: the config's accepted names, the CLI choices, the
-orderings asset's parameters (``assets/params.py``), ``SEED_FREE``, ``GREEDY_BASED``,
-``SEQUENCE_LEVEL`` / ``DOCUMENT_LEVEL``. The engine is ``pipeline/ordering/engine.py``.
+orderings asset's parameters (``assets/params.py``), ``SEED_FREE``, ``SEQUENCE_LEVEL`` /
+``DOCUMENT_LEVEL``. The engine is ``pipeline/ordering/engine.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class StrategySpec:
     order: Callable[..., Any] | None = None  # the array API of its level (see the module docstring)
     run: Callable[..., Any] | None = None  # (Inputs) -> OrderingResult, when the array API does not suffice
     packing_from: str | None = None  # training-time: the ordering strategy whose packing it samples from
+    reseed: Callable[..., Any] | None = None  # (order, params, from_seed, to_seed) -> its order for to_seed, or None: re-run it
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):
@@ -83,7 +84,7 @@ def reads(*levels: Level) -> tuple[str, ...]:
 
 def __getattr__(attr: str) -> Any:
     """Name lists derived from the registry: ``STRATEGIES`` (scheduled specs by name),
-    ``SEQUENCE_LEVEL`` / ``DOCUMENT_LEVEL`` (the array APIs' names), ``SEED_FREE``, ``GREEDY_BASED``."""
+    ``SEQUENCE_LEVEL`` / ``DOCUMENT_LEVEL`` (the array APIs' names), ``SEED_FREE``."""
     entries = REGISTRY.entries()
     if attr == "STRATEGIES":
         return scheduled()
@@ -93,6 +94,4 @@ def __getattr__(attr: str) -> Any:
         return tuple(n for n, s in entries.items() if s.level == "document" and s.order is not None)
     if attr == "SEED_FREE":
         return tuple(n for n, s in entries.items() if s.seed_free)
-    if attr == "GREEDY_BASED":
-        return tuple(n for n, s in entries.items() if s.greedy_based)
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -89,5 +89,5 @@ SPECS = (
                  seed_free=True, reads=(*OBJECTIVE, "curriculum"), order=greedy_curriculum),
     StrategySpec("greedy_block_shuffle", "sequence",
                  "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
-                 seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle),
+                 seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle),
 )
