@@ -50,7 +50,8 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     # packing_from (cluster_packed: each sequence holds one cluster). Its order here is not trained
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     spec = strategies.spec(strategy)
-    result = run_strategy(spec.packing_from or strategy, docs, segments, cfg.seq_len, params, cfg.seed)
+    seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
+    result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:
@@ -91,5 +92,5 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
         if (reseeded := spec.reseed(order, params, cfg.seed, seed)) is not None:
             return reseeded, segments
     docs, segments = ordering_inputs(layout, params)
-    result = run_strategy(strategy, docs, segments, cfg.seq_len, params, seed)
+    result = run_strategy(strategy, docs, segments, Store(layout).sequences.seq_len, params, seed)
     return ordering_ids(result.order), (result.segments if result.segments is not None else segments)
