@@ -58,7 +58,6 @@ class Registry(Generic[T]):
     def __init__(self, kind: type[T], package: str, what: str):
         self.kind, self.package, self.what = kind, package, what
         self._entries: dict[str, T] | None = None
-        self._added: list[T] = []
 
     def _modules(self) -> Iterator[ModuleType]:
         pkg = importlib.import_module(self.package)
@@ -70,19 +69,17 @@ class Registry(Generic[T]):
     def _put(self, entries: dict[str, T], spec: T, where: str) -> None:
         name = spec.name  # type: ignore[attr-defined]
         if name in entries and entries[name] is not spec:
-            raise StrataInputError(f"two {self.what}s are named {name!r} ({where})", fix="rename one of them")
+            raise StrataInputError(f"more than one {self.what} is named {name!r} ({where})", fix="rename one of them")
         entries[name] = spec
 
     def entries(self) -> dict[str, T]:
-        """Every entry by name, built-in modules first (in file order), then plugins, then :meth:`register`."""
+        """Every entry by name, built-in modules first (in file order), then the plugins'."""
         if self._entries is None:
             entries: dict[str, T] = {}
             for module in self._modules():
                 for spec in getattr(module, "SPECS", ()):
                     if isinstance(spec, self.kind):
                         self._put(entries, spec, module.__name__)
-            for spec in self._added:
-                self._put(entries, spec, "register()")
             self._entries = entries
         return self._entries
 
@@ -94,14 +91,6 @@ class Registry(Generic[T]):
         if name not in entries:
             raise StrataInputError(f"unknown {self.what} {name!r}", fix=f"use one of {', '.join(entries)}")
         return entries[name]
-
-    def register(self, spec: T) -> T:
-        """Add ``spec`` for this process (a library user's entry; files go through ``STRATA_PLUGINS``)."""
-        if not isinstance(spec, self.kind):
-            raise TypeError(f"a {self.what} registry takes {self.kind.__name__} entries")
-        self._added.append(spec)
-        self._entries = None
-        return spec
 
     def reload(self) -> None:
         """Forget the loaded entries: the next read imports the modules and ``STRATA_PLUGINS`` again."""

@@ -240,3 +240,24 @@ def test_the_architecture_pages_worked_example_runs(tmp_path, monkeypatch):
         monkeypatch.delenv("STRATA_PLUGINS")
         STRATEGIES.reload()
     assert "shortest_first" not in STRATEGIES.names()
+
+
+def test_a_plugin_may_not_reuse_a_name_and_must_exist(tmp_path, monkeypatch):
+    (tmp_path / "again.py").write_text(textwrap.dedent('''
+        from pipeline.ordering.strategies import StrategySpec
+
+        SPECS = (StrategySpec("random", "sequence", "a second random", seed_free=False, order=lambda f, p, s: None),)
+    '''))
+    try:
+        monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "again.py"))
+        STRATEGIES.reload()
+        with pytest.raises(StrataInputError, match="more than one ordering strategy is named 'random'.*strata_plugin_again"):
+            STRATEGIES.entries()
+        monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "missing.py"))
+        STRATEGIES.reload()
+        with pytest.raises(StrataInputError, match="plugin file not found"):
+            STRATEGIES.names()
+    finally:
+        monkeypatch.delenv("STRATA_PLUGINS")
+        STRATEGIES.reload()
+    assert STRATEGIES.get("random").description == "seeded uniform permutation of the sequences"
