@@ -33,7 +33,7 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     jump ratios in ``claims_epoch_jumps``), a figure per claim and ``report/claims.md``. Claims
     whose data this root lacks (the runs of ``claim_runs``, until ``strata claims --full``) are
     listed as not measured."""
-    from assets.orderings import order_params
+    from pipeline.ordering.engine import OrderParams
     from pipeline.reports.claim_inputs import claim_data
     from pipeline.reports.claims import claims_frame, claims_section, evaluate
     from pipeline.reports.visual import image_markdown
@@ -47,7 +47,7 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
         with duckdb.get_connection() as con:
             return _reader(con)(name)
 
-    data = claim_data(layout, cfg, order_params(cfg), read_table, out_dir, log=context.log.info)
+    data = claim_data(layout, cfg, OrderParams.from_config(cfg), read_table, out_dir, log=context.log.info)
     if data.claim_log is not None:  # the claims' own runs exist: their version is an input too
         rec.deps["claim_runs"] = None
     found, missing = evaluate(data, progress=lambda name: context.log.info(f"claim {name} ({time.perf_counter() - t0:.0f} s)"))
@@ -87,7 +87,8 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     seed of ``claims_seeds``. DuckDB ``claim_runs_log`` (per step), ``claim_runs_heldout`` (the
     fixed held-out batch's per-document loss after the last step) and ``claim_runs_arms`` (what
     each run trained on). Materialize ``claims`` afterwards to turn them into claim rows."""
-    from assets.training import _settings, load_heldout_batch
+    from assets.training import load_heldout_batch
+    from pipeline.training.loop import TrainSettings
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.data.tokens import open_tokens
     from pipeline.packing.pack import SequenceStore
@@ -101,7 +102,7 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     docs = document_features(layout)
     lengths = docs["stream_length"].to_numpy()
     cluster, k = diversity_clusters(layout, cfg, docs)
-    base = _settings(cfg, cfg.seed)
+    base = TrainSettings.from_config(cfg, cfg.seed)
     topic, kind = topic_groups(docs["source"].to_numpy(), cluster)
     arms = (epoch_boundary_arms(lengths, cluster, topic, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds,
                                 base, kind)

@@ -7,7 +7,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
-from pipeline.config import TRAINING_TIME_STRATEGIES
+from pipeline.ordering.strategies import training_time
 from pipeline.reports import diagnostics as D
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
 from pipeline.reports.plots import plot_k_calibration
@@ -67,7 +67,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
     prefix = cfg.max_steps * cfg.batch_size
-    if strategy in TRAINING_TIME_STRATEGIES:
+    if strategy in training_time():
         metrics, stationarity = D.rows_frame([]), S.empty_table()
     else:
         docs = V.document_features(layout)
@@ -100,7 +100,7 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
     cfg, layout = asset_config(context, settings), settings.layout()
     docs = V.document_features(layout)
-    strategies = [s for s in cfg.strategies if layout.ordering(s).exists() and s not in TRAINING_TIME_STRATEGIES]
+    strategies = [s for s in cfg.strategies if layout.ordering(s).exists() and s not in training_time()]
     schedules = {s: V.load_schedule(layout, s, docs, cfg.length_bins) for s in strategies}
     emb = np.load(layout.embeddings, mmap_mode="r")
     labels = docs["source"].to_numpy()

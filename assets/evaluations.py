@@ -25,14 +25,16 @@ EvaluationsParams = PARAM_CLASSES["evaluations"]  # launchpad: this asset's para
           pool=TRAIN_POOL)
 def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
                 config: EvaluationsParams) -> dg.MaterializeResult:
-    """Evaluate the partition's model: lm-eval rolling log-likelihood (word/byte perplexity, bits
-    per byte) on the held-out split (per source, Paloma-style), and when configured WikiText-2,
-    a real Paloma directory and DCLM-core (llm-foundry scoring, centered accuracy, Core, gold
-    bits-per-byte). Rows go to ``evals/<strategy>.parquet`` and DuckDB table ``eval_results``."""
+    """Evaluate the partition's model on every eval suite whose input is there (``evals/suites/``):
+    lm-eval rolling log-likelihood (word/byte perplexity, bits per byte) on the held-out split (per
+    source, Paloma-style), and when configured WikiText-2, a real Paloma directory and DCLM-core
+    (llm-foundry scoring, centered accuracy, Core, gold bits-per-byte). Rows go to
+    ``evals/<strategy>.parquet`` and DuckDB table ``eval_results``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from evals.run import evaluate
+    from evals.suites import ordered
 
     if (on_ray := run_on_ray(context, settings)) is not None:
         return on_ray
@@ -44,14 +46,11 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     units: list[dict] = []
+    suites = ordered()
     rows = evaluate(
-        model, tok,
-        heldout_dir=layout.heldout if any(layout.heldout.rglob("*.jsonl.gz")) else None,
-        wikitext_path=Path(cfg.wikitext_path) if cfg.wikitext_path else None,
-        paloma_dir=Path(cfg.paloma_dir) if cfg.paloma_dir else None,
-        dclm_dir=Path(cfg.dclm_dir) if cfg.dclm_dir else None,
-        limit=cfg.eval_limit, dclm_limit=cfg.dclm_limit or None, device=device, work_dir=layout.root / "lm_eval",
-        seed=cfg.seed, units=units,
+        model, tok, {s.name: s.input(cfg, layout) for s in suites}, limit=cfg.eval_limit, device=device,
+        work_dir=layout.root / "lm_eval", seed=cfg.seed, units=units,
+        options=cfg.subset(sorted({k for s in suites for k in s.reads})),
     )
     df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     out = write_parquet(df, layout.eval_file(strategy, seed))

@@ -5,8 +5,8 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
 from assets.params import PARAM_CLASSES, asset_config
-from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.export import export_ordering
+from pipeline.ordering import strategies
 
 
 ExportsParams = PARAM_CLASSES["exports"]  # launchpad: this asset's parameters (assets/params.py)
@@ -20,15 +20,16 @@ def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb:
     ``export_world_size`` ranks, ``export_workers`` workers; see docs/export.md)."""
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
-    if strategy in TRAINING_TIME_STRATEGIES or not cfg.export_formats:
-        why = "picks sequences online (no fixed order)" if strategy in TRAINING_TIME_STRATEGIES else "export_formats is empty"
+    scheduled = strategies.spec(strategy).scheduled
+    if not scheduled or not cfg.export_formats:
+        why = "picks sequences online (no fixed order)" if not scheduled else "export_formats is empty"
         return dg.MaterializeResult(metadata={"skipped": f"{strategy}: {why}"})
     rec = Recorder(context, duckdb, {"orderings": strategy})
     global_batch = cfg.export_global_batch or cfg.batch_size
     files, meta = [], {}
     for fmt in cfg.export_formats:
-        info = export_ordering(layout, strategy, fmt, layout.export_dir(strategy, fmt), seq_len=cfg.seq_len,
-                               global_batch=global_batch, world_size=cfg.export_world_size, workers=cfg.export_workers)
+        info = export_ordering(layout, strategy, fmt, layout.export_dir(strategy, fmt), global_batch=global_batch,
+                               world_size=cfg.export_world_size, workers=cfg.export_workers)
         files += info["files"]
         meta[f"{fmt}/tokens_per_s"] = round(info["tokens"] / max(info["wall_s"], 1e-9))
         context.log.info(f"{fmt}: {info['sequences']} sequences in {info['wall_s']:.2f} s -> {info['dir']}")

@@ -9,8 +9,9 @@ from dagster_duckdb import DuckDBResource
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings  # noqa: F401 (STRATEGY_PARTITIONS re-exported)
 from pipeline.storage.atomic import write_parquet
-from pipeline.config import TRAINING_TIME_STRATEGIES
-from pipeline.ordering import OrderParams, run_strategy
+from pipeline.storage.layout import Store
+from pipeline.ordering import strategies
+from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.reports.diagnostics import ordering_ids
 
 PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="orderings", blocking=True,
@@ -29,15 +30,6 @@ def ordering_inputs(layout, params: OrderParams | None = None) -> tuple[pl.DataF
     return docs, pl.read_parquet(layout.segments)
 
 
-def order_params(cfg) -> OrderParams:
-    """The ordering knobs of a configuration."""
-    return OrderParams(
-        objective=cfg.objective, families=tuple(cfg.families), bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise, block_size=cfg.batch_size,
-        curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
-        greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block,
-    )
-
-
 OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's parameters (assets/params.py)
 
 
@@ -52,20 +44,22 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
-    params = order_params(cfg)
+    params = OrderParams.from_config(cfg)
     docs, segments = ordering_inputs(layout, params)
-    # odm picks sequences online during training (ODM) from per-cluster pools: it gets the
-    # cluster_packed packing, whose sequences each hold one cluster. Its order here is not trained
+    # A training-time strategy (odm) picks sequences online from the packing of its spec's
+    # packing_from (cluster_packed: each sequence holds one cluster). Its order here is not trained
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
-    result = run_strategy("cluster_packed" if strategy == "odm" else strategy, docs, segments, cfg.seq_len, params, cfg.seed)
+    spec = strategies.spec(strategy)
+    seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
+    result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:
         outputs.append(write_parquet(result.segments, seg_path))
     elif seg_path.exists():
         seg_path.unlink()
-    order, segs = load_ordering(layout, strategy)
-    m = int(segs["sequence_id"].max()) + 1
+    written = Store(layout).ordering(strategy)
+    order, m = written.order, int(written.segments["sequence_id"].max()) + 1
     ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
     check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=ok,
                                 metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
@@ -79,26 +73,24 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
 
 
 def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
-    """The order (sequence ids) and the segments table it refers to."""
-    order = pl.read_parquet(layout.ordering(strategy)).sort("position")["sequence_id"].to_numpy()
-    seg_path = layout.ordering_segments(strategy)
-    segments = pl.read_parquet(seg_path if seg_path.exists() else layout.segments)
-    return order, segments
+    """The order (sequence ids) and the segments table it refers to (``Store.ordering``)."""
+    ordering = Store(layout).ordering(strategy)
+    return ordering.order, ordering.segments
 
 
 def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, pl.DataFrame]:
     """The order training seed ``seed`` trains on: the materialized ordering (``cfg.seed``) for
     a seed-free strategy or seed == cfg.seed, else the strategy re-run with ``seed`` (same
     parameters), so seeds vary the shuffle / noise, not only the model init."""
-    from pipeline.ordering.strategies import reseed_block_shuffle, seed_dependent
+    from pipeline.ordering.engine import seed_dependent
 
-    params = order_params(cfg)
-    if strategy in TRAINING_TIME_STRATEGIES or seed == cfg.seed or not seed_dependent(strategy, params):
+    params, spec = OrderParams.from_config(cfg), strategies.spec(strategy)
+    if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)
-    if strategy == "greedy_block_shuffle":  # the greedy beneath is seed-free: re-shuffle its blocks only
+    if spec.reseed is not None:  # e.g. greedy_block_shuffle: the greedy beneath is seed-free, re-shuffle its blocks only
         order, segments = load_ordering(layout, strategy)
-        if (reseeded := reseed_block_shuffle(order, params, cfg.seed, seed)) is not None:
+        if (reseeded := spec.reseed(order, params, cfg.seed, seed)) is not None:
             return reseeded, segments
     docs, segments = ordering_inputs(layout, params)
-    result = run_strategy(strategy, docs, segments, cfg.seq_len, params, seed)
+    result = run_strategy(strategy, docs, segments, Store(layout).sequences.seq_len, params, seed)
     return ordering_ids(result.order), (result.segments if result.segments is not None else segments)

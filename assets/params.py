@@ -1,6 +1,7 @@
 """Which configuration parameters each asset depends on: its code version and its launchpad face.
 
-``PARAMS`` is the one source of truth. From it come
+``PARAMS`` is the one source of truth; the keys the registries' entries read (ordering strategies,
+export formats, eval suites) join their asset's own. From it come
 - each asset's code version: its code version plus a hash of these parameters and those of its
   upstream assets, as the definitions' config sets them (:func:`with_config_versions`), so changing
   ``k`` marks ``clusters`` and everything downstream of it stale, and nothing upstream;
@@ -19,8 +20,11 @@ from typing import Any, Optional
 import dagster as dg
 from pydantic import ValidationError, create_model
 
+from evals import suites
 from pipeline.config import StrataConfig, validation_error
 from pipeline.errors import StrataInputError
+from pipeline.export import formats
+from pipeline.ordering import strategies
 
 RAW_CORPUS = dg.AssetKey("raw_corpus")
 RAW_SHARDS = dg.AssetKey("raw_shards")
@@ -42,16 +46,16 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "cluster_shards": (),
     "clusters": (),
     "sequences": ("seq_len", "packing", "seed"),
-    "orderings": ("objective", "families", "length_bins", "lam", "noise", "curriculum", "within", "window", "greedy_exact_max",
-                  "greedy_block", "batch_size", "seq_len", "seed"),
-    "exports": ("export_formats", "export_global_batch", "export_world_size", "export_workers", "batch_size", "seq_len"),
+    "orderings": ("seq_len", "seed", *strategies.reads("sequence", "document")),
+    "exports": tuple(dict.fromkeys(("export_formats", "export_global_batch", "export_world_size", "export_workers", "batch_size",
+                                    "seq_len", *formats.reads()))),
     "ordering_diagnostics": ("length_bins", "max_steps", "batch_size", "seed", "stationarity_shuffles"),  # prefix = max_steps x batch_size
     "diagnostics_report": ("length_bins", "seed"),
     "training_runs": ("model_preset", "seq_len", "batch_size", "max_steps", "lr", "warmup_steps", "weight_decay",
-                      "cross_document", "odm_smoothing", "odm_warmup_fraction", "probe_fractions", "probe_batches", "attention",
-                      "compile", "heldout_docs", "heldout_every", "epochs", "claims_probe_batches"),
+                      "cross_document", "probe_fractions", "probe_batches", "attention", "compile", "heldout_docs",
+                      "heldout_every", "epochs", "claims_probe_batches", *strategies.reads("training")),
     "gradient_analyses": ("fidelity_chunks", "fidelity_sequences_per_chunk", "batch_size", "seq_len", "cross_document"),
-    "evaluations": ("eval_limit", "wikitext_path", "paloma_dir", "dclm_dir", "dclm_limit", "seed"),
+    "evaluations": ("eval_limit", "seed", *suites.reads()),
     "ablation_report": ("bootstrap_samples", "seed"),
     "claims": ("claims_k", "claims_shuffles", "bootstrap_samples", "batch_size", "length_bins", "seed"),
     "claim_runs": ("claims_k", "claims_seeds", "claims_epochs", "claims_epoch_sequences", "claims_atoms"),

@@ -8,7 +8,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
-from pipeline.storage.atomic import write_parquet
+from pipeline.storage.atomic import write_json, write_parquet
 from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing, write_sequence_matrix
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
@@ -24,8 +24,9 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured
     ``packing`` (concat, padding, best_fit, atom-size shuffles; see pipeline/packing/pack.py).
 
-    Writes ``sequences/segments.parquet`` and the M x L token matrix ``sequences/tokens.bin``,
-    streamed from the memory-mapped token store a block of sequences at a time (no M x L array).
+    Writes ``sequences/segments.parquet``, the M x L token matrix ``sequences/tokens.bin``,
+    streamed from the memory-mapped token store a block of sequences at a time (no M x L array),
+    and ``sequences/meta.json`` (seq_len, packing: what readers of the sequences need to know).
     """
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
@@ -38,12 +39,13 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     pad_id = load_tokenizer(layout.tokenizer).pad_token_id
     store = SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id)
     write_sequence_matrix(store, tokens.dtype, layout.sequence_matrix)
+    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing}, layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with duckdb.get_connection() as con:
         replace_rows(con, "packing_stats", stats, {})
     return rec.finish(
-        [layout.segments, layout.sequence_matrix],
+        [layout.segments, layout.sequence_matrix, layout.sequences_meta],
         {"sequences": packed.n_sequences, "segments": packed.segments.height},
         {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing},
         {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,

@@ -34,15 +34,6 @@ def _store(layout, cfg, segments, tok) -> SequenceStore:
     return SequenceStore(tokens, offsets, segments, cfg.seq_len, pad_id=tok.pad_token_id)
 
 
-def _settings(cfg, seed: int) -> TrainSettings:
-    return TrainSettings(
-        preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
-        lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,
-        cross_document=cfg.cross_document, attention=cfg.attention, heldout_every=cfg.heldout_every,
-        compile=cfg.compile, epochs=cfg.epochs,
-    )
-
-
 def load_heldout_batch(layout, cfg, tok):
     """The fixed held-out batch (same documents for every run), or None without held-out documents."""
     from evals.paloma import read_paloma_docs
@@ -101,7 +92,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
         curve.extend({"step": steps_done, "tokens_seen": tokens, "unit": u, "loss": float(v)} for u, v in zip(held.units, losses))
 
     store = _store(layout, cfg, segments, tok)
-    ts = _settings(cfg, seed)
+    ts = TrainSettings.from_config(cfg, seed)
     run_dir = layout.run_dir(strategy, seed)
     sampler = None
     n_steps = ts.steps(store.n_sequences if strategy == "odm" else order.size)
@@ -204,7 +195,7 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
     held = heldout_store(read_paloma_docs(layout.heldout)["text"].to_list(), tok, cfg.seq_len)
     frozen_steps = checkpoint_steps(cfg.max_steps, [FROZEN_FRACTION])[0]
     model, _ = train(held, np.random.default_rng(cfg.seed).permutation(held.n_sequences), len(tok), tok.eos_token_id,
-                     tok.pad_token_id, replace(_settings(cfg, cfg.seeds[0]), epochs=0), stop_after=frozen_steps)
+                     tok.pad_token_id, replace(TrainSettings.from_config(cfg, cfg.seeds[0]), epochs=0), stop_after=frozen_steps)
     frozen = layout.inside("gradients", "frozen")
     with atomic_dir(frozen) as tmp:
         model.save_pretrained(str(tmp))

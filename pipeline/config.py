@@ -2,8 +2,9 @@
 
 Pydantic models with ``extra="forbid"`` and strict types: an unknown key, a value of the wrong
 type (``k: "32"``) or out of range (``seq_len: 1``) is a :class:`StrataInputError` naming the
-key, the value and the fix. Names of strategies, packings, embedding methods and model presets
-come from :mod:`pipeline.names` (no stage module is imported here).
+key, the value and the fix. Names of packings, embedding methods and model presets come from
+:mod:`pipeline.names`; ordering strategies and export formats from their registries, read when a
+value is validated (their spec modules import no stage, and this module imports none).
 
 The same object backs the Dagster resource (assets/common.py), the launchpad's per-asset
 ``dg.Config`` (assets/params.py) and ``strata run --config``. Attribute access is plain:
@@ -20,20 +21,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from pipeline.errors import StrataInputError
-from pipeline.names import (
-    EMBED_METHODS,
-    EXPORT_FORMATS,
-    MODEL_PRESETS,
-    OBJECTIVES,
-    ORDERING_STRATEGIES,
-    PACKING_SPECS,
-    TRAINING_TIME_STRATEGIES,
-    WITHIN_SORTS,
-)
+from pipeline.names import EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
 
-__all__ = ["CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "TRAINING_TIME_STRATEGIES", "config_from_dict", "load_config", "resolve_config", "validation_error"]
-
-ALL_STRATEGIES = (*ORDERING_STRATEGIES, *TRAINING_TIME_STRATEGIES)
+__all__ = ["CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "config_from_dict", "load_config", "resolve_config", "validation_error"]
 
 
 class _Model(BaseModel):
@@ -173,7 +163,7 @@ class StrataConfig(_Model):
     fidelity_chunks: int = Field(10, ge=2)  # mixture fidelity: chunks of each schedule
     fidelity_sequences_per_chunk: int = Field(32, ge=1)
     # exports (strata export / the exports asset): the ordered stream for other trainers (docs/export.md)
-    export_formats: list[Literal[EXPORT_FORMATS]] = Field(default_factory=lambda: ["numpy"])  # type: ignore[valid-type]
+    export_formats: list[str] = Field(default_factory=lambda: ["numpy"])  # formats of pipeline/export/formats/
     export_global_batch: int = Field(0, ge=0)  # sequences per global batch; 0 = batch_size
     export_world_size: int = Field(1, ge=1)  # data-parallel ranks (only the mds layout depends on it)
     export_workers: int = Field(1, ge=1)  # DataLoader workers per rank
@@ -206,11 +196,25 @@ class StrataConfig(_Model):
     @field_validator("strategies")
     @classmethod
     def _strategies(cls, value: list[str]) -> list[str]:
-        unknown = [s for s in value if s not in ALL_STRATEGIES]
+        from pipeline.ordering.strategies import REGISTRY
+
+        known = REGISTRY.names()
+        unknown = [s for s in value if s not in known]
         if unknown:
-            raise ValueError(f"unknown strategies {unknown}; list ordering strategies among {sorted(ALL_STRATEGIES)}")
+            raise ValueError(f"unknown strategies {unknown}; list ordering strategies among {sorted(known)}")
         if len(set(value)) != len(value):
             raise ValueError("a strategy is listed twice; list each strategy once")
+        return value
+
+    @field_validator("export_formats")
+    @classmethod
+    def _export_formats(cls, value: list[str]) -> list[str]:
+        from pipeline.export.formats import REGISTRY
+
+        known = REGISTRY.names()
+        unknown = [f for f in value if f not in known]
+        if unknown:
+            raise ValueError(f"unknown export formats {unknown}; use formats among {list(known)}")
         return value
 
     @field_validator("families")

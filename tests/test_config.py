@@ -79,7 +79,7 @@ def test_names_declared_for_the_config_match_the_stages():
     from pipeline.represent.embeddings import METHODS
     from pipeline.training.model import PRESETS
 
-    assert set(STRATEGIES) == set(names.ORDERING_STRATEGIES), "declare new strategies in pipeline/names.py"
+    assert set(STRATEGIES) == set(names.ORDERING_STRATEGIES), "names.py reads the strategies' registry"
     assert set(PRESETS) == set(names.MODEL_PRESETS), "declare new model presets in pipeline/names.py"
     assert METHODS == names.EMBED_METHODS and WITHIN_SORTS == names.WITHIN_SORTS
     assert all(preset(o, 1.0) for o in names.OBJECTIVES if o != "custom")  # every named objective is a preset

@@ -306,8 +306,8 @@ def test_evaluate_wikitext_and_heldout_match_direct_torch(model, tokenizer, tmp_
     short = sorted(read_articles(WIKI), key=len)[:3]  # three short real articles keep the run cheap
     raw = tmp_path / "wiki.raw"
     raw.write_text(" \n" + "\n".join(short), encoding="utf-8")
-    rows = evaluate(model, tokenizer, heldout_dir=tmp_path / "heldout", wikitext_path=raw, paloma_dir=None,
-                    dclm_dir=None, limit=2, dclm_limit=None, device="cpu", work_dir=tmp_path / "work")
+    rows = evaluate(model, tokenizer, {"heldout": tmp_path / "heldout", "wikitext": raw}, limit=2, device="cpu",
+                    work_dir=tmp_path / "work")
     got = {(r["suite"], r["task"], r["metric"]): r for r in rows}
     assert all(set(r) == {"suite", "task", "metric", "value", "n"} and math.isfinite(r["value"]) for r in rows)
 
@@ -335,8 +335,7 @@ def test_evaluation_outside_a_git_checkout_runs_no_git(model, tokenizer, tmp_pat
                          "source": ["prose", "code"]})
     write_paloma_layout(held, tmp_path / "heldout")
     monkeypatch.chdir(tmp_path)  # not inside any git repository
-    rows = evaluate(model, tokenizer, heldout_dir=tmp_path / "heldout", wikitext_path=None, paloma_dir=None,
-                    dclm_dir=None, limit=2, dclm_limit=None, device="cpu", work_dir=tmp_path / "work")
+    rows = evaluate(model, tokenizer, {"heldout": tmp_path / "heldout"}, limit=2, device="cpu", work_dir=tmp_path / "work")
     assert rows and all(math.isfinite(r["value"]) for r in rows)
     out, err = capfd.readouterr()
     assert "not a git repository" not in out + err
@@ -360,8 +359,8 @@ def test_evaluation_never_reaches_past_the_trained_positions(tokenizer, tmp_path
     raw = tmp_path / "wiki.raw"
     raw.write_text(" \n" + sorted(read_articles(WIKI), key=len)[5], encoding="utf-8")
     units: list[dict] = []
-    rows = evaluate(model, tokenizer, heldout_dir=tmp_path / "heldout", wikitext_path=raw, paloma_dir=None,
-                    dclm_dir=DCLM, limit=2, dclm_limit=1, device="cpu", work_dir=tmp_path / "work", units=units)
+    rows = evaluate(model, tokenizer, {"heldout": tmp_path / "heldout", "wikitext": raw, "dclm": DCLM}, limit=2, device="cpu",
+                    work_dir=tmp_path / "work", units=units, options={"dclm_limit": 1})
     assert {r["suite"] for r in rows} == {"heldout", "wikitext", "dclm"}
     assert widths and max(widths) <= L
     assert len(_enc(tokenizer, long_text)) > 2 * L and max(widths) == L  # long documents do fill the window

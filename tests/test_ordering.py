@@ -31,7 +31,8 @@ from assets.cli.schedule import run_cli
 from pipeline.ordering.curriculum import curriculum_greedy_order
 from pipeline.ordering.characteristics import quantile_classes
 from pipeline.ordering.documents import cluster_queues, stratified_order
-from pipeline.ordering.strategies import block_shuffle, block_unshuffle, duplicate_subsets, reseed_block_shuffle
+from pipeline.ordering.strategies.duplicate_separated import duplicate_subsets
+from pipeline.ordering.strategies.greedy import block_shuffle, block_unshuffle, reseed_block_shuffle
 from pipeline.packing.pack import pack_concat
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
@@ -556,7 +557,8 @@ def test_cluster_sorted_dominant_cluster_is_token_weighted_with_ties_to_the_lowe
 
 def test_cluster_sorted_groups_clusters_in_a_seeded_order():
     from pipeline.ordering.control import dominant_clusters
-    from pipeline.ordering.strategies import SEED_FREE, seed_dependent
+    from pipeline.ordering.engine import seed_dependent
+    from pipeline.ordering.strategies import SEED_FREE
 
     rng = np.random.default_rng(3)
     docs, seg = toy_tables(rng, n=2000, k=6, seq_len=64)

@@ -103,10 +103,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     layout = Layout(root)
     if not layout.duckdb.exists():
         raise StrataInputError("no strata.duckdb in the data root", path=root, fix="run `strata demo` or `strata run` first, or pass --data-root")
-    from pipeline.config import TRAINING_TIME_STRATEGIES
+    from pipeline.ordering.strategies import training_time
 
     strategies = sorted(p.name.removesuffix(".parquet") for p in (root / "orderings").glob("*.parquet")
-                        if not p.name.endswith(".segments.parquet") and p.name.removesuffix(".parquet") not in TRAINING_TIME_STRATEGIES)
+                        if not p.name.endswith(".segments.parquet") and p.name.removesuffix(".parquet") not in training_time())
     if not strategies:
         raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
     docs = V.document_features(layout)
@@ -189,6 +189,40 @@ def cmd_claims(args: argparse.Namespace) -> int:
     return 0
 
 
+def registry_rows(family: str) -> list[tuple[str, str, str, str]]:
+    """(name, kind, config keys read, description) of every entry of a registry."""
+    if family == "strategies":
+        from pipeline.ordering.strategies import REGISTRY as strategies
+
+        return [(s.name, f"{s.level}{'' if s.seed_free else ', seeded'}{', greedy' if s.greedy_based else ''}", ", ".join(s.reads),
+                 s.description) for s in strategies.entries().values()]
+    if family == "formats":
+        from pipeline.export.formats import REGISTRY as formats
+
+        return [(f.name, "export format", ", ".join(f.reads), f.description) for f in formats.entries().values()]
+    from evals.suites import ordered
+
+    return [(s.name, "eval suite" + (f", higher is better: {', '.join(s.higher_is_better)}" if s.higher_is_better else ""),
+             ", ".join(s.reads), s.description) for s in ordered()]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print the entries of the registries: ordering strategies, export formats, eval suites."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for family in [args.family] if args.family else REGISTRIES:
+        table = Table(title=family)
+        for col in ("name", "kind", "reads", "description"):
+            table.add_column(col, overflow="fold")
+        for row in registry_rows(family):
+            table.add_row(*row)
+        console.print(table)
+    return 0
+
+
+REGISTRIES = ("strategies", "formats", "suites")
 EXIT_INPUT = 2  # bad input or configuration (StrataInputError): the message names the file, the value and the fix
 EXIT_USAGE = 64  # command-line usage error (unknown command or option, missing argument): sysexits' EX_USAGE
 
@@ -232,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also train the claims' own runs (epoch boundary, packing; about 30 min on 2 cores at the demo's size)")
     claims.add_argument("--json", action="store_true", help="print the rows as JSON")
     claims.set_defaults(func=cmd_claims)
+    listing = sub.add_parser("list", help="the registries: ordering strategies, export formats, eval suites (with STRATA_PLUGINS' entries)")
+    listing.add_argument("family", nargs="?", choices=REGISTRIES, help="which registry (default: all three)")
+    listing.set_defaults(func=cmd_list)
     from assets.cli import export, schedule, tools
 
     schedule.register(sub)

@@ -19,21 +19,19 @@ DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 30, "warmup_st
 
 
 def eval_paths(evals_dir: str | Path) -> dict[str, str]:
-    """Config keys for a folder laid out as ``shared/data/eval``: ``wikitext/wiki.test.raw``,
-    ``paloma/`` or ``paloma_fixture/`` (Paloma's ``<source>/<split>/*.jsonl.gz``) and
-    ``dclm_core/`` (llm-foundry's ``local_data/`` + ``eval_meta_data.csv``); the ones present."""
+    """Config keys for a folder laid out as ``shared/data/eval``, each eval suite's ``find_in``
+    (``evals/suites/``): ``wikitext/wiki.test.raw``, ``paloma/`` or ``paloma_fixture/`` (Paloma's
+    ``<source>/<split>/*.jsonl.gz``) and ``dclm_core/`` (llm-foundry's ``local_data/`` +
+    ``eval_meta_data.csv``); the ones present."""
+    from evals.suites import ordered
+
     root = Path(evals_dir).expanduser().resolve()
     if not root.is_dir():
         raise StrataInputError("evals folder not found", path=root, fix="pass a folder laid out like shared/data/eval")
     out: dict[str, str] = {}
-    if (root / "wikitext" / "wiki.test.raw").is_file():
-        out["wikitext_path"] = str(root / "wikitext" / "wiki.test.raw")
-    for name in ("paloma", "paloma_fixture"):
-        if (root / name).is_dir():
-            out["paloma_dir"] = str(root / name)
-            break
-    if (root / "dclm_core" / "eval_meta_data.csv").is_file():
-        out["dclm_dir"] = str(root / "dclm_core")
+    for suite in ordered():
+        if suite.find_in is not None:
+            out.update(suite.find_in(root))
     if not out:
         raise StrataInputError("no wikitext/wiki.test.raw, paloma[_fixture]/ or dclm_core/ in the evals folder", path=root,
                                fix="pass a folder laid out like shared/data/eval")

@@ -1,11 +1,11 @@
-"""``strata export``: write an ordering for another trainer (numpy, megatron, mds, hf), in order."""
+"""``strata export``: write an ordering for another trainer in any registered format (pipeline/export/formats/), in order."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from pipeline.export import FORMATS
+from pipeline.export.formats import REGISTRY as FORMATS
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -21,7 +21,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     global_batch = args.global_batch or cfg.export_global_batch or cfg.batch_size
     bar = tqdm(desc=f"export {args.format}", unit="seq")
     try:
-        info = export_ordering(layout, args.strategy, args.format, args.out, seq_len=cfg.seq_len, global_batch=global_batch,
+        info = export_ordering(layout, args.strategy, args.format, args.out, global_batch=global_batch,
+                               seq_len=cfg.seq_len if "seq_len" in cfg.model_fields_set else None,
                                world_size=args.world_size, workers=args.workers, progress=bar.update)
     finally:
         bar.close()
@@ -36,13 +37,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write an ordering for another trainer (numpy, megatron, mds, hf), in Strata's order")
+    p = sub.add_parser("export", help=f"write an ordering for another trainer ({', '.join(FORMATS.names())}), in Strata's order")
     p.add_argument("--strategy", required=True, help="ordering to export (orderings/<strategy>.parquet)")
-    p.add_argument("--format", required=True, choices=FORMATS, help="output format (docs/export.md)")
+    p.add_argument("--format", required=True, choices=FORMATS.names(),
+                   help="output format (docs/export.md): " + "; ".join(f"{f.name}: {f.description}" for f in FORMATS.entries().values()))
     p.add_argument("--out", required=True, type=Path, help="output directory (replaced atomically)")
     p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export_global_batch, else batch_size)")
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the training run (the mds layout depends on it)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--data-root", default=None, help="data root (default: the config's data_root, else $STRATA_HOME, else ./.strata)")
-    p.add_argument("--config", default=None, help="the config the data root was built with (seq_len, batch_size)")
+    p.add_argument("--config", default=None, help="YAML/JSON config: the data root, the default global batch (export_global_batch, else batch_size); "
+                        "a seq_len it sets is checked against the sequences' own")
     p.set_defaults(func=cmd_export)

@@ -1,7 +1,8 @@
 """`strata schedule` (sequence-level) and `strata schedule-docs` (document-level) commands.
 
-The lead's CLI calls ``register(subparsers)``; each subcommand's handler is ``args.func(args)``.
-``run_cli(argv)`` parses and runs these two commands alone (used by the tests).
+``register(subparsers)`` adds them to ``strata``; each subcommand's handler is ``args.func(args)``.
+Their ``--strategy`` choices are the registry's strategies with an array API of that level
+(``pipeline/ordering/strategies/``). ``run_cli(argv)`` parses and runs these two commands alone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pipeline.ordering.documents import WITHIN_SORTS
 from pipeline.ordering.features import sequence_features
 from pipeline.names import OBJECTIVES
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, greedy_mode
-from pipeline.ordering.strategies import DOCUMENT_LEVEL, SEQUENCE_LEVEL, OrderParams, document_order, sequence_order
+from pipeline.ordering import strategies
+from pipeline.ordering.engine import OrderParams, document_order, sequence_order
 
 SEGMENT_COLUMNS = ("sequence_id", "doc_id", "cluster", "doc_length", "n_tokens")
 DOCUMENT_COLUMNS = ("doc_id", "cluster", "n_tokens")
@@ -78,7 +80,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     ids = f.sequence_ids[rows]
     out = pl.DataFrame({"position": np.arange(ids.size, dtype=np.int64), "sequence_id": ids.astype(np.int64)})
     write_parquet(out, args.out)
-    mode = f" ({greedy_mode(ids.size, params.greedy_exact_max)} greedy)" if args.strategy in ("greedy", "greedy_block_shuffle") else ""
+    mode = f" ({greedy_mode(ids.size, params.greedy_exact_max)} greedy)" if strategies.spec(args.strategy).greedy_based else ""
     print(f"{args.strategy}{mode}: ordered {ids.size} sequences -> {args.out}")
     return 0
 
@@ -101,7 +103,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `schedule` and `schedule-docs` to a parent parser's subcommands."""
     p = subparsers.add_parser("schedule", help="order packed sequences (greedy, random, ...)")
     p.add_argument("segments", help="parquet: sequence_id, doc_id, cluster, doc_length, n_tokens (one row per span)")
-    p.add_argument("--strategy", choices=SEQUENCE_LEVEL, default="greedy")
+    p.add_argument("--strategy", choices=strategies.SEQUENCE_LEVEL, default="greedy",
+                   help="; ".join(f"{n}: {strategies.spec(n).description}" for n in strategies.SEQUENCE_LEVEL))
     p.add_argument("--out", required=True, help="parquet to write: position, sequence_id")
     p.add_argument("--objective", choices=OBJECTIVES, default="stationary",
                    help="greedy objective: stationary (default), Don't Shuffle, Optimize's f1/f2/f3, or custom (--families)")
@@ -120,7 +123,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_schedule)
     d = subparsers.add_parser("schedule-docs", help="order documents before packing (stratified, ...)")
     d.add_argument("documents", help="parquet: doc_id, cluster, n_tokens")
-    d.add_argument("--strategy", choices=DOCUMENT_LEVEL, default="stratified")
+    d.add_argument("--strategy", choices=strategies.DOCUMENT_LEVEL, default="stratified",
+                   help="; ".join(f"{n}: {strategies.spec(n).description}" for n in strategies.DOCUMENT_LEVEL))
     d.add_argument("--out", required=True, help="parquet to write: position, doc_id")
     d.add_argument("--within", choices=WITHIN_SORTS, default="original", help="order inside each cluster")
     d.add_argument("--seq-len", type=int, default=2048, help="sequence length (bin_packing bins)")

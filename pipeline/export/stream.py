@@ -23,7 +23,7 @@ import polars as pl
 from pipeline.data.tokens import open_tokens
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import SequenceStore
-from pipeline.storage.layout import Layout
+from pipeline.storage.layout import Layout, Store
 
 CHUNK_TOKENS = 1 << 23  # rows read per chunk: about 8M tokens (16-32 MB of tokens in memory)
 
@@ -51,36 +51,28 @@ class OrderedStream:
             yield lo, self.read(self.order[lo : lo + rows])
 
 
-def ordering_of(layout: Layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame, bool]:
-    """(sequence ids by position, the segments they refer to, whether the strategy repacked)."""
-    path = layout.ordering(strategy)
-    if not path.exists():
-        raise StrataInputError(f"no ordering for strategy {strategy!r}", path=path,
-                               fix=f"materialize orderings[{strategy}] first (strata run, or the Dagster UI)")
-    order = pl.read_parquet(path).sort("position")["sequence_id"].to_numpy().astype(np.int64)
-    seg_path = layout.ordering_segments(strategy)
-    repacked = seg_path.exists()
-    return order, pl.read_parquet(seg_path if repacked else layout.segments), repacked
-
-
-def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_len: int) -> OrderedStream:
-    """The ordered stream of ``strategy`` under the data root ``layout``."""
-    order, segments, repacked = ordering_of(layout, strategy)
+def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_len: int | None = None) -> OrderedStream:
+    """The ordered stream of ``strategy`` under the data root ``layout`` (``seq_len``: the
+    sequences artifact's own, when not given)."""
+    store = Store(layout)
+    ordering = store.ordering(strategy)
+    segments = ordering.segments
+    seq_len = store.sequences.seq_len if seq_len is None else seq_len
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
     matrix_path = Path(layout.sequence_matrix)
-    if not repacked and matrix_path.exists() and matrix_path.stat().st_size != n_seq * seq_len * tokens.dtype.itemsize:
+    if not ordering.repacked and matrix_path.exists() and matrix_path.stat().st_size != n_seq * seq_len * tokens.dtype.itemsize:
         raise StrataInputError(
             f"the sequence matrix holds {matrix_path.stat().st_size // tokens.dtype.itemsize} tokens, not {n_seq} x seq_len {seq_len}",
-            path=matrix_path, fix="use the configuration the data root was built with (--config), or rematerialize sequences",
+            path=matrix_path, fix="leave seq_len to the sequences artifact, or rematerialize sequences",
         )
-    if not repacked and matrix_path.exists():
+    if not ordering.repacked and matrix_path.exists():
         matrix = np.memmap(matrix_path, dtype=tokens.dtype, mode="r", shape=(n_seq, seq_len))
         read = lambda ids: np.asarray(matrix[np.asarray(ids)])  # noqa: E731
     else:
-        store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=pad_id)
-        read = lambda ids: store.batch(np.asarray(ids))[0].astype(tokens.dtype)  # noqa: E731
-    return OrderedStream(order, segments, seq_len, tokens.dtype, eos_id, pad_id, read)
+        packed = SequenceStore(tokens, offsets, segments, seq_len, pad_id=pad_id)
+        read = lambda ids: packed.batch(np.asarray(ids))[0].astype(tokens.dtype)  # noqa: E731
+    return OrderedStream(ordering.order, segments, seq_len, tokens.dtype, eos_id, pad_id, read)
 
 
 def stream_from_arrays(tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, order: np.ndarray,

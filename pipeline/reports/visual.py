@@ -14,7 +14,7 @@ import polars as pl
 from pipeline.reports import diagnostics as D
 from pipeline.reports import plots
 from pipeline.reports import stationarity as S
-from pipeline.storage.layout import Layout
+from pipeline.storage.layout import Layout, Store
 
 SUMMARY_METRICS = [
     ("unique_clusters_per_seq_mean", "", "unique clusters / seq (mean)"),
@@ -39,11 +39,10 @@ def document_features(layout: Layout) -> pl.DataFrame:
 def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:
     """Join a strategy's ordering with its segments; length-bin edges shared by all strategies;
     the documents' ``source`` label when ``docs`` has one."""
-    seg_path = layout.ordering_segments(strategy)
-    segments = pl.read_parquet(seg_path if seg_path.exists() else layout.segments)
+    ordering = Store(layout).ordering(strategy)
     lengths = docs["stream_length"].to_numpy()
     edges = D.length_bin_edges(lengths, n_bins)
-    return D.prepare(segments, pl.read_parquet(layout.ordering(strategy)), docs["cluster"].to_numpy(), lengths, bin_edges=edges,
+    return D.prepare(ordering.segments, ordering.order, docs["cluster"].to_numpy(), lengths, bin_edges=edges,
                      doc_source=docs["source"] if "source" in docs.columns else None)
 
 

@@ -1,11 +1,21 @@
-"""Where every artifact lives under the data root (the on-disk half of the data contract)."""
+"""Where every artifact lives under the data root (the on-disk half of the data contract).
+
+``Layout`` names the paths; ``Store`` reads the artifacts whose reading has a rule: an ordering
+with the segments its ids refer to, the packed sequences with their ``seq_len``.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import StrataInputError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import polars as pl
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,11 @@ class Layout:
         return self.root / "sequences" / "tokens.bin"
 
     @property
+    def sequences_meta(self) -> Path:
+        """``{"seq_len": L, "packing": ...}`` of the packed sequences."""
+        return self.root / "sequences" / "meta.json"
+
+    @property
     def duckdb(self) -> Path:
         return self.root / "strata.duckdb"
 
@@ -94,3 +109,70 @@ class Layout:
         if not path.is_relative_to(self.root.resolve()):
             raise StrataInputError(f"path {'/'.join(parts)!r} escapes the data root {self.root}", fix="use plain names without '..' or '/'")
         return path
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """A strategy's order and the packing its sequence ids refer to."""
+
+    strategy: str
+    order: "np.ndarray"  # int64 sequence ids by position
+    segments: "pl.DataFrame"  # the strategy's own repacking, else the base packing
+    repacked: bool
+    path: Path
+    segments_path: Path
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """The base packing: ``segments.parquet``, the M x L matrix ``tokens.bin`` and its ``seq_len``."""
+
+    seq_len: int
+    segments_path: Path
+    matrix_path: Path
+
+
+@dataclass(frozen=True)
+class Store:
+    """Typed reads of the artifacts under a data root (``Layout`` gives their paths)."""
+
+    layout: Layout
+
+    def ordering(self, strategy: str) -> Ordering:
+        """``orderings/<strategy>.parquet`` with the segments it refers to: the strategy's own
+        (``orderings/<strategy>.segments.parquet``, when it repacked), else ``sequences/segments.parquet``."""
+        import numpy as np
+        import polars as pl
+
+        path = self.layout.ordering(strategy)
+        if not path.exists():
+            raise StrataInputError(f"no ordering for strategy {strategy!r}", path=path,
+                                   fix=f"materialize orderings[{strategy}] first (strata run, or the Dagster UI)")
+        order = pl.read_parquet(path).sort("position")["sequence_id"].to_numpy().astype(np.int64)
+        own = self.layout.ordering_segments(strategy)
+        seg_path = own if own.exists() else self.layout.segments
+        return Ordering(strategy, order, pl.read_parquet(seg_path), own.exists(), path, seg_path)
+
+    @property
+    def sequences(self) -> Sequences:
+        """The packed sequences; ``seq_len`` from ``sequences/meta.json``, or for a data root
+        written before it from the matrix size (M sequences x seq_len tokens of the token dtype)."""
+        lay = self.layout
+        if lay.sequences_meta.exists():
+            return Sequences(int(json.loads(lay.sequences_meta.read_text(encoding="utf-8"))["seq_len"]), lay.segments, lay.sequence_matrix)
+        if not lay.segments.exists() or not lay.sequence_matrix.exists():
+            raise StrataInputError("no packed sequences in the data root", path=lay.root / "sequences",
+                                   fix="materialize sequences first (strata run, or the Dagster UI)")
+        import numpy as np
+        import polars as pl
+
+        from pipeline.data.tokens import token_dtype_of
+
+        ids = pl.read_parquet(lay.segments, columns=["sequence_id"])["sequence_id"]
+        n_seq = int(ids.max()) + 1 if len(ids) else 0
+        itemsize = np.dtype(token_dtype_of(lay.tokens, np.load(lay.doc_offsets, allow_pickle=False))).itemsize
+        size = lay.sequence_matrix.stat().st_size
+        if not n_seq or size % (n_seq * itemsize):
+            raise StrataInputError(f"the sequence matrix ({size} bytes) is not {n_seq} rows of {itemsize}-byte tokens",
+                                   path=lay.sequence_matrix, fix="rematerialize sequences")
+        return Sequences(size // (n_seq * itemsize), lay.segments, lay.sequence_matrix)

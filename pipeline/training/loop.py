@@ -52,6 +52,16 @@ class TrainSettings:
     compile: bool = False  # torch.compile the decoder (pays on a GPU for long runs; see docs/training.md)
     epochs: int = 0  # 0: max_steps steps (wrapping); N >= 1: N passes of floor(M / batch_size) steps each
 
+    @classmethod
+    def from_config(cls, cfg, seed: int) -> "TrainSettings":
+        """The training settings of a :class:`pipeline.config.StrataConfig` for training seed ``seed``."""
+        return cls(
+            preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
+            lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,
+            cross_document=cfg.cross_document, attention=cfg.attention, heldout_every=cfg.heldout_every,
+            compile=cfg.compile, epochs=cfg.epochs,
+        )
+
     def steps(self, n_sequences: int) -> int:
         """Optimizer steps of a run over ``n_sequences`` sequences: ``max_steps``, or with ``epochs``
         N passes of ``floor(n_sequences / batch_size)`` steps."""

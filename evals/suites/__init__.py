@@ -1,0 +1,57 @@
+"""The eval suites' registry: one :class:`EvalSuite` per suite, one module per suite in this folder,
+plugins through ``STRATA_PLUGINS`` (``pipeline/registry.py``).
+
+A suite runs when its input is there: ``locate(cfg, layout)`` finds it (by default the path the
+config key ``path_key`` names; empty = off). ``run(ctx)`` scores the model (``ctx``: a
+:class:`evals.run.SuiteRun`) and returns tidy rows ``{suite, task, metric, value, n}``. ``reads``
+are the config keys its results depend on (the evaluations asset's parameters), and
+``higher_is_better`` the metric names (the last part of ``suite/task/metric``) where higher is
+better, which the ablation report's paired differences use. ``find_in(folder)`` locates its data
+in a folder laid out like ``shared/data/eval`` (``strata demo --evals``), as ``{config key: path}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.registry import Registry
+
+
+@dataclass(frozen=True)
+class EvalSuite:
+    name: str
+    description: str
+    run: Callable[..., list[dict[str, Any]]]  # (SuiteRun) -> rows {suite, task, metric, value, n}
+    path_key: str | None = None  # StrataConfig key naming its input (a file or folder; "" = the suite is off)
+    reads: tuple[str, ...] = ()  # StrataConfig keys its results depend on (path_key included)
+    higher_is_better: tuple[str, ...] = ()  # metric names where higher is better (accuracies, scores)
+    locate: Callable[[Any, Any], Path | None] | None = None  # (cfg, layout) -> input; default: cfg.<path_key>
+    find_in: Callable[[Path], dict[str, str]] | None = None  # folder like shared/data/eval -> {config key: path}
+    order: int = 100  # suites run (and their rows come) in ascending order, then by name
+
+    def input(self, cfg: Any, layout: Any) -> Path | None:
+        """Where this suite's input is under ``cfg`` and the data root ``layout``; None = do not run."""
+        if self.locate is not None:
+            return self.locate(cfg, layout)
+        value = getattr(cfg, self.path_key) if self.path_key else ""
+        return Path(value) if value else None
+
+
+REGISTRY: Registry[EvalSuite] = Registry(EvalSuite, __name__, "eval suite")
+
+
+def ordered() -> list[EvalSuite]:
+    """The suites in the order they run."""
+    return sorted(REGISTRY.entries().values(), key=lambda s: (s.order, s.name))
+
+
+def reads() -> tuple[str, ...]:
+    """The configuration keys the suites read, sorted."""
+    return tuple(sorted({k for s in REGISTRY.entries().values() for k in s.reads}))
+
+
+def higher_is_better() -> frozenset[str]:
+    """Metric names where higher is better, over every suite."""
+    return frozenset(m for s in REGISTRY.entries().values() for m in s.higher_is_better)

@@ -1,0 +1,66 @@
+"""``export_stream`` (any registered format) and ``export_ordering`` (an ordering of a data root)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pipeline.export.batches import check_batching
+from pipeline.export.formats import REGISTRY
+from pipeline.export.stream import OrderedStream, open_stream
+from pipeline.storage.atomic import atomic_dir
+
+
+def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_batch: int, world_size: int = 1,
+                  workers: int = 1, meta: dict | None = None, progress=None) -> dict:
+    """Write ``stream`` as ``fmt`` into the directory ``out`` (replaced atomically).
+
+    ``meta`` (strategy, lineage) goes into ``meta.json`` with the batching. Returns a summary:
+    files, sequences, tokens and wall seconds.
+    """
+    writer = REGISTRY.get(fmt)
+    check_batching(stream.n_sequences, global_batch, world_size, workers)
+    info = {**(meta or {}), "global_batch": global_batch, "world_size": world_size, "workers": workers}
+    t0 = time.perf_counter()
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress)
+        names = [f.relative_to(tmp) for f in files]
+    return {
+        "format": fmt, "dir": out, "files": [out / n for n in names], "sequences": stream.n_sequences,
+        "tokens": stream.n_sequences * stream.seq_len, "wall_s": time.perf_counter() - t0,
+    }
+
+
+def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_batch: int, world_size: int = 1,
+                    workers: int = 1, seq_len: int | None = None, progress=None) -> dict:
+    """Export ``orderings/<strategy>.parquet`` of the data root ``layout`` (see ``export_stream``),
+    each sequence the ``seq_len`` tokens the sequences artifact records (a given ``seq_len`` is
+    checked against it).
+
+    ``meta.json`` records the lineage: the ordering and the segments it refers to (paths relative to the
+    data root) with their SHA-256.
+    """
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.errors import StrataInputError
+    from pipeline.ordering.strategies import REGISTRY as STRATEGIES
+    from pipeline.storage.atomic import file_sha256
+    from pipeline.storage.layout import Store
+
+    known = STRATEGIES.entries().get(strategy)
+    if known is not None and not known.scheduled:
+        raise StrataInputError(f"{strategy!r} picks its sequences online during training; it has no fixed order to export",
+                               fix="export a scheduled strategy (random, greedy, ...)")
+    tok = load_tokenizer(layout.tokenizer)
+    REGISTRY.get(fmt)
+    stream = open_stream(layout, strategy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seq_len=seq_len)
+    ordering = Store(layout).ordering(strategy)
+    meta = {  # paths relative to the data root, so the same inputs give the same bytes wherever the root lies
+        "strategy": strategy,
+        "lineage": {
+            "ordering": ordering.path.relative_to(layout.root).as_posix(), "ordering_sha256": file_sha256(ordering.path),
+            "segments": ordering.segments_path.relative_to(layout.root).as_posix(), "segments_sha256": file_sha256(ordering.segments_path),
+        },
+    }
+    return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
+                         meta=meta, progress=progress)

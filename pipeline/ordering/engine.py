@@ -1,0 +1,202 @@
+"""The ordering engine: ``run_strategy``, the one entry point, with its inputs and parameters.
+
+The strategies themselves are the specs of ``pipeline/ordering/strategies/`` (the registry).
+Sequence-level strategies permute the given packing's sequences. Document-level strategies order
+documents and repack them with ``pipeline.packing.pack.pack_concat``; their result carries the
+new segments and the order refers to those sequence ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from pipeline.errors import StrataInputError
+from pipeline.names import TOKEN_FAMILIES, WITHIN_SORTS
+from pipeline.ordering import strategies
+from pipeline.ordering.features import SequenceFeatures, sequence_features
+from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode
+from pipeline.ordering.strategies import StrategySpec
+from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
+
+
+@dataclass(frozen=True)
+class OrderParams:
+    """Knobs of all strategies (each uses the ones it names in its description)."""
+
+    objective: str = "stationary"  # greedy objective: stationary | f1 | f2 | f3 | custom (pipeline.ordering.characteristics)
+    families: tuple[str, ...] = ()  # objective custom: the families, "name[:weight[:classes]]"
+    bins: int = 100  # B quantile length bins (f3)
+    lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
+    noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
+    block_size: int = 32  # one training batch, in sequences: greedy_block_shuffle's block, the blocked greedy's repair
+    curriculum: str | None = None  # knots file (JSON/YAML) for greedy_curriculum
+    within: str = "original"  # within-cluster sort of the document-level strategies
+    window: int = 4096  # candidate pool of greedy_fast
+    greedy_exact_max: int = EXACT_MAX  # greedy family: exact greedy up to this many sequences, blocked above
+    greedy_block: int = BLOCK  # sequences per block of the blocked greedy
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "OrderParams":
+        """The ordering knobs of a :class:`pipeline.config.StrataConfig`."""
+        return cls(
+            objective=cfg.objective, families=tuple(cfg.families), bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise,
+            block_size=cfg.batch_size, curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
+            greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block,
+        )
+
+    def objective_weights(self) -> Objective:
+        return Objective.named(self.objective, self.lam, self.families)
+
+    def column_families(self) -> list[str]:
+        """Families that name a documents column (e.g. ``source``): the inputs must carry it."""
+        return [f.name for f in self.objective_weights().families if f.level == "tokens" and f.name not in TOKEN_FAMILIES]
+
+
+@dataclass(frozen=True)
+class OrderingResult:
+    order: pl.DataFrame  # position Int64, sequence_id Int64
+    segments: pl.DataFrame | None  # new packing (SEGMENT_SCHEMA) when the strategy repacked
+    greedy_mode: str | None = None  # "exact" | "blocked" for strategies built on `greedy`, else None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Per-document arrays (indexed by doc_id) and the base packing."""
+
+    cluster: np.ndarray  # int64, -1 where the doc_id is absent
+    length: np.ndarray  # int64 stream length (n_tokens incl. EOS), 0 where absent
+    present: np.ndarray  # doc ids present, ascending
+    content_hash: np.ndarray | None  # per doc_id: int64 rank of its content hash (equal = same text), or None
+    segments: pl.DataFrame
+    seq_len: int
+    params: OrderParams
+    seed: int
+    columns: dict[str, np.ndarray]  # per doc_id: dense category codes of the documents columns the families name
+
+    def features(self, segments: pl.DataFrame | None = None) -> SequenceFeatures:
+        seg = self.segments if segments is None else segments
+        d = seg["doc_id"].to_numpy()
+        return sequence_features(
+            seg["sequence_id"].to_numpy(), self.cluster[d], self.length[d], seg["n_tokens"].to_numpy(), self.params.bins, d,
+            seg_columns={name: codes[d] for name, codes in self.columns.items()},
+        )
+
+
+def order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:
+    """``(position, sequence_id)`` of ``sequence_ids`` in order."""
+    return pl.DataFrame(
+        {"position": np.arange(sequence_ids.size, dtype=np.int64), "sequence_id": np.asarray(sequence_ids, dtype=np.int64)},
+        schema={"position": pl.Int64, "sequence_id": pl.Int64},
+    )
+
+
+def repack(inp: Inputs, doc_order: np.ndarray) -> pl.DataFrame:
+    """The documents in ``doc_order`` packed into ``seq_len``-token sequences (their segments)."""
+    return pack_concat(doc_order, np.maximum(inp.length, 1), inp.seq_len).segments
+
+
+def _array_api(name: str, level: str) -> StrategySpec:
+    spec = strategies.REGISTRY.entries().get(name)
+    if spec is None or spec.level != level or spec.order is None:
+        listed = strategies.SEQUENCE_LEVEL if level == "sequence" else strategies.DOCUMENT_LEVEL
+        raise StrataInputError(f"{name!r} is not a {level}-level strategy", fix=f"use one of {', '.join(listed)}")
+    return spec
+
+
+def sequence_order(name: str, features: SequenceFeatures, params: OrderParams, seed: int) -> np.ndarray:
+    """Array API of the sequence-level strategies: rows of ``features`` in schedule order."""
+    return _array_api(name, "sequence").order(features, params, seed)
+
+
+def document_order(name: str, cluster: np.ndarray, length: np.ndarray, seq_len: int, params: OrderParams) -> np.ndarray:
+    """Array API of the document-level strategies: a permutation of the documents' indices."""
+    spec = _array_api(name, "document")
+    if params.within not in WITHIN_SORTS:
+        raise StrataInputError(f"unknown within-cluster sort {params.within!r}", fix=f"use one of {', '.join(WITHIN_SORTS)}")
+    return spec.order(cluster, length, seq_len, params)
+
+
+def _run(spec: StrategySpec, inp: Inputs) -> OrderingResult:
+    if spec.run is not None:
+        return spec.run(inp)
+    if spec.level == "sequence":
+        f = inp.features()
+        mode = greedy_mode(f.n_sequences, inp.params.greedy_exact_max) if spec.greedy_based else None
+        return OrderingResult(order_frame(f.sequence_ids[spec.order(f, inp.params, inp.seed)]), None, mode)
+    local = document_order(spec.name, inp.cluster[inp.present], inp.length[inp.present], inp.seq_len, inp.params)
+    seg = repack(inp, inp.present[local])
+    return OrderingResult(order_frame(np.unique(seg["sequence_id"].to_numpy())), seg)
+
+
+def seed_dependent(name: str, params: OrderParams) -> bool:
+    """Whether the strategy's order depends on its seed (a shuffle, a random stream, or noise > 0).
+
+    Training seed s re-runs a seed-dependent strategy with seed s, so every seed of the ablation
+    sees a different draw of the shuffle / noise (not only a different model init)."""
+    return not strategies.spec(name).seed_free or params.noise > 0
+
+
+_WHAT_COLUMNS = {"documents": "doc_id, cluster, n_tokens (stream length incl. EOS)", "segments": ", ".join(SEGMENT_SCHEMA)}
+
+
+def _column(df: pl.DataFrame, name: str, what: str) -> np.ndarray:
+    if name not in df.columns:
+        raise StrataInputError(f"the {what} table has no `{name}` column", fix=f"provide columns {_WHAT_COLUMNS[what]}")
+    col = df[name]
+    if col.null_count():
+        raise StrataInputError(f"the {what} column `{name}` has missing values", fix="fill or drop those rows")
+    return col.to_numpy()
+
+
+
+def run_strategy(
+    name: str, docs: pl.DataFrame, segments: pl.DataFrame, seq_len: int, params: OrderParams, seed: int
+) -> OrderingResult:
+    """Order the training stream with strategy ``name`` (the one call of the asset and the CLI).
+
+    ``docs``: doc_id, cluster, n_tokens (stream length incl. EOS), optional content_hash.
+    ``segments``: the base packing (pipeline.packing.pack SEGMENT_SCHEMA); document-level strategies
+    ignore it and repack, returning their own segments.
+    """
+    spec = strategies.spec(name)
+    if not spec.scheduled:
+        raise StrataInputError(f"{name!r} picks its sequences during training; it has no order to compute",
+                               fix=f"order {spec.packing_from!r} for its packing, or use one of {', '.join(strategies.scheduled())}")
+    doc_id = _column(docs, "doc_id", "documents").astype(np.int64)
+    clus = _column(docs, "cluster", "documents").astype(np.int64)
+    ntok = _column(docs, "n_tokens", "documents").astype(np.int64)
+    if doc_id.size == 0:
+        raise StrataInputError("there are no documents", fix="give at least one document")
+    if doc_id.min() < 0 or np.unique(doc_id).size != doc_id.size:
+        raise StrataInputError("doc_id values are negative or repeated", fix="use unique doc ids 0..N-1")
+    if clus.min() < 0:
+        raise StrataInputError("a cluster id is negative", fix="use cluster ids 0..K-1")
+    if ntok.min() <= 0:
+        raise StrataInputError("a document has n_tokens <= 0", fix="n_tokens is the stream length incl. EOS (>= 1)")
+    n = int(doc_id.max()) + 1
+    cluster = np.full(n, -1, dtype=np.int64)
+    length = np.zeros(n, dtype=np.int64)
+    cluster[doc_id], length[doc_id] = clus, ntok
+    content_hash = None
+    if "content_hash" in docs.columns:  # dense ranks in sorted hash order: np.unique sees the same groups, in
+        content_hash = np.zeros(n, dtype=np.int64)  # the same order, as on the strings, at 8 bytes a document
+        content_hash[doc_id] = docs["content_hash"].rank("dense").to_numpy().astype(np.int64)
+    for c in ("sequence_id", "doc_id", "n_tokens"):
+        _column(segments, c, "segments")
+    seg_docs = segments["doc_id"].to_numpy()
+    if seg_docs.size and (seg_docs.max() >= n or (cluster[seg_docs] < 0).any()):
+        raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
+    columns = {}
+    for col in params.column_families():
+        if col not in docs.columns:
+            raise StrataInputError(
+                f"the family {col!r} names no column of the documents", fix=f"use one of the documents columns {docs.columns} or a built-in family"
+            )
+        columns[col] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
+        columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
+    inp = Inputs(cluster, length, np.sort(doc_id), content_hash, segments, int(seq_len), params, int(seed), columns)
+    return _run(spec, inp)

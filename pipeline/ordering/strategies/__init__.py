@@ -1,0 +1,97 @@
+"""The ordering strategies' registry: one :class:`StrategySpec` per strategy, one module per strategy
+(or small family) in this folder, plugins through ``STRATA_PLUGINS`` (``pipeline/registry.py``).
+
+A spec says what the strategy is (name, description, level), how it depends on its seed, the
+configuration keys it reads and how it runs:
+
+- ``level="sequence"``: ``order(features, params, seed) -> rows`` permutes the base packing's
+  sequences (``SequenceFeatures`` rows, schedule order);
+- ``level="document"``: ``order(cluster, length, seq_len, params) -> permutation`` of the
+  documents, which the engine repacks (``pipeline.packing.pack.pack_concat``);
+- either level may give ``run(inputs) -> OrderingResult`` instead, for strategies that need the
+  whole input (content hashes, their own repacking);
+- ``level="training"``: chosen online by a sampler during training (ODM); the orderings asset
+  writes the packing of ``packing_from`` for it, and it has no fixed order to export.
+
+Everything else derives from the specs: the config's accepted names, the CLI choices, the
+orderings asset's parameters (``assets/params.py``), ``SEED_FREE``, ``SEQUENCE_LEVEL`` /
+``DOCUMENT_LEVEL``. The engine is ``pipeline/ordering/engine.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from pipeline.registry import Registry
+
+Level = Literal["sequence", "document", "training"]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    level: Level
+    description: str
+    seed_free: bool  # its order ignores the seed when noise == 0 (else training seed s re-runs it with s)
+    reads: tuple[str, ...] = ()  # StrataConfig keys its result depends on (beyond seq_len and seed)
+    greedy_based: bool = False  # built on the greedy: its result names the greedy's mode (exact | blocked)
+    order: Callable[..., Any] | None = None  # the array API of its level (see the module docstring)
+    run: Callable[..., Any] | None = None  # (Inputs) -> OrderingResult, when the array API does not suffice
+    packing_from: str | None = None  # training-time: the ordering strategy whose packing it samples from
+    reseed: Callable[..., Any] | None = None  # (order, params, from_seed, to_seed) -> its order for to_seed, or None: re-run it
+
+    def __post_init__(self) -> None:
+        if self.level not in ("sequence", "document", "training"):
+            raise ValueError(f"strategy {self.name!r}: level must be sequence, document or training")
+        if self.level == "training" and self.packing_from is None:
+            raise ValueError(f"training-time strategy {self.name!r} names the packing it samples from (packing_from)")
+        if self.level != "training" and (self.order is None) == (self.run is None):
+            raise ValueError(f"strategy {self.name!r} gives exactly one of order and run")
+
+    @property
+    def scheduled(self) -> bool:
+        """Ordered before training (an ``orderings`` file to train on and export)."""
+        return self.level != "training"
+
+
+REGISTRY: Registry[StrategySpec] = Registry(StrategySpec, __name__, "ordering strategy")
+
+
+def spec(name: str) -> StrategySpec:
+    return REGISTRY.get(name)
+
+
+def names(*levels: Level) -> tuple[str, ...]:
+    """Strategy names of ``levels`` (all when none), in registry order."""
+    return tuple(n for n, s in REGISTRY.entries().items() if not levels or s.level in levels)
+
+
+def scheduled() -> dict[str, StrategySpec]:
+    """The strategies ordered before training (``run_strategy`` runs them)."""
+    return {n: s for n, s in REGISTRY.entries().items() if s.scheduled}
+
+
+def training_time() -> tuple[str, ...]:
+    """Strategies a sampler runs during training (ODM): no fixed order, nothing to export."""
+    return names("training")
+
+
+def reads(*levels: Level) -> tuple[str, ...]:
+    """The configuration keys strategies of ``levels`` read, sorted."""
+    return tuple(sorted({k for s in REGISTRY.entries().values() if not levels or s.level in levels for k in s.reads}))
+
+
+def __getattr__(attr: str) -> Any:
+    """Name lists derived from the registry: ``STRATEGIES`` (scheduled specs by name),
+    ``SEQUENCE_LEVEL`` / ``DOCUMENT_LEVEL`` (the array APIs' names), ``SEED_FREE``."""
+    entries = REGISTRY.entries()
+    if attr == "STRATEGIES":
+        return scheduled()
+    if attr == "SEQUENCE_LEVEL":
+        return tuple(n for n, s in entries.items() if s.level == "sequence" and s.order is not None)
+    if attr == "DOCUMENT_LEVEL":
+        return tuple(n for n, s in entries.items() if s.level == "document" and s.order is not None)
+    if attr == "SEED_FREE":
+        return tuple(n for n, s in entries.items() if s.seed_free)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -1,0 +1,93 @@
+"""The greedy family of Don't Shuffle, Optimize / TerRIFIC curricula: ``greedy``, ``greedy_fast``,
+``greedy_curriculum`` and ``greedy_block_shuffle`` (the greedy order, its batches shuffled)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.errors import StrataInputError
+from pipeline.ordering.strategies import StrategySpec
+
+OBJECTIVE = ("objective", "families", "length_bins", "lam", "noise")  # the keys of the greedy's objective
+GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "batch_size")  # batch_size: the blocked greedy's repair
+
+
+def greedy_rows(features, params, seed: int) -> np.ndarray:
+    """The greedy order of ``features``' rows: exact up to ``greedy_exact_max`` sequences, blocked above."""
+    from pipeline.ordering.greedy import greedy_scaled_order
+
+    p = params
+    return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size)[0]
+
+
+def greedy_fast(features, params, seed: int) -> np.ndarray:
+    from pipeline.ordering.greedy import greedy_windowed_order
+
+    return greedy_windowed_order(features, params.objective_weights(), params.window, seed, params.noise)
+
+
+def greedy_curriculum(features, params, seed: int) -> np.ndarray:
+    from pipeline.ordering.curriculum import curriculum_greedy_order, load_curriculum
+
+    if params.curriculum is None:
+        raise StrataInputError("greedy_curriculum needs a curriculum", fix="pass --curriculum KNOTS.json (or .yaml)")
+    cur = load_curriculum(params.curriculum, features.clusters.n_cols)
+    return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed)
+
+
+def greedy_block_shuffle(features, params, seed: int) -> np.ndarray:
+    if params.block_size < 1:
+        raise StrataInputError(f"block size {params.block_size} is impossible", fix="use --block-size >= 1")
+    return block_shuffle(greedy_rows(features, params, seed), params.block_size, seed)
+
+
+def _block_positions(n: int, block_size: int, seed: int) -> np.ndarray:
+    """Positions of ``n`` items cut into blocks of ``block_size`` (the last may be shorter), the
+    blocks in a seeded random order: ``greedy_block_shuffle``'s permutation."""
+    blocks = np.random.default_rng(seed).permutation(-(-n // block_size))
+    starts = blocks * block_size
+    sizes = np.minimum(block_size, n - starts)
+    return np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(n)
+
+
+def block_shuffle(rows: np.ndarray, block_size: int, seed: int) -> np.ndarray:
+    """``rows`` in blocks of ``block_size`` consecutive items, the blocks in a seeded random order."""
+    return np.asarray(rows)[_block_positions(len(rows), block_size, seed)]
+
+
+def block_unshuffle(order: np.ndarray, block_size: int, seed: int) -> np.ndarray:
+    """The inverse of :func:`block_shuffle`: ``block_unshuffle(block_shuffle(r, b, s), b, s) == r``."""
+    order = np.asarray(order)
+    rows = np.empty_like(order)
+    rows[_block_positions(order.size, block_size, seed)] = order
+    return rows
+
+
+def greedy_seed_free(n_sequences: int, params) -> bool:
+    """Whether ``greedy``'s order ignores its seed: no noise and the exact greedy (the blocked greedy
+    deals sequences to blocks with a seeded draw)."""
+    from pipeline.ordering.greedy import greedy_mode
+
+    return params.noise == 0 and greedy_mode(n_sequences, params.greedy_exact_max) == "exact"
+
+
+def reseed_block_shuffle(order: np.ndarray, params, from_seed: int, to_seed: int) -> np.ndarray | None:
+    """``greedy_block_shuffle``'s order for ``to_seed`` from its order for ``from_seed`` (sequence
+    ids), without re-running the greedy: the same ids as ``run_strategy`` with ``to_seed``.
+    None when the greedy order beneath depends on the seed (see :func:`greedy_seed_free`)."""
+    if not greedy_seed_free(len(order), params):
+        return None
+    return block_shuffle(block_unshuffle(order, params.block_size, from_seed), params.block_size, to_seed)
+
+
+SPECS = (
+    StrategySpec("greedy", "sequence", "greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise): "
+                 "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True, order=greedy_rows),
+    StrategySpec("greedy_fast", "sequence", "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
+                 seed_free=False, reads=(*OBJECTIVE, "window"), order=greedy_fast),
+    StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula)",
+                 seed_free=True, reads=(*OBJECTIVE, "curriculum"), order=greedy_curriculum),
+    StrategySpec("greedy_block_shuffle", "sequence",
+                 "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
+                 seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle),
+)

@@ -1,0 +1,263 @@
+"""The three registries: every entry's config keys are declared, and a toy strategy, export format and
+eval suite — each one file, loaded through ``STRATA_PLUGINS`` — reach the CLI, the config schema,
+the launchpad and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evals.suites import REGISTRY as SUITES
+from pipeline.config import StrataConfig, config_from_dict
+from pipeline.errors import StrataInputError
+from pipeline.export.formats import REGISTRY as FORMATS
+from pipeline.ordering.strategies import REGISTRY as STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY_STRATEGY = '''
+"""toy_reverse: the packing order backwards, in blocks of shard_docs sequences."""
+import numpy as np
+
+from pipeline.ordering.strategies import StrategySpec
+
+
+def order(features, params, seed):
+    return np.arange(features.n_sequences, dtype=np.int64)[::-1]
+
+
+SPECS = (StrategySpec("toy_reverse", "sequence", "the packing order backwards", seed_free=True, reads=("shard_docs",), order=order),)
+'''
+
+TOY_FORMAT = '''
+"""toy_ids: the sequence ids in training order, one per line."""
+from pipeline.export.formats import ExportFormat
+
+
+def write(stream, out, meta, *, global_batch, world_size, progress=None):
+    path = out / "ids.txt"
+    path.write_text("".join(f"{i}\\n" for i in stream.order))
+    return [path]
+
+
+SPECS = (ExportFormat("toy_ids", "sequence ids, one per line", write, reads=("tokenizer_sample_chars",)),)
+'''
+
+TOY_SUITE = '''
+"""toy: the number of model parameters as a score (higher is better)."""
+from evals.suites import EvalSuite
+
+
+def run(ctx):
+    n = sum(p.numel() for p in ctx.model.parameters())
+    return [{"suite": "toy", "task": "all", "metric": "toy_score", "value": float(n), "n": 1}]
+
+
+SPECS = (EvalSuite("toy", "parameter count", run, reads=("embed_batch_size",), higher_is_better=("toy_score",),
+                   locate=lambda cfg, layout: layout.root),)
+'''
+
+# Runs in a fresh interpreter with STRATA_PLUGINS set, as `strata` or `dagster dev` would: the
+# registries, the config schema and the assets' dg.Config classes are built with the toys in them.
+PROBE = '''
+import json, sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+tmp = Path(sys.argv[1])
+out = {}
+
+# CLI: the choices of `strata schedule --strategy` and `strata export --format`, `strata list`; run two toys through it
+from assets.cli import build_parser, main, registry_rows
+
+out["listed"] = {f: [r[0] for r in registry_rows(f)] for f in ("strategies", "formats", "suites")}
+
+sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+out["schedule_choices"] = list(next(a for a in sub["schedule"]._actions if a.dest == "strategy").choices)
+out["export_choices"] = list(next(a for a in sub["export"]._actions if a.dest == "format").choices)
+seg = pl.DataFrame({"sequence_id": [0, 1, 2, 3], "doc_id": [0, 1, 2, 3], "cluster": [0, 1, 0, 1],
+                    "doc_length": [5, 5, 5, 5], "n_tokens": [5, 5, 5, 5]})
+seg.write_parquet(tmp / "seg.parquet")
+out["schedule_rc"] = main(["schedule", str(tmp / "seg.parquet"), "--strategy", "toy_reverse", "--out", str(tmp / "order.parquet")])
+out["scheduled"] = pl.read_parquet(tmp / "order.parquet")["sequence_id"].to_list()
+
+from pipeline.export import export_stream, stream_from_arrays
+
+segments = pl.DataFrame({"sequence_id": [0, 1, 2, 3], "doc_id": [0, 1, 2, 3], "seq_token_start": [0] * 4, "n_tokens": [4] * 4,
+                         "doc_token_start": [0] * 4})
+stream = stream_from_arrays(np.arange(20, dtype=np.uint16), np.arange(0, 21, 5), segments, np.array([2, 0, 3, 1]), 4, eos_id=1, pad_id=0)
+info = export_stream(stream, "toy_ids", tmp / "exported", global_batch=2)
+out["exported"] = (tmp / "exported" / "ids.txt").read_text().split()
+
+# config schema
+from pipeline.config import config_from_dict
+
+cfg = config_from_dict({"strategies": ["random", "toy_reverse"], "export_formats": ["numpy", "toy_ids"]})
+out["config"] = [cfg.strategies, cfg.export_formats]
+
+# launchpad: the keys each toy reads become fields of its asset's dg.Config
+from assets.evaluations import evaluations
+from assets.exports import exports
+from assets.orderings import orderings
+from assets.params import PARAMS
+
+out["launchpad"] = {a.op.name: sorted(a.op.config_schema.as_field().config_type.fields) for a in (orderings, exports, evaluations)}
+out["params"] = {k: list(PARAMS[k]) for k in ("orderings", "exports", "evaluations")}
+
+# the evaluation
+from evals.run import evaluate
+
+rows = evaluate(torch.nn.Linear(3, 2), None, {"toy": tmp}, limit=1, device="cpu", work_dir=tmp / "work")
+
+# report: the suite's metric in the ablation table, its direction in the paired differences
+from pipeline.reports.stats import delta_table
+from pipeline.reports.tables import ablation_table, higher_is_better, render_report
+
+values = {"random": (8.0, 9.0, 10.0), "toy_reverse": (9.5, 9.9, 11.2)}
+units = pl.DataFrame([{"strategy": s, "seed": seed, "metric": "toy/all/toy_score", "unit": "all", "value": v[seed]}
+                      for s, v in values.items() for seed in (0, 1, 2)])
+out["rows"] = rows
+out["higher_is_better"] = higher_is_better("toy/all/toy_score")
+deltas = delta_table(units, "random", 200, 0, higher_is_better)
+out["better"] = deltas.filter(pl.col("strategy") == "toy_reverse")["better"].to_list()
+out["report"] = render_report(ablation_table(units), strategies=["random", "toy_reverse"], deltas=deltas)
+print(json.dumps(out))
+'''
+
+
+def test_every_key_an_entry_reads_is_declared():
+    """Every config key an ordering strategy, export format or eval suite reads is a StrataConfig
+    field (so it validates, versions its asset and appears in the launchpad)."""
+    entries = [*STRATEGIES.entries().values(), *FORMATS.entries().values(), *SUITES.entries().values()]
+    assert len(entries) >= 14 + 4 + 4
+    keys = {e.name: [*e.reads, *filter(None, [getattr(e, "path_key", None)])] for e in entries}
+    undeclared = {name: k for name, ks in keys.items() for k in ks if k not in StrataConfig.model_fields}
+    assert undeclared == {}, "declare these keys in pipeline/config.py StrataConfig"
+    for suite in SUITES.entries().values():
+        assert suite.path_key is None or suite.path_key in suite.reads
+
+
+def test_spec_modules_import_no_stage():
+    """Reading the registries (as the config's validation does) imports no stage code."""
+    code = ("import sys; from pipeline.config import StrataConfig; StrataConfig(); "
+            "from evals.suites import REGISTRY; REGISTRY.entries(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('pipeline.', 'evals.')) and m.split('.')[1] not in "
+            "('config', 'errors', 'names', 'registry', 'ordering', 'export', 'suites')))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT).stdout.strip()
+    assert out == "[]"
+    code = ("import sys; from pipeline.config import StrataConfig; StrataConfig(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('pipeline.ordering.', 'pipeline.export.')) "
+            "and not m.startswith(('pipeline.ordering.strategies', 'pipeline.export.formats'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT).stdout.strip()
+    assert out == "[]"
+
+
+def test_unknown_names_are_refused_with_the_registry_listed():
+    with pytest.raises(StrataInputError, match="unknown export formats \\['tfrecord'\\].*'numpy'"):
+        config_from_dict({"export_formats": ["tfrecord"]})
+    with pytest.raises(StrataInputError, match="unknown eval suite 'mmlu'.*wikitext"):
+        SUITES.get("mmlu")
+
+
+def test_toy_strategy_format_and_suite_from_one_file_each(tmp_path):
+    files = []
+    for name, text in (("toy_strategy", TOY_STRATEGY), ("toy_format", TOY_FORMAT), ("toy_suite", TOY_SUITE)):
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+        files.append(str(tmp_path / f"{name}.py"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "STRATA_PLUGINS": os.pathsep.join(files)}
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert all(t in out["listed"][f] for f, t in (("strategies", "toy_reverse"), ("formats", "toy_ids"), ("suites", "toy")))
+    assert "toy_reverse" in out["schedule_choices"] and "greedy" in out["schedule_choices"]
+    assert "toy_ids" in out["export_choices"] and "numpy" in out["export_choices"]
+    assert out["schedule_rc"] == 0 and out["scheduled"] == [3, 2, 1, 0]
+    assert out["exported"] == ["2", "0", "3", "1"]
+    assert out["config"] == [["random", "toy_reverse"], ["numpy", "toy_ids"]]
+    # each toy's key joins its asset's parameters and, read by no other asset, its launchpad fields
+    assert "shard_docs" in out["params"]["orderings"] and "shard_docs" in out["launchpad"]["orderings"]
+    assert "tokenizer_sample_chars" in out["launchpad"]["exports"]
+    assert "embed_batch_size" in out["launchpad"]["evaluations"]
+    assert out["rows"] == [{"suite": "toy", "task": "all", "metric": "toy_score", "value": 8.0, "n": 1}]
+    assert out["higher_is_better"] is True and out["better"] == [True]  # a rise of the toy's score counts as better
+    report = out["report"]
+    row = next(line for line in report.splitlines() if line.startswith("| toy/all/toy_score |") and "±" in line)
+    assert "9.0000 ± 1.0000" in row and "10.2000 ± 0.8888" in row  # mean ± std over the seeds, per strategy
+    assert "| toy/all/toy_score | **+1.2000 [" in report  # toy_reverse - random in the differences table
+
+
+def test_without_plugins_the_toys_are_absent():
+    from assets.params import PARAM_CLASSES
+
+    assert "toy_reverse" not in STRATEGIES.names() and "toy_ids" not in FORMATS.names() and "toy" not in SUITES.names()
+    assert "shard_docs" not in PARAM_CLASSES["orderings"].model_fields
+    with pytest.raises(StrataInputError, match="unknown strategies \\['toy_reverse'\\]"):
+        config_from_dict({"strategies": ["toy_reverse"]})
+
+
+def test_the_architecture_pages_worked_example_runs(tmp_path, monkeypatch):
+    """docs/architecture.md's example strategy, as written there, is one file that the config, the
+    CLI and ``run_strategy`` take."""
+    import re
+
+    import numpy as np
+    import polars as pl
+
+    from assets.cli import build_parser
+    from pipeline.ordering.engine import OrderParams, run_strategy
+
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    code = re.search(r"## Worked example.*?```python\n(.*?)```", page, flags=re.S).group(1)
+    (tmp_path / "shortest_first.py").write_text(code)
+    monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "shortest_first.py"))
+    STRATEGIES.reload()
+    try:
+        assert config_from_dict({"strategies": ["random", "shortest_first"]}).strategies[1] == "shortest_first"
+        sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+        assert "shortest_first" in next(a for a in sub["schedule"]._actions if a.dest == "strategy").choices
+        rng = np.random.default_rng(0)
+        lengths = rng.integers(2, 90, 300)
+        docs = pl.DataFrame({"doc_id": np.arange(300), "cluster": rng.integers(0, 4, 300), "n_tokens": lengths})
+        seg = pl.DataFrame({"sequence_id": np.arange(300), "doc_id": np.arange(300), "seq_token_start": np.zeros(300, np.int64),
+                            "n_tokens": lengths, "doc_token_start": np.zeros(300, np.int64)})  # one document per sequence
+        res = run_strategy("shortest_first", docs, seg, 64, OrderParams(), seed=3)
+        filled = seg.group_by("sequence_id").agg(pl.col("n_tokens").sum())
+        by_id = dict(zip(filled["sequence_id"].to_list(), filled["n_tokens"].to_list()))
+        got = [by_id[s] for s in res.order["sequence_id"].to_list()]
+        assert sorted(res.order["sequence_id"].to_list()) == sorted(by_id) and got == sorted(got) and got[0] < got[-1]
+    finally:
+        monkeypatch.delenv("STRATA_PLUGINS")
+        STRATEGIES.reload()
+    assert "shortest_first" not in STRATEGIES.names()
+
+
+def test_a_plugin_may_not_reuse_a_name_and_must_exist(tmp_path, monkeypatch):
+    (tmp_path / "again.py").write_text(textwrap.dedent('''
+        from pipeline.ordering.strategies import StrategySpec
+
+        SPECS = (StrategySpec("random", "sequence", "a second random", seed_free=False, order=lambda f, p, s: None),)
+    '''))
+    try:
+        monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "again.py"))
+        STRATEGIES.reload()
+        with pytest.raises(StrataInputError, match="more than one ordering strategy is named 'random'.*strata_plugin_again"):
+            STRATEGIES.entries()
+        monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "missing.py"))
+        STRATEGIES.reload()
+        with pytest.raises(StrataInputError, match="plugin file not found"):
+            STRATEGIES.names()
+    finally:
+        monkeypatch.delenv("STRATA_PLUGINS")
+        STRATEGIES.reload()
+    assert STRATEGIES.get("random").description == "seeded uniform permutation of the sequences"
