@@ -9,7 +9,7 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from pipeline.config import StrataConfig
 from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_key, shard_version, shard_versions, validate_shard
-from pipeline.distributed.text_shards import ShardDocs, manifest_shards
+from pipeline.data.shard_docs import ShardDocs, manifest_shards
 from pipeline.storage.layout import Layout
 from pipeline.errors import StrataInputError
 from evals.paloma import write_paloma_layout

@@ -286,7 +286,7 @@ def mixture_ablation(context: dg.AssetExecutionContext, settings: StrataSettings
     from transformers import AutoModelForCausalLM
 
     from pipeline.mixture.loop import evaluate
-    from pipeline.training.loop import device
+    from pipeline.devices import device
 
     rec = Recorder(context, duckdb, {"mixture_runs": "*", "training_runs": "*"})
     cfg, layout = settings.config(), settings.layout()

@@ -17,7 +17,7 @@ from helpers import demo_slice
 from pipeline.config import CorpusConfig, config_from_dict
 from pipeline.data.corpus import build_corpus, read_corpus
 from pipeline.data.shards import discover_shards
-from pipeline.distributed.text_shards import read_docs
+from pipeline.data.shard_docs import read_docs
 from pipeline.errors import StrataInputError
 
 

@@ -26,7 +26,8 @@ import numpy as np
 import polars as pl
 
 from pipeline.config import CorpusConfig
-from pipeline.distributed.engine import Shard, map_shards
+from pipeline.distributed.engine import map_shards
+from pipeline.distributed.shards import Shard
 from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )

@@ -32,7 +32,6 @@ them with ``pad_id`` and reports them in its ``filled`` mask, which the loss mus
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

@@ -31,7 +31,7 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.reports import diagnostics as D
-from pipeline.reports.stats import paired_bootstrap
+from pipeline.reports.stats import offdiagonal, paired_bootstrap
 
 Side = Literal[">", ">=", "<"]
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -500,12 +500,6 @@ def diversity_claims(data: ClaimData) -> list[Claim]:
 # ---------------------------------------------------------------------------------------------
 # TerRIFIC curricula: mixture fidelity, greedy vs random
 # ---------------------------------------------------------------------------------------------
-
-
-def offdiagonal(m: np.ndarray) -> np.ndarray:
-    """The cosines of distinct chunk pairs (upper triangle without the diagonal)."""
-    m = np.asarray(m, dtype=np.float64)
-    return m[np.triu_indices(m.shape[0], 1)]
 
 
 def spread_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:

