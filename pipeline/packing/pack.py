@@ -40,7 +40,7 @@ from numba import njit
 
 from pipeline.errors import StrataInputError
 
-from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS  # declared for the config
+from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS, packing_name  # declared for the config
 
 SEGMENT_SCHEMA = {
     "sequence_id": pl.Int64,
@@ -75,11 +75,6 @@ def check_seq_len(seq_len: int) -> None:
             f"sequence length seq_len={seq_len!r} is impossible",
             fix="set seq_len to an integer >= 2 (e.g. 256 for CPU demos, 2048 at scale)",
         )
-
-
-def packing_name(variant: str, atom_multiple: float | None = None) -> str:
-    """Canonical spec string, e.g. ``concat``, ``padding-x0.25``, ``best_fit``."""
-    return variant if atom_multiple is None else f"{variant}-x{atom_multiple:g}"
 
 
 def parse_packing(spec: str) -> tuple[str, float | None]:
