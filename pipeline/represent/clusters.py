@@ -46,20 +46,20 @@ ASSIGN_BATCH = 1 << 16  # rows assigned per faiss search: memory is this many ro
 def pca_fit(x: np.ndarray, n_components: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(mean (d,), axes (d, n_components))`` of the top principal axes of ``x`` (array or memmap).
 
-    The mean and covariance come from a seeded sample of at most ``PCA_FIT_MAX`` rows (float32
-    products, float64 eigendecomposition), and each axis's sign is fixed (largest-magnitude
-    loading positive) so results are reproducible.
+    scikit-learn's PCA (eigendecomposition of the covariance) on a seeded sample of at most
+    ``PCA_FIT_MAX`` rows; each axis's sign is fixed (largest-magnitude loading positive), so results
+    are reproducible.
     """
+    from sklearn.decomposition import PCA
+
     n, d = x.shape
     if not 1 <= n_components <= d:
         raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible", fix=f"use 0 (no PCA) or 1..{d}")
+    if n < n_components:
+        raise StrataInputError(f"pca={n_components} components from {n} embeddings is impossible", fix=f"use 0 (no PCA) or 1..{n}")
     fit = np.asarray(x) if n <= PCA_FIT_MAX else np.asarray(x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))])
-    mean = fit.mean(axis=0, dtype=np.float64)
-    centered = fit - mean.astype(np.float32)
-    _, vecs = np.linalg.eigh((centered.T @ centered).astype(np.float64))
-    axes = vecs[:, ::-1][:, :n_components]
-    axes *= np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(n_components)])
-    return mean.astype(np.float32), axes.astype(np.float32)
+    pca = PCA(n_components, svd_solver="covariance_eigh").fit(fit)
+    return pca.mean_.astype(np.float32), np.ascontiguousarray(pca.components_.T, dtype=np.float32)
 
 
 def pca_reduce(x: np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
