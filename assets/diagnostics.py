@@ -9,6 +9,7 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
 from pipeline.config import TRAINING_TIME_STRATEGIES
 from pipeline.reports import diagnostics as D
+from pipeline.reports.markdown import frame_table
 from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
 from pipeline.reports.plots import plot_k_calibration
@@ -86,7 +87,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     return rec.finish([out, out_stat], {"metrics": metrics.height, "stationarity": stationarity.height},
                       {"strategy": strategy, "length_bins": cfg.length_bins, "prefix_sequences": prefix,
                        "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed},
-                      {"summary": dg.MetadataValue.md(V.markdown_table(summary)),
+                      {"summary": dg.MetadataValue.md(frame_table(summary)),
                        "stationarity": dg.MetadataValue.md(S.markdown(stationarity) if stationarity.height else "no schedule"),
                        "stationarity_outside": S.out_of_band_summary(stationarity) or "none"},
                       check_results=[check])
@@ -120,8 +121,8 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
                                                             "recommended": cal.ks == cal.recommended_k}), {})
     summary, figures, md_path = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity,
                                                          cfg.max_steps * cfg.batch_size, extra)
-    ui = "\n\n".join([V.markdown_table(summary), "**stationarity: outside random's band**",
-                       V.markdown_table(V.stationarity_summary(stationarity))]
+    ui = "\n\n".join([frame_table(summary), "**stationarity: outside random's band**",
+                       frame_table(V.stationarity_summary(stationarity))]
                       + [V.image_markdown(p, n) for n, p in figures.items()])
     return rec.finish([md_path, *figures.values()], {"strategies": len(strategies), "figures": len(figures)},
                       {"strategies": strategies}, {"report": dg.MetadataValue.md(ui)})

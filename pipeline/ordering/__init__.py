@@ -1,11 +1,11 @@
-"""Ordering engine: every scheduling strategy of Don't Shuffle, Optimize, 001 and 002 as plain functions.
+"""Ordering engine: every scheduling strategy (Don't Shuffle, Optimize; Diversity-ordered training; TerRIFIC curricula) as plain functions.
 
 Entry point: ``run_strategy(name, docs, segments, seq_len, params, seed) -> OrderingResult``;
 registry: ``STRATEGIES``; array APIs: ``sequence_order`` / ``document_order`` on
 ``SequenceFeatures`` (built by ``sequence_features``) or per-document arrays.
 """
 
-from pipeline.ordering.curriculum import Curriculum, curriculum_from_dict, load_curriculum
+from pipeline.ordering.curriculum import curriculum_from_dict
 from pipeline.ordering.features import Csr, SequenceFeatures, sequence_features
 from pipeline.ordering.greedy import (
     Objective,
@@ -30,7 +30,6 @@ from pipeline.ordering.strategies import (
 
 __all__ = [
     "Csr",
-    "Curriculum",
     "DOCUMENT_LEVEL",
     "Objective",
     "OrderParams",
@@ -46,7 +45,6 @@ __all__ = [
     "greedy_order",
     "greedy_scaled_order",
     "greedy_windowed_order",
-    "load_curriculum",
     "run_strategy",
     "sequence_features",
     "sequence_order",

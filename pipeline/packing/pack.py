@@ -108,8 +108,8 @@ def pack(
 ) -> Packing:
     """Pack the documents of ``doc_order`` (unique doc ids) with one of ``VARIANTS``.
 
-    ``stream_lengths[d]`` is document d's token count including its EOS. ``atom_multiple`` (seed
-    004's atom size as a multiple of MSL) turns on the seeded atom shuffle of ``concat`` and
+    ``stream_lengths[d]`` is document d's token count including its EOS. ``atom_multiple`` (Packing &
+    shuffling's atom size as a multiple of MSL) turns on the seeded atom shuffle of ``concat`` and
     ``padding``; the atom A = atom_multiple x seq_len must be an integer that divides or is a
     multiple of ``seq_len``. ``seed`` drives every shuffle (atoms; best-fit sequence ids).
     """
@@ -338,7 +338,7 @@ def _eos_added(segments: pl.DataFrame) -> np.ndarray:
 
 
 def packing_stats(p: Packing) -> dict[str, float | int | str]:
-    """Per-variant report (issue 7): tokens kept, padding fraction, documents cut, sequences.
+    """Per-variant report: tokens kept, padding fraction, documents cut, sequences.
 
     A document is *cut* when its tokens lie in two or more segments, i.e. its context is broken
     (across sequences, or across pieces). ``docs_per_sequence`` is the mean number of distinct

@@ -46,7 +46,6 @@ from pipeline.storage.atomic import atomic_path
 from pipeline.names import EMBED_METHODS as METHODS  # declared for the config
 # Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
 IMPLEMENTATION = 2
-POOLINGS = ("mean", "cls", "max", "lasttoken")
 _CHECKPOINT_SECONDS = 30.0
 # On a CPU, batches of ~1k tokens keep the activations in cache: all-MiniLM-L6-v2 embeds 1.8x
 # more documents a second than at 16k-token batches (2 cores, demo corpus, 256 tokens).

@@ -1,9 +1,9 @@
-"""Gradient analyses of an ordering (Don't Shuffle, Optimize and 002, "The Merits of Our Scheduler").
+"""Gradient analyses of an ordering (Don't Shuffle, Optimize; TerRIFIC curricula, "The Merits of Our Scheduler").
 
 * Stable rank of per-batch gradients, per layer: for a weight matrix W of a decoder layer
   (attention q/k/v/o, MLP gate/up/down) and one training batch, M = dLoss/dW and
   ``srank(M) = ||M||_F^2 / ||M||_2^2`` (TerRIFIC curricula, eq. srank). Don't Shuffle, Optimize probes checkpoints at 20% and
-  100% of the steps and reports the minimum and the mean over batches per layer. The seeds write
+  100% of the steps and reports the minimum and the mean over batches per layer. The papers write
   M in R^{T x d} without fixing T; we take the weight gradient itself (out x in), the quantity the
   optimizer applies, which is what "effective directions explored in parameter space" measures.
 * Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint, the large-batch gradient of each of 10
