@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -108,30 +109,16 @@ class Transform:
         return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def kmeans(
-    embeddings: np.ndarray,
-    k: int,
-    seed: int = 0,
-    niter: int = 20,
-    *,
-    pca: int = 0,
-    spherical: bool = False,
-    max_points_per_centroid: int = 256,
-    threads: int = 0,
-    backend: str = "auto",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(assignment int64 (N,), centroids float32 (k, d'))``.
+def kmeans(embeddings: np.ndarray, k: int, seed: int = 0, niter: int = 20, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(assignment int64 (N,), centroids float32 (k, d'))``: :func:`train_kmeans` with
+    ``options`` (its keywords), then every row assigned in batches of ``ASSIGN_BATCH``.
 
     ``embeddings`` may be a memory-mapped ``.npy``: only the training sample (``k *
-    max_points_per_centroid`` rows at most) is read whole, every row is then assigned in batches
-    of ``ASSIGN_BATCH``. ``d'`` is ``pca`` when PCA is on (centroids live in the reduced space),
-    else the input dim. ``threads`` > 0 sets faiss's OpenMP threads for this call. ``backend``:
-    ``auto`` (faiss, or scikit-learn's MiniBatchKMeans if faiss cannot be imported), ``faiss`` or
-    ``sklearn``.
+    max_points_per_centroid`` rows at most) is read whole. ``d'`` is ``pca`` when PCA is on
+    (centroids live in the reduced space), else the input dim.
     """
-    centroids, transform, backend = train_kmeans(embeddings, k, seed, niter, pca=pca, spherical=spherical,
-                                                 max_points_per_centroid=max_points_per_centroid, threads=threads, backend=backend)
-    return assign_clusters(embeddings, centroids, transform, spherical, threads), centroids
+    centroids, transform, _ = train_kmeans(embeddings, k, seed, niter, **options)
+    return assign_clusters(embeddings, centroids, transform, transform.spherical, options.get("threads", 0)), centroids
 
 
 def train_kmeans(
@@ -146,7 +133,11 @@ def train_kmeans(
     threads: int = 0,
     backend: str = "auto",
 ) -> tuple[np.ndarray, Transform, str]:
-    """Centroids trained on the seeded sample (module docstring), the row transform and the backend used."""
+    """Centroids trained on the seeded sample (module docstring), the row transform and the backend used.
+
+    ``threads`` > 0 sets faiss's OpenMP threads for this call. ``backend``: ``auto`` (faiss, or
+    scikit-learn's MiniBatchKMeans if faiss cannot be imported), ``faiss`` or ``sklearn``.
+    """
     x = embeddings
     if x.ndim != 2 or x.shape[0] == 0:
         raise StrataInputError(f"embeddings must be a non-empty 2-D array, got shape {x.shape}", fix="recompute the embeddings asset")

@@ -18,7 +18,7 @@ model's train/eval mode restored. Forward passes use bf16 autocast on CUDA.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -192,20 +192,10 @@ def cosine_matrix(vectors) -> np.ndarray:
     return (u @ u.T).clamp(-1, 1).cpu().numpy()
 
 
-def mixture_fidelity(
-    model,
-    store: SequenceStore,
-    order: np.ndarray,
-    n_chunks: int = 10,
-    sequences_per_chunk: int = 64,
-    batch_size: int = 16,
-    cross_document: bool = False,
-    param_filter: Callable[[str], bool] | None = None,
-) -> np.ndarray:
-    """The n_chunks x n_chunks cosine-similarity matrix of chunk gradients (TerRIFIC curricula, fig. 5)."""
-    return cosine_matrix(
-        chunk_gradients(model, store, order, n_chunks, sequences_per_chunk, batch_size, cross_document, param_filter)
-    )
+def mixture_fidelity(model, store: SequenceStore, order: np.ndarray, **chunking: Any) -> np.ndarray:
+    """The n_chunks x n_chunks cosine-similarity matrix of chunk gradients (TerRIFIC curricula, fig. 5);
+    ``chunking``: the keywords of :func:`chunk_gradients`."""
+    return cosine_matrix(chunk_gradients(model, store, order, **chunking))
 
 
 def fidelity_rows(matrix: np.ndarray) -> pl.DataFrame:
