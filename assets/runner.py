@@ -1,4 +1,4 @@
-"""Materialize the graph in-process (what ``strata demo`` and ``strata run`` do).
+"""Materialize the graph in-process (what ``strata demo`` and ``strata run`` do), in the order of the asset graph.
 
 Runs are recorded in a persistent Dagster instance under ``<data root>/dagster`` (unless
 ``DAGSTER_HOME`` is set), so ``dagster dev`` with the same DAGSTER_HOME shows their history.
@@ -17,7 +17,7 @@ from assets.common import config_partitions
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
-Batch = tuple["dg.PartitionsDefinition | None", list[str]]
+Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions definition (None: unpartitioned) and its assets
 
 
 def optional_enabled(name: str, group: str | None, cfg: StrataConfig) -> bool:
@@ -104,8 +104,6 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> Strat
 def release_dead_claims(instance: dg.DagsterInstance) -> list[str]:
     """Free the training-pool slots held by runs of a ``strata`` process on this machine that is gone
     (killed mid-training): with a pool limit of 1 they would block every later run. Returns their run ids."""
-    import socket
-
     from dagster._core.storage.dagster_run import DagsterRunStatus
 
     from assets.common import TRAIN_POOL
