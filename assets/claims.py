@@ -10,6 +10,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from assets.params import PARAM_CLASSES, asset_config
+from pipeline.reports.markdown import frame_table
 from pipeline.storage.atomic import write_parquet, write_text
 from pipeline.storage.warehouse import replace_rows
 
@@ -142,5 +143,5 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
             outputs.append(write_parquet(heldout, out_dir / "heldout.parquet"))
     return rec.finish(outputs, {"runs": len(arms), "steps": total},
                       {"claims_seeds": cfg.claims_seeds, "claims_epochs": cfg.claims_epochs, "claims_atoms": cfg.claims_atoms},
-                      {"runs": dg.MetadataValue.md(arms_df.to_pandas().to_markdown(index=False)),
+                      {"runs": dg.MetadataValue.md(frame_table(arms_df)),
                        "minutes": round((time.perf_counter() - t0) / 60, 2)})

@@ -52,6 +52,11 @@ RUN_PARTITIONS = dg.MultiPartitionsDefinition({"strategy": STRATEGY_PARTITIONS, 
 TRAIN_POOL = "strata_train"
 
 
+def config_partitions(cfg: StrataConfig) -> dict[str, list[str]]:
+    """The keys of the dynamic partitions the config names, in its order: strategies and seeds."""
+    return {"strategy": list(cfg.strategies), "seed": [str(s) for s in cfg.seeds]}
+
+
 def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str, list[str]]:
     """Make the instance's strategy/seed/corpus-shard partitions equal the config's (shards as
     discovered under ``corpus.path``) and set the training pool's limit; returns what was added and removed."""
@@ -59,7 +64,7 @@ def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str
     from pipeline.errors import StrataInputError
 
     changes: dict[str, list[str]] = {"added": [], "removed": []}
-    wanted_by = {"strategy": list(cfg.strategies), "seed": [str(s) for s in cfg.seeds]}
+    wanted_by = config_partitions(cfg)
     try:
         wanted_by["corpus_shard"] = [shard_key(u) for u in corpus_units(cfg.corpus)]
     except StrataInputError:  # no corpus there (yet): shard partitions stay as they are; `corpus` names the problem

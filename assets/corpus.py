@@ -9,7 +9,8 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from pipeline.config import StrataConfig
 from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_key, shard_version, shard_versions, validate_shard
-from pipeline.distributed.text_shards import ShardDocs, manifest_shards
+from pipeline.data.shard_docs import ShardDocs, manifest_shards
+from pipeline.reports.markdown import frame_table
 from pipeline.storage.layout import Layout
 from pipeline.errors import StrataInputError
 from evals.paloma import write_paloma_layout
@@ -112,7 +113,7 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
         {"train_docs": n_train, "heldout_docs": built.heldout.height, "skipped": len(report.skipped), "shards": built.manifest.height},
         {"corpus": cfg.corpus.path or cfg.corpus.hf_dataset or "builtin", "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed,
          "engine": cfg.engine},
-        {"sources": dg.MetadataValue.md(built.stats.to_pandas().to_markdown(index=False)),
+        {"sources": dg.MetadataValue.md(frame_table(built.stats)),
          "shards_validated": built.validated, "shards_reused": built.reused,
          "skipped_by_shard": dg.MetadataValue.json(report.skipped_by_shard)},
     )

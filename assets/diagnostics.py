@@ -9,11 +9,13 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
 from pipeline.ordering.strategies import training_time
 from pipeline.reports import diagnostics as D
+from pipeline.reports.markdown import frame_table
+from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
 from pipeline.reports.plots import plot_k_calibration
 from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
-from pipeline.storage.atomic import write_parquet, write_text
+from pipeline.storage.atomic import write_parquet
 from pipeline.storage.warehouse import replace_rows
 
 
@@ -85,7 +87,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     return rec.finish([out, out_stat], {"metrics": metrics.height, "stationarity": stationarity.height},
                       {"strategy": strategy, "length_bins": cfg.length_bins, "prefix_sequences": prefix,
                        "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed},
-                      {"summary": dg.MetadataValue.md(V.markdown_table(summary)),
+                      {"summary": dg.MetadataValue.md(frame_table(summary)),
                        "stationarity": dg.MetadataValue.md(S.markdown(stationarity) if stationarity.height else "no schedule"),
                        "stationarity_outside": S.out_of_band_summary(stationarity) or "none"},
                       check_results=[check])
@@ -99,9 +101,8 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     and Diversity-ordered training's k calibration (silhouette vs k on a sample) in ``k_calibration``."""
     rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
     cfg, layout = asset_config(context, settings), settings.layout()
-    docs = V.document_features(layout)
     strategies = [s for s in cfg.strategies if layout.ordering(s).exists() and s not in training_time()]
-    schedules = {s: V.load_schedule(layout, s, docs, cfg.length_bins) for s in strategies}
+    docs, schedules = ordering_schedules(layout, strategies, cfg.length_bins)
     emb = np.load(layout.embeddings, mmap_mode="r")
     labels = docs["source"].to_numpy()
     corpus = D.corpus_diagnostics(docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), embeddings=emb,
@@ -110,20 +111,18 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
         replace_rows(con, "corpus_metrics", corpus, {})
         metrics = con.sql("SELECT * FROM ordering_metrics").pl().filter(pl.col("strategy").is_in(strategies))
         stationarity = S.sort_table(con.sql("SELECT * FROM ordering_stationarity").pl(), strategies)
-    report_dir = layout.inside("report")
-    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), report_dir, stationarity=stationarity,
-                              prefix_sequences=cfg.max_steps * cfg.batch_size)
+    extra = {}
     ks = [k for k in DEFAULT_KS if k <= emb.shape[0] // 40]  # faiss wants >= 39 points per centroid
     if len(ks) >= 2:
         cal = calibrate_k(emb, ks, sample_size=min(5000, emb.shape[0]), seed=cfg.seed)
-        figures["k_calibration"] = plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, report_dir / "k_calibration.png")
+        extra["k_calibration"] = plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, layout.inside("report", "k_calibration.png"))
         with duckdb.get_connection() as con:
             replace_rows(con, "k_calibration", pl.DataFrame({"k": cal.ks, "silhouette": cal.silhouettes,
                                                             "recommended": cal.ks == cal.recommended_k}), {})
-    summary = V.summary_table(metrics)
-    md_path = write_text(V.render_markdown(summary, figures, report_dir, stationarity), report_dir / "diagnostics.md")
-    ui = "\n\n".join([V.markdown_table(summary), "**stationarity: outside random's band**",
-                       V.markdown_table(V.stationarity_summary(stationarity))]
+    summary, figures, md_path = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity,
+                                                         cfg.max_steps * cfg.batch_size, extra)
+    ui = "\n\n".join([frame_table(summary), "**stationarity: outside random's band**",
+                       frame_table(V.stationarity_summary(stationarity))]
                       + [V.image_markdown(p, n) for n, p in figures.items()])
     return rec.finish([md_path, *figures.values()], {"strategies": len(strategies), "figures": len(figures)},
                       {"strategies": strategies}, {"report": dg.MetadataValue.md(ui)})

@@ -11,7 +11,7 @@ from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from assets.corpus import gathered_shards, partition_docs
 from pipeline.data.token_shards import token_files, tokenizer_key
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.distributed.text_shards import ShardDocs, gather_rows, kept_rows, prune
+from pipeline.data.shard_docs import ShardDocs, gather_rows, kept_rows, prune
 from pipeline.represent.cluster_shards import assign_shards, assignment_file
 from pipeline.represent.clusters import keeps, load_model, save_model, train_kmeans
 from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key

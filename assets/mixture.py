@@ -14,6 +14,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings, env_config
 from pipeline.errors import StrataInputError
+from pipeline.reports.markdown import frame_table
 from pipeline.storage.atomic import write_bin, write_npy, write_parquet, write_text
 from pipeline.storage.warehouse import replace_rows
 
@@ -56,7 +57,7 @@ def mixture_target(context: dg.AssetExecutionContext, settings: StrataSettings, 
         replace_rows(con, "mixture_target", summary, {})
     return rec.finish(out, {"documents": table.height, "fit": int((table["role"] == 0).sum()), "eval": int((table["role"] == 1).sum())},
                       {"target_path": cfg.mixture.target_path, "target_source": cfg.mixture.target_source, "seed": cfg.seed},
-                      {"roles": dg.MetadataValue.md(summary.to_pandas().to_markdown(index=False)),
+                      {"roles": dg.MetadataValue.md(frame_table(summary)),
                        "target_sources": ", ".join(sorted(table.filter(pl.col("role") < 2)["source"].unique().to_list()))})
 
 
@@ -138,7 +139,7 @@ def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettin
         replace_rows(con, "mixture_scores", scores, {"iteration": i})
     top = rows.sort("delta", descending=True).head(5).select("cluster", "weight", "score", "delta")
     return rec.finish([out], {"clusters": ctx.n_clusters}, {"iteration": i, **cfg.mixture.model_dump()},
-                      {**{k: float(v) for k, v in metrics.items()}, "top_clusters": dg.MetadataValue.md(top.to_pandas().to_markdown(index=False))})
+                      {**{k: float(v) for k, v in metrics.items()}, "top_clusters": dg.MetadataValue.md(frame_table(top))})
 
 
 @dg.asset(group_name="mixture", deps=["mixture_iterations"], code_version="1", kinds={"parquet"})
@@ -272,7 +273,7 @@ def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, du
     return rec.finish(out, {"sequences": int(order.size)}, {"strategy": strategy, "seeds": cfg.seeds},
                       {"repeated_fraction": real.repeated_fraction, "max_epochs": float(real.table["epochs"].max()),
                        "final_loss": dg.MetadataValue.json(finals),
-                       "realization": dg.MetadataValue.md(real.table.to_pandas().to_markdown(index=False))})
+                       "realization": dg.MetadataValue.md(frame_table(real.table))})
 
 
 @dg.asset(group_name="mixture", deps=["mixture_runs", "training_runs"], code_version="1", kinds={"duckdb"})
@@ -286,7 +287,7 @@ def mixture_ablation(context: dg.AssetExecutionContext, settings: StrataSettings
     from transformers import AutoModelForCausalLM
 
     from pipeline.mixture.loop import evaluate
-    from pipeline.training.loop import device
+    from pipeline.devices import device
 
     rec = Recorder(context, duckdb, {"mixture_runs": "*", "training_runs": "*"})
     cfg, layout = settings.config(), settings.layout()
@@ -311,7 +312,7 @@ def mixture_ablation(context: dg.AssetExecutionContext, settings: StrataSettings
     wide = table.with_columns(cell=pl.format("{} ± {}", pl.col("mean").round(4), pl.col("std").round(4))).pivot(
         on="metric", index="strategy", values="cell")
     md = ("# Learned mixture ablation (TerRIFIC curricula)\n\nMean token loss (nats) of each model on the target set's "
-          "scoring half and on the general held-out set; mean ± std over seeds.\n\n" + wide.to_pandas().to_markdown(index=False)
+          "scoring half and on the general held-out set; mean ± std over seeds.\n\n" + frame_table(wide)
           + "\n\n![weights](weights.png)\n\n![curriculum](curriculum.png)\n")
     out = write_text(md, _dir(layout, "report.md"))
     return rec.finish([out], {"rows": table.height}, {"seeds": cfg.seeds}, {"report": dg.MetadataValue.md(md)})

@@ -10,6 +10,7 @@ every node sees (docs/distributed.md).
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -19,6 +20,7 @@ from assets.common import StrataSettings
 from pipeline.errors import StrataInputError
 
 _ON_WORKER = "STRATA_RAY_WORKER"
+CODE_LOCATION = "assets.definitions"  # the module workspace.yaml loads; a worker loads it by name, as Dagster does
 
 
 def materialize_partition(config_file: str, data_root: str, asset: str, partition: str) -> tuple[dict[str, Any], str | None]:
@@ -27,10 +29,9 @@ def materialize_partition(config_file: str, data_root: str, asset: str, partitio
     if config_file:
         os.environ["STRATA_CONFIG"] = config_file
     from assets.common import sync_partitions
-    from assets.definitions import build_definitions
     from pipeline.config import resolve_config
 
-    defs = build_definitions(config_file or None, data_root)
+    defs = importlib.import_module(CODE_LOCATION).build_definitions(config_file or None, data_root)
     instance = dg.DagsterInstance.ephemeral()
     sync_partitions(instance, resolve_config(config_file or None, data_root))  # strategies/seeds are dynamic partitions
     try:

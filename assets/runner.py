@@ -1,4 +1,4 @@
-"""Materialize the graph in-process (what ``strata demo`` and ``strata run`` do).
+"""Materialize the graph in-process (what ``strata demo`` and ``strata run`` do), in the order of the asset graph.
 
 Runs are recorded in a persistent Dagster instance under ``<data root>/dagster`` (unless
 ``DAGSTER_HOME`` is set), so ``dagster dev`` with the same DAGSTER_HOME shows their history.
@@ -6,26 +6,82 @@ Runs are recorded in a persistent Dagster instance under ``<data root>/dagster``
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from pathlib import Path
 
 import dagster as dg
 
+from assets.common import config_partitions
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
-# The graph before the strategies, in order: unpartitioned groups, and per-shard groups (tuples)
-# run once per corpus shard partition that is missing or stale.
-BEFORE_STRATEGIES: list[list[str] | tuple[str, ...]] = [
-    ("corpus_shards",), ["raw_corpus", "corpus", "tokenizer"], ("token_shards", "embedding_shards"),
-    ["tokens", "embeddings", "centroids"], ("cluster_shards",), ["clusters", "sequences"],
-]
-UPSTREAM = [a for group in BEFORE_STRATEGIES if isinstance(group, list) for a in group]
-PER_STRATEGY = ["orderings", "exports", "ordering_diagnostics"]
-PER_RUN = ["training_runs", "evaluations"]
-GATHER = ["diagnostics_report", "gradient_analyses", "claims", "ablation_report"]
-CLAIM_RUNS = ["claim_runs"]  # the claims' own training runs: with claims_full, or when selected (strata claims --full)
+Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions definition (None: unpartitioned) and its assets
+
+
+def optional_enabled(name: str, group: str | None, cfg: StrataConfig) -> bool:
+    """Whether ``strata run`` without ``--select`` materializes this asset: the mixture stage only with
+    ``mixture.enabled``, the claims' own training runs only with ``claims_full``."""
+    if group == "mixture":
+        return cfg.mixture.enabled
+    if name == "claim_runs":
+        return cfg.claims_full
+    return True
+
+
+def plan(defs: dg.Definitions, chosen: set[str], cfg: StrataConfig, selected: bool = False) -> list[Batch]:
+    """The chosen materializable assets in the asset graph's topological order, in batches: each batch
+    the assets that become ready together and share a partitions definition (one run per partition).
+    The mixture stage comes after everything else; an unpartitioned observable source that is chosen
+    is observed in the first unpartitioned batch that reads it. Without ``selected``, the optional
+    assets follow the config (:func:`optional_enabled`)."""
+    graph = defs.resolve_asset_graph()
+    rank = {k: i for i, k in enumerate(graph.toposorted_asset_keys)}
+    wanted = {k for k in graph.materializable_asset_keys if k.to_user_string() in chosen
+              and (selected or optional_enabled(k.to_user_string(), graph.get(k).group_name, cfg))}
+    sources = {k for k in graph.observable_asset_keys - graph.materializable_asset_keys
+               if k.to_user_string() in chosen and graph.get(k).partitions_def is None}
+    parents = {k: set(graph.get(k).parent_keys) & wanted for k in wanted}
+
+    def order(k: dg.AssetKey) -> tuple[bool, int]:
+        return graph.get(k).group_name == "mixture", rank[k]
+
+    done: set[dg.AssetKey] = set()
+    batches: list[Batch] = []
+    while wanted - done:
+        first = min((k for k in wanted - done if parents[k] <= done), key=order)
+        pdef, tier = graph.get(first).partitions_def, order(first)[0]
+        batch: list[dg.AssetKey] = []
+        while ready := [k for k in wanted - done - set(batch) if parents[k] <= done | set(batch)
+                        and graph.get(k).partitions_def == pdef and order(k)[0] == tier]:
+            batch += sorted(ready, key=order)
+        if pdef is None:
+            observed = sorted((s for s in sources if any(s in graph.get(k).parent_keys for k in batch)), key=rank.get)
+            sources -= set(observed)
+            batch = observed + batch
+        done |= set(batch)
+        batches.append((pdef, [k.to_user_string() for k in batch]))
+    return batches
+
+
+def _nests(inner, outer) -> bool:
+    """Whether ``inner`` is a multi-partition definition with ``outer`` as one of its dimensions."""
+    return outer is not None and isinstance(inner, dg.MultiPartitionsDefinition) and any(
+        d.partitions_def == outer for d in inner.partitions_defs)
+
+
+def partition_keys(pdef, cfg: StrataConfig, within: dict[str, str] | None = None) -> list:
+    """The partition keys of ``pdef`` that the config names, in its order; for a multi-partition
+    definition, those whose dimensions agree with ``within``."""
+    if isinstance(pdef, dg.StaticPartitionsDefinition):
+        return list(pdef.get_partition_keys())
+    if isinstance(pdef, dg.MultiPartitionsDefinition):
+        dims = {d.name: partition_keys(d.partitions_def, cfg) for d in pdef.partitions_defs}
+        dims.update({name: [key] for name, key in (within or {}).items()})
+        names = list(dims)
+        return [dg.MultiPartitionKey(dict(zip(names, combo))) for combo in itertools.product(*dims.values())]
+    return config_partitions(cfg)[pdef.name]
 
 
 def prepare_environment(config_file: str | None, data_root: str | None) -> StrataConfig:
@@ -48,8 +104,6 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> Strat
 def release_dead_claims(instance: dg.DagsterInstance) -> list[str]:
     """Free the training-pool slots held by runs of a ``strata`` process on this machine that is gone
     (killed mid-training): with a pool limit of 1 they would block every later run. Returns their run ids."""
-    import socket
-
     from dagster._core.storage.dagster_run import DagsterRunStatus
 
     from assets.common import TRAIN_POOL
@@ -98,10 +152,10 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
 
 def materialize_all(config_file: str | None = None, data_root: str | None = None, select: str | None = None,
                     log=print, log_level: str = "INFO", instance: dg.DagsterInstance | None = None) -> Path | None:
-    """Materialize the selected assets (all by default): the whole-corpus assets, each corpus-shard
-    partition that is missing or stale (new or edited shards; all of them after a new tokenizer or
-    k-means model) between them, each strategy partition,
-    each strategy x seed partition, then the gathering assets. Returns the path of ``report.md`` when
+    """Materialize the selected assets (all by default) in the order of the asset graph (:func:`plan`):
+    unpartitioned batches once, corpus-shard batches for each partition that is missing or stale (new
+    or edited shards; all of them after a new tokenizer or k-means model), strategy batches per
+    strategy, each followed by its strategy x seed runs. Returns the path of ``report.md`` when
     ``ablation_report`` was among them."""
     from assets.common import sync_partitions
     from assets.definitions import build_definitions
@@ -137,36 +191,22 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         if not result.success:
             raise RuntimeError(f"materialization failed: {label}")
 
+    from assets.common import SHARD_PARTITIONS
     from assets.status import shards_to_run
 
-    for group in BEFORE_STRATEGIES:
-        if isinstance(group, list):
-            run(group)
-            continue
-        selection = [a for a in group if a in chosen]
-        for key in shards_to_run(defs, instance, cfg, selection) if selection else []:
-            run(selection, key)
-    for s in cfg.strategies:
-        run(PER_STRATEGY, s)
-        for seed in cfg.seeds:
-            run(PER_RUN, dg.MultiPartitionKey({"strategy": s, "seed": str(seed)}))
-    if cfg.claims_full or select:
-        run(CLAIM_RUNS)
-    run(GATHER)
-    if cfg.mixture.enabled or select:
-        materialize_mixture(run, cfg)
+    batches = plan(defs, chosen, cfg, selected=bool(select))
+    while batches:
+        pdef, names = batches.pop(0)
+        inner = batches.pop(0) if batches and _nests(batches[0][0], pdef) else None
+        if pdef is None:
+            run(names)
+        elif pdef == SHARD_PARTITIONS:
+            for key in shards_to_run(defs, instance, cfg, names):
+                run(names, key)
+        else:
+            for key in partition_keys(pdef, cfg):
+                run(names, key)
+                for sub in partition_keys(inner[0], cfg, {pdef.name: key}) if inner else []:
+                    run(inner[1], sub)
     return cfg.root / "report.md" if "ablation_report" in chosen else None
 
-
-def materialize_mixture(run, cfg: StrataConfig) -> None:
-    """The TerRIFIC mixture stage (when ``mixture.enabled``, or as selected): target, iterations in
-    order, weights + curriculum, runs per strategy, ablation."""
-    from assets.mixture import MIXTURE_STRATEGIES
-
-    run(["mixture_target"])
-    for i in range(cfg.mixture.iterations):
-        run(["mixture_iterations"], str(i))
-    run(["mixture_weights", "mixture_curriculum"])
-    for s in MIXTURE_STRATEGIES:
-        run(["mixture_runs"], s)
-    run(["mixture_ablation"])

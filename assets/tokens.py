@@ -11,7 +11,7 @@ from assets.corpus import gathered_shards, partition_docs
 from pipeline.data.token_shards import gather_tokens, token_files, tokenize_shards, tokenizer_key
 from pipeline.data.tokenizer import load_tokenizer, sample_texts, train_bpe
 from pipeline.data.tokens import token_dtype
-from pipeline.distributed.text_shards import prune
+from pipeline.data.shard_docs import prune
 from pipeline.storage.atomic import atomic_dir
 
 

@@ -6,7 +6,7 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, PARAMS, asset_config
-from assets.common import RUN_PARTITIONS, STRATEGY_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key  # noqa: F401 (re-exported)
+from assets.common import RUN_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key
 from assets.on_ray import run_on_ray
 from assets.orderings import load_ordering, seeded_ordering
 from pipeline.storage.atomic import atomic_dir, write_parquet

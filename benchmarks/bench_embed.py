@@ -33,6 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.devices import device  # noqa: E402
 from pipeline.represent import embeddings as E  # noqa: E402
 from pipeline.represent.agreement import label_agreement  # noqa: E402
 from pipeline.represent.clusters import kmeans  # noqa: E402
@@ -69,14 +70,14 @@ def reference_model(SentenceTransformer, path: Path, max_tokens: int):
     directory; for a plain HF directory, Transformer + mean pooling like our ``sentence``/``deep``
     (sentence-transformers 6 would pick last-token pooling for a decoder-only model)."""
     if (path / "modules.json").is_file():
-        st = SentenceTransformer(str(path), device=E.device())
+        st = SentenceTransformer(str(path), device=device())
         st.max_seq_length = min(st.max_seq_length or max_tokens, max_tokens)
         return st
     from sentence_transformers.models import Pooling, Transformer
 
     body = Transformer(str(path), max_seq_length=max_tokens)
     dim = int(body.auto_model.config.get_text_config().hidden_size)
-    return SentenceTransformer(modules=[body, Pooling(dim, pooling_mode="mean")], device=E.device())
+    return SentenceTransformer(modules=[body, Pooling(dim, pooling_mode="mean")], device=device())
 
 
 def throughput(texts_all: list[str], n_shallow: int, n_forward: int, model: str, max_tokens: int, batch: int) -> None:
@@ -84,7 +85,7 @@ def throughput(texts_all: list[str], n_shallow: int, n_forward: int, model: str,
     shallow_texts = [texts_all[i] for i in rng.choice(len(texts_all), n_shallow, replace=False)]
     fwd_texts = shallow_texts[:n_forward]
     path = E._model_dir(model)
-    print(f"model {path}\nmax_tokens {max_tokens}, batch_size {batch}, device {E.device()}, "
+    print(f"model {path}\nmax_tokens {max_tokens}, batch_size {batch}, device {device()}, "
           f"TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM', '(unset)')}, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"shallow docs: {n_shallow} (mean {np.mean([len(t) for t in shallow_texts]):.0f} chars); forward docs: {n_forward}\n")

@@ -1,4 +1,4 @@
-"""Export speed per format on a 100M-token ordering (issue 14 targets: numpy and megatron
+"""Export speed per format on a 100M-token ordering (targets: numpy and megatron
 <= 30 s, mds and hf <= 2 min). Run: ``nice python benchmarks/bench_export.py [--tokens N]``.
 
 Builds a synthetic data root in a temp dir (log-normal document lengths, concat packing, the

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_train import synthetic_store  # noqa: E402
 from pipeline.mixture.terrific import SparseProjection, per_example_grads  # noqa: E402
-from pipeline.training.loop import device  # noqa: E402
+from pipeline.devices import device  # noqa: E402
 from pipeline.training.model import batch_tensors, build_model  # noqa: E402
 
 

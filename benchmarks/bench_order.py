@@ -1,4 +1,4 @@
-"""Speed and quality of the ordering engine on synthetic corpora (issues 3 and 12's targets).
+"""Speed and quality of the ordering engine on synthetic corpora, against its targets.
 
 Instances: Zipf(1) cluster sizes over K=1000 clusters, log-normal document lengths
 (stream length incl. EOS, median e^5.5 ~ 245, mean ~ 500 tokens), documents in random order

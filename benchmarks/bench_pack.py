@@ -1,4 +1,4 @@
-"""Packing speed and per-variant figures on 1M synthetic documents (issue 7 targets:
+"""Packing speed and per-variant figures on 1M synthetic documents (targets:
 concat <= 30 s, best_fit <= 120 s). Run: ``nice python benchmarks/bench_pack.py [--docs N]``.
 
 Document stream lengths are log-normal (median ~200 tokens, long tail), like a web crawl.

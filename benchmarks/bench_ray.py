@@ -5,7 +5,7 @@
 Real demo-corpus texts written as one validated corpus shard; tokenization with the embedding
 model's tokenizer (``tokenize_unit``), then all-MiniLM-L6-v2 sentence embeddings (``embed_unit``),
 both cut into the same work units of ``--shard-docs`` documents and mapped by
-:func:`pipeline.distributed.text_shards.map_corpus_shards`, as the assets do. Engines:
+:func:`pipeline.distributed.units.map_corpus_shards`, as the assets do. Engines:
 
 - ``local``: this process, torch on every core, and again with one torch thread (what a 1-CPU
   Ray actor uses: on a loaded machine, multi-threaded torch can lose more than it gains);
@@ -37,7 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import RayConfig, StrataConfig  # noqa: E402
 from pipeline.distributed.local_cluster import local_cluster  # noqa: E402
-from pipeline.distributed.text_shards import ShardDocs, embed_unit, load_unit, map_corpus_shards, read_shard_docs, tokenize_unit  # noqa: E402
+from pipeline.data.shard_docs import ShardDocs, read_shard_docs  # noqa: E402
+from pipeline.data.token_shards import tokenize_unit  # noqa: E402
+from pipeline.distributed.units import load_unit, map_corpus_shards  # noqa: E402
+from pipeline.represent.embedding_shards import embed_unit  # noqa: E402
 from pipeline.offline import set_offline  # noqa: E402
 from pipeline.represent.embeddings import default_model_path  # noqa: E402
 

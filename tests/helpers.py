@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,15 @@ def demo_slice(n: int, stride: int = 47) -> list[dict]:
                 if len(out) == n:
                     break
     return out
+
+
+def built_corpus(cfg, work: Path):
+    """``build_corpus`` of ``cfg`` in a new folder under ``work``, with no held-out split: the
+    documents of its ``corpus.parquet`` and its reading report."""
+    import polars as pl
+
+    from pipeline.data.corpus import build_corpus
+
+    out = Path(tempfile.mkdtemp(dir=work))
+    build = build_corpus(cfg, 0, 0.0, out / "shards", out / "corpus.parquet")
+    return pl.read_parquet(out / "corpus.parquet"), build.report

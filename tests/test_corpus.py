@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import pytest
 
 from pipeline.config import CorpusConfig, config_from_dict
-from pipeline.data.corpus import read_corpus
+from helpers import built_corpus
 from pipeline.errors import StrataInputError
 
 GOOD = {"id": "a", "text": "hello world", "source": "web"}
 
 
 def _read(path, **kw):
-    return read_corpus(CorpusConfig(path=str(path), **kw))
+    return built_corpus(CorpusConfig(path=str(path), **kw), Path(path).parent)
 
 
 def test_reads_jsonl_and_gz(write_jsonl, tmp_path):

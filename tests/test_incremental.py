@@ -13,7 +13,9 @@ from helpers import demo_slice
 from pipeline.config import RayConfig
 from pipeline.data.tokenizer import load_tokenizer, sample_texts, train_bpe
 from pipeline.data.tokens import tokenize_documents
-from pipeline.distributed.text_shards import ShardDocs, load_unit, map_corpus_shards, read_shard_docs, tokenize_unit
+from pipeline.data.shard_docs import ShardDocs, read_shard_docs
+from pipeline.data.token_shards import tokenize_unit
+from pipeline.distributed.units import load_unit, map_corpus_shards
 from pipeline.represent.embeddings import default_model_path, embed, same_tokenizer, shallow_from_ids
 from pipeline.storage.fingerprints import tokenizer_fingerprint
 

@@ -145,13 +145,14 @@ MATERIALIZE = """
 import json, sys
 import dagster as dg
 from assets.common import sync_partitions
-from assets.runner import UPSTREAM, prepare_environment
+from assets.runner import plan, prepare_environment, selected_keys
 cfg = prepare_environment(sys.argv[1], None)
 from assets.definitions import defs
+upstream = [name for pdef, names in plan(defs, selected_keys(defs, "*sequences"), cfg, True) if pdef is None for name in names]
 sync_partitions(dg.DagsterInstance.get(), cfg)  # strategies are dynamic partitions that follow the config
 kw = dict(instance=dg.DagsterInstance.get(), resources=defs.resources, raise_on_error=True)
 everything = list(defs.assets) + list(defs.asset_checks or [])
-dg.materialize(everything, selection=UPSTREAM, **kw)
+dg.materialize(everything, selection=upstream, **kw)
 modes = {}
 for strategy in ("greedy", "random"):
     res = dg.materialize(everything, selection=["orderings"], partition_key=strategy, **kw)

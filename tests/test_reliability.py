@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import polars as pl
 import pytest
 import yaml

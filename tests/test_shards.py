@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import demo_slice
+from helpers import built_corpus, demo_slice
 from pipeline.config import CorpusConfig, config_from_dict
-from pipeline.data.corpus import build_corpus, read_corpus
+from pipeline.data.corpus import build_corpus
 from pipeline.data.shards import discover_shards
-from pipeline.distributed.text_shards import read_docs
+from pipeline.data.shard_docs import read_docs
 from pipeline.errors import StrataInputError
 
 
@@ -49,11 +49,11 @@ def shards(tmp_path) -> tuple[Path, list[dict]]:
     return d, recs
 
 
-def test_directory_glob_and_list_read_every_format_in_path_order(shards):
+def test_directory_glob_and_list_read_every_format_in_path_order(shards, tmp_path):
     d, recs = shards
     expected = [r["id"] for r in recs[:40] + recs[60:] + recs[40:60]]  # a, b, d, sub/c (sorted paths)
     for spec in (str(d), str(d / "**" / "*.*"), [str(d / "a.parquet"), str(d / "b.jsonl.gz"), str(d / "d.jsonl"), str(d / "sub")]):
-        df, report = read_corpus(CorpusConfig(path=spec))
+        df, report = built_corpus(CorpusConfig(path=spec), tmp_path)
         assert df["id"].to_list() == expected and report.n_read == 80
         assert df["source"].to_list()[:3] == [r["source"] for r in recs[:3]]
     assert [p.name for p in discover_shards(str(d))] == ["a.parquet", "b.jsonl.gz", "d.jsonl", "c.jsonl.zst"]
@@ -70,12 +70,12 @@ def test_no_shards_and_unknown_format_are_clear(tmp_path):
         config_from_dict({"corpus": {"path": []}})
 
 
-def test_bad_record_in_shard_2_names_that_shard_and_line(tmp_path):
+def test_bad_record_in_shard_2_names_that_shard_and_line(tmp_path, tmp_path_factory):
     good = [{"id": f"d{i}", "text": f"document {i}"} for i in range(6)]
     _write(tmp_path / "s1.jsonl", good[:3], "plain")
     bad = _write(tmp_path / "s2.jsonl.zst", [good[3], '{"id": "x", "text": "unterminated', good[4]], "zst")
     with pytest.raises(StrataInputError) as err:
-        read_corpus(CorpusConfig(path=str(tmp_path)))
+        built_corpus(CorpusConfig(path=str(tmp_path)), tmp_path_factory.mktemp("build"))
     assert str(bad) in str(err.value) and "line 2: malformed JSON" in str(err.value) and "Fix:" in str(err.value)
 
     pq_dir = tmp_path / "pq"
@@ -87,11 +87,11 @@ def test_bad_record_in_shard_2_names_that_shard_and_line(tmp_path):
     assert str(bad_pq) in str(err.value) and "line 2: document text is empty" in str(err.value)
 
 
-def test_skip_counts_per_shard_and_duplicates_across_shards(tmp_path):
+def test_skip_counts_per_shard_and_duplicates_across_shards(tmp_path, tmp_path_factory):
     _write(tmp_path / "s1.jsonl", [{"id": "a", "text": "one"}, "{broken", {"id": "b", "text": "two"}], "plain")
     _write(tmp_path / "s2.parquet", [{"id": "a", "text": "again"}, {"id": "c", "text": ""}, {"id": "d", "text": "four"}], "parquet")
     cfg = CorpusConfig(path=str(tmp_path), on_error="skip")
-    df, report = read_corpus(cfg)
+    df, report = built_corpus(cfg, tmp_path_factory.mktemp("build"))
     assert df["id"].to_list() == ["a", "b", "d"]
     assert report.skipped_by_shard == {str(tmp_path / "s1.jsonl"): 1, str(tmp_path / "s2.parquet"): 2}
     dup = tmp_path / "dup"
@@ -99,7 +99,7 @@ def test_skip_counts_per_shard_and_duplicates_across_shards(tmp_path):
     _write(dup / "s1.jsonl", [{"id": "a", "text": "one"}, {"id": "b", "text": "two"}], "plain")
     _write(dup / "s2.parquet", [{"id": "c", "text": "three"}, {"id": "a", "text": "again"}], "parquet")
     with pytest.raises(StrataInputError, match=r"s2\.parquet: duplicate document id 'a' \(records \[s1.jsonl line 1, s2.parquet line 2\]\)"):
-        read_corpus(CorpusConfig(path=str(dup / "s*")))
+        built_corpus(CorpusConfig(path=str(dup / "s*")), tmp_path)
     with pytest.raises(StrataInputError, match=r"s2\.parquet: duplicate document id 'a'"):
         build_corpus(CorpusConfig(path=str(dup)), 0, 0.0, tmp_path / "work", tmp_path / "corpus.parquet")
 
@@ -111,7 +111,7 @@ def test_build_corpus_streams_and_reuses_unchanged_shards(shards, tmp_path):
     first = build_corpus(cfg, 0, 0.1, work, out, batch_rows=7)
     assert first.validated == 4 and first.reused == 0
     corpus = pl.read_parquet(out)
-    ref, _ = read_corpus(cfg)
+    ref, _ = built_corpus(cfg, tmp_path)
     assert corpus.height + first.heldout.height == ref.height == 80
     assert corpus["doc_id"].to_list() == list(range(corpus.height))
     m = first.manifest

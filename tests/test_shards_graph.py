@@ -20,7 +20,7 @@ import yaml
 from helpers import demo_slice
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens, tokenize_documents
-from pipeline.distributed.text_shards import kept_rows, manifest_shards
+from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.represent.clusters import assign_unit, load_model
 from pipeline.represent.embeddings import default_model_path, embed
 from pipeline.storage.layout import Layout

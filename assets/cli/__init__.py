@@ -95,7 +95,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipeline.reports import diagnostics as D
     from pipeline.reports import stationarity as S
     from pipeline.reports import visual as V
-    from pipeline.storage.atomic import write_text
+    from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
     from pipeline.storage.layout import Layout
 
     cfg = env_config()
@@ -109,17 +109,13 @@ def cmd_report(args: argparse.Namespace) -> int:
                         if not p.name.endswith(".segments.parquet") and p.name.removesuffix(".parquet") not in training_time())
     if not strategies:
         raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
-    docs = V.document_features(layout)
-    schedules = {s: V.load_schedule(layout, s, docs, args.bins) for s in strategies}
+    docs, schedules = ordering_schedules(layout, strategies, args.bins)
     metrics = pl.concat([D.ordering_diagnostics(s, sched) for s, sched in schedules.items()])
-    summary = V.summary_table(metrics)
     emb = np.load(layout.embeddings, mmap_mode="r") if layout.embeddings.exists() else None
     prefix = cfg.max_steps * cfg.batch_size
     stationarity = pl.concat([S.stationarity_table(sched, prefix=prefix, strategy=s, n_random=cfg.stationarity_shuffles, seed=cfg.seed)
                               for s, sched in schedules.items()])
-    figures = V.write_figures(schedules, emb, docs["cluster"].to_numpy(), layout.inside("report"), stationarity=stationarity,
-                              prefix_sequences=prefix)
-    md = write_text(V.render_markdown(summary, figures, layout.inside("report"), stationarity), layout.inside("report", "diagnostics.md"))
+    summary, figures, md = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity, prefix)
     console = Console()
     table = Table(title=f"Ordering diagnostics ({root})")
     for col in summary.columns:

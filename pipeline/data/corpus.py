@@ -26,7 +26,8 @@ import numpy as np
 import polars as pl
 
 from pipeline.config import CorpusConfig
-from pipeline.distributed.engine import Shard, map_shards
+from pipeline.distributed.engine import map_shards
+from pipeline.distributed.shards import Shard
 from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )
@@ -103,37 +104,6 @@ def duplicate_ids(ids: list[pl.Series]) -> tuple[list[np.ndarray], tuple[int, st
     if first is not None:
         first = (first[0], first[1], seen[first[1]])
     return masks, first
-
-
-def read_corpus(cfg: CorpusConfig, seed: int = 0) -> tuple[pl.DataFrame, CorpusReport]:
-    """Read and validate the whole configured corpus into one table, in memory (small corpora and
-    tests; the ``corpus`` asset streams shard by shard with :func:`build_corpus`)."""
-    units = corpus_units(cfg)
-    report = CorpusReport(units[0] if len(units) == 1 else str(cfg.path))
-    frames: list[pl.DataFrame] = []
-    for unit in units:
-        sr = ShardReport(unit)
-        parts = list(read_unit(unit, cfg, sr))
-        frames.append(pl.concat(parts) if parts else pl.DataFrame(schema=SHARD_COLUMNS))
-        report.n_read += sr.n_read
-        report.skipped += sr.skipped
-        report.skipped_by_shard[unit] = len(sr.skipped)
-    masks, first = duplicate_ids([f["id"] for f in frames])
-    if first is not None and cfg.on_error == "fail":
-        raise _duplicate_error(first, units, [f["line"] for f in frames])
-    for i, (f, m) in enumerate(zip(frames, masks)):
-        if m.any():
-            report.skipped += [(int(line), f"duplicate document id {doc!r}") for line, doc in zip(f["line"].filter(pl.Series(m)), f["id"].filter(pl.Series(m)))]
-            report.skipped_by_shard[units[i]] += int(m.sum())
-            frames[i] = f.filter(pl.Series(~m))
-    df = pl.concat(frames)
-    report.lines = df["line"].to_list()
-    df = df.drop("line").cast(CORPUS_SCHEMA)
-    if df.height == 0:
-        raise StrataInputError("the corpus has no usable documents", path=report.path, fix="point corpus.path at a non-empty corpus")
-    if cfg.max_docs and df.height > cfg.max_docs:
-        df = df[max_docs_sample(df.height, cfg.max_docs, seed)]
-    return df, report
 
 
 def max_docs_sample(n: int, max_docs: int, seed: int) -> np.ndarray:

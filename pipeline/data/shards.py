@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -140,43 +140,51 @@ def _frame(rows: list[tuple[str, str, str, str]], lines: list[int]) -> pl.DataFr
     return df.with_columns(line=pl.Series(lines, dtype=pl.Int64)).cast(SHARD_COLUMNS)
 
 
+def _batches(items: Iterable[tuple[int, Any]], parse: Callable[[Any, int], Any], cfg: CorpusConfig, where: str | Path,
+             report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
+    """Validated batches of up to ``batch_rows`` records from ``(line, item)`` pairs; ``parse(item,
+    line)`` gives the record. A bad record stops the run, or with ``on_error: skip`` is counted in ``report``."""
+    rows: list[tuple[str, str, str, str]] = []
+    lines: list[int] = []
+    for line_no, item in items:
+        report.n_read += 1
+        try:
+            rows.append(check_record(parse(item, line_no), cfg, where, line_no))
+            lines.append(line_no)
+        except StrataInputError as err:
+            if cfg.on_error == "fail":
+                raise
+            report.skipped.append((line_no, err.problem))
+        if len(rows) >= batch_rows:
+            yield _frame(rows, lines)
+            rows, lines = [], []
+    if rows:
+        yield _frame(rows, lines)
+
+
 def _read_jsonl(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
     import pyarrow as pa
 
-    rows: list[tuple[str, str, str, str]] = []
-    lines: list[int] = []
+    def parse(data: bytes, line_no: int) -> Any:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StrataInputError(f"invalid UTF-8 at byte {exc.start}", path=path, line=line_no, fix="re-encode the file as UTF-8") from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StrataInputError(
+                f"malformed JSON ({exc.msg} at column {exc.colno})", path=path, line=line_no,
+                fix="make each line one complete JSON object, or set corpus.on_error: skip",
+            ) from None
+
     try:
         with pa.input_stream(str(path), compression="detect") as raw:
-            for line_no, data in enumerate(io.BufferedReader(raw, 1 << 20), start=1):  # type: ignore[arg-type]
-                if not data.strip():
-                    continue
-                report.n_read += 1
-                try:
-                    try:
-                        text = data.decode("utf-8")
-                    except UnicodeDecodeError as exc:
-                        raise StrataInputError(f"invalid UTF-8 at byte {exc.start}", path=path, line=line_no, fix="re-encode the file as UTF-8") from None
-                    try:
-                        rec = json.loads(text)
-                    except json.JSONDecodeError as exc:
-                        raise StrataInputError(
-                            f"malformed JSON ({exc.msg} at column {exc.colno})", path=path, line=line_no,
-                            fix="make each line one complete JSON object, or set corpus.on_error: skip",
-                        ) from None
-                    rows.append(check_record(rec, cfg, path, line_no))
-                    lines.append(line_no)
-                except StrataInputError as err:
-                    if cfg.on_error == "fail":
-                        raise
-                    report.skipped.append((line_no, err.problem))
-                if len(rows) >= batch_rows:
-                    yield _frame(rows, lines)
-                    rows, lines = [], []
+            numbered = enumerate(io.BufferedReader(raw, 1 << 20), start=1)  # type: ignore[arg-type]
+            yield from _batches(((n, data) for n, data in numbered if data.strip()), parse, cfg, path, report, batch_rows)
     except (OSError, EOFError, pa.ArrowInvalid) as exc:
         raise StrataInputError(f"cannot read the corpus file ({exc})", path=path,
                                fix="check the path and permissions, and that .gz/.zst files are complete") from exc
-    if rows:
-        yield _frame(rows, lines)
 
 
 def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
@@ -240,22 +248,7 @@ def read_shard(path: Path, cfg: CorpusConfig, report: ShardReport | None = None,
 
 def read_records(records, cfg: CorpusConfig, where: str, report: ShardReport, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
     """Validated batches from an iterable of dict records (a Hugging Face streaming dataset)."""
-    rows: list[tuple[str, str, str, str]] = []
-    lines: list[int] = []
-    for i, rec in enumerate(records, start=1):
-        report.n_read += 1
-        try:
-            rows.append(check_record(rec, cfg, where, i))
-            lines.append(i)
-        except StrataInputError as err:
-            if cfg.on_error == "fail":
-                raise
-            report.skipped.append((i, err.problem))
-        if len(rows) >= batch_rows:
-            yield _frame(rows, lines)
-            rows, lines = [], []
-    if rows:
-        yield _frame(rows, lines)
+    return _batches(enumerate(records, start=1), lambda record, _: record, cfg, where, report, batch_rows)
 
 
 def hf_records(cfg: CorpusConfig):

@@ -3,13 +3,14 @@
 Each validated shard's training rows are tokenized on their own into
 ``tokens/shards/<validated>-<tokenizer>.bin`` (the flat ids, EOS after each document) and ``.parquet``
 (per-document ``n_tokens``, ``n_chars``, ``n_bytes``), in work units of ``shard_docs`` documents on
-the configured engine (:mod:`pipeline.distributed.text_shards`). :func:`gather_tokens` writes the
+the configured engine (:mod:`pipeline.distributed.units`). :func:`gather_tokens` writes the
 whole-corpus store of :mod:`pipeline.data.tokens` from them in ``corpus.parquet`` order: a shard's
 file is copied as it is, or only its kept documents where the global corpus steps dropped some.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +18,38 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from pipeline.data.tokens import token_dtype
-from pipeline.distributed.text_shards import ShardDocs, kept_rows, load_unit, map_corpus_shards, read_docs, read_shard_docs, tokenize_unit
+from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard_docs
+from pipeline.distributed.units import load_unit, map_corpus_shards
 from pipeline.storage.atomic import atomic_path, write_npy, write_parquet
 from pipeline.storage.fingerprints import fingerprint_digest, tokenizer_fingerprint
 
 TOKEN_STATS = {"n_tokens": pl.Int64, "n_chars": pl.Int64, "n_bytes": pl.Int64}
+
+
+@lru_cache(maxsize=2)
+def _backend(tokenizer_json: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json)
+
+
+def tokenize_unit(tokenizer_json: str, eos_id: int, dtype: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(flat ids with EOS after each document, n_tokens, n_chars, n_bytes)`` of ``texts``: the ids
+    :func:`pipeline.data.tokens.tokenize_documents` gives, from the tokenizer's serialized form
+    (the Rust batch encoder runs on every core)."""
+    dt = np.dtype(dtype)
+    backend = _backend(tokenizer_json)
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no character offsets: ~20% faster
+    encs = encode(texts, add_special_tokens=False)
+    n_tokens = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
+    flat = np.empty(int(n_tokens.sum()) + len(encs), dtype=dt)
+    ends = np.cumsum(n_tokens + 1) - 1
+    body = np.ones(flat.size, bool)
+    body[ends] = False
+    flat[body] = np.fromiter((i for e in encs for i in e.ids), dtype=dt, count=int(n_tokens.sum()))
+    flat[ends] = eos_id
+    s = pl.Series(texts, dtype=pl.String)
+    return flat, n_tokens, s.str.len_chars().cast(pl.Int64).to_numpy(), s.str.len_bytes().cast(pl.Int64).to_numpy()
 
 
 def tokenizer_key(tok) -> str:

@@ -6,7 +6,7 @@ outputs (they do need Strata and the embedding model installed: docs/distributed
 
 Faults: a task whose worker process (or node) dies is retried up to ``ray.max_retries`` times;
 a dead model actor is restarted as often and its in-flight shard retried. A bad-input error is
-not retried: it comes back as a value (:class:`~pipeline.distributed.engine.ShardFailure`) and is
+not retried: it comes back as a value (:class:`~pipeline.distributed.shards.ShardFailure`) and is
 raised on the driver with the same file/line message as the local engine.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Sequence
 
-from pipeline.distributed.engine import Shard, ShardFailure, call_shard
+from pipeline.distributed.shards import Shard, ShardFailure, call_shard
 
 
 def _worker_call(fn: Callable[..., Any], args: tuple) -> Any:

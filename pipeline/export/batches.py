@@ -39,8 +39,3 @@ def rank_positions(step: int, global_batch: int, rank: int, world_size: int) -> 
     b = global_batch // world_size
     lo = step * global_batch + rank * b
     return np.arange(lo, lo + b, dtype=np.int64)
-
-
-def global_batches(positions_by_step: list[np.ndarray], global_batch: int) -> np.ndarray:
-    """Stack per-step position lists into a (steps, G) array (for comparisons in tests/docs)."""
-    return np.stack([np.asarray(p, np.int64) for p in positions_by_step]).reshape(-1, global_batch)

@@ -120,7 +120,7 @@ class MetaContext:
         return float(self.budget_sequences * self.train.seq_len)
 
     def batch(self, store: SequenceStore):
-        from pipeline.training.loop import device
+        from pipeline.devices import device
         from pipeline.training.model import batch_tensors
 
         dev = device()
@@ -141,7 +141,8 @@ def mean_token_loss(model, store: SequenceStore, ids: np.ndarray, batch_size: in
     """Token-weighted mean next-token loss (nats) of the given sequences."""
     import torch
 
-    from pipeline.training.loop import autocast, device
+    from pipeline.devices import device
+    from pipeline.training.loop import autocast
     from pipeline.training.model import batch_tensors, token_losses
 
     dev = device()

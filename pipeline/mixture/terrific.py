@@ -98,7 +98,6 @@ class SparseProjection:
 
 def example_losses(model, batch: dict, params: dict | None = None):
     """Mean next-token loss of each sequence of a ``batch_tensors`` batch, shape (B,)."""
-    import torch
     import torch.nn.functional as F
     from torch.func import functional_call
 
@@ -113,7 +112,7 @@ def example_losses(model, batch: dict, params: dict | None = None):
 def per_example_grads(model, batch: dict) -> dict[str, object]:
     """Exact per-example gradients of :func:`example_losses`: ``{name: (B, *param.shape)}``."""
     import torch
-    from torch.func import functional_call, grad, vmap
+    from torch.func import grad, vmap
 
     params = {k: v.detach() for k, v in model.named_parameters()}
 

@@ -32,7 +32,6 @@ them with ``pad_id`` and reports them in its ``filled`` mask, which the loss mus
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +40,7 @@ from numba import njit
 
 from pipeline.errors import StrataInputError
 
-from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS  # declared for the config
+from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS, packing_name  # declared for the config
 
 SEGMENT_SCHEMA = {
     "sequence_id": pl.Int64,
@@ -78,11 +77,6 @@ def check_seq_len(seq_len: int) -> None:
         )
 
 
-def packing_name(variant: str, atom_multiple: float | None = None) -> str:
-    """Canonical spec string, e.g. ``concat``, ``padding-x0.25``, ``best_fit``."""
-    return variant if atom_multiple is None else f"{variant}-x{atom_multiple:g}"
-
-
 def parse_packing(spec: str) -> tuple[str, float | None]:
     """Inverse of ``packing_name``: ``"padding-x0.5"`` -> ``("padding", 0.5)``."""
     variant, sep, mult = spec.partition("-x")
@@ -114,8 +108,8 @@ def pack(
 ) -> Packing:
     """Pack the documents of ``doc_order`` (unique doc ids) with one of ``VARIANTS``.
 
-    ``stream_lengths[d]`` is document d's token count including its EOS. ``atom_multiple`` (seed
-    004's atom size as a multiple of MSL) turns on the seeded atom shuffle of ``concat`` and
+    ``stream_lengths[d]`` is document d's token count including its EOS. ``atom_multiple`` (Packing &
+    shuffling's atom size as a multiple of MSL) turns on the seeded atom shuffle of ``concat`` and
     ``padding``; the atom A = atom_multiple x seq_len must be an integer that divides or is a
     multiple of ``seq_len``. ``seed`` drives every shuffle (atoms; best-fit sequence ids).
     """
@@ -344,7 +338,7 @@ def _eos_added(segments: pl.DataFrame) -> np.ndarray:
 
 
 def packing_stats(p: Packing) -> dict[str, float | int | str]:
-    """Per-variant report (issue 7): tokens kept, padding fraction, documents cut, sequences.
+    """Per-variant report: tokens kept, padding fraction, documents cut, sequences.
 
     A document is *cut* when its tokens lie in two or more segments, i.e. its context is broken
     (across sequences, or across pieces). ``docs_per_sequence`` is the mean number of distinct

@@ -17,16 +17,10 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from pipeline.storage.atomic import atomic_path
+from pipeline.reports.stats import offdiagonal
+from pipeline.reports.figures import save_png
 
-DPI = 110
 GREEDY, RANDOM, OTHER = "#1f77b4", "#d62728", "#7f7f7f"
-
-
-def _save(fig: Figure, path: str | os.PathLike) -> Path:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
-    return Path(path)
 
 
 def _log_x(ax) -> None:
@@ -64,7 +58,7 @@ def plot_prefix_claim(t: np.ndarray, curves: Mapping[str, tuple[np.ndarray, np.n
         ax.legend(fontsize=8)
     fig.suptitle("Don't Shuffle, Optimize: prefix error, greedy vs random", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_worst_best_claim(devs: Mapping[str, tuple[np.ndarray, list[np.ndarray]]], batch_size: int, path: str | os.PathLike) -> Path:
@@ -92,7 +86,7 @@ def plot_worst_best_claim(devs: Mapping[str, tuple[np.ndarray, list[np.ndarray]]
         ax.legend(fontsize=8)
     fig.suptitle("Don't Shuffle, Optimize: the worst greedy batch vs the best random batch (lower = more diverse)", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_stable_rank_claim(mats: Mapping[tuple[str, str], tuple[list[int], np.ndarray]], path: str | os.PathLike) -> Path:
@@ -114,7 +108,7 @@ def plot_stable_rank_claim(mats: Mapping[tuple[str, str], tuple[list[int], np.nd
     axes[0].set_ylabel("mean log(srank greedy / srank random)")
     fig.suptitle("Don't Shuffle, Optimize: stable rank of batch gradients, greedy vs random (paired)", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_diversity_claim(table: pl.DataFrame, path: str | os.PathLike) -> Path:
@@ -140,7 +134,7 @@ def plot_diversity_claim(table: pl.DataFrame, path: str | os.PathLike) -> Path:
     b.set_ylabel("mean over batches of max_k |share − global share|")
     b.set_title("Token-share deviation per batch (lower = closer to the corpus mixture)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_stationarity_claim(names: list[str], per_char: np.ndarray, z_star: float, path: str | os.PathLike) -> Path:
@@ -159,14 +153,12 @@ def plot_stationarity_claim(names: list[str], per_char: np.ndarray, z_star: floa
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("Don't Shuffle, Optimize: characteristics constant throughout training (share deviations: one-sided)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_fidelity_claim(greedy: np.ndarray, random: np.ndarray, path: str | os.PathLike) -> Path:
     """The two chunk-gradient cosine matrices on one colour scale, and the distributions of their
     off-diagonal cosines."""
-    from pipeline.reports.claims import offdiagonal
-
     og, orr = offdiagonal(greedy), offdiagonal(random)
     lo, hi = min(og.min(), orr.min()), max(og.max(), orr.max())
     fig = Figure(figsize=(13, 4.2))
@@ -186,7 +178,7 @@ def plot_fidelity_claim(greedy: np.ndarray, random: np.ndarray, path: str | os.P
     axes[2].legend(fontsize=8)
     fig.suptitle("TerRIFIC curricula: mixture fidelity at a checkpoint trained on non-overlapping data (diagonal blank)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_epoch_claim(logs: pl.DataFrame, path: str | os.PathLike) -> Path:
@@ -214,7 +206,7 @@ def plot_epoch_claim(logs: pl.DataFrame, path: str | os.PathLike) -> Path:
         ax.legend(fontsize=8)
     fig.suptitle("Diversity-ordered training: the epoch boundary, topical vs stratified (diversity) order", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_packing_claim(units: pl.DataFrame, path: str | os.PathLike) -> Path:
@@ -233,4 +225,4 @@ def plot_packing_claim(units: pl.DataFrame, path: str | os.PathLike) -> Path:
     ax.set_title("Packing & shuffling: padding vs concat, and the atom size (x seq_len)", fontsize=11)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)

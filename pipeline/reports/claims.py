@@ -31,7 +31,8 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.reports import diagnostics as D
-from pipeline.reports.stats import paired_bootstrap
+from pipeline.reports.markdown import table_lines
+from pipeline.reports.stats import offdiagonal, paired_bootstrap
 
 Side = Literal[">", ">=", "<"]
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -502,12 +503,6 @@ def diversity_claims(data: ClaimData) -> list[Claim]:
 # ---------------------------------------------------------------------------------------------
 
 
-def offdiagonal(m: np.ndarray) -> np.ndarray:
-    """The cosines of distinct chunk pairs (upper triangle without the diagonal)."""
-    m = np.asarray(m, dtype=np.float64)
-    return m[np.triu_indices(m.shape[0], 1)]
-
-
 def spread_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float]:
     """std(off-diagonal cosines of ``a``) - std(those of ``b``) and a paired bootstrap interval over
     chunks: each replicate redraws the chunk indices (the same for both matrices: chunk i of two
@@ -759,13 +754,10 @@ def claims_section(claims: pl.DataFrame | None, diversity: pl.DataFrame | None =
         "when wholly on the other, else *inconclusive*. `strata claims` prints the same table; DuckDB `claims` holds it "
         "with the interval's method, the units and the details.",
         "",
-        "| paper | claim | paper's figure | Strata [95% CI] | claimed | verdict |",
-        "|---|---|---|---|---|---|",
     ]
-    for r in claims.iter_rows(named=True):
-        paper_fig = r["paper_figure"].split(" (\"")[0].split(": \"")[0]
-        lines.append(f"| {r['paper']} | {r['claim']} | {paper_fig} | {_interval(r)} | {r['side']} {_fmt(r['threshold'])} | "
-                     f"**{r['verdict']}** |")
+    lines += table_lines(["paper", "claim", "paper's figure", "Strata [95% CI]", "claimed", "verdict"],
+                         [[r["paper"], r["claim"], r["paper_figure"].split(" (\"")[0].split(": \"")[0], _interval(r),
+                           f"{r['side']} {_fmt(r['threshold'])}", f"**{r['verdict']}**"] for r in claims.iter_rows(named=True)])
     if missing:
         lines += ["", "Not measured here: " + "; ".join(f"`{k}` ({v})" for k, v in missing.items()) + "."]
     if diversity is not None and diversity.height:
@@ -776,19 +768,18 @@ def claims_section(claims: pl.DataFrame | None, diversity: pl.DataFrame | None =
             "beside it, the per-batch token-share deviation max_k |share in the batch − global share|: stratified "
             "balances document *counts*, so with many short and few long documents its batches miss the token shares.",
             "",
-            "| strategy | sequences | mean | min | std | batch token-share dev. (mean) | (max) |",
-            "|---|---:|---:|---:|---:|---:|---:|",
         ]
+        rows = []
         for r in diversity.iter_rows(named=True):
             p = (f" [{r['paper_mean']:g}]", f" [{r['paper_min']:g}]", f" [{r['paper_std']:g}]") if r["paper_mean"] is not None else ("", "", "")
-            lines.append(f"| {r['strategy']} | {r['sequences']} | {r['clusters_per_seq_mean']:.3f}{p[0]} | {r['clusters_per_seq_min']:.0f}{p[1]} | "
-                         f"{r['clusters_per_seq_std']:.3f}{p[2]} | {r['batch_token_share_dev_mean']:.4f} | {r['batch_token_share_dev_max']:.4f} |")
+            rows.append([r["strategy"], str(r["sequences"]), f"{r['clusters_per_seq_mean']:.3f}{p[0]}", f"{r['clusters_per_seq_min']:.0f}{p[1]}",
+                         f"{r['clusters_per_seq_std']:.3f}{p[2]}", f"{r['batch_token_share_dev_mean']:.4f}", f"{r['batch_token_share_dev_max']:.4f}"])
+        lines += table_lines(["strategy", "sequences", "mean", "min", "std", "batch token-share dev. (mean)", "(max)"], rows, "lrrrrrr")
     if jumps is not None and jumps.height:
-        lines += ["", "### Epoch-boundary jump ratio per order (mean over seeds x boundaries, 95% interval)", "",
-                  "| order | metric | jump ratio [95% CI] | seeds | boundaries |", "|---|---|---|---:|---:|"]
-        for r in jumps.iter_rows(named=True):
-            lines.append(f"| {r['arm']} | {r['metric']} | {_fmt(r['ratio'], 4)} [{_fmt(r['ci_low'], 4)}, {_fmt(r['ci_high'], 4)}] | "
-                         f"{r['seeds']} | {r['boundaries']} |")
+        lines += ["", "### Epoch-boundary jump ratio per order (mean over seeds x boundaries, 95% interval)", ""]
+        lines += table_lines(["order", "metric", "jump ratio [95% CI]", "seeds", "boundaries"],
+                             [[r["arm"], r["metric"], f"{_fmt(r['ratio'], 4)} [{_fmt(r['ci_low'], 4)}, {_fmt(r['ci_high'], 4)}]",
+                               str(r["seeds"]), str(r["boundaries"])] for r in jumps.iter_rows(named=True)], "lllrr")
     figures: dict[str, Path] = {}
     for f in claims["figure"].unique(maintain_order=True).to_list():
         if f:  # stored relative to the data root (``root``; default ``base``)

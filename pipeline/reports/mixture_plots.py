@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 
 from pipeline.ordering.curriculum import Curriculum
 from pipeline.reports.plots import cluster_colors
-from pipeline.reports.training_plots import _need, _save
+from pipeline.reports.figures import save_png
+from pipeline.reports.training_plots import _need
 
 
 def plot_weights(weights: pl.DataFrame, scores: pl.DataFrame, path: str | os.PathLike, corpus_share: np.ndarray | None = None) -> Path:
@@ -52,7 +53,7 @@ def plot_weights(weights: pl.DataFrame, scores: pl.DataFrame, path: str | os.Pat
         ax2.legend(fontsize=8)
         ax2.xaxis.get_major_locator().set_params(integer=True)
     fig.subplots_adjust(wspace=0.45)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_curriculum(cur: Curriculum, n_min: float, n_max: float, path: str | os.PathLike, initial: Curriculum | None = None) -> Path:
@@ -75,4 +76,4 @@ def plot_curriculum(cur: Curriculum, n_min: float, n_max: float, path: str | os.
     ax.set_title("Learned curriculum (TerRIFIC curricula, Algorithm 1)")
     if k <= 16:
         ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -21,15 +21,9 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 from pipeline.reports import diagnostics as D
 from pipeline.reports import stationarity as S
 from pipeline.errors import StrataInputError
+from pipeline.reports.figures import save_png
 from pipeline.storage.atomic import atomic_path
 
-DPI = 110
-
-
-def _save(fig: Figure, path: str | os.PathLike, **kwargs) -> Path:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI, **kwargs)
-    return Path(path)
 
 
 def _check(schedules: Mapping[str, D.Schedule]) -> None:
@@ -82,7 +76,7 @@ def plot_ordering_bars(schedules: Mapping[str, D.Schedule], path: str | os.PathL
     fig.suptitle(f"Cluster of each token along the schedule (K={k})", fontsize=11)
     fig.subplots_adjust(left=0.13, right=0.98, top=1 - 0.45 / fig.get_figheight(),
                         bottom=0.65 / fig.get_figheight(), hspace=0.35)
-    return _save(fig, path)
+    return save_png(fig, path, tight=False)
 
 
 def _bin_means(y: np.ndarray, n_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +108,7 @@ def plot_window_diversity(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path, tight=False)
 
 
 def plot_prefix_errors(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, n_points: int = 64) -> Path:
@@ -135,7 +129,7 @@ def plot_prefix_errors(schedules: Mapping[str, D.Schedule], path: str | os.PathL
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path, tight=False)
 
 
 def plot_batch_histograms(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, batch_size: int = 32) -> Path:
@@ -166,7 +160,7 @@ def plot_batch_histograms(schedules: Mapping[str, D.Schedule], path: str | os.Pa
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path, tight=False)
 
 
 def embed_2d(embeddings: np.ndarray, method: str = "auto", seed: int = 0) -> tuple[np.ndarray, str]:
@@ -212,7 +206,7 @@ def plot_cluster_cloud(
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path, tight=False)
 
 
 def plot_k_calibration(ks: np.ndarray, silhouettes: np.ndarray, recommended: int, path: str | os.PathLike) -> Path:
@@ -236,7 +230,7 @@ def plot_k_calibration(ks: np.ndarray, silhouettes: np.ndarray, recommended: int
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path, tight=False)
 
 
 def _dominant_cluster(comp: D.Composition) -> np.ndarray:
@@ -357,4 +351,4 @@ def plot_stationarity(frame: pl.DataFrame, characteristic: str, path: str | os.P
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path, tight=False)

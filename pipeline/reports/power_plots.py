@@ -19,7 +19,7 @@ from matplotlib.ticker import NullFormatter
 
 from pipeline.reports.plots import cluster_colors
 from pipeline.reports.stats import POOLED, Z_MDE
-from pipeline.reports.training_plots import DPI, _save
+from pipeline.reports.figures import DPI, save_png
 
 
 def _mde_rel(r: dict, seeds: np.ndarray, units: int) -> np.ndarray:
@@ -73,4 +73,4 @@ def plot_power(power: pl.DataFrame, checkpoints: pl.DataFrame, path: str | os.Pa
     bx.set_title(f"Measured at each checkpoint ({p['n_seeds']} seeds × {p['n_units']} docs)")
     bx.grid(True, which="both", alpha=0.25)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -64,6 +64,7 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.reports.diagnostics import Composition, Schedule, composition
+from pipeline.reports.markdown import table_lines
 
 LEVEL = ("clusters_per_seq", "docs_per_seq", "mean_doc_length", "concentration")
 SHARE = ("cluster_share_dev", "length_bin_share_dev", "source_share_dev")
@@ -313,12 +314,10 @@ def markdown(frame: pl.DataFrame, names: Iterable[str] | None = None) -> str:
     """One strategy's table as markdown: a row per characteristic, a column per part, bold where
     the value is outside random's band; then the tenths' and the prefix's band."""
     parts = list(frame["part"].unique(maintain_order=True))
-    lines = ["| characteristic | targeted | " + " | ".join(parts) + " | band (tenths) | band (prefix) |",
-             "|---|---|" + "---|" * (len(parts) + 2)]
+    body = []
     for name in names or characteristics(frame):
         rows = frame.filter(pl.col("characteristic") == name)
         cells = [f"**{v:.4g}**" if not ok else f"{v:.4g}" for v, ok in zip(rows["value"], rows["inside"])]
         bands = [f"[{lo:.4g}, {hi:.4g}]" for lo, hi in zip(rows["band_lo"], rows["band_hi"])]
-        targeted = "yes" if rows["targeted"][0] else "no"
-        lines.append(f"| {name} | {targeted} | " + " | ".join(cells) + f" | {bands[0]} | {bands[-1]} |")
-    return "\n".join(lines)
+        body.append([name, "yes" if rows["targeted"][0] else "no", *cells, bands[0], bands[-1]])
+    return "\n".join(table_lines(["characteristic", "targeted", *parts, "band (tenths)", "band (prefix)"], body))

@@ -57,6 +57,12 @@ DELTA_SCHEMA = {
 }
 
 
+def offdiagonal(m: np.ndarray) -> np.ndarray:
+    """The entries above the diagonal of a square matrix, as float64 (the cosines of distinct chunk pairs)."""
+    m = np.asarray(m, dtype=np.float64)
+    return m[np.triu_indices(m.shape[0], 1)]
+
+
 def paired_bootstrap(diff: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
     """(mean, low, high) of the mean of a (seeds, units) difference matrix, two-way bootstrap."""
     d = np.asarray(diff, dtype=np.float64)

@@ -18,16 +18,9 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from pipeline.errors import StrataInputError
-from pipeline.storage.atomic import atomic_path
+from pipeline.reports.figures import save_png
 from pipeline.reports.plots import cluster_colors
 
-DPI = 110
-
-
-def _save(fig: Figure, path: str | os.PathLike) -> Path:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
-    return Path(path)
 
 
 def _need(df: pl.DataFrame, cols: tuple[str, ...], what: str) -> None:
@@ -80,7 +73,7 @@ def plot_loss_curves(log: pl.DataFrame, path: str | os.PathLike, metric: str = "
     ax.set_title(f"Training {metric.replace('_', ' ')} per strategy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_heldout_curves(curve: pl.DataFrame, path: str | os.PathLike) -> Path:
@@ -115,7 +108,7 @@ def plot_heldout_curves(curve: pl.DataFrame, path: str | os.PathLike) -> Path:
     axes[1].set_title("second half of training")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_mixture(mixture: pl.DataFrame, path: str | os.PathLike, title: str = "ODM mixture over training") -> Path:
@@ -136,7 +129,7 @@ def plot_mixture(mixture: pl.DataFrame, path: str | os.PathLike, title: str = "O
     ax.set_title(title)
     if len(clusters) <= 20:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def _checkpoint_key(c) -> tuple:
@@ -183,7 +176,7 @@ def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
             ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_fidelity(matrices: Mapping[str, np.ndarray], path: str | os.PathLike) -> Path:
@@ -224,4 +217,4 @@ def plot_fidelity(matrices: Mapping[str, np.ndarray], path: str | os.PathLike) -
         ax.set_visible(False)
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine similarity")
     fig.suptitle("Mixture fidelity: cosine similarity of chunk gradients", fontsize=11)
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -14,6 +14,7 @@ import polars as pl
 from pipeline.reports import diagnostics as D
 from pipeline.reports import plots
 from pipeline.reports import stationarity as S
+from pipeline.reports.markdown import frame_table
 from pipeline.storage.layout import Layout, Store
 
 SUMMARY_METRICS = [
@@ -90,14 +91,6 @@ def summary_table(metrics: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def markdown_table(df: pl.DataFrame) -> str:
-    cols = df.columns
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.iter_rows():
-        lines.append("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row) + " |")
-    return "\n".join(lines)
-
-
 def image_markdown(path: Path, title: str) -> str:
     """Inline a PNG or GIF as a data URI (shown by the Dagster UI's markdown metadata)."""
     data = base64.b64encode(path.read_bytes()).decode()
@@ -108,9 +101,9 @@ def image_markdown(path: Path, title: str) -> str:
 def render_markdown(summary: pl.DataFrame, figures: dict[str, Path], base: Path, stationarity: pl.DataFrame | None = None) -> str:
     """``report/diagnostics.md``: the summary table, each strategy's characteristics outside
     random's band (with ``stationarity``), and relative links to the figures."""
-    parts = ["# Ordering diagnostics", "", markdown_table(summary), ""]
+    parts = ["# Ordering diagnostics", "", frame_table(summary), ""]
     if stationarity is not None and not stationarity.is_empty():
         parts += ["## Stationarity (by tenth of the stream and over the consumed prefix)", "",
-                  markdown_table(stationarity_summary(stationarity)), ""]
+                  frame_table(stationarity_summary(stationarity)), ""]
     parts += [f"## {name.replace('_', ' ')}\n\n![{name}]({p.relative_to(base)})\n" for name, p in figures.items()]
     return "\n".join(parts)

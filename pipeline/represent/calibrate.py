@@ -9,9 +9,7 @@ cosine metric); the cosine distances of the sample are computed once and reused 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np

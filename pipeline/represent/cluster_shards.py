@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.distributed.text_shards import ShardDocs, load_unit, map_corpus_shards
+from pipeline.data.shard_docs import ShardDocs
+from pipeline.distributed.units import load_unit, map_corpus_shards
 from pipeline.represent.clusters import Transform, assign_unit
 from pipeline.storage.atomic import write_npy
 

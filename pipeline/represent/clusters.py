@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,20 +47,20 @@ ASSIGN_BATCH = 1 << 16  # rows assigned per faiss search: memory is this many ro
 def pca_fit(x: np.ndarray, n_components: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(mean (d,), axes (d, n_components))`` of the top principal axes of ``x`` (array or memmap).
 
-    The mean and covariance come from a seeded sample of at most ``PCA_FIT_MAX`` rows (float32
-    products, float64 eigendecomposition), and each axis's sign is fixed (largest-magnitude
-    loading positive) so results are reproducible.
+    scikit-learn's PCA (eigendecomposition of the covariance) on a seeded sample of at most
+    ``PCA_FIT_MAX`` rows; each axis's sign is fixed (largest-magnitude loading positive), so results
+    are reproducible.
     """
+    from sklearn.decomposition import PCA
+
     n, d = x.shape
     if not 1 <= n_components <= d:
         raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible", fix=f"use 0 (no PCA) or 1..{d}")
+    if n < n_components:
+        raise StrataInputError(f"pca={n_components} components from {n} embeddings is impossible", fix=f"use 0 (no PCA) or 1..{n}")
     fit = np.asarray(x) if n <= PCA_FIT_MAX else np.asarray(x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))])
-    mean = fit.mean(axis=0, dtype=np.float64)
-    centered = fit - mean.astype(np.float32)
-    _, vecs = np.linalg.eigh((centered.T @ centered).astype(np.float64))
-    axes = vecs[:, ::-1][:, :n_components]
-    axes *= np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(n_components)])
-    return mean.astype(np.float32), axes.astype(np.float32)
+    pca = PCA(n_components, svd_solver="covariance_eigh").fit(fit)
+    return pca.mean_.astype(np.float32), np.ascontiguousarray(pca.components_.T, dtype=np.float32)
 
 
 def pca_reduce(x: np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
@@ -108,30 +109,16 @@ class Transform:
         return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def kmeans(
-    embeddings: np.ndarray,
-    k: int,
-    seed: int = 0,
-    niter: int = 20,
-    *,
-    pca: int = 0,
-    spherical: bool = False,
-    max_points_per_centroid: int = 256,
-    threads: int = 0,
-    backend: str = "auto",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(assignment int64 (N,), centroids float32 (k, d'))``.
+def kmeans(embeddings: np.ndarray, k: int, seed: int = 0, niter: int = 20, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(assignment int64 (N,), centroids float32 (k, d'))``: :func:`train_kmeans` with
+    ``options`` (its keywords), then every row assigned in batches of ``ASSIGN_BATCH``.
 
     ``embeddings`` may be a memory-mapped ``.npy``: only the training sample (``k *
-    max_points_per_centroid`` rows at most) is read whole, every row is then assigned in batches
-    of ``ASSIGN_BATCH``. ``d'`` is ``pca`` when PCA is on (centroids live in the reduced space),
-    else the input dim. ``threads`` > 0 sets faiss's OpenMP threads for this call. ``backend``:
-    ``auto`` (faiss, or scikit-learn's MiniBatchKMeans if faiss cannot be imported), ``faiss`` or
-    ``sklearn``.
+    max_points_per_centroid`` rows at most) is read whole. ``d'`` is ``pca`` when PCA is on
+    (centroids live in the reduced space), else the input dim.
     """
-    centroids, transform, backend = train_kmeans(embeddings, k, seed, niter, pca=pca, spherical=spherical,
-                                                 max_points_per_centroid=max_points_per_centroid, threads=threads, backend=backend)
-    return assign_clusters(embeddings, centroids, transform, spherical, threads), centroids
+    centroids, transform, _ = train_kmeans(embeddings, k, seed, niter, **options)
+    return assign_clusters(embeddings, centroids, transform, transform.spherical, options.get("threads", 0)), centroids
 
 
 def train_kmeans(
@@ -146,7 +133,11 @@ def train_kmeans(
     threads: int = 0,
     backend: str = "auto",
 ) -> tuple[np.ndarray, Transform, str]:
-    """Centroids trained on the seeded sample (module docstring), the row transform and the backend used."""
+    """Centroids trained on the seeded sample (module docstring), the row transform and the backend used.
+
+    ``threads`` > 0 sets faiss's OpenMP threads for this call. ``backend``: ``auto`` (faiss, or
+    scikit-learn's MiniBatchKMeans if faiss cannot be imported), ``faiss`` or ``sklearn``.
+    """
     x = embeddings
     if x.ndim != 2 or x.shape[0] == 0:
         raise StrataInputError(f"embeddings must be a non-empty 2-D array, got shape {x.shape}", fix="recompute the embeddings asset")

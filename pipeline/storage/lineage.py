@@ -12,8 +12,6 @@ one consumed) is marked ``stale``, which is what makes the artifact out of date.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from pipeline.errors import StrataInputError

@@ -27,7 +27,8 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.documents import stratified_order
-from pipeline.packing.pack import pack, packing_name
+from pipeline.names import packing_name
+from pipeline.packing.pack import pack
 from pipeline.training.loop import TrainSettings
 
 

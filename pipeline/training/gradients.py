@@ -1,9 +1,9 @@
-"""Gradient analyses of an ordering (Don't Shuffle, Optimize and 002, "The Merits of Our Scheduler").
+"""Gradient analyses of an ordering (Don't Shuffle, Optimize; TerRIFIC curricula, "The Merits of Our Scheduler").
 
 * Stable rank of per-batch gradients, per layer: for a weight matrix W of a decoder layer
   (attention q/k/v/o, MLP gate/up/down) and one training batch, M = dLoss/dW and
   ``srank(M) = ||M||_F^2 / ||M||_2^2`` (TerRIFIC curricula, eq. srank). Don't Shuffle, Optimize probes checkpoints at 20% and
-  100% of the steps and reports the minimum and the mean over batches per layer. The seeds write
+  100% of the steps and reports the minimum and the mean over batches per layer. The papers write
   M in R^{T x d} without fixing T; we take the weight gradient itself (out x in), the quantity the
   optimizer applies, which is what "effective directions explored in parameter space" measures.
 * Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint, the large-batch gradient of each of 10
@@ -18,7 +18,7 @@ model's train/eval mode restored. Forward passes use bf16 autocast on CUDA.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -192,20 +192,10 @@ def cosine_matrix(vectors) -> np.ndarray:
     return (u @ u.T).clamp(-1, 1).cpu().numpy()
 
 
-def mixture_fidelity(
-    model,
-    store: SequenceStore,
-    order: np.ndarray,
-    n_chunks: int = 10,
-    sequences_per_chunk: int = 64,
-    batch_size: int = 16,
-    cross_document: bool = False,
-    param_filter: Callable[[str], bool] | None = None,
-) -> np.ndarray:
-    """The n_chunks x n_chunks cosine-similarity matrix of chunk gradients (TerRIFIC curricula, fig. 5)."""
-    return cosine_matrix(
-        chunk_gradients(model, store, order, n_chunks, sequences_per_chunk, batch_size, cross_document, param_filter)
-    )
+def mixture_fidelity(model, store: SequenceStore, order: np.ndarray, **chunking: Any) -> np.ndarray:
+    """The n_chunks x n_chunks cosine-similarity matrix of chunk gradients (TerRIFIC curricula, fig. 5);
+    ``chunking``: the keywords of :func:`chunk_gradients`."""
+    return cosine_matrix(chunk_gradients(model, store, order, **chunking))
 
 
 def fidelity_rows(matrix: np.ndarray) -> pl.DataFrame:

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.devices import device
 from pipeline.errors import StrataInputError
 from pipeline.training.checkpoint import Checkpointing, rng_state, set_rng_state
 from pipeline.training.heldout import HeldoutBatch, score_heldout, score_steps
@@ -100,12 +101,6 @@ def lr_at(step: int, s: TrainSettings) -> float:
         return s.lr * (step + 1) / s.warmup_steps
     progress = (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps)
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def autocast(dev: str):

@@ -1,0 +1,127 @@
+"""The training rows of each validated corpus shard, read in bounded memory, and the per-shard artifacts.
+
+The per-shard stages (tokens, embeddings, cluster assignment) read a validated corpus shard
+(``corpus/shards/<fingerprint>-<split>.parquet``, written by the ``corpus_shards`` partition) and
+compute its training rows (``heldout`` false) on their own: :class:`ShardDocs` names them. Each
+stage's artifact is named by the validated file and the producer's fingerprint, e.g.
+``tokens/shards/<validated>-<tokenizer>.bin``, so it depends on nothing but that shard and the
+producer: a rerun, or the Dagster partition of another shard, never touches it. The whole-corpus
+assets gather these artifacts in ``corpus.parquet`` order (``shard_row`` says which row of its shard
+each document is): :func:`manifest_shards`, :func:`kept_rows`, :func:`gather_rows`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from pipeline.storage.atomic import write_rows
+
+
+@dataclass(frozen=True)
+class ShardDocs:
+    """The training rows of one validated corpus shard: what the per-shard stages compute."""
+
+    unit: str  # the raw shard (file path, ``builtin`` or ``hf:<name>``)
+    path: Path  # its validated file (pipeline.data.corpus.validated_path)
+    n_docs: int  # training rows (``heldout`` false)
+
+    @property
+    def name(self) -> str:
+        """The validated file's stem: the shard's content and split options, naming every artifact."""
+        return self.path.stem
+
+    @classmethod
+    def of(cls, unit: str, path: Path) -> "ShardDocs":
+        return cls(unit, Path(path), int(_train_rows(str(path), *_stamp(path)).size))
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = Path(path).stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@lru_cache(maxsize=4)
+def _train_rows(path: str, mtime_ns: int, size: int) -> np.ndarray:
+    """File rows of a validated shard's training documents (8 bytes each)."""
+    held = pl.read_parquet(path, columns=["heldout"])["heldout"].to_numpy()
+    return np.flatnonzero(~held).astype(np.int64)
+
+
+@lru_cache(maxsize=4)
+def _row_starts(path: str, mtime_ns: int, size: int) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    return np.concatenate([[0], np.cumsum([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])]).astype(np.int64)
+
+
+def _read_rows(path: Path, rows: np.ndarray, columns: Sequence[str]) -> pl.DataFrame:
+    """File rows ``rows`` (sorted) of a Parquet file, reading only the row groups they lie in."""
+    import pyarrow.parquet as pq
+
+    starts = _row_starts(str(path), *_stamp(path))
+    if rows.size == 0:
+        return pl.DataFrame(schema={c: pl.String for c in columns})
+    first = int(np.searchsorted(starts, rows[0], side="right")) - 1
+    last = int(np.searchsorted(starts, rows[-1], side="right"))
+    df = pl.from_arrow(pq.ParquetFile(path).read_row_groups(list(range(first, last)), columns=list(columns)))
+    assert isinstance(df, pl.DataFrame)
+    return df[rows - int(starts[first])]
+
+
+def read_shard_docs(shard: ShardDocs, start: int, stop: int, columns: Sequence[str] = ("text",)) -> pl.DataFrame:
+    """Training rows ``start:stop`` of a validated shard."""
+    return _read_rows(shard.path, _train_rows(str(shard.path), *_stamp(shard.path))[start:stop], columns)
+
+
+def read_docs(corpus_path: Path, start: int, stop: int, columns: Sequence[str] = ("text",)) -> pl.DataFrame:
+    """Rows ``start:stop`` (doc ids) of ``corpus.parquet``, reading only the row groups they lie in."""
+    return _read_rows(Path(corpus_path), np.arange(start, stop, dtype=np.int64), columns)
+
+
+def prune(shard_dir: Path, keep: set[str]) -> int:
+    """Remove a stage's shard artifacts not named in ``keep`` (shards no longer in the corpus); their count."""
+    gone = 0
+    for p in shard_dir.iterdir() if shard_dir.is_dir() else ():
+        if p.is_file() and p.name not in keep:
+            p.unlink()
+            gone += 1
+    return gone
+
+
+def manifest_shards(manifest: pl.DataFrame, corpus_shard_dir: Path) -> list[tuple[dict, ShardDocs]]:
+    """Each row of ``corpus/shards.parquet`` with its validated shard (gathers read these)."""
+    return [(row, ShardDocs.of(row["path"], corpus_shard_dir / row["validated"])) for row in manifest.to_dicts()]
+
+
+def kept_rows(corpus_path: Path, row: dict, shard: ShardDocs) -> np.ndarray | None:
+    """The shard rows (``shard_row``) of a manifest row's documents in ``corpus.parquet``, in order;
+    None when they are all of its validated shard's training rows (nothing dropped: the common case)."""
+    import pyarrow.parquet as pq
+
+    groups = list(range(int(row["row_group_start"]), int(row["row_group_end"])))
+    rows = (pq.ParquetFile(corpus_path).read_row_groups(groups, columns=["shard_row"]).column(0).to_numpy() if groups
+            else np.zeros(0, np.int64))
+    return None if rows.size == shard.n_docs else rows.astype(np.int64)  # sorted, unique: equal size = all
+
+
+def gather_rows(parts: Sequence[tuple[Path, np.ndarray | None]], out: Path, block: int = 1 << 16) -> int:
+    """Write the chosen rows (None: all) of each per-shard ``.npy`` into one ``.npy`` through a
+    memory map, ``block`` rows at a time; the row count."""
+    mms = [(np.load(p, mmap_mode="r"), rows) for p, rows in parts]
+    n = sum(mm.shape[0] if rows is None else rows.size for mm, rows in mms)
+
+    def blocks():
+        for mm, rows in mms:
+            m = mm.shape[0] if rows is None else rows.size
+            for a in range(0, m, block):
+                yield np.asarray(mm[a : a + block] if rows is None else mm[rows[a : a + block]])
+
+    write_rows(blocks(), n, out, dtype=mms[0][0].dtype)
+    return n

@@ -1,0 +1,104 @@
+"""Per-shard stages as work units, on either engine, in bounded memory.
+
+A shard to compute is cut into work units of ``cfg.shard_docs`` consecutive rows — the same units
+on both engines, so every embedding batch holds the same documents and the bytes are identical —
+and :func:`pipeline.distributed.engine.map_shards` runs the pure unit function on each. A unit's
+inputs are read only when it is submitted (:attr:`~pipeline.distributed.shards.Shard.load`), its
+result is written to ``work/<stage>/`` as soon as it arrives, and once all units of a shard are in,
+``assemble`` writes the shard's artifacts and the unit files are removed. Memory: the units in
+flight. A run killed midway leaves complete unit and shard files; a rerun resumes from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.distributed.engine import map_shards
+from pipeline.distributed.shards import Shard
+from pipeline.storage.atomic import atomic_path
+
+
+class UnitSource(Protocol):
+    """What a shard to cut into units must tell: its name, its source (shown in progress) and its row count."""
+
+    unit: str
+    n_docs: int
+
+    @property
+    def name(self) -> str: ...
+
+
+def _save(shard: Shard, result: Any) -> None:
+    arrays = result if isinstance(result, tuple) else (result,)
+    with atomic_path(shard.outputs[0]) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, *arrays)
+
+
+def load_unit(path: Path) -> tuple[np.ndarray, ...]:
+    """A unit's result arrays, as the unit function returned them."""
+    with np.load(path, allow_pickle=False) as z:
+        return tuple(z[f"arr_{i}"] for i in range(len(z.files)))
+
+
+def map_corpus_shards(
+    shards: Sequence[UnitSource],
+    fn: Callable[..., Any],
+    unit_args: Callable[[Any, int, int], tuple],
+    assemble: Callable[[Any, list[Path]], None],
+    done: Callable[[Any], bool],
+    *,
+    stage: str,
+    key: str,
+    work_dir: Path,
+    cfg,
+    actors: bool = False,
+) -> dict[str, int]:
+    """Compute the artifacts of every shard for which ``done(shard)`` is false.
+
+    ``unit_args(shard, start, stop)`` gives ``fn``'s arguments for the shard's training rows
+    ``start:stop``; ``assemble(shard, unit_files)`` writes a shard's artifacts from its units'
+    results (files holding ``fn``'s return value, read with :func:`load_unit`). Returns ``shards``,
+    ``shards_computed``, ``shards_reused``, ``units`` (of the shards computed) and ``units_resumed``
+    (found complete from an earlier run)."""
+    n = cfg.shard_docs
+    todo = list({s.name: s for s in shards if s.n_docs and not done(s)}.values())
+    units: dict[str, list[Shard]] = {
+        s.name: [Shard(f"{stage}[{s.unit}:{a}]", (), (work_dir / f"{stage}-{s.name}-{key}-{a}.npz",),
+                       load=lambda s=s, a=a, b=min(a + n, s.n_docs): unit_args(s, a, b))
+                 for a in range(0, s.n_docs, n)]
+        for s in todo
+    }
+    by_name = {s.name: s for s in todo}
+    owner = {u.outputs[0]: d for d, us in units.items() for u in us}
+    work_dir.mkdir(parents=True, exist_ok=True)
+
+    def finish(name: str) -> None:
+        files = [u.outputs[0] for u in units.pop(name)]
+        assemble(by_name[name], files)
+        for f in files:
+            f.unlink(missing_ok=True)
+
+    resumed = sum(u.done() for us in units.values() for u in us)
+    for name in [d for d, us in units.items() if all(u.done() for u in us)]:  # complete from an interrupted run
+        finish(name)
+    flat = [u for us in units.values() for u in us]
+    bar = tqdm(total=len(flat), initial=sum(u.done() for u in flat), desc=f"{stage}[{cfg.engine}]", unit="unit", disable=len(flat) < 2)
+
+    def save(unit: Shard, result: Any) -> None:
+        _save(unit, result)
+        bar.update(1)
+        name = owner[unit.outputs[0]]
+        if all(u.done() for u in units[name]):
+            finish(name)
+
+    map_shards(fn, flat, save, engine=cfg.engine, ray_cfg=cfg.ray, actors=actors)
+    bar.close()
+    return {"shards": len(shards), "shards_computed": len(todo), "shards_reused": len(shards) - len(todo), "units": len(owner),
+            "units_resumed": resumed}
+
+
