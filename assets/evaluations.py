@@ -11,6 +11,8 @@ from dagster_duckdb import DuckDBResource
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import RUN_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key
 from assets.on_ray import run_on_ray
+from pipeline.devices import device
+from pipeline.reports.markdown import frame_table
 from pipeline.storage.atomic import write_parquet, write_text
 from pipeline.reports.claims import CLAIM_TABLES, claims_report_section
 from pipeline.reports.tables import ablation_table, render_report
@@ -30,7 +32,6 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     source, Paloma-style), and when configured WikiText-2, a real Paloma directory and DCLM-core
     (llm-foundry scoring, centered accuracy, Core, gold bits-per-byte). Rows go to
     ``evals/<strategy>.parquet`` and DuckDB table ``eval_results``."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from evals.run import evaluate
@@ -42,13 +43,13 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     rec = Recorder(context, duckdb, {"training_runs": context.partition_key})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     model_dir = layout.run_dir(strategy, seed) / "model"
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
+    dev = device()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(dev).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     units: list[dict] = []
     suites = ordered()
     rows = evaluate(
-        model, tok, {s.name: s.input(cfg, layout) for s in suites}, limit=cfg.eval_limit, device=device,
+        model, tok, {s.name: s.input(cfg, layout) for s in suites}, limit=cfg.eval_limit, device=dev,
         work_dir=layout.root / "lm_eval", seed=cfg.seed, units=units,
         options=cfg.subset(sorted({k for s in suites for k in s.reads})),
     )
@@ -61,7 +62,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
         replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
         if per_doc.height:
             replace_rows(con, "eval_units", per_doc, {"strategy": strategy, "seed": seed})
-    table = df.select("suite", "task", "metric", "value").to_pandas().to_markdown(index=False)
+    table = frame_table(df.select("suite", "task", "metric", "value"))
     return rec.finish([out, out_units], {"results": df.height, "units": per_doc.height}, {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
                       {"results": dg.MetadataValue.md(table)})
 
@@ -122,7 +123,7 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
     extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
     if flagged is not None and flagged.height:
-        extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + flagged.to_pandas().to_markdown(index=False) + "\n"
+        extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + frame_table(flagged) + "\n"
     claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
     md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity, power=power, claims=claims_md)
     outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet")),

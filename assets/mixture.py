@@ -79,12 +79,12 @@ def meta_context(cfg, layout, log=lambda msg: None):
         raise StrataInputError("a training document has no cluster", fix="rematerialize clusters after tokens")
     tdocs = pl.read_parquet(_dir(layout, "target", "documents.parquet"))
     ttok, toff = open_tokens(_dir(layout, "target", "tokens.bin"), _dir(layout, "target", "doc_offsets.npy"))
-    ts = TrainSettings(preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps, lr=cfg.lr,
+    ts = TrainSettings(preset=cfg.model_preset, batch_size=cfg.batch_size, max_steps=cfg.max_steps, lr=cfg.lr,
                        warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=cfg.seeds[0], cross_document=cfg.cross_document)
     inf = InfluenceSettings(dim=m.projection_dim, nnz=m.projection_nnz, clip=m.clip, ridge=m.ridge, score_clip=m.score_clip,
                             batch=min(8, cfg.batch_size), seed=cfg.seed)
     return make_context(tokens, offsets, doc_cluster, ttok, toff, tdocs["role"].to_numpy(), tdocs["general"].to_numpy(),
-                        vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, influence=inf,
+                        vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, seq_len=cfg.seq_len, influence=inf,
                         examples_per_cluster=m.examples_per_cluster, target_examples=m.target_examples, lam=cfg.lam,
                         bins=cfg.length_bins, noise=cfg.noise, max_repeat=m.max_repeat, step_size=m.step_size, seed=cfg.seed, log=log)
 

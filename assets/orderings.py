@@ -7,7 +7,7 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
-from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings  # noqa: F401 (STRATEGY_PARTITIONS re-exported)
+from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
 from pipeline.storage.atomic import write_parquet
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies

@@ -16,6 +16,7 @@ from pipeline.data.tokens import open_tokens
 from pipeline.reports.consumed import consumed_diversity
 from pipeline.training.checkpoint import Checkpointing
 from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
+from pipeline.storage.layout import Store
 from pipeline.storage.warehouse import latest_data_version, replace_rows
 
 BY_STRATEGY = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="strategy")
@@ -31,7 +32,7 @@ def probe_count(cfg, strategy: str) -> int:
 
 def _store(layout, cfg, segments, tok) -> SequenceStore:
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    return SequenceStore(tokens, offsets, segments, cfg.seq_len, pad_id=tok.pad_token_id)
+    return SequenceStore(tokens, offsets, segments, Store(layout).sequences.seq_len, pad_id=tok.pad_token_id)
 
 
 def load_heldout_batch(layout, cfg, tok):
@@ -44,7 +45,7 @@ def load_heldout_batch(layout, cfg, tok):
     docs = read_paloma_docs(layout.heldout)  # sources in turn, so a small batch covers every source
     docs = docs.with_columns(r=pl.int_range(pl.len()).over("source")).sort("r", "source", maintain_order=True)
     units = [f"{s}/{i}" for s, i in zip(docs["source"].to_list(), docs["id"].to_list())]
-    return heldout_batch(docs["text"].to_list(), units, tok, cfg.seq_len, cfg.heldout_docs)
+    return heldout_batch(docs["text"].to_list(), units, tok, Store(layout).sequences.seq_len, cfg.heldout_docs)
 
 
 TrainingRunsParams = PARAM_CLASSES["training_runs"]  # launchpad: this asset's parameters (assets/params.py)
@@ -192,7 +193,7 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
 
         raise StrataInputError("no held-out documents to train the frozen checkpoint on", path=layout.heldout,
                                fix="set heldout_fraction > 0 (mixture fidelity needs a model trained on documents no schedule holds)")
-    held = heldout_store(read_paloma_docs(layout.heldout)["text"].to_list(), tok, cfg.seq_len)
+    held = heldout_store(read_paloma_docs(layout.heldout)["text"].to_list(), tok, Store(layout).sequences.seq_len)
     frozen_steps = checkpoint_steps(cfg.max_steps, [FROZEN_FRACTION])[0]
     model, _ = train(held, np.random.default_rng(cfg.seed).permutation(held.n_sequences), len(tok), tok.eos_token_id,
                      tok.pad_token_id, replace(TrainSettings.from_config(cfg, cfg.seeds[0]), epochs=0), stop_after=frozen_steps)

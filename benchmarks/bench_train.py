@@ -59,7 +59,7 @@ def main() -> None:
     for preset in args.presets:
         if dev == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        settings = TrainSettings(preset=preset, seq_len=args.seq_len, batch_size=args.batch_size, max_steps=args.steps,
+        settings = TrainSettings(preset=preset, batch_size=args.batch_size, max_steps=args.steps,
                                  warmup_steps=max(1, args.steps // 10))
         _, rows = train(store, order, args.vocab, EOS, PAD, settings, progress=False)
         tps = float(np.median([r["tokens_per_s"] for r in rows[args.warmup:]] or [rows[-1]["tokens_per_s"]]))

@@ -218,7 +218,7 @@ def test_epochs_repeat_the_same_batches():
     store = SequenceStore(flat, offsets, pk.segments, 16)
     m = store.n_sequences
     order = np.random.default_rng(0).permutation(m)
-    s = TrainSettings(preset="tiny", seq_len=16, batch_size=8, warmup_steps=1, epochs=2, max_steps=999)
+    s = TrainSettings(preset="tiny", batch_size=8, warmup_steps=1, epochs=2, max_steps=999)
     assert s.steps(m) == 2 * (m // 8)
     _, log = train(store, order, VOCAB, EOS, PAD, s, progress=False)
     assert len(log) == 2 * (m // 8) and [r["epoch"] for r in log] == [0] * (m // 8) + [1] * (m // 8)
@@ -238,7 +238,7 @@ def test_epoch_boundary_claim_on_a_cluster_sorted_corpus(tmp_path):
         pk = pack_concat(docs, lengths, 32)
         store = SequenceStore(flat, offsets, pk.segments, 32)
         for seed in (0, 1):
-            s = TrainSettings(preset="tiny", seq_len=32, batch_size=4, lr=5e-3, warmup_steps=2, seed=seed, epochs=3)
+            s = TrainSettings(preset="tiny", batch_size=4, lr=5e-3, warmup_steps=2, seed=seed, epochs=3)
             _, log = train(store, np.arange(store.n_sequences), VOCAB, EOS, PAD, s, progress=False)
             rows += [{**r, "arm": arm, "seed": seed, "experiment": "epoch_boundary"} for r in log]
     data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=1000, claim_log=pl.DataFrame(rows))
@@ -261,7 +261,7 @@ def test_epoch_arms_group_one_sample_by_topic():
     assert kind == "source" and topic[0] == 0 and set(topic) == {0, 1} and (topic == (source != source[0])).all()
     assert topic_groups(np.array(["one"] * 200), cluster) == (pytest.approx(cluster), "cluster")
     lengths = rng.integers(10, 60, 200)
-    base = TrainSettings(preset="tiny", seq_len=32, batch_size=4)
+    base = TrainSettings(preset="tiny", batch_size=4)
     arms = epoch_boundary_arms(lengths, cluster, topic, 32, 24, 3, [0, 1], base, kind)
     assert [(a.arm, a.seed) for a in arms] == [("topical", 0), ("stratified", 0), ("topical", 1), ("stratified", 1)]
     for a, b in zip(arms[::2], arms[1::2]):
@@ -276,7 +276,7 @@ def test_epoch_arms_group_one_sample_by_topic():
 
 def test_packing_arms_train_at_equal_tokens():
     lengths = np.random.default_rng(0).integers(20, 200, 300)
-    base = TrainSettings(preset="tiny", seq_len=32, batch_size=4, max_steps=10)
+    base = TrainSettings(preset="tiny", batch_size=4, max_steps=10)
     arms = packing_arms(lengths, 32, [0.5, 1.0, 2.0], [0], base)
     names = [a.arm for a in arms]
     assert names == ["concat-x0.5", "concat-x1", "concat-x2", "padding-x1"]

@@ -52,7 +52,7 @@ def _synthetic_context(target_cluster: int, seed: int = 0):
     role = np.array([0] * 12 + [1] * 12)
     ctx = make_context(
         tokens, offsets, clusters, ttok, toff, role, role == 1, vocab_size=V + 2, eos_id=EOS, pad_id=PAD,
-        train_settings=TrainSettings(preset="tiny", seq_len=64, batch_size=8, max_steps=20, lr=3e-3, warmup_steps=2, seed=seed),
+        train_settings=TrainSettings(preset="tiny", batch_size=8, max_steps=20, lr=3e-3, warmup_steps=2, seed=seed), seq_len=64,
         influence=InfluenceSettings(dim=256, nnz=2, batch=8, seed=seed), examples_per_cluster=6, target_examples=8,
         bins=8, max_repeat=8.0, step_size=1.0, seed=seed,
     )

@@ -39,7 +39,8 @@ from pipeline.training.odm import ODMSampler, sequence_clusters
 from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
 
 REPO = Path(__file__).resolve().parents[1]
-SETTINGS = TrainSettings(preset="tiny", seq_len=32, batch_size=4, max_steps=10, lr=1e-2, warmup_steps=2, attention="dense",
+SEQ_LEN = 32
+SETTINGS = TrainSettings(preset="tiny", batch_size=4, max_steps=10, lr=1e-2, warmup_steps=2, attention="dense",
                          heldout_every=3)
 
 
@@ -47,14 +48,14 @@ SETTINGS = TrainSettings(preset="tiny", seq_len=32, batch_size=4, max_steps=10, 
 def corpus():
     rng = np.random.default_rng(0)
     docs = repetitive_docs(60, rng)
-    store, _, seg = make_store(docs, SETTINGS.seq_len)
+    store, _, seg = make_store(docs, SEQ_LEN)
     return store, seg, np.arange(len(docs)) % 3
 
 
 def _heldout() -> HeldoutBatch:
     """Five held-out documents of 12-20 tokens."""
     rng = np.random.default_rng(7)
-    tokens, filled = np.full((5, SETTINGS.seq_len), PAD), np.zeros((5, SETTINGS.seq_len), dtype=bool)
+    tokens, filled = np.full((5, SEQ_LEN), PAD), np.zeros((5, SEQ_LEN), dtype=bool)
     for i, n in enumerate((12, 20, 15, 18, 13)):
         tokens[i, :n], filled[i, :n] = np.append(rng.integers(2, VOCAB, n - 1), EOS), True
     return HeldoutBatch(tokens, filled, [f"d{i}" for i in range(5)])

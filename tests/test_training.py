@@ -100,7 +100,7 @@ def corpus():
     return store, seg, np.arange(len(docs)) % 3
 
 
-SMALL = TrainSettings(preset="tiny", seq_len=32, batch_size=8, max_steps=24, lr=5e-3, warmup_steps=3, seed=0)
+SMALL = TrainSettings(preset="tiny", batch_size=8, max_steps=24, lr=5e-3, warmup_steps=3, seed=0)
 
 
 def test_loss_decreases_and_same_seed_is_identical(corpus):

@@ -64,6 +64,7 @@ def cmd_compare_runs(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from pipeline.reports.markdown import cell, table_lines
     from pipeline.storage.atomic import write_text
 
     df = compare_runs(args.roots, tuple(args.metric or DEFAULT_METRICS))
@@ -71,11 +72,10 @@ def cmd_compare_runs(args: argparse.Namespace) -> int:
     for col in df.columns:
         table.add_column(col, justify="left" if col in ("root", "packing", "strategy") else "right")
     for row in df.iter_rows():
-        table.add_row(*["" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+        table.add_row(*["" if v is None else cell(v) for v in row])
     Console().print(table)
     if args.out:
-        lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-        lines += ["| " + " | ".join("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in r) + " |" for r in df.iter_rows()]
+        lines = table_lines(df.columns, (["" if v is None else v for v in r] for r in df.iter_rows()))
         write_text("\n".join(lines) + "\n", args.out)
     return 0
 

@@ -264,6 +264,7 @@ def make_context(
     eos_id: int,
     pad_id: int,
     train_settings: TrainSettings,
+    seq_len: int,
     influence: InfluenceSettings,
     examples_per_cluster: int = 8,
     target_examples: int = 32,
@@ -287,7 +288,7 @@ def make_context(
 
     doc_cluster = np.asarray(doc_cluster, dtype=np.int64)
     lengths = np.diff(np.asarray(offsets, dtype=np.int64))
-    L = train_settings.seq_len
+    L = seq_len
     segs, seq_cluster = cluster_pure_segments(np.arange(lengths.size), doc_cluster, lengths, L, seed)
     pool = SequenceStore(tokens, offsets, segs, L, pad_id=pad_id)
     role = np.asarray(target_role, dtype=np.int64)

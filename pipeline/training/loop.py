@@ -38,7 +38,6 @@ from pipeline.packing.pack import SequenceStore
 @dataclass(frozen=True)
 class TrainSettings:
     preset: str = "tiny"
-    seq_len: int = 256
     batch_size: int = 16
     max_steps: int = 60
     lr: float = 3e-3
@@ -57,7 +56,7 @@ class TrainSettings:
     def from_config(cls, cfg, seed: int) -> "TrainSettings":
         """The training settings of a :class:`pipeline.config.StrataConfig` for training seed ``seed``."""
         return cls(
-            preset=cfg.model_preset, seq_len=cfg.seq_len, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
+            preset=cfg.model_preset, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
             lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,
             cross_document=cfg.cross_document, attention=cfg.attention, heldout_every=cfg.heldout_every,
             compile=cfg.compile, epochs=cfg.epochs,
@@ -194,7 +193,7 @@ def train(
     if checkpointing is not None and sampler is not None and not callable(getattr(sampler, "state_dict", None)):
         raise StrataInputError(f"the sampler {type(sampler).__name__} has no state_dict(), so its run cannot be checkpointed",
                                fix="give the sampler state_dict() / load_state_dict(), or set checkpoint_every: 0")
-    model = build_model(settings.preset, vocab_size, settings.seq_len, settings.seed, eos_id, pad_id, mode).to(dev)
+    model = build_model(settings.preset, vocab_size, store.seq_len, settings.seed, eos_id, pad_id, mode).to(dev)
     if settings.compile:
         model.model.compile()  # in place: the decoder's forward is compiled, state_dict keys unchanged
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -204,7 +203,7 @@ def train(
         lr=settings.lr, betas=(0.9, 0.95), fused=dev == "cuda",
     )
     amp = autocast(dev)
-    B, L = settings.batch_size, settings.seq_len
+    B, L = settings.batch_size, store.seq_len
     probe_at = set(checkpoints)
     score_at = set(score_steps(settings.max_steps, settings.heldout_every)) if heldout is not None else set()
 
