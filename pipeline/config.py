@@ -198,10 +198,7 @@ class StrataConfig(_Model):
     def _strategies(cls, value: list[str]) -> list[str]:
         from pipeline.ordering.strategies import REGISTRY
 
-        known = REGISTRY.names()
-        unknown = [s for s in value if s not in known]
-        if unknown:
-            raise ValueError(f"unknown strategies {unknown}; list ordering strategies among {sorted(known)}")
+        _registered(value, REGISTRY.names(), "strategies")
         if len(set(value)) != len(value):
             raise ValueError("a strategy is listed twice; list each strategy once")
         return value
@@ -211,11 +208,7 @@ class StrataConfig(_Model):
     def _export_formats(cls, value: list[str]) -> list[str]:
         from pipeline.export.formats import REGISTRY
 
-        known = REGISTRY.names()
-        unknown = [f for f in value if f not in known]
-        if unknown:
-            raise ValueError(f"unknown export formats {unknown}; use formats among {list(known)}")
-        return value
+        return _registered(value, REGISTRY.names(), "export formats")
 
     @field_validator("families")
     @classmethod
@@ -324,6 +317,14 @@ _HINTS = {  # fixes that say more than the range
     "vocab_size": "use >= 260 (256 byte symbols + special tokens)",
     "heldout_fraction": "use a fraction in [0, 0.5)",
 }
+
+
+def _registered(value: list[str], known, what: str) -> list[str]:
+    """``value`` when every name in it is registered, else a ValueError listing the known names."""
+    unknown = [v for v in value if v not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; use {what} among {sorted(known)}")
+    return value
 
 
 def validation_error(exc: ValidationError, where: str = "config") -> StrataInputError:
