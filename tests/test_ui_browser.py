@@ -28,12 +28,12 @@ import dagster as dg
 import pytest
 import yaml
 
-from helpers import demo_slice
+from helpers import demo_slice, small_graph_config
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = Path(os.environ.get("STRATA_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM = Path(os.environ.get("STRATA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 WAIT_S = 300  # the longest any one wait may take (server start, the run), in seconds
 
 
@@ -71,10 +71,7 @@ def built_root(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("ui")
     corpus = tmp / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in demo_slice(200)))
-    cfg = {"data_root": str(tmp / "root"), "corpus": {"path": str(corpus), "source_field": "domain"},
-           "heldout_fraction": 0.05, "vocab_size": 512, "k": 4, "seq_len": 64, "length_bins": 8,
-           "strategies": ["random", "greedy"], "seeds": [0], "batch_size": 8, "max_steps": 4, "warmup_steps": 1,
-           "embed_method": "shallow", "embed_max_tokens": 64, "stationarity_shuffles": 5}
+    cfg = {**small_graph_config(corpus), "data_root": str(tmp / "root")}
     (tmp / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(tmp / "cfg.yaml"),
