@@ -66,7 +66,18 @@ def _wait_for_server(url: str, proc: subprocess.Popen, log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def built_root(tmp_path_factory) -> Path:
+def playwright_api():
+    """Playwright's ``sync_playwright`` and ``expect``, once Chromium and the package are both there."""
+    _need(CHROMIUM.is_file(), f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)")
+    try:
+        from playwright.sync_api import expect, sync_playwright
+    except ImportError:
+        _need(False, "the playwright package is not installed (pip install -e '.[test]')")
+    return sync_playwright, expect
+
+
+@pytest.fixture(scope="module")
+def built_root(playwright_api, tmp_path_factory) -> Path:
     """A small data root materialized headless up to ``ordering_diagnostics`` (``strata run``)."""
     tmp = tmp_path_factory.mktemp("ui")
     corpus = tmp / "corpus.jsonl"
@@ -86,12 +97,8 @@ def _shot(page, shots: Path, name: str) -> Path:
     return path
 
 
-def test_materialize_from_the_ui_shows_metadata_figure_and_check(built_root, tmp_path):
-    _need(CHROMIUM.is_file(), f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)")
-    try:
-        from playwright.sync_api import expect, sync_playwright
-    except ImportError:
-        _need(False, "the playwright package is not installed (pip install -e '.[test]')")
+def test_materialize_from_the_ui_shows_metadata_figure_and_check(playwright_api, built_root, tmp_path):
+    sync_playwright, expect = playwright_api
     assert (built_root / "strata_config.yaml").is_file()  # what the UI reads: no STRATA_CONFIG below
 
     shots = tmp_path / "screenshots"
