@@ -23,12 +23,12 @@ RECORDED_CONFIG = "strata_config.yaml"
 
 
 def record_config(cfg: StrataConfig) -> Path:
-    """Write ``<data root>/strata_config.yaml`` atomically: every key of ``cfg`` (defaults included),
-    ``data_root`` absolute; unchanged bytes are not rewritten. Returns its path."""
+    """Write ``<data root>/strata_config.yaml`` atomically: every key of ``cfg``, defaults included,
+    but ``data_root``, which is the folder the file lies in (so a root's bytes do not depend on where
+    it lies); unchanged bytes are not rewritten. Returns its path."""
     import yaml
 
-    data = cfg.model_dump(mode="json")
-    data["data_root"] = str(cfg.root)
+    data = cfg.model_dump(mode="json", exclude={"data_root"})
     text = yaml.safe_dump(data, sort_keys=True)
     path = cfg.root / RECORDED_CONFIG
     if not (path.is_file() and path.read_text(encoding="utf-8") == text):
@@ -54,7 +54,7 @@ def config_source(data_root: str | os.PathLike | None = None,
                   environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
     """(config file, data root) for a process given no ``--config``: ``STRATA_CONFIG`` when set; else
     the data root's recorded config (``data_root``, else :func:`default_data_root`) when it has one,
-    read with that data root (a moved root keeps working); else no file (the defaults)."""
+    with that data root; else no file (the defaults)."""
     environ = os.environ if environ is None else environ
     if environ.get("STRATA_CONFIG"):
         return environ["STRATA_CONFIG"], (str(data_root) if data_root else None)
