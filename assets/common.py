@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import dagster as dg
+from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 from dagster_duckdb import DuckDBResource
 
 from pipeline.config import StrataConfig, resolve_config
@@ -106,11 +107,11 @@ def config_partitions(cfg: StrataConfig) -> dict[str, list[str]]:
     return {"strategy": list(cfg.strategies), "seed": [str(s) for s in cfg.seeds]}
 
 
-def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str, list[str]]:
+def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig, graph: BaseAssetGraph | None = None) -> dict[str, list[str]]:
     """Make the instance's strategy/seed/corpus-shard partitions equal the config's (shards as
-    discovered under ``corpus.path``) and set the training pool's limit; returns what was added and removed,
-    and under ``"hidden"`` the materialized partitions a removal hid (each also noted on its asset in
-    the UI: :func:`note_hidden`)."""
+    discovered under ``corpus.path``) and set the training pool's limit; returns what was added and removed.
+    With the definitions' asset ``graph``, also under ``"hidden"`` the materialized partitions a
+    removal hid, each noted on its asset in the UI (:func:`note_hidden`)."""
     from pipeline.data.corpus import corpus_units, shard_key
     from pipeline.errors import StrataInputError
 
@@ -126,8 +127,8 @@ def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str
         if new:
             instance.add_dynamic_partitions(name, new)
         gone = [k for k in have if k not in wanted]
-        if gone:
-            hidden = materialized_partitions(instance, name, gone)
+        if gone and graph is not None:
+            hidden = materialized_partitions(instance, graph, name, gone)
             if hidden:
                 changes["hidden"] = changes.get("hidden", []) + note_hidden(instance, name, gone, hidden, cfg)
         for k in gone:
@@ -161,20 +162,18 @@ def _hidden_by(pdef: dg.PartitionsDefinition, dimension: str, keys: set[str], pa
     return on
 
 
-def materialized_partitions(instance: dg.DagsterInstance, dimension: str, keys: list[str]) -> dict[dg.AssetKey, list[str]]:
-    """Per asset, its materialized partitions that removing the ``dimension`` partitions ``keys`` would hide."""
-    from assets.definitions import _MODULES
-
+def materialized_partitions(instance: dg.DagsterInstance, graph: BaseAssetGraph, dimension: str,
+                            keys: list[str]) -> dict[dg.AssetKey, list[str]]:
+    """Per asset of ``graph``, its materialized partitions that removing the ``dimension`` partitions ``keys`` would hide."""
     out: dict[dg.AssetKey, list[str]] = {}
     current = {n: instance.get_dynamic_partitions(n) for n in ("strategy", "seed", "corpus_shard")}
-    for a in dg.load_assets_from_modules(_MODULES):
-        if not isinstance(a, dg.AssetsDefinition) or a.partitions_def is None:
+    for key in sorted(graph.materializable_asset_keys):
+        pdef = graph.get(key).partitions_def
+        if pdef is None:
             continue
-        for key in a.keys:
-            parts = sorted(p for p in instance.get_materialized_partitions(key)
-                           if _hidden_by(a.partitions_def, dimension, set(keys), p, current))
-            if parts:
-                out[key] = parts
+        parts = sorted(p for p in instance.get_materialized_partitions(key) if _hidden_by(pdef, dimension, set(keys), p, current))
+        if parts:
+            out[key] = parts
     return out
 
 

@@ -31,7 +31,7 @@ def config_sensor(config_file: str | None, data_root: str | None, built_from) ->
                description="Syncs partitions and the training pool with the config file; warns when definitions need a reload.")
     def strata_config(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         cfg = resolve_config(config_file, data_root)
-        changes = sync_partitions(context.instance, cfg)
+        changes = sync_partitions(context.instance, cfg, context.repository_def.asset_graph if context.repository_def else None)
         changed = [a for a in PARAMS if PARAMS[a] and params_hash(PARAMS[a], cfg) != params_hash(PARAMS[a], built_from)]
         note = f"partitions: {changes}" if changes["added"] or changes["removed"] else "partitions in sync"
         if changes.get("hidden"):

@@ -172,7 +172,7 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     chosen = selected_keys(defs, select)
     record_config(cfg)
     instance = instance or dg.DagsterInstance.get()
-    sync_partitions(instance, cfg)
+    sync_partitions(instance, cfg, defs.resolve_asset_graph())
     for run_id in release_dead_claims(instance):
         log(f"freed the training-pool slot of run {run_id} (its strata process is gone)")
     tags = {"strata/pid": str(os.getpid()), "strata/host": socket.gethostname()}

@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import pytest
-import yaml
 
 from assets.common import RECORDED_CONFIG, config_source, default_data_root, record_config, sync_partitions
 from pipeline.config import StrataConfig, load_config, resolve_config
@@ -50,12 +48,15 @@ def test_lookup_order_of_the_data_root(tmp_path, monkeypatch):
 
 
 def test_removing_materialized_partitions_leaves_a_note(tmp_path):
+    from assets.definitions import build_definitions
+
+    graph = build_definitions(None, str(tmp_path / "root")).resolve_asset_graph()
     with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
         sync_partitions(instance, StrataConfig(strategies=["random", "greedy"], seeds=[0, 1]))
         for part in ("0|random", "1|random", "1|greedy"):
             instance.report_runless_asset_event(dg.AssetMaterialization("training_runs", partition=part))
         instance.report_runless_asset_event(dg.AssetMaterialization("orderings", partition="greedy"))
-        changes = sync_partitions(instance, StrataConfig(strategies=["random", "greedy"], seeds=[0]))
+        changes = sync_partitions(instance, StrataConfig(strategies=["random", "greedy"], seeds=[0]), graph)
         assert changes["removed"] == ["seed=1"]
         assert changes["hidden"] == ["training_runs[1|greedy]", "training_runs[1|random]"]
         notes = instance.fetch_observations(dg.AssetKey("training_runs"), limit=10).records
@@ -63,9 +64,9 @@ def test_removing_materialized_partitions_leaves_a_note(tmp_path):
         meta = notes[0].asset_observation.metadata
         assert meta["strata/hidden_partitions"].value == "- `1|greedy`\n- `1|random`" and "seed partitions ['1']" in meta["strata/why"].value
         # seed 1 is gone already: removing greedy hides its ordering, not training_runs[1|greedy] again
-        assert sync_partitions(instance, StrataConfig(strategies=["random", "odm"], seeds=[0]))["hidden"] == ["orderings[greedy]"]
+        assert sync_partitions(instance, StrataConfig(strategies=["random", "odm"], seeds=[0]), graph)["hidden"] == ["orderings[greedy]"]
         # a removal that hides nothing says nothing
-        changes = sync_partitions(instance, StrataConfig(strategies=["random"], seeds=[0]))
+        changes = sync_partitions(instance, StrataConfig(strategies=["random"], seeds=[0]), graph)
         assert changes["removed"] == ["strategy=odm"] and "hidden" not in changes
 
 
@@ -91,3 +92,21 @@ def test_status_without_a_config_reads_the_recorded_one(tmp_path):
     assert not (elsewhere / ".strata").exists()
     rows = _status({}, [], elsewhere)  # no recorded config anywhere: the defaults (seed 0, every default strategy)
     assert {r["partition"].split("|")[0] for r in rows if r["asset"] == "training_runs"} == {"0"}
+
+
+def test_the_sensor_says_when_it_hides_materializations(tmp_path):
+    from assets.definitions import build_definitions
+
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "a", "text": "one document"}) + "\n")
+    path = record_config(StrataConfig(data_root=str(tmp_path / "root"), strategies=["random"], seeds=[0],
+                                      corpus={"path": str(tmp_path / "c.jsonl")}))
+    defs = build_definitions(str(path), str(tmp_path / "root"))
+    (tmp_path / "instance").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "instance")) as instance:
+        instance.add_dynamic_partitions("seed", ["0", "1"])
+        instance.add_dynamic_partitions("strategy", ["random"])
+        instance.report_runless_asset_event(dg.AssetMaterialization("evaluations", partition="1|random"))
+        tick = defs.get_sensor_def("strata_config")(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert "'removed': ['seed=1']" in tick.skip_message and "'hidden': ['evaluations[1|random]']" in tick.skip_message
+        assert "listed in each asset's Events" in tick.skip_message
+        assert len(instance.fetch_observations(dg.AssetKey("evaluations"), limit=5).records) == 1

@@ -62,7 +62,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     cfg = prepare_environment(args.config or os.environ.get("STRATA_CONFIG") or None, args.data_root)
     defs = build_definitions(os.environ.get("STRATA_CONFIG") or None, str(cfg.root))
     instance = dg.DagsterInstance.get()
-    sync_partitions(instance, cfg)
+    sync_partitions(instance, cfg, defs.resolve_asset_graph())
     observe_corpus(instance, cfg)
     rows = statuses(defs, instance, cfg)
     if args.json:
