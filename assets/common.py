@@ -6,21 +6,71 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import dagster as dg
+from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 from dagster_duckdb import DuckDBResource
 
 from pipeline.config import StrataConfig, resolve_config
-from pipeline.storage.atomic import file_sha256
+from pipeline.storage.atomic import file_sha256, write_text
 from pipeline.storage.layout import Layout
 from pipeline.storage.warehouse import data_versions, latest_data_version, write_lineage
 
 
+# Every `strata run` / `strata demo` writes the configuration it ran with here, under the data root,
+# so the Dagster UI and `strata status` started without a config file show what the root was built with.
+RECORDED_CONFIG = "strata_config.yaml"
+
+
+def record_config(cfg: StrataConfig) -> Path:
+    """Write ``<data root>/strata_config.yaml`` atomically: every key of ``cfg``, defaults included,
+    but ``data_root``, which is the folder the file lies in (so a root's bytes do not depend on where
+    it lies); unchanged bytes are not rewritten. Returns its path."""
+    import yaml
+
+    data = cfg.model_dump(mode="json", exclude={"data_root"})
+    text = yaml.safe_dump(data, sort_keys=True)
+    path = cfg.root / RECORDED_CONFIG
+    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+        write_text(text, path)
+    return path
+
+
+def default_data_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The data root of a process given no config file and no ``--data-root``: ``STRATA_HOME``, else
+    the parent of ``DAGSTER_HOME`` when that parent holds a recorded config (the README's
+    ``DAGSTER_HOME=<data root>/dagster``), else ``./.strata``."""
+    environ = os.environ if environ is None else environ
+    if environ.get("STRATA_HOME"):
+        return Path(environ["STRATA_HOME"]).expanduser().resolve()
+    if environ.get("DAGSTER_HOME"):
+        parent = Path(environ["DAGSTER_HOME"]).expanduser().resolve().parent
+        if (parent / RECORDED_CONFIG).is_file():
+            return parent
+    return Path(".strata").resolve()
+
+
+def config_source(data_root: str | os.PathLike | None = None,
+                  environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """(config file, data root) for a process given no ``--config``: ``STRATA_CONFIG`` when set; else
+    the data root's recorded config (``data_root``, else :func:`default_data_root`) when it has one,
+    with that data root; else no file (the defaults)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("STRATA_CONFIG"):
+        return environ["STRATA_CONFIG"], (str(data_root) if data_root else None)
+    root = Path(data_root).expanduser().resolve() if data_root else default_data_root(environ)
+    recorded = root / RECORDED_CONFIG
+    if recorded.is_file():
+        return str(recorded), str(root)
+    return None, (str(data_root) if data_root else None)
+
+
 def env_config() -> StrataConfig:
-    """The configuration named by ``STRATA_CONFIG`` (a YAML/JSON file), else the defaults; the data
-    root by precedence (see :func:`pipeline.config.resolve_config`)."""
-    return resolve_config(os.environ.get("STRATA_CONFIG") or None)
+    """The configuration named by ``STRATA_CONFIG`` (a YAML/JSON file), else the data root's recorded
+    config (:func:`config_source`), else the defaults; the data root by precedence (see
+    :func:`pipeline.config.resolve_config`)."""
+    return resolve_config(*config_source())
 
 
 class StrataSettings(dg.ConfigurableResource):
@@ -57,9 +107,11 @@ def config_partitions(cfg: StrataConfig) -> dict[str, list[str]]:
     return {"strategy": list(cfg.strategies), "seed": [str(s) for s in cfg.seeds]}
 
 
-def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str, list[str]]:
+def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig, graph: BaseAssetGraph | None = None) -> dict[str, list[str]]:
     """Make the instance's strategy/seed/corpus-shard partitions equal the config's (shards as
-    discovered under ``corpus.path``) and set the training pool's limit; returns what was added and removed."""
+    discovered under ``corpus.path``) and set the training pool's limit; returns what was added and removed.
+    With the definitions' asset ``graph``, also under ``"hidden"`` the materialized partitions a
+    removal hid, each noted on its asset in the UI (:func:`note_hidden`)."""
     from pipeline.data.corpus import corpus_units, shard_key
     from pipeline.errors import StrataInputError
 
@@ -74,16 +126,77 @@ def sync_partitions(instance: dg.DagsterInstance, cfg: StrataConfig) -> dict[str
         new = [k for k in wanted if k not in have]
         if new:
             instance.add_dynamic_partitions(name, new)
-        for k in have:
-            if k not in wanted:
-                instance.delete_dynamic_partition(name, k)
-                changes["removed"].append(f"{name}={k}")
+        gone = [k for k in have if k not in wanted]
+        if gone and graph is not None:
+            hidden = materialized_partitions(instance, graph, name, gone)
+            if hidden:
+                changes["hidden"] = changes.get("hidden", []) + note_hidden(instance, name, gone, hidden, cfg)
+        for k in gone:
+            instance.delete_dynamic_partition(name, k)
+            changes["removed"].append(f"{name}={k}")
         changes["added"] += [f"{name}={k}" for k in new]
     storage = instance.event_log_storage
     if storage.supports_global_concurrency_limits:
         if storage.get_concurrency_info(TRAIN_POOL).slot_count != cfg.train_concurrency:
             storage.set_concurrency_slots(TRAIN_POOL, cfg.train_concurrency)
     return changes
+
+
+def _hidden_by(pdef: dg.PartitionsDefinition, dimension: str, keys: set[str], partition: str,
+               current: dict[str, list[str]]) -> bool:
+    """Whether removing the ``dimension`` partitions ``keys`` hides ``partition`` (a stored key of an
+    asset partitioned by ``pdef``): it is on one of them, and on current partitions of every other dimension."""
+    if isinstance(pdef, dg.DynamicPartitionsDefinition):
+        return pdef.name == dimension and partition in keys
+    if not isinstance(pdef, dg.MultiPartitionsDefinition):
+        return False
+    by_dim = pdef.get_partition_key_from_str(partition).keys_by_dimension
+    on = False
+    for d in pdef.partitions_defs:
+        if not isinstance(d.partitions_def, dg.DynamicPartitionsDefinition):
+            continue
+        if d.partitions_def.name == dimension:
+            on = on or by_dim[d.name] in keys
+        elif by_dim[d.name] not in current[d.partitions_def.name]:
+            return False
+    return on
+
+
+def materialized_partitions(instance: dg.DagsterInstance, graph: BaseAssetGraph, dimension: str,
+                            keys: list[str]) -> dict[dg.AssetKey, list[str]]:
+    """Per asset of ``graph``, its materialized partitions that removing the ``dimension`` partitions ``keys`` would hide."""
+    out: dict[dg.AssetKey, list[str]] = {}
+    current = {n: instance.get_dynamic_partitions(n) for n in ("strategy", "seed", "corpus_shard")}
+    for key in sorted(graph.materializable_asset_keys):
+        pdef = graph.get(key).partitions_def
+        if pdef is None:
+            continue
+        parts = sorted(p for p in instance.get_materialized_partitions(key) if _hidden_by(pdef, dimension, set(keys), p, current))
+        if parts:
+            out[key] = parts
+    return out
+
+
+def note_hidden(instance: dg.DagsterInstance, dimension: str, keys: list[str], hidden: dict[dg.AssetKey, list[str]],
+                cfg: StrataConfig) -> list[str]:
+    """Say in the UI that removing the ``dimension`` partitions ``keys`` hides materializations: an
+    observation on each asset (its Events show it, with the partitions and why), and a log warning.
+    The materializations stay in the event log and show again when the partition is added back."""
+    import logging
+
+    why = (f"{dimension} partitions {keys} are not in the configuration (data root {cfg.root}); their materializations "
+           "stay in the event log and show again when the configuration lists them (STRATA_CONFIG, or the data root's "
+           f"{RECORDED_CONFIG})")
+    lines = []
+    for key, parts in hidden.items():
+        name = key.to_user_string()
+        instance.report_runless_asset_event(dg.AssetObservation(
+            asset_key=key, description=f"partitions removed by the config: {len(parts)} materialized partition(s) hidden",
+            metadata={"strata/hidden_partitions": dg.MetadataValue.md("\n".join(f"- `{p}`" for p in parts)),
+                      "strata/why": why}))
+        lines += [f"{name}[{p}]" for p in parts]
+    logging.getLogger("strata").warning("hid %d materialized partition(s): %s; %s", len(lines), ", ".join(lines), why)
+    return lines
 
 
 def run_key(context: dg.AssetExecutionContext) -> tuple[str, int]:

@@ -1,10 +1,9 @@
 """Strata's Dagster definitions: the asset graph over ``pipeline/`` (loaded by workspace.yaml).
 
-``defs`` follows ``STRATA_CONFIG`` (a YAML/JSON file) and the data-root precedence of
+``defs`` follows ``STRATA_CONFIG`` (a YAML/JSON file), else the data root's recorded config
+(:func:`assets.common.config_source`), and the data-root precedence of
 :func:`pipeline.config.resolve_config`; ``build_definitions`` builds them for any config.
 """
-
-import os
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
@@ -17,7 +16,7 @@ set_thread_policy()  # before any asset imports torch
 
 from assets import checks, claims, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
 from assets import mixture  # noqa: E402
-from assets.common import StrataSettings, sync_partitions  # noqa: E402
+from assets.common import StrataSettings, config_source, sync_partitions  # noqa: E402
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
 
@@ -32,9 +31,12 @@ def config_sensor(config_file: str | None, data_root: str | None, built_from) ->
                description="Syncs partitions and the training pool with the config file; warns when definitions need a reload.")
     def strata_config(context: dg.SensorEvaluationContext) -> dg.SkipReason:
         cfg = resolve_config(config_file, data_root)
-        changes = sync_partitions(context.instance, cfg)
+        changes = sync_partitions(context.instance, cfg, context.repository_def.asset_graph if context.repository_def else None)
         changed = [a for a in PARAMS if PARAMS[a] and params_hash(PARAMS[a], cfg) != params_hash(PARAMS[a], built_from)]
         note = f"partitions: {changes}" if changes["added"] or changes["removed"] else "partitions in sync"
+        if changes.get("hidden"):
+            context.log.warning(f"removing partitions hid materializations of {changes['hidden']}")
+            note += "; materializations hidden with them are listed in each asset's Events (observation)"
         if changed:
             note += f"; config changed for {changed}: reload the definitions (Deployment > Reload) to update code versions"
         return dg.SkipReason(note)
@@ -65,4 +67,4 @@ def build_definitions(config_file: str | None = None, data_root: str | None = No
     )
 
 
-defs = build_definitions(os.environ.get("STRATA_CONFIG") or None)
+defs = build_definitions(*config_source())

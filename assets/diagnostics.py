@@ -1,5 +1,7 @@
 """ordering_diagnostics (per strategy) and diagnostics_report: the papers' yardsticks and figures."""
 
+from pathlib import Path
+
 import dagster as dg
 import numpy as np
 import polars as pl
@@ -26,7 +28,24 @@ STATIONARITY_CHECK = dg.AssetCheckSpec(
                 "over the prefix training consumes, lies inside the band of uniform shuffles of the same sequences "
                 "(table ordering_stationarity). Warns (does not fail the run), naming what is outside.")
 
+REPORT_CHECK = dg.AssetCheckSpec(
+    "report_covers_strategies", asset="diagnostics_report", blocking=False,
+    description="Every strategy of the config that has a schedule before training is in the report (a strategy whose "
+                "ordering is missing would otherwise be left out without a word), and every figure is a PNG or GIF image.")
+
 OrderingDiagnosticsParams = PARAM_CLASSES["ordering_diagnostics"]  # launchpad: stationarity_shuffles
+
+
+def report_check(wanted: list[str], reported: list[str], figures: dict[str, Path]) -> dg.AssetCheckResult:
+    """``report_covers_strategies``: passes when ``reported`` holds every strategy of ``wanted`` and
+    each figure file starts with a PNG or GIF signature; else a WARN naming what is missing."""
+    missing = [s for s in wanted if s not in reported]
+    broken = [n for n, p in figures.items() if not p.read_bytes()[:8].startswith((b"\x89PNG\r\n\x1a\n", b"GIF8"))]
+    problems = ([f"no ordering for {missing}: materialize their orderings"] if missing else []) + (
+        [f"not an image: {broken}"] if broken else [])
+    return dg.AssetCheckResult(check_name=REPORT_CHECK.name, passed=not problems, severity=dg.AssetCheckSeverity.WARN,
+                               description="; ".join(problems) or f"{len(reported)} strategies, {len(figures)} figures",
+                               metadata={"strategies": ", ".join(reported), "figures": len(figures)})
 
 
 def stationarity_check(strategy: str, table: pl.DataFrame, n_random: int) -> dg.AssetCheckResult:
@@ -93,7 +112,8 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
                       check_results=[check])
 
 
-@dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="2", kinds={"matplotlib"})
+@dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="2", kinds={"matplotlib"},
+          check_specs=[REPORT_CHECK])
 def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md`` (one
     stationarity figure per characteristic, from ``ordering_stationarity``),
@@ -124,5 +144,6 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     ui = "\n\n".join([frame_table(summary), "**stationarity: outside random's band**",
                        frame_table(V.stationarity_summary(stationarity))]
                       + [V.image_markdown(p, n) for n, p in figures.items()])
+    check = report_check([s for s in cfg.strategies if s not in training_time()], strategies, figures)
     return rec.finish([md_path, *figures.values()], {"strategies": len(strategies), "figures": len(figures)},
-                      {"strategies": strategies}, {"report": dg.MetadataValue.md(ui)})
+                      {"strategies": strategies}, {"report": dg.MetadataValue.md(ui)}, check_results=[check])

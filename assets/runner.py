@@ -85,8 +85,13 @@ def partition_keys(pdef, cfg: StrataConfig, within: dict[str, str] | None = None
 
 
 def prepare_environment(config_file: str | None, data_root: str | None) -> StrataConfig:
-    """Resolve the configuration (see :func:`resolve_config`), point ``STRATA_CONFIG`` at it and set up
-    a persistent Dagster instance under the data root."""
+    """Resolve the configuration (see :func:`resolve_config`; without a file, the data root's recorded
+    one, :func:`assets.common.config_source`), point ``STRATA_CONFIG`` at it and set up a persistent
+    Dagster instance under the data root."""
+    from assets.common import config_source
+
+    if not config_file:
+        config_file, data_root = config_source(data_root)
     if config_file:
         config_file = str(Path(config_file).resolve())
         os.environ["STRATA_CONFIG"] = config_file
@@ -157,7 +162,7 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     or edited shards; all of them after a new tokenizer or k-means model), strategy batches per
     strategy, each followed by its strategy x seed runs. Returns the path of ``report.md`` when
     ``ablation_report`` was among them."""
-    from assets.common import sync_partitions
+    from assets.common import record_config, sync_partitions
     from assets.definitions import build_definitions
 
     if config_file is None:
@@ -165,8 +170,9 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     cfg = resolve_config(config_file, data_root)
     defs = build_definitions(config_file, str(cfg.root))
     chosen = selected_keys(defs, select)
+    record_config(cfg)
     instance = instance or dg.DagsterInstance.get()
-    sync_partitions(instance, cfg)
+    sync_partitions(instance, cfg, defs.resolve_asset_graph())
     for run_id in release_dead_claims(instance):
         log(f"freed the training-pool slot of run {run_id} (its strata process is gone)")
     tags = {"strata/pid": str(os.getpid()), "strata/host": socket.gethostname()}

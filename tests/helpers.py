@@ -39,3 +39,13 @@ def built_corpus(cfg, work: Path):
     out = Path(tempfile.mkdtemp(dir=work))
     build = build_corpus(cfg, 0, 0.0, out / "shards", out / "corpus.parquet")
     return pl.read_parquet(out / "corpus.parquet"), build.report
+
+
+def small_graph_config(corpus: Path) -> dict:
+    """Keys of a data root built in about a minute on 2 cores: a demo-corpus slice at ``corpus``
+    (see :func:`demo_slice`), 2 strategies, 4 training steps, shallow embeddings (no model to load)."""
+    return {"corpus": {"path": str(corpus), "source_field": "domain"}, "heldout_fraction": 0.05, "vocab_size": 512,
+            "k": 4, "seq_len": 64, "length_bins": 8, "strategies": ["random", "greedy"], "batch_size": 8,
+            "max_steps": 4, "warmup_steps": 1, "heldout_every": 2, "heldout_docs": 8, "eval_limit": 2,
+            "embed_method": "shallow", "embed_max_tokens": 64, "stationarity_shuffles": 5, "claims_probe_batches": 2,
+            "bootstrap_samples": 200}

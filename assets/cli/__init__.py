@@ -62,7 +62,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     cfg = prepare_environment(args.config or os.environ.get("STRATA_CONFIG") or None, args.data_root)
     defs = build_definitions(os.environ.get("STRATA_CONFIG") or None, str(cfg.root))
     instance = dg.DagsterInstance.get()
-    sync_partitions(instance, cfg)
+    sync_partitions(instance, cfg, defs.resolve_asset_graph())
     observe_corpus(instance, cfg)
     rows = statuses(defs, instance, cfg)
     if args.json:
@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Dagster asset selection, e.g. '*orderings' (everything up to the orderings), 'training_runs+'")
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="every asset/partition: fresh, stale (and why) or missing")
-    status.add_argument("--config", default=None, help="YAML/JSON config (default: $STRATA_CONFIG, else the defaults)")
+    status.add_argument("--config", default=None,
+                        help="YAML/JSON config (default: $STRATA_CONFIG, else the data root's strata_config.yaml, else the defaults)")
     status.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
     status.add_argument("--json", action="store_true", help="print JSON rows (asset, partition, status, why)")
     status.set_defaults(func=cmd_status)
