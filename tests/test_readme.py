@@ -72,3 +72,11 @@ def test_readme_ui_steps_after_the_demo_show_the_demo(tmp_path):
     assert runs == [f"{seed}|{s}" for seed in (0, 1, 2) for s in ("greedy", "random")]
     assert [(r["asset"], r["partition"], r["why"]) for r in rows if r["status"] != "fresh"] == []
     assert {"ablation_report", "claims", "diagnostics_report"} <= {r["asset"] for r in rows}
+
+
+def test_ci_runs_the_readmes_test_command():
+    """``.ci/run`` ends with the README's test command (quiet pip flags aside)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"Tests:\n\n```bash\n(.+?)\n```", readme).group(1)
+    last = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert last.replace(" -q", "") == command
