@@ -1,0 +1,157 @@
+"""``greedy_mixture``: a learned mixture realized over the corpus as a schedule (repeats, omissions),
+its accounting and checks, and diagnostics measured against the mixture."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pipeline.errors import StrataInputError
+from pipeline.mixture.schedule import (
+    accounting, cluster_tokens, l1_distance, load_weights, repeat_counts, schedule_problems, sequence_rates,
+)
+from pipeline.ordering import strategies
+from pipeline.ordering.engine import OrderParams, run_strategy
+from pipeline.packing.pack import pack_concat
+from pipeline.reports import diagnostics as D
+
+K, L = 6, 128
+
+
+def corpus(seed: int = 0, n: int = 1200, k: int = K):
+    """Documents of random clusters and lengths, packed by concat into L-token sequences (mostly mixed)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(10, 300, n)
+    docs = pl.DataFrame({"doc_id": np.arange(n), "cluster": rng.integers(0, k, n), "n_tokens": lengths})
+    return docs, pack_concat(np.arange(n), lengths, L).segments
+
+
+def weights_file(tmp_path, weights: dict, name: str = "w.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({str(k): v for k, v in weights.items()}))
+    return str(path)
+
+
+def schedule(docs, seg, params, seed=0):
+    order = run_strategy("greedy_mixture", docs, seg, L, params, seed).order["sequence_id"].to_numpy()
+    target = load_weights(params.mixture_weights, K)
+    return order, accounting(order, cluster_tokens(seg, docs["cluster"].to_numpy()), target)
+
+
+def test_weights_files(tmp_path):
+    w = load_weights(weights_file(tmp_path, {0: 1, 2: 3}), 4)
+    np.testing.assert_allclose(w, [0.25, 0, 0.75, 0])
+    (tmp_path / "w.yaml").write_text("0: 2\n3: 2\n")
+    np.testing.assert_allclose(load_weights(tmp_path / "w.yaml", 4), [0.5, 0, 0, 0.5])
+    pl.DataFrame({"iteration": [0, 0, 1, 1], "cluster": [0, 1, 0, 1], "weight": [0.5, 0.5, 0.2, 0.8]}).write_parquet(tmp_path / "w.parquet")
+    np.testing.assert_allclose(load_weights(tmp_path / "w.parquet", 2), [0.2, 0.8])  # the last iteration
+    for bad, match in (({9: 1.0}, "outside 0..3"), ({0: -1.0}, "weight -1"), ({0: 0.0}, "every weight is 0")):
+        with pytest.raises(StrataInputError, match=match) as err:
+            load_weights(weights_file(tmp_path, bad, "bad.json"), 4)
+        assert "bad.json" in str(err.value)
+    with pytest.raises(StrataInputError, match="does not exist"):
+        load_weights(tmp_path / "missing.json", 4)
+
+
+def test_feasible_mixture_is_realized_within_caps(tmp_path):
+    docs, seg = corpus()
+    want = {0: 0.05, 1: 0.35, 2: 0.1, 3: 0.3, 4: 0.15, 5: 0.05}
+    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, want), max_repeats=3)
+    order, table = schedule(docs, seg, params)
+    m = int(seg["sequence_id"].max()) + 1
+    corpus_share = table["corpus_tokens"].to_numpy() / table["corpus_tokens"].sum()
+    assert np.abs(corpus_share - list(want.values())).sum() > 0.3  # the corpus is far from the mixture
+    assert l1_distance(table) < 0.02  # the schedule is not
+    assert np.bincount(order, minlength=m).max() <= 3
+    assert table["repeated_tokens"].sum() > 0 and table["omitted_tokens"].sum() > 0  # it repeats some sequences and leaves out others
+    assert abs(int(table["scheduled_tokens"].sum()) - int(seg["n_tokens"].sum())) < 0.02 * int(seg["n_tokens"].sum())  # the budget: the corpus's tokens
+    assert schedule_problems(order, m, table, 3) == []
+    again, _ = schedule(docs, seg, params)
+    np.testing.assert_array_equal(order, again)  # same seed, same schedule
+
+
+def test_budget_sets_the_schedule_size(tmp_path):
+    docs, seg = corpus(1)
+    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, {j: 1.0 for j in range(K)}), mixture_budget_tokens=40_000)
+    _, table = schedule(docs, seg, params)
+    assert abs(int(table["scheduled_tokens"].sum()) - 40_000) < 2 * L
+    assert l1_distance(table) < 0.05  # a small budget: the rounding of ~300 sequences shows (mixture_tolerance)
+
+
+def test_infeasible_mixture_gets_as_close_as_it_can_and_says_how_close(tmp_path):
+    docs, seg = corpus(2)
+    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, {0: 0.9, 1: 0.1}), max_repeats=1)
+    order, table = schedule(docs, seg, params)
+    target = table["target_share"].to_numpy()
+    corpus_share = table["corpus_tokens"].to_numpy() / table["corpus_tokens"].sum()
+    assert np.bincount(order).max() == 1
+    # cluster 0 holds a sixth of the corpus: at one copy and the full budget the mixture is out of reach,
+    # so the schedule shrinks its budget and keeps the mixture
+    assert l1_distance(table) < 0.5 * np.abs(corpus_share - target).sum()
+    assert table["scheduled_tokens"].sum() < table["corpus_tokens"].sum()
+
+
+def test_rates_solve_the_cluster_equations():
+    docs, seg = corpus(3)
+    from pipeline.ordering.features import sequence_features
+
+    d = seg["doc_id"].to_numpy()
+    f = sequence_features(seg["sequence_id"].to_numpy(), docs["cluster"].to_numpy()[d], docs["n_tokens"].to_numpy()[d],
+                          seg["n_tokens"].to_numpy(), 8, d)
+    w = np.array([0.3, 0.3, 0.1, 0.1, 0.1, 0.1])
+    budget = float(f.lengths.sum())
+    r = sequence_rates(f, w, budget, 4)
+    assert r.min() >= 0 and r.max() <= 4
+    rows = np.repeat(np.arange(f.n_sequences), np.diff(f.clusters.indptr))
+    got = np.bincount(f.clusters.indices, weights=f.clusters.data * r[rows], minlength=K)
+    np.testing.assert_allclose(got, w * budget, rtol=1e-6)  # the continuous rates meet the targets exactly
+    counts = repeat_counts(f, w, budget, 4, seed=0)
+    assert np.abs(counts - r).max() < 1  # rounding moves no sequence by a whole copy
+
+
+def test_problems_are_found():
+    seg_tokens = pl.DataFrame({"sequence_id": [0, 0, 1, 2], "cluster": [0, 1, 1, 0], "tokens": [3, 5, 8, 8]})
+    target = np.array([0.5, 0.5])
+    table = accounting(np.array([0, 0, 1]), seg_tokens, target)
+    assert table["omitted_tokens"].to_list() == [8, 0] and table["repeated_tokens"].to_list() == [3, 5]
+    assert table["scheduled_tokens"].to_list() == [6, 18] and table["max_copies"].to_list() == [2, 2]
+    assert schedule_problems(np.array([0, 0, 1]), 3, table, 2) == []
+    assert "more than max_repeats=1" in schedule_problems(np.array([0, 0, 1]), 3, table, 1)[0]
+    assert "outside 0..2" in schedule_problems(np.array([0, 5]), 3, table, 2)[0]
+    lost = table.with_columns(omitted_tokens=pl.col("omitted_tokens") + 1)
+    assert schedule_problems(np.array([0, 0, 1]), 3, lost, 2) == ["corpus tokens != distinct + omitted tokens for some cluster"]
+
+
+def test_diagnostics_measure_against_the_mixture(tmp_path):
+    docs, seg = corpus(4)
+    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, {0: 0.5, 1: 0.3, 2: 0.2}))
+    order, table = schedule(docs, seg, params)
+    cluster, length = docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy() + 1
+    target = table["target_share"].to_numpy()
+    sched = D.prepare(seg, order, cluster, length, n_bins=8, target_share=target)
+    assert sched.n_sequences == order.size  # one unrolled sequence per position
+    end = D.prefix_errors(sched.clusters, sched.position, np.array([order.size]))[0]
+    realized = table["realized_share"].to_numpy()
+    assert end == pytest.approx(np.linalg.norm(realized - target), rel=1e-9)  # the whole schedule against the target
+    corpus_sched = D.prepare(seg, np.unique(seg["sequence_id"].to_numpy()), cluster, length, n_bins=8)
+    assert D.batch_deviations(sched.clusters, sched.position, 32).mean() < 0.5 * D.batch_deviations(
+        D.prepare(seg, np.unique(seg["sequence_id"].to_numpy()), cluster, length, n_bins=8, target_share=target).clusters,
+        corpus_sched.position, 32).mean()  # the corpus in packing order is far from the mixture, the schedule is not
+    with pytest.raises(StrataInputError, match="with its target_share"):
+        D.prepare(seg, order, cluster, length, n_bins=8)  # a schedule without its targets is refused as before
+
+
+def test_registered_with_its_config_keys():
+    from pipeline.config import StrataConfig
+
+    spec = strategies.spec("greedy_mixture")
+    assert spec.realizes_mixture and spec.level == "sequence" and "greedy_mixture" in strategies.SEQUENCE_LEVEL
+    assert {"mixture_weights_file", "mixture_budget_tokens", "max_repeats", "mixture_tolerance"} <= set(spec.reads)
+    cfg = StrataConfig(strategies=["random", "greedy_mixture"], max_repeats=2, mixture_weights_file="w.json")
+    p = OrderParams.from_config(cfg)
+    assert (p.max_repeats, p.mixture_weights, p.mixture_budget_tokens) == (2, "w.json", 0)
+    with pytest.raises(StrataInputError, match="needs mixture weights"):
+        run_strategy("greedy_mixture", *corpus(5, n=200), L, OrderParams(), 0)
