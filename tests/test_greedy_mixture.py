@@ -155,3 +155,70 @@ def test_registered_with_its_config_keys():
     assert (p.max_repeats, p.mixture_weights, p.mixture_budget_tokens) == (2, "w.json", 0)
     with pytest.raises(StrataInputError, match="needs mixture weights"):
         run_strategy("greedy_mixture", *corpus(5, n=200), L, OrderParams(), 0)
+
+
+@pytest.mark.integration
+def test_orderings_diagnostics_and_export_on_a_data_root(tmp_path):
+    """``strata run`` to the diagnostics with greedy_mixture and a weights file, then ``strata export``."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import duckdb
+    import yaml
+
+    from helpers import demo_slice
+    from pipeline.storage.layout import Layout, Store
+
+    repo = Path(__file__).resolve().parents[1]
+    corpus_path = tmp_path / "corpus.jsonl"
+    corpus_path.write_text("".join(json.dumps(r) + "\n" for r in demo_slice(120)))
+    weights = tmp_path / "weights.json"
+    cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(corpus_path), "source_field": "domain"},
+           "heldout_fraction": 0.0, "vocab_size": 300, "k": 3, "seq_len": 64, "length_bins": 4, "batch_size": 4,
+           "embed_method": "shallow", "embed_max_tokens": 32, "strategies": ["random", "greedy_mixture"],
+           "mixture_weights_file": str(weights), "max_repeats": 3, "stationarity_shuffles": 5}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(repo)}
+    cli = [sys.executable, "-m", "assets.cli"]
+
+    def run(select: str) -> None:
+        proc = subprocess.run([*cli, "run", "--config", str(tmp_path / "cfg.yaml"), "--select", select],
+                              capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+    run("*sequences")
+    layout = Layout(tmp_path / "root")
+    tokens = pl.read_parquet(layout.documents).join(pl.read_parquet(layout.clusters), on="doc_id").group_by("cluster").agg(
+        pl.col("n_tokens").sum()).sort("cluster")
+    share = tokens["n_tokens"].to_numpy() / tokens["n_tokens"].sum()
+    want = share * np.array([1.5, 0.5, 1.0]) / (share * np.array([1.5, 0.5, 1.0])).sum()  # a mixture within reach of 3 copies
+    weights.write_text(json.dumps({str(j): float(v) for j, v in enumerate(want)}))
+    run("key:orderings or key:ordering_diagnostics")
+    layout = Layout(tmp_path / "root")
+    ordering = Store(layout).ordering("greedy_mixture")
+    table = pl.read_parquet(layout.ordering_mixture("greedy_mixture"))
+    m = int(ordering.segments["sequence_id"].max()) + 1
+    assert np.bincount(ordering.order, minlength=m).max() <= 3 and np.bincount(ordering.order, minlength=m).max() > 1
+    assert schedule_problems(ordering.order, m, table, 3) == []
+    np.testing.assert_allclose(ordering.target_share, want)
+    assert l1_distance(table) <= 0.05  # mixture_tolerance: the check passed
+    assert not layout.ordering_mixture("random").exists()
+    con = duckdb.connect(str(layout.duckdb), read_only=True)
+    rows = con.sql("SELECT * FROM mixture_schedule WHERE strategy = 'greedy_mixture' ORDER BY cluster").pl()
+    assert rows["realized_share"].to_list() == table["realized_share"].to_list()
+    metrics = con.sql("SELECT metric FROM ordering_metrics WHERE strategy = 'greedy_mixture'").pl()
+    assert "batch_dev_clusters_mean" in metrics["metric"].to_list()
+    con.close()
+    out = tmp_path / "export"
+    exp = subprocess.run([*cli, "export", "--data-root", str(layout.root), "--config", str(tmp_path / "cfg.yaml"),
+                          "--strategy", "greedy_mixture", "--format", "numpy", "--out", str(out)],
+                         capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+    assert exp.returncode == 0, exp.stdout[-2000:] + exp.stderr[-3000:]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["n_sequences"] == ordering.order.size
+    seq = Store(layout).sequences
+    matrix = np.fromfile(layout.sequence_matrix, dtype=meta["dtype"]).reshape(m, seq.seq_len)
+    got = np.fromfile(out / "tokens.bin", dtype=meta["dtype"]).reshape(-1, seq.seq_len)
+    np.testing.assert_array_equal(got, matrix[ordering.order])  # repetitions written out, position for position
