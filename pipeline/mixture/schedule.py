@@ -5,21 +5,22 @@ r_s times, 0 <= r_s <= R (``max_repeats``), so that the schedule's tokens per cl
 w_j x B (weights w, token budget B). Packed sequences hold several clusters, so the repeat decision
 cannot be made per cluster alone. The rule (:func:`repeat_counts`):
 
-1. **Rates.** Each cluster j gets a repetition rate rho_j (tokens of j scheduled per corpus token of
-   j); a sequence's rate is the token-weighted mean of its clusters' rates, capped at R:
-   r_s = min(R, sum_j c_sj rho_j / l_s). A cluster-pure sequence is repeated at its cluster's rate;
-   a mixed one at the blend. The rates solve realized_j(rho) = sum_s c_sj r_s = w_j B by
-   multiplicative (IPF-style) updates rho_j <- rho_j w_j B / realized_j from rho_j = w_j B / C_j
-   (C_j: the corpus's tokens of j), which is the exact answer for pure sequences.
+1. **Rates.** A sequence's rate is a blend of per-cluster rates lambda_j weighted by its tokens,
+   capped: r_s = clip(sum_j c_sj lambda_j / l_s, 0, R). A cluster-pure sequence is repeated at its
+   cluster's rate, a mixed one at the blend. These are the repeat counts of least token-weighted
+   squared repetition sum_s l_s r_s^2 / 2 whose cluster tokens sum_s c_sj r_s equal w_j B (lambda
+   are that problem's multipliers); damped Newton steps on lambda from lambda_j = w_j B / C_j
+   (C_j: the corpus's tokens of j; exact for cluster-pure sequences) solve it.
 2. **Rounding.** r_s = floor(r_s) + 1 for a systematic sample of the fractions: the sequences of
    each dominant cluster, in a seeded order, take an extra copy where floor(u + cumulative fraction)
    steps (u ~ U(0, 1) per stratum), so each stratum gets its expected number of extra copies
    within one, and no sequence exceeds R.
 
-When the corpus cannot give the mixture (a cluster needs more than R passes, or its tokens come
-mixed with clusters the mixture wants less of), the rates saturate and the schedule is as close as
-this rule gets; :func:`accounting` reports how close (achieved vs target shares, their L1 distance)
-and where every corpus token went (scheduled once or more, repeated, omitted), per cluster.
+When the corpus cannot give the mixture at B (a cluster needs more than R passes, or its tokens
+come mixed with clusters the mixture wants less of), smaller budgets are tried and the largest one
+nearest the mixture is kept (:func:`sequence_rates`). :func:`accounting` reports how close
+(achieved vs target shares, their L1 distance) and where every corpus token went (scheduled once
+or more, repeated, omitted), per cluster.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import yaml
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import SequenceFeatures
+from pipeline.ordering.greedy import _dominant
 
 ACCOUNTING_SCHEMA = {
     "cluster": pl.Int64, "target_share": pl.Float64, "realized_share": pl.Float64, "corpus_tokens": pl.Int64,
@@ -80,13 +82,6 @@ def load_weights(path: str | Path, n_clusters: int) -> np.ndarray:
     if not w.sum() > 0:
         raise StrataInputError("every weight is 0", path=path, fix=fix)
     return w / w.sum()
-
-
-def _dominant(f: SequenceFeatures) -> np.ndarray:
-    c = f.clusters
-    rows = np.repeat(np.arange(c.n_rows, dtype=np.int64), np.diff(c.indptr))
-    top = np.lexsort((c.indices, -c.data, rows))
-    return c.indices[top[c.indptr[:-1]]]
 
 
 def _solve_rates(C, inv_l: np.ndarray, want: np.ndarray, max_repeats: int) -> np.ndarray:
@@ -164,7 +159,7 @@ def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_r
     base = np.floor(r).astype(np.int64)
     frac = r - base
     rng = np.random.default_rng(seed)
-    stratum = _dominant(f)
+    stratum = _dominant(f.clusters)
     order = np.lexsort((rng.permutation(r.size), stratum))
     s, fr = stratum[order], frac[order]
     start = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
