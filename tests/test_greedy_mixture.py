@@ -222,3 +222,17 @@ def test_orderings_diagnostics_and_export_on_a_data_root(tmp_path):
     matrix = np.fromfile(layout.sequence_matrix, dtype=meta["dtype"]).reshape(m, seq.seq_len)
     got = np.fromfile(out / "tokens.bin", dtype=meta["dtype"]).reshape(-1, seq.seq_len)
     np.testing.assert_array_equal(got, matrix[ordering.order])  # repetitions written out, position for position
+
+
+def test_schedule_cli(tmp_path):
+    from assets.cli.schedule import run_cli
+
+    docs, seg = corpus(6, n=400)
+    d = seg["doc_id"].to_numpy()
+    seg.with_columns(cluster=pl.Series(docs["cluster"].to_numpy()[d]), doc_length=pl.Series(docs["n_tokens"].to_numpy()[d])).write_parquet(tmp_path / "seg.parquet")
+    w = weights_file(tmp_path, {0: 0.7, 1: 0.3})
+    assert run_cli(["schedule", str(tmp_path / "seg.parquet"), "--strategy", "greedy_mixture", "--mixture-weights", w,
+                    "--max-repeats", "2", "--bins", "8", "--out", str(tmp_path / "o.parquet")]) == 0
+    ids = pl.read_parquet(tmp_path / "o.parquet")["sequence_id"].to_numpy()
+    table = accounting(ids, cluster_tokens(seg, docs["cluster"].to_numpy()), load_weights(w, K))
+    assert np.bincount(ids).max() <= 2 and l1_distance(table) < 0.05
