@@ -11,7 +11,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings  # noqa: F401 (STRATEGY_PARTITIONS re-exported)
-from pipeline.storage.atomic import write_parquet
+from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderParams, run_strategy
@@ -145,7 +145,8 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode},
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode,
+         **({"mixture_weights_sha256": file_sha256(params.mixture_weights)} if spec.realizes_mixture else {})},
         {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none", **summary},
         check_results=[check, *mixture_checks],
     )

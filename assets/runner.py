@@ -146,6 +146,9 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         selection = [a for a in group if a in chosen]
         for key in shards_to_run(defs, instance, cfg, selection) if selection else []:
             run(selection, key)
+    mixture = cfg.mixture.enabled or select
+    if mixture:  # the learned mixture and curriculum first: orderings of greedy_mixture / greedy_curriculum may read them
+        learn_mixture(run, cfg)
     for s in cfg.strategies:
         run(PER_STRATEGY, s)
         for seed in cfg.seeds:
@@ -153,20 +156,25 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     if cfg.claims_full or select:
         run(CLAIM_RUNS)
     run(GATHER)
-    if cfg.mixture.enabled or select:
-        materialize_mixture(run, cfg)
+    if mixture:
+        materialize_mixture(run)
     return cfg.root / "report.md" if "ablation_report" in chosen else None
 
 
-def materialize_mixture(run, cfg: StrataConfig) -> None:
-    """The TerRIFIC mixture stage (when ``mixture.enabled``, or as selected): target, iterations in
-    order, weights + curriculum, runs per strategy, ablation."""
-    from assets.mixture import MIXTURE_STRATEGIES
-
+def learn_mixture(run, cfg: StrataConfig) -> None:
+    """The TerRIFIC mixture stage's learning (when ``mixture.enabled``, or as selected): target,
+    iterations in order, weights + curriculum."""
     run(["mixture_target"])
     for i in range(cfg.mixture.iterations):
         run(["mixture_iterations"], str(i))
     run(["mixture_weights", "mixture_curriculum"])
+
+
+def materialize_mixture(run) -> None:
+    """The TerRIFIC mixture stage's ablation: runs per strategy on the learned mixture, then the
+    comparison (after ``training_runs``, whose random and greedy models it scores too)."""
+    from assets.mixture import MIXTURE_STRATEGIES
+
     for s in MIXTURE_STRATEGIES:
         run(["mixture_runs"], s)
     run(["mixture_ablation"])

@@ -236,3 +236,18 @@ def test_schedule_cli(tmp_path):
     ids = pl.read_parquet(tmp_path / "o.parquet")["sequence_id"].to_numpy()
     table = accounting(ids, cluster_tokens(seg, docs["cluster"].to_numpy()), load_weights(w, K))
     assert np.bincount(ids).max() <= 2 and l1_distance(table) < 0.05
+
+
+def test_weights_default_to_the_mixture_stage(tmp_path):
+    from assets.orderings import order_params
+    from pipeline.config import StrataConfig
+    from pipeline.storage.layout import Layout
+
+    layout = Layout(tmp_path)
+    cfg = StrataConfig(strategies=["greedy_mixture"])
+    assert order_params(cfg, layout).mixture_weights is None  # no stage output, no file: greedy_mixture stops with the fix
+    layout.mixture_weights.parent.mkdir(parents=True)
+    pl.DataFrame({"iteration": [0, 0], "cluster": [0, 1], "weight": [0.5, 0.5]}).write_parquet(layout.mixture_weights)
+    assert order_params(cfg, layout).mixture_weights == str(layout.mixture_weights)
+    mine = weights_file(tmp_path, {0: 1.0})
+    assert order_params(cfg.model_copy(update={"mixture_weights_file": mine}), layout).mixture_weights == mine
