@@ -28,7 +28,7 @@ def _dir(layout, *parts: str):
     return layout.inside("mixture", *parts)
 
 
-@dg.asset(group_name="mixture", deps=["corpus", "tokenizer"], code_version="1", kinds={"numpy"})
+@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["corpus", "tokenizer"], code_version="1", kinds={"numpy"})
 def mixture_target(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """The target set V (``mixture.target_path``, else the held-out split of ``mixture.target_source``)
     split into a half that measures v and a half that scores models, plus the general held-out set.
@@ -99,7 +99,7 @@ def _iteration_file(layout, i: int):
     return _dir(layout, "iterations", f"{i}.parquet")
 
 
-@dg.asset(group_name="mixture", deps=["tokens", "clusters", "mixture_target"], partitions_def=ITERATION_PARTITIONS, code_version="1", kinds={"pytorch"})
+@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"], partitions_def=ITERATION_PARTITIONS, code_version="1", kinds={"pytorch"})
 def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Static TerRIFIC iteration i: Train (fresh model on the realized mixture softmax(l_i), greedy
     order) -> Measure (Delta l at the final checkpoint) -> Update (l_{i+1} = l_i + eta Delta l).
@@ -142,7 +142,7 @@ def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettin
                       {**{k: float(v) for k, v in metrics.items()}, "top_clusters": dg.MetadataValue.md(frame_table(top))})
 
 
-@dg.asset(group_name="mixture", deps=["mixture_iterations"], code_version="1", kinds={"parquet"})
+@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["mixture_iterations"], code_version="1", kinds={"parquet"})
 def mixture_weights(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """The learned static mixture: ``mixture/weights.parquet`` (iteration, cluster, logit, weight) for
     every iteration's trained-on logits plus iteration = ``iterations`` (the final update, the
@@ -173,7 +173,7 @@ def mixture_weights(context: dg.AssetExecutionContext, settings: StrataSettings,
                        "figure": dg.MetadataValue.md(f"![weights]({fig})")})
 
 
-@dg.asset(group_name="mixture", deps=["tokens", "clusters", "mixture_target"], code_version="1", kinds={"pytorch"})
+@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"], code_version="1", kinds={"pytorch"})
 def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """TerRIFIC curricula (Algorithm 1): ``mixture.curriculum_iterations`` meta-iterations from
     f_0 = log corpus shares, each training on the curriculum-greedy order of f_t with
@@ -225,7 +225,7 @@ def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettin
                       {"figure": dg.MetadataValue.md(f"![curriculum]({out[-1]})")})
 
 
-@dg.asset(group_name="mixture", deps=["mixture_weights", "mixture_curriculum"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"pytorch"})
+@dg.asset(group_name="mixture", tags={"strata/order": "last"}, deps=["mixture_weights", "mixture_curriculum"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"pytorch"})
 def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Train on the learned mixture, for every training seed: ``greedy_mixture`` realizes the final
     static weights (greedy order), ``greedy_curriculum`` the learned curriculum (curriculum-greedy
@@ -276,7 +276,7 @@ def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, du
                        "realization": dg.MetadataValue.md(frame_table(real.table))})
 
 
-@dg.asset(group_name="mixture", deps=["mixture_runs", "training_runs"], code_version="1", kinds={"duckdb"})
+@dg.asset(group_name="mixture", tags={"strata/order": "last"}, deps=["mixture_runs", "training_runs"], code_version="1", kinds={"duckdb"})
 def mixture_ablation(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Rows ``random``, ``greedy`` (the ``training_runs`` models, when materialized),
     ``greedy_mixture`` and ``greedy_curriculum`` scored the same way: mean token loss on the target

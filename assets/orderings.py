@@ -1,5 +1,8 @@
-"""orderings: one partition per strategy, each a permutation of the packed sequences."""
+"""orderings: one partition per strategy, each a permutation of the packed sequences, or a schedule
+(sequences repeated or left out) for a strategy that realizes a mixture (``greedy_mixture``)."""
 
+
+from dataclasses import replace
 
 import dagster as dg
 import numpy as np
@@ -8,14 +11,76 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
-from pipeline.storage.atomic import write_parquet
+from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.reports.diagnostics import ordering_ids
+from pipeline.storage.warehouse import replace_rows
 
 PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="orderings", blocking=True,
                                       description="The partition's ordering is a permutation of its sequences.")
+CAPS_CHECK = dg.AssetCheckSpec(
+    "schedule_within_caps", asset="orderings", blocking=True,
+    description="A schedule (a strategy that realizes a mixture) names only packed sequences, none more than max_repeats "
+                "times, and its accounting (orderings/<strategy>.mixture.parquet) matches the order and loses no token: per "
+                "cluster, corpus = distinct + omitted and scheduled = distinct + repeated tokens.")
+MIXTURE_CHECK = dg.AssetCheckSpec(
+    "schedule_realizes_mixture", asset="orderings", blocking=False,
+    description="A schedule's realized cluster token shares lie within mixture_tolerance (L1) of the target mixture. "
+                "Warns where the corpus cannot give the mixture under max_repeats.")
+
+
+def order_params(cfg, layout) -> OrderParams:
+    """The ordering knobs of ``cfg``; greedy_mixture's weights default to the mixture stage's
+    ``mixture/weights.parquet`` when ``mixture_weights_file`` is not set."""
+    params = OrderParams.from_config(cfg)
+    if params.mixture_weights is None and layout.mixture_weights.exists():
+        params = replace(params, mixture_weights=str(layout.mixture_weights))
+    return params
+
+
+def schedule_checks(strategy: str, layout, params: OrderParams, docs: pl.DataFrame, tolerance: float) -> tuple[list, list, dict]:
+    """For a strategy that realizes a mixture: its accounting written beside the order, the DuckDB
+    rows and both checks' results (recomputed from the written files); (outputs, checks, metadata)."""
+    from pipeline.mixture.schedule import accounting, cluster_tokens, l1_distance, schedule_problems
+
+    spec = strategies.spec(strategy)
+    path = layout.ordering_mixture(strategy)
+    if not spec.realizes_mixture:
+        if path.exists():
+            path.unlink()
+        skip = "not a schedule: the permutation check applies"
+        return [], [dg.AssetCheckResult(check_name=c.name, passed=True, description=skip, metadata={"strategy": strategy})
+                    for c in (CAPS_CHECK, MIXTURE_CHECK)], {}
+    written = Store(layout).ordering(strategy)
+    doc_cluster = np.full(int(docs["doc_id"].max()) + 1, 0, dtype=np.int64)
+    doc_cluster[docs["doc_id"].to_numpy()] = docs["cluster"].to_numpy()
+    pieces = cluster_tokens(written.segments, doc_cluster)
+    target = spec.mixture(params, int(docs["cluster"].max()) + 1)
+    table = accounting(written.order, pieces, target)
+    out = write_parquet(table, path)
+    reread = pl.read_parquet(out)
+    n_seq = int(written.segments["sequence_id"].max()) + 1
+    problems = schedule_problems(written.order, n_seq, reread, params.max_repeats)
+    if not reread.equals(table):
+        problems.append("the written accounting differs from the order's")
+    l1 = l1_distance(reread)
+    shown = reread.select("cluster", "target_share", "realized_share", "scheduled_tokens", "repeated_tokens", "omitted_tokens", "max_copies")
+    meta = {"strategy": strategy, "l1_to_target": l1, "tolerance": tolerance, "positions": int(written.order.size),
+            "sequences": n_seq, "scheduled_tokens": int(reread["scheduled_tokens"].sum()),
+            "omitted_tokens": int(reread["omitted_tokens"].sum()), "repeated_tokens": int(reread["repeated_tokens"].sum()),
+            "budget_tokens": int(params.mixture_budget_tokens or reread["corpus_tokens"].sum()),
+            "per_cluster": dg.MetadataValue.md(shown.to_pandas().to_markdown(index=False))}
+    checks = [
+        dg.AssetCheckResult(check_name=CAPS_CHECK.name, passed=not problems, metadata=meta,
+                            description="; ".join(problems) or f"every sequence at most {params.max_repeats} times; every token accounted for"),
+        dg.AssetCheckResult(check_name=MIXTURE_CHECK.name, passed=l1 <= tolerance, severity=dg.AssetCheckSeverity.WARN, metadata=meta,
+                            description=(f"realized shares within L1 {l1:.4f} of the mixture (tolerance {tolerance})" if l1 <= tolerance else
+                                         f"the corpus gives the mixture only within L1 {l1:.4f} > {tolerance}: raise max_repeats, "
+                                         "lower mixture_budget_tokens, or accept it (mixture_tolerance)")),
+    ]
+    return [out], checks, meta
 
 
 def ordering_inputs(layout, params: OrderParams | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -34,17 +99,21 @@ OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's paramete
 
 
 @dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version="2", kinds={"parquet"},
-          check_specs=[PERMUTATION_CHECK])
+          check_specs=[PERMUTATION_CHECK, CAPS_CHECK, MIXTURE_CHECK])
 def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
               config: OrderingsParams) -> dg.MaterializeResult:
     """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id).
 
     Its check ``ordering_is_permutation`` reads this partition's files only (other strategies'
-    files may still hold an ordering of an older corpus until they are re-run)."""
+    files may still hold an ordering of an older corpus until they are re-run). A strategy that
+    realizes a mixture writes a schedule instead, with ``orderings/<strategy>.mixture.parquet``
+    (per cluster: target and realized share, corpus / scheduled / distinct / repeated / omitted
+    tokens, most copies; DuckDB ``mixture_schedule``) and the checks ``schedule_within_caps``
+    (blocking) and ``schedule_realizes_mixture`` (warns)."""
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
-    params = OrderParams.from_config(cfg)
+    params = order_params(cfg, layout)
     docs, segments = ordering_inputs(layout, params)
     # A training-time strategy (odm) picks sequences online from the packing of its spec's
     # packing_from (cluster_packed: each sequence holds one cluster). Its order here is not trained
@@ -60,15 +129,26 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         seg_path.unlink()
     written = Store(layout).ordering(strategy)
     order, m = written.order, int(written.segments["sequence_id"].max()) + 1
-    ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
-    check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=ok,
-                                metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
+    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, docs, cfg.mixture_tolerance)
+    outputs += more
+    if spec.realizes_mixture:
+        check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=True, metadata={"strategy": strategy},
+                                    description=f"{strategy} realizes a mixture: a schedule (see schedule_within_caps)")
+        with duckdb.get_connection() as con:
+            replace_rows(con, "mixture_schedule", pl.read_parquet(layout.ordering_mixture(strategy)).with_columns(strategy=pl.lit(strategy)),
+                         {"strategy": strategy})
+    else:
+        ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
+        check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=ok,
+                                    metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
+    summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens", "per_cluster")}
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode},
-        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none"},
-        check_results=[check],
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode,
+         **({"mixture_weights_sha256": file_sha256(params.mixture_weights)} if spec.realizes_mixture else {})},
+        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none", **summary},
+        check_results=[check, *mixture_checks],
     )
 
 
@@ -84,7 +164,7 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
     parameters), so seeds vary the shuffle / noise, not only the model init."""
     from pipeline.ordering.engine import seed_dependent
 
-    params, spec = OrderParams.from_config(cfg), strategies.spec(strategy)
+    params, spec = order_params(cfg, layout), strategies.spec(strategy)
     if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)
     if spec.reseed is not None:  # e.g. greedy_block_shuffle: the greedy beneath is seed-free, re-shuffle its blocks only

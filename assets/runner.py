@@ -18,6 +18,7 @@ from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
 Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions definition (None: unpartitioned) and its assets
+ORDER_TIERS = {"first": 0, "": 1, "last": 2}  # an asset's tag strata/order -> when plan() runs it among the ready ones
 
 
 def optional_enabled(name: str, group: str | None, cfg: StrataConfig) -> bool:
@@ -33,7 +34,9 @@ def optional_enabled(name: str, group: str | None, cfg: StrataConfig) -> bool:
 def plan(defs: dg.Definitions, chosen: set[str], cfg: StrataConfig, selected: bool = False) -> list[Batch]:
     """The chosen materializable assets in the asset graph's topological order, in batches: each batch
     the assets that become ready together and share a partitions definition (one run per partition).
-    The mixture stage comes after everything else; an unpartitioned observable source that is chosen
+    An asset tagged ``strata/order: first`` runs as soon as its inputs are there (the mixture stage's
+    learning, which ``greedy_mixture``'s ordering reads), one tagged ``last`` after everything else
+    (the mixture stage's ablation); an unpartitioned observable source that is chosen
     is observed in the first unpartitioned batch that reads it. Without ``selected``, the optional
     assets follow the config (:func:`optional_enabled`)."""
     graph = defs.resolve_asset_graph()
@@ -44,8 +47,8 @@ def plan(defs: dg.Definitions, chosen: set[str], cfg: StrataConfig, selected: bo
                if k.to_user_string() in chosen and graph.get(k).partitions_def is None}
     parents = {k: set(graph.get(k).parent_keys) & wanted for k in wanted}
 
-    def order(k: dg.AssetKey) -> tuple[bool, int]:
-        return graph.get(k).group_name == "mixture", rank[k]
+    def order(k: dg.AssetKey) -> tuple[int, int]:
+        return ORDER_TIERS[graph.get(k).tags.get("strata/order", "")], rank[k]
 
     done: set[dg.AssetKey] = set()
     batches: list[Batch] = []

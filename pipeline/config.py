@@ -139,6 +139,10 @@ class StrataConfig(_Model):
     window: int = Field(4096, ge=1)  # candidate pool of greedy_fast
     greedy_exact_max: int = Field(100_000, ge=0)  # greedy: exact up to this many sequences, blocked greedy above (docs/ordering.md)
     greedy_block: int = Field(8_192, ge=1)  # sequences per block of the blocked greedy
+    mixture_weights_file: str = ""  # greedy_mixture: JSON/YAML mapping cluster -> weight; "" = mixture/weights.parquet of the mixture stage
+    mixture_budget_tokens: int = Field(0, ge=0)  # greedy_mixture: tokens its schedule holds; 0 = the packed corpus's tokens
+    max_repeats: int = Field(4, ge=1)  # greedy_mixture: copies of one sequence at most
+    mixture_tolerance: float = Field(0.05, ge=0.0)  # greedy_mixture's check: L1 distance of realized from target cluster shares it accepts
     batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
     stationarity_shuffles: int = Field(50, ge=1)  # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
     # training

@@ -65,9 +65,27 @@ def _raw(variant: str, seed: int = 0):
     return stream, store, order, tokens, offsets
 
 
-@pytest.fixture(scope="module")
-def concat():
-    return _data("concat")
+def _mixture_data(tmp: Path):
+    """The same corpus as a ``greedy_mixture`` schedule: sequences repeated or left out, so the
+    stream's length differs from the number of packed sequences."""
+    import polars as pl
+
+    from pipeline.ordering.engine import OrderParams, run_strategy
+
+    stream, store, _, tokens, offsets = _raw("concat")
+    lengths = np.diff(offsets)
+    docs = pl.DataFrame({"doc_id": np.arange(lengths.size), "cluster": np.arange(lengths.size) % 3, "n_tokens": lengths})
+    (tmp / "weights.json").write_text('{"0": 0.6, "1": 0.3, "2": 0.1}')
+    params = OrderParams(bins=8, mixture_weights=str(tmp / "weights.json"), max_repeats=3, mixture_budget_tokens=200 * L)
+    order = run_strategy("greedy_mixture", docs, stream.segments, L, params, 0).order["sequence_id"].to_numpy()
+    assert np.bincount(order).max() > 1 and order.size != store.n_sequences
+    return stream_from_arrays(tokens, offsets, stream.segments, order, L, eos_id=EOS, pad_id=PAD), store, order
+
+
+@pytest.fixture(scope="module", params=["permutation", "greedy_mixture"])
+def concat(request, tmp_path_factory):
+    """The ordered stream of a concat packing: a permutation, and a greedy_mixture schedule."""
+    return _data("concat") if request.param == "permutation" else _mixture_data(tmp_path_factory.mktemp("mixture"))
 
 
 def expected_batches(store, order, global_batch=G) -> np.ndarray:

@@ -27,7 +27,7 @@ def root(tmp_path_factory, request):
     cfg = {
         "data_root": str(tmp / "root"), "corpus": {"path": str(corpus), "source_field": "domain"},
         "heldout_fraction": 0.1, "vocab_size": 400, "k": 4, "seq_len": 64, "length_bins": 6,
-        "strategies": ["random", "greedy"], "batch_size": 8, "max_steps": 6, "warmup_steps": 1,
+        "strategies": ["random", "greedy", "greedy_mixture"], "batch_size": 8, "max_steps": 6, "warmup_steps": 1,
         "eval_limit": 2, "embed_max_tokens": 64, "embed_method": "shallow",
         "mixture": {"enabled": True, "iterations": 2, "curriculum_iterations": 1, "checkpoints": 2,
                     "projection_dim": 128, "examples_per_cluster": 3, "target_examples": 4},
@@ -60,3 +60,23 @@ def test_weights_curriculum_and_ablation_rows(root):
     order = pl.read_parquet(root / "mixture" / "orderings" / "greedy_mixture.parquet")
     assert order.height == 48
     assert (root / "mixture" / "weights.png").stat().st_size > 10_000 and (root / "mixture" / "report.md").exists()
+
+
+def test_greedy_mixture_ordering_reads_the_learned_weights_and_is_exported(root):
+    """With the mixture stage on, orderings[greedy_mixture] schedules the whole corpus on the learned
+    weights (learned before the orderings), and its export is that schedule, repetitions included."""
+    from pipeline.storage.layout import Layout, Store
+
+    layout = Layout(root)
+    ordering = Store(layout).ordering("greedy_mixture")
+    w = pl.read_parquet(root / "mixture" / "weights.parquet")
+    final = w.filter(pl.col("iteration") == w["iteration"].max()).sort("cluster")["weight"].to_numpy()
+    np.testing.assert_allclose(ordering.target_share, final / final.sum())
+    table = pl.read_parquet(layout.ordering_mixture("greedy_mixture"))
+    assert (table["corpus_tokens"] == table["distinct_tokens"] + table["omitted_tokens"]).all()
+    m = int(ordering.segments["sequence_id"].max()) + 1
+    assert np.bincount(ordering.order, minlength=m).max() <= 4
+    meta = json.loads((layout.export_dir("greedy_mixture", "numpy") / "meta.json").read_text())
+    got = np.fromfile(layout.export_dir("greedy_mixture", "numpy") / "tokens.bin", dtype=meta["dtype"]).reshape(-1, meta["seq_len"])
+    matrix = np.fromfile(layout.sequence_matrix, dtype=meta["dtype"]).reshape(m, meta["seq_len"])
+    np.testing.assert_array_equal(got, matrix[ordering.order])

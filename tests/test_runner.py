@@ -47,9 +47,10 @@ def test_plan_follows_the_graph_and_the_config(graph_and_cfg):
     batches = plan(defs, selected_keys(defs, None), on)
     _check_topological(defs, batches)
     assert {n for _, names in batches for n in names} == materializable | {"raw_corpus"}
-    groups = [graph.get(dg.AssetKey(names[-1])).group_name for _, names in batches]
-    first_mixture = groups.index("mixture")
-    assert set(groups[first_mixture:]) == {"mixture"}, "the mixture stage runs after everything else"
+    order = [n for _, names in batches for n in names]
+    learning = ["mixture_target", "mixture_iterations", "mixture_weights", "mixture_curriculum"]
+    assert max(map(order.index, learning)) < order.index("orderings"), "greedy_mixture's ordering reads the learned weights"
+    assert order[-2:] == ["mixture_runs", "mixture_ablation"], "the mixture stage's ablation runs after everything else"
 
 
 def test_selection_opens_the_optional_assets_and_keeps_the_order(graph_and_cfg):

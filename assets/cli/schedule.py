@@ -58,6 +58,9 @@ def _params(args: argparse.Namespace) -> OrderParams:
         window=getattr(args, "window", 4096),
         greedy_exact_max=getattr(args, "greedy_exact_max", EXACT_MAX),
         greedy_block=getattr(args, "greedy_block", BLOCK),
+        mixture_weights=getattr(args, "mixture_weights", None),
+        mixture_budget_tokens=getattr(args, "mixture_budget_tokens", 0),
+        max_repeats=getattr(args, "max_repeats", 4),
     )
 
 
@@ -81,7 +84,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     out = pl.DataFrame({"position": np.arange(ids.size, dtype=np.int64), "sequence_id": ids.astype(np.int64)})
     write_parquet(out, args.out)
     mode = f" ({greedy_mode(ids.size, params.greedy_exact_max)} greedy)" if strategies.spec(args.strategy).greedy_based else ""
-    print(f"{args.strategy}{mode}: ordered {ids.size} sequences -> {args.out}")
+    print(f"{args.strategy}{mode}: ordered {ids.size} {'positions' if strategies.spec(args.strategy).realizes_mixture else 'sequences'} -> {args.out}")
     return 0
 
 
@@ -120,6 +123,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=4096, help="candidate pool of greedy_fast")
     p.add_argument("--greedy-exact-max", type=int, default=EXACT_MAX, help=f"exact greedy up to this many sequences, blocked above (default {EXACT_MAX})")
     p.add_argument("--greedy-block", type=int, default=BLOCK, help=f"sequences per block of the blocked greedy (default {BLOCK})")
+    p.add_argument("--mixture-weights", default=None, help="greedy_mixture: JSON/YAML mapping cluster -> weight")
+    p.add_argument("--mixture-budget-tokens", type=int, default=0, help="greedy_mixture: tokens the schedule holds (default 0: all)")
+    p.add_argument("--max-repeats", type=int, default=4, help="greedy_mixture: copies of one sequence at most (default 4)")
     p.set_defaults(func=cmd_schedule)
     d = subparsers.add_parser("schedule-docs", help="order documents before packing (stratified, ...)")
     d.add_argument("documents", help="parquet: doc_id, cluster, n_tokens")

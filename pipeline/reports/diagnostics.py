@@ -11,8 +11,8 @@ loops over sequences in Python. Results are tidy rows ``(strategy, metric, setti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, Sequence
 
 import numpy as np
 import polars as pl
@@ -48,9 +48,13 @@ class Composition:
     tokens: np.ndarray  # int64
     n_sequences: int
     n_groups: int
+    target: np.ndarray | None = None  # the shares deviations are measured against (a mixture's), else the schedule's own
 
     def global_share(self) -> np.ndarray:
-        """tau_j (or kappa_b): the group's share of all tokens (Don't Shuffle, Optimize, step 1)."""
+        """tau_j (or kappa_b): the group's share of all tokens (Don't Shuffle, Optimize, step 1), or
+        the target shares when the schedule realizes a mixture."""
+        if self.target is not None:
+            return self.target
         tot = np.bincount(self.group, weights=self.tokens, minlength=self.n_groups)
         return tot / tot.sum()
 
@@ -117,6 +121,17 @@ def ordering_ids(ordering: pl.DataFrame | np.ndarray) -> np.ndarray:
     return np.asarray(ordering, dtype=np.int64).ravel()
 
 
+def unroll(segments: pl.DataFrame, order: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
+    """A schedule (sequence ids that repeat, or leave some out) as a permutation: position p becomes
+    sequence p, holding the segments of ``order[p]``; ``(segments, arange(P))``."""
+    order = np.asarray(order, dtype=np.int64)
+    pos = pl.DataFrame({"position": np.arange(order.size, dtype=np.int64), "sequence_id": order})
+    seg = (pos.join(segments, on="sequence_id", how="inner").drop("sequence_id").rename({"position": "sequence_id"})
+           .select(segments.columns))
+    within = [c for c in ("seq_token_start",) if c in seg.columns]
+    return seg.sort(["sequence_id", *within], maintain_order=True), np.arange(order.size, dtype=np.int64)
+
+
 def prepare(
     segments: pl.DataFrame,
     ordering: pl.DataFrame | np.ndarray,
@@ -127,6 +142,7 @@ def prepare(
     n_bins: int = 100,
     n_clusters: int | None = None,
     doc_source: np.ndarray | pl.Series | None = None,
+    target_share: np.ndarray | None = None,
 ) -> Schedule:
     """Join an ordering with its packing's segments, document clusters and length bins.
 
@@ -135,19 +151,25 @@ def prepare(
     given (share them between strategies), else from :func:`length_bin_edges` over all documents.
     ``doc_source`` (optional, indexed by doc_id) is a per-document source label of any type; it is
     kept as dense integer codes (sorted label text) for the stationarity diagnostics.
+    ``target_share`` (per cluster): the ordering is a schedule realizing this mixture; it is
+    unrolled (:func:`unroll`) and cluster deviations are measured against these shares.
     """
     order = ordering_ids(ordering)
+    if target_share is not None:
+        segments, order = unroll(segments, order)
     m = order.size
     if m == 0:
         raise StrataInputError("the ordering is empty", fix="schedule at least one sequence")
     position = np.full(m, -1, dtype=np.int64)
     if order.min() < 0 or order.max() >= m:
         raise StrataInputError(
-            f"the ordering's sequence ids are not 0..{m - 1}", fix="pass a permutation of the packing's sequence ids"
+            f"the ordering's sequence ids are not 0..{m - 1}",
+            fix="pass a permutation of the packing's sequence ids (a schedule that repeats or leaves out sequences: with its target_share)"
         )
     position[order] = np.arange(m, dtype=np.int64)
     if (position < 0).any():
-        raise StrataInputError("the ordering repeats a sequence id", fix="pass a permutation (each sequence once)")
+        raise StrataInputError("the ordering repeats a sequence id",
+                               fix="pass a permutation (each sequence once), or a schedule with its target_share")
     doc_cluster = np.asarray(doc_cluster, dtype=np.int64)
     doc_length = np.asarray(doc_length, dtype=np.int64)
     if doc_cluster.shape != doc_length.shape:
@@ -175,7 +197,7 @@ def prepare(
     return Schedule(
         order=order,
         position=position,
-        clusters=composition(seg_seq, doc_cluster[seg_doc], seg_tok, m, k),
+        clusters=replace(composition(seg_seq, doc_cluster[seg_doc], seg_tok, m, k), target=_padded(target_share, k)),
         bins=composition(seg_seq, doc_bin[seg_doc], seg_tok, m, edges.size + 1),
         seg_seq=seg_seq,
         seg_tokens=seg_tok,
@@ -184,6 +206,14 @@ def prepare(
         seg_doc=seg_doc,
         doc_source=source,
     )
+
+
+def _padded(share: np.ndarray | None, k: int) -> np.ndarray | None:
+    if share is None:
+        return None
+    out = np.zeros(max(k, np.asarray(share).size))
+    out[: np.asarray(share).size] = share
+    return out[:k]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,7 +129,7 @@ class _Shares:
     def of(cls, comp: Composition) -> "_Shares":
         total = np.bincount(comp.group, weights=comp.tokens, minlength=comp.n_groups)
         start = np.r_[0, np.cumsum(np.bincount(comp.seq, minlength=comp.n_sequences))]
-        return cls(comp.seq, comp.group, comp.tokens.astype(np.float64), start, total, total / total.sum())
+        return cls(comp.seq, comp.group, comp.tokens.astype(np.float64), start, total, comp.global_share())  # a mixture's target, if any
 
     def max_dev(self, counts: np.ndarray) -> np.ndarray:
         """max_j |counts_j / sum(counts) - tau_j| per row of ``counts``."""

@@ -39,12 +39,13 @@ def document_features(layout: Layout) -> pl.DataFrame:
 
 def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:
     """Join a strategy's ordering with its segments; length-bin edges shared by all strategies;
-    the documents' ``source`` label when ``docs`` has one."""
+    the documents' ``source`` label when ``docs`` has one; a schedule realizing a mixture unrolled,
+    its cluster deviations against the mixture's target shares."""
     ordering = Store(layout).ordering(strategy)
     lengths = docs["stream_length"].to_numpy()
     edges = D.length_bin_edges(lengths, n_bins)
     return D.prepare(ordering.segments, ordering.order, docs["cluster"].to_numpy(), lengths, bin_edges=edges,
-                     doc_source=docs["source"] if "source" in docs.columns else None)
+                     doc_source=docs["source"] if "source" in docs.columns else None, target_share=ordering.target_share)
 
 
 def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | None, doc_cluster: np.ndarray, out_dir: Path,

@@ -94,6 +94,14 @@ class Layout:
     def ordering_segments(self, strategy: str) -> Path:
         return self.inside("orderings", f"{strategy}.segments.parquet")
 
+    def ordering_mixture(self, strategy: str) -> Path:
+        """Target and realized cluster shares of a strategy that realizes a mixture, with its token accounting."""
+        return self.inside("orderings", f"{strategy}.mixture.parquet")
+
+    @property
+    def mixture_weights(self) -> Path:
+        return self.inside("mixture", "weights.parquet")
+
     def run_dir(self, strategy: str, seed: int) -> Path:
         return self.inside("runs", strategy, f"seed{seed}")
 
@@ -121,6 +129,7 @@ class Ordering:
     repacked: bool
     path: Path
     segments_path: Path
+    target_share: "np.ndarray | None" = None  # per cluster, when the strategy realizes a mixture (its order is a schedule)
 
 
 @dataclass(frozen=True)
@@ -140,7 +149,8 @@ class Store:
 
     def ordering(self, strategy: str) -> Ordering:
         """``orderings/<strategy>.parquet`` with the segments it refers to: the strategy's own
-        (``orderings/<strategy>.segments.parquet``, when it repacked), else ``sequences/segments.parquet``."""
+        (``orderings/<strategy>.segments.parquet``, when it repacked), else ``sequences/segments.parquet``;
+        and the target cluster shares of ``orderings/<strategy>.mixture.parquet`` when it realizes a mixture."""
         import numpy as np
         import polars as pl
 
@@ -151,7 +161,9 @@ class Store:
         order = pl.read_parquet(path).sort("position")["sequence_id"].to_numpy().astype(np.int64)
         own = self.layout.ordering_segments(strategy)
         seg_path = own if own.exists() else self.layout.segments
-        return Ordering(strategy, order, pl.read_parquet(seg_path), own.exists(), path, seg_path)
+        mixture = self.layout.ordering_mixture(strategy)
+        target = pl.read_parquet(mixture).sort("cluster")["target_share"].to_numpy() if mixture.exists() else None
+        return Ordering(strategy, order, pl.read_parquet(seg_path), own.exists(), path, seg_path, target)
 
     @property
     def sequences(self) -> Sequences:

@@ -10,6 +10,8 @@ configuration keys it reads and how it runs:
   documents, which the engine repacks (``pipeline.packing.pack.pack_concat``);
 - either level may give ``run(inputs) -> OrderingResult`` instead, for strategies that need the
   whole input (content hashes, their own repacking);
+- a sequence-level strategy that gives ``mixture(params, n_clusters) -> target shares`` realizes a
+  mixture: its rows may repeat or be left out (a *schedule*; see ``greedy_mixture.py``);
 - ``level="training"``: chosen online by a sampler during training (ODM); the orderings asset
   writes the packing of ``packing_from`` for it, and it has no fixed order to export.
 
@@ -40,6 +42,7 @@ class StrategySpec:
     run: Callable[..., Any] | None = None  # (Inputs) -> OrderingResult, when the array API does not suffice
     packing_from: str | None = None  # training-time: the ordering strategy whose packing it samples from
     reseed: Callable[..., Any] | None = None  # (order, params, from_seed, to_seed) -> its order for to_seed, or None: re-run it
+    mixture: Callable[..., Any] | None = None  # (params, n_clusters) -> target token share per cluster: its order is a schedule
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):
@@ -48,6 +51,12 @@ class StrategySpec:
             raise ValueError(f"training-time strategy {self.name!r} names the packing it samples from (packing_from)")
         if self.level != "training" and (self.order is None) == (self.run is None):
             raise ValueError(f"strategy {self.name!r} gives exactly one of order and run")
+
+    @property
+    def realizes_mixture(self) -> bool:
+        """Realizes a mixture: its order may repeat sequences (up to ``max_repeats`` copies) or leave
+        some out, and its checks and diagnostics hold it to the mixture's shares."""
+        return self.mixture is not None
 
     @property
     def scheduled(self) -> bool:
