@@ -117,7 +117,7 @@ class MetaContext:
 
     @property
     def budget_tokens(self) -> float:
-        return float(self.budget_sequences * self.train.seq_len)
+        return float(self.budget_sequences * self.pool.seq_len)
 
     def batch(self, store: SequenceStore):
         from pipeline.devices import device
@@ -242,7 +242,7 @@ def curriculum_iteration(ctx: MetaContext, cur: Curriculum, t: int, n_checkpoint
     """Meta-iteration t of Algorithm 1 (see module doc)."""
     n_max = ctx.budget_tokens
     s_b = sample_log_locations(np.log(min_fraction * n_max), np.log(n_max), n_checkpoints, seed * 1_000_003 + t)
-    per_step = ctx.train.batch_size * ctx.train.seq_len
+    per_step = ctx.train.batch_size * ctx.pool.seq_len
     steps = np.array([checkpoint_step(np.exp(s), per_step, ctx.train.max_steps) for s in s_b])
     order, real = curriculum_order(ctx, cur, seed)
     model, _, measured = train_and_measure(ctx, order, steps.tolist())

@@ -12,7 +12,7 @@ loops over sequences in Python. Results are tidy rows ``(strategy, metric, setti
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 import polars as pl
