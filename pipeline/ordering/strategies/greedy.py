@@ -32,7 +32,8 @@ def greedy_curriculum(features, params, seed: int) -> np.ndarray:
     if params.curriculum is None:
         raise StrataInputError("greedy_curriculum needs a curriculum", fix="pass --curriculum KNOTS.json (or .yaml)")
     cur = load_curriculum(params.curriculum, features.clusters.n_cols)
-    return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed)
+    return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed,
+                                   exact_max=params.greedy_exact_max, block=params.greedy_block)
 
 
 def greedy_block_shuffle(features, params, seed: int) -> np.ndarray:
