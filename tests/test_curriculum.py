@@ -112,3 +112,36 @@ def test_batch_deviation_by_hand():
     # batch 0 = rows 0, 1: cluster 0 holds 4 + 2 of 8 tokens -> |0.75 - 0.75| = 0; batch 1 = rows 2, 3: 4 of 8 -> 0.25
     np.testing.assert_allclose(curriculum_batch_deviations(f, np.array([0, 1, 2, 3]), cur, 2), [0.0, 0.25], atol=1e-12)
     np.testing.assert_allclose(curriculum_batch_deviations(f, np.array([2, 0, 1, 3]), cur, 2), [0.25, 0.0], atol=1e-12)
+
+
+def test_export_greedy_curriculum_position_for_position(tmp_path):
+    """`strata export --strategy greedy_curriculum` on a data root with a curriculum configured: the
+    numpy and hf exports read back (raw memmap, the torch dataset, `datasets`) give the ordering's
+    sequences at every position."""
+    from assets.cli import main
+    from export_root import build_root, write_ordering
+    from pipeline.export.torch_dataset import OrderedSequences
+    from pipeline.ordering.strategies import run_strategy
+
+    L, G = 32, 8
+    root = tmp_path / "root"
+    docs, seg, store = build_root(root, L)
+    knots = tmp_path / "curriculum.yaml"
+    knots.write_text("knots:\n  - tokens: 500\n    logits: {0: 2.0}\n  - tokens: 4000\n    logits: {2: 2.0}\n")
+    (tmp_path / "cfg.yaml").write_text(f"seq_len: {L}\nbatch_size: {G}\ncurriculum: {knots}\n")
+    order = run_strategy("greedy_curriculum", docs, seg, L, OrderParams(bins=8, curriculum=str(knots)), seed=0).order
+    order = order.sort("position")["sequence_id"].to_numpy()
+    assert np.array_equal(np.sort(order), np.arange(store.n_sequences)) and not np.array_equal(order, np.sort(order))
+    write_ordering(root, "greedy_curriculum", order)
+    want = store.batch(order)[0]
+    base = ["export", "--data-root", str(root), "--config", str(tmp_path / "cfg.yaml"), "--strategy", "greedy_curriculum"]
+    assert main([*base, "--format", "numpy", "--out", str(tmp_path / "np")]) == 0
+    meta = json.loads((tmp_path / "np" / "meta.json").read_text())
+    assert meta["strategy"] == "greedy_curriculum" and meta["lineage"]["ordering"] == "orderings/greedy_curriculum.parquet"
+    np.testing.assert_array_equal(np.memmap(tmp_path / "np" / "tokens.bin", dtype=meta["dtype"], mode="r").reshape(-1, L), want)
+    ds = OrderedSequences(tmp_path / "np")
+    np.testing.assert_array_equal(np.stack([ds[p]["input_ids"].numpy() for p in range(len(ds))]), want)
+    datasets = pytest.importorskip("datasets")
+    assert main([*base, "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    hf = datasets.load_dataset(str(tmp_path / "hf"), split="train", cache_dir=str(tmp_path / "cache"))
+    np.testing.assert_array_equal(np.array(hf["input_ids"]), want)

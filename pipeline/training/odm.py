@@ -104,6 +104,34 @@ def reward_update(rewards: np.ndarray, arms: np.ndarray, losses: np.ndarray, pi:
     return out
 
 
+class ClusterPools:
+    """Sequence indices grouped by cluster (the arms), each drawn without replacement in a seeded
+    random order and reshuffled when exhausted; ``rng`` is shared with the caller's arm draws."""
+
+    def __init__(self, seq_cluster: np.ndarray, rng: np.random.Generator):
+        seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
+        order = np.argsort(seq_cluster, kind="stable")
+        self.clusters, starts, self.sizes = np.unique(seq_cluster[order], return_index=True, return_counts=True)
+        self.members = [order[a : a + n] for a, n in zip(starts, self.sizes)]
+        self.rng = rng
+        self._perm = [rng.permutation(p) for p in self.members]
+        self._cursor = np.zeros(self.clusters.size, dtype=np.int64)
+
+    def take(self, arm: int, n: int) -> np.ndarray:
+        """The next ``n`` indices of arm ``arm`` (its pool repeats when smaller than n)."""
+        out = []
+        while n > 0:
+            perm, c = self._perm[arm], int(self._cursor[arm])
+            if c == perm.size:
+                self._perm[arm] = perm = self.rng.permutation(self.members[arm])
+                c = 0
+            m = min(n, perm.size - c)
+            out.append(perm[c : c + m])
+            self._cursor[arm] = c + m
+            n -= m
+        return np.concatenate(out)
+
+
 class ODMPolicy:
     """Algorithm 1's state, shared by Strata's trainer (:class:`ODMSampler`) and the export-side
     sampler (``pipeline.training.odm_sampler``): the rewards R, the exploration clock t (micro-batch
@@ -179,15 +207,12 @@ class ODMSampler:
         seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
         if seq_cluster.size == 0:
             raise StrataInputError("ODM got no sequences", fix="pack the corpus before training with odm")
-        order = np.argsort(seq_cluster, kind="stable")
-        self.clusters, starts, sizes = np.unique(seq_cluster[order], return_index=True, return_counts=True)
-        self.pools = [order[a : a + n] for a, n in zip(starts, sizes)]
-        self.state = ODMPolicy(sizes, total_steps, smoothing=smoothing, warmup_fraction=warmup_fraction, prior=prior)
+        self.rng = np.random.default_rng(seed)
+        self.pools = ClusterPools(seq_cluster, self.rng)
+        self.clusters = self.pools.clusters
+        self.state = ODMPolicy(self.pools.sizes, total_steps, smoothing=smoothing, warmup_fraction=warmup_fraction, prior=prior)
         self.k = self.clusters.size
         self.micro_batches = micro_batches
-        self.rng = np.random.default_rng(seed)
-        self._perm = [self.rng.permutation(p) for p in self.pools]
-        self._cursor = np.zeros(self.k, dtype=np.int64)
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ids, arm per micro-batch, pi_t
         self._mixture: list[np.ndarray] = []
         self._served: list[np.ndarray] = []
@@ -208,19 +233,6 @@ class ODMSampler:
         """:meth:`ODMPolicy.policy`."""
         return self.state.policy(t, step)
 
-    def _take(self, arm: int, n: int) -> np.ndarray:
-        out = []
-        while n > 0:
-            perm, c = self._perm[arm], int(self._cursor[arm])
-            if c == perm.size:
-                self._perm[arm] = perm = self.rng.permutation(self.pools[arm])
-                c = 0
-            m = min(n, perm.size - c)
-            out.append(perm[c : c + m])
-            self._cursor[arm] = c + m
-            n -= m
-        return np.concatenate(out)
-
     def next_batch(self, batch_size: int) -> np.ndarray:
         """Play one optimizer step: G clusters drawn from the policy at clock t + 1 (Alg. 1, lines 3-7); B sequence ids."""
         if self._pending is not None:
@@ -233,7 +245,7 @@ class ODMSampler:
             )
         pi = self.state.begin(g)
         arms = self.rng.choice(self.k, size=g, p=pi)
-        ids = np.concatenate([self._take(int(a), batch_size // g) for a in arms])
+        ids = np.concatenate([self.pools.take(int(a), batch_size // g) for a in arms])
         self._pending = (ids, arms, pi)
         self._mixture.append(pi)
         self._served.append(ids)
