@@ -201,7 +201,7 @@ def curriculum_blocked_order(
     features: SequenceFeatures,
     curriculum: Curriculum,
     objective: Objective,
-    block: int = BLOCK,
+    block: int = BLOCK // 2,
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
@@ -236,7 +236,7 @@ def curriculum_blocked_order(
     with seed ``seed + r``.
     """
     if block < 2:
-        raise StrataInputError(f"greedy block={block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK})")
+        raise StrataInputError(f"greedy block={block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK // 2})")
     weights = _check(features, curriculum, objective)
     m = features.n_sequences
     chars = objective.matrix(features)
@@ -334,9 +334,10 @@ def curriculum_exact_order(
     (``concentration``, ``documents``, ``cluster_count``) their fixed shares of sequences, as in
     ``greedy``; other token families (documents columns) have no curriculum target and are refused. The targets move for every cluster at every
     step, so there is no sparse update: each step scores all remaining sequences with one sparse
-    mat-vec per distinct sequence length, O(M * nnz) per step. Meant for demo-sized inputs
-    (thousands of sequences). Ties and noise follow ``greedy`` (lowest row within
-    ``tie_tolerance``; sigma in units of Lbar^2).
+    mat-vec per distinct sequence length, O(M * nnz) per step (16 CPU s at M=20k, K=1000:
+    ``benchmarks/bench_order.py --curriculum``); above ``greedy_exact_max`` sequences
+    ``curriculum_greedy_order`` runs :func:`curriculum_blocked_order` instead. Ties and noise
+    follow ``greedy`` (lowest row within ``tie_tolerance``; sigma in units of Lbar^2).
     """
     weights = _check(features, curriculum, objective)
     wc, lam, wn = weights["cluster"], weights.get("length_bin", 0.0), weights.get("norm", 0.0)
