@@ -84,8 +84,8 @@ def test_odm_with_the_hf_trainer(tmp_path):
                       callbacks=[ODMCallback(sampler, log_path=log)])
     trainer.train()
     # every optimizer step's loss reached the policy (the callback turned logging on at every step)
-    assert sampler.policy.step >= STEPS and not sampler._steps.get(STEPS)
-    assert len(sampler._open) <= 2  # only the micro-batches the loader fetched ahead are open
+    assert sampler.recorded == STEPS
+    assert sampler.pending <= 2  # only the micro-batches the loader fetched ahead
     assert hard_probability(sampler) > 1 / 3 + 0.05  # moved toward the cluster whose loss stays high
     served = pl.read_parquet(log)
     assert served.height == len(seen) * B
@@ -119,7 +119,7 @@ def test_odm_with_a_plain_dataloader(tmp_path):
         if i % 2 == 1:
             opt.step()
             opt.zero_grad()
-    assert sampler.policy.step == STEPS // 2 and not sampler._open
+    assert sampler.recorded == STEPS // 2 and sampler.pending == 0
     assert hard_probability(sampler) > 1 / 3 + 0.05
     served = sampler.served_rows()
     assert served.height == STEPS * B and served["micro_batch"].unique().sort().to_list() == [0, 1]

@@ -117,6 +117,12 @@ class ODMBatchSampler(Sampler[list[int]]):
         self._steps: dict[int, tuple[np.ndarray, np.ndarray, list[float]]] = {}  # step -> arms, pi, losses so far
         self._served: list[tuple[int, int, np.ndarray, int, float]] = []  # step, micro-batch, positions, arm, prob
         self._policies: list[np.ndarray] = []
+        self.recorded = 0  # steps whose rewards are updated
+
+    @property
+    def pending(self) -> int:
+        """Micro-batches served whose loss has not been observed yet."""
+        return len(self._open)
 
     @classmethod
     def from_export(cls, export_dir: str | Path, data_root: str | Path, batch_size: int, total_steps: int, seed: int = 0,
@@ -152,6 +158,7 @@ class ODMBatchSampler(Sampler[list[int]]):
         if len(losses) == arms.size:
             del self._steps[step]
             self.policy.record(arms, np.asarray(losses), pi, step)
+            self.recorded += 1
 
     def policy_rows(self) -> pl.DataFrame:
         """The policy of every step served: ``step`` (0-based), ``cluster``, ``prob``."""
