@@ -86,6 +86,9 @@ def test_exact_path_and_threshold():
     # same seed => same order; another seed deals another queue
     assert np.array_equal(low, curriculum_greedy_order(f, cur, obj, exact_max=0, block=256))
     assert not np.array_equal(low, curriculum_greedy_order(f, cur, obj, seed=1, exact_max=0, block=256))
+    noisy = curriculum_blocked_order(f, cur, obj, block=128, noise=1.0, seed=2)
+    assert np.array_equal(np.sort(noisy), np.arange(f.n_sequences)) and not np.array_equal(noisy, low)
+    assert np.array_equal(noisy, curriculum_blocked_order(f, cur, obj, block=128, noise=1.0, seed=2))
     with pytest.raises(StrataInputError, match="greedy_exact_max"):
         curriculum_greedy_order(f, cur, obj, exact_max=-1)
     with pytest.raises(StrataInputError, match="too small"):
