@@ -123,7 +123,7 @@ def test_export_greedy_curriculum_position_for_position(tmp_path):
     from assets.cli import main
     from export_root import build_root, write_ordering
     from pipeline.export.torch_dataset import OrderedSequences
-    from pipeline.ordering.strategies import run_strategy
+    from pipeline.ordering.engine import run_strategy
 
     L, G = 32, 8
     root = tmp_path / "root"
