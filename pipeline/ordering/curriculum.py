@@ -25,7 +25,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 import yaml
@@ -131,7 +130,6 @@ def curriculum_from_dict(raw: object, n_clusters: int, path: object = "<curricul
 
 CURRICULUM_RTOL = 0.002  # largest change of any p_j(N) across one round of the blocked curriculum greedy
 MIN_ROUND = 16  # fewest sequences one round picks where the curriculum moves fast or its pool is short
-RESERVE_MAX = 32  # most rows of one cluster a round adds to its pool from the reserve
 SHORT_TOL = 0.005  # a pool is short of cluster j when the curriculum wants pbar_j > its share + this
 
 
@@ -211,13 +209,8 @@ def curriculum_blocked_order(
     each against the curriculum's targets over the span it fills; O(M * block).
 
     The sequences wait in a ring queue in the order of a stratified shuffle (``stratified_stream``).
-    Each round takes the first ``block`` of them as its pool, adds from a reserve (the sequences of
-    each dominant cluster in a seeded order) up to 32 sequences of every cluster j the stream is
-    behind on by more than half a sequence beyond half of what the pool holds of j, so a cluster
-    the stream owes is made up from the next pools instead of in a burst when one of its sequences
-    comes by (measured at M=1M: worst batch 0.19 without the reserve, 0.15 with it, and those in the
-    last 3% of the stream), and runs the exact greedy (``greedy_rows``, ``greedy``'s kernel) from
-    the stream's running totals to pick n of the pool:
+    Each round takes the first ``block`` of them as its pool and runs the exact greedy
+    (``greedy_rows``, ``greedy``'s kernel) from the stream's running totals to pick n of them:
 
     - n = block / 2, halved (down to 16) until no p_j(N) changes by more than 0.002 across the
       round's span [S, S + n Lbar] (Lbar = mean sequence length);
@@ -256,37 +249,23 @@ def curriculum_blocked_order(
     sc, sl = float(np.sqrt(weights["cluster"])), float(np.sqrt(weights.get("length_bin", 0.0)))
     lbar = float(lengths.mean())
     state = GreedyState.empty(chars.x.n_cols)
-    rng = np.random.default_rng(seed)
-    queue = stratified_stream(features, rng)  # a ring (head, count) of the unscheduled rows; scheduled ones are skipped
-    reserve = _Reserve(features.clusters, rng)
-    scheduled = np.zeros(m, dtype=bool)
+    queue = stratified_stream(features, np.random.default_rng(seed))  # a ring: head, count
     head, count = 0, m
     out = np.empty(m, dtype=np.int64)
     done, rnd = 0, 0
-    while done < m:
-        parts, got = [], 0
-        while got < block and count:
-            n = min(block - got, count)
-            rows = queue[(head + np.arange(n)) % m]
-            head, count = (head + n) % m, count - n
-            rows = rows[~scheduled[rows]]
-            parts.append(rows)
-            got += rows.size
-        ring = np.concatenate(parts)
-        s0 = state.S
-        have = features.clusters.take_rows(ring).column_totals()
-        behind = targets(s0 + ring.size * 0.5 * lbar) - state.X[cl[0] : cl[1]] / sc - 0.5 * have
-        pool = np.unique(np.concatenate([ring, reserve.offer(np.flatnonzero(behind > 0.5 * lbar), behind, scheduled)]))
-        size = pool.size
-        last = done + size == m
+    while count:
+        size = min(block, count)
+        pool = np.sort(queue[(head + np.arange(size)) % m])
+        head, count = (head + size) % m, count - size
         sub = chars.take_rows(pool)
-        n_pick = size if last else max(1, size // 2)
+        n_pick = size if count == 0 else max(1, size // 2)
+        s0 = state.S
         while n_pick > MIN_ROUND and targets.rate_change(s0 + 1.0, s0 + 1.0 + n_pick * lbar) > CURRICULUM_RTOL:
             n_pick //= 2
         span = max(n_pick * lbar, 1.0)
         e0 = targets(s0)
         pbar = (targets(s0 + span) - e0) / span
-        if not last:  # pick at most half of what the pool holds of the cluster the curriculum wants most above its pool share
+        if count:  # pick at most half of what the pool holds of the cluster the curriculum wants most above its pool share
             have = sub.x.column_totals()[cl[0] : cl[1]] / (sc * lengths[pool].sum())
             short = pbar > have + SHORT_TOL
             if short.any():
@@ -303,61 +282,16 @@ def curriculum_blocked_order(
             t[lb[0] : lb[1]] = sl * (pbar @ targets.kappa)
             off[lb[0] : lb[1]] = sl * ((e0 - pbar * s0) @ targets.kappa)
         state.X -= off
-        picked = pool[greedy_rows(sub, lengths[pool], t, state, n_pick, noise, seed + rnd)]
+        picked = greedy_rows(sub, lengths[pool], t, state, n_pick, noise, seed + rnd)
         state.X += off
-        out[done : done + picked.size] = picked
+        out[done : done + picked.size] = pool[picked]
         done += picked.size
-        scheduled[picked] = True
-        back = ring[~scheduled[ring]]
+        rest = np.ones(size, dtype=bool)
+        rest[picked] = False
+        back = pool[rest]
         queue[(head + count + np.arange(back.size)) % m] = back
         count += back.size
         rnd += 1
-    return out
-
-
-class _Reserve:
-    """The rows of every dominant cluster in a seeded random order, offered in turn (cycling) to
-    pools that hold too little of a cluster the stream is behind on."""
-
-    def __init__(self, clusters: Csr, rng: np.random.Generator):
-        self.x = clusters
-        dom = _dominant_rows(clusters.indptr, clusters.indices, clusters.data)
-        by = rng.permutation(dom.size)
-        self.rows = by[np.argsort(dom[by], kind="stable")]
-        self.starts = np.searchsorted(dom[self.rows], np.arange(clusters.n_cols + 1))
-        self.cursor = self.starts[:-1].copy()
-
-    def offer(self, behind_clusters: np.ndarray, tokens: np.ndarray, scheduled: np.ndarray) -> np.ndarray:
-        """Unscheduled rows of each cluster j in ``behind_clusters``, until they hold 2 * tokens[j]
-        of it or RESERVE_MAX rows."""
-        out = []
-        for j in behind_clusters:
-            lo, hi = self.starts[j], self.starts[j + 1]
-            want, c, seen = 2.0 * tokens[j], self.cursor[j], 0
-            while want > 0 and seen < hi - lo and len(out) < RESERVE_MAX * behind_clusters.size:
-                r = self.rows[c]
-                c = lo if c + 1 == hi else c + 1
-                seen += 1
-                if not scheduled[r]:
-                    out.append(r)
-                    k = self.x.indptr[r] + np.searchsorted(self.x.indices[self.x.indptr[r] : self.x.indptr[r + 1]], j)
-                    want -= self.x.data[k]
-                    if seen >= RESERVE_MAX:
-                        break
-            self.cursor[j] = c
-        return np.asarray(out, dtype=np.int64)
-
-
-@numba.njit(cache=False)
-def _dominant_rows(indptr, indices, data):
-    """Each row's column with the most tokens (ties: the lowest column)."""
-    out = np.empty(indptr.size - 1, dtype=np.int64)
-    for r in range(indptr.size - 1):
-        best, col = -1.0, 0
-        for k in range(indptr[r], indptr[r + 1]):
-            if data[k] > best or (data[k] == best and indices[k] < col):
-                best, col = data[k], indices[k]
-        out[r] = col
     return out
 
 
