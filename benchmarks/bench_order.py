@@ -15,6 +15,15 @@ Modes: `greedy_exact` (exact greedy at any size), `greedy_blocked` (the blocked 
 size), `greedy` (exact up to `greedy_exact_max`, blocked above: what the pipeline runs),
 `greedy_fast`, `random`.
 
+Curriculum (`--curriculum`): `greedy_curriculum` on the same instances with a 3-knot curriculum
+over the K=1000 clusters (`bench_curriculum`: knots at 1%, 10% and 100% of the stream's tokens,
+logits log tau + 0.5 z, log tau, log tau - 0.5 z with z ~ N(0, 1) per cluster, shifted so that
+E(S_total) is the corpus's composition, i.e. the corpus can realize it). Printed: CPU and wall
+seconds of the ordering, peak RSS, and the mean / median / worst per-batch deviation from the
+curriculum (`curriculum_batch_deviations`: max_j |share_j - the curriculum's increment over the
+batch|, batch 32) of the exact curriculum greedy, the blocked one and `random` on a shared M=20k
+instance, then of `greedy_curriculum` (blocked above greedy_exact_max) at M=1M or 10M.
+
 Drift (docs/ordering.md, "Drift"): on held-out instances (K = 30, 300, 1000; L = 256 and 2048;
 Zipf cluster sizes, log-normal lengths; seeds not used to choose the default), every objective's
 exact greedy (the `greedy` strategy: exact below `greedy_exact_max`, then the batch repair) and
@@ -30,6 +39,8 @@ cluster and length-bin shares (batch 32) with its ratio to f3's exact greedy wit
     python benchmarks/bench_order.py --drift     # only the drift table (every objective)
     python benchmarks/bench_order.py --drift --1m   # and f3 / stationary blocked at M=1M (CPU seconds, drift)
     python benchmarks/bench_order.py --objective f3   # the speed cases with another objective (default stationary)
+    python benchmarks/bench_order.py --curriculum       # greedy_curriculum: exact vs blocked at M=20k, then M=1M
+    python benchmarks/bench_order.py --curriculum --10m # ... then M=10M
     taskset -c 0 python benchmarks/bench_order.py   # pin to one core
 """
 
@@ -59,6 +70,7 @@ from pipeline.ordering import (  # noqa: E402
     sequence_features,
     sequence_order,
 )
+from pipeline.ordering.curriculum import Curriculum, curriculum_batch_deviations, curriculum_from_dict  # noqa: E402
 from pipeline.ordering.documents import stratified_order  # noqa: E402
 from pipeline.ordering.features import Csr, SequenceFeatures, length_bin_edges  # noqa: E402
 from pipeline.ordering.repair import repair_batches  # noqa: E402
@@ -195,10 +207,80 @@ def case_stratified(n_docs: int, seed: int) -> dict:
     return out
 
 
+CURRICULUM_MODES = {  # benchmark mode -> greedy_exact_max
+    "curriculum": OrderParams().greedy_exact_max,
+    "curriculum_exact": 2**62,
+    "curriculum_blocked": 0,
+}
+CURRICULUM_SWING = 0.5  # logits log tau +- this * z at the first and last knot
+
+
+def bench_curriculum(f: SequenceFeatures, seed: int) -> dict:
+    """The 3-knot curriculum of the module docstring, as a knots document, for the instance f."""
+    total = float(f.lengths.sum())
+    tau = np.maximum(f.clusters.column_totals(), 1e-12) / total
+    z = np.random.default_rng(seed + 77).standard_normal(tau.size)
+    logits = [np.log(tau) + CURRICULUM_SWING * z, np.log(tau), np.log(tau) - CURRICULUM_SWING * z]
+    knots = [{"tokens": total * q, "logits": lg.tolist()} for q, lg in zip((0.01, 0.1, 1.0), logits)]
+    for _ in range(30):  # shift every knot's logits until E(S_total) / S_total = tau
+        e = curriculum_from_dict({"knots": knots}, tau.size).cumulative(np.array([total]))[0] / total
+        for k in knots:
+            k["logits"] = (np.asarray(k["logits"]) + np.log(tau) - np.log(e)).tolist()
+    return {"knots": knots}
+
+
+def curriculum_quality(f: SequenceFeatures, rows: np.ndarray, cur: Curriculum) -> dict:
+    d = curriculum_batch_deviations(f, rows, cur, BATCH)
+    return {"dev": float(d.mean()), "dev_median": float(np.median(d)), "dev_max": float(d.max())}
+
+
+def case_curriculum(mode: str, m: int, seed: int) -> dict:
+    import tempfile
+
+    f = instance(m, seed)
+    doc = bench_curriculum(f, seed)
+    cur = curriculum_from_dict(doc, f.clusters.n_cols)
+    warm_up()
+    with tempfile.TemporaryDirectory() as tmp:
+        knots = Path(tmp) / "curriculum.json"
+        knots.write_text(json.dumps(doc))
+        params = OrderParams(objective=OBJECTIVE, bins=B, curriculum=str(knots), greedy_exact_max=CURRICULUM_MODES[mode])
+        t0, c0 = time.perf_counter(), time.process_time()
+        rows = sequence_order("greedy_curriculum", f, params, seed)
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert np.array_equal(np.sort(rows), np.arange(f.n_sequences)), "not a permutation"
+    out = {"mode": mode, "objective": OBJECTIVE, "M": f.n_sequences, "seconds": secs, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb()}
+    out.update(curriculum_quality(f, rows, cur))
+    out["random"] = curriculum_quality(f, np.random.default_rng(seed).permutation(f.n_sequences), cur)
+    return out
+
+
+def show_curriculum(r: dict, exact: dict | None = None) -> None:
+    dev = lambda q: f"{q['dev']:.4f}/{q['dev_median']:.4f}/{q['dev_max']:.4f}"  # noqa: E731
+    line = (f"{r['mode']:<19} M={r['M']:<11,} {r['seconds']:8.1f} s (cpu {r['cpu_s']:.1f} s)  peak RSS {r['peak_rss_mb']:6.0f} MB"
+            f"  batch{BATCH} deviation from the curriculum mean/median/worst {dev(r)} (random {dev(r['random'])})")
+    if exact is not None:
+        line += f"  mean {r['dev'] / exact['dev']:.3f}x exact's (target <= 1.2)"
+    print(line, flush=True)
+
+
+def curriculum_cases(scale: int, ten_m: bool) -> None:
+    print(f"-- greedy_curriculum, 3-knot curriculum over K={K} clusters, objective {OBJECTIVE}; one process per case, one core", flush=True)
+    exact = run_case("curriculum_exact", 20_000 // scale)
+    show_curriculum(exact)
+    show_curriculum(run_case("curriculum_blocked", 20_000 // scale), exact)
+    size = (10_000_000 if ten_m else 1_000_000) // scale
+    show_curriculum(run_case("curriculum" if size > CURRICULUM_MODES["curriculum"] else "curriculum_blocked", size), exact)
+
+
 def child(argv: list[str]) -> dict:
+    global OBJECTIVE
     kind, size, seed, objective = argv[0], int(argv[1]), int(argv[2]), argv[3]
     if kind == "stratified":
         return case_stratified(size, seed)
+    if kind in CURRICULUM_MODES:
+        OBJECTIVE = objective
+        return case_curriculum(kind, size, seed)
     return case_sequences(kind, size, seed, objective)
 
 
@@ -250,6 +332,7 @@ def main() -> None:
     ap.add_argument("--drift", action="store_true", help="only the drift table of every objective")
     ap.add_argument("--1m", dest="one_m", action="store_true", help="with --drift: also the blocked greedy at M=1M")
     ap.add_argument("--objective", default=OBJECTIVE, help="objective of the speed cases (default stationary)")
+    ap.add_argument("--curriculum", action="store_true", help="only greedy_curriculum: exact vs blocked at M=20k, then M=1M (10M with --10m)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -257,6 +340,9 @@ def main() -> None:
         return
     OBJECTIVE = args.objective
     s = 10 if args.quick else 1
+    if args.curriculum:
+        curriculum_cases(s, args.ten_m)
+        return
     if args.drift:
         drift_table(s)
         if args.one_m:

@@ -31,7 +31,7 @@ import yaml
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import Csr, SequenceFeatures
-from pipeline.ordering.greedy import Objective, tie_tolerance
+from pipeline.ordering.greedy import BLOCK, EXACT_MAX, GreedyState, Objective, greedy_rows, stratified_stream, tie_tolerance
 
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(16)
 
@@ -128,20 +128,13 @@ def curriculum_from_dict(raw: object, n_clusters: int, path: object = "<curricul
     return Curriculum(logs, np.vstack(rows))
 
 
-def curriculum_greedy_order(
-    features: SequenceFeatures, curriculum: Curriculum, objective: Objective, noise: float = 0.0, seed: int = 0
-) -> np.ndarray:
-    """Greedy with curriculum targets E_j(S + l_s) and U*_b(S + l_s) (TerRIFIC curricula); rows in order.
+CURRICULUM_RTOL = 0.002  # largest change of any p_j(N) across one round of the blocked curriculum greedy
+MIN_ROUND = 16  # fewest sequences one round picks where the curriculum moves fast or its pool is short
+SHORT_TOL = 0.005  # a pool is short of cluster j when the curriculum wants pbar_j > its share + this
 
-    ``objective``'s ``cluster`` family follows the curriculum, its ``length_bin`` family (weight lam)
-    the curriculum's length target, its ``norm`` family the fixed rho and its sequence families
-    (``concentration``, ``documents``, ``cluster_count``) their fixed shares of sequences, as in
-    ``greedy``; other token families (documents columns) have no curriculum target and are refused. The targets move for every cluster at every
-    step, so there is no sparse update: each step scores all remaining sequences with one sparse
-    mat-vec per distinct sequence length, O(M * nnz) per step. Meant for demo-sized inputs
-    (thousands of sequences). Ties and noise follow ``greedy`` (lowest row within
-    ``tie_tolerance``; sigma in units of Lbar^2).
-    """
+
+def _check(features: SequenceFeatures, curriculum: Curriculum, objective: Objective) -> dict[str, float]:
+    """The objective's family weights, after checking the curriculum and the families fit."""
     if curriculum.logits.shape[1] != features.clusters.n_cols:
         raise StrataInputError(
             f"the curriculum has {curriculum.logits.shape[1]} clusters, the sequences {features.clusters.n_cols}",
@@ -154,6 +147,199 @@ def curriculum_greedy_order(
             f"greedy_curriculum cannot balance the families {other or ['(no cluster family)']}",
             fix="use the families cluster, length_bin, norm, concentration, documents and cluster_count (any preset)",
         )
+    return weights
+
+
+def curriculum_greedy_order(
+    features: SequenceFeatures,
+    curriculum: Curriculum,
+    objective: Objective,
+    noise: float = 0.0,
+    seed: int = 0,
+    *,
+    exact_max: int = EXACT_MAX,
+    block: int = BLOCK,
+) -> np.ndarray:
+    """``greedy_curriculum``: the exact curriculum greedy up to ``exact_max`` sequences
+    (:func:`curriculum_exact_order`), the blocked one above (:func:`curriculum_blocked_order`) with
+    pools of ``block / 2`` sequences; rows in order. A pool is half a ``greedy`` block so that both
+    cost about the same per sequence: a round scans 3/4 of its pool per pick on average, a block of
+    ``greedy`` half of it."""
+    if exact_max < 0:
+        raise StrataInputError(f"greedy_exact_max={exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
+    if features.n_sequences <= exact_max:
+        return curriculum_exact_order(features, curriculum, objective, noise, seed)
+    return curriculum_blocked_order(features, curriculum, objective, max(2, block // 2), noise, seed)
+
+
+class _Targets:
+    """E(S) of a curriculum along the stream (S ascending), normalized so sum_j E_j(S) = S as in
+    the exact greedy, and its length target U*(S) = E(S) kappa."""
+
+    def __init__(self, curriculum: Curriculum, kappa_cond: np.ndarray):
+        self.cur, self.kappa = curriculum, kappa_cond
+        self.at, self.acc = 0.0, np.zeros(curriculum.logits.shape[1])  # acc = int_0^at p
+
+    def __call__(self, s: float) -> np.ndarray:
+        """E(s); the integral advances from the furthest s asked, so ask in about ascending order."""
+        if s >= self.at:
+            self.acc = self.acc + self.cur.integral(self.at, s)
+            self.at = s
+            acc = self.acc
+        else:
+            acc = self.acc - self.cur.integral(s, self.at)
+        tot = acc.sum()
+        return acc * (s / tot) if tot > 0 else acc.copy()
+
+    def rate_change(self, lo: float, hi: float) -> float:
+        """max_j |p_j(hi) - p_j(lo)|."""
+        p = self.cur.probabilities(np.log(np.maximum([lo, hi], 1e-300)))
+        return float(np.abs(p[1] - p[0]).max())
+
+
+def curriculum_blocked_order(
+    features: SequenceFeatures,
+    curriculum: Curriculum,
+    objective: Objective,
+    block: int = BLOCK // 2,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> np.ndarray:
+    """Scalable curriculum greedy: rounds of the exact greedy kernel on pools of ``block`` sequences,
+    each against the curriculum's targets over the span it fills; O(M * block).
+
+    The sequences wait in a ring queue in the order of a stratified shuffle (``stratified_stream``).
+    Each round takes the first ``block`` of them as its pool and runs the exact greedy
+    (``greedy_rows``, ``greedy``'s kernel) from the stream's running totals to pick n of them:
+
+    - n = block / 2, halved (down to 16) until no p_j(N) changes by more than 0.002 across the
+      round's span [S, S + n Lbar] (Lbar = mean sequence length);
+    - and at most half the pool's share of the cluster the pool is shortest of: when the
+      curriculum wants pbar_j > q_j + 0.005 (q_j = cluster j's token share in the pool),
+      n <= block * min_j (q_j / pbar_j) / 2, so the picks can follow the curriculum where it asks
+      for several times a cluster's corpus share (without this bound the greedy falls behind on
+      that cluster and later catches up in a burst: one batch of 89% one cluster, measured).
+
+    Inside a round the targets are the curriculum's, linearized over the round's span:
+    E_j(S') = E_j(S) + pbar_j (S' - S), pbar the mean of p over the span, and U*_b(S') likewise.
+    The picks are appended to the schedule and the pool's other sequences go to the back of the
+    queue, so a sequence the curriculum does not want now comes back later. The running totals are
+    the whole stream's, never reset, so what one pool lacks is made up from the next ones. The last
+    pool is drained completely.
+
+    Why not ``greedy``'s blocked scheme (blocks dealt first, each ordered from an empty state
+    against its own shares): a curriculum block would have to hold the curriculum's increments over
+    its span, and packed sequences mix clusters, so no dealing of whole sequences realizes them.
+    Nor a queue sorted by when the curriculum wants each sequence's dominant cluster: its pools
+    lack the clusters a sequence carries besides its dominant one (measured, M=100k, K=1000: mean
+    per-batch deviation from the curriculum 1.6x this scheme's). Noise: round r draws its eps_s
+    with seed ``seed + r``.
+    """
+    if block < 2:
+        raise StrataInputError(f"greedy block={block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK // 2})")
+    weights = _check(features, curriculum, objective)
+    m = features.n_sequences
+    chars = objective.matrix(features)
+    lengths = np.asarray(features.lengths, dtype=np.float64)
+    t_glob = chars.targets(lengths)
+    joint = features.cluster_bin_tokens
+    targets = _Targets(curriculum, joint / np.maximum(joint.sum(axis=1, keepdims=True), 1e-300))
+    cl = chars.family_columns["cluster"]
+    lb = chars.family_columns.get("length_bin")
+    sc, sl = float(np.sqrt(weights["cluster"])), float(np.sqrt(weights.get("length_bin", 0.0)))
+    lbar = float(lengths.mean())
+    state = GreedyState.empty(chars.x.n_cols)
+    queue = stratified_stream(features, np.random.default_rng(seed))  # a ring: head, count
+    head, count = 0, m
+    out = np.empty(m, dtype=np.int64)
+    done, rnd = 0, 0
+    while count:
+        size = min(block, count)
+        pool = np.sort(queue[(head + np.arange(size)) % m])
+        head, count = (head + size) % m, count - size
+        sub = chars.take_rows(pool)
+        n_pick = size if count == 0 else max(1, size // 2)
+        s0 = state.S
+        while n_pick > MIN_ROUND and targets.rate_change(s0 + 1.0, s0 + 1.0 + n_pick * lbar) > CURRICULUM_RTOL:
+            n_pick //= 2
+        span = max(n_pick * lbar, 1.0)
+        e0 = targets(s0)
+        pbar = (targets(s0 + span) - e0) / span
+        if count:  # pick at most half of what the pool holds of the cluster the curriculum wants most above its pool share
+            have = sub.x.column_totals()[cl[0] : cl[1]] / (sc * lengths[pool].sum())
+            short = pbar > have + SHORT_TOL
+            if short.any():
+                n_max = max(MIN_ROUND, int(size * float(np.min(have[short] / pbar[short])) * 0.5))
+                if n_pick > n_max:
+                    n_pick = n_max
+                    span = max(n_pick * lbar, 1.0)
+                    pbar = (targets(s0 + span) - e0) / span
+        t = t_glob.copy()
+        off = np.zeros_like(t)
+        t[cl[0] : cl[1]] = sc * pbar
+        off[cl[0] : cl[1]] = sc * (e0 - pbar * s0)
+        if lb is not None:
+            t[lb[0] : lb[1]] = sl * (pbar @ targets.kappa)
+            off[lb[0] : lb[1]] = sl * ((e0 - pbar * s0) @ targets.kappa)
+        state.X -= off
+        picked = greedy_rows(sub, lengths[pool], t, state, n_pick, noise, seed + rnd)
+        state.X += off
+        out[done : done + picked.size] = pool[picked]
+        done += picked.size
+        rest = np.ones(size, dtype=bool)
+        rest[picked] = False
+        back = pool[rest]
+        queue[(head + count + np.arange(back.size)) % m] = back
+        count += back.size
+        rnd += 1
+    return out
+
+
+def curriculum_batch_deviations(
+    features: SequenceFeatures, rows: np.ndarray, curriculum: Curriculum, batch_size: int, chunk: int = 2048
+) -> np.ndarray:
+    """max_j |share_j(batch) - target_j(batch)| for each full batch of ``batch_size`` sequences of the
+    order ``rows``: the target is the curriculum's increment over the batch's tokens,
+    (E_j(S_end) - E_j(S_start)) / (S_end - S_start), E normalized as the greedy's."""
+    rows = np.asarray(rows, dtype=np.int64)
+    n_batches = rows.size // batch_size
+    k = features.clusters.n_cols
+    ends = np.cumsum(features.lengths[rows].astype(np.float64))
+    bounds = np.r_[0.0, ends[batch_size - 1 : n_batches * batch_size : batch_size]]
+    c = features.clusters
+    out = np.empty(n_batches)
+    targets = _Targets(curriculum, np.eye(k))
+    prev = targets(bounds[0])
+    for lo in range(0, n_batches, chunk):
+        hi = min(n_batches, lo + chunk)
+        e = np.empty((hi - lo, k))
+        for i, s in enumerate(bounds[lo + 1 : hi + 1]):
+            cur = targets(float(s))
+            e[i] = cur - prev
+            prev = cur
+        sub = c.take_rows(rows[lo * batch_size : hi * batch_size])
+        got = np.zeros((hi - lo, k))
+        np.add.at(got, (np.repeat(np.arange(sub.n_rows) // batch_size, np.diff(sub.indptr)), sub.indices), sub.data)
+        size = got.sum(axis=1, keepdims=True)
+        out[lo:hi] = np.abs(got / size - e / np.maximum(e.sum(axis=1, keepdims=True), 1e-300)).max(axis=1)
+    return out
+
+def curriculum_exact_order(
+    features: SequenceFeatures, curriculum: Curriculum, objective: Objective, noise: float = 0.0, seed: int = 0
+) -> np.ndarray:
+    """Exact greedy with curriculum targets E_j(S + l_s) and U*_b(S + l_s) (TerRIFIC curricula); rows in order.
+
+    ``objective``'s ``cluster`` family follows the curriculum, its ``length_bin`` family (weight lam)
+    the curriculum's length target, its ``norm`` family the fixed rho and its sequence families
+    (``concentration``, ``documents``, ``cluster_count``) their fixed shares of sequences, as in
+    ``greedy``; other token families (documents columns) have no curriculum target and are refused. The targets move for every cluster at every
+    step, so there is no sparse update: each step scores all remaining sequences with one sparse
+    mat-vec per distinct sequence length, O(M * nnz) per step (16 CPU s at M=20k, K=1000:
+    ``benchmarks/bench_order.py --curriculum``); above ``greedy_exact_max`` sequences
+    ``curriculum_greedy_order`` runs :func:`curriculum_blocked_order` instead. Ties and noise
+    follow ``greedy`` (lowest row within ``tie_tolerance``; sigma in units of Lbar^2).
+    """
+    weights = _check(features, curriculum, objective)
     wc, lam, wn = weights["cluster"], weights.get("length_bin", 0.0), weights.get("norm", 0.0)
     seq_fams = Objective(tuple(f for f in objective.families if f.level == "sequences"))
     m = features.n_sequences

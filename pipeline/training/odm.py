@@ -104,6 +104,87 @@ def reward_update(rewards: np.ndarray, arms: np.ndarray, losses: np.ndarray, pi:
     return out
 
 
+class ClusterPools:
+    """Sequence indices grouped by cluster (the arms), each drawn without replacement in a seeded
+    random order and reshuffled when exhausted; ``rng`` is shared with the caller's arm draws."""
+
+    def __init__(self, seq_cluster: np.ndarray, rng: np.random.Generator):
+        seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
+        order = np.argsort(seq_cluster, kind="stable")
+        self.clusters, starts, self.sizes = np.unique(seq_cluster[order], return_index=True, return_counts=True)
+        self.members = [order[a : a + n] for a, n in zip(starts, self.sizes)]
+        self.rng = rng
+        self._perm = [rng.permutation(p) for p in self.members]
+        self._cursor = np.zeros(self.clusters.size, dtype=np.int64)
+
+    def take(self, arm: int, n: int) -> np.ndarray:
+        """The next ``n`` indices of arm ``arm`` (its pool repeats when smaller than n)."""
+        out = []
+        while n > 0:
+            perm, c = self._perm[arm], int(self._cursor[arm])
+            if c == perm.size:
+                self._perm[arm] = perm = self.rng.permutation(self.members[arm])
+                c = 0
+            m = min(n, perm.size - c)
+            out.append(perm[c : c + m])
+            self._cursor[arm] = c + m
+            n -= m
+        return np.concatenate(out)
+
+
+class ODMPolicy:
+    """Algorithm 1's state, shared by Strata's trainer (:class:`ODMSampler`) and the export-side
+    sampler (``pipeline.training.odm_sampler``): the rewards R, the exploration clock t (micro-batch
+    draws so far), the optimizer steps opened, the warm-up and its prior.
+
+    ``begin(g)`` opens a step of ``g`` draws and returns its policy pi_t; ``record(arms, losses,
+    pi, step)`` closes step ``step`` with the loss of each draw (Alg. 1, lines 8-12). The clock
+    advances when a step opens, so a sampler whose data loader draws ahead of training keeps it.
+    """
+
+    def __init__(self, pool_sizes: np.ndarray, total_steps: int, *, smoothing: float = 0.5, warmup_fraction: float = 0.01,
+                 prior: str = "proportional"):
+        sizes = np.asarray(pool_sizes, dtype=np.float64)
+        if sizes.size == 0:
+            raise StrataInputError("ODM got no sequences", fix="pack the corpus before training with odm")
+        if not 0.0 <= smoothing < 1.0:
+            raise StrataInputError(f"ODM smoothing {smoothing} is outside [0, 1)", fix="use e.g. 0.5")
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise StrataInputError(f"ODM warm-up fraction {warmup_fraction} is outside [0, 1)", fix="use 0.01 (the paper's 1%)")
+        if prior not in ("proportional", "uniform"):
+            raise StrataInputError(f"unknown ODM prior {prior!r}", fix="use 'proportional' or 'uniform'")
+        self.k = sizes.size
+        self.alpha = float(smoothing)
+        self.warmup_steps = int(math.ceil(warmup_fraction * max(1, total_steps)))
+        self.prior = sizes / sizes.sum() if prior == "proportional" else np.full(self.k, 1.0 / self.k)
+        self.rewards = np.zeros(self.k)  # R_i, Alg. 1 line 1
+        self.t = 0  # the exploration clock: micro-batch draws so far
+        self.step = 0  # optimizer steps opened
+
+    def policy(self, t: int, step: int | None = None) -> np.ndarray:
+        """The sampling distribution at clock t (1-based, in draws): the prior during warm-up
+        (optimizer ``step`` <= the warm-up steps; default: t), else Alg. 1, line 4."""
+        if (t if step is None else step) <= self.warmup_steps or self.k == 1:
+            return self.prior.copy()
+        return exp3_policy(self.rewards, exploration_rate(t, self.k), exploration_rate(t - 1, self.k))
+
+    def begin(self, draws: int) -> np.ndarray:
+        """Open the next optimizer step of ``draws`` micro-batches; its policy at clock t + 1 (Alg. 1, lines 3-4)."""
+        self.step += 1
+        pi = self.policy(self.t + 1, self.step)
+        self.t += int(draws)
+        return pi
+
+    def record(self, arms: np.ndarray, losses: np.ndarray, pi: np.ndarray, step: int) -> None:
+        """Close optimizer step ``step`` (1-based): micro-batch g came from arm ``arms[g]`` with loss
+        ``losses[g]`` under ``pi``; one reward update, none during the warm-up."""
+        losses = np.asarray(losses, dtype=np.float64)
+        if not (np.isfinite(losses) & (losses >= 0)).all():
+            raise StrataInputError("ODM got a non-finite or negative training loss", fix="lower the learning rate or check the data")
+        if step > self.warmup_steps:
+            self.rewards = reward_update(self.rewards, np.asarray(arms), losses, pi, self.alpha)
+
+
 class ODMSampler:
     """Exp3 data mixing over cluster pools of sequence ids; query it every training step.
 
@@ -126,49 +207,31 @@ class ODMSampler:
         seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
         if seq_cluster.size == 0:
             raise StrataInputError("ODM got no sequences", fix="pack the corpus before training with odm")
-        if not 0.0 <= smoothing < 1.0:
-            raise StrataInputError(f"ODM smoothing {smoothing} is outside [0, 1)", fix="use e.g. 0.5")
-        if not 0.0 <= warmup_fraction < 1.0:
-            raise StrataInputError(f"ODM warm-up fraction {warmup_fraction} is outside [0, 1)", fix="use 0.01 (the paper's 1%)")
-        if prior not in ("proportional", "uniform"):
-            raise StrataInputError(f"unknown ODM prior {prior!r}", fix="use 'proportional' or 'uniform'")
-        order = np.argsort(seq_cluster, kind="stable")
-        self.clusters, starts, sizes = np.unique(seq_cluster[order], return_index=True, return_counts=True)
-        self.pools = [order[a : a + n] for a, n in zip(starts, sizes)]
-        self.k = self.clusters.size
-        self.alpha = float(smoothing)
-        self.micro_batches = micro_batches
-        self.warmup_steps = int(math.ceil(warmup_fraction * max(1, total_steps)))
-        self.prior = sizes / sizes.sum() if prior == "proportional" else np.full(self.k, 1.0 / self.k)
-        self.rewards = np.zeros(self.k)  # R_i, Alg. 1 line 1
-        self.t = 0  # the exploration clock: micro-batch draws so far
-        self.step = 0  # optimizer steps played
         self.rng = np.random.default_rng(seed)
-        self._perm = [self.rng.permutation(p) for p in self.pools]
-        self._cursor = np.zeros(self.k, dtype=np.int64)
+        self.pools = ClusterPools(seq_cluster, self.rng)
+        self.clusters = self.pools.clusters
+        self.state = ODMPolicy(self.pools.sizes, total_steps, smoothing=smoothing, warmup_fraction=warmup_fraction, prior=prior)
+        self.k = self.clusters.size
+        self.micro_batches = micro_batches
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ids, arm per micro-batch, pi_t
         self._mixture: list[np.ndarray] = []
         self._served: list[np.ndarray] = []
 
-    def policy(self, t: int, step: int | None = None) -> np.ndarray:
-        """The sampling distribution at clock t (1-based, in draws): the prior during warm-up
-        (optimizer ``step`` <= the warm-up steps; default: t), else Alg. 1, line 4."""
-        if (t if step is None else step) <= self.warmup_steps or self.k == 1:
-            return self.prior.copy()
-        return exp3_policy(self.rewards, exploration_rate(t, self.k), exploration_rate(t - 1, self.k))
+    @property
+    def rewards(self) -> np.ndarray:
+        return self.state.rewards
 
-    def _take(self, arm: int, n: int) -> np.ndarray:
-        out = []
-        while n > 0:
-            perm, c = self._perm[arm], int(self._cursor[arm])
-            if c == perm.size:
-                self._perm[arm] = perm = self.rng.permutation(self.pools[arm])
-                c = 0
-            m = min(n, perm.size - c)
-            out.append(perm[c : c + m])
-            self._cursor[arm] = c + m
-            n -= m
-        return np.concatenate(out)
+    @property
+    def t(self) -> int:
+        return self.state.t
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.state.warmup_steps
+
+    def policy(self, t: int, step: int | None = None) -> np.ndarray:
+        """:meth:`ODMPolicy.policy`."""
+        return self.state.policy(t, step)
 
     def next_batch(self, batch_size: int) -> np.ndarray:
         """Play one optimizer step: G clusters drawn from the policy at clock t + 1 (Alg. 1, lines 3-7); B sequence ids."""
@@ -180,10 +243,9 @@ class ODMSampler:
                 f"ODM micro_batches={g} does not divide batch_size={batch_size}",
                 fix="choose micro_batches as a divisor of the batch size (default: the batch size)",
             )
-        self.step += 1
-        pi = self.policy(self.t + 1, self.step)
+        pi = self.state.begin(g)
         arms = self.rng.choice(self.k, size=g, p=pi)
-        ids = np.concatenate([self._take(int(a), batch_size // g) for a in arms])
+        ids = np.concatenate([self.pools.take(int(a), batch_size // g) for a in arms])
         self._pending = (ids, arms, pi)
         self._mixture.append(pi)
         self._served.append(ids)
@@ -197,14 +259,9 @@ class ODMSampler:
         ids, losses = np.asarray(ids), np.asarray(losses, dtype=np.float64)
         if ids.shape != served.shape or not np.array_equal(ids, served) or losses.shape != ids.shape:
             raise StrataInputError("ODM update got other ids than the last batch", fix="pass the ids next_batch returned and one loss per id")
-        if not (np.isfinite(losses) & (losses >= 0)).all():
-            raise StrataInputError("ODM got a non-finite or negative training loss", fix="lower the learning rate or check the data")
         self._pending = None
-        self.t += arms.size
-        if self.step <= self.warmup_steps:
-            return
         mb_loss = losses.reshape(arms.size, -1).mean(axis=1)  # L(f, x, y) of each micro-batch
-        self.rewards = reward_update(self.rewards, arms, mb_loss, pi, self.alpha)
+        self.state.record(arms, mb_loss, pi, self.state.step)
 
     def mixture_rows(self) -> pl.DataFrame:
         """The policy of every step: columns ``step`` (0-based training step), ``cluster``, ``prob``."""

@@ -32,7 +32,8 @@ def greedy_curriculum(features, params, seed: int) -> np.ndarray:
     if params.curriculum is None:
         raise StrataInputError("greedy_curriculum needs a curriculum", fix="pass --curriculum KNOTS.json (or .yaml)")
     cur = load_curriculum(params.curriculum, features.clusters.n_cols)
-    return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed)
+    return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed,
+                                   exact_max=params.greedy_exact_max, block=params.greedy_block)
 
 
 def greedy_block_shuffle(features, params, seed: int) -> np.ndarray:
@@ -85,8 +86,9 @@ SPECS = (
                  "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True, order=greedy_rows),
     StrategySpec("greedy_fast", "sequence", "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
                  seed_free=False, reads=(*OBJECTIVE, "window"), order=greedy_fast),
-    StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula)",
-                 seed_free=True, reads=(*OBJECTIVE, "curriculum"), order=greedy_curriculum),
+    StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula): "
+                 "exact up to greedy_exact_max sequences, blocked above", seed_free=True,
+                 reads=(*OBJECTIVE, "curriculum", "greedy_exact_max", "greedy_block"), greedy_based=True, order=greedy_curriculum),
     StrategySpec("greedy_block_shuffle", "sequence",
                  "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
                  seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle),
