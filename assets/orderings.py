@@ -1,6 +1,8 @@
 """orderings: one partition per strategy, each a permutation of the packed sequences."""
 
 
+import json
+
 import dagster as dg
 import numpy as np
 import polars as pl
@@ -8,7 +10,11 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
+from pipeline.data.tokens import open_tokens
+from pipeline.packing import frozen
+from pipeline.packing.pack import SequenceStore
 from pipeline.storage.atomic import write_parquet
+from pipeline.storage.warehouse import replace_rows
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderParams, run_strategy
@@ -40,7 +46,11 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id).
 
     Its check ``ordering_is_permutation`` reads this partition's files only (other strategies'
-    files may still hold an ordering of an older corpus until they are re-run)."""
+    files may still hold an ordering of an older corpus until they are re-run).
+
+    With ``freeze_prefix`` P, positions ``[0, P)`` keep the recorded frozen prefix and the strategy
+    orders the rest after it; the prefix (``frozen/<strategy>.*``), its version chain and the
+    DuckDB table ``ordering_frozen_prefix`` are written, and the metadata shows the boundary."""
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
@@ -51,7 +61,10 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     spec = strategies.spec(strategy)
     seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
-    result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed)
+    n_frozen = frozen.frozen_count(cfg.freeze_prefix)
+    previous = frozen.load(layout, strategy) if n_frozen else None
+    prefix = previous.sequence_ids if previous is not None else None
+    result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed, prefix=prefix)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:
@@ -63,13 +76,45 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
     check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=ok,
                                 metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
+    boundary = {}
+    if n_frozen and ok:
+        outputs += freeze(layout, duckdb, strategy, order, written.segments, n_frozen, previous, cfg)
+        boundary = frozen_metadata(layout, strategy, order, written.segments, docs)
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode},
-        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none"},
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode, "freeze_prefix": cfg.freeze_prefix},
+        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none", **boundary},
         check_results=[check],
     )
+
+
+def freeze(layout, duckdb: DuckDBResource, strategy: str, order: np.ndarray, segments: pl.DataFrame, n_frozen: int,
+           previous: frozen.FrozenPrefix | None, cfg) -> list:
+    """Record the first ``n_frozen`` positions of the order just written (continuing ``previous``),
+    extend the version chain, and upsert the strategy's row of ``ordering_frozen_prefix``."""
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    store = SequenceStore(tokens, offsets, segments, cfg.seq_len)
+    rec = frozen.capture(layout, strategy, order, segments, n_frozen, store, tokens.dtype, cfg.seq_len, cfg.packing, previous)
+    chain = frozen.extend_chain(rec, frozen.chain_entry(layout, order.size, rec.sequences))
+    paths = frozen.save(layout, rec)
+    row = pl.DataFrame({"strategy": [strategy], "frozen_sequences": [rec.sequences], "sequences": [int(order.size)],
+                        "version": [chain[-1]["version"]], "tokens_sha256": [rec.meta["tokens_sha256"]],
+                        "version_chain": [json.dumps(chain, sort_keys=True)]})
+    with duckdb.get_connection() as con:
+        replace_rows(con, "ordering_frozen_prefix", row, {"strategy": strategy})
+    return paths
+
+
+def frozen_metadata(layout, strategy: str, order: np.ndarray, segments: pl.DataFrame, docs: pl.DataFrame) -> dict:
+    """The frozen boundary as the UI shows it: P, the version, the cumulative cluster error at P and before / after it."""
+    rec = frozen.load(layout, strategy)
+    cluster = np.zeros(int(docs["doc_id"].max()) + 1, np.int64)
+    cluster[docs["doc_id"].to_numpy()] = docs["cluster"].to_numpy()
+    errors = frozen.boundary_errors(order, segments, cluster, rec.sequences)
+    return {"frozen_sequences": rec.sequences, "frozen_version": rec.meta["chain"][-1]["version"],
+            "frozen_tokens_sha256": rec.meta["tokens_sha256"],
+            "version_chain": dg.MetadataValue.json(rec.meta["chain"]), **{f"cluster_{k}": v for k, v in errors.items()}}
 
 
 def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
@@ -85,6 +130,8 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
     from pipeline.ordering.engine import seed_dependent
 
     params, spec = OrderParams.from_config(cfg), strategies.spec(strategy)
+    if frozen.frozen_count(cfg.freeze_prefix) and frozen.load(layout, strategy) is not None:
+        return load_ordering(layout, strategy)  # a frozen stream is one stream: every seed trains on it
     if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)
     if spec.reseed is not None:  # e.g. greedy_block_shuffle: the greedy beneath is seed-free, re-shuffle its blocks only

@@ -139,6 +139,9 @@ class StrataConfig(_Model):
     window: int = Field(4096, ge=1)  # candidate pool of greedy_fast
     greedy_exact_max: int = Field(100_000, ge=0)  # greedy: exact up to this many sequences, blocked greedy above (docs/ordering.md)
     greedy_block: int = Field(8_192, ge=1)  # sequences per block of the blocked greedy
+    # a rerun keeps the first N positions of every strategy's stream byte-identical (docs/reliability.md "Adding data
+    # while training"): N sequences, "consumed:STEPSxGLOBAL_BATCH" or "consumed:<run dir or its stream.parquet>"; 0 = off
+    freeze_prefix: int | str = 0
     batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
     stationarity_shuffles: int = Field(50, ge=1)  # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
     # training
@@ -204,6 +207,30 @@ class StrataConfig(_Model):
             raise ValueError(f"unknown strategies {unknown}; list ordering strategies among {sorted(known)}")
         if len(set(value)) != len(value):
             raise ValueError("a strategy is listed twice; list each strategy once")
+        return value
+
+    @field_validator("freeze_prefix")
+    @classmethod
+    def _freeze_prefix(cls, value: int | str, info: ValidationInfo) -> int | str:
+        from pipeline.ordering.strategies import REGISTRY
+
+        if isinstance(value, str) and value.strip().isdigit():  # the launchpad gives a string
+            value = int(value)
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError("use a number of sequences >= 0 (0 = off), or consumed:STEPSxGLOBAL_BATCH, or consumed:<run dir>")
+        elif not value.startswith("consumed:") or not value.removeprefix("consumed:"):
+            raise ValueError("use a number of sequences, consumed:STEPSxGLOBAL_BATCH (e.g. consumed:1200x256) or consumed:<run dir>")
+        if value == 0:
+            return value
+        entries = REGISTRY.entries()
+        repacking = [s for s in info.data.get("strategies", []) if s in entries and entries[s].level != "sequence"]
+        if repacking:
+            raise ValueError(f"strategies {repacking} repack documents and cannot keep a frozen prefix of the base packing; "
+                             "list only sequence-level strategies (strata list strategies), or set freeze_prefix: 0")
+        if not info.data.get("tokenizer"):
+            raise ValueError("a frozen prefix needs a fixed tokenizer (a corpus change retrains a trained one, re-tokenizing the prefix); "
+                             "set tokenizer: to a tokenizer directory or name")
         return value
 
     @field_validator("export_formats")

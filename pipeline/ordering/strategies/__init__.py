@@ -10,6 +10,9 @@ configuration keys it reads and how it runs:
   documents, which the engine repacks (``pipeline.packing.pack.pack_concat``);
 - either level may give ``run(inputs) -> OrderingResult`` instead, for strategies that need the
   whole input (content hashes, their own repacking);
+- a sequence-level spec may give ``order_after(features, prefix_rows, params, seed)``: the rows
+  after a frozen prefix in order, continuing from the prefix (the greedy starts from its running
+  counts); without it the rows after the prefix are ordered by ``order`` alone;
 - ``level="training"``: chosen online by a sampler during training (ODM); the orderings asset
   writes the packing of ``packing_from`` for it, and it has no fixed order to export.
 
@@ -40,6 +43,7 @@ class StrategySpec:
     run: Callable[..., Any] | None = None  # (Inputs) -> OrderingResult, when the array API does not suffice
     packing_from: str | None = None  # training-time: the ordering strategy whose packing it samples from
     reseed: Callable[..., Any] | None = None  # (order, params, from_seed, to_seed) -> its order for to_seed, or None: re-run it
+    order_after: Callable[..., Any] | None = None  # (features, prefix_rows, params, seed) -> the other rows in order, continuing a frozen prefix (default: ``order`` on them alone)
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):

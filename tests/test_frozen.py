@@ -1,0 +1,242 @@
+"""A frozen prefix: appending shards keeps the stream's first P sequences byte-identical in the
+orderings, the sequences and every export format, packs and orders only the rest, accounts for
+every token, and the greedy after the prefix recovers the whole stream's cluster balance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from helpers import demo_slice
+from pipeline.config import config_from_dict
+from pipeline.errors import StrataInputError
+from pipeline.ordering.engine import OrderParams, run_strategy
+from pipeline.packing import frozen
+from pipeline.packing.pack import SequenceStore, conservation, pack
+from pipeline.reports.diagnostics import composition, prefix_errors
+from pipeline.represent.embeddings import default_model_path
+from pipeline.data.tokens import open_tokens
+from pipeline.storage.layout import Layout, Store
+
+SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
+P = 12  # frozen sequences
+FORMATS = ["numpy", "megatron", "hf"]
+
+
+def _materialize(cfg_path, cwd, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DAGSTER_HOME": ""}
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg_path), "--select", "*exports"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if expect_ok:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _write_shard(path, recs) -> None:
+    pl.DataFrame([{"id": r["id"], "text": r["text"][:3000], "domain": r["domain"]} for r in recs]).write_parquet(path)
+
+
+def _ran(instance: dg.DagsterInstance, asset: str, after: int) -> tuple[list[str], int]:
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), after_storage_id=after),
+                                              limit=100).records
+    return sorted((r.partition_key or "").split("@")[0] for r in records), max([after] + [r.storage_id for r in records])
+
+
+def _latest(instance: dg.DagsterInstance, asset: str, partition: str | None = None) -> dict:
+    event = instance.get_latest_materialization_event(dg.AssetKey(asset)) if partition is None else \
+        instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]),
+                                        limit=1).records[0].event_log_entry.asset_materialization
+    mat = event.asset_materialization if hasattr(event, "asset_materialization") else event
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def _snapshot(layout: Layout, strategy: str) -> dict:
+    """What a trainer that consumed the first P positions read, from every artifact."""
+    order = Store(layout).ordering(strategy).order
+    L = Store(layout).sequences.seq_len
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    matrix = np.memmap(layout.sequence_matrix, dtype=tokens.dtype, mode="r").reshape(-1, L)
+    out = {"order": order[:P].copy(), "rows": np.asarray(matrix[order[:P]]).copy()}
+    numpy_dir, meg_dir, hf_dir = (layout.export_dir(strategy, f) for f in FORMATS)
+    meta = json.loads((numpy_dir / "meta.json").read_text())
+    width = np.dtype(meta["dtype"]).itemsize
+    out["numpy"] = (numpy_dir / "tokens.bin").read_bytes()[: P * L * width]
+    out["megatron"] = (meg_dir / "tokens.bin").read_bytes()[: P * L * width]
+    hf = pq.read_table(sorted((hf_dir / "data").glob("*.parquet"))[0]).slice(0, P)
+    out["hf"] = np.array(hf["input_ids"].to_pylist())
+    out["meta"] = meta
+    return out
+
+
+def _stream_error(order: np.ndarray, segments: pl.DataFrame, cluster: np.ndarray, t: np.ndarray) -> np.ndarray:
+    comp = composition(segments["sequence_id"].to_numpy(), cluster[segments["doc_id"].to_numpy()], segments["n_tokens"].to_numpy(),
+                       order.size, int(cluster.max()) + 1)
+    position = np.empty(order.size, np.int64)
+    position[order] = np.arange(order.size)
+    return prefix_errors(comp, position, t)
+
+
+@pytest.mark.integration
+def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
+    recs = demo_slice(250)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        _write_shard(shards / f"part-{i}.parquet", recs[i * 50 : (i + 1) * 50])
+    cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(shards), "source_field": "domain"},
+           "tokenizer": default_model_path(), "embed_method": "shallow", "embed_max_tokens": 32, "k": 4, "seq_len": 128,
+           "heldout_fraction": 0.05, "strategies": ["greedy", "random"], "export_formats": FORMATS, "batch_size": 4,
+           "length_bins": 8, "freeze_prefix": P}
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    root, layout = request.config.rootpath, Layout(tmp_path / "root")
+
+    _materialize(cfg_path, root)
+    instance = dg.DagsterInstance.from_config(str(layout.root / "dagster"))
+    marks = {a: _ran(instance, a, 0)[1] for a in SHARD_ASSETS}
+    first = {s: _snapshot(layout, s) for s in cfg["strategies"]}
+    for s in cfg["strategies"]:
+        rec = frozen.load(layout, s)
+        assert rec.sequences == P and np.array_equal(rec.sequence_ids, first[s]["order"])
+        assert first[s]["meta"]["frozen"]["sequences"] == P and len(first[s]["meta"]["frozen"]["version_chain"]) == 1
+    sizes = [Store(layout).ordering("greedy").order.size]
+
+    for new in (3, 4):  # append a shard, twice
+        _write_shard(shards / f"part-{new}.parquet", recs[new * 50 : (new + 1) * 50])
+        _materialize(cfg_path, root)
+        for a in SHARD_ASSETS:  # only the new shard's partitions ran
+            ran, marks[a] = _ran(instance, a, marks[a])
+            assert ran == [f"part-{new}.parquet"], (a, ran)
+        assert _latest(instance, "sequences")["frozen_sequences_kept"] == len(np.unique(np.concatenate([first[s]["order"] for s in first])))
+        for s in cfg["strategies"]:
+            now = _snapshot(layout, s)
+            for key in ("order", "rows", "numpy", "megatron", "hf"):  # the prefix bytes, artifact by artifact
+                assert np.array_equal(np.asarray(now[key]), np.asarray(first[s][key])) if key in ("order", "rows", "hf") \
+                    else now[key] == first[s][key], (s, key, new)
+            chain = now["meta"]["frozen"]["version_chain"]
+            assert [c["version"] for c in chain] == list(range(new - 1)) and chain[-1]["shards"][-1] == f"part-{new}.parquet"
+            meta = _latest(instance, "orderings", s)
+            assert meta["frozen_sequences"] == P and meta["frozen_version"] == new - 2
+        sizes.append(Store(layout).ordering("greedy").order.size)
+    assert sizes[0] < sizes[1] < sizes[2]
+
+    # every token placed once or reported dropped, and only tails (< seq_len per packed run) dropped
+    segments = pl.read_parquet(layout.segments)
+    stream = np.diff(np.load(layout.doc_offsets))
+    acc = conservation(segments, stream, 128, gaps=True)
+    assert acc["ok"] and acc["tokens_kept"] + acc["tokens_dropped"] == int(stream.sum())
+    assert acc["tokens_dropped"] == _latest(instance, "sequences")["tokens_dropped"] < 128
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        rows = con.execute("SELECT strategy, frozen_sequences, version FROM ordering_frozen_prefix ORDER BY strategy").fetchall()
+    assert rows == [("greedy", P, 2), ("random", P, 2)]
+
+    # the whole stream's cluster balance recovers: near the end within 1.5x of the greedy from scratch
+    docs = pl.read_parquet(layout.documents, columns=["doc_id", "n_tokens"]).join(pl.read_parquet(layout.clusters), on="doc_id")
+    docs = docs.with_columns(pl.col("n_tokens") + 1).sort("doc_id")
+    cluster = docs["cluster"].to_numpy()
+    scratch_seg = pack("concat", np.random.default_rng(0).permutation(stream.size), stream, 128).segments
+    params = OrderParams.from_config(config_from_dict({**cfg, "data_root": str(tmp_path / "x")}))
+    scratch = run_strategy("greedy", docs, scratch_seg, 128, params, 0).order["sequence_id"].to_numpy()
+    order = Store(layout).ordering("greedy").order
+    m = order.size
+    tail = np.arange(3 * m // 4, m)
+    got, want = _stream_error(order, segments, cluster, tail).mean(), _stream_error(scratch, scratch_seg, cluster, tail).mean()
+    rand = _stream_error(Store(layout).ordering("random").order, segments, cluster, tail).mean()
+    assert got <= 1.5 * want, (got, want, rand)
+    assert got < rand  # the check can fail: the random suffix does not recover as the greedy does
+
+
+def _records_of(tmp_path, n_docs: int = 30, seq_len: int = 16):
+    """A corpus of ``n_docs`` documents, its concat packing and a frozen prefix of its first 4 sequences."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(3, 40, n_docs)
+    keys = pl.DataFrame({"doc_id": np.arange(n_docs), "id": [f"d{i}" for i in range(n_docs)],
+                         "content_hash": [f"h{i}" for i in range(n_docs)], "shard": ["a.jsonl"] * 15 + ["b.jsonl"] * (n_docs - 15)})
+    packed = pack("concat", rng.permutation(n_docs), lengths, seq_len)
+    ids = np.array([5, 0, 7, 2])
+    seg = packed.segments.join(pl.DataFrame({"sequence_id": ids, "position": np.arange(4)}), on="sequence_id").join(keys, on="doc_id")
+    rec = frozen.FrozenPrefix("greedy", 4, seg.select(list(frozen.RECORD_SCHEMA)).cast(frozen.RECORD_SCHEMA),
+                              {"seq_len": seq_len, "packing": "concat", "chain": []})
+    return rec, keys, lengths, packed
+
+
+def test_pack_frozen_keeps_frozen_sequences_and_packs_the_rest(tmp_path):
+    rec, keys, lengths, packed = _records_of(tmp_path)
+    more = np.r_[lengths, [25, 9, 31]]  # three appended documents
+    keys2 = pl.concat([keys, pl.DataFrame({"doc_id": [30, 31, 32], "id": ["n0", "n1", "n2"], "content_hash": ["x", "y", "z"],
+                                           "shard": ["c.jsonl"] * 3})])
+    out, (updated,) = frozen.pack_frozen([rec], keys2, more, "concat", None, 16, "concat", 0)
+    acc = conservation(out.segments, more, 16, gaps=True)
+    assert acc["ok"] and acc["tokens_dropped"] == out.tokens_dropped < 16 + 16  # at most the new tail (+ a cut frozen edge)
+    assert np.array_equal(updated.sequence_ids, [5, 0, 7, 2])  # ids kept after an append
+    tokens = np.arange(int(more.sum()))
+    offsets = np.r_[0, np.cumsum(more)]
+    before = SequenceStore(tokens[: lengths.sum()], offsets[: lengths.size + 1], packed.segments, 16).batch(np.array([5, 0, 7, 2]))[0]
+    after = SequenceStore(tokens, offsets, out.segments, 16).batch(updated.sequence_ids)[0]
+    np.testing.assert_array_equal(before, after)
+    assert np.array_equal(np.unique(out.segments["sequence_id"]), np.arange(out.n_sequences))
+    again, _ = frozen.pack_frozen([rec], keys2, more, "concat", None, 16, "concat", 0)
+    assert again.segments.equals(out.segments)  # seeded: the same inputs give the same packing
+
+
+def test_edits_inside_the_prefix_are_refused_and_suffix_deletions_leave(tmp_path):
+    rec, keys, lengths, _ = _records_of(tmp_path)
+    inside = set(rec.segments["id"].to_list())
+    victim = sorted(inside)[0]
+    edited = keys.with_columns(pl.when(pl.col("id") == victim).then(pl.lit("changed")).otherwise(pl.col("content_hash")).alias("content_hash"))
+    with pytest.raises(StrataInputError, match=rf"shard .*document '{victim}' is edited but lies in the frozen prefix.*Fix: restore"):
+        frozen.pack_frozen([rec], edited, lengths, "concat", None, 16, "concat", 0)
+    outside = [i for i in range(30) if f"d{i}" not in inside]
+    keep = np.setdiff1d(np.arange(30), outside[:3])  # delete three suffix-only documents: doc ids renumbered
+    keys3 = keys[keep].with_columns(doc_id=pl.Series(np.arange(keep.size)))
+    out, (updated,) = frozen.pack_frozen([rec], keys3, lengths[keep], "concat", None, 16, "concat", 0)
+    assert conservation(out.segments, lengths[keep], 16, gaps=True)["ok"]
+    tokens = np.arange(int(lengths.sum()))
+    offsets = np.r_[0, np.cumsum(lengths)]
+    old = SequenceStore(tokens, offsets, rec.segments.join(keys.select("id", "doc_id"), on="id"), 16).batch(np.array([5, 0, 7, 2]))[0]
+    new_tokens = np.concatenate([tokens[offsets[d] : offsets[d + 1]] for d in keep])
+    new = SequenceStore(new_tokens, np.r_[0, np.cumsum(lengths[keep])], out.segments, 16).batch(updated.sequence_ids)[0]
+    np.testing.assert_array_equal(old, new)
+
+
+def test_freeze_prefix_config():
+    ok = config_from_dict({"freeze_prefix": "consumed:30x4", "strategies": ["greedy"], "tokenizer": "gpt2"})
+    assert frozen.frozen_count(ok.freeze_prefix) == 120
+    with pytest.raises(StrataInputError, match="repack documents"):
+        config_from_dict({"freeze_prefix": 8, "strategies": ["greedy", "cluster_packed"], "tokenizer": "gpt2"})
+    with pytest.raises(StrataInputError, match="fixed tokenizer"):
+        config_from_dict({"freeze_prefix": 8, "strategies": ["greedy"]})
+    with pytest.raises(StrataInputError, match="consumed:STEPSxGLOBAL_BATCH"):
+        config_from_dict({"freeze_prefix": "half", "strategies": ["greedy"], "tokenizer": "gpt2"})
+
+
+def test_greedy_after_its_own_prefix_continues_the_greedy():
+    """Started from the running counts of the greedy's own first P picks, the greedy picks exactly
+    what it would have picked next (the state carries T_j, U_b, S and n)."""
+    from pipeline.ordering.greedy import Objective, greedy_after_prefix, greedy_order
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(5, 200, 120)
+    docs = pl.DataFrame({"doc_id": np.arange(120), "cluster": rng.integers(0, 5, 120), "n_tokens": lengths})
+    seg = pack("concat", rng.permutation(120), lengths, 64).segments
+    params = OrderParams(objective="f3", bins=6)
+    from pipeline.ordering.engine import Inputs
+
+    cluster, length = docs["cluster"].to_numpy(), lengths.astype(np.int64)
+    f = Inputs(cluster, length, np.arange(120), None, seg, 64, params, 0, {}).features()
+    obj = Objective.named("f3", 1.0)
+    full = greedy_order(f, obj)
+    for p in (1, 17, 60):
+        np.testing.assert_array_equal(greedy_after_prefix(f, full[:p], obj, batch=10**6), full[p:])
+    alone = greedy_order(f.take_rows(np.setdiff1d(np.arange(f.n_sequences), full[:17])), obj)
+    assert not np.array_equal(np.setdiff1d(np.arange(f.n_sequences), full[:17])[alone], full[17:])  # the state matters
