@@ -26,6 +26,7 @@ from pipeline.packing.pack import SequenceStore, conservation, pack
 from pipeline.reports.diagnostics import composition, prefix_errors
 from pipeline.represent.embeddings import default_model_path
 from pipeline.data.tokens import open_tokens
+from pipeline.export.numpy_tokens import open_numpy
 from pipeline.storage.layout import Layout, Store
 
 SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
@@ -74,6 +75,11 @@ def _snapshot(layout: Layout, strategy: str) -> dict:
     width = np.dtype(meta["dtype"]).itemsize
     out["numpy"] = (numpy_dir / "tokens.bin").read_bytes()[: P * L * width]
     out["megatron"] = (meg_dir / "tokens.bin").read_bytes()[: P * L * width]
+    from megatron.core.datasets.indexed_dataset import IndexedDataset  # the trainer's own reader
+
+    indexed = IndexedDataset(str(meg_dir / "tokens"))
+    out["megatron_reader"] = np.stack([indexed[i] for i in range(P)])
+    out["numpy_reader"] = np.asarray(open_numpy(numpy_dir)[0][:P]).copy()
     hf = pq.read_table(sorted((hf_dir / "data").glob("*.parquet"))[0]).slice(0, P)
     out["hf"] = np.array(hf["input_ids"].to_pylist())
     out["meta"] = meta
@@ -122,9 +128,11 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
         assert _latest(instance, "sequences")["frozen_sequences_kept"] == len(np.unique(np.concatenate([first[s]["order"] for s in first])))
         for s in cfg["strategies"]:
             now = _snapshot(layout, s)
-            for key in ("order", "rows", "numpy", "megatron", "hf"):  # the prefix bytes, artifact by artifact
-                assert np.array_equal(np.asarray(now[key]), np.asarray(first[s][key])) if key in ("order", "rows", "hf") \
+            for key in ("order", "rows", "numpy", "megatron", "hf", "megatron_reader", "numpy_reader"):  # artifact by artifact
+                assert np.array_equal(np.asarray(now[key]), np.asarray(first[s][key])) if key not in ("numpy", "megatron") \
                     else now[key] == first[s][key], (s, key, new)
+            np.testing.assert_array_equal(now["rows"], now["megatron_reader"])  # the readers read the frozen sequences
+            np.testing.assert_array_equal(now["rows"], now["hf"])
             chain = now["meta"]["frozen"]["version_chain"]
             assert [c["version"] for c in chain] == list(range(new - 1)) and chain[-1]["shards"][-1] == f"part-{new}.parquet"
             meta = _latest(instance, "orderings", s)
@@ -174,7 +182,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     _materialize(cfg_path, root)
     for s in cfg["strategies"]:
         now = _snapshot(layout, s)
-        assert all(np.array_equal(np.asarray(now[k]), np.asarray(first[s][k])) for k in ("order", "rows", "hf"))
+        assert all(np.array_equal(np.asarray(now[k]), np.asarray(first[s][k])) for k in ("order", "rows", "hf", "megatron_reader", "numpy_reader"))
         assert now["numpy"] == first[s]["numpy"] and now["megatron"] == first[s]["megatron"]
     assert Store(layout).ordering("greedy").order.size < sizes[-1]
 
@@ -263,3 +271,24 @@ def test_greedy_after_its_own_prefix_continues_the_greedy():
         np.testing.assert_array_equal(greedy_after_prefix(f, full[:p], obj, batch=10**6), full[p:])
     alone = greedy_order(f.take_rows(np.setdiff1d(np.arange(f.n_sequences), full[:17])), obj)
     assert not np.array_equal(np.setdiff1d(np.arange(f.n_sequences), full[:17])[alone], full[17:])  # the state matters
+
+
+@pytest.mark.parametrize("strategy,exact_max", [("random", 10**5), ("greedy", 10**5), ("greedy", 10), ("greedy_block_shuffle", 10**5),
+                                                 ("original", 10**5)])
+def test_run_strategy_keeps_the_prefix_and_orders_the_rest(strategy, exact_max):
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(5, 200, 150)
+    docs = pl.DataFrame({"doc_id": np.arange(150), "cluster": rng.integers(0, 4, 150), "n_tokens": lengths})
+    seg = pack("concat", rng.permutation(150), lengths, 64).segments
+    params = OrderParams(bins=6, block_size=4, greedy_exact_max=exact_max, greedy_block=16)
+    m = int(seg["sequence_id"].max()) + 1
+    prefix = rng.permutation(m)[:9]
+    a = run_strategy(strategy, docs, seg, 64, params, 5, prefix=prefix).order["sequence_id"].to_numpy()
+    assert np.array_equal(a[:9], prefix) and np.array_equal(np.sort(a), np.arange(m))
+    b = run_strategy(strategy, docs, seg, 64, params, 5, prefix=prefix).order["sequence_id"].to_numpy()
+    assert np.array_equal(a, b)  # seeded
+    if strategy == "random":  # the suffix alone is shuffled: the strategy on the remaining rows
+        rest = np.setdiff1d(np.arange(m), prefix)
+        assert np.array_equal(a[9:], rest[np.random.default_rng(5).permutation(rest.size)])
+    with pytest.raises(StrataInputError, match="repacks documents"):
+        run_strategy("cluster_packed", docs, seg, 64, params, 5, prefix=prefix)
