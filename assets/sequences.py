@@ -50,8 +50,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     frozen.verify(records, store, tokens.dtype)  # before anything is overwritten
     write_parquet(packed.segments, layout.segments)
     write_sequence_matrix(store, tokens.dtype, layout.sequence_matrix)
-    for record in records:
-        frozen.save(layout, record)
+    saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
     write_json({"seq_len": cfg.seq_len, "packing": cfg.packing}, layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
@@ -59,7 +58,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     with duckdb.get_connection() as con:
         replace_rows(con, "packing_stats", stats, {})
     return rec.finish(
-        [layout.segments, layout.sequence_matrix, layout.sequences_meta],
+        [layout.segments, layout.sequence_matrix, layout.sequences_meta, *saved],
         {"sequences": packed.n_sequences, "segments": packed.segments.height},
         {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": cfg.freeze_prefix},
         {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
