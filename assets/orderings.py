@@ -79,7 +79,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     boundary = {}
     if n_frozen and ok:
         outputs += freeze(layout, duckdb, strategy, order, written.segments, n_frozen, previous, cfg)
-        boundary = frozen_metadata(layout, strategy, order, written.segments, docs)
+        boundary = frozen_metadata(layout, strategy)
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
@@ -106,15 +106,10 @@ def freeze(layout, duckdb: DuckDBResource, strategy: str, order: np.ndarray, seg
     return paths
 
 
-def frozen_metadata(layout, strategy: str, order: np.ndarray, segments: pl.DataFrame, docs: pl.DataFrame) -> dict:
-    """The frozen boundary as the UI shows it: P, the version, the cumulative cluster error at P and before / after it."""
-    rec = frozen.load(layout, strategy)
-    cluster = np.zeros(int(docs["doc_id"].max()) + 1, np.int64)
-    cluster[docs["doc_id"].to_numpy()] = docs["cluster"].to_numpy()
-    errors = frozen.boundary_errors(order, segments, cluster, rec.sequences)
-    return {"frozen_sequences": rec.sequences, "frozen_version": rec.meta["chain"][-1]["version"],
-            "frozen_tokens_sha256": rec.meta["tokens_sha256"],
-            "version_chain": dg.MetadataValue.json(rec.meta["chain"]), **{f"cluster_{k}": v for k, v in errors.items()}}
+def frozen_metadata(layout, strategy: str) -> dict:
+    """The frozen boundary for the UI (``pipeline.packing.frozen.boundary_summary``)."""
+    summary = frozen.boundary_summary(layout, strategy) or {}
+    return {**summary, "version_chain": dg.MetadataValue.json(summary["version_chain"])} if summary else {}
 
 
 def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:

@@ -137,6 +137,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
             assert [c["version"] for c in chain] == list(range(new - 1)) and chain[-1]["shards"][-1] == f"part-{new}.parquet"
             meta = _latest(instance, "orderings", s)
             assert meta["frozen_sequences"] == P and meta["frozen_version"] == new - 2
+            assert meta["cluster_error_at_boundary"] > 0 and meta["cluster_error_after_mean"] > 0  # the boundary, in the UI
         sizes.append(Store(layout).ordering("greedy").order.size)
     assert sizes[0] < sizes[1] < sizes[2]
 

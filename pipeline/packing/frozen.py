@@ -267,3 +267,22 @@ def boundary_errors(order: np.ndarray, segments: pl.DataFrame, doc_cluster: np.n
     return {"error_at_boundary": float(err[t == n_frozen][0]) if n_frozen in t else 0.0,
             "error_before_mean": float(before.mean()) if before.size else 0.0,
             "error_after_mean": float(after.mean()) if after.size else 0.0}
+
+
+def boundary_summary(layout, strategy: str) -> dict | None:
+    """The frozen boundary of ``strategy``'s written ordering, as the UI shows it: P, the version,
+    the prefix digest, the version chain and :func:`boundary_errors`; None without a frozen prefix."""
+    from pipeline.storage.layout import Store
+
+    rec = load(layout, strategy)
+    if rec is None or not layout.ordering(strategy).exists():
+        return None
+    ordering = Store(layout).ordering(strategy)
+    clusters = pl.read_parquet(layout.clusters)
+    cluster = np.zeros(int(clusters["doc_id"].max()) + 1, np.int64)
+    cluster[clusters["doc_id"].to_numpy()] = clusters["cluster"].to_numpy()
+    errors = boundary_errors(ordering.order, ordering.segments, cluster, rec.sequences)
+    chain = rec.meta.get("chain", [])
+    return {"frozen_sequences": rec.sequences, "frozen_version": chain[-1]["version"] if chain else 0,
+            "frozen_tokens_sha256": rec.meta.get("tokens_sha256", ""), "version_chain": chain,
+            **{f"cluster_{k}": v for k, v in errors.items()}}
