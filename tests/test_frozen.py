@@ -188,36 +188,40 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     assert Store(layout).ordering("greedy").order.size < sizes[-1]
 
 
-def _records_of(tmp_path, n_docs: int = 30, seq_len: int = 16):
-    """A corpus of ``n_docs`` documents, its concat packing and a frozen prefix of its first 4 sequences."""
+def _records_of(tmp_path, n_docs: int = 30, seq_len: int = 16, variant: str = "concat", atom: float | None = None, name: str = "concat"):
+    """A corpus of ``n_docs`` documents, its packing and a frozen prefix of 4 of its sequences."""
     rng = np.random.default_rng(3)
     lengths = rng.integers(3, 40, n_docs)
     keys = pl.DataFrame({"doc_id": np.arange(n_docs), "id": [f"d{i}" for i in range(n_docs)],
                          "content_hash": [f"h{i}" for i in range(n_docs)], "shard": ["a.jsonl"] * 15 + ["b.jsonl"] * (n_docs - 15)})
-    packed = pack("concat", rng.permutation(n_docs), lengths, seq_len)
+    packed = pack(variant, rng.permutation(n_docs), lengths, seq_len, atom_multiple=atom)
     ids = np.array([5, 0, 7, 2])
     seg = packed.segments.join(pl.DataFrame({"sequence_id": ids, "position": np.arange(4)}), on="sequence_id").join(keys, on="doc_id")
     rec = frozen.FrozenPrefix("greedy", 4, seg.select(list(frozen.RECORD_SCHEMA)).cast(frozen.RECORD_SCHEMA),
-                              {"seq_len": seq_len, "packing": "concat", "chain": []})
+                              {"seq_len": seq_len, "packing": name, "chain": []})
     return rec, keys, lengths, packed
 
 
-def test_pack_frozen_keeps_frozen_sequences_and_packs_the_rest(tmp_path):
-    rec, keys, lengths, packed = _records_of(tmp_path)
+@pytest.mark.parametrize("variant,atom,name", [("concat", None, "concat"), ("padding", None, "padding"),
+                                               ("best_fit", None, "best_fit"), ("concat", 0.5, "concat-x0.5")])
+def test_pack_frozen_keeps_frozen_sequences_and_packs_the_rest(tmp_path, variant, atom, name):
+    rec, keys, lengths, packed = _records_of(tmp_path, variant=variant, atom=atom, name=name)
     more = np.r_[lengths, [25, 9, 31]]  # three appended documents
     keys2 = pl.concat([keys, pl.DataFrame({"doc_id": [30, 31, 32], "id": ["n0", "n1", "n2"], "content_hash": ["x", "y", "z"],
                                            "shard": ["c.jsonl"] * 3})])
-    out, (updated,) = frozen.pack_frozen([rec], keys2, more, "concat", None, 16, "concat", 0)
+    out, (updated,) = frozen.pack_frozen([rec], keys2, more, variant, atom, 16, name, 0)
     acc = conservation(out.segments, more, 16, gaps=True)
-    assert acc["ok"] and acc["tokens_dropped"] == out.tokens_dropped < 16 + 16  # at most the new tail (+ a cut frozen edge)
+    assert acc["ok"] and acc["tokens_dropped"] == out.tokens_dropped < 16  # at most the new packing's tail
+    assert out.tokens_in == int(more.sum()) and out.tokens_packed == out.n_sequences * 16
+    assert out.tokens_packed == out.tokens_in - out.tokens_dropped + out.tokens_eos_added + out.tokens_padding
     assert np.array_equal(updated.sequence_ids, [5, 0, 7, 2])  # ids kept after an append
     tokens = np.arange(int(more.sum()))
     offsets = np.r_[0, np.cumsum(more)]
-    before = SequenceStore(tokens[: lengths.sum()], offsets[: lengths.size + 1], packed.segments, 16).batch(np.array([5, 0, 7, 2]))[0]
-    after = SequenceStore(tokens, offsets, out.segments, 16).batch(updated.sequence_ids)[0]
+    before = SequenceStore(tokens[: lengths.sum()], offsets[: lengths.size + 1], packed.segments, 16, pad_id=-1).batch(np.array([5, 0, 7, 2]))[0]
+    after = SequenceStore(tokens, offsets, out.segments, 16, pad_id=-1).batch(updated.sequence_ids)[0]
     np.testing.assert_array_equal(before, after)
     assert np.array_equal(np.unique(out.segments["sequence_id"]), np.arange(out.n_sequences))
-    again, _ = frozen.pack_frozen([rec], keys2, more, "concat", None, 16, "concat", 0)
+    again, _ = frozen.pack_frozen([rec], keys2, more, variant, atom, 16, name, 0)
     assert again.segments.equals(out.segments)  # seeded: the same inputs give the same packing
 
 
@@ -241,9 +245,16 @@ def test_edits_inside_the_prefix_are_refused_and_suffix_deletions_leave(tmp_path
     np.testing.assert_array_equal(old, new)
 
 
-def test_freeze_prefix_config():
+def test_freeze_prefix_config(tmp_path):
     ok = config_from_dict({"freeze_prefix": "consumed:30x4", "strategies": ["greedy"], "tokenizer": "gpt2"})
     assert frozen.frozen_count(ok.freeze_prefix) == 120
+    assert config_from_dict({"freeze_prefix": "24", "strategies": ["greedy"], "tokenizer": "gpt2"}).freeze_prefix == 24  # the launchpad's string
+    run = tmp_path / "runs" / "greedy" / "seed0"
+    run.mkdir(parents=True)
+    pl.DataFrame({"position": np.arange(37), "sequence_id": np.arange(37)}).write_parquet(run / "stream.parquet")
+    assert frozen.frozen_count(f"consumed:{run}") == frozen.frozen_count(f"consumed:{run / 'stream.parquet'}") == 37
+    with pytest.raises(StrataInputError, match="no training stream"):
+        frozen.frozen_count(f"consumed:{tmp_path / 'nothing'}")
     with pytest.raises(StrataInputError, match="repack documents"):
         config_from_dict({"freeze_prefix": 8, "strategies": ["greedy", "cluster_packed"], "tokenizer": "gpt2"})
     with pytest.raises(StrataInputError, match="fixed tokenizer"):
