@@ -50,7 +50,8 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
 
     With ``freeze_prefix`` P, positions ``[0, P)`` keep the recorded frozen prefix and the strategy
     orders the rest after it; the prefix (``frozen/<strategy>.*``), its version chain and the
-    DuckDB table ``ordering_frozen_prefix`` are written, and the metadata shows the boundary."""
+    DuckDB table ``ordering_frozen_prefix`` are written, and the metadata shows the boundary.
+    P is the one ``sequences`` packed with (its ``meta.json``)."""
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
@@ -61,7 +62,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     spec = strategies.spec(strategy)
     seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
-    n_frozen = frozen.frozen_count(cfg.freeze_prefix)
+    n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
     previous = frozen.load(layout, strategy) if n_frozen else None
     prefix = previous.sequence_ids if previous is not None else None
     result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed, prefix=prefix)
@@ -83,7 +84,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode, "freeze_prefix": cfg.freeze_prefix},
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode, "freeze_prefix": n_frozen},
         {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none", **boundary},
         check_results=[check],
     )
@@ -125,7 +126,7 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
     from pipeline.ordering.engine import seed_dependent
 
     params, spec = OrderParams.from_config(cfg), strategies.spec(strategy)
-    if frozen.frozen_count(cfg.freeze_prefix) and frozen.load(layout, strategy) is not None:
+    if frozen.load(layout, strategy) is not None:
         return load_ordering(layout, strategy)  # a frozen stream is one stream: every seed trains on it
     if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)

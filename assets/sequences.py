@@ -29,20 +29,23 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     streamed from the memory-mapped token store a block of sequences at a time (no M x L array),
     and ``sequences/meta.json`` (seq_len, packing: what readers of the sequences need to know).
 
-    With ``freeze_prefix`` and frozen prefixes recorded under ``frozen/`` (by ``orderings``), the
-    frozen sequences are kept (their segments, tokens and, after an append, their ids) and only the
-    tokens outside them are packed (``pipeline/packing/frozen.py``); ``freeze_prefix: 0`` forgets them.
+    With ``freeze_prefix`` P (recorded in ``meta.json``, which ``orderings`` follows), the frozen
+    prefixes recorded under ``frozen/`` by ``orderings`` are kept: their sequences keep their
+    segments, tokens and (after an append) ids, and only the tokens outside them are packed
+    (``pipeline/packing/frozen.py``). ``freeze_prefix: 0`` forgets every frozen prefix.
     """
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     stream = np.diff(offsets)
     variant, atom = parse_packing(cfg.packing)
-    records = frozen.load_all(layout) if frozen.frozen_count(cfg.freeze_prefix) else []
+    n_frozen = frozen.frozen_count(cfg.freeze_prefix)
+    if not n_frozen:
+        frozen.unfreeze(layout, duckdb)
+    records = frozen.load_all(layout)
     if records:
         packed, records = frozen.pack_frozen(records, frozen.doc_keys(layout), stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed)
     else:
-        frozen.unfreeze(layout)
         doc_order = np.random.default_rng(cfg.seed).permutation(stream.size)
         packed = pack(variant, doc_order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
     pad_id = load_tokenizer(layout.tokenizer).pad_token_id
@@ -52,7 +55,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     write_sequence_matrix(store, tokens.dtype, layout.sequence_matrix)
     saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
-    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing}, layout.sequences_meta)
+    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen}, layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with duckdb.get_connection() as con:
@@ -60,7 +63,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     return rec.finish(
         [layout.segments, layout.sequence_matrix, layout.sequences_meta, *saved],
         {"sequences": packed.n_sequences, "segments": packed.segments.height},
-        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": cfg.freeze_prefix},
+        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": n_frozen},
         {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
          "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
          "frozen_sequences_kept": kept},

@@ -34,11 +34,11 @@ P = 12  # frozen sequences
 FORMATS = ["numpy", "megatron", "hf"]
 
 
-def _materialize(cfg_path, cwd, expect_ok: bool = True) -> subprocess.CompletedProcess:
+def _materialize(cfg_path, cwd, expect_ok: bool = True, freeze: int = P) -> subprocess.CompletedProcess:
     """``strata run --freeze-prefix P`` up to the exports (the config file does not set it)."""
     env = {**os.environ, "DAGSTER_HOME": ""}
     proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg_path), "--select", "*exports",
-                           "--freeze-prefix", str(P)],
+                           "--freeze-prefix", str(freeze)],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if expect_ok:
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -186,6 +186,14 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
         assert all(np.array_equal(np.asarray(now[k]), np.asarray(first[s][k])) for k in ("order", "rows", "hf", "megatron_reader", "numpy_reader"))
         assert now["numpy"] == first[s]["numpy"] and now["megatron"] == first[s]["megatron"]
     assert Store(layout).ordering("greedy").order.size < sizes[-1]
+    # freeze_prefix 0 unfreezes: the records and their rows are gone, the stream is re-packed from scratch
+    _materialize(cfg_path, root, freeze=0)
+    assert not (layout.root / "frozen").exists() and "frozen" not in json.loads((layout.export_dir("greedy", "numpy") / "meta.json").read_text())
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM ordering_frozen_prefix").fetchone()[0] == 0
+    stream = np.diff(np.load(layout.doc_offsets))
+    fresh = pack("concat", np.random.default_rng(0).permutation(stream.size), stream, 128).segments
+    assert pl.read_parquet(layout.segments).equals(fresh)
 
 
 def _records_of(tmp_path, n_docs: int = 30, seq_len: int = 16, variant: str = "concat", atom: float | None = None, name: str = "concat"):
@@ -249,6 +257,9 @@ def test_freeze_prefix_config(tmp_path):
     ok = config_from_dict({"freeze_prefix": "consumed:30x4", "strategies": ["greedy"], "tokenizer": "gpt2"})
     assert frozen.frozen_count(ok.freeze_prefix) == 120
     assert config_from_dict({"freeze_prefix": "24", "strategies": ["greedy"], "tokenizer": "gpt2"}).freeze_prefix == 24  # the launchpad's string
+    from assets.params import PARAM_CLASSES
+
+    assert PARAM_CLASSES["sequences"].model_fields["freeze_prefix"].annotation == str | None  # on the sequences launchpad
     run = tmp_path / "runs" / "greedy" / "seed0"
     run.mkdir(parents=True)
     pl.DataFrame({"position": np.arange(37), "sequence_id": np.arange(37)}).write_parquet(run / "stream.parquet")

@@ -35,7 +35,7 @@ RECORD_SCHEMA = {
     "position": pl.Int64, "sequence_id": pl.Int64, "seq_token_start": pl.Int32, "id": pl.String,
     "content_hash": pl.String, "shard": pl.String, "doc_token_start": pl.Int64, "n_tokens": pl.Int32, "eos_added": pl.Boolean,
 }
-UNFREEZE = "set freeze_prefix: 0 (unfreeze: the whole stream is re-ordered), or remove frozen/<strategy>.* for one strategy"
+UNFREEZE = "set freeze_prefix: 0 (unfreeze: the stream is re-packed and re-ordered), or remove frozen/<strategy>.* for one strategy"
 
 
 @dataclass
@@ -79,9 +79,17 @@ def save(layout, rec: FrozenPrefix) -> list[Path]:
             write_json({**rec.meta, "strategy": rec.strategy, "frozen_sequences": rec.sequences}, meta_path)]
 
 
-def unfreeze(layout) -> None:
-    """``freeze_prefix: 0``: forget every frozen prefix."""
-    shutil.rmtree(layout.root / "frozen", ignore_errors=True)
+def unfreeze(layout, duckdb=None) -> None:
+    """``freeze_prefix: 0``: forget every frozen prefix (the records and, given a DuckDB resource,
+    the rows of ``ordering_frozen_prefix``)."""
+    folder = layout.root / "frozen"
+    if not folder.is_dir():
+        return
+    shutil.rmtree(folder)
+    if duckdb is not None:
+        with duckdb.get_connection() as con:
+            if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ordering_frozen_prefix'").fetchone()[0]:
+                con.execute("DELETE FROM ordering_frozen_prefix")
 
 
 def doc_keys(layout) -> pl.DataFrame:
