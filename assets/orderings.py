@@ -10,6 +10,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
+from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
 from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore
@@ -79,7 +80,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
                                 metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
     boundary = {}
     if n_frozen and ok:
-        outputs += freeze(layout, duckdb, strategy, order, written.segments, n_frozen, previous, cfg)
+        outputs += freeze(layout, duckdb, strategy, order, written.segments, n_frozen, previous, seq_len, cfg.packing)
         boundary = frozen_metadata(layout, strategy)
     return rec.finish(
         outputs,
@@ -91,12 +92,12 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
 
 
 def freeze(layout, duckdb: DuckDBResource, strategy: str, order: np.ndarray, segments: pl.DataFrame, n_frozen: int,
-           previous: frozen.FrozenPrefix | None, cfg) -> list:
+           previous: frozen.FrozenPrefix | None, seq_len: int, packing: str) -> list:
     """Record the first ``n_frozen`` positions of the order just written (continuing ``previous``),
     extend the version chain, and upsert the strategy's row of ``ordering_frozen_prefix``."""
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    store = SequenceStore(tokens, offsets, segments, cfg.seq_len)
-    rec = frozen.capture(layout, strategy, order, segments, n_frozen, store, tokens.dtype, cfg.seq_len, cfg.packing, previous)
+    store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=load_tokenizer(layout.tokenizer).pad_token_id)  # as sequences writes them
+    rec = frozen.capture(layout, strategy, order, segments, n_frozen, store, tokens.dtype, seq_len, packing, previous)
     chain = frozen.extend_chain(rec, frozen.chain_entry(layout, order.size, rec.sequences))
     paths = frozen.save(layout, rec)
     row = pl.DataFrame({"strategy": [strategy], "frozen_sequences": [rec.sequences], "sequences": [int(order.size)],

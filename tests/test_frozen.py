@@ -104,7 +104,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(shards), "source_field": "domain"},
            "tokenizer": default_model_path(), "embed_method": "shallow", "embed_max_tokens": 32, "k": 4, "seq_len": 128,
            "heldout_fraction": 0.05, "strategies": ["greedy", "random"], "export_formats": FORMATS, "batch_size": 4,
-           "length_bins": 8}
+           "length_bins": 8, "packing": "best_fit"}  # best_fit: frozen sequences with padding
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     root, layout = request.config.rootpath, Layout(tmp_path / "root")
@@ -146,7 +146,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     stream = np.diff(np.load(layout.doc_offsets))
     acc = conservation(segments, stream, 128, gaps=True)
     assert acc["ok"] and acc["tokens_kept"] + acc["tokens_dropped"] == int(stream.sum())
-    assert acc["tokens_dropped"] == _latest(instance, "sequences")["tokens_dropped"] < 128
+    assert acc["tokens_dropped"] == _latest(instance, "sequences")["tokens_dropped"] == 0  # best_fit drops nothing
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         rows = con.execute("SELECT strategy, frozen_sequences, version FROM ordering_frozen_prefix ORDER BY strategy").fetchall()
     assert rows == [("greedy", P, 2), ("random", P, 2)]
@@ -155,7 +155,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     docs = pl.read_parquet(layout.documents, columns=["doc_id", "n_tokens"]).join(pl.read_parquet(layout.clusters), on="doc_id")
     docs = docs.with_columns(pl.col("n_tokens") + 1).sort("doc_id")
     cluster = docs["cluster"].to_numpy()
-    scratch_seg = pack("concat", np.random.default_rng(0).permutation(stream.size), stream, 128).segments
+    scratch_seg = pack("best_fit", np.random.default_rng(0).permutation(stream.size), stream, 128).segments
     params = OrderParams.from_config(config_from_dict({**cfg, "data_root": str(tmp_path / "x")}))
     scratch = run_strategy("greedy", docs, scratch_seg, 128, params, 0).order["sequence_id"].to_numpy()
     order = Store(layout).ordering("greedy").order
@@ -192,7 +192,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM ordering_frozen_prefix").fetchone()[0] == 0
     stream = np.diff(np.load(layout.doc_offsets))
-    fresh = pack("concat", np.random.default_rng(0).permutation(stream.size), stream, 128).segments
+    fresh = pack("best_fit", np.random.default_rng(0).permutation(stream.size), stream, 128).segments
     assert pl.read_parquet(layout.segments).equals(fresh)
 
 
