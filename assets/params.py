@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import types
 import typing
 from typing import Any, Optional
 
@@ -124,7 +125,8 @@ def with_config_versions(assets: list, cfg: StrataConfig) -> list:
 def _launchpad_type(annotation: Any) -> Any:
     """The dg.Config type of a StrataConfig field: Literals and unions with str (``freeze_prefix``)
     become str (StrataConfig validates and converts them)."""
-    if typing.get_origin(annotation) is typing.Literal or str in typing.get_args(annotation):
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    if typing.get_origin(annotation) is typing.Literal or (union and str in typing.get_args(annotation)):
         return str
     if typing.get_origin(annotation) is list:
         return list[_launchpad_type(typing.get_args(annotation)[0])]
