@@ -9,6 +9,7 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
+from assets.orderings import frozen_metadata
 from pipeline.ordering.strategies import training_time
 from pipeline.reports import diagnostics as D
 from pipeline.reports.markdown import frame_table
@@ -102,13 +103,14 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
         replace_rows(con, "ordering_stationarity", stationarity, {"strategy": strategy})
     summary = V.summary_table(metrics)
+    boundary = frozen_metadata(layout, strategy)  # the frozen prefix's boundary, when the stream has one
     check = stationarity_check(strategy, stationarity, cfg.stationarity_shuffles)
     return rec.finish([out, out_stat], {"metrics": metrics.height, "stationarity": stationarity.height},
                       {"strategy": strategy, "length_bins": cfg.length_bins, "prefix_sequences": prefix,
                        "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed},
                       {"summary": dg.MetadataValue.md(frame_table(summary)),
                        "stationarity": dg.MetadataValue.md(S.markdown(stationarity) if stationarity.height else "no schedule"),
-                       "stationarity_outside": S.out_of_band_summary(stationarity) or "none"},
+                       "stationarity_outside": S.out_of_band_summary(stationarity) or "none", **boundary},
                       check_results=[check])
 
 

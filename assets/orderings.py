@@ -2,6 +2,7 @@
 (sequences repeated or left out) for a strategy that realizes a mixture (``greedy_mixture``)."""
 
 
+import json
 from dataclasses import replace
 
 import dagster as dg
@@ -11,7 +12,12 @@ from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.data.tokens import open_tokens
+from pipeline.packing import frozen
+from pipeline.packing.pack import SequenceStore
 from pipeline.storage.atomic import file_sha256, write_parquet
+from pipeline.storage.warehouse import replace_rows
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderParams, run_strategy
@@ -109,7 +115,12 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     realizes a mixture writes a schedule instead, with ``orderings/<strategy>.mixture.parquet``
     (per cluster: target and realized share, corpus / scheduled / distinct / repeated / omitted
     tokens, most copies; DuckDB ``mixture_schedule``) and the checks ``schedule_within_caps``
-    (blocking) and ``schedule_realizes_mixture`` (warns)."""
+    (blocking) and ``schedule_realizes_mixture`` (warns).
+
+    With ``freeze_prefix`` P, positions ``[0, P)`` keep the recorded frozen prefix and the strategy
+    orders the rest after it; the prefix (``frozen/<strategy>.*``), its version chain and the
+    DuckDB table ``ordering_frozen_prefix`` are written, and the metadata shows the boundary.
+    P is the one ``sequences`` packed with (its ``meta.json``)."""
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
@@ -120,7 +131,10 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     spec = strategies.spec(strategy)
     seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
-    result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed)
+    n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
+    previous = frozen.load(layout, strategy) if n_frozen else None
+    prefix = previous.sequence_ids if previous is not None else None
+    result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed, prefix=prefix)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:
@@ -132,6 +146,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, docs, cfg.mixture_tolerance)
     outputs += more
     if spec.realizes_mixture:
+        ok = True
         check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=True, metadata={"strategy": strategy},
                                     description=f"{strategy} realizes a mixture: a schedule (see schedule_within_caps)")
         with duckdb.get_connection() as con:
@@ -141,15 +156,42 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
         check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=ok,
                                     metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
+    boundary = {}
+    if n_frozen and ok:
+        outputs += freeze(layout, duckdb, strategy, order, written.segments, n_frozen, previous, seq_len, cfg.packing)
+        boundary = frozen_metadata(layout, strategy)
     summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens", "per_cluster")}
     return rec.finish(
         outputs,
         {"sequences": result.order.height},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode,
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode, "freeze_prefix": n_frozen,
          **({"mixture_weights_sha256": file_sha256(params.mixture_weights)} if spec.realizes_mixture else {})},
-        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none", **summary},
+        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none", **summary, **boundary},
         check_results=[check, *mixture_checks],
     )
+
+
+def freeze(layout, duckdb: DuckDBResource, strategy: str, order: np.ndarray, segments: pl.DataFrame, n_frozen: int,
+           previous: frozen.FrozenPrefix | None, seq_len: int, packing: str) -> list:
+    """Record the first ``n_frozen`` positions of the order just written (continuing ``previous``),
+    extend the version chain, and upsert the strategy's row of ``ordering_frozen_prefix``."""
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=load_tokenizer(layout.tokenizer).pad_token_id)  # as sequences writes them
+    rec = frozen.capture(layout, strategy, order, segments, n_frozen, store, tokens.dtype, seq_len, packing, previous)
+    chain = frozen.extend_chain(rec, frozen.chain_entry(layout, order.size, rec.sequences))
+    paths = frozen.save(layout, rec)
+    row = pl.DataFrame({"strategy": [strategy], "frozen_sequences": [rec.sequences], "sequences": [int(order.size)],
+                        "version": [chain[-1]["version"]], "tokens_sha256": [rec.meta["tokens_sha256"]],
+                        "version_chain": [json.dumps(chain, sort_keys=True)]})
+    with duckdb.get_connection() as con:
+        replace_rows(con, "ordering_frozen_prefix", row, {"strategy": strategy})
+    return paths
+
+
+def frozen_metadata(layout, strategy: str) -> dict:
+    """The frozen boundary for the UI (``pipeline.packing.frozen.boundary_summary``)."""
+    summary = frozen.boundary_summary(layout, strategy) or {}
+    return {**summary, "version_chain": dg.MetadataValue.json(summary["version_chain"])} if summary else {}
 
 
 def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
@@ -165,6 +207,8 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
     from pipeline.ordering.engine import seed_dependent
 
     params, spec = order_params(cfg, layout), strategies.spec(strategy)
+    if frozen.load(layout, strategy) is not None:
+        return load_ordering(layout, strategy)  # a frozen stream is one stream: every seed trains on it
     if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)
     if spec.reseed is not None:  # e.g. greedy_block_shuffle: the greedy beneath is seed-free, re-shuffle its blocks only

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import types
 import typing
 from typing import Any, Optional
 
@@ -45,7 +46,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
                   "keep_centroids"),
     "cluster_shards": (),
     "clusters": (),
-    "sequences": ("seq_len", "packing", "seed"),
+    "sequences": ("seq_len", "packing", "seed", "freeze_prefix"),
     "orderings": ("seq_len", "seed", *strategies.reads("sequence", "document")),
     "exports": tuple(dict.fromkeys(("export_formats", "export_global_batch", "export_world_size", "export_workers", "batch_size",
                                     "seq_len", *formats.reads()))),
@@ -122,8 +123,10 @@ def with_config_versions(assets: list, cfg: StrataConfig) -> list:
 
 
 def _launchpad_type(annotation: Any) -> Any:
-    """The dg.Config type of a StrataConfig field: Literals become str (StrataConfig validates them)."""
-    if typing.get_origin(annotation) is typing.Literal:
+    """The dg.Config type of a StrataConfig field: Literals and unions with str (``freeze_prefix``)
+    become str (StrataConfig validates and converts them)."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    if typing.get_origin(annotation) is typing.Literal or (union and str in typing.get_args(annotation)):
         return str
     if typing.get_origin(annotation) is list:
         return list[_launchpad_type(typing.get_args(annotation)[0])]

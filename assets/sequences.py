@@ -9,6 +9,7 @@ from dagster_duckdb import DuckDBResource
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
 from pipeline.storage.atomic import write_json, write_parquet
+from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing, write_sequence_matrix
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
@@ -27,28 +28,44 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     Writes ``sequences/segments.parquet``, the M x L token matrix ``sequences/tokens.bin``,
     streamed from the memory-mapped token store a block of sequences at a time (no M x L array),
     and ``sequences/meta.json`` (seq_len, packing: what readers of the sequences need to know).
+
+    With ``freeze_prefix`` P (recorded in ``meta.json``, which ``orderings`` follows), the frozen
+    prefixes recorded under ``frozen/`` by ``orderings`` are kept: their sequences keep their
+    segments, tokens and (after an append) ids, and only the tokens outside them are packed
+    (``pipeline/packing/frozen.py``). ``freeze_prefix: 0`` forgets every frozen prefix.
     """
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     stream = np.diff(offsets)
-    doc_order = np.random.default_rng(cfg.seed).permutation(stream.size)
     variant, atom = parse_packing(cfg.packing)
-    packed = pack(variant, doc_order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
-    write_parquet(packed.segments, layout.segments)
+    n_frozen = frozen.frozen_count(cfg.freeze_prefix)
+    if not n_frozen:
+        frozen.unfreeze(layout, duckdb)
+    records = frozen.load_all(layout)
+    if records:
+        packed, records = frozen.pack_frozen(records, frozen.doc_keys(layout), stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed)
+    else:
+        doc_order = np.random.default_rng(cfg.seed).permutation(stream.size)
+        packed = pack(variant, doc_order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
     pad_id = load_tokenizer(layout.tokenizer).pad_token_id
     store = SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id)
+    frozen.verify(records, store, tokens.dtype)  # before anything is overwritten
+    write_parquet(packed.segments, layout.segments)
     write_sequence_matrix(store, tokens.dtype, layout.sequence_matrix)
-    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing}, layout.sequences_meta)
+    saved = [path for record in records for path in frozen.save(layout, record)]
+    kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
+    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen}, layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with duckdb.get_connection() as con:
         replace_rows(con, "packing_stats", stats, {})
     return rec.finish(
-        [layout.segments, layout.sequence_matrix, layout.sequences_meta],
+        [layout.segments, layout.sequence_matrix, layout.sequences_meta, *saved],
         {"sequences": packed.n_sequences, "segments": packed.segments.height},
-        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing},
+        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": n_frozen},
         {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
-         "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"])},
+         "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
+         "frozen_sequences_kept": kept},
     )
 

@@ -143,6 +143,9 @@ class StrataConfig(_Model):
     mixture_budget_tokens: int = Field(0, ge=0)  # greedy_mixture: tokens its schedule holds; 0 = the packed corpus's tokens
     max_repeats: int = Field(4, ge=1)  # greedy_mixture: copies of one sequence at most
     mixture_tolerance: float = Field(0.05, ge=0.0)  # greedy_mixture's check: L1 distance of realized from target cluster shares it accepts
+    # a rerun keeps the first N positions of every strategy's stream byte-identical (docs/reliability.md "Adding data
+    # while training"): N sequences, "consumed:STEPSxGLOBAL_BATCH" or "consumed:<run dir or its stream.parquet>"; 0 = off
+    freeze_prefix: int | str = 0
     batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
     stationarity_shuffles: int = Field(50, ge=1)  # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
     # training
@@ -205,6 +208,34 @@ class StrataConfig(_Model):
         _registered(value, REGISTRY.names(), "strategies")
         if len(set(value)) != len(value):
             raise ValueError("a strategy is listed twice; list each strategy once")
+        return value
+
+    @field_validator("freeze_prefix")
+    @classmethod
+    def _freeze_prefix(cls, value: int | str, info: ValidationInfo) -> int | str:
+        from pipeline.ordering.strategies import REGISTRY
+
+        if isinstance(value, str) and value.strip().isdigit():  # the launchpad gives a string
+            value = int(value)
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError("use a number of sequences >= 0 (0 = off), or consumed:STEPSxGLOBAL_BATCH, or consumed:<run dir>")
+        elif not value.startswith("consumed:") or not value.removeprefix("consumed:"):
+            raise ValueError("use a number of sequences, consumed:STEPSxGLOBAL_BATCH (e.g. consumed:1200x256) or consumed:<run dir>")
+        if value == 0:
+            return value
+        entries = REGISTRY.entries()
+        repacking = [s for s in info.data.get("strategies", []) if s in entries and (entries[s].level != "sequence" or entries[s].order is None)]
+        if repacking:
+            raise ValueError(f"strategies {repacking} repack documents and cannot keep a frozen prefix of the base packing; "
+                             "list only sequence-level strategies (strata list strategies), or set freeze_prefix: 0")
+        schedules = [s for s in info.data.get("strategies", []) if s in entries and entries[s].mixture is not None]
+        if schedules:
+            raise ValueError(f"strategies {schedules} realize a mixture (a schedule with repeats), which a frozen prefix does not "
+                             "extend; leave them out of strategies, or set freeze_prefix: 0")
+        if not info.data.get("tokenizer"):
+            raise ValueError("a frozen prefix needs a fixed tokenizer (a corpus change retrains a trained one, re-tokenizing the prefix); "
+                             "set tokenizer: to a tokenizer directory or name")
         return value
 
     @field_validator("export_formats")

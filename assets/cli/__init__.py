@@ -42,8 +42,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Materialize the graph (or the ``--select``ed assets) as configured in ``--config``."""
-    return _materialize(args.config, args.data_root, args.select)
+    """Materialize the graph (or the ``--select``ed assets) as configured in ``--config``; with
+    ``--freeze-prefix``, that config with ``freeze_prefix`` set, written to ``<data root>/run_config.yaml``."""
+    if args.freeze_prefix is None:
+        return _materialize(args.config, args.data_root, args.select)
+    from pathlib import Path
+
+    import yaml
+
+    from pipeline.config import config_from_dict, resolve_config
+
+    data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
+    value = args.freeze_prefix
+    data["freeze_prefix"] = int(value) if value.strip().isdigit() else value
+    config_from_dict({**data, "data_root": "."})  # a bad value stops here, naming the fix
+    root = resolve_config(args.config, args.data_root).root
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "run_config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
+    return _materialize(str(path), args.data_root, args.select)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -245,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
     run.add_argument("--select", default=None,
                      help="Dagster asset selection, e.g. '*orderings' (everything up to the orderings), 'training_runs+'")
+    run.add_argument("--freeze-prefix", default=None, metavar="N|consumed:STEPSxBATCH|consumed:RUN_DIR",
+                     help="keep the first N positions of every stream byte-identical while data is added (docs/reliability.md); "
+                          "0 unfreezes")
     run.set_defaults(func=cmd_run)
     status = sub.add_parser("status", help="every asset/partition: fresh, stale (and why) or missing")
     status.add_argument("--config", default=None,

@@ -39,7 +39,9 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
     checked against it).
 
     ``meta.json`` records the lineage: the ordering and the segments it refers to (paths relative to the
-    data root) with their SHA-256.
+    data root) with their SHA-256; with a frozen prefix (``pipeline/packing/frozen.py``), ``frozen``:
+    its sequences, the SHA-256 of their tokens and the version chain (the stream's first
+    ``sequences`` positions are the same bytes in every version of the chain).
     """
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.errors import StrataInputError
@@ -62,5 +64,9 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
             "segments": ordering.segments_path.relative_to(layout.root).as_posix(), "segments_sha256": file_sha256(ordering.segments_path),
         },
     }
+    from pipeline.packing.frozen import load as load_frozen
+
+    if (rec := load_frozen(layout, strategy)) is not None:
+        meta["frozen"] = {"sequences": rec.sequences, "tokens_sha256": rec.meta.get("tokens_sha256"), "version_chain": rec.meta.get("chain", [])}
     return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
                          meta=meta, progress=progress)

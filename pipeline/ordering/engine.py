@@ -137,6 +137,28 @@ def _run(spec: StrategySpec, inp: Inputs) -> OrderingResult:
     return OrderingResult(order_frame(np.unique(seg["sequence_id"].to_numpy())), seg)
 
 
+def _run_frozen(spec: StrategySpec, inp: Inputs, prefix: np.ndarray) -> OrderingResult:
+    """Positions ``[0, P)`` hold the frozen ``prefix`` (sequence ids); the other sequences follow in
+    the strategy's order, continuing from the prefix (``StrategySpec.order_after``)."""
+    if spec.level != "sequence" or spec.order is None:
+        raise StrataInputError(f"{spec.name!r} repacks documents, so it cannot keep a frozen prefix of the base packing",
+                               fix="freeze sequence-level strategies only (strata list strategies), or set freeze_prefix: 0")
+    if spec.mixture is not None:
+        raise StrataInputError(f"{spec.name!r} realizes a mixture (a schedule with repeats), which a frozen prefix does not extend",
+                               fix="freeze permutation strategies only, or set freeze_prefix: 0")
+    f = inp.features()
+    rows = np.searchsorted(f.sequence_ids, prefix)
+    if prefix.size and (rows.max() >= f.n_sequences or not np.array_equal(f.sequence_ids[rows], prefix)):
+        raise StrataInputError("a frozen sequence is missing from the packing", fix="re-materialize sequences (it keeps the frozen sequences)")
+    rest = np.setdiff1d(np.arange(f.n_sequences), rows)
+    if spec.order_after is not None:
+        after = spec.order_after(f, rows, inp.params, inp.seed)
+    else:
+        after = rest[spec.order(f.take_rows(rest), inp.params, inp.seed)] if rest.size else rest
+    mode = greedy_mode(rest.size, inp.params.greedy_exact_max) if spec.greedy_based else None
+    return OrderingResult(order_frame(f.sequence_ids[np.concatenate([rows, after]).astype(np.int64)]), None, mode)
+
+
 def seed_dependent(name: str, params: OrderParams) -> bool:
     """Whether the strategy's order depends on its seed (a shuffle, a random stream, or noise > 0).
 
@@ -159,9 +181,13 @@ def _column(df: pl.DataFrame, name: str, what: str) -> np.ndarray:
 
 
 def run_strategy(
-    name: str, docs: pl.DataFrame, segments: pl.DataFrame, seq_len: int, params: OrderParams, seed: int
+    name: str, docs: pl.DataFrame, segments: pl.DataFrame, seq_len: int, params: OrderParams, seed: int,
+    prefix: np.ndarray | None = None,
 ) -> OrderingResult:
     """Order the training stream with strategy ``name`` (the one call of the asset and the CLI).
+
+    ``prefix``: sequence ids of a frozen prefix (``pipeline/packing/frozen.py``): they keep
+    positions ``[0, P)`` and the strategy orders the rest after them (sequence-level strategies only).
 
     ``docs``: doc_id, cluster, n_tokens (stream length incl. EOS), optional content_hash.
     ``segments``: the base packing (pipeline.packing.pack SEGMENT_SCHEMA); document-level strategies
@@ -204,4 +230,6 @@ def run_strategy(
         columns[col] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
         columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
     inp = Inputs(cluster, length, np.sort(doc_id), content_hash, segments, int(seq_len), params, int(seed), columns)
+    if prefix is not None:
+        return _run_frozen(spec, inp, np.asarray(prefix, dtype=np.int64))
     return _run(spec, inp)

@@ -432,3 +432,32 @@ def greedy_scaled_order(
     else:
         order = greedy_blocked_order(features, objective, block, noise, seed)
     return repair_batches(order, features, batch)[0], mode
+
+
+def greedy_after_prefix(
+    features: SequenceFeatures,
+    prefix_rows: np.ndarray,
+    objective: Objective,
+    exact_max: int = EXACT_MAX,
+    block: int = BLOCK,
+    noise: float = 0.0,
+    seed: int = 0,
+    batch: int = 32,
+) -> np.ndarray:
+    """The rows not in ``prefix_rows`` in ``greedy`` order after a frozen prefix: the exact greedy
+    starts from the prefix's running counts (X, S, n) with the targets of *all* rows, so the whole
+    stream's cumulative error returns toward zero as fast as the greedy allows; then the swap repair
+    of the suffix's batches. Above ``exact_max`` rows the suffix is ordered by the blocked greedy
+    alone (its blocks start from an empty state by design, see :func:`greedy_blocked_order`)."""
+    rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
+    if rest.size == 0:
+        return rest
+    if greedy_mode(rest.size, exact_max) == "blocked":
+        sub = features.take_rows(rest)
+        return rest[repair_batches(greedy_blocked_order(sub, objective, block, noise, seed), sub, batch)[0]]
+    chars = objective.matrix(features)
+    prefix = chars.take_rows(np.asarray(prefix_rows, dtype=np.int64))
+    state = GreedyState(prefix.x.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
+    picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], chars.targets(features.lengths), state, None, noise, seed)
+    sub = features.take_rows(rest)
+    return rest[repair_batches(picked, sub, batch)[0]]

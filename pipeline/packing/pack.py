@@ -369,10 +369,12 @@ def packing_stats(p: Packing) -> dict[str, float | int | str]:
     }
 
 
-def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: int) -> dict[str, int | bool]:
+def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: int, gaps: bool = False) -> dict[str, int | bool]:
     """Check a segments table against the token store; ``ok`` when nothing is lost or doubled.
 
-    Every document's spans must tile a prefix ``[0, kept)`` of its stream without overlap, and in
+    Every document's spans must tile a prefix ``[0, kept)`` of its stream without overlap (with
+    ``gaps``, as a packing around a frozen prefix drops tails that may lie mid-document: lie in
+    ``[0, length)`` without overlap; every token not in a span is counted dropped), and in
     every sequence the spans (each plus its inserted EOS) must lie inside ``[0, seq_len)`` without
     overlap. Works for every variant and for 5-column tables from older code.
     """
@@ -383,7 +385,8 @@ def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: in
     n = by_doc["n_tokens"].to_numpy().astype(np.int64)
     new_doc = np.r_[True, d[1:] != d[:-1]]
     prev_end = np.r_[0, ds[:-1] + n[:-1]]
-    tiles = bool(np.all(np.where(new_doc, ds == 0, ds == prev_end)) and (n > 0).all())
+    starts_ok = (ds >= 0) & (ds >= np.where(new_doc, 0, prev_end)) if gaps else np.where(new_doc, ds == 0, ds == prev_end)
+    tiles = bool(np.all(starts_ok) and (n > 0).all() and np.all(ds + n <= lengths[d]))
     per_doc = np.bincount(d, weights=n, minlength=lengths.size).astype(np.int64)
     by_seq = segments.sort("sequence_id", "seq_token_start")
     sid = by_seq["sequence_id"].to_numpy()

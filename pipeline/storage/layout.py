@@ -139,6 +139,7 @@ class Sequences:
     seq_len: int
     segments_path: Path
     matrix_path: Path
+    freeze_prefix: int = 0  # sequences whose positions every stream keeps (pipeline/packing/frozen.py); 0 = off
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ class Store:
         written before it from the matrix size (M sequences x seq_len tokens of the token dtype)."""
         lay = self.layout
         if lay.sequences_meta.exists():
-            return Sequences(int(json.loads(lay.sequences_meta.read_text(encoding="utf-8"))["seq_len"]), lay.segments, lay.sequence_matrix)
+            meta = json.loads(lay.sequences_meta.read_text(encoding="utf-8"))
+            return Sequences(int(meta["seq_len"]), lay.segments, lay.sequence_matrix, int(meta.get("freeze_prefix", 0)))
         if not lay.segments.exists() or not lay.sequence_matrix.exists():
             raise StrataInputError("no packed sequences in the data root", path=lay.root / "sequences",
                                    fix="materialize sequences first (strata run, or the Dagster UI)")

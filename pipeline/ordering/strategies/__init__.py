@@ -12,6 +12,9 @@ configuration keys it reads and how it runs:
   whole input (content hashes, their own repacking);
 - a sequence-level strategy that gives ``mixture(params, n_clusters) -> target shares`` realizes a
   mixture: its rows may repeat or be left out (a *schedule*; see ``greedy_mixture.py``);
+- a sequence-level spec may give ``order_after(features, prefix_rows, params, seed)``: the rows
+  after a frozen prefix in order, continuing from the prefix (the greedy starts from its running
+  counts); without it the rows after the prefix are ordered by ``order`` alone;
 - ``level="training"``: chosen online by a sampler during training (ODM); the orderings asset
   writes the packing of ``packing_from`` for it, and it has no fixed order to export.
 
@@ -43,6 +46,7 @@ class StrategySpec:
     packing_from: str | None = None  # training-time: the ordering strategy whose packing it samples from
     reseed: Callable[..., Any] | None = None  # (order, params, from_seed, to_seed) -> its order for to_seed, or None: re-run it
     mixture: Callable[..., Any] | None = None  # (params, n_clusters) -> target token share per cluster: its order is a schedule
+    order_after: Callable[..., Any] | None = None  # (features, prefix_rows, params, seed) -> the other rows in order, continuing a frozen prefix (default: ``order`` on them alone)
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):

@@ -20,6 +20,19 @@ def greedy_rows(features, params, seed: int) -> np.ndarray:
     return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size)[0]
 
 
+def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
+    """``greedy`` after a frozen prefix: starts from the prefix's running counts (T_j, U_b, S)."""
+    from pipeline.ordering.greedy import greedy_after_prefix
+
+    p = params
+    return greedy_after_prefix(features, prefix_rows, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size)
+
+
+def greedy_block_shuffle_after(features, prefix_rows, params, seed: int) -> np.ndarray:
+    """``greedy_block_shuffle`` after a frozen prefix: the continued greedy, its blocks shuffled (the suffix only)."""
+    return block_shuffle(greedy_after(features, prefix_rows, params, seed), params.block_size, seed)
+
+
 def greedy_fast(features, params, seed: int) -> np.ndarray:
     from pipeline.ordering.greedy import greedy_windowed_order
 
@@ -83,7 +96,7 @@ def reseed_block_shuffle(order: np.ndarray, params, from_seed: int, to_seed: int
 
 SPECS = (
     StrategySpec("greedy", "sequence", "greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise): "
-                 "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True, order=greedy_rows),
+                 "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True, order=greedy_rows, order_after=greedy_after),
     StrategySpec("greedy_fast", "sequence", "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
                  seed_free=False, reads=(*OBJECTIVE, "window"), order=greedy_fast),
     StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula): "
@@ -91,5 +104,6 @@ SPECS = (
                  reads=(*OBJECTIVE, "curriculum", "greedy_exact_max", "greedy_block"), greedy_based=True, order=greedy_curriculum),
     StrategySpec("greedy_block_shuffle", "sequence",
                  "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
-                 seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle),
+                 seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle,
+                 order_after=greedy_block_shuffle_after),
 )
