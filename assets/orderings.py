@@ -17,7 +17,6 @@ from pipeline.data.tokens import open_tokens
 from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.atomic import file_sha256, write_parquet
-from pipeline.storage.warehouse import replace_rows
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderParams, run_strategy
