@@ -315,3 +315,38 @@ def test_run_strategy_keeps_the_prefix_and_orders_the_rest(strategy, exact_max):
         assert np.array_equal(a[9:], rest[np.random.default_rng(5).permutation(rest.size)])
     with pytest.raises(StrataInputError, match="repacks documents"):
         run_strategy("cluster_packed", docs, seg, 64, params, 5, prefix=prefix)
+
+
+
+def test_blocked_greedy_after_a_skewed_prefix_recovers_faster():
+    """Above ``greedy_exact_max`` the suffix's blocked greedy continues from the prefix's counts: the
+    whole stream's cumulative cluster error after a prefix of one cluster drops faster than with the
+    blocked greedy on the suffix alone; the order stays a permutation with the prefix kept."""
+    from pipeline.ordering.greedy import Objective, greedy_blocked_order
+
+    rng = np.random.default_rng(3)
+    n = 1200
+    lengths = rng.integers(5, 120, n)
+    cluster = rng.integers(0, 4, n)
+    docs = pl.DataFrame({"doc_id": np.arange(n), "cluster": cluster, "n_tokens": lengths})
+    by_cluster = np.concatenate([np.flatnonzero(cluster == 0), rng.permutation(np.flatnonzero(cluster != 0))])
+    seg = pack("concat", by_cluster, lengths, 64).segments  # cluster 0's documents fill the first sequences
+    m = int(seg["sequence_id"].max()) + 1
+    prefix = np.arange(m // 16)  # frozen: sequences of cluster 0 only
+    params = OrderParams(objective="f1", block_size=8, greedy_exact_max=50, greedy_block=64)
+    order = run_strategy("greedy", docs, seg, 64, params, 7, prefix=prefix).order["sequence_id"].to_numpy()
+    assert np.array_equal(order[: prefix.size], prefix) and np.array_equal(np.sort(order), np.arange(m))
+    assert np.array_equal(order, run_strategy("greedy", docs, seg, 64, params, 7, prefix=prefix).order["sequence_id"].to_numpy())
+
+    from pipeline.ordering.engine import Inputs
+
+    f = Inputs(cluster, lengths.astype(np.int64), np.arange(n), None, seg, 64, params, 7, {}).features()
+    rest = np.arange(prefix.size, m)
+    alone = np.concatenate([prefix, rest[greedy_blocked_order(f.take_rows(rest), Objective.named("f1"), 64, 0.0, 7)]])
+    t = np.arange(prefix.size + 1, m + 1)
+    err_continued = _stream_error(order, seg, cluster, t)
+    err_alone = _stream_error(alone, seg, cluster, t)
+    half = (m - prefix.size) // 2
+    assert err_continued[:half].mean() < 0.75 * err_alone[:half].mean()
+    q = 3 * prefix.size  # enough suffix sequences to dilute a prefix of one of 4 clusters back to its share
+    assert err_continued[q] < 0.6 * err_alone[q]

@@ -434,6 +434,75 @@ def greedy_scaled_order(
     return repair_batches(order, features, batch)[0], mode
 
 
+def _deviation(state: GreedyState, targets: np.ndarray, chars: Characteristics) -> float:
+    """||X - t (S, W)||: the running totals' distance from the targets (token columns against S,
+    sequence columns against W = unit * n)."""
+    k = chars.n_token_cols
+    want = np.concatenate([targets[:k] * state.S, targets[k:] * chars.unit * state.n])
+    return float(np.linalg.norm(state.X - want))
+
+
+def greedy_blocked_after(
+    features: SequenceFeatures,
+    prefix_rows: np.ndarray,
+    objective: Objective,
+    block: int = BLOCK,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> np.ndarray:
+    """The blocked greedy of the rows not in ``prefix_rows``, continued from the prefix: a catch-up
+    phase, then :func:`greedy_blocked_order` on what is left.
+
+    A prefix off the targets leaves a suffix off them the other way; ordered by blocks of its own
+    composition, the suffix would pull the whole stream's cumulative error back to zero only at its
+    end. The catch-up phase instead runs the exact greedy from the prefix's running counts (X, S, n)
+    with the targets of *all* rows over a pool of ``block`` candidates dealt from a stratified
+    stream of the suffix (``stratified_stream``), picking half the pool per round and refilling it,
+    like :func:`greedy_windowed_order`, until a round no longer shrinks the whole stream's deviation
+    ||X - t (S, W)|| by a tenth (the greedy's floor: recovered), at most half the suffix. It spends
+    the suffix's surplus of the prefix's lagging groups first. The rest then holds about the
+    targets' shares, so its own-target blocks keep the recovered stream near them.
+    Cost O(catch-up * block) on top of the blocked greedy's.
+    """
+    if block < 1:
+        raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
+    prefix_rows = np.asarray(prefix_rows, dtype=np.int64)
+    rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
+    if rest.size == 0:
+        return rest
+    chars = objective.matrix(features)
+    targets = chars.targets(features.lengths)
+    state = GreedyState(chars.take_rows(prefix_rows).x.column_totals().astype(np.float64),
+                        float(features.lengths[prefix_rows].sum()), int(prefix_rows.size))
+    n_catch = rest.size // 2
+    stream = rest[stratified_stream(features.take_rows(rest), np.random.default_rng(seed))]
+    window = max(2, int(block))
+    pool = np.sort(stream[:window])
+    nxt = pool.size
+    picked: list[np.ndarray] = []
+    done, rnd = 0, 0
+    dev = _deviation(state, targets, chars)
+    while done < n_catch:
+        n_pick = min(max(1, window // 2), n_catch - done)
+        rows = greedy_rows(chars.take_rows(pool), features.lengths[pool], targets, state, n_pick, noise, seed + rnd)
+        picked.append(pool[rows])
+        done += rows.size
+        keep = np.ones(pool.size, dtype=bool)
+        keep[rows] = False
+        refill = stream[nxt : nxt + rows.size]
+        nxt += refill.size
+        pool = np.sort(np.concatenate([pool[keep], refill]))
+        rnd += 1
+        before, dev = dev, _deviation(state, targets, chars)
+        if dev > 0.9 * before:
+            break
+    head = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+    left = np.setdiff1d(rest, head)
+    if left.size == 0:
+        return head
+    return np.concatenate([head, left[greedy_blocked_order(features.take_rows(left), objective, block, noise, seed + rnd)]])
+
+
 def greedy_after_prefix(
     features: SequenceFeatures,
     prefix_rows: np.ndarray,
@@ -444,20 +513,21 @@ def greedy_after_prefix(
     seed: int = 0,
     batch: int = 32,
 ) -> np.ndarray:
-    """The rows not in ``prefix_rows`` in ``greedy`` order after a frozen prefix: the exact greedy
-    starts from the prefix's running counts (X, S, n) with the targets of *all* rows, so the whole
-    stream's cumulative error returns toward zero as fast as the greedy allows; then the swap repair
-    of the suffix's batches. Above ``exact_max`` rows the suffix is ordered by the blocked greedy
-    alone (its blocks start from an empty state by design, see :func:`greedy_blocked_order`)."""
+    """The rows not in ``prefix_rows`` in ``greedy`` order after a frozen prefix: the greedy starts
+    from the prefix's running counts (X, S, n) with the targets of *all* rows, so the whole stream's
+    cumulative error returns toward zero as fast as the greedy allows; then the swap repair of the
+    suffix's batches. Up to ``exact_max`` suffix rows the exact greedy continues from the prefix;
+    above, :func:`greedy_blocked_after` (a catch-up phase from the prefix's counts, then blocks)."""
     rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
     if rest.size == 0:
         return rest
+    sub = features.take_rows(rest)
     if greedy_mode(rest.size, exact_max) == "blocked":
-        sub = features.take_rows(rest)
-        return rest[repair_batches(greedy_blocked_order(sub, objective, block, noise, seed), sub, batch)[0]]
+        after = greedy_blocked_after(features, prefix_rows, objective, block, noise, seed)
+        local = np.searchsorted(rest, after)
+        return rest[repair_batches(local, sub, batch)[0]]
     chars = objective.matrix(features)
     prefix = chars.take_rows(np.asarray(prefix_rows, dtype=np.int64))
     state = GreedyState(prefix.x.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
     picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], chars.targets(features.lengths), state, None, noise, seed)
-    sub = features.take_rows(rest)
     return rest[repair_batches(picked, sub, batch)[0]]
