@@ -350,3 +350,74 @@ def test_blocked_greedy_after_a_skewed_prefix_recovers_faster():
     assert err_continued[:half].mean() < 0.75 * err_alone[:half].mean()
     q = 3 * prefix.size  # enough suffix sequences to dilute a prefix of one of 4 clusters back to its share
     assert err_continued[q] < 0.6 * err_alone[q]
+
+
+def _tree(d) -> dict:
+    """Relative path -> (bytes, inode, mtime_ns) of every file under ``d``."""
+    return {p.relative_to(d).as_posix(): (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("fmt", ["numpy", "megatron", "hf", "mds"])
+def test_export_with_a_frozen_prefix_extends_the_previous_export(tmp_path, monkeypatch, fmt):
+    """Re-exporting after an append into the same directory keeps the frozen prefix's bytes (the
+    whole shards inside it keep their inode and mtime), equals a fresh export byte for byte, and the
+    trainers' readers read it; another prefix, or none, rewrites it whole."""
+    from pipeline.export import export_stream, stream_from_arrays
+    from pipeline.export import hf as hf_export
+    from pipeline.export import mds as mds_export
+
+    L, G = 16, 4
+    monkeypatch.setattr(hf_export, "SHARD_TOKENS", 8 * L)  # 8 sequences per shard
+    monkeypatch.setattr(mds_export, "SIZE_LIMIT", 8 * (2 * L + 4) + 400)
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(5, 40, size=120)
+    tokens = rng.integers(2, 900, size=int(lengths.sum())).astype(np.uint16)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    tokens[offsets[1:] - 1] = 1  # EOS
+    seg = pack("concat", rng.permutation(lengths.size), lengths, L).segments
+    store = SequenceStore(tokens, offsets, seg, L, pad_id=0)
+    m = store.n_sequences
+    p = 20  # frozen positions
+    prefix = rng.permutation(m)[:p]
+    rest = np.setdiff1d(np.arange(m), prefix)
+    before = np.concatenate([prefix, rng.permutation(rest)[: rest.size // 2]])  # the stream before the append
+    after = np.concatenate([prefix, rng.permutation(rest)])  # the appended data, the suffix reordered
+    rec = {"sequences": p, "tokens_sha256": frozen.prefix_digest(store, prefix, np.dtype(np.uint16)), "version_chain": []}
+
+    def export(order, out, record=rec):
+        stream = stream_from_arrays(tokens, offsets, seg, order, L, eos_id=1, pad_id=0)
+        return export_stream(stream, fmt, out, global_batch=G, meta={"strategy": "greedy", "frozen": record})
+
+    out = tmp_path / "export"
+    assert export(before, out)["kept_sequences"] == 0
+    old = _tree(out)
+    summary = export(after, out)
+    assert summary["kept_sequences"] == p
+    new, fresh = _tree(out), _tree(export(after, tmp_path / "fresh")["dir"])
+    assert {k: v[0] for k, v in new.items()} == {k: v[0] for k, v in fresh.items()}  # byte for byte
+    width = 2 * L
+    if fmt in ("numpy", "megatron"):
+        assert new["tokens.bin"][0][: p * width] == old["tokens.bin"][0][: p * width]
+    if fmt == "megatron":
+        from megatron.core.datasets.indexed_dataset import IndexedDataset  # the trainer's own reader
+
+        indexed = IndexedDataset(str(out / "tokens"))
+        assert len(indexed) == after.size
+        np.testing.assert_array_equal(np.stack([indexed[i][:L] for i in range(after.size)]), store.batch(after)[0])
+    if fmt == "numpy":
+        np.testing.assert_array_equal(open_numpy(out)[0], store.batch(after)[0])
+    shards = sorted(k for k in old if k.startswith("data/") or k.endswith(".mds"))
+    if shards:  # whole shards inside the prefix: the same files (inode, mtime); the next ones are rewritten
+        pairs = zip(shards, sorted(k for k in new if k.startswith("data/") or k.endswith(".mds")))
+        inside = [(a, b) for a, b in pairs if old[a][0] == new[b][0]]
+        assert inside and len(inside) < len(shards)
+        for a, b in inside:
+            assert new[b][1:] == old[a][1:]
+        assert all(new[k][1] != fresh[k][1] for k in new)
+    if fmt == "hf":
+        table = pq.read_table(sorted((out / "data").glob("*.parquet")))
+        np.testing.assert_array_equal(np.array(table["input_ids"].to_pylist()), store.batch(after)[0])
+    again = _tree(out)
+    export(after, out, {**rec, "tokens_sha256": "0" * 64})  # another frozen prefix: rewritten whole
+    assert all(_tree(out)[k][1] != again[k][1] for k in again)

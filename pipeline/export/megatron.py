@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.export.extend import Previous
 from pipeline.export.numpy_tokens import DocumentCheck, meta_of, write_tokens
 from pipeline.export.stream import OrderedStream
 from pipeline.storage.atomic import write_json, write_npy
@@ -60,10 +61,13 @@ def write_idx(path: Path, lengths: np.ndarray, dtype: np.dtype) -> None:
         fh.write(np.arange(lengths.size + 1, dtype=np.int64).tobytes(order="C"))
 
 
-def export_megatron(stream: OrderedStream, out: Path, meta: dict, progress=None) -> list[Path]:
+def export_megatron(stream: OrderedStream, out: Path, meta: dict, progress=None, previous: Previous | None = None) -> list[Path]:
+    """The indexed dataset; with ``previous`` (``pipeline/export/extend.py``) the ``.bin``'s prefix
+    is copied from the previous export and the ``.idx`` rewritten."""
     m, L = stream.n_sequences, stream.seq_len
     check = DocumentCheck(stream)
-    write_tokens(stream, out / f"{PREFIX}.bin", extra_tokens=np.array([stream.eos_id]), progress=progress, check=check)
+    write_tokens(stream, out / f"{PREFIX}.bin", extra_tokens=np.array([stream.eos_id]), progress=progress, check=check,
+                 previous=previous)
     lengths = np.full(m, L, np.int32)
     lengths[-1] = L + 1
     write_idx(out / f"{PREFIX}.idx", lengths, stream.dtype)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from pipeline.export.extend import Previous, copy_prefix
 from pipeline.export.stream import OrderedStream, sequence_pieces
 from pipeline.storage.atomic import write_json, write_parquet
 
@@ -35,17 +36,31 @@ def ordered_segments(stream: OrderedStream) -> pl.DataFrame:
 
 
 def write_tokens(stream: OrderedStream, path: Path, extra_tokens: np.ndarray | None = None, progress=None,
-                 check: DocumentCheck | None = None, label_mask_path: Path | None = None) -> int:
+                 check: DocumentCheck | None = None, label_mask_path: Path | None = None,
+                 previous: Previous | None = None) -> int:
     """Write the ordered rows to ``path`` chunk by chunk (then ``extra_tokens``); tokens written.
 
     In the same pass ``check`` sees every chunk, and ``label_mask_path`` (if given) receives the
-    rows' label mask (:func:`label_mask`)."""
+    rows' label mask (:func:`label_mask`). With ``previous`` (``pipeline/export/extend.py``) the
+    first ``previous.sequences`` rows of both files are copied from the previous export's files of
+    the same names, and only the rows after them are read from the stream."""
     written = 0
     if label_mask_path is not None and check is None:
         check = DocumentCheck(stream)
     masks = open(label_mask_path, "wb") if label_mask_path is not None else contextlib.nullcontext()
+    start = 0 if previous is None else previous.sequences
     with open(path, "wb") as fh, masks as mask_fh:
-        for lo, rows in stream.chunks():
+        if previous is not None:
+            copy_prefix(previous.dir / path.name, fh, start * stream.seq_len * np.dtype(stream.dtype).itemsize)
+            if label_mask_path is not None:
+                copy_prefix(previous.dir / label_mask_path.name, mask_fh, start * stream.seq_len)
+            if check is not None:
+                for lo, rows in previous.rows(path.name):
+                    check.add(lo, rows)
+            written += start * stream.seq_len
+            if progress is not None:
+                progress(start)
+        for lo, rows in stream.chunks(start=start):
             np.ascontiguousarray(rows, dtype=stream.dtype).tofile(fh)
             written += rows.size
             if check is not None:
@@ -136,9 +151,9 @@ def meta_of(stream: OrderedStream, fmt: str, extra: dict, check: DocumentCheck) 
     }
 
 
-def export_numpy(stream: OrderedStream, out: Path, meta: dict, progress=None) -> list[Path]:
+def export_numpy(stream: OrderedStream, out: Path, meta: dict, progress=None, previous: Previous | None = None) -> list[Path]:
     check = DocumentCheck(stream)
-    write_tokens(stream, out / "tokens.bin", progress=progress, check=check, label_mask_path=out / "label_mask.bin")
+    write_tokens(stream, out / "tokens.bin", progress=progress, check=check, label_mask_path=out / "label_mask.bin", previous=previous)
     write_parquet(ordered_segments(stream), out / "segments.parquet")
     write_json(meta_of(stream, "numpy", meta, check), out / "meta.json")
     return [out / "tokens.bin", out / "label_mask.bin", out / "segments.parquet", out / "meta.json"]

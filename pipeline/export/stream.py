@@ -44,10 +44,10 @@ class OrderedStream:
     def n_sequences(self) -> int:
         return int(self.order.size)
 
-    def chunks(self, chunk_tokens: int = CHUNK_TOKENS) -> Iterator[tuple[int, np.ndarray]]:
-        """``(first position, tokens (n, L))`` for consecutive runs of positions."""
+    def chunks(self, chunk_tokens: int = CHUNK_TOKENS, start: int = 0) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first position, tokens (n, L))`` for consecutive runs of positions from ``start``."""
         rows = max(1, chunk_tokens // self.seq_len)
-        for lo in range(0, self.n_sequences, rows):
+        for lo in range(start, self.n_sequences, rows):
             yield lo, self.read(self.order[lo : lo + rows])
 
 

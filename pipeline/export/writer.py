@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from pipeline.export.batches import check_batching
+from pipeline.export.extend import link_identical, previous_export
 from pipeline.export.formats import REGISTRY
 from pipeline.export.stream import OrderedStream, open_stream
 from pipeline.storage.atomic import atomic_dir
@@ -15,20 +16,28 @@ def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_ba
                   workers: int = 1, meta: dict | None = None, progress=None) -> dict:
     """Write ``stream`` as ``fmt`` into the directory ``out`` (replaced atomically).
 
-    ``meta`` (strategy, lineage) goes into ``meta.json`` with the batching. Returns a summary:
-    files, sequences, tokens and wall seconds.
+    ``meta`` (strategy, lineage, frozen prefix) goes into ``meta.json`` with the batching. When
+    ``out`` holds an export of the same frozen prefix, the new one extends it
+    (``pipeline/export/extend.py``: the prefix's bytes copied, identical shards hard-linked; the
+    result is byte-identical to a fresh export). Returns a summary: files, sequences, tokens,
+    ``kept_sequences`` (the previous export's positions kept, 0 for a full write) and wall seconds.
     """
     writer = REGISTRY.get(fmt)
     check_batching(stream.n_sequences, global_batch, world_size, workers)
     info = {**(meta or {}), "global_batch": global_batch, "world_size": world_size, "workers": workers}
     t0 = time.perf_counter()
     out = Path(out)
+    previous = previous_export(out, fmt, info, stream.seq_len, stream.dtype)
     with atomic_dir(out) as tmp:
-        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress)
+        extra = {"previous": previous} if previous is not None and writer.extends else {}
+        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress, **extra)
         names = [f.relative_to(tmp) for f in files]
+        if previous is not None:
+            link_identical(previous.dir, tmp)
     return {
         "format": fmt, "dir": out, "files": [out / n for n in names], "sequences": stream.n_sequences,
-        "tokens": stream.n_sequences * stream.seq_len, "wall_s": time.perf_counter() - t0,
+        "tokens": stream.n_sequences * stream.seq_len, "kept_sequences": 0 if previous is None else previous.sequences,
+        "wall_s": time.perf_counter() - t0,
     }
 
 

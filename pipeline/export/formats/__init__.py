@@ -3,7 +3,8 @@ this folder, plugins through ``STRATA_PLUGINS`` (``pipeline/registry.py``).
 
 A format's ``write(stream, out, meta, *, global_batch, world_size, progress)`` writes the ordered
 stream (``pipeline.export.stream.OrderedStream``) into the empty directory ``out`` and returns
-the files it wrote; ``export_stream`` validates the batching, records ``meta`` (strategy,
+the files it wrote (a format with ``extends`` also takes ``previous=``, the export it extends:
+``pipeline/export/extend.py``); ``export_stream`` validates the batching, records ``meta`` (strategy,
 lineage, batching) and makes the directory appear atomically. The config's ``export_formats``,
 ``strata export --format`` and the exports asset's parameters derive from the registry.
 """
@@ -23,6 +24,7 @@ class ExportFormat:
     description: str
     write: Callable[..., list[Path]]  # (stream, out, meta, *, global_batch, world_size, progress) -> files written
     reads: tuple[str, ...] = ()  # StrataConfig keys its files depend on beyond the exports asset's batching keys
+    extends: bool = False  # write also takes previous= (pipeline/export/extend.py) and copies its kept prefix
 
 
 REGISTRY: Registry[ExportFormat] = Registry(ExportFormat, __name__, "export format")

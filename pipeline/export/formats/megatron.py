@@ -5,10 +5,10 @@ from __future__ import annotations
 from pipeline.export.formats import ExportFormat
 
 
-def write(stream, out, meta, *, global_batch, world_size, progress=None):
+def write(stream, out, meta, *, global_batch, world_size, progress=None, previous=None):
     from pipeline.export.megatron import export_megatron
 
-    return export_megatron(stream, out, meta, progress=progress)
+    return export_megatron(stream, out, meta, progress=progress, previous=previous)
 
 
-SPECS = (ExportFormat("megatron", "Megatron-LM indexed dataset (.bin/.idx) and the GPTDataset index cache that keeps the order", write),)
+SPECS = (ExportFormat("megatron", "Megatron-LM indexed dataset (.bin/.idx) and the GPTDataset index cache that keeps the order", write, extends=True),)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pipeline.export.formats import ExportFormat
 
 
-def write(stream, out, meta, *, global_batch, world_size, progress=None):
+def write(stream, out, meta, *, global_batch, world_size, progress=None, previous=None):
     from pipeline.export.numpy_tokens import export_numpy
 
-    return export_numpy(stream, out, meta, progress=progress)
+    return export_numpy(stream, out, meta, progress=progress, previous=previous)
 
 
-SPECS = (ExportFormat("numpy", "raw flat tokens, seq_len per sequence in training order (nanoGPT, OLMo-core, torch_dataset)", write),)
+SPECS = (ExportFormat("numpy", "raw flat tokens, seq_len per sequence in training order (nanoGPT, OLMo-core, torch_dataset)", write, extends=True),)
