@@ -32,6 +32,7 @@ def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb:
                                world_size=cfg.export_world_size, workers=cfg.export_workers)
         files += info["files"]
         meta[f"{fmt}/tokens_per_s"] = round(info["tokens"] / max(info["wall_s"], 1e-9))
+        meta[f"{fmt}/kept_sequences"] = info["kept_sequences"]
         context.log.info(f"{fmt}: {info['sequences']} sequences in {info['wall_s']:.2f} s -> {info['dir']}")
     return rec.finish(
         sorted(files, key=lambda p: (p.name != "meta.json", str(p))),
