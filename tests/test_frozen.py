@@ -138,6 +138,8 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
             meta = _latest(instance, "orderings", s)
             assert meta["frozen_sequences"] == P and meta["frozen_version"] == new - 2
             assert meta["cluster_error_at_boundary"] > 0 and meta["cluster_error_after_mean"] > 0  # the boundary, in the UI
+            exported = _latest(instance, "exports", s)
+            assert all(exported[f"{f}/kept_sequences"] == P for f in FORMATS), exported  # extended, not rewritten
         sizes.append(Store(layout).ordering("greedy").order.size)
     assert sizes[0] < sizes[1] < sizes[2]
 
