@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pipeline.data.tokens import token_dtype
 from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard_docs
 from pipeline.distributed.units import load_unit, map_corpus_shards
-from pipeline.storage.atomic import atomic_path, write_npy, write_parquet
+from pipeline.storage.atomic import atomic_writer, write_npy, write_parquet
 from pipeline.storage.fingerprints import fingerprint_digest, tokenizer_fingerprint
 from pipeline.threads import parallel_map, task_size
 
@@ -85,10 +85,10 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
     def assemble(shard: ShardDocs, unit_files: list[Path]) -> None:
         out_bin, out_stats = token_files(shard_dir, shard, key)
         stats = []
-        with atomic_path(out_bin) as tmp, open(tmp, "wb") as fh:
+        with atomic_writer(out_bin) as fh:
             for f in unit_files:
                 flat, n_tokens, n_chars, n_bytes = load_unit(f)
-                fh.write(flat.tobytes())
+                fh.write(np.ascontiguousarray(flat))
                 stats.append(pl.DataFrame({"n_tokens": n_tokens, "n_chars": n_chars, "n_bytes": n_bytes}, schema=TOKEN_STATS))
         write_parquet(pl.concat(stats), out_stats)
 
@@ -105,7 +105,7 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
     document. Memory: one shard's counts and ``chunk_docs`` documents' ids."""
     counts = []
     cols = ["doc_id", "id", "source", "subdomain", "content_hash"]
-    with atomic_path(tokens_path) as tmp, open(tmp, "wb") as out, atomic_path(documents_path) as tmp_docs:
+    with atomic_writer(tokens_path) as out, atomic_writer(documents_path) as docs_sink:
         writer = None
         try:
             for row, shard in shards:
@@ -126,14 +126,14 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
                         r = rows[a : a + chunk_docs]
                         lens = n_all[r] + 1
                         first = np.repeat(starts[r] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-                        out.write(np.asarray(store[first + np.arange(first.size)]).tobytes())
+                        out.write(np.ascontiguousarray(store[first + np.arange(first.size)]))
                     stats = stats[rows]
                 counts.append(stats["n_tokens"].to_numpy())
                 lo = int(row["doc_start"])
                 table = read_docs(corpus_path, lo, lo + int(row["n_docs"]), cols).with_columns(
                     stats.select(["n_chars", "n_bytes", "n_tokens"])).to_arrow()
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp_docs, table.schema, compression="zstd", write_statistics=False)
+                    writer = pq.ParquetWriter(docs_sink, table.schema, compression="zstd", write_statistics=False)
                 writer.write_table(table)
         finally:
             if writer is not None:
