@@ -47,6 +47,10 @@ def test_index_reads_the_bytes_of_the_gathered_store_and_the_same_sequence_matri
         pos = rng.integers(0, tokens.size, (50, 7))
         np.testing.assert_array_equal(reader[pos], tokens[pos])
         np.testing.assert_array_equal(reader[5:tokens.size - 3:4], tokens[5:tokens.size - 3:4])
+        for d in rng.integers(0, offsets.size - 1, 20):  # a document, and spans across runs and shards
+            np.testing.assert_array_equal(reader[offsets[d] : offsets[d + 1]], tokens[offsets[d] : offsets[d + 1]])
+        for a, b in [(0, tokens.size), (int(runs.start[1]) - 2, int(runs.start[-2]) + 3), (7, 7), (tokens.size - 1, tokens.size + 5)]:
+            np.testing.assert_array_equal(reader[a:b], tokens[a:b])
         assert reader[-1] == tokens[-1] and reader[17] == tokens[17]
 
         lengths = np.diff(offsets)

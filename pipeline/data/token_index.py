@@ -92,9 +92,25 @@ class ShardedTokens:
             out[sel] = self._map(int(u))[local[sel]]
         return out.reshape(pos.shape)
 
+    def span(self, a: int, b: int) -> np.ndarray:
+        """The ids at positions ``a .. b`` (a document: ``offsets[d] .. offsets[d + 1]``), read as one
+        slice of each run it covers."""
+        a, b = max(0, a), min(self.size, b)
+        if b <= a:
+            return np.empty(0, self.dtype)
+        starts = self.runs.start
+        first, last = np.searchsorted(starts, [a, b - 1], side="right") - 1
+        parts = []
+        for r in range(int(first), int(last) + 1):
+            lo, hi = max(a, int(starts[r])), min(b, int(starts[r + 1]))
+            at = int(self.runs.local[r]) + lo - int(starts[r])
+            parts.append(self._map(int(self.runs.file[r]))[at : at + hi - lo])
+        return np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])
+
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return self.take(np.arange(*index.indices(self.size)))
+            a, b, step = index.indices(self.size)
+            return self.span(a, b) if step == 1 else self.take(np.arange(a, b, step))
         if np.ndim(index) == 0:
             i = int(index)
             return self.take(np.array([i + self.size if i < 0 else i]))[0]
