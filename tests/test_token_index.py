@@ -1,18 +1,20 @@
-"""The token store read through an index over the token_shards files equals the gathered tokens.bin."""
+"""The token store read through its index over the token_shards files holds the ids of tokenizing the corpus in order."""
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 
 from helpers import demo_slice
 from pipeline.config import CorpusConfig, config_from_dict
 from pipeline.data.corpus import build_corpus
 from pipeline.data.shard_docs import manifest_shards
-from pipeline.data.token_index import ShardedTokens, shard_token_runs
+from pipeline.data.token_index import ShardedTokens
 from pipeline.data.token_shards import gather_tokens, tokenize_shards, tokenizer_key
 from pipeline.data.tokenizer import train_bpe
-from pipeline.data.tokens import open_tokens, token_dtype
+from pipeline.data.tokens import open_tokens, token_dtype, tokenize_documents
+from pipeline.errors import StrataInputError
 from pipeline.packing.pack import SequenceStore, pack, write_sequence_matrix
 
 
@@ -21,8 +23,7 @@ def _store(tmp_path, max_docs: int):
     src = tmp_path / f"src{max_docs}"
     src.mkdir()
     for i in range(3):
-        pl.DataFrame([{"id": r["id"] if "id" in r else f"d{i}-{j}", "text": r["text"]} for j, r in enumerate(recs[i::3])]
-                     ).write_parquet(src / f"part-{i}.parquet")
+        pl.DataFrame([{"id": f"d{i}-{j}", "text": r["text"]} for j, r in enumerate(recs[i::3])]).write_parquet(src / f"part-{i}.parquet")
     out = tmp_path / f"root{max_docs}"
     build = build_corpus(CorpusConfig(path=str(src), max_docs=max_docs), 0, 0.0, out / "corpus" / "shards", out / "corpus.parquet")
     shards = manifest_shards(build.manifest, out / "corpus" / "shards")
@@ -30,19 +31,22 @@ def _store(tmp_path, max_docs: int):
     cfg = config_from_dict({"data_root": str(out), "shard_docs": 16})
     tokenize_shards([s for _, s in shards], tok, out / "tokens" / "shards", out / "work", cfg)
     key, dtype = tokenizer_key(tok), token_dtype(len(tok))
-    gather_tokens(shards, key, dtype, out / "tokens" / "shards", out / "corpus.parquet", out / "tokens.bin", out / "offsets.npy",
-                  out / "documents.parquet")
-    tokens, offsets = open_tokens(out / "tokens.bin", out / "offsets.npy")
-    return tokens, offsets, shard_token_runs(shards, key, out / "tokens" / "shards", out / "corpus.parquet"), out
+    gather_tokens(shards, key, dtype, out / "tokens" / "shards", out / "corpus.parquet", out / "tokens" / "runs.parquet",
+                  out / "tokens" / "doc_offsets.npy", out / "documents.parquet")
+    reader, offsets = open_tokens(out / "tokens" / "runs.parquet", out / "tokens" / "doc_offsets.npy")
+    flat, want = tokenize_documents(tok, pl.read_parquet(out / "corpus.parquet")["text"].to_list(), progress=False)
+    np.testing.assert_array_equal(offsets, want)
+    return reader, flat, offsets, out
 
 
-def test_index_reads_the_bytes_of_the_gathered_store_and_the_same_sequence_matrix(tmp_path):
+def test_index_reads_the_ids_of_the_corpus_in_order_and_gives_the_same_sequence_matrix(tmp_path):
     for max_docs in (0, 70):  # every document of every shard (one run a shard); a sample (runs of kept rows)
-        tokens, offsets, runs, out = _store(tmp_path, max_docs)
-        reader = ShardedTokens(runs, tokens.dtype)
+        reader, tokens, offsets, out = _store(tmp_path, max_docs)
+        assert isinstance(reader, ShardedTokens) and reader.dtype == tokens.dtype
+        runs = reader.runs
         assert len(reader) == tokens.size == int(offsets[-1])
         assert (len(runs.file) == len(runs.paths) == 3) == (max_docs == 0)
-        np.testing.assert_array_equal(np.asarray(reader), np.asarray(tokens))
+        np.testing.assert_array_equal(np.asarray(reader), tokens)
         rng = np.random.default_rng(max_docs)
         pos = rng.integers(0, tokens.size, (50, 7))
         np.testing.assert_array_equal(reader[pos], tokens[pos])
@@ -55,6 +59,10 @@ def test_index_reads_the_bytes_of_the_gathered_store_and_the_same_sequence_matri
 
         lengths = np.diff(offsets)
         segments = pack("best_fit", rng.permutation(lengths.size), lengths, 64, seed=0).segments
-        write_sequence_matrix(SequenceStore(tokens, offsets, segments, 64), tokens.dtype, out / "from_bin.bin", block=5)
+        write_sequence_matrix(SequenceStore(tokens, offsets, segments, 64), tokens.dtype, out / "from_flat.bin", block=5)
         write_sequence_matrix(SequenceStore(reader, offsets, segments, 64), tokens.dtype, out / "from_index.bin", block=5)
-        assert (out / "from_index.bin").read_bytes() == (out / "from_bin.bin").read_bytes()
+        assert (out / "from_index.bin").read_bytes() == (out / "from_flat.bin").read_bytes()
+
+    runs.paths[0].unlink()
+    with pytest.raises(StrataInputError, match="token shard file .* is missing"):
+        open_tokens(out / "tokens" / "runs.parquet", out / "tokens" / "doc_offsets.npy")

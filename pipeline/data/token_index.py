@@ -1,24 +1,26 @@
 """The token store as an index over the ``token_shards`` files: no gathered copy of the ids.
 
-:func:`shard_token_runs` describes the store :func:`pipeline.data.token_shards.gather_tokens`
-writes (every kept document's ids and EOS, in ``corpus.parquet`` order) as *runs*: maximal spans
-of consecutive store positions that lie consecutively in one shard's ``.bin`` file. A shard the
-corpus kept whole is one run; a shard with dropped documents is one run per stretch of
-consecutive kept rows. :class:`ShardedTokens` reads the store through the runs from the shards'
-memory-mapped files, and indexes like the memory-mapped ``tokens.bin`` (an int, a slice, an
-integer array), so a reader of the store (the sequence matrix, training batches) gives the same
-values from either. The index costs 24 bytes a run.
+The store (every kept document's ids and EOS, in ``corpus.parquet`` order) is described by
+*runs*: spans of consecutive store positions that lie consecutively in one shard's ``.bin`` file.
+A shard the corpus kept whole is one run; a shard with dropped documents is one run per stretch
+of consecutive kept rows. :func:`pipeline.data.token_shards.gather_tokens` writes them
+(:func:`write_token_runs`, ``tokens/runs.parquet``) and :func:`open_token_runs` reads them.
+:class:`ShardedTokens` reads the store through the runs from the shards' memory-mapped files
+and indexes like a memory-mapped flat array of the ids (an int, a slice, an integer array), so a reader of the store (the sequence matrix, training batches, exports) gets
+the values a gathered copy would hold.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from pipeline.data.shard_docs import ShardDocs, kept_rows
+from pipeline.errors import StrataInputError
+from pipeline.storage.atomic import write_parquet
 
 
 @dataclass(frozen=True)
@@ -31,33 +33,45 @@ class TokenRuns:
     local: np.ndarray  # (R,) int64
 
 
-def shard_token_runs(shards: list[tuple[dict, ShardDocs]], key: str, shard_dir: Path, corpus_path: Path) -> TokenRuns:
-    """The runs of the store gathered from ``shards`` (manifest row, shard) in order."""
-    from pipeline.data.token_shards import token_files
+def shard_runs(lengths: np.ndarray, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(local start, length)`` of the runs of one shard's documents ``rows`` (None: all), given
+    every document's ``lengths`` (ids and EOS) in its ``.bin``."""
+    first = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    if rows is None:
+        return first[:1], first[-1:]
+    if not rows.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    heads = rows[np.concatenate([[0], breaks])]
+    tails = rows[np.concatenate([breaks - 1, [rows.size - 1]])]
+    return first[heads], first[tails + 1] - first[heads]
 
-    paths: list[Path] = []
-    starts, files, locals_ = [], [], []
-    at = 0
-    for row, shard in shards:
-        if not int(row["n_docs"]):
-            continue
-        bin_path, stats_path = token_files(shard_dir, shard, key)
-        n_all = pl.read_parquet(stats_path, columns=["n_tokens"])["n_tokens"].to_numpy() + 1
-        first = np.concatenate([[0], np.cumsum(n_all)])
-        rows = kept_rows(corpus_path, row, shard)
-        if rows is None:
-            rows = np.arange(n_all.size)
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        heads = rows[np.concatenate([[0], breaks])]
-        tails = rows[np.concatenate([breaks - 1, [rows.size - 1]])]
-        lengths = first[tails + 1] - first[heads]
-        starts.append(at + np.concatenate([[0], np.cumsum(lengths)[:-1]]))
-        files.append(np.full(heads.size, len(paths), np.int64))
-        locals_.append(first[heads])
-        paths.append(bin_path)
-        at += int(lengths.sum())
-    cat = (lambda parts: np.concatenate(parts).astype(np.int64)) if paths else (lambda parts: np.zeros(0, np.int64))
-    return TokenRuns(paths, np.append(cat(starts), at), cat(files), cat(locals_))
+
+def write_token_runs(runs: TokenRuns, dtype: np.dtype, path: Path) -> Path:
+    """Write ``runs`` as Parquet (``start, end, path, local, dtype``; paths relative to ``path``'s folder)."""
+    rel = [os.path.relpath(p, Path(path).parent) for p in runs.paths]
+    frame = pl.DataFrame({"start": runs.start[:-1], "end": runs.start[1:], "path": [rel[f] for f in runs.file], "local": runs.local},
+                         schema={"start": pl.Int64, "end": pl.Int64, "path": pl.String, "local": pl.Int64})
+    return write_parquet(frame.with_columns(dtype=pl.lit(np.dtype(dtype).str)), path)
+
+
+def open_token_runs(path: Path) -> "ShardedTokens":
+    """The token store an index written by :func:`write_token_runs` describes."""
+    path = Path(path)
+    frame = pl.read_parquet(path)
+    if not frame.height:
+        return ShardedTokens(TokenRuns([], np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)), np.dtype(np.uint16))
+    start, end = frame["start"].to_numpy(), frame["end"].to_numpy()
+    if start[0] != 0 or (start[1:] != end[:-1]).any() or (end <= start).any():
+        raise StrataInputError("the runs do not tile the token store", path=path, fix="rematerialize the tokens asset")
+    names = frame["path"].unique().sort()
+    missing = [n for n in names.to_list() if not (path.parent / n).is_file()]
+    if missing:
+        raise StrataInputError(f"token shard file {missing[0]} is missing", path=path,
+                               fix="rematerialize token_shards and tokens")
+    runs = TokenRuns([path.parent / n for n in names.to_list()], np.append(start, end[-1]).astype(np.int64),
+                     names.search_sorted(frame["path"]).to_numpy().astype(np.int64), frame["local"].to_numpy().astype(np.int64))
+    return ShardedTokens(runs, np.dtype(frame["dtype"][0]))
 
 
 class ShardedTokens:

@@ -4,8 +4,8 @@ Each validated shard's training rows are tokenized on their own into
 ``tokens/shards/<validated>-<tokenizer>.bin`` (the flat ids, EOS after each document) and ``.parquet``
 (per-document ``n_tokens``, ``n_chars``, ``n_bytes``), in work units of ``shard_docs`` documents on
 the configured engine (:mod:`pipeline.distributed.units`). :func:`gather_tokens` writes the
-whole-corpus store of :mod:`pipeline.data.tokens` from them in ``corpus.parquet`` order: a shard's
-file is copied as it is, or only its kept documents where the global corpus steps dropped some.
+whole-corpus store of :mod:`pipeline.data.tokens` from them in ``corpus.parquet`` order, as an
+index over the shards' own files (:mod:`pipeline.data.token_index`): no id is copied.
 """
 
 from __future__ import annotations
@@ -99,13 +99,17 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
 
 
 def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtype, shard_dir: Path, corpus_path: Path,
-                  tokens_path: Path, offsets_path: Path, documents_path: Path, chunk_docs: int = 1 << 16) -> np.ndarray:
-    """Write ``tokens.bin``, ``doc_offsets.npy`` and ``documents.parquet`` (the corpus columns
-    without text, plus token/char/byte counts) from the shards' files; returns ``n_tokens`` per
-    document. Memory: one shard's counts and ``chunk_docs`` documents' ids."""
-    counts = []
+                  runs_path: Path, offsets_path: Path, documents_path: Path) -> np.ndarray:
+    """Write the token store's index over the shards' files (``runs_path``, see
+    :mod:`pipeline.data.token_index`: no copy of the ids), ``doc_offsets.npy`` and
+    ``documents.parquet`` (the corpus columns without text, plus token/char/byte counts); returns
+    ``n_tokens`` per document. Memory: one shard's counts and runs."""
+    from pipeline.data.token_index import TokenRuns, shard_runs, write_token_runs
+
+    counts, paths, starts, files, locals_ = [], [], [], [], []
+    at = 0
     cols = ["doc_id", "id", "source", "subdomain", "content_hash"]
-    with atomic_writer(tokens_path) as out, atomic_writer(documents_path) as docs_sink:
+    with atomic_writer(documents_path) as docs_sink:
         writer = None
         try:
             for row, shard in shards:
@@ -113,20 +117,17 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
                     continue
                 bin_path, stats_path = token_files(shard_dir, shard, key)
                 stats = pl.read_parquet(stats_path)
+                n_all = stats["n_tokens"].to_numpy()
+                if bin_path.stat().st_size != int(n_all.sum() + n_all.size) * dtype.itemsize:
+                    raise RuntimeError(f"{bin_path}: size does not match its {stats_path.name}; delete {shard_dir} and rerun")
                 rows = kept_rows(corpus_path, row, shard)
-                if rows is None:
-                    with open(bin_path, "rb") as src:
-                        while block := src.read(1 << 24):
-                            out.write(block)
-                else:
-                    n_all = stats["n_tokens"].to_numpy()
-                    starts = np.concatenate([[0], np.cumsum(n_all + 1)])
-                    store = np.memmap(bin_path, dtype=dtype, mode="r")
-                    for a in range(0, rows.size, chunk_docs):
-                        r = rows[a : a + chunk_docs]
-                        lens = n_all[r] + 1
-                        first = np.repeat(starts[r] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-                        out.write(np.ascontiguousarray(store[first + np.arange(first.size)]))
+                local, lengths = shard_runs(n_all + 1, rows)
+                starts.append(at + np.cumsum(lengths) - lengths)
+                files.append(np.full(local.size, len(paths), np.int64))
+                locals_.append(local)
+                paths.append(bin_path)
+                at += int(lengths.sum())
+                if rows is not None:
                     stats = stats[rows]
                 counts.append(stats["n_tokens"].to_numpy())
                 lo = int(row["doc_start"])
@@ -142,6 +143,5 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
     offsets = np.zeros(n_tokens.size + 1, dtype=np.int64)
     np.cumsum(n_tokens + 1, out=offsets[1:])
     write_npy(offsets, offsets_path)
-    if tokens_path.stat().st_size != int(offsets[-1]) * dtype.itemsize:
-        raise RuntimeError(f"{tokens_path}: size does not match {int(offsets[-1])} tokens; delete {shard_dir} and rerun")
+    write_token_runs(TokenRuns(paths, np.append(np.concatenate(starts), at), np.concatenate(files), np.concatenate(locals_)), dtype, runs_path)
     return n_tokens

@@ -45,7 +45,8 @@ class Layout:
 
     @property
     def tokens(self) -> Path:
-        return self.root / "tokens" / "tokens.bin"
+        """The token store: an index over the ``token_shards`` files (:mod:`pipeline.data.token_index`)."""
+        return self.root / "tokens" / "runs.parquet"
 
     @property
     def doc_offsets(self) -> Path:
