@@ -7,7 +7,6 @@ import os
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
