@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import polars as pl
 import pytest
@@ -63,6 +65,9 @@ def test_index_reads_the_ids_of_the_corpus_in_order_and_gives_the_same_sequence_
         write_sequence_matrix(SequenceStore(reader, offsets, segments, 64), tokens.dtype, out / "from_index.bin", block=5)
         assert (out / "from_index.bin").read_bytes() == (out / "from_flat.bin").read_bytes()
 
+    index = pl.read_parquet(out / "tokens" / "runs.parquet")
+    assert {(p, d) for p, d in index.select("path", "sha256").unique().iter_rows()} == {
+        (str(f.relative_to(out / "tokens")), hashlib.sha256(f.read_bytes()).hexdigest()) for f in runs.paths}
     runs.paths[0].unlink()
     with pytest.raises(StrataInputError, match="token shard file .* is missing"):
         open_tokens(out / "tokens" / "runs.parquet", out / "tokens" / "doc_offsets.npy")

@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.storage.atomic import write_parquet
+from pipeline.storage.atomic import file_sha256, write_parquet
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,14 @@ def shard_runs(lengths: np.ndarray, rows: np.ndarray | None) -> tuple[np.ndarray
 
 
 def write_token_runs(runs: TokenRuns, dtype: np.dtype, path: Path) -> Path:
-    """Write ``runs`` as Parquet (``start, end, path, local, dtype``; paths relative to ``path``'s folder)."""
+    """Write ``runs`` as Parquet (``start, end, path, local, dtype, sha256``; paths relative to
+    ``path``'s folder). ``sha256`` is the shard file's content hash, so the index (and the data
+    version recorded for it) changes whenever the ids it points at do."""
     rel = [os.path.relpath(p, Path(path).parent) for p in runs.paths]
-    frame = pl.DataFrame({"start": runs.start[:-1], "end": runs.start[1:], "path": [rel[f] for f in runs.file], "local": runs.local},
-                         schema={"start": pl.Int64, "end": pl.Int64, "path": pl.String, "local": pl.Int64})
+    digests = [file_sha256(p) for p in runs.paths]  # taken while the shard was written, when this process wrote it
+    frame = pl.DataFrame({"start": runs.start[:-1], "end": runs.start[1:], "path": [rel[f] for f in runs.file], "local": runs.local,
+                          "sha256": [digests[f] for f in runs.file]},
+                         schema={"start": pl.Int64, "end": pl.Int64, "path": pl.String, "local": pl.Int64, "sha256": pl.String})
     return write_parquet(frame.with_columns(dtype=pl.lit(np.dtype(dtype).str)), path)
 
 
