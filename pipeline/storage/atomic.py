@@ -6,8 +6,11 @@ partial file: either the previous complete version or the new complete version e
 Content hashes are taken while writing: :func:`atomic_writer` (and every ``write_*`` helper
 here) feeds each byte to SHA-256 as it goes to the file and remembers the digest for the
 renamed file, keyed by its inode, size and change times, so :func:`file_sha256` of an artifact
-this process wrote never reads it back. A file written otherwise is read once and then remembered
-the same way.
+this process wrote never reads it back. The digest also goes into the file's extended attribute
+``user.strata.sha256`` with the size and modification time it holds for, so another process
+(a later run, a Dagster step of its own) takes it from there while the file is unchanged; where
+the file system has no user attributes the file is read once. A file written otherwise is read
+once and then remembered in this process.
 """
 
 from __future__ import annotations
@@ -58,10 +61,29 @@ def _stat_key(path: Path) -> tuple[int, int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+XATTR = "user.strata.sha256"
+
+
 def remember_sha256(path: str | os.PathLike, digest: str) -> None:
-    """Record ``digest`` as the SHA-256 of ``path`` as it is now (until it changes on disk)."""
+    """Record ``digest`` as the SHA-256 of ``path`` as it is now (until it changes on disk), in this
+    process and in the file's extended attribute."""
     path = Path(path).resolve()
+    st = path.stat()
+    try:
+        os.setxattr(path, XATTR, f"{digest} {st.st_size} {st.st_mtime_ns}".encode())
+    except (AttributeError, OSError):  # no user attributes here: this process remembers it
+        pass
     _DIGESTS[str(path)] = (_stat_key(path), digest)
+
+
+def _attribute_sha256(path: Path) -> str | None:
+    """The digest in ``path``'s extended attribute, if it was taken for the file as it is now."""
+    try:
+        digest, size, mtime = os.getxattr(path, XATTR).decode().split()
+    except (AttributeError, OSError, ValueError):
+        return None
+    st = path.stat()
+    return digest if (int(size), int(mtime)) == (st.st_size, st.st_mtime_ns) else None
 
 
 class HashingWriter:
@@ -190,13 +212,18 @@ def write_json(obj: object, path: str | os.PathLike) -> Path:
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes: the digest taken while this process wrote it, if the file
-    has not changed since; else read (streams; any size) and remembered."""
+    """Hex SHA-256 of a file's bytes: the digest taken while it was written (this process's memory,
+    else the file's extended attribute), if the file has not changed since; else read (streams;
+    any size) and remembered."""
     path = Path(path).resolve()
     known = _DIGESTS.get(str(path))
     if known is not None and known[0] == _stat_key(path):
         return known[1]
     key = _stat_key(path)
+    stored = _attribute_sha256(path)
+    if stored is not None:
+        _DIGESTS[str(path)] = (key, stored)
+        return stored
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(chunk), b""):
