@@ -60,13 +60,14 @@ def token_shards(context: dg.AssetExecutionContext, settings: StrataSettings, du
     )
 
 
-@dg.asset(group_name="data", deps=["corpus", "tokenizer", "token_shards"], code_version="4", kinds={"numpy"})
+@dg.asset(group_name="data", deps=["corpus", "tokenizer", "token_shards"], code_version="5", kinds={"numpy"})
 def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Token ids of every document (flat ``tokens.bin`` + ``doc_offsets.npy``) and ``documents.parquet``.
+    """Token ids of every document (``runs.parquet``: an index over the ``token_shards`` files, in
+    corpus order, + ``doc_offsets.npy``) and ``documents.parquet``.
 
-    Gathers the ``token_shards`` files in corpus order (only the kept documents where ``corpus``
-    dropped some: duplicate ids, ``max_docs``); a shard whose files are missing (its partition was
-    not run) is tokenized here, the same way. Memory: one shard's counts and a chunk of ids."""
+    Indexes the ``token_shards`` files in corpus order, the ids never copied (only the kept
+    documents where ``corpus`` dropped some: duplicate ids, ``max_docs``); a shard whose files are
+    missing (its partition was not run) is tokenized here, the same way. Memory: one shard's counts."""
     rec = Recorder(context, duckdb, {"corpus": None, "tokenizer": None})
     cfg, layout = asset_config(context, settings), settings.layout()
     tok = load_tokenizer(layout.tokenizer)

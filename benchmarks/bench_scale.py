@@ -11,7 +11,11 @@ after another, as ``strata run`` runs them) in a child process of its own, as Da
 steps and a UI backfill runs partitions, while this process samples the RssAnon of the
 child's process tree (heap; pages of memory-mapped files do not count) every 0.1 s. A stage's wall time is
 the asset's (process start-up and imports excluded; the total includes them); CPU seconds are the
-child's (all threads, imports included).
+child's (all threads, imports included), and CPU/wall is the child's CPU seconds over its wall
+time (imports included in both): 2.0 is both cores busy on a 2-core machine. After ``token_shards``
+a child measures the tokenizers library's own ``encode_batch`` on the same texts (the training
+rows of ``corpus.parquet``, in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``: its rayon pool on
+every core), printed next to ``token_shards``' throughput.
 Figures are printed, never asserted.
 
     python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep]
@@ -23,6 +27,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -99,6 +104,39 @@ print(f"{time.time() - t0} {a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime}")
 """
 
 
+LIBRARY_ENCODE = r"""
+import os, sys, time
+os.environ["TOKENIZERS_PARALLELISM"] = "true"
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer
+root = sys.argv[1]
+backend = Tokenizer.from_file(os.path.join(root, "tokenizer", "tokenizer.json"))
+n = wall = 0
+for batch in pq.ParquetFile(os.path.join(root, "corpus.parquet"), pre_buffer=False).iter_batches(4096, columns=["text"]):
+    texts = batch.column(0).to_pylist()
+    t0 = time.perf_counter()
+    encs = backend.encode_batch_fast(texts, add_special_tokens=False)
+    wall += time.perf_counter() - t0
+    n += sum(len(e.ids) for e in encs)
+print(f"{n} {wall}")
+"""
+
+
+def library_encode(root: Path, env: dict) -> tuple[int, float, float]:
+    """``(tokens, encode seconds, CPU/wall)`` of the tokenizers library's own ``encode_batch_fast``
+    on every core over ``corpus.parquet``'s texts (reading excluded from the seconds)."""
+    t0, c0 = time.time(), _children_cpu()
+    out = subprocess.run([sys.executable, "-c", LIBRARY_ENCODE, str(root)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    n, wall = int(out[-2]), float(out[-1])
+    return n, wall, (_children_cpu() - c0) / (time.time() - t0)
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _rss_anon_tree(pid: int) -> int:
     """Sum of RssAnon (bytes) over ``pid`` and its descendants."""
     total, todo = 0, [pid]
@@ -133,6 +171,7 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     (base / "cfg.json").write_text(json.dumps(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, peaks = {}, {}, {}
+    library = None
     sys.path.insert(0, str(ROOT))
     from pipeline.data.corpus import shard_key
     from pipeline.data.shards import discover_shards
@@ -165,8 +204,12 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
             spans[stage] = (spans[stage][0] + full, spans[stage][1] + inner)
             cpus[stage] += cpu
             peaks[stage] = max(peaks[stage], peak[0])
-        print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s, "
-              f"peak anon {peaks[stage] / 2**30:.2f} GB", flush=True)
+        print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
+              f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}), peak anon {peaks[stage] / 2**30:.2f} GB", flush=True)
+        if stage == "token_shards":
+            library = library_encode(base / "root", env)
+            print(f"  tokenizers encode_batch_fast on every core: {library[0] / library[1]:,.0f} tokens/s "
+                  f"({library[0] / 1e6:.1f}M tokens in {library[1]:.1f} s, CPU/wall {library[2]:.2f})", flush=True)
     root = base / "root"
     offsets = root / "tokens" / "doc_offsets.npy"
     tokens = int(np.load(offsets, mmap_mode="r")[-1]) if offsets.is_file() else 0
@@ -174,15 +217,22 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     rows = []
     for stage in stages:
         wall = spans[stage][1]
-        rows.append({"stage": stage, "wall_s": wall, "cpu_s": cpus[stage], "peak_anon_gb": peaks[stage] / 2**30,
-                     "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
+        rows.append({"stage": stage, "wall_s": wall, "cpu_s": cpus[stage], "cpu_per_wall": cpus[stage] / spans[stage][0],
+                     "peak_anon_gb": peaks[stage] / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
     wall = sum(full for full, _ in spans.values())  # the whole path, process start-ups included
-    rows.append({"stage": "total", "wall_s": wall, "cpu_s": sum(cpus.values()), "peak_anon_gb": max(peaks.values()) / 2**30,
-                 "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
+    rows.append({"stage": "total", "wall_s": wall, "cpu_s": sum(cpus.values()), "cpu_per_wall": sum(cpus.values()) / wall,
+                 "peak_anon_gb": max(peaks.values()) / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
     print(f"\n{n_docs:,} documents ({docs:,} training), {tokens / 1e6:.1f}M tokens, shards of {shard_docs:,}; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'peak anon GB':>14}{'docs/s':>12}{'tokens/s':>14}")
+    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'peak anon GB':>14}{'docs/s':>12}{'tokens/s':>14}")
     for r in rows:
-        print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['peak_anon_gb']:>14.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
+        print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
+              f"{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
+    if library is not None:
+        n, secs, ratio = library
+        ours = spans["token_shards"][1]
+        print(f"tokenization of the same texts: token_shards {ours:.1f} s ({(n + docs) / ours:,.0f} tokens/s, EOS included); "
+              f"tokenizers' own encode_batch_fast on every core {secs:.1f} s ({n / secs:,.0f} tokens/s, CPU/wall {ratio:.2f}); "
+              f"token_shards / library: {ours / secs:.2f}x")
     return rows
 
 

@@ -1,8 +1,13 @@
-"""How torch's CPU thread pool waits: set before torch is imported (its OpenMP reads it at load)."""
+"""Threads: how torch's CPU thread pool waits, and a map on a thread a core for GIL-free work."""
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def set_thread_policy() -> None:
@@ -15,3 +20,30 @@ def set_thread_policy() -> None:
     passive 49 CPU-s, 1 thread 50 CPU-s, identical losses. No effect once torch is imported.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def task_size(n: int, most: int) -> int:
+    """Items a task: at most ``most``, and small enough for four tasks a core (load balance)."""
+    return max(1, min(most, -(-n // (4 * cores()))))
+
+
+def rayon_on() -> bool:
+    """Whether the tokenizers library's own (rayon) thread pool is on (``TOKENIZERS_PARALLELISM``)."""
+    return os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower() not in ("", "off", "false", "f", "no", "n", "0")
+
+
+def parallel_map(fn: Callable[[T], R], items: list[T], threads: bool = True) -> list[R]:
+    """``map`` on a thread a core, in order; for work that releases the GIL (Rust, NumPy, BLAS).
+
+    ``threads=False`` (or one core, or one item) maps in this thread.
+    """
+    workers = cores()
+    if not threads or workers == 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(workers, len(items))) as pool:
+        return list(pool.map(fn, items))

@@ -102,7 +102,7 @@ def ray_root(ray_cluster, tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------- tests
 def test_ray_engine_writes_the_local_bytes(local_root, ray_root):
     local, remote = _artifacts(local_root), _artifacts(ray_root)
-    assert "embeddings/embeddings.npy" in local and "orderings/greedy.parquet" in local and "tokens/tokens.bin" in local
+    assert "embeddings/embeddings.npy" in local and "orderings/greedy.parquet" in local and "tokens/runs.parquet" in local
     assert sorted(remote) == sorted(local)
     assert [k for k in local if local[k] != remote[k]] == []
     import duckdb

@@ -243,10 +243,10 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     (its report); pure per-shard work. Returns the report ``{n_read, skipped: [[line, reason]]}``."""
     import pyarrow.parquet as pq
 
-    from pipeline.storage.atomic import atomic_path, write_json
+    from pipeline.storage.atomic import atomic_writer, write_json
 
     sr = ShardReport(unit)
-    with atomic_path(out) as tmp:
+    with atomic_writer(out) as sink:
         writer = None
         try:
             for batch in read_unit(unit, cfg, sr, batch_rows):
@@ -254,11 +254,11 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
                 batch = batch.with_columns(hashes, heldout=pl.Series(heldout_mask(hashes, heldout_fraction, seed)))
                 table = batch.select(SHARD_FILE_COLUMNS).to_arrow()
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema, compression="zstd", write_statistics=False)
+                    writer = pq.ParquetWriter(sink, table.schema, compression="zstd", write_statistics=False)
                 writer.write_table(table, row_group_size=len(table))
             if writer is None:
                 empty = pl.DataFrame(schema={**SHARD_COLUMNS, "content_hash": pl.String, "heldout": pl.Boolean}).select(SHARD_FILE_COLUMNS)
-                empty.write_parquet(tmp, statistics=False)
+                empty.write_parquet(sink, statistics=False)
         finally:
             if writer is not None:
                 writer.close()
@@ -284,11 +284,11 @@ def _saved(shard, result) -> None:
 
 
 def _save_validated(shard, result: tuple[bytes, bytes]) -> None:
-    from pipeline.storage.atomic import atomic_path
+    from pipeline.storage.atomic import atomic_writer
 
     for path, data in zip(shard.outputs, result):  # the report last: both present = the shard is done
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(data)
+        with atomic_writer(path) as fh:
+            fh.write(data)
 
 
 def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_dir: Path, corpus_path: Path,
@@ -302,7 +302,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.storage.atomic import atomic_path
+    from pipeline.storage.atomic import atomic_writer
 
     fps = unit_fingerprints(cfg)
     units = list(fps)
@@ -361,8 +361,8 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                         ("shard_row", pa.int64())])
     rows, held, stats = [], [], []
     doc_id, rg = 0, 0
-    with atomic_path(corpus_path) as tmp:
-        with pq.ParquetWriter(tmp, schema, compression="zstd", write_statistics=False) as writer:
+    with atomic_writer(corpus_path) as sink:
+        with pq.ParquetWriter(sink, schema, compression="zstd", write_statistics=False) as writer:
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
                 start, rg_start, n_chars, n_held, row, train_row = doc_id, rg, 0, 0, 0, 0

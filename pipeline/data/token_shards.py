@@ -4,13 +4,14 @@ Each validated shard's training rows are tokenized on their own into
 ``tokens/shards/<validated>-<tokenizer>.bin`` (the flat ids, EOS after each document) and ``.parquet``
 (per-document ``n_tokens``, ``n_chars``, ``n_bytes``), in work units of ``shard_docs`` documents on
 the configured engine (:mod:`pipeline.distributed.units`). :func:`gather_tokens` writes the
-whole-corpus store of :mod:`pipeline.data.tokens` from them in ``corpus.parquet`` order: a shard's
-file is copied as it is, or only its kept documents where the global corpus steps dropped some.
+whole-corpus store of :mod:`pipeline.data.tokens` from them in ``corpus.parquet`` order, as an
+index over the shards' own files (:mod:`pipeline.data.token_index`): no id is copied.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,9 @@ import pyarrow.parquet as pq
 from pipeline.data.tokens import token_dtype
 from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard_docs
 from pipeline.distributed.units import load_unit, map_corpus_shards
-from pipeline.storage.atomic import atomic_path, write_npy, write_parquet
+from pipeline.storage.atomic import atomic_writer, write_npy, write_parquet
 from pipeline.storage.fingerprints import fingerprint_digest, tokenizer_fingerprint
+from pipeline.threads import parallel_map, task_size
 
 TOKEN_STATS = {"n_tokens": pl.Int64, "n_chars": pl.Int64, "n_bytes": pl.Int64}
 
@@ -33,21 +35,33 @@ def _backend(tokenizer_json: str):
     return Tokenizer.from_str(tokenizer_json)
 
 
-def tokenize_unit(tokenizer_json: str, eos_id: int, dtype: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(flat ids with EOS after each document, n_tokens, n_chars, n_bytes)`` of ``texts``: the ids
-    :func:`pipeline.data.tokens.tokenize_documents` gives, from the tokenizer's serialized form
-    (the Rust batch encoder runs on every core)."""
-    dt = np.dtype(dtype)
-    backend = _backend(tokenizer_json)
-    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no character offsets: ~20% faster
-    encs = encode(texts, add_special_tokens=False)
-    n_tokens = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
-    flat = np.empty(int(n_tokens.sum()) + len(encs), dtype=dt)
+def _encode_block(backend, eos_id: int, dt: np.dtype, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat ids with EOS after each document, n_tokens)`` of ``texts``."""
+    ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]  # no character offsets: ~20% faster
+    n_tokens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.empty(int(n_tokens.sum()) + len(ids), dtype=dt)
     ends = np.cumsum(n_tokens + 1) - 1
     body = np.ones(flat.size, bool)
     body[ends] = False
-    flat[body] = np.fromiter((i for e in encs for i in e.ids), dtype=dt, count=int(n_tokens.sum()))
+    flat[body] = np.fromiter(chain.from_iterable(ids), dtype=dt, count=int(n_tokens.sum()))
     flat[ends] = eos_id
+    return flat, n_tokens
+
+
+def tokenize_unit(tokenizer_json: str, eos_id: int, dtype: str, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(flat ids with EOS after each document, n_tokens, n_chars, n_bytes)`` of ``texts``: the ids
+    :func:`pipeline.data.tokens.tokenize_documents` gives, from the tokenizer's serialized form.
+
+    The Rust encoder releases the GIL, so blocks of texts are encoded on a thread a core, whatever
+    ``TOKENIZERS_PARALLELISM`` says (Strata sets it off to keep the library quiet across forks);
+    one thread's Python work on its block's ids overlaps the others' encoding.
+    """
+    dt = np.dtype(dtype)
+    backend = _backend(tokenizer_json)
+    step = task_size(len(texts), 1024)
+    parts = parallel_map(partial(_encode_block, backend, eos_id, dt), [texts[i : i + step] for i in range(0, len(texts), step)])
+    flat = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, dt)
+    n_tokens = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
     s = pl.Series(texts, dtype=pl.String)
     return flat, n_tokens, s.str.len_chars().cast(pl.Int64).to_numpy(), s.str.len_bytes().cast(pl.Int64).to_numpy()
 
@@ -71,10 +85,10 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
     def assemble(shard: ShardDocs, unit_files: list[Path]) -> None:
         out_bin, out_stats = token_files(shard_dir, shard, key)
         stats = []
-        with atomic_path(out_bin) as tmp, open(tmp, "wb") as fh:
+        with atomic_writer(out_bin) as fh:
             for f in unit_files:
                 flat, n_tokens, n_chars, n_bytes = load_unit(f)
-                fh.write(flat.tobytes())
+                fh.write(np.ascontiguousarray(flat))
                 stats.append(pl.DataFrame({"n_tokens": n_tokens, "n_chars": n_chars, "n_bytes": n_bytes}, schema=TOKEN_STATS))
         write_parquet(pl.concat(stats), out_stats)
 
@@ -85,13 +99,17 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
 
 
 def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtype, shard_dir: Path, corpus_path: Path,
-                  tokens_path: Path, offsets_path: Path, documents_path: Path, chunk_docs: int = 1 << 16) -> np.ndarray:
-    """Write ``tokens.bin``, ``doc_offsets.npy`` and ``documents.parquet`` (the corpus columns
-    without text, plus token/char/byte counts) from the shards' files; returns ``n_tokens`` per
-    document. Memory: one shard's counts and ``chunk_docs`` documents' ids."""
-    counts = []
+                  runs_path: Path, offsets_path: Path, documents_path: Path) -> np.ndarray:
+    """Write the token store's index over the shards' files (``runs_path``, see
+    :mod:`pipeline.data.token_index`: no copy of the ids), ``doc_offsets.npy`` and
+    ``documents.parquet`` (the corpus columns without text, plus token/char/byte counts); returns
+    ``n_tokens`` per document. Memory: one shard's counts and runs."""
+    from pipeline.data.token_index import TokenRuns, shard_runs, write_token_runs
+
+    counts, paths, starts, files, locals_ = [], [], [], [], []
+    at = 0
     cols = ["doc_id", "id", "source", "subdomain", "content_hash"]
-    with atomic_path(tokens_path) as tmp, open(tmp, "wb") as out, atomic_path(documents_path) as tmp_docs:
+    with atomic_writer(documents_path) as docs_sink:
         writer = None
         try:
             for row, shard in shards:
@@ -99,27 +117,24 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
                     continue
                 bin_path, stats_path = token_files(shard_dir, shard, key)
                 stats = pl.read_parquet(stats_path)
+                n_all = stats["n_tokens"].to_numpy()
+                if bin_path.stat().st_size != int(n_all.sum() + n_all.size) * dtype.itemsize:
+                    raise RuntimeError(f"{bin_path}: size does not match its {stats_path.name}; delete {shard_dir} and rerun")
                 rows = kept_rows(corpus_path, row, shard)
-                if rows is None:
-                    with open(bin_path, "rb") as src:
-                        while block := src.read(1 << 24):
-                            out.write(block)
-                else:
-                    n_all = stats["n_tokens"].to_numpy()
-                    starts = np.concatenate([[0], np.cumsum(n_all + 1)])
-                    store = np.memmap(bin_path, dtype=dtype, mode="r")
-                    for a in range(0, rows.size, chunk_docs):
-                        r = rows[a : a + chunk_docs]
-                        lens = n_all[r] + 1
-                        first = np.repeat(starts[r] - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-                        out.write(np.asarray(store[first + np.arange(first.size)]).tobytes())
+                local, lengths = shard_runs(n_all + 1, rows)
+                starts.append(at + np.cumsum(lengths) - lengths)
+                files.append(np.full(local.size, len(paths), np.int64))
+                locals_.append(local)
+                paths.append(bin_path)
+                at += int(lengths.sum())
+                if rows is not None:
                     stats = stats[rows]
                 counts.append(stats["n_tokens"].to_numpy())
                 lo = int(row["doc_start"])
                 table = read_docs(corpus_path, lo, lo + int(row["n_docs"]), cols).with_columns(
                     stats.select(["n_chars", "n_bytes", "n_tokens"])).to_arrow()
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp_docs, table.schema, compression="zstd", write_statistics=False)
+                    writer = pq.ParquetWriter(docs_sink, table.schema, compression="zstd", write_statistics=False)
                 writer.write_table(table)
         finally:
             if writer is not None:
@@ -128,6 +143,5 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
     offsets = np.zeros(n_tokens.size + 1, dtype=np.int64)
     np.cumsum(n_tokens + 1, out=offsets[1:])
     write_npy(offsets, offsets_path)
-    if tokens_path.stat().st_size != int(offsets[-1]) * dtype.itemsize:
-        raise RuntimeError(f"{tokens_path}: size does not match {int(offsets[-1])} tokens; delete {shard_dir} and rerun")
+    write_token_runs(TokenRuns(paths, np.append(np.concatenate(starts), at), np.concatenate(files), np.concatenate(locals_)), dtype, runs_path)
     return n_tokens

@@ -1,11 +1,12 @@
 """The tokens stage: every document's token ids in one flat store, each followed by EOS.
 
-Layout: ``tokens.bin`` (raw ``uint16`` when the vocabulary fits, else ``uint32``) and
+Layout: the flat ids (raw ``uint16`` when the vocabulary fits, else ``uint32``) and
 ``doc_offsets.npy`` (int64, N+1): document d's stream is ``tokens[off[d]:off[d+1]]`` and its
 last id is EOS. ``n_tokens[d] = off[d+1] - off[d] - 1`` counts the text tokens.
 
 The ``token_shards`` partitions write each corpus shard's ids (``tokens/shards/<validated>-<tokenizer>.bin``,
-:mod:`pipeline.data.token_shards`) and the ``tokens`` asset gathers them in corpus order;
+:mod:`pipeline.data.token_shards`) and the ``tokens`` asset indexes them in corpus order
+(``tokens/runs.parquet``, :mod:`pipeline.data.token_index`); :func:`open_tokens` reads either form;
 :func:`tokenize_documents` is the in-memory form for small document sets.
 """
 
@@ -50,6 +51,15 @@ def token_dtype_of(tokens_path: Path, offsets: np.ndarray) -> np.dtype:
 
 
 def open_tokens(tokens_path, offsets_path) -> tuple[np.ndarray, np.ndarray]:
-    """Memory-map the flat token store; its dtype follows from file size / token count."""
+    """The token store and its offsets: a raw ``.bin`` memory-mapped (its dtype follows from file
+    size / token count), or the ``tokens`` asset's index over the shards' files (``.parquet``, read
+    through :class:`pipeline.data.token_index.ShardedTokens`, which indexes the same way)."""
     offsets = np.load(offsets_path, allow_pickle=False)
+    if Path(tokens_path).suffix == ".parquet":
+        from pipeline.data.token_index import open_token_runs
+
+        store = open_token_runs(tokens_path)
+        if store.size != int(offsets[-1]):
+            raise ValueError(f"{tokens_path}: {store.size} tokens, not the {int(offsets[-1])} of {offsets_path}; rematerialize the tokens asset")
+        return store, offsets
     return np.memmap(tokens_path, dtype=token_dtype_of(tokens_path, offsets), mode="r"), offsets

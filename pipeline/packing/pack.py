@@ -470,11 +470,19 @@ def sequence_tokens(
 
 def write_sequence_matrix(store: SequenceStore, dtype: np.dtype, path, block: int = 1024) -> int:
     """Write the ``(M, L)`` token matrix of ``store`` (raw ``dtype``) to ``path`` atomically,
-    ``block`` sequences at a time: memory is ``block x L`` tokens, never the matrix. Returns M."""
-    from pipeline.storage.atomic import atomic_path
+    ``block`` sequences at a time, the blocks of a round gathered on a thread a core (NumPy's
+    indexing releases the GIL) and written in order: memory is ``cores x block x L`` tokens,
+    never the matrix. Returns M."""
+    from pipeline.storage.atomic import atomic_writer
+    from pipeline.threads import cores, parallel_map
 
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        for a in range(0, store.n_sequences, block):
-            ids = np.arange(a, min(a + block, store.n_sequences))
-            fh.write(store.masked_batch(ids)[0].astype(dtype).tobytes())
+    def rows(a: int) -> np.ndarray:
+        return np.ascontiguousarray(store.masked_batch(np.arange(a, min(a + block, store.n_sequences)))[0].astype(dtype))
+
+    starts = list(range(0, store.n_sequences, block))
+    per_round = cores()
+    with atomic_writer(path) as fh:
+        for r in range(0, len(starts), per_round):
+            for part in parallel_map(rows, starts[r : r + per_round]):
+                fh.write(part)
     return store.n_sequences

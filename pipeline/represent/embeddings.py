@@ -32,7 +32,6 @@ import json
 import os
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from tqdm import tqdm
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_path
+from pipeline.threads import parallel_map, rayon_on, task_size
 
 from pipeline.names import EMBED_METHODS as METHODS  # declared for the config
 # Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
@@ -288,29 +288,6 @@ def _separator(backend) -> tuple[int, str] | None:
     return None
 
 
-def _workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _task_size(n: int, most: int) -> int:
-    """Items a task: at most ``most``, and small enough for four tasks a core (load balance)."""
-    return max(1, min(most, -(-n // (4 * _workers()))))
-
-
-def _parallel_map(fn, items: list) -> list:
-    """``map`` over all cores: the Rust tokenizer releases the GIL, so threads run it in parallel.
-
-    When the tokenizers library's own (rayon) parallelism is on, it already uses every core and
-    the map runs in this thread.
-    """
-    env = os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower()
-    workers = _workers()
-    if env not in ("", "off", "false", "f", "no", "n", "0") or workers == 1 or len(items) < 2:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(fn, items))
-
-
 def _encode(backend, texts: list[str], add_special_tokens: bool, sep: tuple[int, str] | None) -> list[np.ndarray]:
     """Token ids (int64 arrays) of each text, tokenized in chunks on all cores.
 
@@ -323,8 +300,8 @@ def _encode(backend, texts: list[str], add_special_tokens: bool, sep: tuple[int,
         return [np.array(e.ids, dtype=np.int64) for e in backend.encode_batch_fast(block, add_special_tokens=add_special_tokens)]
 
     if sep is None:
-        step = _task_size(len(texts), 2048)
-        return [a for part in _parallel_map(plain, [texts[i : i + step] for i in range(0, len(texts), step)]) for a in part]
+        step = task_size(len(texts), 2048)
+        return [a for part in parallel_map(plain, [texts[i : i + step] for i in range(0, len(texts), step)], not rayon_on()) for a in part]
     sep_id, sep_text = sep
 
     def grouped(groups: list[list[str]]) -> list[np.ndarray]:
@@ -342,8 +319,8 @@ def _encode(backend, texts: list[str], add_special_tokens: bool, sep: tuple[int,
         return out
 
     groups = [texts[i : i + 64] for i in range(0, len(texts), 64)]
-    step = _task_size(len(groups), 32)
-    return [a for part in _parallel_map(grouped, [groups[i : i + step] for i in range(0, len(groups), step)]) for a in part]
+    step = task_size(len(groups), 32)
+    return [a for part in parallel_map(grouped, [groups[i : i + step] for i in range(0, len(groups), step)], not rayon_on()) for a in part]
 
 
 def tokenize(backend, texts: list[str], max_tokens: int, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,15 @@
 
 Every artifact under the data root is written through these helpers, so a reader never sees a
 partial file: either the previous complete version or the new complete version exists.
+
+Content hashes are taken while writing: :func:`atomic_writer` (and every ``write_*`` helper
+here) feeds each byte to SHA-256 as it goes to the file and remembers the digest for the
+renamed file, keyed by its inode, size and change times, so :func:`file_sha256` of an artifact
+this process wrote never reads it back. The digest also goes into the file's extended attribute
+``user.strata.sha256`` with the size and modification time it holds for, so another process
+(a later run, a Dagster step of its own) takes it from there while the file is unchanged; where
+the file system has no user attributes the file is read once. A file written otherwise is read
+once and then remembered in this process.
 """
 
 from __future__ import annotations
@@ -44,6 +53,85 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+_DIGESTS: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+
+
+def _stat_key(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+XATTR = "user.strata.sha256"
+
+
+def remember_sha256(path: str | os.PathLike, digest: str) -> None:
+    """Record ``digest`` as the SHA-256 of ``path`` as it is now (until it changes on disk), in this
+    process and in the file's extended attribute."""
+    path = Path(path).resolve()
+    st = path.stat()
+    try:
+        os.setxattr(path, XATTR, f"{digest} {st.st_size} {st.st_mtime_ns}".encode())
+    except (AttributeError, OSError):  # no user attributes here: this process remembers it
+        pass
+    _DIGESTS[str(path)] = (_stat_key(path), digest)
+
+
+def _attribute_sha256(path: Path) -> str | None:
+    """The digest in ``path``'s extended attribute, if it was taken for the file as it is now."""
+    try:
+        digest, size, mtime = os.getxattr(path, XATTR).decode().split()
+    except (AttributeError, OSError, ValueError):
+        return None
+    st = path.stat()
+    return digest if (int(size), int(mtime)) == (st.st_size, st.st_mtime_ns) else None
+
+
+class HashingWriter:
+    """A binary file that hashes (SHA-256) every byte written through it, in order."""
+
+    def __init__(self, fh) -> None:
+        self._fh, self._h, self._n = fh, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._h.update(view)
+        self._n += view.nbytes
+        return self._fh.write(view)
+
+    def tell(self) -> int:
+        return self._n
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._fh.closed
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike) -> Iterator[HashingWriter]:
+    """Yield a :class:`HashingWriter` onto a temporary file that replaces ``path`` if the block
+    succeeds; the digest of the bytes written is remembered for ``path`` (see :func:`file_sha256`)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            out = HashingWriter(fh)
+            yield out
+    remember_sha256(path, out.hexdigest())
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary directory; swap it into ``path`` only if the block succeeds."""
@@ -71,8 +159,8 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 
 def write_parquet(df: pl.DataFrame, path: str | os.PathLike) -> Path:
     """Write ``df`` atomically; no statistics timestamps, so equal frames give equal bytes."""
-    with atomic_path(path) as tmp:
-        df.write_parquet(tmp, compression="zstd", statistics=False)
+    with atomic_writer(path) as fh:
+        df.write_parquet(fh, compression="zstd", statistics=False)
     return Path(path)
 
 
@@ -80,41 +168,42 @@ def write_npy(arr: np.ndarray, path: str | os.PathLike) -> Path:
     """Write a plain (non-object) array atomically as .npy."""
     if arr.dtype == object:
         raise TypeError("object arrays are not written (they would need pickle)")
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, arr, allow_pickle=False)
+    with atomic_writer(path) as fh:
+        np.save(fh, arr, allow_pickle=False)
     return Path(path)
 
 
 def write_rows(blocks: Iterable[np.ndarray], n_rows: int, path: str | os.PathLike, dtype: np.dtype = np.dtype(np.float32)) -> Path:
-    """Write ``n_rows`` rows, given as consecutive 2-D blocks, atomically as one ``.npy`` through a
-    memory map (memory: one block)."""
-    from numpy.lib.format import open_memmap
+    """Write ``n_rows`` rows, given as consecutive 2-D blocks, atomically as one ``.npy``, the bytes
+    ``np.save`` writes (memory: one block)."""
+    from numpy.lib import format as npy
 
-    with atomic_path(path) as tmp:
-        mm, at = None, 0
+    with atomic_writer(path) as fh:
+        at = width = 0
         for block in blocks:
-            if mm is None:
-                mm = open_memmap(tmp, mode="w+", dtype=dtype, shape=(n_rows, block.shape[1]))
-            mm[at : at + block.shape[0]] = block
+            block = np.ascontiguousarray(block, dtype=dtype)
+            if not at and not width:
+                width = block.shape[1]
+                npy.write_array_header_1_0(fh, npy.header_data_from_array_1_0(np.empty((n_rows, width), dtype)))
+            if block.ndim != 2 or block.shape[1] != width or at + block.shape[0] > n_rows:
+                raise ValueError(f"{path}: block of shape {block.shape} after {at} of {n_rows} rows of width {width}")
+            fh.write(block)
             at += block.shape[0]
-        if mm is None or at != n_rows:
+        if not width or at != n_rows:
             raise ValueError(f"{path}: got {at} rows for {n_rows}")
-        mm.flush()
-        del mm
     return Path(path)
 
 
 def write_bin(arr: np.ndarray, path: str | os.PathLike) -> Path:
     """Write the raw bytes of a contiguous array atomically (read back with ``np.memmap``)."""
-    with atomic_path(path) as tmp:
-        np.ascontiguousarray(arr).tofile(tmp)
+    with atomic_writer(path) as fh:
+        fh.write(np.ascontiguousarray(arr))
     return Path(path)
 
 
 def write_text(text: str, path: str | os.PathLike) -> Path:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    with atomic_writer(path) as fh:
+        fh.write(text.encode("utf-8"))
     return Path(path)
 
 
@@ -123,9 +212,22 @@ def write_json(obj: object, path: str | os.PathLike) -> Path:
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes (streams; any size)."""
+    """Hex SHA-256 of a file's bytes: the digest taken while it was written (this process's memory,
+    else the file's extended attribute), if the file has not changed since; else read (streams;
+    any size) and remembered."""
+    path = Path(path).resolve()
+    known = _DIGESTS.get(str(path))
+    if known is not None and known[0] == _stat_key(path):
+        return known[1]
+    key = _stat_key(path)
+    stored = _attribute_sha256(path)
+    if stored is not None:
+        _DIGESTS[str(path)] = (key, stored)
+        return stored
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(chunk), b""):
             h.update(block)
+    if _stat_key(path) == key:
+        _DIGESTS[str(path)] = (key, h.hexdigest())
     return h.hexdigest()

@@ -45,7 +45,8 @@ class Layout:
 
     @property
     def tokens(self) -> Path:
-        return self.root / "tokens" / "tokens.bin"
+        """The token store: an index over the ``token_shards`` files (:mod:`pipeline.data.token_index`)."""
+        return self.root / "tokens" / "runs.parquet"
 
     @property
     def doc_offsets(self) -> Path:
@@ -177,14 +178,13 @@ class Store:
         if not lay.segments.exists() or not lay.sequence_matrix.exists():
             raise StrataInputError("no packed sequences in the data root", path=lay.root / "sequences",
                                    fix="materialize sequences first (strata run, or the Dagster UI)")
-        import numpy as np
         import polars as pl
 
-        from pipeline.data.tokens import token_dtype_of
+        from pipeline.data.tokens import open_tokens
 
         ids = pl.read_parquet(lay.segments, columns=["sequence_id"])["sequence_id"]
         n_seq = int(ids.max()) + 1 if len(ids) else 0
-        itemsize = np.dtype(token_dtype_of(lay.tokens, np.load(lay.doc_offsets, allow_pickle=False))).itemsize
+        itemsize = open_tokens(lay.tokens, lay.doc_offsets)[0].dtype.itemsize
         size = lay.sequence_matrix.stat().st_size
         if not n_seq or size % (n_seq * itemsize):
             raise StrataInputError(f"the sequence matrix ({size} bytes) is not {n_seq} rows of {itemsize}-byte tokens",

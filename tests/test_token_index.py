@@ -1,0 +1,73 @@
+"""The token store read through its index over the token_shards files holds the ids of tokenizing the corpus in order."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import polars as pl
+import pytest
+
+from helpers import demo_slice
+from pipeline.config import CorpusConfig, config_from_dict
+from pipeline.data.corpus import build_corpus
+from pipeline.data.shard_docs import manifest_shards
+from pipeline.data.token_index import ShardedTokens
+from pipeline.data.token_shards import gather_tokens, tokenize_shards, tokenizer_key
+from pipeline.data.tokenizer import train_bpe
+from pipeline.data.tokens import open_tokens, token_dtype, tokenize_documents
+from pipeline.errors import StrataInputError
+from pipeline.packing.pack import SequenceStore, pack, write_sequence_matrix
+
+
+def _store(tmp_path, max_docs: int):
+    recs = demo_slice(120, stride=13)
+    src = tmp_path / f"src{max_docs}"
+    src.mkdir()
+    for i in range(3):
+        pl.DataFrame([{"id": f"d{i}-{j}", "text": r["text"]} for j, r in enumerate(recs[i::3])]).write_parquet(src / f"part-{i}.parquet")
+    out = tmp_path / f"root{max_docs}"
+    build = build_corpus(CorpusConfig(path=str(src), max_docs=max_docs), 0, 0.0, out / "corpus" / "shards", out / "corpus.parquet")
+    shards = manifest_shards(build.manifest, out / "corpus" / "shards")
+    tok = train_bpe([r["text"] for r in recs], 600)
+    cfg = config_from_dict({"data_root": str(out), "shard_docs": 16})
+    tokenize_shards([s for _, s in shards], tok, out / "tokens" / "shards", out / "work", cfg)
+    key, dtype = tokenizer_key(tok), token_dtype(len(tok))
+    gather_tokens(shards, key, dtype, out / "tokens" / "shards", out / "corpus.parquet", out / "tokens" / "runs.parquet",
+                  out / "tokens" / "doc_offsets.npy", out / "documents.parquet")
+    reader, offsets = open_tokens(out / "tokens" / "runs.parquet", out / "tokens" / "doc_offsets.npy")
+    flat, want = tokenize_documents(tok, pl.read_parquet(out / "corpus.parquet")["text"].to_list(), progress=False)
+    np.testing.assert_array_equal(offsets, want)
+    return reader, flat, offsets, out
+
+
+def test_index_reads_the_ids_of_the_corpus_in_order_and_gives_the_same_sequence_matrix(tmp_path):
+    for max_docs in (0, 70):  # every document of every shard (one run a shard); a sample (runs of kept rows)
+        reader, tokens, offsets, out = _store(tmp_path, max_docs)
+        assert isinstance(reader, ShardedTokens) and reader.dtype == tokens.dtype
+        runs = reader.runs
+        assert len(reader) == tokens.size == int(offsets[-1])
+        assert (len(runs.file) == len(runs.paths) == 3) == (max_docs == 0)
+        np.testing.assert_array_equal(np.asarray(reader), tokens)
+        rng = np.random.default_rng(max_docs)
+        pos = rng.integers(0, tokens.size, (50, 7))
+        np.testing.assert_array_equal(reader[pos], tokens[pos])
+        np.testing.assert_array_equal(reader[5:tokens.size - 3:4], tokens[5:tokens.size - 3:4])
+        for d in rng.integers(0, offsets.size - 1, 20):  # a document, and spans across runs and shards
+            np.testing.assert_array_equal(reader[offsets[d] : offsets[d + 1]], tokens[offsets[d] : offsets[d + 1]])
+        for a, b in [(0, tokens.size), (int(runs.start[1]) - 2, int(runs.start[-2]) + 3), (7, 7), (tokens.size - 1, tokens.size + 5)]:
+            np.testing.assert_array_equal(reader[a:b], tokens[a:b])
+        assert reader[-1] == tokens[-1] and reader[17] == tokens[17]
+
+        lengths = np.diff(offsets)
+        segments = pack("best_fit", rng.permutation(lengths.size), lengths, 64, seed=0).segments
+        write_sequence_matrix(SequenceStore(tokens, offsets, segments, 64), tokens.dtype, out / "from_flat.bin", block=5)
+        write_sequence_matrix(SequenceStore(reader, offsets, segments, 64), tokens.dtype, out / "from_index.bin", block=5)
+        assert (out / "from_index.bin").read_bytes() == (out / "from_flat.bin").read_bytes()
+
+    index = pl.read_parquet(out / "tokens" / "runs.parquet")
+    assert {(p, d) for p, d in index.select("path", "sha256").unique().iter_rows()} == {
+        (str(f.relative_to(out / "tokens")), hashlib.sha256(f.read_bytes()).hexdigest()) for f in runs.paths}
+    runs.paths[0].unlink()
+    with pytest.raises(StrataInputError, match="token shard file .* is missing"):
+        open_tokens(out / "tokens" / "runs.parquet", out / "tokens" / "doc_offsets.npy")
