@@ -19,7 +19,8 @@ Curriculum (`--curriculum`): `greedy_curriculum` on the same instances with a 3-
 over the K=1000 clusters (`bench_curriculum`: knots at 1%, 10% and 100% of the stream's tokens,
 logits log tau + 0.5 z, log tau, log tau - 0.5 z with z ~ N(0, 1) per cluster, shifted so that
 E(S_total) is the corpus's composition, i.e. the corpus can realize it). Printed: CPU and wall
-seconds of the ordering, peak RSS, and the mean / median / worst per-batch deviation from the
+seconds of the ordering, peak RSS (and, to tell the instance's memory from the ordering's, the
+peak RSS of building the instance and the RSS held when the ordering starts), and the mean / median / worst per-batch deviation from the
 curriculum (`curriculum_batch_deviations`: max_j |share_j - the curriculum's increment over the
 batch|, batch 32) of the exact curriculum greedy, the blocked one and `random` on a shared M=20k
 instance, then of `greedy_curriculum` (blocked above greedy_exact_max) at M=1M or 10M.
@@ -122,6 +123,11 @@ def quality(f, rows) -> dict:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def rss_mb() -> float:
+    """The process's resident memory now (Linux /proc)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
 
 
 def warm_up() -> None:
@@ -245,11 +251,13 @@ def case_curriculum(mode: str, m: int, seed: int) -> dict:
         knots = Path(tmp) / "curriculum.json"
         knots.write_text(json.dumps(doc))
         params = OrderParams(objective=OBJECTIVE, bins=B, curriculum=str(knots), greedy_exact_max=CURRICULUM_MODES[mode])
+        build_peak, held = peak_rss_mb(), rss_mb()
         t0, c0 = time.perf_counter(), time.process_time()
         rows = sequence_order("greedy_curriculum", f, params, seed)
         secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert np.array_equal(np.sort(rows), np.arange(f.n_sequences)), "not a permutation"
-    out = {"mode": mode, "objective": OBJECTIVE, "M": f.n_sequences, "seconds": secs, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb()}
+    out = {"mode": mode, "objective": OBJECTIVE, "M": f.n_sequences, "seconds": secs, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
+           "build_peak_rss_mb": build_peak, "held_rss_mb": held}
     out.update(curriculum_quality(f, rows, cur))
     out["random"] = curriculum_quality(f, np.random.default_rng(seed).permutation(f.n_sequences), cur)
     return out
@@ -258,6 +266,7 @@ def case_curriculum(mode: str, m: int, seed: int) -> dict:
 def show_curriculum(r: dict, exact: dict | None = None) -> None:
     dev = lambda q: f"{q['dev']:.4f}/{q['dev_median']:.4f}/{q['dev_max']:.4f}"  # noqa: E731
     line = (f"{r['mode']:<19} M={r['M']:<11,} {r['seconds']:8.1f} s (cpu {r['cpu_s']:.1f} s)  peak RSS {r['peak_rss_mb']:6.0f} MB"
+            f" (building the instance: peak {r['build_peak_rss_mb']:.0f} MB, {r['held_rss_mb']:.0f} MB held into the ordering)"
             f"  batch{BATCH} deviation from the curriculum mean/median/worst {dev(r)} (random {dev(r['random'])})")
     if exact is not None:
         line += f"  mean {r['dev'] / exact['dev']:.3f}x exact's (target <= 1.2)"

@@ -94,14 +94,22 @@ def reseed_block_shuffle(order: np.ndarray, params, from_seed: int, to_seed: int
     return block_shuffle(block_unshuffle(order, params.block_size, from_seed), params.block_size, to_seed)
 
 
+def reseed_curriculum(order: np.ndarray, params, from_seed: int, to_seed: int) -> np.ndarray | None:
+    """``greedy_curriculum``'s order for ``to_seed``: its order for ``from_seed`` where it ignores the
+    seed (the exact curriculum greedy without noise), else None (re-run it: the blocked curriculum
+    greedy deals its queue with a seeded shuffle)."""
+    return order if greedy_seed_free(len(order), params) else None
+
+
 SPECS = (
     StrategySpec("greedy", "sequence", "greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise): "
                  "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True, order=greedy_rows, order_after=greedy_after),
     StrategySpec("greedy_fast", "sequence", "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
                  seed_free=False, reads=(*OBJECTIVE, "window"), order=greedy_fast),
     StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula): "
-                 "exact up to greedy_exact_max sequences, blocked above", seed_free=True,
-                 reads=(*OBJECTIVE, "curriculum", "greedy_exact_max", "greedy_block"), greedy_based=True, order=greedy_curriculum),
+                 "exact up to greedy_exact_max sequences, blocked above", seed_free=False,
+                 reads=(*OBJECTIVE, "curriculum", "greedy_exact_max", "greedy_block"), greedy_based=True, order=greedy_curriculum,
+                 reseed=reseed_curriculum),
     StrategySpec("greedy_block_shuffle", "sequence",
                  "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
                  seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle,
