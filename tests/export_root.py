@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.packing.pack import SequenceStore, pack
+from pipeline.data.token_index import write_single_run
 from pipeline.storage.layout import Layout
 
 PAD, EOS, VOCAB = 0, 1, 64
@@ -39,7 +40,7 @@ def build_root(root: Path, seq_len: int, n_clusters: int = 3, docs_per_cluster: 
     layout = Layout(root)
     for d in ("tokens", "sequences", "orderings"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    tokens.tofile(layout.tokens)
+    write_single_run(tokens, layout.tokens)
     np.save(layout.doc_offsets, offsets)
     segments.write_parquet(layout.segments)
     store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)

@@ -331,13 +331,14 @@ def _data_root(root: Path, variant: str = "concat") -> tuple:
     """A data root holding the documented artifacts an export reads (tokens, sequences, ordering, tokenizer)."""
     import polars as pl
 
+    from pipeline.data.token_index import write_single_run
     from pipeline.storage.layout import Layout
 
     stream, store, order, tokens, offsets = _raw(variant)
     layout = Layout(root)
     for d in ("tokens", "sequences", "orderings"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    tokens.tofile(layout.tokens)
+    write_single_run(tokens, layout.tokens)
     np.save(layout.doc_offsets, offsets)
     stream.segments.write_parquet(layout.segments)
     store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)

@@ -59,6 +59,18 @@ def write_token_runs(runs: TokenRuns, dtype: np.dtype, path: Path) -> Path:
     return write_parquet(frame.with_columns(dtype=pl.lit(np.dtype(dtype).str)), path)
 
 
+def write_single_run(tokens: np.ndarray, path: Path) -> Path:
+    """A token store of one file: ``tokens`` (ids and EOS of every document, in order) written
+    beside ``path`` as ``store.bin`` and indexed by ``path`` as one run (for stores built outside
+    ``token_shards``, e.g. an already tokenized corpus or a test's data root)."""
+    from pipeline.storage.atomic import write_bin
+
+    tokens = np.ascontiguousarray(tokens)
+    bin_path = write_bin(tokens, Path(path).parent / "store.bin")
+    runs = TokenRuns([bin_path], np.array([0, tokens.size], np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
+    return write_token_runs(runs, tokens.dtype, path)
+
+
 def open_token_runs(path: Path) -> "ShardedTokens":
     """The token store an index written by :func:`write_token_runs` describes."""
     path = Path(path)
