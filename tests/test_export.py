@@ -82,10 +82,30 @@ def _mixture_data(tmp: Path):
     return stream_from_arrays(tokens, offsets, stream.segments, order, L, eos_id=EOS, pad_id=PAD), store, order
 
 
-@pytest.fixture(scope="module", params=["permutation", "greedy_mixture"])
+def _curriculum_data(tmp: Path):
+    """The same corpus ordered by ``greedy_curriculum`` (a 2-knot curriculum over 3 clusters)."""
+    import polars as pl
+
+    from pipeline.ordering.engine import OrderParams, run_strategy
+
+    stream, store, _, tokens, offsets = _raw("concat")
+    lengths = np.diff(offsets)
+    docs = pl.DataFrame({"doc_id": np.arange(lengths.size), "cluster": np.arange(lengths.size) % 3, "n_tokens": lengths})
+    (tmp / "knots.yaml").write_text("knots:\n  - tokens: 500\n    logits: {0: 2.0}\n  - tokens: 6000\n    logits: {2: 2.0}\n")
+    params = OrderParams(bins=8, curriculum=str(tmp / "knots.yaml"))
+    order = run_strategy("greedy_curriculum", docs, stream.segments, L, params, 0).order["sequence_id"].to_numpy()
+    assert np.array_equal(np.sort(order), np.arange(store.n_sequences))
+    return stream_from_arrays(tokens, offsets, stream.segments, order, L, eos_id=EOS, pad_id=PAD), store, order
+
+
+@pytest.fixture(scope="module", params=["permutation", "greedy_mixture", "greedy_curriculum"])
 def concat(request, tmp_path_factory):
-    """The ordered stream of a concat packing: a permutation, and a greedy_mixture schedule."""
-    return _data("concat") if request.param == "permutation" else _mixture_data(tmp_path_factory.mktemp("mixture"))
+    """The ordered stream of a concat packing: a permutation, a greedy_mixture schedule and a
+    greedy_curriculum order."""
+    if request.param == "permutation":
+        return _data("concat")
+    make = _mixture_data if request.param == "greedy_mixture" else _curriculum_data
+    return make(tmp_path_factory.mktemp(request.param))
 
 
 def expected_batches(store, order, global_batch=G) -> np.ndarray:
