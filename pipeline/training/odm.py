@@ -284,15 +284,16 @@ class ODMSampler:
         mixture log and the served stream), between steps; numpy arrays and plain values."""
         if self._pending is not None:
             raise StrataInputError("ODM state taken between next_batch and update", fix="checkpoint after update(ids, losses)")
-        return {"rewards": self.rewards.copy(), "t": self.t, "step": self.step, "rng": self.rng.bit_generator.state,
-                "perm": [p.copy() for p in self._perm], "cursor": self._cursor.copy(),
+        return {"rewards": self.state.rewards.copy(), "t": self.state.t, "step": self.state.step, "rng": self.rng.bit_generator.state,
+                "perm": [p.copy() for p in self.pools._perm], "cursor": self.pools._cursor.copy(),
                 "mixture": [p.copy() for p in self._mixture], "served": [s.copy() for s in self._served]}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` of a sampler built with the same arguments."""
-        if len(state["perm"]) != self.k or any(p.size != q.size for p, q in zip(state["perm"], self.pools)):
+        if len(state["perm"]) != self.k or any(p.size != q.size for p, q in zip(state["perm"], self.pools.members)):
             raise StrataInputError("ODM state of other cluster pools", fix="resume with the sequences and clusters the state was taken with")
-        self.rewards, self.t, self.step = np.asarray(state["rewards"], dtype=np.float64), int(state["t"]), int(state["step"])
+        self.state.rewards = np.asarray(state["rewards"], dtype=np.float64)
+        self.state.t, self.state.step = int(state["t"]), int(state["step"])
         self.rng.bit_generator.state = state["rng"]
-        self._perm, self._cursor = list(state["perm"]), np.asarray(state["cursor"], dtype=np.int64)
+        self.pools._perm, self.pools._cursor = list(state["perm"]), np.asarray(state["cursor"], dtype=np.int64)
         self._mixture, self._served, self._pending = list(state["mixture"]), list(state["served"]), None
