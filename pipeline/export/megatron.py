@@ -63,7 +63,7 @@ def write_idx(path: Path, lengths: np.ndarray, dtype: np.dtype) -> None:
 
 def export_megatron(stream: OrderedStream, out: Path, meta: dict, progress=None, previous: Previous | None = None) -> list[Path]:
     """The indexed dataset; with ``previous`` (``pipeline/export/extend.py``) the ``.bin``'s prefix
-    is copied from the previous export and the ``.idx`` rewritten."""
+    is reused from the previous export and the ``.idx`` rewritten."""
     m, L = stream.n_sequences, stream.seq_len
     check = DocumentCheck(stream)
     write_tokens(stream, out / f"{PREFIX}.bin", extra_tokens=np.array([stream.eos_id]), progress=progress, check=check,

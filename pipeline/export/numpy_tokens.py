@@ -42,7 +42,7 @@ def write_tokens(stream: OrderedStream, path: Path, extra_tokens: np.ndarray | N
 
     In the same pass ``check`` sees every chunk, and ``label_mask_path`` (if given) receives the
     rows' label mask (:func:`label_mask`). With ``previous`` (``pipeline/export/extend.py``) the
-    first ``previous.sequences`` rows of both files are copied from the previous export's files of
+    first ``previous.sequences`` rows of both files are reused from the previous export's files of
     the same names, and only the rows after them are read from the stream."""
     written = 0
     if label_mask_path is not None and check is None:
