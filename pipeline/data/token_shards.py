@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import lru_cache, partial
 from itertools import chain
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import polars as pl
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 
 from pipeline.data.tokens import token_dtype
 from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard_docs
-from pipeline.distributed.units import load_unit, map_corpus_shards
+from pipeline.distributed.units import map_corpus_shards
 from pipeline.storage.atomic import atomic_writer, write_npy, write_parquet
 from pipeline.storage.fingerprints import fingerprint_digest, tokenizer_fingerprint
 from pipeline.threads import parallel_map, task_size
@@ -82,12 +83,11 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
     args = (tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.str)
     shard_dir.mkdir(parents=True, exist_ok=True)
 
-    def assemble(shard: ShardDocs, unit_files: list[Path]) -> None:
+    def assemble(shard: ShardDocs, results: Iterator[tuple]) -> None:
         out_bin, out_stats = token_files(shard_dir, shard, key)
         stats = []
         with atomic_writer(out_bin) as fh:
-            for f in unit_files:
-                flat, n_tokens, n_chars, n_bytes = load_unit(f)
+            for flat, n_tokens, n_chars, n_bytes in results:
                 fh.write(np.ascontiguousarray(flat))
                 stats.append(pl.DataFrame({"n_tokens": n_tokens, "n_chars": n_chars, "n_bytes": n_bytes}, schema=TOKEN_STATS))
         write_parquet(pl.concat(stats), out_stats)
@@ -95,6 +95,7 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
     return map_corpus_shards(
         shards, tokenize_unit, lambda s, a, b: (*args, read_shard_docs(s, a, b)["text"].to_list()), assemble,
         lambda s: all(f.is_file() for f in token_files(shard_dir, s, key)), stage="tokens", key=key, work_dir=work_dir, cfg=cfg,
+        checkpoint=False,
     )
 
 

@@ -7,12 +7,14 @@ inputs are read only when it is submitted (:attr:`~pipeline.distributed.shards.S
 result is written to ``work/<stage>/`` as soon as it arrives, and once all units of a shard are in,
 ``assemble`` writes the shard's artifacts and the unit files are removed. Memory: the units in
 flight. A run killed midway leaves complete unit and shard files; a rerun resumes from them.
+Stages whose units take seconds skip the unit files on the local engine (``checkpoint=False``):
+results stream into ``assemble``, so each byte of a shard's artifact is written once.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -20,6 +22,7 @@ from tqdm import tqdm
 from pipeline.distributed.engine import map_shards
 from pipeline.distributed.shards import Shard
 from pipeline.storage.atomic import atomic_path
+from pipeline.threads import ahead
 
 
 class UnitSource(Protocol):
@@ -49,7 +52,7 @@ def map_corpus_shards(
     shards: Sequence[UnitSource],
     fn: Callable[..., Any],
     unit_args: Callable[[Any, int, int], tuple],
-    assemble: Callable[[Any, list[Path]], None],
+    assemble: Callable[[Any, Iterator[tuple]], None],
     done: Callable[[Any], bool],
     *,
     stage: str,
@@ -57,14 +60,22 @@ def map_corpus_shards(
     work_dir: Path,
     cfg,
     actors: bool = False,
+    checkpoint: bool = True,
 ) -> dict[str, int]:
     """Compute the artifacts of every shard for which ``done(shard)`` is false.
 
     ``unit_args(shard, start, stop)`` gives ``fn``'s arguments for the shard's training rows
-    ``start:stop``; ``assemble(shard, unit_files)`` writes a shard's artifacts from its units'
-    results (files holding ``fn``'s return value, read with :func:`load_unit`). Returns ``shards``,
+    ``start:stop``; ``assemble(shard, results)`` writes a shard's artifacts from its units' results
+    (``fn``'s return values as tuples of arrays, in unit order). Returns ``shards``,
     ``shards_computed``, ``shards_reused``, ``units`` (of the shards computed) and ``units_resumed``
-    (found complete from an earlier run)."""
+    (found complete from an earlier run).
+
+    ``checkpoint=False`` on the local engine writes no unit files: each shard's units are computed
+    in order, one ahead of ``assemble`` (reading a unit's inputs and writing the previous result
+    overlap the computation), and handed to it as they come, so every byte of a shard's artifact
+    is written once. For stages whose units take seconds (tokenizing, ``shallow`` embeddings,
+    cluster assignment) an interrupted run then recomputes its unfinished shard; unit files that
+    an earlier run left are still used."""
     n = cfg.shard_docs
     todo = list({s.name: s for s in shards if s.n_docs and not done(s)}.values())
     units: dict[str, list[Shard]] = {
@@ -76,18 +87,36 @@ def map_corpus_shards(
     by_name = {s.name: s for s in todo}
     owner = {u.outputs[0]: d for d, us in units.items() for u in us}
     work_dir.mkdir(parents=True, exist_ok=True)
+    resumed = sum(u.done() for us in units.values() for u in us)
+    flat = [u for us in units.values() for u in us]
+    bar = tqdm(total=len(flat), initial=sum(u.done() for u in flat), desc=f"{stage}[{cfg.engine}]", unit="unit", disable=len(flat) < 2)
 
-    def finish(name: str) -> None:
+    def finish(name: str, results: Iterator[tuple] | None = None) -> None:
         files = [u.outputs[0] for u in units.pop(name)]
-        assemble(by_name[name], files)
+        assemble(by_name[name], results if results is not None else (load_unit(f) for f in files))
         for f in files:
             f.unlink(missing_ok=True)
 
-    resumed = sum(u.done() for us in units.values() for u in us)
+    if not checkpoint and cfg.engine == "local":
+        def inputs(unit: Shard) -> tuple | None:
+            return None if unit.done() else unit.arguments()
+
+        def compute(unit_inputs: tuple[Shard, tuple | None]) -> tuple:
+            unit, args = unit_inputs
+            if args is None:
+                return load_unit(unit.outputs[0])
+            out = fn(*args)
+            bar.update(1)
+            return out if isinstance(out, tuple) else (out,)
+
+        for name in list(units):
+            finish(name, ahead(compute, zip(units[name], ahead(inputs, units[name]))))
+        bar.close()
+        return {"shards": len(shards), "shards_computed": len(todo), "shards_reused": len(shards) - len(todo), "units": len(owner),
+                "units_resumed": resumed}
+
     for name in [d for d, us in units.items() if all(u.done() for u in us)]:  # complete from an interrupted run
         finish(name)
-    flat = [u for us in units.values() for u in us]
-    bar = tqdm(total=len(flat), initial=sum(u.done() for u in flat), desc=f"{stage}[{cfg.engine}]", unit="unit", disable=len(flat) < 2)
 
     def save(unit: Shard, result: Any) -> None:
         _save(unit, result)
@@ -100,5 +129,3 @@ def map_corpus_shards(
     bar.close()
     return {"shards": len(shards), "shards_computed": len(todo), "shards_reused": len(shards) - len(todo), "units": len(owner),
             "units_resumed": resumed}
-
-

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.shard_docs import ShardDocs
-from pipeline.distributed.units import load_unit, map_corpus_shards
+from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.clusters import Transform, assign_unit
 from pipeline.storage.atomic import write_npy
 
@@ -34,6 +34,7 @@ def assign_shards(shards: list[ShardDocs], centroids: np.ndarray, transform: Tra
 
     return map_corpus_shards(
         shards, assign_unit, unit_args,
-        lambda shard, files: write_npy(np.concatenate([load_unit(f)[0] for f in files]), assignment_file(shard_dir, shard, model_key)),
+        lambda shard, results: write_npy(np.concatenate([r[0] for r in results]), assignment_file(shard_dir, shard, model_key)),
         lambda s: assignment_file(shard_dir, s, model_key).is_file(), stage="clusters", key=model_key, work_dir=work_dir, cfg=cfg,
+        checkpoint=False,
     )

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import polars as pl
 
 from pipeline.data.tokens import token_dtype_of
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs
-from pipeline.distributed.units import load_unit, map_corpus_shards
+from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.embeddings import IMPLEMENTATION, embed, shallow_from_ids
 from pipeline.storage.atomic import write_rows
 from pipeline.storage.fingerprints import embedding_fingerprint, fingerprint_digest
@@ -55,8 +56,8 @@ def embed_shards(shards: list[ShardDocs], cfg, model: str, shard_dir: Path, work
     from_store = cfg.embed_method == "shallow" and token_files is not None and all(
         all(f.is_file() for f in token_files(s)) for s in shards)
 
-    def assemble(shard: ShardDocs, unit_files: list[Path]) -> None:
-        write_rows((load_unit(f)[0] for f in unit_files), shard.n_docs, embedding_file(shard_dir, shard, key))
+    def assemble(shard: ShardDocs, results: Iterator[tuple]) -> None:
+        write_rows((r[0] for r in results), shard.n_docs, embedding_file(shard_dir, shard, key))
 
     if from_store:
         @functools.lru_cache(maxsize=1)  # units come shard by shard: read each shard's counts once
@@ -81,5 +82,6 @@ def embed_shards(shards: list[ShardDocs], cfg, model: str, shard_dir: Path, work
 
         fn = embed_unit
     run = map_corpus_shards(shards, fn, unit_args, assemble, lambda s: embedding_file(shard_dir, s, key).is_file(), stage="embeddings",
-                            key=key, work_dir=work_dir, cfg=cfg, actors=not from_store)
+                            key=key, work_dir=work_dir, cfg=cfg, actors=not from_store,
+                            checkpoint=cfg.embed_method != "shallow")
     return {**run, "from_token_store": bool(from_store)}
