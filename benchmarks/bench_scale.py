@@ -15,10 +15,14 @@ child's (all threads, imports included), and CPU/wall is the child's CPU seconds
 time (imports included in both): 2.0 is both cores busy on a 2-core machine. After ``token_shards``
 a child measures the tokenizers library's own ``encode_batch`` on the same texts (the training
 rows of ``corpus.parquet``, in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``: its rayon pool on
-every core), printed next to ``token_shards``' throughput.
-Figures are printed, never asserted.
+every core), printed next to ``token_shards``' throughput; after ``embedding_shards`` the same for the embedding
+model's WordPiece over each text's first ``5 x embed_max_tokens`` characters (what ``shallow``
+tokenizes). Each stage's bytes written (the kernel's I/O accounting) and, at the end, the data
+root's size are printed. ``--strata-run`` runs the same path as one ``strata run --select
+'*ordering_diagnostics'`` process instead (Dagster's run storage included). ``--keep`` keeps the
+generated corpus, ``--reuse`` runs on it again. Figures are printed, never asserted.
 
-    python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep] [--reuse]
+    python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep] [--reuse] [--strata-run]
 """
 
 from __future__ import annotations
@@ -199,10 +203,9 @@ def _rss_anon_tree(pid: int) -> int:
     return total
 
 
-def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
-            reuse: bool = False) -> list[dict]:
-    import polars as pl
-
+def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool) -> Path:
+    """Generate (or with ``reuse``, keep an earlier run's) corpus under ``work/n<N>/shards`` and
+    write the benchmark's config ``cfg.json``; returns ``work/n<N>``."""
     base = work / f"n{n_docs}"
     done = base / "generated.json"
     if reuse and done.is_file() and json.loads(done.read_text()) == {"docs": n_docs, "shard_docs": shard_docs}:
@@ -221,6 +224,56 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         "embed_method": "shallow", "k": 1000, "seq_len": 2048, "strategies": strategies, "batch_size": 32,
     }
     (base / "cfg.json").write_text(json.dumps(cfg))
+    return base
+
+
+def run_child(cmd: list[str], env: dict, log_path: Path) -> tuple[str, float, int]:
+    """Run ``cmd`` in ``ROOT`` (stderr to ``log_path``), sampling the RssAnon of its process tree
+    every 0.1 s; returns ``(stdout, wall seconds, peak anonymous bytes)``."""
+    with open(log_path, "a") as log:
+        t0 = time.time()
+        child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        peak = [0]
+
+        def sample() -> None:
+            while child.poll() is None:
+                peak[0] = max(peak[0], _rss_anon_tree(child.pid))
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        out, _ = child.communicate()
+        sampler.join()
+    if child.returncode:
+        raise SystemExit(f"{' '.join(cmd[:3])} failed; see {log_path}")
+    return out, time.time() - t0, peak[0]
+
+
+def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool = False) -> dict:
+    """The same path as :func:`measure` through ``strata run --select '*ordering_diagnostics'``: one
+    process, Dagster's instance and run storage included. Prints wall time, CPU seconds, peak heap
+    of the process tree, bytes written and the data root's size."""
+    base = prepare(n_docs, work, shard_docs, strategies, reuse)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DAGSTER_HOME", None)
+    c0, w0 = _children_cpu(), _children_written()
+    _, wall, peak = run_child([sys.executable, "-m", "assets.cli", "run", "--config", str(base / "cfg.json"),
+                               "--select", "*ordering_diagnostics"], env, base / "strata_run.log")
+    cpu, written = _children_cpu() - c0, _children_written() - w0
+    root = base / "root"
+    whole = _du(root)
+    sizes = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir()}
+    print(f"\nstrata run --select '*ordering_diagnostics', {n_docs:,} documents: {wall:.1f} s wall, {cpu:.1f} CPU-s "
+          f"(CPU/wall {cpu / wall:.2f}), peak anon {peak / 2**30:.2f} GB, wrote {written / 2**30:.2f} GB; load average "
+          f"{os.getloadavg()[0]:.1f}\ndata root {whole / 2**30:.2f} GB (" + ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in sizes.items()) + ")")
+    return {"wall_s": wall, "cpu_s": cpu, "peak_anon_gb": peak / 2**30, "written_gb": written / 2**30, "root_gb": whole / 2**30}
+
+
+def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
+            reuse: bool = False) -> list[dict]:
+    import polars as pl
+
+    base = prepare(n_docs, work, shard_docs, strategies, reuse)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, peaks, written = {}, {}, {}, {}
     library = wordpiece = None
@@ -235,28 +288,12 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         spans[stage], cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0
         w0 = _children_written()
         for part in parts:
-            log = open(base / f"{stage}.log", "a")
-            t0 = time.time()
-            child = subprocess.Popen([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage, *part], cwd=ROOT,
-                                     env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-            peak = [0]
-
-            def sample(child=child, peak=peak) -> None:
-                while child.poll() is None:
-                    peak[0] = max(peak[0], _rss_anon_tree(child.pid))
-                    time.sleep(0.1)
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            out, _ = child.communicate()
-            sampler.join()
-            if child.returncode:
-                raise SystemExit(f"stage {stage} failed; see {base / f'{stage}.log'}")
+            out, full, peak = run_child([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage, *part], env,
+                                        base / f"{stage}.log")
             inner, cpu = map(float, out.split()[-2:])
-            full = time.time() - t0
             spans[stage] = (spans[stage][0] + full, spans[stage][1] + inner)
             cpus[stage] += cpu
-            peaks[stage] = max(peaks[stage], peak[0])
+            peaks[stage] = max(peaks[stage], peak)
         written[stage] = _children_written() - w0
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
               f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "
@@ -316,11 +353,17 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=["random", "greedy", "greedy_block_shuffle", "cluster_packed"])
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_scale"))
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and data root")
+    ap.add_argument("--strata-run", action="store_true", help="run the path as one `strata run` instead of stage by stage")
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     args = ap.parse_args()
     peaks = {}
     for n in args.docs:
+        if args.strata_run:
+            measure_run(n, args.work, args.shard_docs, args.strategies, args.reuse)
+            if not args.keep:
+                shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
+            continue
         rows = measure(n, args.work, args.shard_docs, args.strategies, STAGES[: STAGES.index(args.until) + 1], args.reuse)
         peaks[n] = rows[-1]["peak_anon_gb"]
         if not args.keep:
