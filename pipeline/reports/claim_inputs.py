@@ -25,6 +25,7 @@ from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D
 from pipeline.reports.claims import ClaimData
 from pipeline.reports.visual import document_features
+from pipeline.represent.embedding_index import open_embeddings
 from pipeline.storage.layout import Layout
 
 
@@ -35,7 +36,7 @@ def diversity_clusters(layout: Layout, cfg, docs: pl.DataFrame) -> tuple[np.ndar
         return docs["cluster"].to_numpy().astype(np.int64), k
     from pipeline.represent.clusters import kmeans
 
-    emb = np.load(layout.embeddings, mmap_mode="r")
+    emb = open_embeddings(layout)
     k = min(k, emb.shape[0])
     assign, _ = kmeans(emb, k, seed=cfg.seed, niter=cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
                        max_points_per_centroid=cfg.kmeans_max_points_per_centroid)
