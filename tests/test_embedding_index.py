@@ -4,17 +4,20 @@ the gathered matrix."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 
 import numpy as np
 import polars as pl
 import pytest
 
+from assets.cli import tools
 from helpers import demo_slice
 from pipeline.config import CorpusConfig, config_from_dict
 from pipeline.data.corpus import build_corpus
 from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.errors import StrataInputError
+from pipeline.reports.claim_inputs import diversity_clusters
 from pipeline.reports.diagnostics import corpus_diagnostics
 from pipeline.represent.calibrate import calibrate_k
 from pipeline.represent.clusters import assign_clusters, kmeans, train_kmeans
@@ -83,14 +86,29 @@ def test_index_reads_the_gathered_rows_and_gives_the_same_clusters(tmp_path, max
     cal, cal_x = (calibrate_k(m, [2, 3], sample_size=30, seed=2, niter=3) for m in (reader, x))
     np.testing.assert_array_equal(cal.silhouettes, cal_x.silhouettes)
     assert cal.recommended_k == cal_x.recommended_k
+    cfg = config_from_dict({"data_root": str(layout.root), "k": 4, "claims_k": 3, "kmeans_iters": 4})
+    claim_cluster, k = diversity_clusters(layout, cfg, pl.DataFrame({"cluster": np.zeros(n, np.int64)}))
+    want = kmeans(x, 3, seed=cfg.seed, niter=4, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
+                  max_points_per_centroid=cfg.kmeans_max_points_per_centroid)[0]
+    assert k == 3 and np.array_equal(claim_cluster, want)  # the claims' own k-means reads the data root's index
     cluster = assign_clusters(x, theirs, transform_x, True)
     lengths = np.full(n, 10)
     assert corpus_diagnostics(cluster, lengths, embeddings=reader, sample_size=40).equals(
         corpus_diagnostics(cluster, lengths, embeddings=x, sample_size=40))
 
 
-def test_index_names_its_shard_files_and_refuses_what_it_cannot_read(tmp_path):
+def test_index_names_its_shard_files_and_refuses_what_it_cannot_read(tmp_path, capsys):
     reader, x, layout = _matrix(tmp_path, 70)
+    parser = argparse.ArgumentParser()
+    tools.register(parser.add_subparsers())
+    np.save(tmp_path / "gathered.npy", x)
+    tables = []
+    for path in (layout.embeddings, tmp_path / "gathered.npy"):  # strata calibrate-k reads the data root's index
+        args = parser.parse_args(["calibrate-k", str(path), "--ks", "2,3", "--sample", "40"])
+        assert args.func(args) == 0
+        tables.append(capsys.readouterr().out)
+    assert tables[0] == tables[1] and "silhouette" in tables[0]
+
     index = pl.read_parquet(layout.embeddings)
     assert index.columns == ["start", "end", "path", "local", "sha256", "dtype", "dim"]
     assert {(p, d) for p, d in index.select("path", "sha256").unique().iter_rows()} == {
