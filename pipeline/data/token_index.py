@@ -7,7 +7,8 @@ of consecutive kept rows. :func:`pipeline.data.token_shards.gather_tokens` write
 (:func:`write_token_runs`, ``tokens/runs.parquet``) and :func:`open_token_runs` reads them.
 :class:`ShardedTokens` reads the store through the runs from the shards' memory-mapped files
 and indexes like a memory-mapped flat array of the ids (an int, a slice, an integer array), so a reader of the store (the sequence matrix, training batches, exports) gets
-the values a gathered copy would hold.
+the values a gathered copy would hold. The embedding matrix is indexed by the same runs, counted
+in rows (:mod:`pipeline.represent.embedding_index`).
 """
 
 from __future__ import annotations

@@ -15,13 +15,17 @@ refused with the fix: rematerialize ``embeddings``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from pipeline.data.token_index import TokenRuns, grouped, locate, read_runs, shard_runs, write_runs
 from pipeline.errors import StrataInputError
+
+if TYPE_CHECKING:
+    from pipeline.storage.layout import Layout
 
 FIX = "rematerialize the embeddings asset (strata run --select embeddings)"
 
@@ -50,7 +54,7 @@ def write_embedding_runs(parts: Sequence[tuple[Path, np.ndarray | None]], path: 
     return at
 
 
-def open_embeddings(where) -> "ShardedRows":
+def open_embeddings(where: "Layout | str | os.PathLike") -> "ShardedRows":
     """The embedding matrix of a :class:`pipeline.storage.layout.Layout` (or of its ``runs.parquet``)."""
     path = Path(getattr(where, "embeddings", where))
     if not path.is_file():
