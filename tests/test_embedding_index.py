@@ -21,7 +21,7 @@ from pipeline.reports.claim_inputs import diversity_clusters
 from pipeline.reports.diagnostics import corpus_diagnostics
 from pipeline.represent.calibrate import calibrate_k
 from pipeline.represent.clusters import assign_clusters, kmeans, train_kmeans
-from pipeline.represent.embedding_index import ShardedRows, open_embeddings, write_embedding_runs
+from pipeline.represent.embedding_index import ShardedRows, has_embeddings, open_embeddings, write_embedding_runs
 from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key
 from pipeline.represent.embeddings import default_model_path
 from pipeline.storage.layout import Layout
@@ -125,3 +125,7 @@ def test_index_names_its_shard_files_and_refuses_what_it_cannot_read(tmp_path, c
     layout.embeddings.unlink()
     with pytest.raises(StrataInputError, match="rematerialize the embeddings asset"):
         open_embeddings(layout)
+    with pytest.raises(StrataInputError, match="embeddings.npy is a gathered matrix"):
+        has_embeddings(layout)
+    (layout.embeddings.parent / "embeddings.npy").unlink()
+    assert not has_embeddings(layout)

@@ -54,14 +54,20 @@ def write_embedding_runs(parts: Sequence[tuple[Path, np.ndarray | None]], path: 
     return at
 
 
+def has_embeddings(where: "Layout | str | os.PathLike") -> bool:
+    """Whether the data root (or the ``runs.parquet`` path) has the embedding matrix's index; an
+    older root's gathered ``embeddings.npy`` alone is refused with the fix."""
+    path = Path(getattr(where, "embeddings", where))
+    old = path.parent / "embeddings.npy"
+    if not path.is_file() and old.is_file():
+        raise StrataInputError("embeddings.npy is a gathered matrix this version no longer reads (no runs.parquet)", path=old, fix=FIX)
+    return path.is_file()
+
+
 def open_embeddings(where: "Layout | str | os.PathLike") -> "ShardedRows":
     """The embedding matrix of a :class:`pipeline.storage.layout.Layout` (or of its ``runs.parquet``)."""
     path = Path(getattr(where, "embeddings", where))
-    if not path.is_file():
-        old = path.parent / "embeddings.npy"
-        if old.is_file():
-            raise StrataInputError("embeddings.npy is a gathered matrix this version no longer reads (no runs.parquet)",
-                                   path=old, fix=FIX)
+    if not has_embeddings(path):
         raise StrataInputError("no embedding matrix", path=path, fix="materialize the embeddings asset")
     runs, frame = read_runs(path, "embedding matrix", "embedding shard", FIX)
     if not frame.height:
