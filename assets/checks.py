@@ -36,9 +36,11 @@ def clusters_cover_documents(settings: StrataSettings) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset="embeddings", blocking=True, description="Embeddings are finite and unit-norm.")
 def embeddings_normalized(settings: StrataSettings) -> dg.AssetCheckResult:
-    emb = np.load(settings.layout().embeddings, mmap_mode="r")
+    from pipeline.represent.embedding_index import open_embeddings
+
+    emb = open_embeddings(settings.layout())
     lo, hi, finite = np.inf, -np.inf, True
-    for a in range(0, emb.shape[0], 1 << 16):  # streamed: the matrix is memory-mapped, never whole in RAM
+    for a in range(0, emb.shape[0], 1 << 16):  # streamed from the shards' memory-mapped files, never whole in RAM
         block = np.asarray(emb[a : a + (1 << 16)])
         finite &= bool(np.isfinite(block).all())
         norms = np.linalg.norm(block, axis=1)

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import dagster as dg
-import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
@@ -15,6 +14,7 @@ from pipeline.reports import diagnostics as D
 from pipeline.reports.markdown import frame_table
 from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
+from pipeline.represent.embedding_index import open_embeddings
 from pipeline.reports.plots import plot_k_calibration
 from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
@@ -125,7 +125,7 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     cfg, layout = asset_config(context, settings), settings.layout()
     strategies = [s for s in cfg.strategies if layout.ordering(s).exists() and s not in training_time()]
     docs, schedules = ordering_schedules(layout, strategies, cfg.length_bins)
-    emb = np.load(layout.embeddings, mmap_mode="r")
+    emb = open_embeddings(layout)
     labels = docs["source"].to_numpy()
     corpus = D.corpus_diagnostics(docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), embeddings=emb,
                                   labels=labels if len(set(labels)) > 1 else None, seed=cfg.seed)

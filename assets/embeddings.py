@@ -11,9 +11,10 @@ from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from assets.corpus import gathered_shards, partition_docs
 from pipeline.data.token_shards import token_files, tokenizer_key
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.data.shard_docs import ShardDocs, gather_rows, kept_rows, prune
+from pipeline.data.shard_docs import ShardDocs, kept_rows, prune
 from pipeline.represent.cluster_shards import assign_shards, assignment_file
 from pipeline.represent.clusters import keeps, load_model, save_model, train_kmeans
+from pipeline.represent.embedding_index import open_embeddings, write_embedding_runs
 from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key
 from pipeline.represent.embeddings import default_model_path, same_tokenizer
 from pipeline.storage.atomic import write_npy, write_parquet
@@ -72,12 +73,13 @@ def embedding_shards(context: dg.AssetExecutionContext, settings: StrataSettings
     )
 
 
-@dg.asset(group_name="representation", deps=["corpus", "embedding_shards"], code_version="6", kinds={"numpy"})
+@dg.asset(group_name="representation", deps=["corpus", "embedding_shards"], code_version="7", kinds={"numpy"})
 def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
-    """Every training document's embedding, ``embeddings.npy`` (N x d float32, unit rows, doc_id order):
-    the ``embedding_shards`` rows gathered through a memory map (never whole in RAM), only the kept
-    documents where ``corpus`` dropped some. A shard whose file is missing (its partition was not
-    run) is embedded here, the same way."""
+    """Every training document's embedding (N x d float32, unit rows, doc_id order) as an index over
+    the ``embedding_shards`` files, ``embeddings/runs.parquet`` (:mod:`pipeline.represent.embedding_index`:
+    no copy of the rows; only the kept documents where ``corpus`` dropped some), read with
+    ``open_embeddings``. A shard whose file is missing (its partition was not run) is embedded
+    here, the same way."""
     rec = Recorder(context, duckdb, {"corpus": None})
     cfg, layout = asset_config(context, settings), settings.layout()
     shards = gathered_shards(layout, rec, "embedding_shards")
@@ -85,10 +87,10 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     shard_dir = layout.shard_dir("embeddings")
     prune(shard_dir, {embedding_file(shard_dir, s, key).name for _, s in shards})
     parts = [(embedding_file(shard_dir, s, key), kept_rows(layout.corpus, row, s)) for row, s in shards if int(row["n_docs"])]
-    n = gather_rows(parts, layout.embeddings)
+    n = write_embedding_runs(parts, layout.embeddings)
     return rec.finish(
         [layout.embeddings],
-        {"documents": n, "dim": int(np.load(layout.embeddings, mmap_mode="r").shape[1])},
+        {"documents": n, "dim": open_embeddings(layout).shape[1]},
         {"method": cfg.embed_method, "model": cfg.embed_model or "all-MiniLM-L6-v2", "max_tokens": cfg.embed_max_tokens,
          "engine": cfg.engine, "shard_docs": cfg.shard_docs},
         run,
@@ -111,7 +113,7 @@ def centroids(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     stale. ``keep_centroids: false`` retrains."""
     rec = Recorder(context, duckdb, {"embeddings": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    emb = np.load(layout.embeddings, mmap_mode="r")
+    emb = open_embeddings(layout)
     live = [row["docs_digest"] for row in pl.read_parquet(layout.shards).to_dicts() if int(row["n_docs"])]
     params = {"k": cfg.k, "seed": cfg.seed, "iters": cfg.kmeans_iters, "pca": cfg.pca_components, "spherical": cfg.kmeans_spherical,
               "max_points_per_centroid": cfg.kmeans_max_points_per_centroid, "embeddings": _embed_key(cfg)[1]}

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -102,7 +103,7 @@ def ray_root(ray_cluster, tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------- tests
 def test_ray_engine_writes_the_local_bytes(local_root, ray_root):
     local, remote = _artifacts(local_root), _artifacts(ray_root)
-    assert "embeddings/embeddings.npy" in local and "orderings/greedy.parquet" in local and "tokens/runs.parquet" in local
+    assert "embeddings/runs.parquet" in local and "orderings/greedy.parquet" in local and "tokens/runs.parquet" in local
     assert sorted(remote) == sorted(local)
     assert [k for k in local if local[k] != remote[k]] == []
     import duckdb
@@ -110,6 +111,15 @@ def test_ray_engine_writes_the_local_bytes(local_root, ray_root):
     with duckdb.connect(str(ray_root / "strata.duckdb"), read_only=True) as con:
         params = dict(con.execute("SELECT asset, parameters FROM lineage WHERE asset IN ('tokens', 'embeddings')").fetchall())
     assert all(json.loads(p)["engine"] == "ray" for p in params.values()) and len(params) == 2
+
+
+def _same_embeddings(root: Path, local_root: Path) -> None:
+    """The embedding index (its shard files' SHA-256 included) and the rows it reads equal the local engine's."""
+    from pipeline.represent.embedding_index import open_embeddings
+
+    assert (root / "embeddings" / "runs.parquet").read_bytes() == (local_root / "embeddings" / "runs.parquet").read_bytes()
+    np.testing.assert_array_equal(np.asarray(open_embeddings(root / "embeddings" / "runs.parquet")),
+                                  np.asarray(open_embeddings(local_root / "embeddings" / "runs.parquet")))
 
 
 def _actor_running_a_shard(temp_dir: Path) -> int | None:
@@ -143,8 +153,7 @@ def test_worker_killed_during_embedding_gives_identical_artifacts(ray_cluster, l
         watcher.join()
     assert killed, "no embedding actor was caught running a shard"
     assert _metadata(result, "embeddings")["units"] == N_DOCS // SHARD_DOCS
-    ours = (tmp_path / "root" / "embeddings" / "embeddings.npy").read_bytes()
-    assert ours == (local_root / "embeddings" / "embeddings.npy").read_bytes()
+    _same_embeddings(tmp_path / "root", local_root)
 
 
 _DRIVER = """
@@ -174,11 +183,10 @@ def test_driver_killed_midway_rerun_resumes_and_matches(ray_cluster, local_root,
         driver.wait()
     written = len(list(work.glob("embeddings-*.npz")))
     assert 1 <= written < N_DOCS // SHARD_DOCS, f"{written} units written when the driver was killed"
-    assert not (tmp_path / "root" / "embeddings" / "embeddings.npy").exists()
+    assert not (tmp_path / "root" / "embeddings" / "runs.parquet").exists()
     meta = _metadata(materialize(config, ["embeddings"]), "embeddings")
     assert meta["units_resumed"] == written and meta["units"] == N_DOCS // SHARD_DOCS
-    ours = (tmp_path / "root" / "embeddings" / "embeddings.npy").read_bytes()
-    assert ours == (local_root / "embeddings" / "embeddings.npy").read_bytes()
+    _same_embeddings(tmp_path / "root", local_root)
     assert not list(work.glob("*.npz"))  # unit files are removed once the shard's artifact exists
 
 

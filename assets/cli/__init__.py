@@ -103,7 +103,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import duckdb
-    import numpy as np
     import polars as pl
     from rich.console import Console
     from rich.table import Table
@@ -113,6 +112,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipeline.reports import stationarity as S
     from pipeline.reports import visual as V
     from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
+    from pipeline.represent.embedding_index import has_embeddings, open_embeddings
     from pipeline.storage.layout import Layout
 
     cfg = env_config()
@@ -128,7 +128,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
     docs, schedules = ordering_schedules(layout, strategies, args.bins)
     metrics = pl.concat([D.ordering_diagnostics(s, sched) for s, sched in schedules.items()])
-    emb = np.load(layout.embeddings, mmap_mode="r") if layout.embeddings.exists() else None
+    emb = open_embeddings(layout) if has_embeddings(layout) else None
     prefix = cfg.max_steps * cfg.batch_size
     stationarity = pl.concat([S.stationarity_table(sched, prefix=prefix, strategy=s, n_random=cfg.stationarity_shuffles, seed=cfg.seed)
                               for s, sched in schedules.items()])

@@ -24,12 +24,17 @@ def cmd_calibrate_k(args: argparse.Namespace) -> int:
 
     path: Path = args.embeddings
     if not path.exists():
-        raise StrataInputError("embeddings file not found", fix="pass the embeddings .npy", path=path)
+        raise StrataInputError("embeddings file not found", fix="pass an (N, d) .npy or a data root's embeddings/runs.parquet", path=path)
     try:
         ks = [int(k) for k in str(args.ks).split(",") if k.strip()]
     except ValueError:
         raise StrataInputError(f"--ks {args.ks!r} is not a list of integers", fix="write e.g. --ks 5,10,20") from None
-    x = np.load(os.fspath(path), mmap_mode="r", allow_pickle=False)
+    if path.suffix == ".parquet":
+        from pipeline.represent.embedding_index import open_embeddings
+
+        x = open_embeddings(path)
+    else:
+        x = np.load(os.fspath(path), mmap_mode="r", allow_pickle=False)
     cal = calibrate_k(x, ks, sample_size=args.sample, seed=args.seed, niter=args.niter, threads=args.threads)
     table = Table(title=f"silhouette (cosine) vs k, sample {cal.sample_size:,}, seed {cal.seed}")
     table.add_column("k", justify="right")
@@ -133,7 +138,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add calibrate-k, compare-clusterings, compare-runs and lineage to the ``strata`` command."""
     p = sub.add_parser("calibrate-k", help="sweep k: silhouette vs k on a sample, recommend k")
-    p.add_argument("embeddings", type=Path, help="(N, d) float .npy of document embeddings")
+    p.add_argument("embeddings", type=Path, help="(N, d) float .npy of document embeddings, or a data root's embeddings/runs.parquet")
     p.add_argument("--ks", default=",".join(map(str, DEFAULT_KS)), help="comma-separated k values")
     p.add_argument("--sample", type=int, default=10_000, help="documents in the seeded sample")
     p.add_argument("--seed", type=int, default=0)

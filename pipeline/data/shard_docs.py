@@ -7,7 +7,7 @@ stage's artifact is named by the validated file and the producer's fingerprint, 
 ``tokens/shards/<validated>-<tokenizer>.bin``, so it depends on nothing but that shard and the
 producer: a rerun, or the Dagster partition of another shard, never touches it. The whole-corpus
 assets gather these artifacts in ``corpus.parquet`` order (``shard_row`` says which row of its shard
-each document is): :func:`manifest_shards`, :func:`kept_rows`, :func:`gather_rows`.
+each document is): :func:`manifest_shards`, :func:`kept_rows`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from pipeline.storage.atomic import write_rows
 
 
 @dataclass(frozen=True)
@@ -109,19 +108,3 @@ def kept_rows(corpus_path: Path, row: dict, shard: ShardDocs) -> np.ndarray | No
     rows = (pq.ParquetFile(corpus_path).read_row_groups(groups, columns=["shard_row"]).column(0).to_numpy() if groups
             else np.zeros(0, np.int64))
     return None if rows.size == shard.n_docs else rows.astype(np.int64)  # sorted, unique: equal size = all
-
-
-def gather_rows(parts: Sequence[tuple[Path, np.ndarray | None]], out: Path, block: int = 1 << 16) -> int:
-    """Write the chosen rows (None: all) of each per-shard ``.npy`` into one ``.npy`` through a
-    memory map, ``block`` rows at a time; the row count."""
-    mms = [(np.load(p, mmap_mode="r"), rows) for p, rows in parts]
-    n = sum(mm.shape[0] if rows is None else rows.size for mm, rows in mms)
-
-    def blocks():
-        for mm, rows in mms:
-            m = mm.shape[0] if rows is None else rows.size
-            for a in range(0, m, block):
-                yield np.asarray(mm[a : a + block] if rows is None else mm[rows[a : a + block]])
-
-    write_rows(blocks(), n, out, dtype=mms[0][0].dtype)
-    return n

@@ -7,7 +7,8 @@ of consecutive kept rows. :func:`pipeline.data.token_shards.gather_tokens` write
 (:func:`write_token_runs`, ``tokens/runs.parquet``) and :func:`open_token_runs` reads them.
 :class:`ShardedTokens` reads the store through the runs from the shards' memory-mapped files
 and indexes like a memory-mapped flat array of the ids (an int, a slice, an integer array), so a reader of the store (the sequence matrix, training batches, exports) gets
-the values a gathered copy would hold.
+the values a gathered copy would hold. The embedding matrix is indexed by the same runs, counted
+in rows (:mod:`pipeline.represent.embedding_index`).
 """
 
 from __future__ import annotations
@@ -47,16 +48,21 @@ def shard_runs(lengths: np.ndarray, rows: np.ndarray | None) -> tuple[np.ndarray
     return first[heads], first[tails + 1] - first[heads]
 
 
-def write_token_runs(runs: TokenRuns, dtype: np.dtype, path: Path) -> Path:
-    """Write ``runs`` as Parquet (``start, end, path, local, dtype, sha256``; paths relative to
-    ``path``'s folder). ``sha256`` is the shard file's content hash, so the index (and the data
-    version recorded for it) changes whenever the ids it points at do."""
+def write_runs(runs: TokenRuns, path: Path, **constants: str | int) -> Path:
+    """Write ``runs`` as Parquet (``start, end, path, local, sha256``, then ``constants`` as columns;
+    paths relative to ``path``'s folder). ``sha256`` is the shard file's content hash, so the index
+    (and the data version recorded for it) changes whenever the values it points at do."""
     rel = [os.path.relpath(p, Path(path).parent) for p in runs.paths]
     digests = [file_sha256(p) for p in runs.paths]  # taken while the shard was written, when this process wrote it
     frame = pl.DataFrame({"start": runs.start[:-1], "end": runs.start[1:], "path": [rel[f] for f in runs.file], "local": runs.local,
                           "sha256": [digests[f] for f in runs.file]},
                          schema={"start": pl.Int64, "end": pl.Int64, "path": pl.String, "local": pl.Int64, "sha256": pl.String})
-    return write_parquet(frame.with_columns(dtype=pl.lit(np.dtype(dtype).str)), path)
+    return write_parquet(frame.with_columns(**{k: pl.lit(v, pl.Int64 if isinstance(v, int) else pl.String) for k, v in constants.items()}), path)
+
+
+def write_token_runs(runs: TokenRuns, dtype: np.dtype, path: Path) -> Path:
+    """Write the token store's ``runs`` (:func:`write_runs`, with the ids' ``dtype``)."""
+    return write_runs(runs, path, dtype=np.dtype(dtype).str)
 
 
 def write_single_run(tokens: np.ndarray, path: Path) -> Path:
@@ -71,23 +77,43 @@ def write_single_run(tokens: np.ndarray, path: Path) -> Path:
     return write_token_runs(runs, tokens.dtype, path)
 
 
-def open_token_runs(path: Path) -> "ShardedTokens":
-    """The token store an index written by :func:`write_token_runs` describes."""
+def read_runs(path: Path, store: str, shard: str, fix: str) -> tuple[TokenRuns, pl.DataFrame]:
+    """The runs an index written by :func:`write_runs` holds, and the index itself; ``store`` and
+    ``shard`` name what it indexes and its files, ``fix`` how to rebuild it, in the errors."""
     path = Path(path)
     frame = pl.read_parquet(path)
     if not frame.height:
-        return ShardedTokens(TokenRuns([], np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)), np.dtype(np.uint16))
+        return TokenRuns([], np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)), frame
     start, end = frame["start"].to_numpy(), frame["end"].to_numpy()
     if start[0] != 0 or (start[1:] != end[:-1]).any() or (end <= start).any():
-        raise StrataInputError("the runs do not tile the token store", path=path, fix="rematerialize the tokens asset")
+        raise StrataInputError(f"the runs do not tile the {store}", path=path, fix=fix)
     names = frame["path"].unique().sort()
     missing = [n for n in names.to_list() if not (path.parent / n).is_file()]
     if missing:
-        raise StrataInputError(f"token shard file {missing[0]} is missing", path=path,
-                               fix="rematerialize token_shards and tokens")
-    runs = TokenRuns([path.parent / n for n in names.to_list()], np.append(start, end[-1]).astype(np.int64),
-                     names.search_sorted(frame["path"]).to_numpy().astype(np.int64), frame["local"].to_numpy().astype(np.int64))
-    return ShardedTokens(runs, np.dtype(frame["dtype"][0]))
+        raise StrataInputError(f"{shard} file {missing[0]} is missing", path=path, fix=fix)
+    return TokenRuns([path.parent / n for n in names.to_list()], np.append(start, end[-1]).astype(np.int64),
+                     names.search_sorted(frame["path"]).to_numpy().astype(np.int64), frame["local"].to_numpy().astype(np.int64)), frame
+
+
+def locate(runs: TokenRuns, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(file, position in that file)`` of each of ``positions`` (flat, in range)."""
+    run = np.searchsorted(runs.start, positions, side="right") - 1
+    return runs.file[run], runs.local[run] + positions - runs.start[run]
+
+
+def grouped(files: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(file, indices into files that name it)`` for each file named, in one stable sort."""
+    if not files.size:
+        return []
+    order = np.argsort(files, kind="stable")
+    cuts = np.flatnonzero(np.diff(files[order])) + 1
+    return [(int(files[g[0]]), g) for g in np.split(order, cuts)]
+
+
+def open_token_runs(path: Path) -> "ShardedTokens":
+    """The token store an index written by :func:`write_token_runs` describes."""
+    runs, frame = read_runs(path, "token store", "token shard", "rematerialize token_shards and tokens")
+    return ShardedTokens(runs, np.dtype(frame["dtype"][0] if frame.height else np.uint16))
 
 
 class ShardedTokens:
@@ -113,13 +139,10 @@ class ShardedTokens:
         flat = pos.ravel()
         if flat.size and (flat.min() < 0 or flat.max() >= self.size):
             raise IndexError(f"token position out of range for a store of {self.size}")
-        run = np.searchsorted(self.runs.start, flat, side="right") - 1
-        local = self.runs.local[run] + flat - self.runs.start[run]
-        f = self.runs.file[run]
+        f, local = locate(self.runs, flat)
         out = np.empty(flat.size, self.dtype)
-        for u in np.unique(f):
-            sel = f == u
-            out[sel] = self._map(int(u))[local[sel]]
+        for u, sel in grouped(f):
+            out[sel] = self._map(u)[local[sel]]
         return out.reshape(pos.shape)
 
     def span(self, a: int, b: int) -> np.ndarray:

@@ -25,6 +25,7 @@ from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D
 from pipeline.reports.claims import ClaimData
 from pipeline.reports.visual import document_features
+from pipeline.represent.embedding_index import has_embeddings, open_embeddings
 from pipeline.storage.layout import Layout
 
 
@@ -35,7 +36,7 @@ def diversity_clusters(layout: Layout, cfg, docs: pl.DataFrame) -> tuple[np.ndar
         return docs["cluster"].to_numpy().astype(np.int64), k
     from pipeline.represent.clusters import kmeans
 
-    emb = np.load(layout.embeddings, mmap_mode="r")
+    emb = open_embeddings(layout)
     k = min(k, emb.shape[0])
     assign, _ = kmeans(emb, k, seed=cfg.seed, niter=cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
                        max_points_per_centroid=cfg.kmeans_max_points_per_centroid)
@@ -79,7 +80,7 @@ def claim_data(layout: Layout, cfg, params: OrderParams, read_table: Callable[[s
                           cluster, lengths, bin_edges=edges).position
                 for i in range(cfg.claims_shuffles)
             ]
-        if layout.embeddings.exists() or (cfg.claims_k or cfg.k) == cfg.k:
+        if has_embeddings(layout) or (cfg.claims_k or cfg.k) == cfg.k:
             k_cluster, k = diversity_clusters(layout, cfg, docs)
             log(f"Diversity-ordered training's table at k={k}")
             data.diversity = diversity_schedules(docs, k_cluster, segments, cfg.seq_len, params, cfg.seed, edges)

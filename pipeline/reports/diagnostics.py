@@ -455,13 +455,13 @@ def corpus_diagnostics(
         (strategy, "cluster_token_share_max", "", float(toks.max() / toks.sum())),
     ]
     if embeddings is not None:
-        x = np.asarray(embeddings, dtype=np.float32)
-        if x.shape[0] != cl.size:
+        x = embeddings if hasattr(embeddings, "shape") else np.asarray(embeddings)  # the sharded matrix: only the sample is read
+        if len(x) != cl.size:
             raise StrataInputError("embeddings and doc_cluster differ in rows", fix="pass one embedding per doc_id")
         rng = np.random.default_rng(seed)
         idx = np.sort(rng.choice(cl.size, size=min(sample_size, cl.size), replace=False))
         if np.unique(cl[idx]).size >= 2:
-            sil = silhouette_score(x[idx], cl[idx], metric="cosine")
+            sil = silhouette_score(np.asarray(x[idx], dtype=np.float32), cl[idx], metric="cosine")
             rows.append((strategy, "silhouette_cosine", f"sample={idx.size};seed={seed}", float(sil)))
     if labels is not None:
         lab = np.asarray(labels)

@@ -197,7 +197,8 @@ def plot_cluster_cloud(
         raise StrataInputError("embeddings and doc_cluster differ in rows", fix="pass one embedding per doc_id")
     rng = np.random.default_rng(seed)
     idx = np.sort(rng.choice(cl.size, size=min(sample_size, cl.size), replace=False))
-    pts, used = embed_2d(np.asarray(embeddings)[idx], method, seed)
+    x = embeddings if hasattr(embeddings, "shape") else np.asarray(embeddings)  # the sharded matrix: only the sample is read
+    pts, used = embed_2d(np.asarray(x[idx]), method, seed)
     k = int(cl.max()) + 1
     fig = Figure(figsize=(7.5, 7))
     ax = fig.subplots()

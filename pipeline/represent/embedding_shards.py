@@ -5,7 +5,7 @@ Each validated shard's training rows are embedded on their own into
 ``shard_docs`` documents on the configured engine: in this process, or on Ray model actors. With
 ``shallow`` embeddings and the pipeline's tokenizer equal to the model's, a unit's ids are read
 from the shard's token files (:mod:`pipeline.data.token_shards`) instead of tokenizing again.
-The ``embeddings`` asset gathers the shards' rows (:func:`pipeline.data.shard_docs.gather_rows`).
+The ``embeddings`` asset indexes the shards' rows in corpus order (:mod:`pipeline.represent.embedding_index`).
 """
 
 from __future__ import annotations

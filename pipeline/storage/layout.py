@@ -58,7 +58,8 @@ class Layout:
 
     @property
     def embeddings(self) -> Path:
-        return self.root / "embeddings" / "embeddings.npy"
+        """The embedding matrix's index over the shard files (:mod:`pipeline.represent.embedding_index`)."""
+        return self.root / "embeddings" / "runs.parquet"
 
     @property
     def clusters(self) -> Path:
