@@ -361,7 +361,7 @@ def _data_root(root: Path, variant: str = "concat") -> tuple:
     write_single_run(tokens, layout.tokens)
     np.save(layout.doc_offsets, offsets)
     stream.segments.write_parquet(layout.segments)
-    store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)
+    layout.sequences_meta.write_text(json.dumps({"seq_len": L, "packing": variant, "freeze_prefix": 0}))
     pl.DataFrame({"position": np.arange(order.size), "sequence_id": order}).write_parquet(layout.ordering("greedy"))
     save_tokenizer(layout.tokenizer)
     return store, order

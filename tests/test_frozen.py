@@ -25,7 +25,6 @@ from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore, conservation, pack
 from pipeline.reports.diagnostics import composition, prefix_errors
 from pipeline.represent.embeddings import default_model_path
-from pipeline.data.tokens import open_tokens
 from pipeline.export.numpy_tokens import open_numpy
 from pipeline.storage.layout import Layout, Store
 
@@ -67,9 +66,7 @@ def _snapshot(layout: Layout, strategy: str) -> dict:
     """What a trainer that consumed the first P positions read, from every artifact."""
     order = Store(layout).ordering(strategy).order
     L = Store(layout).sequences.seq_len
-    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    matrix = np.memmap(layout.sequence_matrix, dtype=tokens.dtype, mode="r").reshape(-1, L)
-    out = {"order": order[:P].copy(), "rows": np.asarray(matrix[order[:P]]).copy()}
+    out = {"order": order[:P].copy(), "rows": Store(layout).sequence_store().batch(order[:P])[0]}
     numpy_dir, meg_dir, hf_dir = (layout.export_dir(strategy, f) for f in FORMATS)
     meta = json.loads((numpy_dir / "meta.json").read_text())
     width = np.dtype(meta["dtype"]).itemsize
