@@ -405,7 +405,8 @@ def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: in
 
 
 class SequenceStore:
-    """Random access to packed sequences: token matrix rows, their document segments, padding.
+    """Random access to packed sequences by id: ``rows`` (tokens only, each segment copied as one
+    span of the store) and ``masked_batch`` (token by token, with segments and the padding mask).
 
     ``tokens`` is the flat token store (every document followed by EOS; may be a memmap) and
     ``doc_offsets[d]`` the start of document d in it. Only the requested tokens are read. An
