@@ -13,6 +13,7 @@ from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
+from pipeline.storage.layout import tokens_fingerprint
 from pipeline.storage.warehouse import replace_rows
 
 
@@ -27,8 +28,8 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
 
     Writes ``sequences/segments.parquet`` (each sequence's pieces as offsets into the token store:
     no copy of the tokens; readers gather rows through ``SequenceStore``, e.g.
-    ``Store(layout).sequence_store()``) and ``sequences/meta.json`` (seq_len, packing: what
-    readers of the sequences need to know).
+    ``Store(layout).sequence_store()``) and ``sequences/meta.json`` (seq_len, packing and the
+    fingerprint of the token store packed: what readers of the sequences need to know).
 
     With ``freeze_prefix`` P (recorded in ``meta.json``, which ``orderings`` follows), the frozen
     prefixes recorded under ``frozen/`` by ``orderings`` are kept: their sequences keep their
@@ -55,7 +56,8 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     write_parquet(packed.segments, layout.segments)
     saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
-    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen}, layout.sequences_meta)
+    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout)},
+               layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with duckdb.get_connection() as con:

@@ -19,7 +19,6 @@ from typing import Callable, Iterator
 import numpy as np
 import polars as pl
 
-from pipeline.data.tokens import open_tokens
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.layout import Layout, Store
@@ -61,7 +60,7 @@ def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_
         n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
         raise StrataInputError(f"the sequences are {n_seq} x seq_len {packed_len}, not x seq_len {seq_len}", path=store.sequences.segments_path,
                                fix="leave seq_len to the sequences artifact, or rematerialize sequences")
-    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    tokens, offsets = store.packed_tokens()
     packed = SequenceStore(tokens, offsets, segments, packed_len, pad_id=pad_id)
     return OrderedStream(ordering.order, segments, packed_len, tokens.dtype, eos_id, pad_id, packed.rows)
 

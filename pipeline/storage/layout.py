@@ -138,6 +138,7 @@ class Sequences:
     seq_len: int
     segments_path: Path
     freeze_prefix: int = 0  # sequences whose positions every stream keeps (pipeline/packing/frozen.py); 0 = off
+    tokens: str | None = None  # tokens_fingerprint of the token store the segments point into (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -173,14 +174,24 @@ class Store:
                                    fix="materialize sequences (strata run, or the Dagster UI); a data root packed before "
                                        "sequences/meta.json existed needs sequences rematerialized")
         meta = json.loads(lay.sequences_meta.read_text(encoding="utf-8"))
-        return Sequences(int(meta["seq_len"]), lay.segments, int(meta.get("freeze_prefix", 0)))
+        return Sequences(int(meta["seq_len"]), lay.segments, int(meta.get("freeze_prefix", 0)), meta.get("tokens"))
+
+    def packed_tokens(self) -> tuple["np.ndarray", "np.ndarray"]:
+        """``open_tokens`` of the token store the sequences' segments point into; refuses a token
+        store that changed since ``sequences`` packed it (the segments would read other ids)."""
+        from pipeline.data.tokens import open_tokens
+
+        recorded = self.sequences.tokens
+        if recorded is not None and recorded != tokens_fingerprint(self.layout):
+            raise StrataInputError("the token store changed since the sequences were packed: their segments point at other ids",
+                                   path=self.layout.tokens, fix="rematerialize sequences and orderings for the current tokens")
+        return open_tokens(self.layout.tokens, self.layout.doc_offsets)
 
     def sequence_store(self, pad_id: int | None = None) -> "SequenceStore":
         """The base packing's sequences read from the token store (``SequenceStore``: rows by
         sequence id); ``pad_id`` is the tokenizer's when not given."""
         import polars as pl
 
-        from pipeline.data.tokens import open_tokens
         from pipeline.packing.pack import SequenceStore
 
         seq = self.sequences
@@ -188,5 +199,15 @@ class Store:
             from pipeline.data.tokenizer import load_tokenizer
 
             pad_id = load_tokenizer(self.layout.tokenizer).pad_token_id
-        tokens, offsets = open_tokens(self.layout.tokens, self.layout.doc_offsets)
+        tokens, offsets = self.packed_tokens()
         return SequenceStore(tokens, offsets, pl.read_parquet(seq.segments_path), seq.seq_len, pad_id=pad_id)
+
+
+def tokens_fingerprint(layout: Layout) -> str:
+    """SHA-256 of the token store's index and document offsets (their digests, taken while they were
+    written): what ``sequences`` records as the store its segments point into."""
+    import hashlib
+
+    from pipeline.storage.atomic import file_sha256
+
+    return hashlib.sha256(f"{file_sha256(layout.tokens)} {file_sha256(layout.doc_offsets)}".encode()).hexdigest()
