@@ -10,9 +10,10 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import Recorder, StrataSettings
 from pipeline.storage.atomic import write_json, write_parquet
 from pipeline.packing import frozen
-from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing, write_sequence_matrix
+from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
+from pipeline.storage.layout import tokens_fingerprint
 from pipeline.storage.warehouse import replace_rows
 
 
@@ -25,9 +26,10 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured
     ``packing`` (concat, padding, best_fit, atom-size shuffles; see pipeline/packing/pack.py).
 
-    Writes ``sequences/segments.parquet``, the M x L token matrix ``sequences/tokens.bin``,
-    streamed from the memory-mapped token store a block of sequences at a time (no M x L array),
-    and ``sequences/meta.json`` (seq_len, packing: what readers of the sequences need to know).
+    Writes ``sequences/segments.parquet`` (each sequence's pieces as offsets into the token store:
+    no copy of the tokens; readers gather rows through ``SequenceStore``, e.g.
+    ``Store(layout).sequence_store()``) and ``sequences/meta.json`` (seq_len, packing and the
+    fingerprint of the token store packed: what readers of the sequences need to know).
 
     With ``freeze_prefix`` P (recorded in ``meta.json``, which ``orderings`` follows), the frozen
     prefixes recorded under ``frozen/`` by ``orderings`` are kept: their sequences keep their
@@ -48,20 +50,20 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     else:
         doc_order = np.random.default_rng(cfg.seed).permutation(stream.size)
         packed = pack(variant, doc_order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
-    pad_id = load_tokenizer(layout.tokenizer).pad_token_id
-    store = SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id)
-    frozen.verify(records, store, tokens.dtype)  # before anything is overwritten
+    if records:  # before anything is overwritten
+        pad_id = load_tokenizer(layout.tokenizer).pad_token_id
+        frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id), tokens.dtype)
     write_parquet(packed.segments, layout.segments)
-    write_sequence_matrix(store, tokens.dtype, layout.sequence_matrix)
     saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
-    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen}, layout.sequences_meta)
+    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout)},
+               layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with duckdb.get_connection() as con:
         replace_rows(con, "packing_stats", stats, {})
     return rec.finish(
-        [layout.segments, layout.sequence_matrix, layout.sequences_meta, *saved],
+        [layout.segments, layout.sequences_meta, *saved],
         {"sequences": packed.n_sequences, "segments": packed.segments.height},
         {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": n_frozen},
         {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,

@@ -1,16 +1,16 @@
 """Export speed per format on a 100M-token ordering (targets: numpy and megatron
 <= 30 s, mds and hf <= 2 min). Run: ``nice python benchmarks/bench_export.py [--tokens N]``.
 
-Builds a synthetic data root in a temp dir (log-normal document lengths, concat packing, the
-M x L sequence matrix, a random ordering), then exports it with the library's own reader
-(``open_stream``: a row gather from ``sequences/tokens.bin``) and, for numpy, once more through
-``SequenceStore`` (the path of strategies that repack). Prints seconds and tokens/s, with the load
-average, since the machine is shared.
+Builds a synthetic data root in a temp dir (log-normal document lengths, a token store of one
+file, concat packing, a random ordering), then exports it with the library's own reader
+(``open_stream``: ``SequenceStore`` rows gathered from the token store on a thread a core). Prints
+seconds and tokens/s, with the load average, since the machine is shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline.export import FORMATS, export_stream, open_stream, stream_from_arrays
-from pipeline.packing.pack import SequenceStore, pack
+from pipeline.data.token_index import TokenRuns, write_token_runs
+from pipeline.export import FORMATS, export_stream, open_stream
+from pipeline.packing.pack import pack
 from pipeline.storage.layout import Layout
 
 
@@ -34,18 +35,18 @@ def build_root(root: Path, n_tokens: int, seq_len: int) -> Layout:
     for d in ("tokens", "sequences", "orderings"):
         (root / d).mkdir(parents=True, exist_ok=True)
     offsets = np.r_[0, np.cumsum(lengths)]
-    tokens = np.memmap(layout.tokens, dtype=np.uint16, mode="w+", shape=(int(offsets[-1]),))
+    store_path = root / "tokens" / "store.bin"
+    tokens = np.memmap(store_path, dtype=np.uint16, mode="w+", shape=(int(offsets[-1]),))
     for lo in range(0, tokens.size, 1 << 24):
         tokens[lo : lo + (1 << 24)] = rng.integers(2, 50_000, size=min(1 << 24, tokens.size - lo), dtype=np.uint16)
     tokens[offsets[1:] - 1] = 1
     tokens.flush()
+    one_run = TokenRuns([store_path], np.array([0, tokens.size], np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
+    write_token_runs(one_run, tokens.dtype, layout.tokens)
     np.save(layout.doc_offsets, offsets)
     packing = pack("concat", rng.permutation(lengths.size), lengths, seq_len)
     packing.segments.write_parquet(layout.segments)
-    store = SequenceStore(np.memmap(layout.tokens, dtype=np.uint16, mode="r"), offsets, packing.segments, seq_len)
-    with open(layout.sequence_matrix, "wb") as fh:
-        for lo in range(0, packing.n_sequences, 4096):
-            store.batch(np.arange(lo, min(lo + 4096, packing.n_sequences)))[0].astype(np.uint16).tofile(fh)
+    layout.sequences_meta.write_text(json.dumps({"seq_len": seq_len, "packing": "concat", "freeze_prefix": 0}))
     order = rng.permutation(packing.n_sequences)
     pl.DataFrame({"position": np.arange(order.size), "sequence_id": order}).write_parquet(layout.ordering("bench"))
     return layout
@@ -68,18 +69,11 @@ def main() -> None:
         print(f"{stream.n_sequences:,} sequences x {args.seq_len} = {stream.n_sequences * args.seq_len:,} tokens "
               f"(data root built in {time.perf_counter() - t0:.0f} s); global batch {args.global_batch}, world size {args.world_size}")
         print(f"{'format':<26}{'seconds':>9}{'M tokens/s':>12}{'output MB':>11}{'load avg':>10}")
-        runs = [(f, f, stream) for f in args.formats]
-        if "numpy" in args.formats:  # the SequenceStore path (strategies that repack)
-            offsets = np.load(layout.doc_offsets)
-            seg = pl.read_parquet(layout.segments)
-            via_store = stream_from_arrays(np.memmap(layout.tokens, dtype=np.uint16, mode="r"), offsets, seg, stream.order,
-                                           args.seq_len, eos_id=1, pad_id=0)
-            runs.append(("numpy (via SequenceStore)", "numpy", via_store))
-        for label, fmt, s in runs:
+        for fmt in args.formats:
             out = work / "out" / fmt
-            info = export_stream(s, fmt, out, global_batch=args.global_batch, world_size=args.world_size, workers=2)
+            info = export_stream(stream, fmt, out, global_batch=args.global_batch, world_size=args.world_size, workers=2)
             size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e6
-            print(f"{label:<26}{info['wall_s']:>9.1f}{info['tokens'] / info['wall_s'] / 1e6:>12.1f}{size:>11.0f}"
+            print(f"{fmt:<26}{info['wall_s']:>9.1f}{info['tokens'] / info['wall_s'] / 1e6:>12.1f}{size:>11.0f}"
                   f"{os.getloadavg()[0]:>10.2f}")
             shutil.rmtree(out)
     finally:

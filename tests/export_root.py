@@ -1,9 +1,10 @@
 """A small data root holding what `strata export` and the ODM sampler read: tokens, document
-offsets, the packing's segments and sequence matrix, clusters, a tokenizer (orderings are added by
+offsets, the packing's segments and meta.json, clusters, a tokenizer (orderings are added by
 the tests). Documents are grouped by cluster before packing, so most sequences hold one cluster."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ def build_root(root: Path, seq_len: int, n_clusters: int = 3, docs_per_cluster: 
     write_single_run(tokens, layout.tokens)
     np.save(layout.doc_offsets, offsets)
     segments.write_parquet(layout.segments)
-    store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)
+    layout.sequences_meta.write_text(json.dumps({"seq_len": seq_len, "packing": "concat", "freeze_prefix": 0}))
     docs = pl.DataFrame({"doc_id": np.arange(cluster.size), "cluster": cluster, "n_tokens": lengths})
     docs.select("doc_id", "cluster").write_parquet(layout.clusters)
     vocab = {"<pad>": PAD, "<eos>": EOS, **{f"t{i}": i for i in range(2, VOCAB)}}

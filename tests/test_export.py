@@ -361,7 +361,7 @@ def _data_root(root: Path, variant: str = "concat") -> tuple:
     write_single_run(tokens, layout.tokens)
     np.save(layout.doc_offsets, offsets)
     stream.segments.write_parquet(layout.segments)
-    store.batch(np.arange(store.n_sequences))[0].astype(np.uint16).tofile(layout.sequence_matrix)
+    layout.sequences_meta.write_text(json.dumps({"seq_len": L, "packing": variant, "freeze_prefix": 0}))
     pl.DataFrame({"position": np.arange(order.size), "sequence_id": order}).write_parquet(layout.ordering("greedy"))
     save_tokenizer(layout.tokenizer)
     return store, order
@@ -388,3 +388,25 @@ def test_cli_export(tmp_path, capsys):
     assert main([*bad, "--strategy", "greedy", "--format", "numpy", "--out", str(tmp_path / "o4")]) == 2
     err = capsys.readouterr().err
     assert "materialize orderings[random]" in err and "online" in err and "x seq_len 64" in err
+
+
+def test_the_stream_reads_the_token_store_the_sequences_were_packed_from(tmp_path):
+    from pipeline.data.token_index import write_single_run
+    from pipeline.export import open_stream
+    from pipeline.storage.layout import Layout, Store, tokens_fingerprint
+
+    store, order = _data_root(tmp_path / "root", "padding")
+    layout = Layout(tmp_path / "root")
+    meta = json.loads(layout.sequences_meta.read_text())
+    layout.sequences_meta.write_text(json.dumps({**meta, "tokens": tokens_fingerprint(layout)}))
+    stream = open_stream(layout, "greedy", eos_id=EOS, pad_id=PAD)
+    np.testing.assert_array_equal(stream.read(order), store.batch(order)[0])  # padding and inserted EOS included
+    np.testing.assert_array_equal(Store(layout).sequence_store().rows(order[::-1]), store.batch(order[::-1])[0])
+    tokens, _ = Store(layout).packed_tokens()
+    changed = np.asarray(tokens).copy()
+    changed[3] += 1
+    write_single_run(changed, layout.tokens)  # the tokens asset re-ran on an edited document
+    with pytest.raises(StrataInputError, match="token store changed since the sequences were packed"):
+        open_stream(layout, "greedy", eos_id=EOS, pad_id=PAD)
+    with pytest.raises(StrataInputError, match="rematerialize sequences"):
+        Store(layout).sequence_store()

@@ -16,7 +16,7 @@ import yaml
 
 from helpers import DATA, demo_slice
 from pipeline.reports.diagnostics import batch_deviations, prepare
-from pipeline.storage.layout import Layout
+from pipeline.storage.layout import Layout, Store
 from pipeline.data.tokens import open_tokens
 
 pytestmark = pytest.mark.integration
@@ -76,12 +76,13 @@ def test_every_token_once_or_reported(run):
     seg = pl.read_parquet(layout.segments)
     L = cfg["seq_len"]
     m = int(seg["sequence_id"].max()) + 1
-    matrix = np.fromfile(layout.sequence_matrix, dtype=tokens.dtype).reshape(m, L)
+    rows = Store(layout).sequence_store().rows(np.arange(m))
+    np.testing.assert_array_equal(rows, Store(layout).sequence_store().batch(np.arange(m))[0])
     covered = np.zeros(tokens.size, dtype=np.int64)
     for s, start, d, dstart, n in seg.select("sequence_id", "seq_token_start", "doc_id", "doc_token_start", "n_tokens").iter_rows():
         src = offsets[d] + dstart
         covered[src : src + n] += 1
-        assert np.array_equal(matrix[s, start : start + n], tokens[src : src + n])
+        assert np.array_equal(rows[s, start : start + n], tokens[src : src + n])
     assert covered.max() == 1
     dropped = int((covered == 0).sum())
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
@@ -141,9 +142,8 @@ def test_duckdb_lineage_and_report(run):
     assert (layout.run_dir("greedy", 0) / "model" / "config.json").exists()
     # the exports asset wrote the greedy ordering in training order (numpy is the default format)
     order = pl.read_parquet(layout.ordering("greedy")).sort("position")["sequence_id"].to_numpy()
-    matrix = np.fromfile(layout.sequence_matrix, dtype=np.uint16).reshape(-1, cfg["seq_len"])
     exported = np.fromfile(layout.export_dir("greedy", "numpy") / "tokens.bin", dtype=np.uint16).reshape(-1, cfg["seq_len"])
-    np.testing.assert_array_equal(exported, matrix[order])
+    np.testing.assert_array_equal(exported, Store(layout).sequence_store().batch(order)[0])
     assert not layout.export_dir("odm", "numpy").exists()
 
 

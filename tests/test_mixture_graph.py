@@ -78,5 +78,4 @@ def test_greedy_mixture_ordering_reads_the_learned_weights_and_is_exported(root)
     assert np.bincount(ordering.order, minlength=m).max() <= 4
     meta = json.loads((layout.export_dir("greedy_mixture", "numpy") / "meta.json").read_text())
     got = np.fromfile(layout.export_dir("greedy_mixture", "numpy") / "tokens.bin", dtype=meta["dtype"]).reshape(-1, meta["seq_len"])
-    matrix = np.fromfile(layout.sequence_matrix, dtype=meta["dtype"]).reshape(m, meta["seq_len"])
-    np.testing.assert_array_equal(got, matrix[ordering.order])
+    np.testing.assert_array_equal(got, Store(layout).sequence_store().batch(ordering.order)[0])

@@ -17,7 +17,7 @@ from pipeline.data.token_shards import gather_tokens, tokenize_shards, tokenizer
 from pipeline.data.tokenizer import train_bpe
 from pipeline.data.tokens import open_tokens, token_dtype, tokenize_documents
 from pipeline.errors import StrataInputError
-from pipeline.packing.pack import SequenceStore, pack, write_sequence_matrix
+from pipeline.packing.pack import SequenceStore, pack
 
 
 def _store(tmp_path, max_docs: int):
@@ -41,7 +41,7 @@ def _store(tmp_path, max_docs: int):
     return reader, flat, offsets, out
 
 
-def test_index_reads_the_ids_of_the_corpus_in_order_and_gives_the_same_sequence_matrix(tmp_path):
+def test_index_reads_the_ids_of_the_corpus_in_order_and_gives_the_same_sequences(tmp_path):
     for max_docs in (0, 70):  # every document of every shard (one run a shard); a sample (runs of kept rows)
         reader, tokens, offsets, out = _store(tmp_path, max_docs)
         assert isinstance(reader, ShardedTokens) and reader.dtype == tokens.dtype
@@ -61,9 +61,12 @@ def test_index_reads_the_ids_of_the_corpus_in_order_and_gives_the_same_sequence_
 
         lengths = np.diff(offsets)
         segments = pack("best_fit", rng.permutation(lengths.size), lengths, 64, seed=0).segments
-        write_sequence_matrix(SequenceStore(tokens, offsets, segments, 64), tokens.dtype, out / "from_flat.bin", block=5)
-        write_sequence_matrix(SequenceStore(reader, offsets, segments, 64), tokens.dtype, out / "from_index.bin", block=5)
-        assert (out / "from_index.bin").read_bytes() == (out / "from_flat.bin").read_bytes()
+        flat_store, index_store = SequenceStore(tokens, offsets, segments, 64), SequenceStore(reader, offsets, segments, 64)
+        ids = rng.permutation(flat_store.n_sequences)
+        want = flat_store.batch(ids)[0]  # token by token from the flat array
+        for got in (index_store.rows(ids, block=5), flat_store.rows(ids, block=5), index_store.batch(ids)[0]):
+            assert got.dtype == tokens.dtype or got.dtype == np.int64
+            np.testing.assert_array_equal(got, want)
 
     index = pl.read_parquet(out / "tokens" / "runs.parquet")
     assert {(p, d) for p, d in index.select("path", "sha256").unique().iter_rows()} == {

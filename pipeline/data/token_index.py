@@ -6,7 +6,7 @@ A shard the corpus kept whole is one run; a shard with dropped documents is one 
 of consecutive kept rows. :func:`pipeline.data.token_shards.gather_tokens` writes them
 (:func:`write_token_runs`, ``tokens/runs.parquet``) and :func:`open_token_runs` reads them.
 :class:`ShardedTokens` reads the store through the runs from the shards' memory-mapped files
-and indexes like a memory-mapped flat array of the ids (an int, a slice, an integer array), so a reader of the store (the sequence matrix, training batches, exports) gets
+and indexes like a memory-mapped flat array of the ids (an int, a slice, an integer array), so a reader of the store (packed sequences, training batches, exports) gets
 the values a gathered copy would hold. The embedding matrix is indexed by the same runs, counted
 in rows (:mod:`pipeline.represent.embedding_index`).
 """
@@ -133,14 +133,23 @@ class ShardedTokens:
             self._maps[f] = np.memmap(self.runs.paths[f], dtype=self.dtype, mode="r")
         return self._maps[f]
 
+    def file_ids(self, f: int) -> np.ndarray:
+        """The memory-mapped ids of the file ``runs.paths[f]``."""
+        return self._map(f)
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(run, file, position in the file)`` of each store position (flat int64 arrays)."""
+        flat = np.asarray(positions, dtype=np.int64).ravel()
+        if flat.size and (flat.min() < 0 or flat.max() >= self.size):
+            raise IndexError(f"token position out of range for a store of {self.size}")
+        run = np.searchsorted(self.runs.start, flat, side="right") - 1
+        return run, self.runs.file[run], self.runs.local[run] + flat - self.runs.start[run]
+
     def take(self, positions: np.ndarray) -> np.ndarray:
         """The ids at ``positions`` (any shape of non-negative int positions below the size)."""
         pos = np.asarray(positions, dtype=np.int64)
-        flat = pos.ravel()
-        if flat.size and (flat.min() < 0 or flat.max() >= self.size):
-            raise IndexError(f"token position out of range for a store of {self.size}")
-        f, local = locate(self.runs, flat)
-        out = np.empty(flat.size, self.dtype)
+        _, f, local = self.locate(pos)
+        out = np.empty(f.size, self.dtype)
         for u, sel in grouped(f):
             out[sel] = self._map(u)[local[sel]]
         return out.reshape(pos.shape)

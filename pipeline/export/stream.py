@@ -5,22 +5,20 @@ come*: with global batch G, batch b holds positions ``[b*G, (b+1)*G)`` of ``orde
 Every exporter writes those positions in that order; world size and workers only matter for the
 formats whose readers split batches themselves (MDS), see ``layout.py``.
 
-Reading goes through the documented artifacts: the M x L matrix ``sequences/tokens.bin`` for
-orderings over the base packing (a row gather), else ``SequenceStore`` over the flat token store
-for strategies that repack (``orderings/<s>.segments.parquet``). Only one chunk of rows is in
-memory at a time.
+Reading goes through the documented artifacts: ``SequenceStore`` over the token store and the
+segments the ordering's ids refer to (``sequences/segments.parquet``, or
+``orderings/<s>.segments.parquet`` for strategies that repack), the rows of a chunk gathered on a
+thread a core. Only one chunk of rows is in memory at a time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 import polars as pl
 
-from pipeline.data.tokens import open_tokens
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.layout import Layout, Store
@@ -52,27 +50,19 @@ class OrderedStream:
 
 
 def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_len: int | None = None) -> OrderedStream:
-    """The ordered stream of ``strategy`` under the data root ``layout`` (``seq_len``: the
-    sequences artifact's own, when not given)."""
+    """The ordered stream of ``strategy`` under the data root ``layout`` (a ``seq_len`` given must
+    be the sequences artifact's own)."""
     store = Store(layout)
     ordering = store.ordering(strategy)
     segments = ordering.segments
-    seq_len = store.sequences.seq_len if seq_len is None else seq_len
-    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
-    matrix_path = Path(layout.sequence_matrix)
-    if not ordering.repacked and matrix_path.exists() and matrix_path.stat().st_size != n_seq * seq_len * tokens.dtype.itemsize:
-        raise StrataInputError(
-            f"the sequence matrix holds {matrix_path.stat().st_size // tokens.dtype.itemsize} tokens, not {n_seq} x seq_len {seq_len}",
-            path=matrix_path, fix="leave seq_len to the sequences artifact, or rematerialize sequences",
-        )
-    if not ordering.repacked and matrix_path.exists():
-        matrix = np.memmap(matrix_path, dtype=tokens.dtype, mode="r", shape=(n_seq, seq_len))
-        read = lambda ids: np.asarray(matrix[np.asarray(ids)])  # noqa: E731
-    else:
-        packed = SequenceStore(tokens, offsets, segments, seq_len, pad_id=pad_id)
-        read = lambda ids: packed.batch(np.asarray(ids))[0].astype(tokens.dtype)  # noqa: E731
-    return OrderedStream(ordering.order, segments, seq_len, tokens.dtype, eos_id, pad_id, read)
+    packed_len = store.sequences.seq_len
+    if seq_len is not None and seq_len != packed_len:
+        n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
+        raise StrataInputError(f"the sequences are {n_seq} x seq_len {packed_len}, not x seq_len {seq_len}", path=store.sequences.segments_path,
+                               fix="leave seq_len to the sequences artifact, or rematerialize sequences")
+    tokens, offsets = store.packed_tokens()
+    packed = SequenceStore(tokens, offsets, segments, packed_len, pad_id=pad_id)
+    return OrderedStream(ordering.order, segments, packed_len, tokens.dtype, eos_id, pad_id, packed.rows)
 
 
 def stream_from_arrays(tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, order: np.ndarray,
@@ -80,8 +70,7 @@ def stream_from_arrays(tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl
     """An ordered stream over in-memory (or memory-mapped) artifacts, for tests and library use."""
     store = SequenceStore(tokens, doc_offsets, segments, seq_len, pad_id=pad_id)
     dtype = np.dtype(tokens.dtype)
-    return OrderedStream(np.asarray(order, np.int64), segments, seq_len, dtype, eos_id, pad_id,
-                         lambda ids: store.batch(np.asarray(ids))[0].astype(dtype))
+    return OrderedStream(np.asarray(order, np.int64), segments, seq_len, dtype, eos_id, pad_id, store.rows)
 
 
 @dataclass(frozen=True)

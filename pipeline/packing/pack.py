@@ -39,8 +39,8 @@ import polars as pl
 from numba import njit
 
 from pipeline.errors import StrataInputError
-
 from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS, packing_name  # declared for the config
+from pipeline.threads import parallel_map, task_size
 
 SEGMENT_SCHEMA = {
     "sequence_id": pl.Int64,
@@ -405,7 +405,8 @@ def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: in
 
 
 class SequenceStore:
-    """Random access to packed sequences: token matrix rows, their document segments, padding.
+    """Random access to packed sequences by id: ``rows`` (tokens only, each segment copied as one
+    span of the store) and ``masked_batch`` (token by token, with segments and the padding mask).
 
     ``tokens`` is the flat token store (every document followed by EOS; may be a memmap) and
     ``doc_offsets[d]`` the start of document d in it. Only the requested tokens are read. An
@@ -424,6 +425,8 @@ class SequenceStore:
         self.eos = _eos_added(seg)
         self.src = offsets[doc] + seg["doc_token_start"].to_numpy()
         self.eos_src = offsets[doc + 1] - 1
+        self._file, self.src_file, self.src_local = _in_files(tokens, self.src, self.n)
+        _, self.eos_file, self.eos_local = _in_files(tokens, self.eos_src, np.ones_like(self.eos_src))
         self.n_sequences = int(self.sid.max()) + 1 if self.sid.size else 0
         self.ptr = np.searchsorted(self.sid, np.arange(self.n_sequences + 1))
         fill = np.bincount(self.sid, weights=self.n + self.eos, minlength=self.n_sequences)
@@ -437,10 +440,7 @@ class SequenceStore:
         """
         ids = np.asarray(sequence_ids, dtype=np.int64)
         L = self.seq_len
-        lo, hi = self.ptr[ids], self.ptr[ids + 1]
-        counts = hi - lo
-        sel = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-        rows = np.repeat(np.arange(ids.size), counts)
+        sel, rows = self._select(ids)
         n, src, starts = self.n[sel], self.src[sel], self.start[sel]
         dst = rows * L + starts
         shift = np.repeat(np.cumsum(n) - n, n)
@@ -460,29 +460,67 @@ class SequenceStore:
         """Return ``(tokens (B, L) int64, segment_row (S,), segment_start (S,))`` for the batch."""
         return self.masked_batch(sequence_ids)[:3]
 
+    def rows(self, sequence_ids: np.ndarray, block: int = 1024) -> np.ndarray:
+        """The ``(B, L)`` tokens of ``sequence_ids`` in the token store's dtype, the same as
+        ``batch(...)[0]``: each segment copied as one span of its token file, up to ``block``
+        sequences a task, the tasks on a thread a core (the copy releases the GIL)."""
+        ids = np.asarray(sequence_ids, dtype=np.int64)
+        out = np.empty((ids.size, self.seq_len), np.dtype(self.tokens.dtype))
+        step = task_size(ids.size, block)
+        parallel_map(lambda a: self._fill(ids[a : a + step], out[a : a + step].reshape(-1)), list(range(0, ids.size, step)))
+        return out
+
+    def _select(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(segment rows of the sequences ids, in order; the index in ids of each)``."""
+        lo, hi = self.ptr[ids], self.ptr[ids + 1]
+        counts = hi - lo
+        sel = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        return sel, np.repeat(np.arange(ids.size), counts)
+
+    def _fill(self, ids: np.ndarray, out: np.ndarray) -> None:
+        """Write the tokens of ``ids`` into the flat ``out`` (``ids.size * seq_len``)."""
+        sel, rows = self._select(ids)
+        n = self.n[sel]
+        dst = rows * self.seq_len + self.start[sel]
+        out[:] = self.pad_id
+        f = self.src_file[sel]
+        for u in np.unique(f):
+            m = f == u
+            _copy_spans(out, self._file(int(u)), self.src_local[sel][m], dst[m], n[m])
+        e = self.eos[sel]
+        if e.any():
+            ef, el, at = self.eos_file[sel][e], self.eos_local[sel][e], dst[e] + n[e]
+            for u in np.unique(ef):
+                m = ef == u
+                out[at[m]] = self._file(int(u))[el[m]]
+
+
+def _in_files(tokens, starts: np.ndarray, lengths: np.ndarray) -> tuple:
+    """``(file u -> its flat ids, file of each span, the span's start in its file)`` for the spans
+    ``starts .. starts + lengths`` of the token store (a flat array, or a ``ShardedTokens``
+    whose runs hold whole documents, so a span lies in one file)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    if not hasattr(tokens, "locate"):
+        flat = np.asarray(tokens).view(np.ndarray)
+        return (lambda u: flat), np.zeros(starts.size, np.int64), starts
+    run, file, local = tokens.locate(starts)
+    last = tokens.locate(starts + np.maximum(np.asarray(lengths, np.int64), 1) - 1)[0]
+    if (last != run).any():
+        raise StrataInputError("a document's tokens span two runs of the token store index", fix="rematerialize tokens")
+    return (lambda u: tokens.file_ids(u).view(np.ndarray)), file, local
+
+
+@njit(nogil=True, cache=False)
+def _copy_spans(out: np.ndarray, src: np.ndarray, src_at: np.ndarray, dst_at: np.ndarray, n: np.ndarray) -> None:
+    """``out[dst_at[i] : + n[i]] = src[src_at[i] : + n[i]]`` for every span i."""
+    for i in range(n.size):
+        s, d = src_at[i], dst_at[i]
+        for j in range(n[i]):
+            out[d + j] = src[s + j]
+
 
 def sequence_tokens(
     tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, seq_len: int, sequence_ids: np.ndarray
 ) -> np.ndarray:
     """The (len(sequence_ids), seq_len) token matrix of the given sequences."""
     return SequenceStore(tokens, doc_offsets, segments, seq_len).batch(sequence_ids)[0]
-
-
-def write_sequence_matrix(store: SequenceStore, dtype: np.dtype, path, block: int = 1024) -> int:
-    """Write the ``(M, L)`` token matrix of ``store`` (raw ``dtype``) to ``path`` atomically,
-    ``block`` sequences at a time, the blocks of a round gathered on a thread a core (NumPy's
-    indexing releases the GIL) and written in order: memory is ``cores x block x L`` tokens,
-    never the matrix. Returns M."""
-    from pipeline.storage.atomic import atomic_writer
-    from pipeline.threads import cores, parallel_map
-
-    def rows(a: int) -> np.ndarray:
-        return np.ascontiguousarray(store.masked_batch(np.arange(a, min(a + block, store.n_sequences)))[0].astype(dtype))
-
-    starts = list(range(0, store.n_sequences, block))
-    per_round = cores()
-    with atomic_writer(path) as fh:
-        for r in range(0, len(starts), per_round):
-            for part in parallel_map(rows, starts[r : r + per_round]):
-                fh.write(part)
-    return store.n_sequences

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import numpy as np
     import polars as pl
 
+    from pipeline.packing.pack import SequenceStore
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -72,10 +74,6 @@ class Layout:
     @property
     def segments(self) -> Path:
         return self.root / "sequences" / "segments.parquet"
-
-    @property
-    def sequence_matrix(self) -> Path:
-        return self.root / "sequences" / "tokens.bin"
 
     @property
     def sequences_meta(self) -> Path:
@@ -136,12 +134,12 @@ class Ordering:
 
 @dataclass(frozen=True)
 class Sequences:
-    """The base packing: ``segments.parquet``, the M x L matrix ``tokens.bin`` and its ``seq_len``."""
+    """The base packing: ``segments.parquet`` (offsets into the token store) and its ``seq_len``."""
 
     seq_len: int
     segments_path: Path
-    matrix_path: Path
     freeze_prefix: int = 0  # sequences whose positions every stream keeps (pipeline/packing/frozen.py); 0 = off
+    tokens: str | None = None  # tokens_fingerprint of the token store the segments point into (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -170,24 +168,47 @@ class Store:
 
     @property
     def sequences(self) -> Sequences:
-        """The packed sequences; ``seq_len`` from ``sequences/meta.json``, or for a data root
-        written before it from the matrix size (M sequences x seq_len tokens of the token dtype)."""
+        """The packed sequences, ``seq_len`` from ``sequences/meta.json``."""
         lay = self.layout
-        if lay.sequences_meta.exists():
-            meta = json.loads(lay.sequences_meta.read_text(encoding="utf-8"))
-            return Sequences(int(meta["seq_len"]), lay.segments, lay.sequence_matrix, int(meta.get("freeze_prefix", 0)))
-        if not lay.segments.exists() or not lay.sequence_matrix.exists():
-            raise StrataInputError("no packed sequences in the data root", path=lay.root / "sequences",
-                                   fix="materialize sequences first (strata run, or the Dagster UI)")
-        import polars as pl
+        if not lay.sequences_meta.exists() or not lay.segments.exists():
+            raise StrataInputError("no packed sequences (segments.parquet and meta.json) in the data root", path=lay.root / "sequences",
+                                   fix="materialize sequences (strata run, or the Dagster UI); a data root packed before "
+                                       "sequences/meta.json existed needs sequences rematerialized")
+        meta = json.loads(lay.sequences_meta.read_text(encoding="utf-8"))
+        return Sequences(int(meta["seq_len"]), lay.segments, int(meta.get("freeze_prefix", 0)), meta.get("tokens"))
 
+    def packed_tokens(self) -> tuple["np.ndarray", "np.ndarray"]:
+        """``open_tokens`` of the token store the sequences' segments point into; refuses a token
+        store that changed since ``sequences`` packed it (the segments would read other ids)."""
         from pipeline.data.tokens import open_tokens
 
-        ids = pl.read_parquet(lay.segments, columns=["sequence_id"])["sequence_id"]
-        n_seq = int(ids.max()) + 1 if len(ids) else 0
-        itemsize = open_tokens(lay.tokens, lay.doc_offsets)[0].dtype.itemsize
-        size = lay.sequence_matrix.stat().st_size
-        if not n_seq or size % (n_seq * itemsize):
-            raise StrataInputError(f"the sequence matrix ({size} bytes) is not {n_seq} rows of {itemsize}-byte tokens",
-                                   path=lay.sequence_matrix, fix="rematerialize sequences")
-        return Sequences(size // (n_seq * itemsize), lay.segments, lay.sequence_matrix)
+        recorded = self.sequences.tokens
+        if recorded is not None and recorded != tokens_fingerprint(self.layout):
+            raise StrataInputError("the token store changed since the sequences were packed: their segments point at other ids",
+                                   path=self.layout.tokens, fix="rematerialize sequences and orderings for the current tokens")
+        return open_tokens(self.layout.tokens, self.layout.doc_offsets)
+
+    def sequence_store(self, pad_id: int | None = None) -> "SequenceStore":
+        """The base packing's sequences read from the token store (``SequenceStore``: rows by
+        sequence id); ``pad_id`` is the tokenizer's when not given."""
+        import polars as pl
+
+        from pipeline.packing.pack import SequenceStore
+
+        seq = self.sequences
+        if pad_id is None:
+            from pipeline.data.tokenizer import load_tokenizer
+
+            pad_id = load_tokenizer(self.layout.tokenizer).pad_token_id
+        tokens, offsets = self.packed_tokens()
+        return SequenceStore(tokens, offsets, pl.read_parquet(seq.segments_path), seq.seq_len, pad_id=pad_id)
+
+
+def tokens_fingerprint(layout: Layout) -> str:
+    """SHA-256 of the token store's index and document offsets (their digests, taken while they were
+    written): what ``sequences`` records as the store its segments point into."""
+    import hashlib
+
+    from pipeline.storage.atomic import file_sha256
+
+    return hashlib.sha256(f"{file_sha256(layout.tokens)} {file_sha256(layout.doc_offsets)}".encode()).hexdigest()
