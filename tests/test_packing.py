@@ -290,3 +290,14 @@ def test_real_corpus_every_variant():
         ends = e | (seg["doc_token_start"].to_numpy() + n == lengths[d])
         last = seg["sequence_id"].to_numpy() * 64 + seg["seq_token_start"].to_numpy() + n + e - 1
         assert (t.reshape(-1)[last[ends]] == eos).all(), spec  # every document and piece ends in EOS
+
+
+def test_token_counts_past_two_to_the_31_do_not_wrap():
+    """Segment lengths are Int32; whole-corpus sums over them (10M documents hold 2.2B tokens) must not wrap."""
+    lengths = np.full(3, 1_000_000_001, dtype=np.int64)
+    p = pack("concat", np.arange(3), lengths, 2048)
+    stats = packing_stats(p)
+    assert stats["tokens_in"] == 3_000_000_003
+    assert stats["tokens_kept"] + stats["tokens_dropped"] == stats["tokens_in"] and stats["tokens_kept"] > 2**31
+    assert stats["tokens_padding"] >= 0 and 0 <= stats["padding_fraction"] < 1
+    assert conservation(p.segments, lengths, 2048)["tokens_dropped"] == stats["tokens_dropped"]

@@ -208,7 +208,7 @@ def pack_frozen(records: list[FrozenPrefix], keys: pl.DataFrame, stream_lengths:
                                     doc_token_start=pl.Series(v_start[v] + s["doc_token_start"].to_numpy())))
     segments = pl.concat([p.select(list(PACKED_SEGMENT_SCHEMA)).cast(PACKED_SEGMENT_SCHEMA) for p in parts]).sort("sequence_id", "seq_token_start")
     n_seq = int(old_ids.size + n_new)
-    kept = int(segments["n_tokens"].sum() or 0)
+    kept = int(segments["n_tokens"].cast(pl.Int64).sum() or 0)  # Int32 sums wrap past 2^31 tokens
     eos = int(segments["eos_added"].sum() or 0)
     packed = Packing(segments, n_seq, seq_len, int(lengths.sum()), n_seq * seq_len, int(lengths.sum()) - kept, variant,
                      None if atom is None else int(round(atom * seq_len)), eos, n_seq * seq_len - kept - eos)

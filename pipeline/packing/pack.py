@@ -128,7 +128,7 @@ def pack(
         rows, n_seq = _best_fit(order, lengths, L, rng)
     segments = _segments(*_merge(*rows))
     tokens_in = int(lengths.sum())
-    kept = int(segments["n_tokens"].sum() or 0)
+    kept = int(segments["n_tokens"].cast(pl.Int64).sum() or 0)  # Int32 sums wrap past 2^31 tokens
     eos = int(segments["eos_added"].sum() or 0)
     packed = n_seq * L
     return Packing(segments, n_seq, L, tokens_in, packed, tokens_in - kept, variant, atom, eos, packed - kept - eos)

@@ -91,7 +91,7 @@ def epoch_boundary_arms(lengths: np.ndarray, cluster: np.ndarray, topic: np.ndar
 def padding_steps(concat_steps: int, seq_len: int, segments: pl.DataFrame, n_sequences: int) -> int:
     """Steps a padded packing needs to see as many non-padding tokens as ``concat_steps`` steps of
     full sequences: the nearest whole number of steps (within half a step's tokens)."""
-    filled = float(segments["n_tokens"].sum() + segments["eos_added"].sum()) / n_sequences
+    filled = float(segments["n_tokens"].cast(pl.Int64).sum() + segments["eos_added"].sum()) / n_sequences
     return max(1, int(round(concat_steps * seq_len / filled)))
 
 
