@@ -203,14 +203,14 @@ def _rss_anon_tree(pid: int) -> int:
     return total
 
 
-def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool) -> Path:
+def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool, keep_root: bool = False) -> Path:
     """Generate (or with ``reuse``, keep an earlier run's) corpus under ``work/n<N>/shards`` and
     write the benchmark's config ``cfg.json``; returns ``work/n<N>``."""
     base = work / f"n{n_docs}"
     done = base / "generated.json"
     if reuse and done.is_file() and json.loads(done.read_text()) == {"docs": n_docs, "shard_docs": shard_docs}:
         for p in base.iterdir():
-            if p.name not in ("shards", done.name):
+            if p.name not in ("shards", done.name) + (("root", "cfg.json") if keep_root else ()):
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         print(f"reusing the {n_docs:,} generated documents in {base / 'shards'}", flush=True)
     else:
@@ -270,10 +270,10 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
 
 
 def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
-            reuse: bool = False) -> list[dict]:
+            reuse: bool = False, keep_root: bool = False) -> list[dict]:
     import polars as pl
 
-    base = prepare(n_docs, work, shard_docs, strategies, reuse)
+    base = prepare(n_docs, work, shard_docs, strategies, reuse, keep_root)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, peaks, written = {}, {}, {}, {}
     library = wordpiece = None
@@ -356,6 +356,8 @@ def main() -> None:
     ap.add_argument("--strata-run", action="store_true", help="run the path as one `strata run` instead of stage by stage")
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
+    ap.add_argument("--from", dest="first", choices=STAGES, default=STAGES[0],
+                    help="with --reuse: keep the data root of an earlier run and run from this stage on")
     args = ap.parse_args()
     peaks = {}
     for n in args.docs:
@@ -364,7 +366,8 @@ def main() -> None:
             if not args.keep:
                 shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
             continue
-        rows = measure(n, args.work, args.shard_docs, args.strategies, STAGES[: STAGES.index(args.until) + 1], args.reuse)
+        rows = measure(n, args.work, args.shard_docs, args.strategies,
+                       STAGES[STAGES.index(args.first) : STAGES.index(args.until) + 1], args.reuse, keep_root=args.first != STAGES[0])
         peaks[n] = rows[-1]["peak_anon_gb"]
         if not args.keep:
             shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
