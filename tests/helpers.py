@@ -31,14 +31,18 @@ def demo_slice(n: int, stride: int = 47) -> list[dict]:
 
 def built_corpus(cfg, work: Path):
     """``build_corpus`` of ``cfg`` in a new folder under ``work``, with no held-out split: the
-    documents of its ``corpus.parquet`` and its reading report."""
+    documents of its ``corpus.parquet`` with their texts (read from the validated shards) and its
+    reading report."""
     import polars as pl
 
     from pipeline.data.corpus import build_corpus
+    from pipeline.data.shard_docs import corpus_texts
 
     out = Path(tempfile.mkdtemp(dir=work))
     build = build_corpus(cfg, 0, 0.0, out / "shards", out / "corpus.parquet")
-    return pl.read_parquet(out / "corpus.parquet"), build.report
+    docs = pl.read_parquet(out / "corpus.parquet")
+    texts = list(corpus_texts(out / "corpus.parquet", build.manifest, out / "shards"))
+    return docs.insert_column(2, pl.concat(texts) if texts else pl.Series("text", [], pl.String)), build.report
 
 
 def small_graph_config(corpus: Path) -> dict:

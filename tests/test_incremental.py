@@ -148,15 +148,16 @@ def test_unit_results_stream_into_assemble_without_unit_files(tmp_path, texts, t
     assert not list(work.iterdir())
 
 
-def test_tokenizer_sample_is_seeded_bernoulli_over_the_corpus(tmp_path, texts):
-    path = tmp_path / "corpus.parquet"
-    pl.DataFrame({"text": texts}).write_parquet(path, row_group_size=16)
+def test_tokenizer_sample_is_seeded_bernoulli_over_the_corpus(texts):
     total = sum(len(t) for t in texts)
-    assert list(sample_texts(path, total, 0, 0)) == texts  # no budget: every text, in order
-    assert list(sample_texts(path, total, total, 0)) == texts
-    got = list(sample_texts(path, total, total // 4, 7, batch_rows=16))
-    rng = np.random.default_rng(7)  # the same draws, batch by batch: each text kept with p = budget / total
-    want = [t for a in range(0, len(texts), 16) for t, u in zip(texts[a : a + 16], rng.random(len(texts[a : a + 16])))
-            if u < (total // 4) / total]
+
+    def batches(rows: int) -> list[pl.Series]:
+        return [pl.Series("text", texts[a : a + rows]) for a in range(0, len(texts), rows)]
+
+    assert list(sample_texts(batches(16), total, 0, 0)) == texts  # no budget: every text, in order
+    assert list(sample_texts(batches(16), total, total, 0)) == texts
+    got = list(sample_texts(batches(16), total, total // 4, 7))
+    rng = np.random.default_rng(7)  # one draw a text, in order: each text kept with p = budget / total
+    want = [t for t, u in zip(texts, rng.random(len(texts))) if u < (total // 4) / total]
     assert got == want and 0 < len(got) < len(texts)
-    assert got == list(sample_texts(path, total, total // 4, 7, batch_rows=16))  # same seed, same sample
+    assert got == list(sample_texts(batches(5), total, total // 4, 7))  # same seed, same sample, whatever the batches

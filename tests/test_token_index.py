@@ -11,7 +11,7 @@ import pytest
 from helpers import demo_slice
 from pipeline.config import CorpusConfig, config_from_dict
 from pipeline.data.corpus import build_corpus
-from pipeline.data.shard_docs import manifest_shards
+from pipeline.data.shard_docs import corpus_texts, manifest_shards
 from pipeline.data.token_index import ShardedTokens
 from pipeline.data.token_shards import gather_tokens, tokenize_shards, tokenizer_key
 from pipeline.data.tokenizer import train_bpe
@@ -36,7 +36,12 @@ def _store(tmp_path, max_docs: int):
     gather_tokens(shards, key, dtype, out / "tokens" / "shards", out / "corpus.parquet", out / "tokens" / "runs.parquet",
                   out / "tokens" / "doc_offsets.npy", out / "documents.parquet")
     reader, offsets = open_tokens(out / "tokens" / "runs.parquet", out / "tokens" / "doc_offsets.npy")
-    flat, want = tokenize_documents(tok, pl.read_parquet(out / "corpus.parquet")["text"].to_list(), progress=False)
+    by_id = {f"d{i}-{j}": r["text"] for i in range(3) for j, r in enumerate(recs[i::3])}
+    texts = [by_id[i] for i in pl.read_parquet(out / "corpus.parquet")["id"].to_list()]
+    # corpus.parquet holds no texts: corpus_texts reads them from the validated shards, in doc_id order
+    assert [t for batch in corpus_texts(out / "corpus.parquet", build.manifest, out / "corpus" / "shards", batch_rows=7)
+            for t in batch.to_list()] == texts
+    flat, want = tokenize_documents(tok, texts, progress=False)
     np.testing.assert_array_equal(offsets, want)
     return reader, flat, offsets, out
 

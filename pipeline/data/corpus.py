@@ -9,7 +9,9 @@ with ``on_error="skip"`` bad records are skipped and counted per shard.
 Parquet file under ``corpus/shards/`` (named by the shard's content fingerprint, so an unchanged
 shard is never read again), then the global steps (ids unique across shards, the ``max_docs``
 sample, dense ``doc_id``) stream those files into ``corpus.parquet``, one row group per batch and
-never across shards. Memory: one batch of documents plus about 10 bytes a document.
+never across shards: an index of the training documents (ids, sources, content hashes, where each
+lies in its validated shard) without their texts, which are written once, in the validated
+shards. Memory: one batch of documents plus about 10 bytes a document.
 """
 
 from __future__ import annotations
@@ -294,8 +296,9 @@ def _save_validated(shard, result: tuple[bytes, bytes]) -> None:
 def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_dir: Path, corpus_path: Path,
                  batch_rows: int = BATCH_ROWS, log=None, engine: str = "local", ray_cfg=None) -> CorpusBuild:
     """Validate every shard (reusing unchanged ones; on Ray workers with ``engine="ray"``) and
-    stream the training documents into ``corpus_path`` (``doc_id, id, text, source, subdomain,
-    content_hash, shard, shard_row``). ``shard_row`` is the document's index among its validated
+    stream the training documents into ``corpus_path`` (``doc_id, id, source, subdomain,
+    content_hash, shard, shard_row``; no copy of the texts, which stay in the validated shards:
+    :func:`pipeline.data.shard_docs.corpus_texts`). ``shard_row`` is the document's index among its validated
     shard's training rows (``heldout`` false), the rows the per-shard stages compute; the manifest's
     ``validated`` names that file. They differ from ``corpus.parquet``'s rows only where the global
     steps (ids unique across shards, ``max_docs``) dropped documents."""
@@ -356,7 +359,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
             v[idx[~chosen[at : at + idx.size]]] = False
             at += idx.size
 
-    schema = pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
+    schema = pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("source", pa.string()),
                         ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32()),
                         ("shard_row", pa.int64())])
     rows, held, stats = [], [], []
@@ -384,7 +387,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                     n_chars += int(train["text"].str.len_chars().sum())
                     digest.update("\n".join(train["content_hash"].to_list()).encode() + b"\n")
                     out = train.select(
-                        doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", text="text", source="source",
+                        doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", source="source",
                         subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32), shard_row="shard_row",
                     )
                     writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)

@@ -7,7 +7,8 @@ stage's artifact is named by the validated file and the producer's fingerprint, 
 ``tokens/shards/<validated>-<tokenizer>.bin``, so it depends on nothing but that shard and the
 producer: a rerun, or the Dagster partition of another shard, never touches it. The whole-corpus
 assets gather these artifacts in ``corpus.parquet`` order (``shard_row`` says which row of its shard
-each document is): :func:`manifest_shards`, :func:`kept_rows`.
+each document is): :func:`manifest_shards`, :func:`kept_rows`. ``corpus.parquet`` holds no copy of
+the texts: :func:`corpus_texts` reads them from the validated shards in ``doc_id`` order.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -79,7 +80,7 @@ def read_shard_docs(shard: ShardDocs, start: int, stop: int, columns: Sequence[s
     return _read_rows(shard.path, _train_rows(str(shard.path), *_stamp(shard.path))[start:stop], columns)
 
 
-def read_docs(corpus_path: Path, start: int, stop: int, columns: Sequence[str] = ("text",)) -> pl.DataFrame:
+def read_docs(corpus_path: Path, start: int, stop: int, columns: Sequence[str]) -> pl.DataFrame:
     """Rows ``start:stop`` (doc ids) of ``corpus.parquet``, reading only the row groups they lie in."""
     return _read_rows(Path(corpus_path), np.arange(start, stop, dtype=np.int64), columns)
 
@@ -97,6 +98,23 @@ def prune(shard_dir: Path, keep: set[str]) -> int:
 def manifest_shards(manifest: pl.DataFrame, corpus_shard_dir: Path) -> list[tuple[dict, ShardDocs]]:
     """Each row of ``corpus/shards.parquet`` with its validated shard (gathers read these)."""
     return [(row, ShardDocs.of(row["path"], corpus_shard_dir / row["validated"])) for row in manifest.to_dicts()]
+
+
+def corpus_texts(corpus_path: Path, manifest: pl.DataFrame, corpus_shard_dir: Path, batch_rows: int = 8192) -> Iterator[pl.Series]:
+    """The text of every document of ``corpus.parquet`` in ``doc_id`` order, in batches of at most
+    ``batch_rows``, read from the validated shards the manifest (``corpus/shards.parquet``) names
+    (only the documents ``corpus`` kept, where it dropped some)."""
+    for row, shard in manifest_shards(manifest, Path(corpus_shard_dir)):
+        if not int(row["n_docs"]):
+            continue
+        rows = kept_rows(corpus_path, row, shard)
+        if rows is None:
+            for a in range(0, shard.n_docs, batch_rows):
+                yield read_shard_docs(shard, a, min(a + batch_rows, shard.n_docs))["text"]
+            continue
+        train = _train_rows(str(shard.path), *_stamp(shard.path))
+        for a in range(0, rows.size, batch_rows):
+            yield _read_rows(shard.path, train[rows[a : a + batch_rows]], ["text"])["text"]
 
 
 def kept_rows(corpus_path: Path, row: dict, shard: ShardDocs) -> np.ndarray | None:

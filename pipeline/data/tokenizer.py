@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from pipeline.errors import StrataInputError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -73,18 +76,17 @@ def load_tokenizer(spec: str | Path):
     return tok
 
 
-def sample_texts(corpus_path: Path, total_chars: int, budget_chars: int, seed: int, batch_rows: int = 8192) -> Iterator[str]:
-    """A seeded Bernoulli sample of the texts of ``corpus_path`` (Parquet, column ``text``) holding
-    about ``budget_chars`` characters, in corpus order, streamed batch by batch (``budget_chars``
-    0, or a corpus no larger: every text)."""
+def sample_texts(batches: Iterable[pl.Series], total_chars: int, budget_chars: int, seed: int) -> Iterator[str]:
+    """A seeded Bernoulli sample of the texts of ``batches`` (the corpus's texts in order, e.g.
+    :func:`pipeline.data.shard_docs.corpus_texts`) holding about ``budget_chars`` characters, in
+    corpus order, streamed batch by batch (``budget_chars`` 0, or a corpus no larger: every text).
+    Text ``i`` is kept when the ``i``-th draw of ``default_rng(seed).random()`` is below
+    ``budget_chars / total_chars``, whatever the batch sizes."""
     import numpy as np
-    import pyarrow.parquet as pq
 
     p = 1.0 if budget_chars <= 0 or total_chars <= budget_chars else budget_chars / total_chars
     rng = np.random.default_rng(seed)
-    # pre_buffer=False: pyarrow would otherwise read the whole text column of the file up front
-    for batch in pq.ParquetFile(corpus_path, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=["text"]):
-        texts = batch.column(0)
+    for texts in batches:
         if p < 1.0:  # only the sampled texts become Python strings
-            texts = texts.take(np.flatnonzero(rng.random(len(texts)) < p))
-        yield from texts.to_pylist()
+            texts = texts.gather(np.flatnonzero(rng.random(len(texts)) < p))
+        yield from texts.to_list()
