@@ -335,18 +335,15 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     for r in rows:
         print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
               f"{r['written_gb']:>12.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
-    if library is not None:
-        n, secs, ratio = library
-        ours = spans["token_shards"][1]
-        print(f"tokenization of the same texts: token_shards {ours:.1f} s ({(n + docs) / ours:,.0f} tokens/s, EOS included); "
-              f"tokenizers' own encode_batch_fast on every core {secs:.1f} s ({n / secs:,.0f} tokens/s, CPU/wall {ratio:.2f}); "
-              f"token_shards / library: {ours / secs:.2f}x")
-    if wordpiece is not None:
-        n, secs, ratio = wordpiece
-        ours = spans["embedding_shards"][1]
-        print(f"shallow embeddings: embedding_shards {ours:.1f} s; the model's WordPiece alone, tokenizers' own encode_batch_fast on "
-              f"every core over each text's first {5 * EMBED_MAX_TOKENS} characters, {secs:.1f} s ({n / secs:,.0f} tokens/s, "
-              f"CPU/wall {ratio:.2f}); embedding_shards / library: {ours / secs:.2f}x")
+    baselines = [("token_shards", library, "tokenization of the same texts", "tokenizers' own encode_batch_fast on every core", 1),
+                 ("embedding_shards", wordpiece, "shallow embeddings", "the model's WordPiece alone, tokenizers' own encode_batch_fast "
+                  f"on every core over each text's first {5 * EMBED_MAX_TOKENS} characters", 0)]
+    for stage, measured, what, lib, eos in baselines:
+        if measured is not None:
+            n, secs, ratio = measured
+            ours = spans[stage][1]
+            print(f"{what}: {stage} {ours:.1f} s ({(n + eos * docs) / ours:,.0f} tokens/s{', EOS included' if eos else ''}); "
+                  f"{lib} {secs:.1f} s ({n / secs:,.0f} tokens/s, CPU/wall {ratio:.2f}); {stage} / library: {ours / secs:.2f}x")
     sizes = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir() and p.name not in ("dagster", "work")}
     corpus_in = _du(base / "shards")
     print(f"data root {sum(sizes.values()) / 2**30:.2f} GB outside dagster/ and work/ ("

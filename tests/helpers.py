@@ -45,6 +45,28 @@ def built_corpus(cfg, work: Path):
     return docs.insert_column(2, pl.concat(texts) if texts else pl.Series("text", [], pl.String)), build.report
 
 
+def three_shard_corpus(tmp_path: Path, max_docs: int):
+    """``build_corpus`` of 120 demo documents written as 3 Parquet shards (ids ``d<shard>-<row>``)
+    under ``tmp_path/root<max_docs>`` (``corpus/shards``, ``corpus.parquet``): ``(build, data root,
+    text by id)``."""
+    import polars as pl
+
+    from pipeline.config import CorpusConfig
+    from pipeline.data.corpus import build_corpus
+
+    recs = demo_slice(120, stride=13)
+    src = tmp_path / f"src{max_docs}"
+    src.mkdir()
+    by_id = {}
+    for i in range(3):
+        rows = [{"id": f"d{i}-{j}", "text": r["text"]} for j, r in enumerate(recs[i::3])]
+        pl.DataFrame(rows).write_parquet(src / f"part-{i}.parquet")
+        by_id.update((r["id"], r["text"]) for r in rows)
+    out = tmp_path / f"root{max_docs}"
+    build = build_corpus(CorpusConfig(path=str(src), max_docs=max_docs), 0, 0.0, out / "corpus" / "shards", out / "corpus.parquet")
+    return build, out, by_id
+
+
 def small_graph_config(corpus: Path) -> dict:
     """Keys of a data root built in about a minute on 2 cores: a demo-corpus slice at ``corpus``
     (see :func:`demo_slice`), 2 strategies, 4 training steps, shallow embeddings (no model to load)."""

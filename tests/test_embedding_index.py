@@ -12,9 +12,8 @@ import polars as pl
 import pytest
 
 from assets.cli import tools
-from helpers import demo_slice
-from pipeline.config import CorpusConfig, config_from_dict
-from pipeline.data.corpus import build_corpus
+from helpers import three_shard_corpus
+from pipeline.config import config_from_dict
 from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.errors import StrataInputError
 from pipeline.reports.claim_inputs import diversity_clusters
@@ -29,14 +28,8 @@ from pipeline.storage.layout import Layout
 
 def _matrix(tmp_path, max_docs: int):
     """``(reader, the matrix gathered from the shard files with numpy, data root)`` of 120 demo documents in 3 shards."""
-    recs = demo_slice(120, stride=13)
-    src = tmp_path / f"src{max_docs}"
-    src.mkdir()
-    for i in range(3):
-        pl.DataFrame([{"id": f"d{i}-{j}", "text": r["text"]} for j, r in enumerate(recs[i::3])]).write_parquet(src / f"part-{i}.parquet")
-    out = tmp_path / f"root{max_docs}"
+    build, out, _ = three_shard_corpus(tmp_path, max_docs)
     layout = Layout(out)
-    build = build_corpus(CorpusConfig(path=str(src), max_docs=max_docs), 0, 0.0, layout.shard_dir("corpus"), layout.corpus)
     shards = manifest_shards(build.manifest, layout.shard_dir("corpus"))
     cfg = config_from_dict({"data_root": str(out), "shard_docs": 16, "embed_method": "shallow", "embed_max_tokens": 32})
     model = default_model_path()

@@ -8,9 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from helpers import demo_slice
-from pipeline.config import CorpusConfig, config_from_dict
-from pipeline.data.corpus import build_corpus
+from helpers import three_shard_corpus
+from pipeline.config import config_from_dict
 from pipeline.data.shard_docs import corpus_texts, manifest_shards
 from pipeline.data.token_index import ShardedTokens
 from pipeline.data.token_shards import gather_tokens, tokenize_shards, tokenizer_key
@@ -21,22 +20,15 @@ from pipeline.packing.pack import SequenceStore, pack
 
 
 def _store(tmp_path, max_docs: int):
-    recs = demo_slice(120, stride=13)
-    src = tmp_path / f"src{max_docs}"
-    src.mkdir()
-    for i in range(3):
-        pl.DataFrame([{"id": f"d{i}-{j}", "text": r["text"]} for j, r in enumerate(recs[i::3])]).write_parquet(src / f"part-{i}.parquet")
-    out = tmp_path / f"root{max_docs}"
-    build = build_corpus(CorpusConfig(path=str(src), max_docs=max_docs), 0, 0.0, out / "corpus" / "shards", out / "corpus.parquet")
+    build, out, by_id = three_shard_corpus(tmp_path, max_docs)
     shards = manifest_shards(build.manifest, out / "corpus" / "shards")
-    tok = train_bpe([r["text"] for r in recs], 600)
+    tok = train_bpe(list(by_id.values()), 600)
     cfg = config_from_dict({"data_root": str(out), "shard_docs": 16})
     tokenize_shards([s for _, s in shards], tok, out / "tokens" / "shards", out / "work", cfg)
     key, dtype = tokenizer_key(tok), token_dtype(len(tok))
     gather_tokens(shards, key, dtype, out / "tokens" / "shards", out / "corpus.parquet", out / "tokens" / "runs.parquet",
                   out / "tokens" / "doc_offsets.npy", out / "documents.parquet")
     reader, offsets = open_tokens(out / "tokens" / "runs.parquet", out / "tokens" / "doc_offsets.npy")
-    by_id = {f"d{i}-{j}": r["text"] for i in range(3) for j, r in enumerate(recs[i::3])}
     texts = [by_id[i] for i in pl.read_parquet(out / "corpus.parquet")["id"].to_list()]
     # corpus.parquet holds no texts: corpus_texts reads them from the validated shards, in doc_id order
     assert [t for batch in corpus_texts(out / "corpus.parquet", build.manifest, out / "corpus" / "shards", batch_rows=7)
