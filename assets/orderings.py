@@ -88,16 +88,18 @@ def schedule_checks(strategy: str, layout, params: OrderParams, docs: pl.DataFra
     return [out], checks, meta
 
 
-def ordering_inputs(layout, params: OrderParams | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per-document (doc_id, cluster, n_tokens as stream length incl. EOS, content_hash, and the
-    documents columns ``params``' families name, e.g. source) and base segments."""
+def ordering_inputs(layout, params: OrderParams | None = None, strategy: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per-document (doc_id, cluster, n_tokens as stream length incl. EOS, the documents columns
+    ``params``' families name, e.g. source, and the ``corpus.parquet`` columns ``strategy`` reads,
+    e.g. content_hash) and base segments. Other strategies never hold the 64-character hashes."""
     extra = params.column_families() if params is not None else []
     have = pl.read_parquet_schema(layout.documents)
-    cols = ["doc_id", "n_tokens", "content_hash"] + [c for c in extra if c in have]
-    docs = pl.read_parquet(layout.documents, columns=cols).join(
-        pl.read_parquet(layout.clusters), on="doc_id"
-    ).with_columns(pl.col("n_tokens") + 1).sort("doc_id")
-    return docs, pl.read_parquet(layout.segments)
+    cols = ["doc_id", "n_tokens"] + [c for c in extra if c in have]
+    docs = pl.read_parquet(layout.documents, columns=cols).join(pl.read_parquet(layout.clusters), on="doc_id")
+    corpus_cols = strategies.spec(strategy).documents if strategy is not None else ()
+    if corpus_cols:
+        docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left")
+    return docs.with_columns(pl.col("n_tokens") + 1).sort("doc_id"), pl.read_parquet(layout.segments)
 
 
 OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's parameters (assets/params.py)
@@ -124,11 +126,11 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
     params = order_params(cfg, layout)
-    docs, segments = ordering_inputs(layout, params)
     # A training-time strategy (odm) picks sequences online from the packing of its spec's
     # packing_from (cluster_packed: each sequence holds one cluster). Its order here is not trained
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     spec = strategies.spec(strategy)
+    docs, segments = ordering_inputs(layout, params, spec.packing_from or strategy)
     seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
     n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
     previous = frozen.load(layout, strategy) if n_frozen else None
@@ -214,6 +216,6 @@ def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, 
         order, segments = load_ordering(layout, strategy)
         if (reseeded := spec.reseed(order, params, cfg.seed, seed)) is not None:
             return reseeded, segments
-    docs, segments = ordering_inputs(layout, params)
+    docs, segments = ordering_inputs(layout, params, strategy)
     result = run_strategy(strategy, docs, segments, Store(layout).sequences.seq_len, params, seed)
     return ordering_ids(result.order), (result.segments if result.segments is not None else segments)

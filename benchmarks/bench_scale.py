@@ -280,7 +280,7 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
 
 
 def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
-            reuse: bool = False, keep_root: bool = False) -> list[dict]:
+            reuse: bool = False, keep_root: bool = False, baselines: bool = True) -> list[dict]:
     import polars as pl
 
     base = prepare(n_docs, work, shard_docs, strategies, reuse, keep_root)
@@ -308,11 +308,11 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
               f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "
               f"wrote {written[stage] / 2**30:.2f} GB", flush=True)
-        if stage == "token_shards":
+        if stage == "token_shards" and baselines:
             library = library_encode(base / "root", env)
             print(f"  tokenizers encode_batch_fast on every core: {library[0] / library[1]:,.0f} tokens/s "
                   f"({library[0] / 1e6:.1f}M tokens in {library[1]:.1f} s, CPU/wall {library[2]:.2f})", flush=True)
-        if stage == "embedding_shards":
+        if stage == "embedding_shards" and baselines:
             wordpiece = library_encode(base / "root", env, wordpiece_cap=5 * EMBED_MAX_TOKENS)
             print(f"  tokenizers encode_batch_fast, the model's WordPiece on every core: {wordpiece[0] / wordpiece[1]:,.0f} tokens/s "
                   f"({wordpiece[0] / 1e6:.1f}M tokens in {wordpiece[1]:.1f} s, CPU/wall {wordpiece[2]:.2f})", flush=True)
@@ -335,10 +335,10 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     for r in rows:
         print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
               f"{r['written_gb']:>12.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
-    baselines = [("token_shards", library, "tokenization of the same texts", "tokenizers' own encode_batch_fast on every core", 1),
+    against = [("token_shards", library, "tokenization of the same texts", "tokenizers' own encode_batch_fast on every core", 1),
                  ("embedding_shards", wordpiece, "shallow embeddings", "the model's WordPiece alone, tokenizers' own encode_batch_fast "
                   f"on every core over each text's first {5 * EMBED_MAX_TOKENS} characters", 0)]
-    for stage, measured, what, lib, eos in baselines:
+    for stage, measured, what, lib, eos in against:
         if measured is not None:
             n, secs, ratio = measured
             ours = spans[stage][1]
@@ -362,6 +362,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and data root")
     ap.add_argument("--strata-run", action="store_true", help="run the path as one `strata run` instead of stage by stage")
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
+    ap.add_argument("--no-baselines", action="store_true", help="skip the tokenizers library's own throughput beside the two tokenizing stages")
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     ap.add_argument("--from", dest="first", choices=STAGES, default=STAGES[0],
                     help="with --reuse: keep the data root of an earlier run and run from this stage on")
@@ -374,7 +375,7 @@ def main() -> None:
                 shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
             continue
         rows = measure(n, args.work, args.shard_docs, args.strategies,
-                       STAGES[STAGES.index(args.first) : STAGES.index(args.until) + 1], args.reuse, keep_root=args.first != STAGES[0])
+                       STAGES[STAGES.index(args.first) : STAGES.index(args.until) + 1], args.reuse, keep_root=args.first != STAGES[0], baselines=not args.no_baselines)
         peaks[n] = rows[-1]["peak_anon_gb"]
         if not args.keep:
             shutil.rmtree(args.work / f"n{n}", ignore_errors=True)

@@ -103,13 +103,14 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
                   runs_path: Path, offsets_path: Path, documents_path: Path) -> np.ndarray:
     """Write the token store's index over the shards' files (``runs_path``, see
     :mod:`pipeline.data.token_index`: no copy of the ids), ``doc_offsets.npy`` and
-    ``documents.parquet`` (the corpus columns without text, plus token/char/byte counts); returns
+    ``documents.parquet`` (doc_id, id, source, subdomain of ``corpus.parquet`` plus token/char/byte
+    counts; the content hashes stay in ``corpus.parquet``); returns
     ``n_tokens`` per document. Memory: one shard's counts and runs."""
     from pipeline.data.token_index import TokenRuns, shard_runs, write_token_runs
 
     counts, paths, starts, files, locals_ = [], [], [], [], []
     at = 0
-    cols = ["doc_id", "id", "source", "subdomain", "content_hash"]
+    cols = ["doc_id", "id", "source", "subdomain"]
     with atomic_writer(documents_path) as docs_sink:
         writer = None
         try:

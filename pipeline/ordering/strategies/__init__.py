@@ -9,7 +9,8 @@ configuration keys it reads and how it runs:
 - ``level="document"``: ``order(cluster, length, seq_len, params) -> permutation`` of the
   documents, which the engine repacks (``pipeline.packing.pack.pack_concat``);
 - either level may give ``run(inputs) -> OrderingResult`` instead, for strategies that need the
-  whole input (content hashes, their own repacking);
+  whole input (content hashes, their own repacking); ``documents`` names the corpus columns such a
+  run reads (``content_hash``), which the orderings asset then reads for it alone;
 - a sequence-level strategy that gives ``mixture(params, n_clusters) -> target shares`` realizes a
   mixture: its rows may repeat or be left out (a *schedule*; see ``greedy_mixture.py``);
 - a sequence-level spec may give ``order_after(features, prefix_rows, params, seed)``: the rows
@@ -47,6 +48,7 @@ class StrategySpec:
     reseed: Callable[..., Any] | None = None  # (order, params, from_seed, to_seed) -> its order for to_seed, or None: re-run it
     mixture: Callable[..., Any] | None = None  # (params, n_clusters) -> target token share per cluster: its order is a schedule
     order_after: Callable[..., Any] | None = None  # (features, prefix_rows, params, seed) -> the other rows in order, continuing a frozen prefix (default: ``order`` on them alone)
+    documents: tuple[str, ...] = ()  # corpus.parquet columns its run reads beyond doc_id, cluster and n_tokens (e.g. content_hash)
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):

@@ -62,5 +62,5 @@ def run(inp):
 
 SPECS = (
     StrategySpec("duplicate_separated", "document", "Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each greedy-ordered, concatenated",
-                 seed_free=False, reads=GREEDY, greedy_based=True, run=run),
+                 seed_free=False, reads=GREEDY, greedy_based=True, run=run, documents=("content_hash",)),
 )
