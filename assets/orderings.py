@@ -45,7 +45,7 @@ def order_params(cfg, layout) -> OrderParams:
     return params
 
 
-def schedule_checks(strategy: str, layout, params: OrderParams, docs: pl.DataFrame, tolerance: float) -> tuple[list, list, dict]:
+def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float) -> tuple[list, list, dict]:
     """For a strategy that realizes a mixture: its accounting written beside the order, the DuckDB
     rows and both checks' results (recomputed from the written files); (outputs, checks, metadata)."""
     from pipeline.mixture.schedule import accounting, cluster_tokens, l1_distance, schedule_problems
@@ -59,6 +59,7 @@ def schedule_checks(strategy: str, layout, params: OrderParams, docs: pl.DataFra
         return [], [dg.AssetCheckResult(check_name=c.name, passed=True, description=skip, metadata={"strategy": strategy})
                     for c in (CAPS_CHECK, MIXTURE_CHECK)], {}
     written = Store(layout).ordering(strategy)
+    docs = Store(layout).document_clusters([])
     doc_cluster = np.full(int(docs["doc_id"].max()) + 1, 0, dtype=np.int64)
     doc_cluster[docs["doc_id"].to_numpy()] = docs["cluster"].to_numpy()
     pieces = cluster_tokens(written.segments, doc_cluster)
@@ -88,18 +89,22 @@ def schedule_checks(strategy: str, layout, params: OrderParams, docs: pl.DataFra
     return [out], checks, meta
 
 
-def ordering_inputs(layout, params: OrderParams | None = None, strategy: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per-document (doc_id, cluster, n_tokens as stream length incl. EOS, the documents columns
-    ``params``' families name, e.g. source, and the ``corpus.parquet`` columns ``strategy`` reads,
-    e.g. content_hash) and base segments. Other strategies never hold the 64-character hashes."""
+def ordering_documents(layout, params: OrderParams | None = None, strategy: str | None = None) -> pl.DataFrame:
+    """Per-document doc_id, cluster, n_tokens as stream length incl. EOS, the documents columns
+    ``params``' families name (e.g. source) and the ``corpus.parquet`` columns ``strategy`` reads
+    (e.g. content_hash; other strategies never hold the 64-character hashes)."""
     extra = params.column_families() if params is not None else []
     have = pl.read_parquet_schema(layout.documents)
-    cols = ["doc_id", "n_tokens"] + [c for c in extra if c in have]
-    docs = pl.read_parquet(layout.documents, columns=cols).join(pl.read_parquet(layout.clusters), on="doc_id")
+    docs = Store(layout).document_clusters(["n_tokens"] + [c for c in extra if c in have])
     corpus_cols = strategies.spec(strategy).documents if strategy is not None else ()
     if corpus_cols:
-        docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left")
-    return docs.with_columns(pl.col("n_tokens") + 1).sort("doc_id"), pl.read_parquet(layout.segments)
+        docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left").sort("doc_id")
+    return docs.with_columns(pl.col("n_tokens") + 1)
+
+
+def ordering_inputs(layout, params: OrderParams | None = None, strategy: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`ordering_documents` and the base segments."""
+    return ordering_documents(layout, params, strategy), pl.read_parquet(layout.segments)
 
 
 OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's parameters (assets/params.py)
@@ -130,21 +135,26 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     # packing_from (cluster_packed: each sequence holds one cluster). Its order here is not trained
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     spec = strategies.spec(strategy)
-    docs, segments = ordering_inputs(layout, params, spec.packing_from or strategy)
     seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
     n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
     previous = frozen.load(layout, strategy) if n_frozen else None
     prefix = previous.sequence_ids if previous is not None else None
-    result = run_strategy(spec.packing_from or strategy, docs, segments, seq_len, params, cfg.seed, prefix=prefix)
+    # read by run_strategy itself (no reference here): it frees the documents frame once it holds their arrays
+    name = spec.packing_from or strategy
+    result = run_strategy(name, lambda: ordering_documents(layout, params, name),
+                          lambda: pl.read_parquet(layout.segments, columns=["sequence_id", "doc_id", "n_tokens"]),
+                          seq_len, params, cfg.seed, prefix=prefix)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:
         outputs.append(write_parquet(result.segments, seg_path))
     elif seg_path.exists():
         seg_path.unlink()
+    n_positions, greedy_mode, repacked = result.order.height, result.greedy_mode, result.segments is not None
+    del result
     written = Store(layout).ordering(strategy)
-    order, m = written.order, int(written.segments["sequence_id"].max()) + 1
-    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, docs, cfg.mixture_tolerance)
+    order, m = written.order, written.n_sequences
+    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, cfg.mixture_tolerance)
     outputs += more
     if spec.realizes_mixture:
         ok = True
@@ -164,10 +174,10 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens", "per_cluster")}
     return rec.finish(
         outputs,
-        {"sequences": result.order.height},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": result.greedy_mode, "freeze_prefix": n_frozen,
+        {"sequences": n_positions},
+        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
          **({"mixture_weights_sha256": file_sha256(params.mixture_weights)} if spec.realizes_mixture else {})},
-        {"repacked": result.segments is not None, "greedy_mode": result.greedy_mode or "none", **summary, **boundary},
+        {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary},
         check_results=[check, *mixture_checks],
     )
 

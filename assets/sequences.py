@@ -48,11 +48,11 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     if records:
         packed, records = frozen.pack_frozen(records, frozen.doc_keys(layout), stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed)
     else:
-        doc_order = np.random.default_rng(cfg.seed).permutation(stream.size)
-        packed = pack(variant, doc_order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
+        packed = pack(variant, np.random.default_rng(cfg.seed).permutation(stream.size), stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
     if records:  # before anything is overwritten
         pad_id = load_tokenizer(layout.tokenizer).pad_token_id
         frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id), tokens.dtype)
+    del tokens, offsets, stream  # per-document arrays: not held while the segments are written
     write_parquet(packed.segments, layout.segments)
     saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0

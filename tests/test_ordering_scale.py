@@ -18,7 +18,7 @@ from pipeline.ordering import (
     run_strategy,
     sequence_features,
 )
-from pipeline.ordering.features import SequenceFeatures
+from pipeline.ordering.features import SequenceFeatures, packed_sequence_features
 from pipeline.ordering.repair import repair_batches
 from pipeline.packing.pack import pack_concat
 from pipeline.reports.diagnostics import batch_deviations, composition
@@ -196,3 +196,46 @@ def test_orderings_asset_names_the_greedy_mode_in_metadata_and_lineage(tmp_path,
     assert params["random"]["greedy_mode"] is None
     order = pl.read_parquet(layout.ordering("greedy"))["sequence_id"].to_numpy()
     assert order.size > 10 and np.array_equal(np.sort(order), np.arange(order.size))
+
+
+def test_features_of_grouped_and_shuffled_segments_agree():
+    """Segments grouped by sequence (a packing) take the one-pass path; the same rows in any other
+    order take the sorting path; both give the same characteristic matrices and objective matrix."""
+    from pipeline.ordering.characteristics import Family, _hstack, characteristics
+
+    rng = np.random.default_rng(3)
+    n_docs, k = 3000, 40
+    cluster, length = rng.integers(0, k, n_docs), rng.integers(1, 900, n_docs)
+    seg = pack_concat(rng.permutation(n_docs), length, 256).segments
+    shuffled = seg.sample(fraction=1.0, shuffle=True, seed=0)
+    feats = []
+    for s in (seg, shuffled):
+        d = s["doc_id"].to_numpy()
+        feats.append(sequence_features(s["sequence_id"].to_numpy(), cluster[d], length[d], s["n_tokens"].to_numpy(), 16, d))
+    source = rng.integers(0, 5, n_docs)
+    d = seg["doc_id"].to_numpy()
+    feats.append(sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), 16, d,
+                                   seg_columns={"source": source[d]}))
+    feats.append(packed_sequence_features(seg["sequence_id"].to_numpy(), d, seg["n_tokens"].to_numpy(), cluster, length, 16,
+                                          {"source": source}))
+    a = feats[0]
+    for b in feats[1:]:
+        assert np.array_equal(a.sequence_ids, b.sequence_ids) and np.array_equal(a.bin_edges, b.bin_edges)
+        for x, y in ((a.clusters, b.clusters), (a.bins, b.bins)):
+            assert np.array_equal(x.indptr, y.indptr) and np.array_equal(x.indices, y.indices) and np.array_equal(x.data, y.data)
+        assert np.array_equal(a.lengths, b.lengths) and np.array_equal(a.spans, b.spans)
+        assert np.array_equal(a.cluster_bin_tokens, b.cluster_bin_tokens)
+    src = feats[2].columns["source"]
+    assert all(np.array_equal(getattr(src, f), getattr(feats[3].columns["source"], f)) for f in ("indptr", "indices", "data"))
+    fams = (Family("cluster"), Family("length_bin", 0.5), Family("norm", 0.1), Family("concentration", 0.25, 8))
+    x = characteristics(a, fams).x
+    # the reference: every entry as (row, column) pairs, sorted
+    parts = [a.clusters, a.bins]
+    rows = np.concatenate([np.repeat(np.arange(p.n_rows), np.diff(p.indptr)) for p in parts])
+    cols = np.concatenate([parts[0].indices, parts[1].indices + parts[0].n_cols])
+    o = np.lexsort((cols, rows))
+    two = _hstack(parts)
+    assert np.array_equal(two.indices, cols[o]) and np.array_equal(two.data, np.concatenate([p.data for p in parts])[o])
+    classes = characteristics(a, fams[3:]).x.n_cols
+    assert x.n_cols == a.clusters.n_cols + a.bins.n_cols + 1 + classes
+    assert (np.diff(x.indptr) == np.diff(a.clusters.indptr) + np.diff(a.bins.indptr) + 2).all()

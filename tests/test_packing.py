@@ -301,3 +301,109 @@ def test_token_counts_past_two_to_the_31_do_not_wrap():
     assert stats["tokens_kept"] + stats["tokens_dropped"] == stats["tokens_in"] and stats["tokens_kept"] > 2**31
     assert stats["tokens_padding"] >= 0 and 0 <= stats["padding_fraction"] < 1
     assert conservation(p.segments, lengths, 2048)["tokens_dropped"] == stats["tokens_dropped"]
+
+
+def _reference_pack(variant: str, order: np.ndarray, lengths: np.ndarray, seq_len: int, atom_multiple=None, seed: int = 0) -> pl.DataFrame:
+    """Segments by whole-array NumPy (one temporary per step), the way packing was computed before
+    the numba kernels: the kernels must give the same rows in the same order."""
+    def cut(start, length, doc, doc_start, eos, size):
+        end = start + length
+        first, last = start // size, (end - 1) // size
+        pieces = last - first + 1
+        rep = np.repeat(np.arange(start.size), pieces)
+        seq = first[rep] + np.arange(rep.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+        lo, hi = np.maximum(start[rep], seq * size), np.minimum(end[rep], (seq + 1) * size)
+        e = eos[rep] & (hi == end[rep])
+        return seq, lo - seq * size, doc[rep], doc_start[rep] + lo - start[rep], hi - lo - e, e
+
+    lens = lengths[order].astype(np.int64)
+    rng = np.random.default_rng(seed)
+    atom = None if atom_multiple is None else int(round(atom_multiple * seq_len))
+    if variant == "concat":
+        unit = seq_len if atom is None else max(atom, seq_len)
+        keep = int(lens.sum()) // unit * unit
+        starts = np.cumsum(lens) - lens
+        live = starts < keep
+        s, d = starts[live], order[live]
+        n = np.minimum(s + lens[live], keep) - s
+        ds, e = np.zeros(s.size, np.int64), np.zeros(s.size, bool)
+        if atom is not None:
+            a_id, a_off, d, ds, n, e = cut(s, n, d, ds, e, atom)
+            slot = np.empty(keep // atom, np.int64)
+            slot[rng.permutation(slot.size)] = np.arange(slot.size)
+            s = slot[a_id] * atom + a_off
+        rows = cut(s, n, d, ds, e, seq_len)
+    else:  # padding
+        a = seq_len if atom is None else atom
+        k = np.maximum(1, -(-(lens - 1) // (a - 1)))
+        rep = np.repeat(np.arange(order.size), k)
+        j = np.arange(rep.size) - np.repeat(np.cumsum(k) - k, k)
+        last = j == k[rep] - 1
+        ds = j * (a - 1)
+        n = np.where(last, lens[rep] - ds, a - 1)
+        e = ~last
+        slot = np.full(n.size, a, np.int64) if a <= seq_len else -(-(n + e) // seq_len) * seq_len
+        perm = np.arange(n.size) if atom is None else rng.permutation(n.size)
+        rep, ds, n, e, slot = rep[perm], ds[perm], n[perm], e[perm], slot[perm]
+        rows = cut(np.cumsum(slot) - slot, n + e, order[rep], ds, e, seq_len)
+    seq, start, doc, ds, n, e = rows
+    o = np.lexsort((start, seq))
+    seq, start, doc, ds, n, e = seq[o], start[o], doc[o], ds[o], n[o], e[o]
+    cont = (seq[1:] == seq[:-1]) & (doc[1:] == doc[:-1]) & ~e[:-1] & (start[:-1] + n[:-1] == start[1:]) & (ds[:-1] + n[:-1] == ds[1:])
+    head = np.flatnonzero(np.r_[True, ~cont])
+    tail = np.r_[head[1:], seq.size] - 1
+    return pl.DataFrame({"sequence_id": seq[head], "seq_token_start": start[head].astype(np.int32), "doc_id": doc[head],
+                         "doc_token_start": ds[head], "n_tokens": np.add.reduceat(n, head).astype(np.int32), "eos_added": e[tail]})
+
+
+@pytest.mark.parametrize("spec", [s for s in PACKING_SPECS if not s.startswith("best_fit")])
+def test_kernels_give_the_reference_rows(spec):
+    lengths, _, _, order = corpus(300, seed=5, hi=400)
+    variant, atom = parse_packing(spec)
+    for seed in (0, 1):
+        got = pack(variant, order, lengths, L, atom_multiple=atom, seed=seed).segments
+        assert got.equals(_reference_pack(variant, order, lengths, L, atom, seed)), (spec, seed)
+
+
+def _reference_conservation(seg: pl.DataFrame, lengths: np.ndarray, seq_len: int, gaps: bool) -> bool:
+    by_doc = seg.sort("doc_id", "doc_token_start")
+    d, ds, n = by_doc["doc_id"].to_numpy(), by_doc["doc_token_start"].to_numpy(), by_doc["n_tokens"].to_numpy().astype(np.int64)
+    new = np.r_[True, d[1:] != d[:-1]]
+    prev = np.r_[0, ds[:-1] + n[:-1]]
+    starts = (ds >= np.where(new, 0, prev)) & (ds >= 0) if gaps else np.where(new, ds == 0, ds == prev)
+    tiles = bool(starts.all() and (n > 0).all() and (ds + n <= lengths[d]).all())
+    by_seq = seg.sort("sequence_id", "seq_token_start")
+    sid, st = by_seq["sequence_id"].to_numpy(), by_seq["seq_token_start"].to_numpy().astype(np.int64)
+    ext = by_seq["n_tokens"].to_numpy().astype(np.int64) + by_seq["eos_added"].to_numpy()
+    new = np.r_[True, sid[1:] != sid[:-1]]
+    fits = bool((st + ext <= seq_len).all() and np.where(new, st >= 0, st >= np.r_[0, st[:-1] + ext[:-1]]).all())
+    per_doc = np.bincount(d, weights=n, minlength=lengths.size)
+    return tiles and fits and bool((per_doc <= lengths).all())
+
+
+def test_conservation_agrees_with_sorting_on_shuffled_and_broken_tables():
+    lengths, _, _, order = corpus(200, seed=9)
+    rng = np.random.default_rng(0)
+    for spec in ("concat", "padding-x0.5", "concat-x2", "best_fit"):
+        variant, atom = parse_packing(spec)
+        seg = pack(variant, order, lengths, L, atom_multiple=atom, seed=2).segments
+        shifted = seg.with_columns(doc_token_start=pl.when(pl.int_range(pl.len()) == 7).then(pl.col("doc_token_start") + 1)
+                                   .otherwise(pl.col("doc_token_start")))
+        for table in (seg, seg.sample(fraction=1.0, shuffle=True, seed=1), seg.filter(pl.int_range(pl.len()) != 3), shifted):
+            for gaps in (False, True):
+                got = conservation(table, lengths, L, gaps=gaps)["ok"]
+                assert got == _reference_conservation(table, lengths, L, gaps), (spec, gaps)
+        assert conservation(seg.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(9))), lengths, L)["ok"]
+    assert not conservation(shifted, lengths, L)["ok"]
+
+
+def test_distinct_pairs_counts_each_document_once_per_sequence():
+    from pipeline.packing.pack import distinct_pairs
+
+    lengths, _, _, order = corpus(200, seed=4)
+    seg = pack("padding", order, lengths, L, atom_multiple=0.25, seed=3).segments
+    want = seg.select("sequence_id", "doc_id").unique().height
+    assert distinct_pairs(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy()) == want
+    shuffled = seg.sample(fraction=1.0, shuffle=True, seed=0)  # not grouped by sequence: the sorting path
+    assert distinct_pairs(shuffled["sequence_id"].to_numpy(), shuffled["doc_id"].to_numpy()) == want
+    assert want < seg.height  # some document has two pieces in one sequence

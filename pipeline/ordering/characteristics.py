@@ -25,10 +25,12 @@ matrix (token columns first) and one set of inverted lists (``pipeline.ordering.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
+from numba import njit
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import Csr, SequenceFeatures
@@ -156,7 +158,18 @@ def quantile_classes(values: np.ndarray, n_classes: int) -> np.ndarray:
 def cluster_norms(features: SequenceFeatures) -> np.ndarray:
     """||c_s||_2 per sequence (tokens)."""
     c = features.clusters
-    return np.sqrt(np.add.reduceat(c.data**2, c.indptr[:-1]) * (np.diff(c.indptr) > 0))
+    return _row_norms(c.indptr, c.data)
+
+
+@njit(cache=False)
+def _row_norms(indptr, data):
+    out = np.zeros(indptr.size - 1)
+    for r in range(indptr.size - 1):
+        acc = 0.0
+        for k in range(indptr[r], indptr[r + 1]):
+            acc += data[k] * data[k]
+        out[r] = np.sqrt(acc)
+    return out
 
 
 def concentration(features: SequenceFeatures) -> np.ndarray:
@@ -170,7 +183,7 @@ def _one_hot(classes: np.ndarray, value: float) -> Csr:
 
 
 def _scaled(x: Csr, scale: float) -> Csr:
-    return Csr(x.indptr, x.indices, x.data * scale, x.n_cols)
+    return x if scale == 1.0 else Csr(x.indptr, x.indices, x.data * scale, x.n_cols)
 
 
 def family_matrix(features: SequenceFeatures, family: Family, unit: float) -> Csr:
@@ -200,38 +213,76 @@ def family_matrix(features: SequenceFeatures, family: Family, unit: float) -> Cs
 
 
 def _hstack(parts: Sequence[Csr]) -> Csr:
-    """Column-wise concatenation of CSR matrices with the same rows (columns offset in order)."""
+    """Column-wise concatenation of CSR matrices with the same rows (columns offset in order).
+
+    Each row takes the parts' entries in part order: with every part's columns ascending within
+    a row, that is the (row, column) order, written straight into the result (numba, no sort).
+    """
     m = parts[0].n_rows
-    counts = np.sum([np.diff(p.indptr) for p in parts], axis=0)
     indptr = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
+    for p in parts:
+        indptr[1:] += np.diff(p.indptr)
+    np.cumsum(indptr, out=indptr)
     offsets = np.cumsum([0] + [p.n_cols for p in parts])
-    rows = np.concatenate([np.repeat(np.arange(m, dtype=np.int64), np.diff(p.indptr)) for p in parts])
-    cols = np.concatenate([p.indices + o for p, o in zip(parts, offsets)])
-    data = np.concatenate([p.data for p in parts])
-    order = np.lexsort((cols, rows))
-    return Csr(indptr, cols[order], data[order], int(offsets[-1]))
+    cols = np.empty(int(indptr[-1]), dtype=np.int64)
+    data = np.empty(int(indptr[-1]), dtype=np.float64)
+    fill = indptr[:-1].copy()
+    for p, o in zip(parts, offsets):
+        if not _append_rows(p.indptr, p.indices, np.asarray(p.data, np.float64), int(o), fill, cols, data):
+            raise StrataInputError("a characteristic matrix has unsorted columns within a row", fix="build it with pipeline.ordering.features")
+    return Csr(indptr, cols, data, int(offsets[-1]))
+
+
+@njit(cache=False)
+def _append_rows(indptr, indices, values, offset, fill, cols, data) -> bool:
+    """Append each row's entries (columns + ``offset``) at ``fill[row]``; False if a row's columns
+    do not ascend."""
+    for r in range(indptr.size - 1):
+        w = fill[r]
+        for k in range(indptr[r], indptr[r + 1]):
+            if k > indptr[r] and indices[k] <= indices[k - 1]:
+                return False
+            cols[w] = indices[k] + offset
+            data[w] = values[k]
+            w += 1
+        fill[r] = w
+    return True
 
 
 @dataclass(frozen=True)
 class Characteristics:
     """All families of an objective as one matrix x (M x G): token columns first, then sequence
     columns; each family's columns scaled by sqrt(weight); ``unit`` = a sequence's weight in a
-    sequence column; ``spans`` = the column range of each family."""
+    sequence column; ``spans`` = the column range of each family.
 
-    x: Csr
+    The families' matrices (``parts``) are kept apart and joined into ``x`` on first use: the
+    blocked greedy takes each block's rows of the parts and joins only those, so the whole
+    matrix is never built (the cluster and length-bin parts are the features' own arrays)."""
+
+    parts: tuple[Csr, ...]  # each family's matrix, scaled, in column order
     n_token_cols: int
     unit: float
     total_weight: float
     family_columns: Mapping[str, tuple[int, int]]
 
+    @functools.cached_property
+    def x(self) -> Csr:
+        return _hstack(self.parts)
+
     def take_rows(self, rows: np.ndarray) -> "Characteristics":
-        x = self.x.take_rows(rows)
-        return Characteristics(x, self.n_token_cols, self.unit, self.total_weight, self.family_columns)
+        return Characteristics(tuple(p.take_rows(rows) for p in self.parts), self.n_token_cols, self.unit, self.total_weight,
+                               self.family_columns)
+
+    @property
+    def n_cols(self) -> int:
+        return sum(p.n_cols for p in self.parts)
+
+    def column_totals(self) -> np.ndarray:
+        return np.concatenate([p.column_totals() for p in self.parts])
 
     def targets(self, lengths: np.ndarray) -> np.ndarray:
         """t: each token column's share of the rows' tokens, each sequence column's share of the rows (scaled)."""
-        tot = self.x.column_totals()
+        tot = self.column_totals()
         t = np.empty_like(tot)
         nt = self.n_token_cols
         t[:nt] = tot[:nt] / float(np.sum(lengths))
@@ -250,4 +301,4 @@ def characteristics(features: SequenceFeatures, families: Sequence[Family]) -> C
         spans[fam.name] = (start, start + x.n_cols)
         start += x.n_cols
     n_token = sum(p.n_cols for p, f in zip(parts, ordered) if f.level == "tokens")
-    return Characteristics(_hstack(parts), n_token, unit, float(sum(f.weight for f in families)), spans)
+    return Characteristics(tuple(parts), n_token, unit, float(sum(f.weight for f in families)), spans)

@@ -256,7 +256,7 @@ def curriculum_blocked_order(
     lb = chars.family_columns.get("length_bin")
     sc, sl = float(np.sqrt(weights["cluster"])), float(np.sqrt(weights.get("length_bin", 0.0)))
     lbar = float(lengths.mean())
-    state = GreedyState.empty(chars.x.n_cols)
+    state = GreedyState.empty(chars.n_cols)
     queue = stratified_stream(features, np.random.default_rng(seed))  # a ring: head, count
     head, count = 0, m
     out = np.empty(m, dtype=np.int64)
@@ -274,7 +274,7 @@ def curriculum_blocked_order(
         e0 = targets(s0)
         pbar = (targets(s0 + span) - e0) / span
         if count:  # pick at most half of what the pool holds of the cluster the curriculum wants most above its pool share
-            have = sub.x.column_totals()[cl[0] : cl[1]] / (sc * lengths[pool].sum())
+            have = sub.column_totals()[cl[0] : cl[1]] / (sc * lengths[pool].sum())
             short = pbar > have + SHORT_TOL
             if short.any():
                 n_max = max(MIN_ROUND, int(size * float(np.min(have[short] / pbar[short])) * 0.5))

@@ -9,7 +9,7 @@ new segments and the order refers to those sequence ids.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
@@ -17,7 +17,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.names import TOKEN_FAMILIES, WITHIN_SORTS
 from pipeline.ordering import strategies
-from pipeline.ordering.features import SequenceFeatures, sequence_features
+from pipeline.ordering.features import SequenceFeatures, packed_sequence_features
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
@@ -76,7 +76,7 @@ class Inputs:
     length: np.ndarray  # int64 stream length (n_tokens incl. EOS), 0 where absent
     present: np.ndarray  # doc ids present, ascending
     content_hash: np.ndarray | None  # per doc_id: int64 rank of its content hash (equal = same text), or None
-    segments: pl.DataFrame
+    segments: pl.DataFrame  # the base packing's sequence_id, doc_id, n_tokens
     seq_len: int
     params: OrderParams
     seed: int
@@ -84,11 +84,8 @@ class Inputs:
 
     def features(self, segments: pl.DataFrame | None = None) -> SequenceFeatures:
         seg = self.segments if segments is None else segments
-        d = seg["doc_id"].to_numpy()
-        return sequence_features(
-            seg["sequence_id"].to_numpy(), self.cluster[d], self.length[d], seg["n_tokens"].to_numpy(), self.params.bins, d,
-            seg_columns={name: codes[d] for name, codes in self.columns.items()},
-        )
+        return packed_sequence_features(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(),
+                                        self.cluster, self.length, self.params.bins, self.columns)
 
 
 def order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:
@@ -181,8 +178,8 @@ def _column(df: pl.DataFrame, name: str, what: str) -> np.ndarray:
 
 
 def run_strategy(
-    name: str, docs: pl.DataFrame, segments: pl.DataFrame, seq_len: int, params: OrderParams, seed: int,
-    prefix: np.ndarray | None = None,
+    name: str, docs: pl.DataFrame | Callable[[], pl.DataFrame], segments: pl.DataFrame | Callable[[], pl.DataFrame],
+    seq_len: int, params: OrderParams, seed: int, prefix: np.ndarray | None = None,
 ) -> OrderingResult:
     """Order the training stream with strategy ``name`` (the one call of the asset and the CLI).
 
@@ -191,18 +188,22 @@ def run_strategy(
 
     ``docs``: doc_id, cluster, n_tokens (stream length incl. EOS), optional content_hash.
     ``segments``: the base packing (pipeline.packing.pack SEGMENT_SCHEMA); document-level strategies
-    ignore it and repack, returning their own segments.
+    ignore it and repack, returning their own segments. Either may be given as a function that
+    reads it: then no caller holds a reference, and the documents frame is freed once its arrays
+    are built (the orderings asset, at 10M documents).
     """
     spec = strategies.spec(name)
     if not spec.scheduled:
         raise StrataInputError(f"{name!r} picks its sequences during training; it has no order to compute",
                                fix=f"order {spec.packing_from!r} for its packing, or use one of {', '.join(strategies.scheduled())}")
-    doc_id = _column(docs, "doc_id", "documents").astype(np.int64)
-    clus = _column(docs, "cluster", "documents").astype(np.int64)
-    ntok = _column(docs, "n_tokens", "documents").astype(np.int64)
+    docs = docs() if callable(docs) else docs
+    segments = segments() if callable(segments) else segments
+    doc_id = _column(docs, "doc_id", "documents").astype(np.int64, copy=False)
+    clus = _column(docs, "cluster", "documents").astype(np.int64, copy=False)
+    ntok = _column(docs, "n_tokens", "documents").astype(np.int64, copy=False)
     if doc_id.size == 0:
         raise StrataInputError("there are no documents", fix="give at least one document")
-    if doc_id.min() < 0 or np.unique(doc_id).size != doc_id.size:
+    if doc_id.min() < 0 or np.bincount(doc_id).max() > 1:
         raise StrataInputError("doc_id values are negative or repeated", fix="use unique doc ids 0..N-1")
     if clus.min() < 0:
         raise StrataInputError("a cluster id is negative", fix="use cluster ids 0..K-1")
@@ -218,6 +219,7 @@ def run_strategy(
         content_hash[doc_id] = docs["content_hash"].rank("dense").to_numpy().astype(np.int64)
     for c in ("sequence_id", "doc_id", "n_tokens"):
         _column(segments, c, "segments")
+    segments = segments.select("sequence_id", "doc_id", "n_tokens")  # what the strategies read (the other columns are freed when the caller kept no reference)
     seg_docs = segments["doc_id"].to_numpy()
     if seg_docs.size and (seg_docs.max() >= n or (cluster[seg_docs] < 0).any()):
         raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
@@ -229,7 +231,9 @@ def run_strategy(
             )
         columns[col] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
         columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
-    inp = Inputs(cluster, length, np.sort(doc_id), content_hash, segments, int(seq_len), params, int(seed), columns)
+    del docs, doc_id, clus, ntok  # per-document frame: the arrays above hold what the strategies read
+    present = np.flatnonzero(cluster >= 0)  # the doc ids present, ascending
+    inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns)
     if prefix is not None:
         return _run_frozen(spec, inp, np.asarray(prefix, dtype=np.int64))
     return _run(spec, inp)

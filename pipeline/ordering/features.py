@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 import numpy as np
+from numba import njit
 
 from pipeline.errors import StrataInputError
 
@@ -107,6 +108,15 @@ class SequenceFeatures:
 
 
 def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int, n_cols: int) -> Csr:
+    """Sum ``weights`` per (row, column) pair. Rows grouped in ascending order (a packing's
+    segments) are summed group by group (numba, no sort of the pairs); otherwise the pairs are sorted."""
+    if _grouped(rows):
+        indptr = np.zeros(n_rows + 1, dtype=np.int64)
+        _group_pairs(rows, cols, weights, False, indptr, np.empty(0, np.int64), np.empty(0, np.float64))
+        np.cumsum(indptr, out=indptr)
+        indices, data = np.empty(int(indptr[-1]), np.int64), np.empty(int(indptr[-1]), np.float64)
+        _group_pairs(rows, cols, weights, True, indptr, indices, data)
+        return Csr(indptr, indices, data, int(n_cols))
     key = rows * np.int64(n_cols) + cols
     uniq, inverse = np.unique(key, return_inverse=True)
     data = np.bincount(inverse, weights=weights, minlength=uniq.size).astype(np.float64)
@@ -114,6 +124,70 @@ def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_r
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(r, minlength=n_rows), out=indptr[1:])
     return Csr(indptr, (uniq % n_cols).astype(np.int64), data, int(n_cols))
+
+
+@njit(cache=False)
+def _grouped(rows) -> bool:
+    for i in range(1, rows.size):
+        if rows[i] < rows[i - 1]:
+            return False
+    return True
+
+
+@njit(cache=False)
+def _group_pairs(rows, cols, weights, write, indptr, indices, data) -> None:
+    """Per run of equal ``rows``: its distinct columns ascending with their summed weights, written
+    from ``indptr[row]`` on; without ``write``, ``indptr[row + 1]`` = the row's distinct columns."""
+    lo = 0
+    n = rows.size
+    while lo < n:
+        hi = lo + 1
+        while hi < n and rows[hi] == rows[lo]:
+            hi += 1
+        r = rows[lo]
+        order = np.argsort(cols[lo:hi], kind="mergesort")
+        w = indptr[r] - 1
+        c = 0
+        for t in range(order.size):
+            i = lo + order[t]
+            if t == 0 or cols[i] != cols[lo + order[t - 1]]:
+                c += 1
+                if write:
+                    w += 1
+                    indices[w] = cols[i]
+                    data[w] = 0.0
+            if write:
+                data[w] += weights[i]
+        if not write:
+            indptr[r + 1] = c
+        lo = hi
+
+
+def _first_of_each(values: np.ndarray) -> np.ndarray:
+    """A mask keeping one row per distinct (non-negative) value."""
+    seen = np.zeros(int(values.max()) + 1, dtype=np.bool_)
+    return _first_mask(values, seen)
+
+
+@njit(cache=False)
+def _first_mask(values, seen):
+    out = np.zeros(values.size, np.bool_)
+    for i in range(values.size):
+        if not seen[values[i]]:
+            seen[values[i]] = True
+            out[i] = True
+    return out
+
+
+def _dense_rows(seg_sequence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(seg_sequence, return_inverse=True)``, in one pass when ids ascend."""
+    if _grouped(seg_sequence):
+        change = np.empty(seg_sequence.size, np.bool_)
+        change[:1] = True
+        np.not_equal(seg_sequence[1:], seg_sequence[:-1], out=change[1:])
+        rows = np.cumsum(change) - 1
+        return seg_sequence[change], rows
+    return np.unique(seg_sequence, return_inverse=True)
 
 
 def sequence_features(
@@ -149,12 +223,11 @@ def sequence_features(
         raise StrataInputError("a segment has no tokens", fix="drop empty spans (n_tokens must be > 0)")
     if bin_edges is not None:
         edges = np.asarray(bin_edges, dtype=np.int64)
-    elif seg_doc is not None:
-        _, first = np.unique(np.asarray(seg_doc, dtype=np.int64), return_index=True)
-        edges = length_bin_edges(seg_doc_length[first], n_bins)
+    elif seg_doc is not None:  # one length per distinct document (the edges do not depend on their order)
+        edges = length_bin_edges(seg_doc_length[_first_of_each(np.asarray(seg_doc, dtype=np.int64))], n_bins)
     else:
         edges = length_bin_edges(seg_doc_length, n_bins)
-    seq_ids, rows = np.unique(seg_sequence, return_inverse=True)
+    seq_ids, rows = _dense_rows(seg_sequence)
     m = seq_ids.size
     k = int(seg_cluster.max()) + 1
     bin_of = length_bins(seg_doc_length, edges)
@@ -171,3 +244,112 @@ def sequence_features(
             raise StrataInputError(f"column {name!r} needs one category id >= 0 per span", fix="encode it densely (0..n-1)")
         cols[name] = _csr_from_pairs(rows, codes, seg_tokens, m, int(codes.max()) + 1)
     return SequenceFeatures(seq_ids, clusters, bins, lengths, edges, joint, spans, cols)
+
+
+def packed_sequence_features(
+    seg_sequence: np.ndarray,
+    seg_doc: np.ndarray,
+    seg_tokens: np.ndarray,
+    doc_cluster: np.ndarray,
+    doc_length: np.ndarray,
+    n_bins: int,
+    doc_columns: Mapping[str, np.ndarray] | None = None,
+) -> SequenceFeatures:
+    """:func:`sequence_features` of a packing's segments, the documents' cluster, stream length and
+    column codes given per document (indexed by doc_id): the same result, built group by group
+    from segments grouped by ascending sequence id (a packing's order) without per-segment copies
+    of the documents' values (at 10M documents, about 1 GB less). Segments in any other order go
+    through :func:`sequence_features`."""
+    seq = np.asarray(seg_sequence).astype(np.int64, copy=False)
+    doc = np.asarray(seg_doc).astype(np.int64, copy=False)
+    tokens = np.asarray(seg_tokens)
+    doc_columns = doc_columns or {}
+    if seq.size == 0 or not _grouped(seq):
+        return sequence_features(seq, np.asarray(doc_cluster)[doc], np.asarray(doc_length)[doc], tokens, n_bins, doc,
+                                 seg_columns={k: np.asarray(v)[doc] for k, v in doc_columns.items()})
+    if tokens.min() <= 0:
+        raise StrataInputError("a segment has no tokens", fix="drop empty spans (n_tokens must be > 0)")
+    doc_cluster = np.asarray(doc_cluster).astype(np.int64, copy=False)
+    first = _first_of_each(doc)  # one length per distinct document (the edges do not depend on their order)
+    edges = length_bin_edges(np.asarray(doc_length)[doc[first]], n_bins)
+    del first
+    nb = edges.size + 1
+    doc_bin = length_bins(doc_length, edges).astype(np.int32)
+    starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
+    seq_ids = seq[starts]
+    starts = np.append(starts, seq.size)
+    m = seq_ids.size
+    lo_c, hi_c = _lookup_range(doc, doc_cluster)
+    if lo_c < 0:
+        raise StrataInputError("a cluster id is negative", fix="use cluster ids 0..K-1")
+    k = hi_c + 1
+    clusters = _grouped_csr(starts, doc, tokens, doc_cluster, k)
+    bins = _grouped_csr(starts, doc, tokens, doc_bin, nb)
+    lengths, spans = np.zeros(m), np.diff(starts).astype(np.int64)
+    joint = np.zeros((k, nb))
+    _lengths_joint(starts, doc, tokens, doc_cluster, doc_bin, lengths, joint)
+    cols = {}
+    for name, codes in doc_columns.items():
+        codes = np.asarray(codes).astype(np.int64, copy=False)
+        lo, hi = _lookup_range(doc, codes)
+        if lo < 0:
+            raise StrataInputError(f"column {name!r} needs one category id >= 0 per span", fix="encode it densely (0..n-1)")
+        cols[name] = _grouped_csr(starts, doc, tokens, codes, hi + 1)
+    return SequenceFeatures(seq_ids, clusters, bins, lengths, edges, joint, spans, cols)
+
+
+@njit(cache=False)
+def _lookup_range(doc, values) -> tuple[int, int]:
+    lo, hi = values[doc[0]], values[doc[0]]
+    for d in doc:
+        lo, hi = min(lo, values[d]), max(hi, values[d])
+    return lo, hi
+
+
+def _grouped_csr(starts: np.ndarray, doc: np.ndarray, tokens: np.ndarray, col_of_doc: np.ndarray, n_cols: int) -> Csr:
+    """Per group ``starts[g]:starts[g+1]`` of segments: tokens summed per column ``col_of_doc[doc]``."""
+    indptr = np.zeros(starts.size, dtype=np.int64)
+    stamp = np.full(n_cols, -1, np.int64)
+    acc = np.zeros(n_cols)
+    _grouped_fill(starts, doc, tokens, col_of_doc, False, indptr, np.empty(0, np.int64), np.empty(0), stamp, acc)
+    np.cumsum(indptr, out=indptr)
+    indices, data = np.empty(int(indptr[-1]), np.int64), np.empty(int(indptr[-1]))
+    stamp[:] = -1
+    _grouped_fill(starts, doc, tokens, col_of_doc, True, indptr, indices, data, stamp, acc)
+    return Csr(indptr, indices, data, int(n_cols))
+
+
+@njit(cache=False)
+def _grouped_fill(starts, doc, tokens, col_of_doc, write, indptr, indices, data, stamp, acc) -> None:
+    """Without ``write``: ``indptr[g + 1]`` = distinct columns of group g; with it: the group's
+    columns ascending and their token sums from ``indptr[g]`` on."""
+    for g in range(starts.size - 1):
+        w = indptr[g]
+        n = 0
+        for i in range(starts[g], starts[g + 1]):
+            c = col_of_doc[doc[i]]
+            if stamp[c] != g:
+                stamp[c] = g
+                acc[c] = 0.0
+                if write:  # insertion into the row's sorted columns
+                    j = w + n
+                    while j > w and indices[j - 1] > c:
+                        indices[j] = indices[j - 1]
+                        j -= 1
+                    indices[j] = c
+                n += 1
+            acc[c] += tokens[i]
+        if write:
+            for j in range(w, w + n):
+                data[j] = acc[indices[j]]
+        else:
+            indptr[g + 1] = n
+
+
+@njit(cache=False)
+def _lengths_joint(starts, doc, tokens, doc_cluster, doc_bin, lengths, joint) -> None:
+    for g in range(starts.size - 1):
+        for i in range(starts[g], starts[g + 1]):
+            t = tokens[i]
+            lengths[g] += t
+            joint[doc_cluster[doc[i]], doc_bin[doc[i]]] += t

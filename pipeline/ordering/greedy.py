@@ -257,15 +257,25 @@ def greedy_rows(
 def greedy_order(features: SequenceFeatures, objective: Objective, noise: float = 0.0, seed: int = 0) -> np.ndarray:
     """Exact greedy over ``objective``'s families: rows of ``features`` in schedule order."""
     chars = objective.matrix(features)
-    state = GreedyState.empty(chars.x.n_cols)
+    state = GreedyState.empty(chars.n_cols)
     return greedy_rows(chars, features.lengths, chars.targets(features.lengths), state, None, noise, seed)
 
 
 def _dominant(x: Csr) -> np.ndarray:
-    """Each row's column with the most tokens (ties: lowest column)."""
-    rows = np.repeat(np.arange(x.n_rows, dtype=np.int64), np.diff(x.indptr))
-    top = np.lexsort((x.indices, -x.data, rows))
-    return x.indices[top[x.indptr[:-1]]]
+    """Each row's column with the most tokens (ties: lowest column); every row holds an entry."""
+    return _row_argmax(x.indptr, x.indices, x.data)
+
+
+@numba.njit(cache=False)
+def _row_argmax(indptr, indices, data):
+    out = np.empty(indptr.size - 1, np.int64)
+    for r in range(indptr.size - 1):
+        best, col = -np.inf, -1
+        for k in range(indptr[r], indptr[r + 1]):
+            if data[k] > best or (data[k] == best and indices[k] < col):
+                best, col = data[k], indices[k]
+        out[r] = col
+    return out
 
 
 def _stratified_keys(stratum: np.ndarray, within: np.ndarray, n_strata: int, rng: np.random.Generator) -> np.ndarray:
@@ -308,7 +318,7 @@ def greedy_windowed_order(
     m = features.n_sequences
     chars = objective.matrix(features)
     targets = chars.targets(features.lengths)
-    state = GreedyState.empty(chars.x.n_cols)
+    state = GreedyState.empty(chars.n_cols)
     stream = stratified_stream(features, np.random.default_rng(seed))
     pool = np.sort(stream[:window])
     nxt = pool.size
@@ -472,7 +482,7 @@ def greedy_blocked_after(
         return rest
     chars = objective.matrix(features)
     targets = chars.targets(features.lengths)
-    state = GreedyState(chars.take_rows(prefix_rows).x.column_totals().astype(np.float64),
+    state = GreedyState(chars.take_rows(prefix_rows).column_totals().astype(np.float64),
                         float(features.lengths[prefix_rows].sum()), int(prefix_rows.size))
     n_catch = rest.size // 2
     stream = rest[stratified_stream(features.take_rows(rest), np.random.default_rng(seed))]
@@ -528,6 +538,6 @@ def greedy_after_prefix(
         return rest[repair_batches(local, sub, batch)[0]]
     chars = objective.matrix(features)
     prefix = chars.take_rows(np.asarray(prefix_rows, dtype=np.int64))
-    state = GreedyState(prefix.x.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
+    state = GreedyState(prefix.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
     picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], chars.targets(features.lengths), state, None, noise, seed)
     return rest[repair_batches(picked, sub, batch)[0]]

@@ -117,40 +117,55 @@ def pack(
     L = int(seq_len)
     if variant not in VARIANTS:
         raise StrataInputError(f"unknown packing variant {variant!r}", fix=f"use one of {list(VARIANTS)}")
-    order, lengths = _check_docs(doc_order, stream_lengths)
+    order, all_lengths, tokens_in = _check_docs(doc_order, stream_lengths)
     atom = None if atom_multiple is None else _atom_size(variant, atom_multiple, L)
     rng = np.random.default_rng(seed)
-    if variant == "concat":
-        rows, n_seq = _concat(order, lengths, L, atom, rng)
+    if variant == "concat" and atom is None:
+        rows, n_seq = _concat_plain(order, all_lengths, L, tokens_in)
+    elif variant == "concat":
+        rows, n_seq = _concat(order, all_lengths[order], L, atom, rng)
     elif variant == "padding":
-        rows, n_seq = _padding(order, lengths, L, L if atom is None else atom, rng if atom is not None else None)
+        rows, n_seq = _padding(order, all_lengths[order], L, L if atom is None else atom, rng if atom is not None else None)
     else:
-        rows, n_seq = _best_fit(order, lengths, L, rng)
+        rows, n_seq = _best_fit(order, all_lengths[order], L, rng)
     segments = _segments(*_merge(*rows))
-    tokens_in = int(lengths.sum())
+    del rows
     kept = int(segments["n_tokens"].cast(pl.Int64).sum() or 0)  # Int32 sums wrap past 2^31 tokens
     eos = int(segments["eos_added"].sum() or 0)
     packed = n_seq * L
     return Packing(segments, n_seq, L, tokens_in, packed, tokens_in - kept, variant, atom, eos, packed - kept - eos)
 
 
-def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Validated ``doc_order`` (int64) and the stream lengths in that order."""
+def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validated ``doc_order`` (int64, not copied when it is already), the stream lengths of all
+    documents and the sum of those of ``doc_order`` (no per-order copy of the lengths)."""
     all_lengths = np.asarray(stream_lengths)
     order = np.asarray(doc_order)
     if order.ndim != 1 or all_lengths.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
         raise StrataInputError("doc_order and stream_lengths must be 1-D integer arrays", fix="pass doc ids and per-document stream lengths")
-    order = order.astype(np.int64)
+    order = order.astype(np.int64, copy=False)
     if order.size and (order.min() < 0 or order.max() >= all_lengths.size):
         raise StrataInputError(
             f"doc_order holds ids outside 0..{all_lengths.size - 1}", fix="pass dense doc ids (row indices of documents.parquet)"
         )
     if order.size and np.bincount(order, minlength=all_lengths.size).max() > 1:
         raise StrataInputError("doc_order repeats a document", fix="pass each document at most once (a permutation or a subset)")
-    lengths = all_lengths[order].astype(np.int64)
-    if lengths.size and lengths.min() <= 0:
+    total, smallest = _sum_min(order, all_lengths.astype(np.int64, copy=False))
+    if order.size and smallest <= 0:
         raise StrataInputError("a document has an empty token stream", fix="drop empty documents before packing")
-    return order, lengths
+    return order, all_lengths.astype(np.int64, copy=False), int(total)
+
+
+@njit(cache=False)
+def _sum_min(order: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
+    """Sum and minimum of ``lengths[order]`` (the minimum is 1 for an empty order)."""
+    total, smallest = 0, 1
+    for i in range(order.size):
+        x = lengths[order[i]]
+        total += x
+        if i == 0 or x < smallest:
+            smallest = x
+    return total, smallest
 
 
 def _atom_size(variant: str, atom_multiple: float, L: int) -> int:
@@ -171,19 +186,66 @@ def _atom_size(variant: str, atom_multiple: float, L: int) -> int:
 def _cut(start, length, doc, doc_start, eos, L: int):
     """Split stream spans ``[start, start+length)`` at multiples of ``L``.
 
-    Returns per piece (sequence, offset in it, doc, doc start, store tokens, eos_added); the extra
-    EOS of a span (its last position when ``eos``) stays with the piece holding that position.
+    Returns per piece (sequence int64, offset in it int32, doc int64, doc start int64, store tokens
+    int32, eos_added); the extra EOS of a span (its last position when ``eos``) stays with the
+    piece holding that position. The pieces are written straight into the six arrays (numba):
+    no per-piece temporaries.
     """
-    end = start + length
-    first, last = start // L, (end - 1) // L
-    pieces = last - first + 1
-    rep = np.repeat(np.arange(start.size), pieces)
-    k = np.arange(rep.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    seq = first[rep] + k
-    p_start = np.maximum(start[rep], seq * L)
-    p_end = np.minimum(end[rep], (seq + 1) * L)
-    e = eos[rep] & (p_end == end[rep])
-    return seq, p_start - seq * L, doc[rep], doc_start[rep] + p_start - start[rep], p_end - p_start - e, e
+    start = np.asarray(start, np.int64)
+    length = np.asarray(length, np.int64)
+    total = int(((start + length - 1) // L - start // L + 1).sum()) if start.size else 0
+    out = _piece_arrays(total)
+    _cut_into(start, length, np.asarray(doc, np.int64), np.asarray(doc_start, np.int64), np.asarray(eos, np.bool_), L, *out)
+    return out
+
+
+def _piece_arrays(total: int) -> tuple:
+    return (np.empty(total, np.int64), np.empty(total, np.int32), np.empty(total, np.int64), np.empty(total, np.int64),
+            np.empty(total, np.int32), np.zeros(total, np.bool_))
+
+
+@njit(cache=False)
+def _cut_into(start, length, doc, doc_start, eos, L, seq, off, d, ds, n, e) -> None:
+    w = 0
+    for i in range(start.size):
+        s, end = start[i], start[i] + length[i]
+        for q in range(s // L, (end - 1) // L + 1):
+            lo, hi = max(s, q * L), min(end, (q + 1) * L)
+            x = eos[i] and hi == end
+            seq[w], off[w], d[w], ds[w], n[w], e[w] = q, lo - q * L, doc[i], doc_start[i] + lo - s, hi - lo - x, x
+            w += 1
+
+
+def _concat_plain(order: np.ndarray, all_lengths: np.ndarray, L: int, total: int):
+    """``concat`` without atoms: the documents of ``order`` joined and cut every ``L`` tokens, the
+    incomplete tail dropped; the same pieces as cutting ``_stream_spans`` with ``_cut``, written
+    straight from the order (no per-document copies)."""
+    keep = total // L * L
+    none = np.empty(0, np.int64)
+    out = _piece_arrays(_concat_pieces(order, all_lengths, keep, L, False, none, none.astype(np.int32), none, none, none.astype(np.int32)))
+    _concat_pieces(order, all_lengths, keep, L, True, *out[:5])
+    return out, keep // L
+
+
+@njit(cache=False)
+def _concat_pieces(order, lengths, keep, L, write, seq, off, d, ds, n) -> int:
+    """Count (or, with ``write``, write) the pieces of the stream ``order`` truncated to ``keep``."""
+    pos, w = 0, 0
+    for i in range(order.size):
+        if pos >= keep:
+            break
+        doc = order[i]
+        end = min(pos + lengths[doc], keep)
+        s = pos
+        while s < end:
+            q = s // L
+            hi = min(end, (q + 1) * L)
+            if write:
+                seq[w], off[w], d[w], ds[w], n[w] = q, s - q * L, doc, s - pos, hi - s
+            w += 1
+            s = hi
+        pos += lengths[doc]
+    return w
 
 
 def _stream_spans(order: np.ndarray, lengths: np.ndarray, keep: int):
@@ -303,13 +365,16 @@ def _best_fit(order, lengths, L: int, rng: np.random.Generator):
 
 def _merge(seq, start, doc, ds, n, e):
     """Sort rows by sequence position and merge spans that continue each other in the same
-    sequence and document (atoms that happen to land side by side after shuffling)."""
-    o = np.lexsort((start, seq))
-    seq, start, doc, ds, n, e = seq[o], start[o], doc[o], ds[o], n[o], e[o]
-    cont = (
-        (seq[1:] == seq[:-1]) & (doc[1:] == doc[:-1]) & ~e[:-1]
-        & (start[:-1] + n[:-1] == start[1:]) & (ds[:-1] + n[:-1] == ds[1:])
-    )
+    sequence and document (atoms that happen to land side by side after shuffling). Rows already
+    in order with nothing to merge (concat without atoms) are returned as they are."""
+    ordered, joins = _order_and_joins(seq, start, doc, ds, n, e)
+    if ordered and not joins:
+        return seq, start, doc, ds, n, e
+    if not ordered:
+        o = np.lexsort((start, seq))
+        seq, start, doc, ds, n, e = seq[o], start[o], doc[o], ds[o], n[o], e[o]
+        del o
+    cont = _continues(seq, start, doc, ds, n, e)
     if not cont.any():
         return seq, start, doc, ds, n, e
     head = np.flatnonzero(np.r_[True, ~cont])
@@ -317,14 +382,38 @@ def _merge(seq, start, doc, ds, n, e):
     return seq[head], start[head], doc[head], ds[head], np.add.reduceat(n, head), e[tail]
 
 
+@njit(cache=False)
+def _order_and_joins(seq, start, doc, ds, n, e) -> tuple[bool, bool]:
+    """(rows sorted by (seq, start); some row continues the previous one), in one pass."""
+    ordered, joins = True, False
+    for i in range(1, seq.size):
+        if seq[i] < seq[i - 1] or (seq[i] == seq[i - 1] and start[i] < start[i - 1]):
+            ordered = False
+        elif (seq[i] == seq[i - 1] and doc[i] == doc[i - 1] and not e[i - 1] and start[i - 1] + n[i - 1] == start[i]
+              and ds[i - 1] + n[i - 1] == ds[i]):
+            joins = True
+    return ordered, joins
+
+
+@njit(cache=False)
+def _continues(seq, start, doc, ds, n, e) -> np.ndarray:
+    """``out[i]``: sorted row i+1 continues row i (same sequence and document, adjacent spans)."""
+    out = np.zeros(max(seq.size - 1, 0), np.bool_)
+    for i in range(1, seq.size):
+        out[i - 1] = (seq[i] == seq[i - 1] and doc[i] == doc[i - 1] and not e[i - 1] and start[i - 1] + n[i - 1] == start[i]
+                      and ds[i - 1] + n[i - 1] == ds[i])
+    return out
+
+
 def _segments(seq, start, doc, ds, n, e) -> pl.DataFrame:
+    """The segments frame; polars takes the int64 / int32 arrays without a copy."""
     return pl.DataFrame(
         {
             "sequence_id": seq,
-            "seq_token_start": start.astype(np.int32),
+            "seq_token_start": start.astype(np.int32, copy=False),
             "doc_id": doc,
             "doc_token_start": ds,
-            "n_tokens": n.astype(np.int32),
+            "n_tokens": n.astype(np.int32, copy=False),
             "eos_added": e,
         },
         schema=PACKED_SEGMENT_SCHEMA,
@@ -347,7 +436,7 @@ def packing_stats(p: Packing) -> dict[str, float | int | str]:
     seg = p.segments
     doc = seg["doc_id"].to_numpy()
     per_doc = np.bincount(doc) if doc.size else np.zeros(0, np.int64)
-    pairs = seg.select("sequence_id", "doc_id").unique().height
+    pairs = distinct_pairs(seg["sequence_id"].to_numpy(), doc)
     kept = p.tokens_in - p.tokens_dropped
     return {
         "packing": packing_name(p.variant, None if p.atom is None else p.atom / p.seq_len),
@@ -369,6 +458,35 @@ def packing_stats(p: Packing) -> dict[str, float | int | str]:
     }
 
 
+def distinct_pairs(seq: np.ndarray, doc: np.ndarray) -> int:
+    """Number of distinct (sequence, document) pairs: one pass over rows grouped by sequence (a
+    packing's order), else a sort of the pairs."""
+    seq, doc = np.asarray(seq, np.int64), np.asarray(doc, np.int64)
+    count = _grouped_pairs(seq, doc)
+    if count >= 0:
+        return int(count)
+    return int(np.unique(np.stack([seq, doc], axis=1), axis=0).shape[0])
+
+
+@njit(cache=False)
+def _grouped_pairs(seq, doc) -> int:
+    """Distinct (seq, doc) pairs when rows of a sequence are contiguous and sequences ascend; -1 if not."""
+    count, lo = 0, 0
+    for i in range(seq.size):
+        if i and seq[i] < seq[i - 1]:
+            return -1
+        if i == 0 or seq[i] != seq[i - 1]:
+            lo = i
+        new = True
+        for j in range(lo, i):
+            if doc[j] == doc[i]:
+                new = False
+                break
+        if new:
+            count += 1
+    return count
+
+
 def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: int, gaps: bool = False) -> dict[str, int | bool]:
     """Check a segments table against the token store; ``ok`` when nothing is lost or doubled.
 
@@ -376,24 +494,22 @@ def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: in
     ``gaps``, as a packing around a frozen prefix drops tails that may lie mid-document: lie in
     ``[0, length)`` without overlap; every token not in a span is counted dropped), and in
     every sequence the spans (each plus its inserted EOS) must lie inside ``[0, seq_len)`` without
-    overlap. Works for every variant and for 5-column tables from older code.
+    overlap. Works for every variant and for 5-column tables from older code. Memory: the rows
+    are visited in document order through one index array (a counting sort by document), never
+    copied sorted.
     """
     lengths = np.asarray(stream_lengths, dtype=np.int64)
-    by_doc = segments.sort("doc_id", "doc_token_start")
-    d = by_doc["doc_id"].to_numpy()
-    ds = by_doc["doc_token_start"].to_numpy()
-    n = by_doc["n_tokens"].to_numpy().astype(np.int64)
-    new_doc = np.r_[True, d[1:] != d[:-1]]
-    prev_end = np.r_[0, ds[:-1] + n[:-1]]
-    starts_ok = (ds >= 0) & (ds >= np.where(new_doc, 0, prev_end)) if gaps else np.where(new_doc, ds == 0, ds == prev_end)
-    tiles = bool(np.all(starts_ok) and (n > 0).all() and np.all(ds + n <= lengths[d]))
-    per_doc = np.bincount(d, weights=n, minlength=lengths.size).astype(np.int64)
-    by_seq = segments.sort("sequence_id", "seq_token_start")
-    sid = by_seq["sequence_id"].to_numpy()
-    st = by_seq["seq_token_start"].to_numpy().astype(np.int64)
-    ext = by_seq["n_tokens"].to_numpy().astype(np.int64) + _eos_added(by_seq)
-    new_seq = np.r_[True, sid[1:] != sid[:-1]]
-    fits = bool(np.all(st + ext <= seq_len) and np.all(np.where(new_seq, st >= 0, st >= np.r_[0, st[:-1] + ext[:-1]])))
+    d = segments["doc_id"].to_numpy().astype(np.int64, copy=False)
+    ds = segments["doc_token_start"].to_numpy().astype(np.int64, copy=False)
+    n = segments["n_tokens"].to_numpy()
+    known = bool(d.size == 0 or (d.min() >= 0 and d.max() < lengths.size))
+    per_doc = np.zeros(lengths.size, np.int64)
+    tiles = known and bool(_doc_tiles(_by_doc(d, ds, lengths.size), d, ds, n, lengths, gaps, per_doc))
+    sid = segments["sequence_id"].to_numpy()
+    st = segments["seq_token_start"].to_numpy()
+    eos = _eos_added(segments)
+    by_seq = np.arange(0) if _rows_ordered(sid, st) else np.lexsort((st, sid))
+    fits = bool(_seq_fits(by_seq, sid, st, n, eos, seq_len))
     kept = int(per_doc.sum())
     return {
         "ok": tiles and fits and bool((per_doc <= lengths).all()),
@@ -402,6 +518,74 @@ def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: in
         "tokens_dropped": int(lengths.sum()) - kept,
         "docs_partial": int(((per_doc > 0) & (per_doc < lengths)).sum()),
     }
+
+
+@njit(cache=False)
+def _by_doc(d, ds, n_docs):
+    """Row indices sorted by (doc, doc start): a counting sort by document, then an insertion sort
+    of each document's few rows (already in order for every packing variant)."""
+    ptr = np.zeros(n_docs + 1, np.int64)
+    for x in d:
+        ptr[x + 1] += 1
+    for g in range(n_docs):
+        ptr[g + 1] += ptr[g]
+    fill = ptr[:-1].copy()
+    perm = np.empty(d.size, np.int64)
+    for i in range(d.size):
+        perm[fill[d[i]]] = i
+        fill[d[i]] += 1
+    for g in range(n_docs):
+        for a in range(ptr[g] + 1, ptr[g + 1]):
+            x, b = perm[a], a - 1
+            while b >= ptr[g] and ds[perm[b]] > ds[x]:
+                perm[b + 1] = perm[b]
+                b -= 1
+            perm[b + 1] = x
+    return perm
+
+
+@njit(cache=False)
+def _doc_tiles(perm, d, ds, n, lengths, gaps, per_doc) -> bool:
+    """Each document's rows (in ``perm`` order) start at 0 and continue each other (with ``gaps``:
+    start at or after the previous end), hold tokens and end inside the document; fills ``per_doc``."""
+    ok = True
+    for a in range(perm.size):
+        i = perm[a]
+        new_doc = a == 0 or d[perm[a - 1]] != d[i]
+        prev_end = 0 if new_doc else ds[perm[a - 1]] + n[perm[a - 1]]
+        if gaps:
+            ok = ok and ds[i] >= 0 and ds[i] >= prev_end
+        else:
+            ok = ok and ds[i] == prev_end
+        ok = ok and n[i] > 0 and ds[i] + n[i] <= lengths[d[i]]
+        per_doc[d[i]] += n[i]
+    return ok
+
+
+@njit(cache=False)
+def _rows_ordered(sid, st) -> bool:
+    for i in range(1, sid.size):
+        if sid[i] < sid[i - 1] or (sid[i] == sid[i - 1] and st[i] < st[i - 1]):
+            return False
+    return True
+
+
+@njit(cache=False)
+def _seq_fits(perm, sid, st, n, eos, seq_len) -> bool:
+    """Every row (in ``perm`` order, or row order when ``perm`` is empty) lies in ``[0, seq_len)``
+    at or after the end of the previous row of its sequence (the row plus its inserted EOS)."""
+    ok = True
+    m = perm.size if perm.size else sid.size
+    for a in range(m):
+        i = perm[a] if perm.size else a
+        ext = np.int64(n[i]) + np.int64(eos[i])
+        ok = ok and st[i] + ext <= seq_len
+        if a == 0 or sid[perm[a - 1] if perm.size else a - 1] != sid[i]:
+            ok = ok and st[i] >= 0
+        else:
+            j = perm[a - 1] if perm.size else a - 1
+            ok = ok and st[i] >= np.int64(st[j]) + np.int64(n[j]) + np.int64(eos[j])
+    return ok
 
 
 class SequenceStore:

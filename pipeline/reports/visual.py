@@ -29,12 +29,7 @@ SUMMARY_METRICS = [
 
 def document_features(layout: Layout) -> pl.DataFrame:
     """doc_id-indexed ``cluster`` and ``stream_length`` (n_tokens + 1), plus ``source``."""
-    return (
-        pl.read_parquet(layout.documents, columns=["doc_id", "n_tokens", "source"])
-        .join(pl.read_parquet(layout.clusters), on="doc_id")
-        .sort("doc_id")
-        .with_columns(stream_length=pl.col("n_tokens") + 1)
-    )
+    return Store(layout).document_clusters(["n_tokens", "source"]).with_columns(stream_length=pl.col("n_tokens") + 1)
 
 
 def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.data.shard_docs import ShardDocs
 from pipeline.distributed.units import map_corpus_shards
-from pipeline.represent.clusters import Transform, assign_unit
+from pipeline.represent.clusters import Transform, assign_transformed
 from pipeline.storage.atomic import write_npy
 
 
@@ -29,11 +29,13 @@ def assign_shards(shards: list[ShardDocs], centroids: np.ndarray, transform: Tra
     shard_dir.mkdir(parents=True, exist_ok=True)
 
     def unit_args(shard: ShardDocs, a: int, b: int) -> tuple:
+        """The unit's rows read and transformed (normalized): on the local engine this runs ahead,
+        beside faiss's search of the previous unit, so both cores stay busy."""
         rows = np.load(embedding_file(shard), mmap_mode="r")
-        return (centroids, transform.pca, transform.spherical, np.asarray(rows[a:b]))
+        return (centroids, transform.spherical, transform(np.array(rows[a:b], dtype=np.float32), inplace=True))
 
     return map_corpus_shards(
-        shards, assign_unit, unit_args,
+        shards, assign_transformed, unit_args,
         lambda shard, results: write_npy(np.concatenate([r[0] for r in results]), assignment_file(shard_dir, shard, model_key)),
         lambda s: assignment_file(shard_dir, s, model_key).is_file(), stage="clusters", key=model_key, work_dir=work_dir, cfg=cfg,
         checkpoint=False,

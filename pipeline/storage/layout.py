@@ -6,6 +6,7 @@ with the segments its ids refer to, the packed sequences with their ``seq_len``.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,15 +122,28 @@ class Layout:
 
 @dataclass(frozen=True)
 class Ordering:
-    """A strategy's order and the packing its sequence ids refer to."""
+    """A strategy's order and the packing its sequence ids refer to (``segments``, read on first use)."""
 
     strategy: str
     order: "np.ndarray"  # int64 sequence ids by position
-    segments: "pl.DataFrame"  # the strategy's own repacking, else the base packing
     repacked: bool
     path: Path
-    segments_path: Path
+    segments_path: Path  # the strategy's own repacking, else the base packing
     target_share: "np.ndarray | None" = None  # per cluster, when the strategy realizes a mixture (its order is a schedule)
+
+    @functools.cached_property
+    def segments(self) -> "pl.DataFrame":
+        import polars as pl
+
+        return pl.read_parquet(self.segments_path)
+
+    @property
+    def n_sequences(self) -> int:
+        """Sequences of the packing (its largest sequence id + 1), read from that one column."""
+        import polars as pl
+
+        top = pl.scan_parquet(self.segments_path).select(pl.col("sequence_id").max()).collect().item()
+        return 0 if top is None else int(top) + 1
 
 
 @dataclass(frozen=True)
@@ -164,7 +178,20 @@ class Store:
         seg_path = own if own.exists() else self.layout.segments
         mixture = self.layout.ordering_mixture(strategy)
         target = pl.read_parquet(mixture).sort("cluster")["target_share"].to_numpy() if mixture.exists() else None
-        return Ordering(strategy, order, pl.read_parquet(seg_path), own.exists(), path, seg_path, target)
+        return Ordering(strategy, order, own.exists(), path, seg_path, target)
+
+    def document_clusters(self, columns: "list[str] | tuple[str, ...]" = ("n_tokens",)) -> "pl.DataFrame":
+        """``doc_id``, the ``documents.parquet`` ``columns`` and each document's ``cluster``, in doc_id
+        order. Both files are written in doc_id order, so the columns are put side by side; a
+        polars hash join of 10M rows would hold about 0.8 GB. Tables out of that order (or of
+        different documents) are joined (inner) and sorted."""
+        import polars as pl
+
+        docs = pl.read_parquet(self.layout.documents, columns=["doc_id", *[c for c in columns if c != "doc_id"]])
+        clusters = pl.read_parquet(self.layout.clusters, columns=["doc_id", "cluster"])
+        if docs["doc_id"].equals(clusters["doc_id"]) and docs["doc_id"].is_sorted():
+            return docs.with_columns(clusters["cluster"])
+        return docs.join(clusters, on="doc_id").sort("doc_id")
 
     @property
     def sequences(self) -> Sequences:
