@@ -92,8 +92,9 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     if strategy in training_time():
         metrics, stationarity = D.rows_frame([]), S.empty_table()
     else:
-        docs = V.document_features(layout)
+        docs = V.document_features(layout, source_codes=True)
         sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
+        del docs  # the schedule holds what the metrics read
         metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
         stationarity = S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=cfg.stationarity_shuffles,
                                             seed=cfg.seed)

@@ -249,3 +249,24 @@ def test_corpus_diagnostics():
         b = np.mean([dist[i, j] for j in range(4) if cl[j] != cl[i]])
         sil.append((b - a) / max(a, b))
     assert rows[("silhouette_cosine", "sample=4;seed=0")] == pytest.approx(np.mean(sil))
+
+
+def test_label_codes_are_the_dense_ranks_of_the_labels(tmp_path):
+    """Codes read through the Parquet dictionary (no string per row) equal the dense rank of the
+    labels as strings, a missing label ranking as "", across row groups with different labels."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.reports.visual import label_codes
+
+    labels = ["web", "code", None, "books", "web", "zeta", "", "code", "arxiv", None] * 30
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"source": pa.array(labels, pa.string())}), path, row_group_size=7)
+    want = (pl.Series(labels, dtype=pl.Utf8).fill_null("").rank("dense") - 1).to_numpy()
+    assert np.array_equal(label_codes(path, "source"), want)
+    rows = {"sequence_id": [0, 0, 1], "doc_id": [0, 1, 2], "n_tokens": [3, 2, 5]}
+    seg = pl.DataFrame(rows)
+    cluster, length = np.array([0, 1, 1]), np.array([3, 2, 5])
+    by_text = D.prepare(seg, np.array([1, 0]), cluster, length, n_bins=2, doc_source=np.array(["b", "a", "b"]))
+    by_code = D.prepare(seg, np.array([1, 0]), cluster, length, n_bins=2, doc_source=np.array([7, 3, 7]))
+    assert np.array_equal(by_text.doc_source, [1, 0, 1]) and np.array_equal(by_code.doc_source, [1, 0, 1])

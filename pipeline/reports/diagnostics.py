@@ -19,6 +19,7 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import length_bin_edges, length_bins
+from pipeline.reports import kernels as K
 
 METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "value": pl.Float64}
 DEFAULT_BATCH_SIZES = (8, 32, 128)
@@ -43,9 +44,9 @@ class Composition:
     Entries are sorted by sequence id, then group; ``tokens[i]`` = c_{seq[i], group[i]}.
     """
 
-    seq: np.ndarray  # int64
-    group: np.ndarray  # int64
-    tokens: np.ndarray  # int64
+    seq: np.ndarray  # int64, or int32 (built from a packing's segments)
+    group: np.ndarray  # int64, or int32
+    tokens: np.ndarray  # int64, or int32
     n_sequences: int
     n_groups: int
     target: np.ndarray | None = None  # the shares deviations are measured against (a mixture's), else the schedule's own
@@ -81,6 +82,21 @@ def composition(seq: np.ndarray, group: np.ndarray, tokens: np.ndarray, n_sequen
     s, g, t = _pair_sums(np.asarray(seq, np.int64), np.asarray(group, np.int64), np.asarray(tokens, np.int64), n_groups)
     keep = t > 0
     return Composition(s[keep], g[keep], t[keep], n_sequences, n_groups)
+
+
+def composition_of_docs(seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray, doc_group: np.ndarray, n_sequences: int,
+                         n_groups: int) -> Composition:
+    """:func:`composition` of segments whose group is their document's ``doc_group``: one pass of
+    a kernel over segments grouped by sequence (a packing's order), no per-segment copies."""
+    if not K.grouped(seq):
+        return composition(seq, doc_group[doc], tokens, n_sequences, n_groups)
+    return Composition(*K.composition_of_docs(seq, doc, tokens, np.asarray(doc_group, np.int64), n_groups), n_sequences, n_groups)
+
+
+def _order_of(position: np.ndarray) -> np.ndarray:
+    order = np.empty_like(position)
+    order[position] = np.arange(position.size, dtype=position.dtype)
+    return order
 
 
 @dataclass(frozen=True)
@@ -150,7 +166,8 @@ def prepare(
     (stream length, n_tokens + 1) are indexed by doc_id. Length bins come from ``bin_edges`` when
     given (share them between strategies), else from :func:`length_bin_edges` over all documents.
     ``doc_source`` (optional, indexed by doc_id) is a per-document source label of any type; it is
-    kept as dense integer codes (sorted label text) for the stationarity diagnostics.
+    kept as dense integer codes (sorted label text; integer labels in value order, e.g. the codes of
+    ``pipeline.reports.visual.label_codes``) for the stationarity diagnostics.
     ``target_share`` (per cluster): the ordering is a schedule realizing this mixture; it is
     unrolled (:func:`unroll`) and cluster deviations are measured against these shares.
     """
@@ -170,13 +187,13 @@ def prepare(
     if (position < 0).any():
         raise StrataInputError("the ordering repeats a sequence id",
                                fix="pass a permutation (each sequence once), or a schedule with its target_share")
-    doc_cluster = np.asarray(doc_cluster, dtype=np.int64)
-    doc_length = np.asarray(doc_length, dtype=np.int64)
+    doc_cluster = _integers(doc_cluster)  # any integer dtype: the documents' int32 columns are not copied
+    doc_length = _integers(doc_length)
     if doc_cluster.shape != doc_length.shape:
         raise StrataInputError("doc_cluster and doc_length differ in length", fix="pass one entry per doc_id in both")
-    seg_seq = segments["sequence_id"].to_numpy().astype(np.int64)
-    seg_doc = segments["doc_id"].to_numpy().astype(np.int64)
-    seg_tok = segments["n_tokens"].to_numpy().astype(np.int64)
+    seg_seq = segments["sequence_id"].to_numpy().astype(np.int64, copy=False)
+    seg_doc = segments["doc_id"].to_numpy().astype(np.int64, copy=False)
+    seg_tok = segments["n_tokens"].to_numpy()  # Int32: a segment's tokens
     if seg_seq.size and (seg_seq.min() < 0 or seg_seq.max() >= m):
         raise StrataInputError("segments name a sequence the ordering lacks", fix="use the ordering of this packing")
     if seg_doc.size and (seg_doc.min() < 0 or seg_doc.max() >= doc_cluster.size):
@@ -188,17 +205,24 @@ def prepare(
         raise StrataInputError(f"cluster ids must lie in 0..{k - 1}", fix="relabel clusters densely from 0")
     source = None
     if doc_source is not None:
-        labels = pl.Series(doc_source).cast(pl.Utf8).fill_null("")  # a missing label is a label of its own
+        labels = pl.Series(doc_source)
         if labels.len() != doc_cluster.size:
             raise StrataInputError("doc_source and doc_cluster differ in length", fix="pass one source label per doc_id")
-        source = (labels.rank("dense") - 1).to_numpy().astype(np.int64)
+        if labels.dtype.is_integer() and not labels.null_count():  # codes already: densified in value order, no strings
+            codes = labels.to_numpy()
+            low = int(codes.min()) if codes.size else 0
+            codes = codes - low if low else codes
+            used = np.bincount(codes) > 0
+            source = codes if used.all() else (np.cumsum(used) - 1)[codes]
+        else:  # a missing label is a label of its own
+            source = (labels.cast(pl.Utf8).fill_null("").rank("dense") - 1).to_numpy().astype(np.int64)
     edges = length_bin_edges(doc_length, n_bins) if bin_edges is None else np.asarray(bin_edges)
     doc_bin = length_bins(doc_length, edges)
     return Schedule(
         order=order,
         position=position,
-        clusters=replace(composition(seg_seq, doc_cluster[seg_doc], seg_tok, m, k), target=_padded(target_share, k)),
-        bins=composition(seg_seq, doc_bin[seg_doc], seg_tok, m, edges.size + 1),
+        clusters=replace(composition_of_docs(seg_seq, seg_doc, seg_tok, doc_cluster, m, k), target=_padded(target_share, k)),
+        bins=composition_of_docs(seg_seq, seg_doc, seg_tok, doc_bin, m, edges.size + 1),
         seg_seq=seg_seq,
         seg_tokens=seg_tok,
         seg_doc_length=doc_length[seg_doc],
@@ -206,6 +230,12 @@ def prepare(
         seg_doc=seg_doc,
         doc_source=source,
     )
+
+
+def _integers(values: np.ndarray | pl.Series) -> np.ndarray:
+    """An integer array as it is (no copy), anything else as int64."""
+    out = values.to_numpy() if isinstance(values, pl.Series) else np.asarray(values)
+    return out if np.issubdtype(out.dtype, np.integer) else out.astype(np.int64)
 
 
 def _padded(share: np.ndarray | None, k: int) -> np.ndarray | None:
@@ -227,10 +257,7 @@ def window_unique(comp: Composition, position: np.ndarray, window: int = 1) -> n
     ``window=1`` is Diversity-ordered training's "unique clusters per training sequence", in training order. The
     last window may be shorter.
     """
-    win = position[comp.seq] // window
-    n_win = -(-position.size // window)
-    w, _, _ = _pair_sums(win, comp.group, comp.tokens, comp.n_groups)
-    return np.bincount(w, minlength=n_win)
+    return K.window_unique(_order_of(position), K.row_pointers(comp.seq, comp.n_sequences), comp.group, comp.n_groups, int(window))
 
 
 def batch_deviations(comp: Composition, position: np.ndarray, batch_size: int) -> np.ndarray:
@@ -248,20 +275,9 @@ def batch_deviations(comp: Composition, position: np.ndarray, batch_size: int) -
     by_share = np.argsort(-tau, kind="stable")
     rank = np.empty_like(by_share)
     rank[by_share] = np.arange(by_share.size)
-    tau_sorted = tau[by_share]
-    batch = position[comp.seq] // batch_size
-    keep = batch < n_batches
-    b, r, t = _pair_sums(batch[keep], rank[comp.group[keep]], comp.tokens[keep], comp.n_groups)
-    if b.size == 0:
-        return np.zeros(0)
-    size = np.bincount(b, weights=t, minlength=n_batches)
-    dev_present = np.abs(t / size[b] - tau_sorted[r])
-    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
-    worst_present = np.maximum.reduceat(dev_present, starts)
-    within = np.arange(b.size) - np.repeat(starts, np.diff(np.r_[starts, b.size]))
-    mex = np.bincount(b, weights=(r == within).astype(np.float64), minlength=n_batches).astype(np.int64)
-    absent = np.where(mex < tau_sorted.size, tau_sorted[np.minimum(mex, tau_sorted.size - 1)], 0.0)
-    return np.maximum(worst_present, absent)
+    tau_sorted = np.asarray(tau[by_share], dtype=np.float64)
+    return K.batch_deviations(_order_of(position), K.row_pointers(comp.seq, comp.n_sequences), comp.group, comp.tokens, rank,
+                              tau_sorted, int(batch_size), int(n_batches))
 
 
 def log_spaced_points(n_sequences: int, n_points: int = 64) -> np.ndarray:
@@ -276,17 +292,8 @@ def prefix_totals(comp: Composition, position: np.ndarray, t: np.ndarray) -> tup
         raise StrataInputError(
             "prefix lengths must increase within 1..M", fix="pass sorted distinct t (e.g. log_spaced_points)"
         )
-    pos = position[comp.seq]
-    idx = np.argsort(pos, kind="stable")
-    pos, grp, tok = pos[idx], comp.group[idx], comp.tokens[idx]
-    cuts = np.searchsorted(pos, t, side="left")
-    out = np.zeros((t.size, comp.n_groups), dtype=np.int64)
-    running = np.zeros(comp.n_groups, dtype=np.int64)
-    lo = 0
-    for i, hi in enumerate(cuts):  # one bincount per checkpoint, not per sequence
-        running += np.bincount(grp[lo:hi], weights=tok[lo:hi], minlength=comp.n_groups).astype(np.int64)
-        out[i] = running
-        lo = hi
+    out = K.prefix_totals(_order_of(position), K.row_pointers(comp.seq, comp.n_sequences), comp.group, comp.tokens,
+                          comp.n_groups, t)
     return out, out.sum(axis=1)
 
 
@@ -309,12 +316,9 @@ def decile_drift(schedule: Schedule, n_parts: int = 10) -> tuple[np.ndarray, np.
     m = schedule.n_sequences
     n_parts = min(n_parts, m)
     part_of_pos = np.arange(m, dtype=np.int64) * n_parts // m
-    seg_part = part_of_pos[schedule.position[schedule.seg_seq]]
-    w = schedule.seg_tokens.astype(np.float64)
-    length = np.bincount(seg_part, weights=w * schedule.seg_doc_length, minlength=n_parts) / np.bincount(
-        seg_part, weights=w, minlength=n_parts
-    )
     seq_part = part_of_pos[schedule.position]
+    num, den = K.part_sums(seq_part, schedule.seg_seq, schedule.seg_tokens, schedule.seg_doc_length, n_parts)
+    length = num / den
     norm = np.bincount(seq_part, weights=schedule.clusters.l2_norm(), minlength=n_parts) / np.bincount(
         seq_part, minlength=n_parts
     )

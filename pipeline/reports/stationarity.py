@@ -63,7 +63,8 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.reports.diagnostics import Composition, Schedule, composition
+from pipeline.reports import kernels as K
+from pipeline.reports.diagnostics import Composition, Schedule, composition_of_docs
 from pipeline.reports.markdown import table_lines
 
 LEVEL = ("clusters_per_seq", "docs_per_seq", "mean_doc_length", "concentration")
@@ -94,13 +95,16 @@ def _level_features(schedule: Schedule) -> np.ndarray:
     ||c_s||_2 / l_s, sum of tokens x document stream length, tokens l_s, and 1 (the sequence)."""
     m = schedule.n_sequences
     seq, doc, tok = schedule.seg_seq, schedule.seg_doc, schedule.seg_tokens.astype(np.float64)
-    n_ids = int(doc.max()) + 1
-    pairs = np.sort(seq * n_ids + doc)  # (sequence, document) keys
-    distinct = pairs[np.r_[True, pairs[1:] != pairs[:-1]]]
+    if K.grouped(seq):  # a packing's order: count each sequence's documents in place
+        docs = K.distinct_docs(seq, doc, m)
+    else:
+        n_ids = int(doc.max()) + 1
+        pairs = np.sort(seq * n_ids + doc)  # (sequence, document) keys
+        docs = np.bincount(pairs[np.r_[True, pairs[1:] != pairs[:-1]]] // n_ids, minlength=m)
     length = np.bincount(seq, weights=tok, minlength=m)
     return np.column_stack([
         schedule.clusters.unique_per_sequence(),
-        np.bincount(distinct // n_ids, minlength=m),
+        docs,
         schedule.clusters.l2_norm() / length,
         np.bincount(seq, weights=tok * schedule.seg_doc_length, minlength=m),
         length,
@@ -120,7 +124,7 @@ class _Shares:
 
     seq: np.ndarray
     group: np.ndarray
-    weight: np.ndarray
+    weight: np.ndarray  # the entries' tokens (integers; summed as float64)
     start: np.ndarray
     total: np.ndarray
     tau: np.ndarray
@@ -129,7 +133,7 @@ class _Shares:
     def of(cls, comp: Composition) -> "_Shares":
         total = np.bincount(comp.group, weights=comp.tokens, minlength=comp.n_groups)
         start = np.r_[0, np.cumsum(np.bincount(comp.seq, minlength=comp.n_sequences))]
-        return cls(comp.seq, comp.group, comp.tokens.astype(np.float64), start, total, comp.global_share())  # a mixture's target, if any
+        return cls(comp.seq, comp.group, comp.tokens, start, total, comp.global_share())  # a mixture's target, if any
 
     def max_dev(self, counts: np.ndarray) -> np.ndarray:
         """max_j |counts_j / sum(counts) - tau_j| per row of ``counts``."""
@@ -141,10 +145,10 @@ def _share_comps(schedule: Schedule) -> dict[str, _Shares]:
     comps = {"cluster_share_dev": schedule.clusters, "length_bin_share_dev": schedule.bins}
     src = schedule.doc_source
     if src is not None:
-        seg_src = src[schedule.seg_doc]
         n_src = int(src.max()) + 1
-        if np.count_nonzero(np.bincount(seg_src, minlength=n_src)) >= 2:
-            comps["source_share_dev"] = composition(schedule.seg_seq, seg_src, schedule.seg_tokens, schedule.n_sequences, n_src)
+        if np.count_nonzero(np.bincount(src[schedule.seg_doc], minlength=n_src)) >= 2:
+            comps["source_share_dev"] = composition_of_docs(schedule.seg_seq, schedule.seg_doc, schedule.seg_tokens, src,
+                                                            schedule.n_sequences, n_src)
     return {name: _Shares.of(comp) for name, comp in comps.items()}
 
 
@@ -173,7 +177,7 @@ class _Stream:
         out = [_level_values(np.vstack([sums, pre])).T]
         for sh in self.shares.values():
             g = sh.total.size
-            counts = np.bincount(part_of_seq[sh.seq] * g + sh.group, weights=sh.weight, minlength=self.n * g).reshape(self.n, g)
+            counts = K.part_group_sums(part_of_seq, sh.seq, sh.group, sh.weight, self.n, g)
             lo, hi = sh.start[head], sh.start[head + 1]
             idx = np.repeat(hi - np.cumsum(hi - lo), hi - lo) + np.arange(int((hi - lo).sum()))
             pre_counts = self.epochs * sh.total + np.bincount(sh.group[idx], weights=sh.weight[idx], minlength=g)

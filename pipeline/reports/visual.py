@@ -27,9 +27,37 @@ SUMMARY_METRICS = [
 ]
 
 
-def document_features(layout: Layout) -> pl.DataFrame:
-    """doc_id-indexed ``cluster`` and ``stream_length`` (n_tokens + 1), plus ``source``."""
-    return Store(layout).document_clusters(["n_tokens", "source"]).with_columns(stream_length=pl.col("n_tokens") + 1)
+def document_features(layout: Layout, source_codes: bool = False) -> pl.DataFrame:
+    """doc_id-indexed ``cluster`` and ``stream_length`` (n_tokens + 1), plus ``source``: the labels,
+    or with ``source_codes`` their dense integer codes in sorted label order (missing = ""), read
+    through the column's dictionary without a string per document (what the diagnostics keep)."""
+    docs = Store(layout).document_clusters(["n_tokens"] if source_codes else ["n_tokens", "source"])
+    if source_codes:  # only what the schedule reads, lengths in 32 bits
+        return docs.select("doc_id", "cluster", source=pl.Series(label_codes(layout.documents, "source")),
+                           stream_length=(pl.col("n_tokens") + 1).cast(pl.Int32))
+    return docs.with_columns(stream_length=pl.col("n_tokens") + 1)
+
+
+def label_codes(path: Path, column: str, batch_rows: int = 1 << 20) -> np.ndarray:
+    """Dense codes 0..S-1 (int32; sorted label text, a missing label is "") of a string column of
+    a Parquet file, decoded batch by batch as a dictionary: one small int a row, no strings."""
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(path, read_dictionary=[column])
+    out = np.empty(f.metadata.num_rows, np.int32)
+    spans, at = [], 0
+    for batch in f.iter_batches(batch_size=batch_rows, columns=[column]):
+        arr = batch.column(0)
+        names = [("" if v is None else v) for v in arr.dictionary.to_pylist()]
+        out[at : at + len(arr)] = arr.indices.fill_null(len(names)).to_numpy()  # len(names): a missing label
+        spans.append((at, at + len(arr), names + [""]))
+        at += len(arr)
+    present = sorted({n for _, _, names in spans for n in names})
+    code = {n: i for i, n in enumerate(present)}
+    for lo, hi, names in spans:
+        out[lo:hi] = np.array([code[n] for n in names], np.int32)[out[lo:hi]]
+    used = np.bincount(out, minlength=len(present)) > 0  # labels of no row (and "" when no label is missing) leave no gap
+    return out if used.all() else (np.cumsum(used) - 1).astype(np.int32)[out]
 
 
 def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:
@@ -39,7 +67,8 @@ def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int
     ordering = Store(layout).ordering(strategy)
     lengths = docs["stream_length"].to_numpy()
     edges = D.length_bin_edges(lengths, n_bins)
-    return D.prepare(ordering.segments, ordering.order, docs["cluster"].to_numpy(), lengths, bin_edges=edges,
+    columns = ["sequence_id", "doc_id", "n_tokens"] + (["seq_token_start"] if ordering.target_share is not None else [])
+    return D.prepare(pl.read_parquet(ordering.segments_path, columns=columns), ordering.order, docs["cluster"].to_numpy(), lengths, bin_edges=edges,
                      doc_source=docs["source"] if "source" in docs.columns else None, target_share=ordering.target_share)
 
 
