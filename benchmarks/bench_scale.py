@@ -213,6 +213,19 @@ def _rss_anon_tree(pid: int) -> int:
     return total
 
 
+# What a stage keeps and reuses when its inputs are unchanged: removed before the stage is rerun
+# with ``--from``, so that the rerun computes it again (the other stages always recompute).
+KEPT = {"corpus_shards": ("corpus/shards",), "token_shards": ("tokens/shards",), "embedding_shards": ("embeddings/shards",),
+        "centroids": ("clusters/model", "clusters/centroids.npy"), "cluster_shards": ("clusters/shards",)}
+
+
+def forget(root: Path, stages: list[str]) -> None:
+    """Remove the kept artifacts (:data:`KEPT`) of ``stages`` and the unit files under ``work/``."""
+    for rel in [r for s in stages for r in KEPT.get(s, ())] + ["work"]:
+        p = root / rel
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+
+
 def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool, keep_root: bool = False) -> Path:
     """Generate (or with ``reuse``, keep an earlier run's) corpus under ``work/n<N>/shards`` and
     write the benchmark's config ``cfg.json``; returns ``work/n<N>``."""
@@ -284,6 +297,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     import polars as pl
 
     base = prepare(n_docs, work, shard_docs, strategies, reuse, keep_root)
+    if keep_root:
+        forget(base / "root", stages)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, peaks, written = {}, {}, {}, {}
     library = wordpiece = None
@@ -365,7 +380,7 @@ def main() -> None:
     ap.add_argument("--no-baselines", action="store_true", help="skip the tokenizers library's own throughput beside the two tokenizing stages")
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     ap.add_argument("--from", dest="first", choices=STAGES, default=STAGES[0],
-                    help="with --reuse: keep the data root of an earlier run and run from this stage on")
+                    help="with --reuse: keep the data root of an earlier run and run from this stage on (its kept artifacts removed, so it recomputes)")
     args = ap.parse_args()
     peaks = {}
     for n in args.docs:
