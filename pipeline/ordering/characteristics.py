@@ -161,7 +161,7 @@ def cluster_norms(features: SequenceFeatures) -> np.ndarray:
     return _row_norms(c.indptr, c.data)
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _row_norms(indptr, data):
     out = np.zeros(indptr.size - 1)
     for r in range(indptr.size - 1):
@@ -233,7 +233,7 @@ def _hstack(parts: Sequence[Csr]) -> Csr:
     return Csr(indptr, cols, data, int(offsets[-1]))
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _append_rows(indptr, indices, values, offset, fill, cols, data) -> bool:
     """Append each row's entries (columns + ``offset``) at ``fill[row]``; False if a row's columns
     do not ascend."""

@@ -45,7 +45,7 @@ def cluster_queues(cluster: np.ndarray, length: np.ndarray, within: str) -> tupl
     return queue, ptr
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _stratified_counts(ptr, n_docs):
     """Diversity-ordered training's stratified greedy on document counts: O(N K), exact integer deficits.
 
@@ -86,7 +86,7 @@ def stratified_order(cluster: np.ndarray, length: np.ndarray, within: str = "ori
     return queue[_stratified_counts(ptr, queue.size)]
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _token_weighted(ptr, qlen, total):
     k = ptr.size - 1
     size = ptr[1:] - ptr[:-1]
@@ -137,7 +137,7 @@ def round_robin_order(cluster: np.ndarray, length: np.ndarray, within: str = "or
     return queue[np.lexsort((qc, rank))]
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _worst_fit(order_len, n_bins, capacity):
     """Put each item into the bin with the most remaining room (max-heap; ties: lowest bin)."""
     heap_room = np.full(n_bins, capacity, dtype=np.int64)

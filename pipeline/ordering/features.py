@@ -126,7 +126,7 @@ def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_r
     return Csr(indptr, (uniq % n_cols).astype(np.int64), data, int(n_cols))
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _grouped(rows) -> bool:
     for i in range(1, rows.size):
         if rows[i] < rows[i - 1]:
@@ -134,7 +134,7 @@ def _grouped(rows) -> bool:
     return True
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _group_pairs(rows, cols, weights, write, indptr, indices, data) -> None:
     """Per run of equal ``rows``: its distinct columns ascending with their summed weights, written
     from ``indptr[row]`` on; without ``write``, ``indptr[row + 1]`` = the row's distinct columns."""
@@ -169,7 +169,7 @@ def _first_of_each(values: np.ndarray) -> np.ndarray:
     return _first_mask(values, seen)
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _first_mask(values, seen):
     out = np.zeros(values.size, np.bool_)
     for i in range(values.size):
@@ -298,7 +298,7 @@ def packed_sequence_features(
     return SequenceFeatures(seq_ids, clusters, bins, lengths, edges, joint, spans, cols)
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _lookup_range(doc, values) -> tuple[int, int]:
     lo, hi = values[doc[0]], values[doc[0]]
     for d in doc:
@@ -319,7 +319,7 @@ def _grouped_csr(starts: np.ndarray, doc: np.ndarray, tokens: np.ndarray, col_of
     return Csr(indptr, indices, data, int(n_cols))
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _grouped_fill(starts, doc, tokens, col_of_doc, write, indptr, indices, data, stamp, acc) -> None:
     """Without ``write``: ``indptr[g + 1]`` = distinct columns of group g; with it: the group's
     columns ascending and their token sums from ``indptr[g]`` on."""
@@ -346,7 +346,7 @@ def _grouped_fill(starts, doc, tokens, col_of_doc, write, indptr, indices, data,
             indptr[g + 1] = n
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _lengths_joint(starts, doc, tokens, doc_cluster, doc_bin, lengths, joint) -> None:
     for g in range(starts.size - 1):
         for i in range(starts[g], starts[g + 1]):

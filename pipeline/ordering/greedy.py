@@ -99,7 +99,7 @@ def _columns(c: Csr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 DEAD = 1e300  # score offset of scheduled rows (finite, so the fastmath scan stays valid)
 
 
-@numba.njit(cache=False, fastmath=True)
+@numba.njit(cache=True, fastmath=True)
 def _scan(buf, A, Q, a, b, l, n, S, G, W):
     """buf = scores of rows 0..n-1 (f up to a constant); return their minimum."""
     best = DEAD
@@ -110,7 +110,7 @@ def _scan(buf, A, Q, a, b, l, n, S, G, W):
     return best
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _compact_lists(ptr, rows, vals, newidx):
     """Drop scheduled rows from inverted lists and renumber the live ones (order kept)."""
     w = 0
@@ -127,7 +127,7 @@ def _compact_lists(ptr, rows, vals, newidx):
         ptr[j + 1] = w
 
 
-@numba.njit(cache=False, nogil=True)
+@numba.njit(cache=True, nogil=True)
 def _greedy_kernel(xptr, xind, xdat, col_ptr, col_rows, col_vals, n_tok, lengths, unit, t, X, S0, n0, n_pick, tol,
                    sigma, seed):  # fmt: skip
     """Exact greedy; the inverted lists (col_*) are modified in place. Returns picked rows, S, n."""
@@ -267,7 +267,7 @@ def _dominant(x: Csr) -> np.ndarray:
     return _row_argmax(x.indptr, x.indices, x.data)
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _row_argmax(indptr, indices, data):
     out = np.empty(indptr.size - 1, np.int64)
     for r in range(indptr.size - 1):

@@ -30,7 +30,7 @@ REPAIR_PASSES = 4
 REPAIR_REACH = 2  # partner batches at most this many batches away
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
 def _group_dev(rows, ptr, ind, dat, lengths, share, by_share, buf, stamp, tag):
     """max_g |tokens_g(rows) / tokens(rows) - share_g|, absent groups counting share_g."""
     total = 0.0
@@ -52,50 +52,73 @@ def _group_dev(rows, ptr, ind, dat, lengths, share, by_share, buf, stamp, tag):
     return worst
 
 
-@numba.njit(cache=False)
+@numba.njit(cache=True)
+def _score(rows, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa, cbuf, bbuf, cst, bst, tag):
+    return max(
+        _group_dev(rows, cp, ci, cd, lengths, tau, by_tau, cbuf, cst, tag),
+        _group_dev(rows, bp, bi, bd, lengths, kappa, by_kappa, bbuf, bst, tag),
+    )
+
+
+@numba.njit(cache=True, parallel=True)
+def _swap_scores(order, batch, a, lo, hi, limit, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa):
+    """max(dev of batch a, dev of batch b) after swapping a's i-th and b's j-th sequence, for every
+    b in [lo, hi) but a and every (i, j), in loop order (b, i, j); inf where a's dev is >= ``limit``
+    (such a swap cannot win). One (b, i) a task, each with its own scratch buffers."""
+    nb_ = hi - lo
+    out = np.full(nb_ * batch * batch, np.inf)
+    for t in numba.prange(nb_ * batch):
+        b = lo + t // batch
+        i = t % batch
+        if b == a:
+            continue
+        cbuf, bbuf = np.zeros(tau.size), np.zeros(kappa.size)
+        cst, bst = np.full(tau.size, -1, np.int64), np.full(kappa.size, -1, np.int64)
+        ra, rb = np.empty(batch, np.int64), np.empty(batch, np.int64)
+        tag = 0
+        for j in range(batch):
+            ra[:] = order[a * batch : (a + 1) * batch]
+            rb[:] = order[b * batch : (b + 1) * batch]
+            ra[i], rb[j] = rb[j], ra[i]
+            da = _score(ra, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa, cbuf, bbuf, cst, bst, tag)
+            tag += 1
+            if da >= limit:
+                continue
+            db = _score(rb, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa, cbuf, bbuf, cst, bst, tag)
+            tag += 1
+            out[t * batch + j] = max(da, db)
+    return out
+
+
+@numba.njit(cache=True)
 def _repair(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, n_fix, reach):
-    """Swap-repair ``order`` in place; return the number of swaps."""
+    """Swap-repair ``order`` in place; return the number of swaps.
+
+    For each batch a to fix, every candidate swap is scored (in parallel, :func:`_swap_scores`) and
+    the first swap in loop order (b, i, j) with the lowest max(dev a, dev b) below a's dev wins:
+    the swap a sequential scan keeping the strictly better one would pick."""
     nb = order.size // batch
     by_tau, by_kappa = np.argsort(-tau, kind="mergesort"), np.argsort(-kappa, kind="mergesort")
     cbuf, bbuf = np.zeros(tau.size), np.zeros(kappa.size)
     cst, bst = np.full(tau.size, -1, np.int64), np.full(kappa.size, -1, np.int64)
     tag = 0
-
-    def score(rows, tag):
-        return max(
-            _group_dev(rows, cp, ci, cd, lengths, tau, by_tau, cbuf, cst, tag),
-            _group_dev(rows, bp, bi, bd, lengths, kappa, by_kappa, bbuf, bst, tag),
-        )
-
     dev = np.empty(nb)
     for a in range(nb):
-        dev[a] = score(order[a * batch : (a + 1) * batch], tag)
+        dev[a] = _score(order[a * batch : (a + 1) * batch], cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa,
+                        cbuf, bbuf, cst, bst, tag)
         tag += 1
-    ra, rb = np.empty(batch, np.int64), np.empty(batch, np.int64)
     swaps = 0
     for a in np.argsort(-dev, kind="mergesort")[:n_fix]:
-        best, best_i, best_j, best_b = dev[a], -1, -1, -1
-        for b in range(max(0, a - reach), min(nb, a + reach + 1)):
-            if b == a:
-                continue
-            for i in range(batch):
-                for j in range(batch):
-                    ra[:] = order[a * batch : (a + 1) * batch]
-                    rb[:] = order[b * batch : (b + 1) * batch]
-                    ra[i], rb[j] = rb[j], ra[i]
-                    da = score(ra, tag)
-                    tag += 1
-                    if da >= best:
-                        continue
-                    db = score(rb, tag)
-                    tag += 1
-                    if max(da, db) < best:
-                        best, best_i, best_j, best_b = max(da, db), i, j, b
-        if best_i >= 0:
-            pa, pb = a * batch + best_i, best_b * batch + best_j
+        lo, hi = max(0, a - reach), min(nb, a + reach + 1)
+        scores = _swap_scores(order, batch, a, lo, hi, dev[a], cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa)
+        k = np.argmin(scores)
+        if scores[k] < dev[a]:
+            b, i, j = lo + k // (batch * batch), (k // batch) % batch, k % batch
+            pa, pb = a * batch + i, b * batch + j
             order[pa], order[pb] = order[pb], order[pa]
-            for c in (a, best_b):
-                dev[c] = score(order[c * batch : (c + 1) * batch], tag)
+            for c in (a, b):
+                dev[c] = _score(order[c * batch : (c + 1) * batch], cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa,
+                                cbuf, bbuf, cst, bst, tag)
                 tag += 1
             swaps += 1
     return swaps

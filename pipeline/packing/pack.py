@@ -156,7 +156,7 @@ def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.n
     return order, all_lengths.astype(np.int64, copy=False), int(total)
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _sum_min(order: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
     """Sum and minimum of ``lengths[order]`` (the minimum is 1 for an empty order)."""
     total, smallest = 0, 1
@@ -204,7 +204,7 @@ def _piece_arrays(total: int) -> tuple:
             np.empty(total, np.int32), np.zeros(total, np.bool_))
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _cut_into(start, length, doc, doc_start, eos, L, seq, off, d, ds, n, e) -> None:
     w = 0
     for i in range(start.size):
@@ -227,7 +227,7 @@ def _concat_plain(order: np.ndarray, all_lengths: np.ndarray, L: int, total: int
     return out, keep // L
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _concat_pieces(order, lengths, keep, L, write, seq, off, d, ds, n) -> int:
     """Count (or, with ``write``, write) the pieces of the stream ``order`` truncated to ``keep``."""
     pos, w = 0, 0
@@ -290,7 +290,7 @@ def _padding(order, lengths, L: int, atom: int, rng: np.random.Generator | None)
     return _cut(starts, n + e, order[rep], ds, e, L), -(-total // L)
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _best_fit_bins(sizes: np.ndarray, cap: int):
     """Best fit for items in the given (decreasing) order: the open bin with the least remaining
     capacity that still fits, found in O(log cap) with a count tree over capacities 0..cap."""
@@ -382,7 +382,7 @@ def _merge(seq, start, doc, ds, n, e):
     return seq[head], start[head], doc[head], ds[head], np.add.reduceat(n, head), e[tail]
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _order_and_joins(seq, start, doc, ds, n, e) -> tuple[bool, bool]:
     """(rows sorted by (seq, start); some row continues the previous one), in one pass."""
     ordered, joins = True, False
@@ -395,7 +395,7 @@ def _order_and_joins(seq, start, doc, ds, n, e) -> tuple[bool, bool]:
     return ordered, joins
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _continues(seq, start, doc, ds, n, e) -> np.ndarray:
     """``out[i]``: sorted row i+1 continues row i (same sequence and document, adjacent spans)."""
     out = np.zeros(max(seq.size - 1, 0), np.bool_)
@@ -468,7 +468,7 @@ def distinct_pairs(seq: np.ndarray, doc: np.ndarray) -> int:
     return int(np.unique(np.stack([seq, doc], axis=1), axis=0).shape[0])
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _grouped_pairs(seq, doc) -> int:
     """Distinct (seq, doc) pairs when rows of a sequence are contiguous and sequences ascend; -1 if not."""
     count, lo = 0, 0
@@ -520,7 +520,7 @@ def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: in
     }
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _by_doc(d, ds, n_docs):
     """Row indices sorted by (doc, doc start): a counting sort by document, then an insertion sort
     of each document's few rows (already in order for every packing variant)."""
@@ -544,7 +544,7 @@ def _by_doc(d, ds, n_docs):
     return perm
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _doc_tiles(perm, d, ds, n, lengths, gaps, per_doc) -> bool:
     """Each document's rows (in ``perm`` order) start at 0 and continue each other (with ``gaps``:
     start at or after the previous end), hold tokens and end inside the document; fills ``per_doc``."""
@@ -562,7 +562,7 @@ def _doc_tiles(perm, d, ds, n, lengths, gaps, per_doc) -> bool:
     return ok
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _rows_ordered(sid, st) -> bool:
     for i in range(1, sid.size):
         if sid[i] < sid[i - 1] or (sid[i] == sid[i - 1] and st[i] < st[i - 1]):
@@ -570,7 +570,7 @@ def _rows_ordered(sid, st) -> bool:
     return True
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _seq_fits(perm, sid, st, n, eos, seq_len) -> bool:
     """Every row (in ``perm`` order, or row order when ``perm`` is empty) lies in ``[0, seq_len)``
     at or after the end of the previous row of its sequence (the row plus its inserted EOS)."""
@@ -694,7 +694,7 @@ def _in_files(tokens, starts: np.ndarray, lengths: np.ndarray) -> tuple:
     return (lambda u: tokens.file_ids(u).view(np.ndarray)), file, local
 
 
-@njit(nogil=True, cache=False)
+@njit(nogil=True, cache=True)
 def _copy_spans(out: np.ndarray, src: np.ndarray, src_at: np.ndarray, dst_at: np.ndarray, n: np.ndarray) -> None:
     """``out[dst_at[i] : + n[i]] = src[src_at[i] : + n[i]]`` for every span i."""
     for i in range(n.size):

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=False)
+@njit(cache=True)
 def grouped(seq: np.ndarray) -> bool:
     """Rows grouped by ascending sequence id (a packing's order, a composition's order)."""
     for i in range(1, seq.size):
@@ -43,7 +43,7 @@ def composition_of_docs(seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray, do
     return out
 
 
-@njit(cache=False)
+@njit(cache=True)
 def _composition(seq, doc, tokens, doc_group, write, counts, out_seq, out_group, out_tokens, stamp, acc) -> None:
     w = 0
     lo = 0
@@ -88,7 +88,7 @@ def _composition(seq, doc, tokens, doc_group, write, counts, out_seq, out_group,
     counts[0] = w
 
 
-@njit(cache=False)
+@njit(cache=True)
 def batch_deviations(order, ptr, group, tokens, rank, tau_sorted, batch_size, n_batches):
     """max_j |share_j(batch) - tau_j| of each full batch of ``order`` (positions -> sequence), groups
     absent from the batch counting their share: the first absent rank in descending-share order."""
@@ -123,7 +123,7 @@ def batch_deviations(order, ptr, group, tokens, rank, tau_sorted, batch_size, n_
     return out
 
 
-@njit(cache=False)
+@njit(cache=True)
 def window_unique(order, ptr, group, n_groups, window):
     """Distinct groups in each run of ``window`` consecutive positions (the last may be shorter)."""
     m = order.size
@@ -140,7 +140,7 @@ def window_unique(order, ptr, group, n_groups, window):
     return out
 
 
-@njit(cache=False)
+@njit(cache=True)
 def prefix_totals(order, ptr, group, tokens, n_groups, cuts):
     """Group tokens after the first ``cuts[i]`` positions (cuts ascending), shape (len(cuts), G)."""
     out = np.zeros((cuts.size, n_groups), np.int64)
@@ -156,7 +156,7 @@ def prefix_totals(order, ptr, group, tokens, n_groups, cuts):
     return out
 
 
-@njit(cache=False)
+@njit(cache=True)
 def distinct_docs(seq, doc, n_sequences):
     """Distinct documents of each sequence (rows grouped by ascending sequence id)."""
     out = np.zeros(n_sequences, np.int64)
@@ -177,7 +177,7 @@ def distinct_docs(seq, doc, n_sequences):
     return out
 
 
-@njit(cache=False)
+@njit(cache=True)
 def part_sums(part_of_seq, seq, weight, weight2, n_parts):
     """Per part: sum of ``weight`` and of ``weight * weight2`` over rows (part of the row's
     sequence), in row order (``np.bincount``'s order)."""
@@ -191,7 +191,7 @@ def part_sums(part_of_seq, seq, weight, weight2, n_parts):
     return num, den
 
 
-@njit(cache=False)
+@njit(cache=True)
 def part_group_sums(part_of_seq, seq, group, weight, n_parts, n_groups):
     """(n_parts, G) sums of ``weight`` per (part of the row's sequence, group), in row order."""
     out = np.zeros((n_parts, n_groups))
