@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from pipeline.errors import StrataInputError
+from pipeline.segments import grouped, insert_sorted
 
 
 def length_bin_edges(
@@ -110,7 +111,7 @@ class SequenceFeatures:
 def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int, n_cols: int) -> Csr:
     """Sum ``weights`` per (row, column) pair. Rows grouped in ascending order (a packing's
     segments) are summed group by group (numba, no sort of the pairs); otherwise the pairs are sorted."""
-    if _grouped(rows):
+    if grouped(rows):
         indptr = np.zeros(n_rows + 1, dtype=np.int64)
         _group_pairs(rows, cols, weights, False, indptr, np.empty(0, np.int64), np.empty(0, np.float64))
         np.cumsum(indptr, out=indptr)
@@ -124,14 +125,6 @@ def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_r
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(r, minlength=n_rows), out=indptr[1:])
     return Csr(indptr, (uniq % n_cols).astype(np.int64), data, int(n_cols))
-
-
-@njit(cache=True)
-def _grouped(rows) -> bool:
-    for i in range(1, rows.size):
-        if rows[i] < rows[i - 1]:
-            return False
-    return True
 
 
 @njit(cache=True)
@@ -181,7 +174,7 @@ def _first_mask(values, seen):
 
 def _dense_rows(seg_sequence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(seg_sequence, return_inverse=True)``, in one pass when ids ascend."""
-    if _grouped(seg_sequence):
+    if grouped(seg_sequence):
         change = np.empty(seg_sequence.size, np.bool_)
         change[:1] = True
         np.not_equal(seg_sequence[1:], seg_sequence[:-1], out=change[1:])
@@ -264,7 +257,7 @@ def packed_sequence_features(
     doc = np.asarray(seg_doc).astype(np.int64, copy=False)
     tokens = np.asarray(seg_tokens)
     doc_columns = doc_columns or {}
-    if seq.size == 0 or not _grouped(seq):
+    if seq.size == 0 or not grouped(seq):
         return sequence_features(seq, np.asarray(doc_cluster)[doc], np.asarray(doc_length)[doc], tokens, n_bins, doc,
                                  seg_columns={k: np.asarray(v)[doc] for k, v in doc_columns.items()})
     if tokens.min() <= 0:
@@ -331,12 +324,8 @@ def _grouped_fill(starts, doc, tokens, col_of_doc, write, indptr, indices, data,
             if stamp[c] != g:
                 stamp[c] = g
                 acc[c] = 0.0
-                if write:  # insertion into the row's sorted columns
-                    j = w + n
-                    while j > w and indices[j - 1] > c:
-                        indices[j] = indices[j - 1]
-                        j -= 1
-                    indices[j] = c
+                if write:
+                    insert_sorted(indices, w, w + n, c)
                 n += 1
             acc[c] += tokens[i]
         if write:

@@ -40,6 +40,7 @@ from numba import njit
 
 from pipeline.errors import StrataInputError
 from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS, packing_name  # declared for the config
+from pipeline.segments import docs_per_sequence, grouped
 from pipeline.threads import parallel_map, task_size
 
 SEGMENT_SCHEMA = {
@@ -462,29 +463,11 @@ def distinct_pairs(seq: np.ndarray, doc: np.ndarray) -> int:
     """Number of distinct (sequence, document) pairs: one pass over rows grouped by sequence (a
     packing's order), else a sort of the pairs."""
     seq, doc = np.asarray(seq, np.int64), np.asarray(doc, np.int64)
-    count = _grouped_pairs(seq, doc)
-    if count >= 0:
-        return int(count)
+    if seq.size == 0:
+        return 0
+    if grouped(seq) and seq[0] >= 0:
+        return int(docs_per_sequence(seq, doc, int(seq[-1]) + 1).sum())
     return int(np.unique(np.stack([seq, doc], axis=1), axis=0).shape[0])
-
-
-@njit(cache=True)
-def _grouped_pairs(seq, doc) -> int:
-    """Distinct (seq, doc) pairs when rows of a sequence are contiguous and sequences ascend; -1 if not."""
-    count, lo = 0, 0
-    for i in range(seq.size):
-        if i and seq[i] < seq[i - 1]:
-            return -1
-        if i == 0 or seq[i] != seq[i - 1]:
-            lo = i
-        new = True
-        for j in range(lo, i):
-            if doc[j] == doc[i]:
-                new = False
-                break
-        if new:
-            count += 1
-    return count
 
 
 def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: int, gaps: bool = False) -> dict[str, int | bool]:

@@ -20,6 +20,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import length_bin_edges, length_bins
 from pipeline.reports import kernels as K
+from pipeline.segments import grouped
 
 METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "value": pl.Float64}
 DEFAULT_BATCH_SIZES = (8, 32, 128)
@@ -88,7 +89,7 @@ def composition_of_docs(seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray, do
                          n_groups: int) -> Composition:
     """:func:`composition` of segments whose group is their document's ``doc_group``: one pass of
     a kernel over segments grouped by sequence (a packing's order), no per-segment copies."""
-    if not K.grouped(seq):
+    if not grouped(seq):
         return composition(seq, doc_group[doc], tokens, n_sequences, n_groups)
     return Composition(*K.composition_of_docs(seq, doc, tokens, np.asarray(doc_group, np.int64), n_groups), n_sequences, n_groups)
 

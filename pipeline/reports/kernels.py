@@ -13,14 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-
-@njit(cache=True)
-def grouped(seq: np.ndarray) -> bool:
-    """Rows grouped by ascending sequence id (a packing's order, a composition's order)."""
-    for i in range(1, seq.size):
-        if seq[i] < seq[i - 1]:
-            return False
-    return True
+from pipeline.segments import insert_sorted
 
 
 def row_pointers(seq: np.ndarray, n_sequences: int) -> np.ndarray:
@@ -59,12 +52,8 @@ def _composition(seq, doc, tokens, doc_group, write, counts, out_seq, out_group,
             if stamp[g] != tag:
                 stamp[g] = tag
                 acc[g] = 0
-                if write:  # insertion into the sequence's sorted groups
-                    j = w
-                    while j > start and out_group[j - 1] > g:
-                        out_group[j] = out_group[j - 1]
-                        j -= 1
-                    out_group[j] = g
+                if write:
+                    insert_sorted(out_group, start, w, g)
                 w += 1
             acc[g] += tokens[i]
         if write:
@@ -153,27 +142,6 @@ def prefix_totals(order, ptr, group, tokens, n_groups, cuts):
                 running[group[k]] += tokens[k]
             p += 1
         out[i] = running
-    return out
-
-
-@njit(cache=True)
-def distinct_docs(seq, doc, n_sequences):
-    """Distinct documents of each sequence (rows grouped by ascending sequence id)."""
-    out = np.zeros(n_sequences, np.int64)
-    lo = 0
-    while lo < seq.size:
-        hi = lo + 1
-        while hi < seq.size and seq[hi] == seq[lo]:
-            hi += 1
-        for i in range(lo, hi):
-            new = True
-            for j in range(lo, i):
-                if doc[j] == doc[i]:
-                    new = False
-                    break
-            if new:
-                out[seq[lo]] += 1
-        lo = hi
     return out
 
 

@@ -66,6 +66,7 @@ from pipeline.errors import StrataInputError
 from pipeline.reports import kernels as K
 from pipeline.reports.diagnostics import Composition, Schedule, composition_of_docs
 from pipeline.reports.markdown import table_lines
+from pipeline.segments import docs_per_sequence, grouped
 
 LEVEL = ("clusters_per_seq", "docs_per_seq", "mean_doc_length", "concentration")
 SHARE = ("cluster_share_dev", "length_bin_share_dev", "source_share_dev")
@@ -95,8 +96,8 @@ def _level_features(schedule: Schedule) -> np.ndarray:
     ||c_s||_2 / l_s, sum of tokens x document stream length, tokens l_s, and 1 (the sequence)."""
     m = schedule.n_sequences
     seq, doc, tok = schedule.seg_seq, schedule.seg_doc, schedule.seg_tokens.astype(np.float64)
-    if K.grouped(seq):  # a packing's order: count each sequence's documents in place
-        docs = K.distinct_docs(seq, doc, m)
+    if grouped(seq):  # a packing's order: count each sequence's documents in place
+        docs = docs_per_sequence(seq, doc, m)
     else:
         n_ids = int(doc.max()) + 1
         pairs = np.sort(seq * n_ids + doc)  # (sequence, document) keys
