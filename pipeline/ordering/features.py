@@ -111,13 +111,9 @@ class SequenceFeatures:
 def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int, n_cols: int) -> Csr:
     """Sum ``weights`` per (row, column) pair. Rows grouped in ascending order (a packing's
     segments) are summed group by group (numba, no sort of the pairs); otherwise the pairs are sorted."""
-    if grouped(rows):
-        indptr = np.zeros(n_rows + 1, dtype=np.int64)
-        _group_pairs(rows, cols, weights, False, indptr, np.empty(0, np.int64), np.empty(0, np.float64))
-        np.cumsum(indptr, out=indptr)
-        indices, data = np.empty(int(indptr[-1]), np.int64), np.empty(int(indptr[-1]), np.float64)
-        _group_pairs(rows, cols, weights, True, indptr, indices, data)
-        return Csr(indptr, indices, data, int(n_cols))
+    if grouped(rows):  # every row 0..n_rows-1 holds pairs (dense sequence rows)
+        starts = np.append(np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]), rows.size)
+        return _grouped_csr(starts, np.arange(rows.size), weights, np.asarray(cols, np.int64), n_cols)
     key = rows * np.int64(n_cols) + cols
     uniq, inverse = np.unique(key, return_inverse=True)
     data = np.bincount(inverse, weights=weights, minlength=uniq.size).astype(np.float64)
@@ -125,35 +121,6 @@ def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_r
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(r, minlength=n_rows), out=indptr[1:])
     return Csr(indptr, (uniq % n_cols).astype(np.int64), data, int(n_cols))
-
-
-@njit(cache=True)
-def _group_pairs(rows, cols, weights, write, indptr, indices, data) -> None:
-    """Per run of equal ``rows``: its distinct columns ascending with their summed weights, written
-    from ``indptr[row]`` on; without ``write``, ``indptr[row + 1]`` = the row's distinct columns."""
-    lo = 0
-    n = rows.size
-    while lo < n:
-        hi = lo + 1
-        while hi < n and rows[hi] == rows[lo]:
-            hi += 1
-        r = rows[lo]
-        order = np.argsort(cols[lo:hi], kind="mergesort")
-        w = indptr[r] - 1
-        c = 0
-        for t in range(order.size):
-            i = lo + order[t]
-            if t == 0 or cols[i] != cols[lo + order[t - 1]]:
-                c += 1
-                if write:
-                    w += 1
-                    indices[w] = cols[i]
-                    data[w] = 0.0
-            if write:
-                data[w] += weights[i]
-        if not write:
-            indptr[r + 1] = c
-        lo = hi
 
 
 def _first_of_each(values: np.ndarray) -> np.ndarray:
