@@ -15,6 +15,7 @@ from pipeline.data.shard_docs import ShardDocs, kept_rows, prune
 from pipeline.represent.cluster_shards import assign_shards, assignment_file
 from pipeline.represent.clusters import keeps, load_model, save_model, train_kmeans
 from pipeline.represent.embedding_index import open_embeddings, write_embedding_runs
+from pipeline.represent.embedding_norms import norms_file
 from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key
 from pipeline.represent.embeddings import default_model_path, same_tokenizer
 from pipeline.storage.atomic import write_npy, write_parquet
@@ -85,7 +86,7 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     shards = gathered_shards(layout, rec, "embedding_shards")
     run, key = _embed(cfg, layout, [s for _, s in shards])
     shard_dir = layout.shard_dir("embeddings")
-    prune(shard_dir, {embedding_file(shard_dir, s, key).name for _, s in shards})
+    prune(shard_dir, {f.name for _, s in shards for f in (embedding_file(shard_dir, s, key), norms_file(embedding_file(shard_dir, s, key)))})
     parts = [(embedding_file(shard_dir, s, key), kept_rows(layout.corpus, row, s)) for row, s in shards if int(row["n_docs"])]
     n = write_embedding_runs(parts, layout.embeddings)
     return rec.finish(

@@ -12,12 +12,16 @@ steps and a UI backfill runs partitions, while this process samples the RssAnon 
 child's process tree (heap; pages of memory-mapped files do not count) every 0.1 s. A stage's wall time is
 the asset's (process start-up and imports excluded; the total includes them); CPU seconds are the
 child's (all threads, imports included), and CPU/wall is the child's CPU seconds over its wall
-time (imports included in both): 2.0 is both cores busy on a 2-core machine. After ``token_shards``
+time (imports included in both): 2.0 is both cores busy on a 2-core machine; "in asset" is the same
+ratio over the materializations alone (the assets' work and Dagster's bookkeeping of each run,
+without the process start-up and imports). After ``token_shards``
 a child measures the tokenizers library's own ``encode_batch`` on the same texts (the training
 rows of the corpus, read from the validated shards in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``: its rayon pool on
 every core), printed next to ``token_shards``' throughput; after ``embedding_shards`` the same for the embedding
 model's WordPiece over each text's first ``5 x embed_max_tokens`` characters (what ``shallow``
-tokenizes). Each stage's bytes written (the kernel's I/O accounting) and, at the end, the data
+tokenizes), after ``centroids`` the libraries' own k-means on its sample (``library_kmeans``), and
+after ``cluster_shards`` faiss's own search of the embedding rows against the
+centroids (``library_search``). Each stage's bytes written (the kernel's I/O accounting) and, at the end, the data
 root's size are printed. ``--strata-run`` runs the same path as one ``strata run --select
 '*ordering_diagnostics'`` process instead (Dagster's run storage included). ``--keep`` keeps the
 generated corpus, ``--reuse`` runs on it again. Figures are printed, never asserted.
@@ -101,11 +105,14 @@ stage = sys.argv[2]
 selection = ["raw_corpus", "corpus"] if stage == "corpus" else [stage]
 parts = sys.argv[3:] or [None]
 t0 = time.time()
+a = resource.getrusage(resource.RUSAGE_SELF)
+c0 = a.ru_utime + a.ru_stime
 for p in parts:
     r = dg.materialize(everything, selection=selection, partition_key=p, instance=instance, resources=defs.resources)
     assert r.success, stage
 a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print(f"{time.time() - t0} {a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime}")
+cpu = a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+print(f"{time.time() - t0} {cpu - c0} {cpu}")
 """
 
 
@@ -156,6 +163,69 @@ for batch in texts(root):
     n += sum(len(e.ids) for e in encs)
 print(f"{n} {wall}")
 """
+
+
+LIBRARY_SEARCH = r"""
+import glob, os, sys, time
+import faiss
+import numpy as np
+root, unit = sys.argv[1], int(sys.argv[2])
+centroids = np.load(os.path.join(root, "clusters", "centroids.npy"))
+index = faiss.IndexFlatIP(centroids.shape[1])
+index.add(np.ascontiguousarray(centroids, dtype=np.float32))
+n = wall = 0
+for path in sorted(glob.glob(os.path.join(root, "embeddings", "shards", "*.npy"))):
+    rows = np.load(path, mmap_mode="r")
+    for a in range(0, rows.shape[0], unit):
+        x = np.array(rows[a : a + unit], dtype=np.float32)
+        t0 = time.perf_counter()
+        index.search(x, 1)
+        wall += time.perf_counter() - t0
+        n += x.shape[0]
+print(f"{n} {wall}")
+"""
+
+
+LIBRARY_KMEANS = r"""
+import json, os, sys, time
+sys.path.insert(0, os.getcwd())
+import faiss
+from pipeline.represent.clusters import Transform, _kmeanspp_seeds, _sample_rows
+from pipeline.represent.embedding_index import open_embeddings
+root, k, mppc, seed, niter = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 0, 20
+emb = open_embeddings(os.path.join(root, "embeddings", "runs.parquet"))
+rows = _sample_rows(emb.shape[0], k * mppc, seed)
+train = Transform(True, None)(emb[rows], inplace=True)
+t0 = time.perf_counter()
+seeds = _kmeanspp_seeds(train, k, seed)
+t1 = time.perf_counter()
+km = faiss.Kmeans(train.shape[1], k, niter=niter, seed=seed, spherical=True, max_points_per_centroid=mppc, min_points_per_centroid=1)
+km.train(train, init_centroids=seeds)
+print(f"{train.shape[0]} {t1 - t0} {time.perf_counter() - t1}")
+"""
+
+
+def library_kmeans(root: Path, env: dict, k: int = 1000, max_points_per_centroid: int = 256) -> tuple[int, float, float, float]:
+    """``(sample rows, k-means++ seconds, faiss training seconds, CPU/wall)`` of the libraries'
+    own k-means on the sample ``centroids`` trains on (reading excluded from the seconds):
+    scikit-learn's ``kmeans_plusplus`` on one BLAS thread (its k steps multiply small matrices;
+    two threads were slower) on the sample's first ``max(16 k, 4096)`` rows, then faiss's
+    ``Kmeans.train`` on every core."""
+    t0, c0 = time.time(), _children_cpu()
+    out = subprocess.run([sys.executable, "-c", LIBRARY_KMEANS, str(root), str(k), str(max_points_per_centroid)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return int(out[-3]), float(out[-2]), float(out[-1]), (_children_cpu() - c0) / (time.time() - t0)
+
+
+def library_search(root: Path, env: dict, unit: int = 4096) -> tuple[int, float, float]:
+    """``(rows, search seconds, CPU/wall)`` of faiss's own exact search (``IndexFlatIP``, every
+    core) of every embedding shard row against the k-means centroids, in units of ``unit`` rows as
+    ``cluster_shards`` searches them (reading excluded from the seconds): the library work that
+    ``cluster_shards`` adds its reads, normalization, writes and Dagster's per-partition runs to."""
+    t0, c0 = time.time(), _children_cpu()
+    out = subprocess.run([sys.executable, "-c", LIBRARY_SEARCH, str(root), str(unit)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return int(out[-2]), float(out[-1]), (_children_cpu() - c0) / (time.time() - t0)
 
 
 def library_encode(root: Path, env: dict, wordpiece_cap: int = 0) -> tuple[int, float, float]:
@@ -300,8 +370,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     if keep_root:
         forget(base / "root", stages)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
-    spans, cpus, peaks, written = {}, {}, {}, {}
-    library = wordpiece = None
+    spans, cpus, inner_cpus, peaks, written = {}, {}, {}, {}, {}
+    library = wordpiece = search = kmeans = None
     sys.path.insert(0, str(ROOT))
     from pipeline.data.corpus import shard_key
     from pipeline.data.shards import discover_shards
@@ -310,18 +380,19 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     for stage in stages:  # one process per stage and per strategy partition, as Dagster's multiprocess executor runs steps
         # a per-shard stage runs its partitions one after another in one process, as `strata run` does
         parts = [[s] for s in strategies] if stage in ("orderings", "ordering_diagnostics") else [shard_keys] if stage in SHARD_STAGES else [[]]
-        spans[stage], cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0
+        spans[stage], cpus[stage], inner_cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0.0, 0
         w0 = _children_written()
         for part in parts:
             out, full, peak = run_child([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage, *part], env,
                                         base / f"{stage}.log")
-            inner, cpu = map(float, out.split()[-2:])
+            inner, inner_cpu, cpu = map(float, out.split()[-3:])
             spans[stage] = (spans[stage][0] + full, spans[stage][1] + inner)
             cpus[stage] += cpu
+            inner_cpus[stage] += inner_cpu
             peaks[stage] = max(peaks[stage], peak)
         written[stage] = _children_written() - w0
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
-              f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "
+              f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}; in the asset {inner_cpus[stage] / max(spans[stage][1], 1e-9):.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "
               f"wrote {written[stage] / 2**30:.2f} GB", flush=True)
         if stage == "token_shards" and baselines:
             library = library_encode(base / "root", env)
@@ -331,6 +402,14 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
             wordpiece = library_encode(base / "root", env, wordpiece_cap=5 * EMBED_MAX_TOKENS)
             print(f"  tokenizers encode_batch_fast, the model's WordPiece on every core: {wordpiece[0] / wordpiece[1]:,.0f} tokens/s "
                   f"({wordpiece[0] / 1e6:.1f}M tokens in {wordpiece[1]:.1f} s, CPU/wall {wordpiece[2]:.2f})", flush=True)
+        if stage == "centroids" and baselines:
+            kmeans = library_kmeans(base / "root", env)
+            print(f"  k-means++ (one thread) and faiss's Kmeans.train (every core) on the {kmeans[0]:,}-row sample: "
+                  f"{kmeans[1]:.1f} s + {kmeans[2]:.1f} s (CPU/wall {kmeans[3]:.2f}, reading and imports included)", flush=True)
+        if stage == "cluster_shards" and baselines:
+            search = library_search(base / "root", env)
+            print(f"  faiss IndexFlatIP search on every core: {search[0] / search[1]:,.0f} rows/s "
+                  f"({search[0]:,} rows in {search[1]:.1f} s, CPU/wall {search[2]:.2f})", flush=True)
     root = base / "root"
     offsets = root / "tokens" / "doc_offsets.npy"
     tokens = int(np.load(offsets, mmap_mode="r")[-1]) if offsets.is_file() else 0
@@ -339,20 +418,30 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     for stage in stages:
         wall = spans[stage][1]
         rows.append({"stage": stage, "wall_s": wall, "cpu_s": cpus[stage], "cpu_per_wall": cpus[stage] / spans[stage][0],
+                     "asset_cpu_per_wall": inner_cpus[stage] / max(wall, 1e-9),
                      "peak_anon_gb": peaks[stage] / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall,
                      "written_gb": written[stage] / 2**30})
     wall = sum(full for full, _ in spans.values())  # the whole path, process start-ups included
     rows.append({"stage": "total", "wall_s": wall, "cpu_s": sum(cpus.values()), "cpu_per_wall": sum(cpus.values()) / wall,
+                 "asset_cpu_per_wall": sum(inner_cpus.values()) / max(sum(inner for _, inner in spans.values()), 1e-9),
                  "peak_anon_gb": max(peaks.values()) / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall,
                  "written_gb": sum(written.values()) / 2**30})
     print(f"\n{n_docs:,} documents ({docs:,} training), {tokens / 1e6:.1f}M tokens, shards of {shard_docs:,}; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'peak anon GB':>14}{'written GB':>12}{'docs/s':>12}{'tokens/s':>14}")
+    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'in asset':>10}{'peak anon GB':>14}{'written GB':>12}{'docs/s':>12}{'tokens/s':>14}")
     for r in rows:
-        print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
+        print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['asset_cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
               f"{r['written_gb']:>12.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")
     against = [("token_shards", library, "tokenization of the same texts", "tokenizers' own encode_batch_fast on every core", 1),
                  ("embedding_shards", wordpiece, "shallow embeddings", "the model's WordPiece alone, tokenizers' own encode_batch_fast "
                   f"on every core over each text's first {5 * EMBED_MAX_TOKENS} characters", 0)]
+    if kmeans is not None:
+        ours = spans["centroids"][1]
+        print(f"k-means: centroids {ours:.1f} s; the libraries' own k-means++ and training on its sample "
+              f"{kmeans[1] + kmeans[2]:.1f} s; centroids / library: {ours / (kmeans[1] + kmeans[2]):.2f}x")
+    if search is not None:
+        ours = spans["cluster_shards"][1]
+        print(f"cluster assignment: cluster_shards {ours:.1f} s; faiss's own search of the same rows on every core "
+              f"{search[1]:.1f} s (CPU/wall {search[2]:.2f}); cluster_shards / library: {ours / search[1]:.2f}x")
     for stage, measured, what, lib, eos in against:
         if measured is not None:
             n, secs, ratio = measured

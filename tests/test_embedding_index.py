@@ -122,3 +122,29 @@ def test_index_names_its_shard_files_and_refuses_what_it_cannot_read(tmp_path, c
         has_embeddings(layout)
     (layout.embeddings.parent / "embeddings.npy").unlink()
     assert not has_embeddings(layout)
+
+
+def test_norm_records_stand_for_the_rows_until_a_file_changes(tmp_path):
+    """embed_shards records each shard's norm range while writing; the check reads the record while
+    the file's digest matches it, and measures the file again once its bytes change."""
+    from pipeline.represent.embedding_norms import NormRange, norms_file, shard_norms
+
+    reader, _, _ = _matrix(tmp_path, 0)
+    for path in reader.runs.paths:
+        rows = np.load(path)
+        assert norms_file(path).is_file()
+        recorded, from_record = shard_norms(path)
+        measured = NormRange()
+        measured.add(rows)
+        assert from_record and recorded == measured and recorded.rows == rows.shape[0] and recorded.finite
+    path = reader.runs.paths[1]
+    rows = np.load(path)
+    rows[3] *= 2.0  # no longer unit-norm: the record was taken for other bytes
+    np.save(path, rows)
+    norms, from_record = shard_norms(path)
+    assert not from_record and norms.max_norm == pytest.approx(2.0, abs=1e-5) and norms.finite
+    rows[5, 0] = np.nan
+    np.save(path, rows)
+    norms_file(path).unlink()  # no record at all: measured from the file
+    norms, from_record = shard_norms(path)
+    assert not from_record and not norms.finite

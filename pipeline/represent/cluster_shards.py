@@ -17,6 +17,7 @@ from pipeline.data.shard_docs import ShardDocs
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.clusters import Transform, assign_transformed
 from pipeline.storage.atomic import write_npy
+from pipeline.storage.npy_rows import NpyRows
 
 
 def assignment_file(shard_dir: Path, shard: ShardDocs, model_key: str) -> Path:
@@ -31,8 +32,8 @@ def assign_shards(shards: list[ShardDocs], centroids: np.ndarray, transform: Tra
     def unit_args(shard: ShardDocs, a: int, b: int) -> tuple:
         """The unit's rows read and transformed (normalized): on the local engine this runs ahead,
         beside faiss's search of the previous unit, so both cores stay busy."""
-        rows = np.load(embedding_file(shard), mmap_mode="r")
-        return (centroids, transform.spherical, transform(np.array(rows[a:b], dtype=np.float32), inplace=True))
+        rows = NpyRows(embedding_file(shard)).rows(a, b)
+        return (centroids, transform.spherical, transform(rows.astype(np.float32, copy=False), inplace=True))
 
     return map_corpus_shards(
         shards, assign_transformed, unit_args,

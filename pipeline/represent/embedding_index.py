@@ -7,7 +7,7 @@ with dropped documents is one run per stretch of consecutive kept rows. :func:`w
 writes them (``embeddings/runs.parquet``, with each shard file's SHA-256, so the index's data
 version changes whenever its rows do) and :func:`open_embeddings` reads them as
 :class:`ShardedRows`, which indexes like the memory-mapped (N, d) matrix and reads only the rows
-asked for from the shards' memory-mapped files.
+asked for from the shards' files.
 
 A data root written before the index (``embeddings/embeddings.npy``, no ``runs.parquet``) is
 refused with the fix: rematerialize ``embeddings``.
@@ -23,6 +23,7 @@ import numpy as np
 
 from pipeline.data.token_index import TokenRuns, grouped, locate, read_runs, shard_runs, write_runs
 from pipeline.errors import StrataInputError
+from pipeline.storage.npy_rows import NpyRows
 
 if TYPE_CHECKING:
     from pipeline.storage.layout import Layout
@@ -77,24 +78,25 @@ def open_embeddings(where: "Layout | str | os.PathLike") -> "ShardedRows":
 
 class ShardedRows:
     """Read-only (N, d) rows of the embedding matrix, read through :class:`TokenRuns` (counted in
-    rows) from the shards' memory-mapped ``.npy`` files. Every read returns a new array."""
+    rows) from the shards' ``.npy`` files with ``pread`` (:mod:`pipeline.storage.npy_rows`).
+    Every read returns a new array."""
 
     def __init__(self, runs: TokenRuns, dtype: np.dtype, dim: int):
         self.runs, self.dtype = runs, np.dtype(dtype)
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, NpyRows] = {}
         self.shape, self.ndim = (int(runs.start[-1]), int(dim)), 2
         self.size = self.shape[0] * self.shape[1]
 
     def __len__(self) -> int:
         return self.shape[0]
 
-    def _map(self, f: int) -> np.ndarray:
+    def _map(self, f: int) -> NpyRows:
         if f not in self._maps:
-            mm = np.load(self.runs.paths[f], mmap_mode="r")
-            if mm.ndim != 2 or mm.shape[1] != self.shape[1] or mm.dtype != self.dtype:
-                raise StrataInputError(f"embedding shard of shape {mm.shape} {mm.dtype}, the index says (*, {self.shape[1]}) {self.dtype}",
+            rows = NpyRows(self.runs.paths[f])
+            if rows.shape[1] != self.shape[1] or rows.dtype != self.dtype:
+                raise StrataInputError(f"embedding shard of shape {rows.shape} {rows.dtype}, the index says (*, {self.shape[1]}) {self.dtype}",
                                        path=self.runs.paths[f], fix=FIX)
-            self._maps[f] = mm
+            self._maps[f] = rows
         return self._maps[f]
 
     def take(self, rows: np.ndarray) -> np.ndarray:
@@ -113,7 +115,8 @@ class ShardedRows:
         f, local = locate(self.runs, flat)
         out = np.empty((flat.size, self.shape[1]), self.dtype)
         for u, sel in grouped(f):
-            out[sel] = self._map(u)[local[sel]]
+            order = np.argsort(local[sel], kind="stable")  # one file's rows read in ascending order
+            out[sel[order]] = self._map(u).take(local[sel][order])
         return out.reshape(idx.shape + (self.shape[1],))
 
     def span(self, a: int, b: int) -> np.ndarray:
@@ -127,7 +130,7 @@ class ShardedRows:
         for r in range(int(first), int(last) + 1):
             lo, hi = max(a, int(starts[r])), min(b, int(starts[r + 1]))
             at = int(self.runs.local[r]) + lo - int(starts[r])
-            out[lo - a : hi - a] = self._map(int(self.runs.file[r]))[at : at + hi - lo]
+            self._map(int(self.runs.file[r])).rows(at, at + hi - lo, out=out[lo - a : hi - a])
         return out
 
     def __getitem__(self, index):

@@ -1,7 +1,8 @@
 """Embeddings per corpus shard (the ``embedding_shards`` partitions).
 
 Each validated shard's training rows are embedded on their own into
-``embeddings/shards/<validated>-<model>.npy`` (float32, unit-norm rows), in work units of
+``embeddings/shards/<validated>-<model>.npy`` (float32, unit-norm rows; the rows' norm range
+beside it, :mod:`pipeline.represent.embedding_norms`), in work units of
 ``shard_docs`` documents on the configured engine: in this process, or on Ray model actors. With
 ``shallow`` embeddings and the pipeline's tokenizer equal to the model's, a unit's ids are read
 from the shard's token files (:mod:`pipeline.data.token_shards`) instead of tokenizing again.
@@ -20,6 +21,7 @@ import polars as pl
 from pipeline.data.tokens import token_dtype_of
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs
 from pipeline.distributed.units import map_corpus_shards
+from pipeline.represent.embedding_norms import NormRange, record_norms
 from pipeline.represent.embeddings import IMPLEMENTATION, embed, shallow_from_ids
 from pipeline.storage.atomic import write_rows
 from pipeline.storage.fingerprints import embedding_fingerprint, fingerprint_digest
@@ -57,7 +59,9 @@ def embed_shards(shards: list[ShardDocs], cfg, model: str, shard_dir: Path, work
         all(f.is_file() for f in token_files(s)) for s in shards)
 
     def assemble(shard: ShardDocs, results: Iterator[tuple]) -> None:
-        write_rows((r[0] for r in results), shard.n_docs, embedding_file(shard_dir, shard, key))
+        norms, out = NormRange(), embedding_file(shard_dir, shard, key)
+        write_rows((norms.add(r[0]) for r in results), shard.n_docs, out)
+        record_norms(out, norms)
 
     if from_store:
         @functools.lru_cache(maxsize=1)  # units come shard by shard: read each shard's counts once
