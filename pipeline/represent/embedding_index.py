@@ -83,21 +83,21 @@ class ShardedRows:
 
     def __init__(self, runs: TokenRuns, dtype: np.dtype, dim: int):
         self.runs, self.dtype = runs, np.dtype(dtype)
-        self._maps: dict[int, NpyRows] = {}
+        self._files: dict[int, NpyRows] = {}
         self.shape, self.ndim = (int(runs.start[-1]), int(dim)), 2
         self.size = self.shape[0] * self.shape[1]
 
     def __len__(self) -> int:
         return self.shape[0]
 
-    def _map(self, f: int) -> NpyRows:
-        if f not in self._maps:
+    def _file(self, f: int) -> NpyRows:
+        if f not in self._files:
             rows = NpyRows(self.runs.paths[f])
             if rows.shape[1] != self.shape[1] or rows.dtype != self.dtype:
                 raise StrataInputError(f"embedding shard of shape {rows.shape} {rows.dtype}, the index says (*, {self.shape[1]}) {self.dtype}",
                                        path=self.runs.paths[f], fix=FIX)
-            self._maps[f] = rows
-        return self._maps[f]
+            self._files[f] = rows
+        return self._files[f]
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """The rows at ``rows`` (integers of any shape, any order, repeats; negative from the end):
@@ -116,7 +116,7 @@ class ShardedRows:
         out = np.empty((flat.size, self.shape[1]), self.dtype)
         for u, sel in grouped(f):
             order = np.argsort(local[sel], kind="stable")  # one file's rows read in ascending order
-            out[sel[order]] = self._map(u).take(local[sel][order])
+            out[sel[order]] = self._file(u).take(local[sel][order])
         return out.reshape(idx.shape + (self.shape[1],))
 
     def span(self, a: int, b: int) -> np.ndarray:
@@ -130,7 +130,7 @@ class ShardedRows:
         for r in range(int(first), int(last) + 1):
             lo, hi = max(a, int(starts[r])), min(b, int(starts[r + 1]))
             at = int(self.runs.local[r]) + lo - int(starts[r])
-            self._map(int(self.runs.file[r])).rows(at, at + hi - lo, out=out[lo - a : hi - a])
+            self._file(int(self.runs.file[r])).rows(at, at + hi - lo, out=out[lo - a : hi - a])
         return out
 
     def __getitem__(self, index):
