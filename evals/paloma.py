@@ -23,6 +23,7 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_path
+from pipeline.threads import parallel_map
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -51,19 +52,22 @@ def write_paloma_layout(docs: pl.DataFrame, out_dir: str | Path, split: str = "v
         docs = docs.with_columns(pl.col("source").alias("subdomain"))
     docs = docs.select(pl.col("text").cast(pl.String), pl.col("id").cast(pl.String),
                        pl.col("source").cast(pl.String), pl.col("subdomain").cast(pl.String))
-    written = []
     out_dir = Path(out_dir)
-    for source in sorted(docs["source"].unique().to_list()):
-        part = docs.filter(pl.col("source") == source).to_dicts()
+    counts = dict(docs.group_by("source").len().iter_rows())
+    files = [(source, shard, start) for source in sorted(counts) for shard, start in enumerate(range(0, counts[source], docs_per_shard))]
+
+    def write(file: tuple[str, int, int]) -> Path:  # files on a thread a core: gzip's compression releases the GIL
+        source, shard, start = file
         name = _safe_name(source)
-        for shard, start in enumerate(range(0, len(part), docs_per_shard)):
-            path = out_dir / name / split / f"{name}_{shard:08d}.jsonl.gz"
-            lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part[start:start + docs_per_shard])
-            with atomic_path(path) as tmp:
-                with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-                    gz.write(lines.encode("utf-8"))
-            written.append(path)
-    return written
+        path = out_dir / name / split / f"{name}_{shard:08d}.jsonl.gz"
+        rows = docs.filter(pl.col("source") == source).slice(start, docs_per_shard).to_dicts()
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+                gz.write(lines.encode("utf-8"))
+        return path
+
+    return parallel_map(write, files)
 
 
 def read_paloma_docs(root: str | Path, split: str = "val", docs_per_subdomain: int | None = None) -> pl.DataFrame:

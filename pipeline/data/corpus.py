@@ -16,6 +16,7 @@ shards. Memory: one batch of documents plus about 10 bytes a document.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -34,6 +35,7 @@ from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )
 from pipeline.errors import StrataInputError
+from pipeline.threads import read_ahead
 
 CORPUS_SCHEMA = {"id": pl.String, "text": pl.String, "source": pl.String, "subdomain": pl.String}
 # zstd level of the validated shards and corpus.parquet: level 3 (zstd's own default) writes the
@@ -367,12 +369,16 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                         ("shard_row", pa.int64())])
     rows, held, stats = [], [], []
     doc_id, rg = 0, 0
-    with atomic_writer(corpus_path) as sink:
+    # every shard's batches, read (decompressed) on a thread ahead of this loop's work on them
+    ahead_batches = read_ahead((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows))
+    with atomic_writer(corpus_path) as sink, contextlib.closing(ahead_batches) as batches:
         with pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer:
+            pending = next(batches, None)
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
                 start, rg_start, n_chars, n_held, row, train_row = doc_id, rg, 0, 0, 0, 0
-                for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows):
+                while pending is not None and pending[0] == u:
+                    batch, pending = pending[1], next(batches, None)
                     df = pl.from_arrow(batch)
                     assert isinstance(df, pl.DataFrame)
                     df = df.with_columns(shard_row=(~pl.col("heldout")).cast(pl.Int64).cum_sum() - 1 + train_row)
