@@ -3,8 +3,10 @@ and a stage computed ahead of its consumer."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
+from contextlib import closing
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -68,3 +70,16 @@ def ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = 1) -> Iterator[
         finally:
             for f in pending:
                 f.cancel()
+
+
+def prefetch(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """The items of ``items``, each produced (``next``) on a background thread up to ``depth``
+    items ahead of the consumer: for a producer whose work releases the GIL (reading, decoding),
+    so the consumer's work overlaps it. An exception in the producer is raised where its item
+    would have been yielded."""
+    end = object()
+    with closing(ahead(lambda _: next(items, end), itertools.repeat(None), depth)) as produced:
+        for item in produced:
+            if item is end:
+                return
+            yield item
