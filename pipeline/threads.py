@@ -3,10 +3,10 @@ a stage computed ahead of its consumer, and an iterator drawn ahead of it."""
 
 from __future__ import annotations
 
+import itertools
 import os
-import queue
-import threading
 from collections import deque
+from contextlib import closing
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -72,44 +72,14 @@ def ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = 1) -> Iterator[
                 f.cancel()
 
 
-def read_ahead(items: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """``items`` drawn on a background thread, up to ``depth`` ahead of the consumer: producing the
-    next item (a Parquet batch's decompression, which releases the GIL) overlaps the consumer's
-    work on this one. Items and their order are those of ``items``; an exception raised while
-    producing is raised where its item would have been yielded. Memory: ``depth + 1`` items."""
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+def prefetch(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """The items of ``items``, each produced (``next``) on a background thread up to ``depth``
+    items ahead of the consumer: for a producer whose work releases the GIL (reading, decoding),
+    so the consumer's work overlaps it. An exception in the producer is raised where its item
+    would have been yielded."""
     end = object()
-
-    def offer(entry: tuple) -> bool:
-        """Queue ``entry`` unless the consumer has gone; whether it was queued."""
-        while not stop.is_set():
-            try:
-                slots.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not offer((item, None)):
-                    return
-            offer((end, None))
-        except BaseException as exc:  # handed to the consumer
-            offer((end, exc))
-
-    worker = threading.Thread(target=produce, name="read_ahead", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item, exc = slots.get()
+    with closing(ahead(lambda _: next(items, end), itertools.repeat(None), depth)) as produced:
+        for item in produced:
             if item is end:
-                if exc is not None:
-                    raise exc
                 return
             yield item
-    finally:
-        stop.set()
-        worker.join()

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 from pathlib import Path
 
+import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import CorpusConfig, config_from_dict
 from helpers import built_corpus
+from pipeline.data.corpus import (
+    SHARD_FILE_COLUMNS, ZSTD_LEVEL, content_hashes, heldout_keys, heldout_mask, read_unit, validate_unit,
+)
+from pipeline.data.shards import ShardReport
 from pipeline.errors import StrataInputError
 
 GOOD = {"id": "a", "text": "hello world", "source": "web"}
@@ -96,3 +104,74 @@ def test_builtin_corpus_is_deterministic():
     a, b = builtin_documents(300), builtin_documents(300)
     assert a == b and len(a) == 300
     assert {"code", "docs"} <= {d[2] for d in a}
+
+
+TEXTS = ["hello world", "café crème brûlée", "日本語のテキスト", "emoji 😀 family 👩‍👩‍👧 flag 🇫🇷", "e\u0301 combining",
+         "tab\tnewline\n", "x" * (1 << 20) + "é" * 1000 + "😀"]  # the last one over 1 MB
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _key(content_hash: str, seed: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{content_hash}".encode()).digest()[:8], "big")
+
+
+def test_content_hashes_and_heldout_split_match_hashlib():
+    texts = TEXTS + [f"document {i} ✓" for i in range(3000)]
+    hashes = content_hashes(pl.Series(texts))
+    assert hashes.to_list() == [_sha256(t) for t in texts]
+    for seed in (0, 7, 2**40 + 1):
+        keys = [_key(h, seed) for h in hashes]
+        assert heldout_keys(hashes, seed).tolist() == keys
+        for fraction in (0.02, 0.5):
+            assert heldout_mask(hashes, fraction, seed).tolist() == [k / 2**64 < fraction for k in keys]
+    assert heldout_mask(pl.Series([], dtype=pl.String), 0.1, 0).size == 0
+
+
+def _shard(tmp_path: Path, bad_row: int | None = None) -> Path:
+    docs = [{"id": f"d{i}", "text": f"{TEXTS[i % len(TEXTS)]} #{i}", "source": "web"} for i in range(60)]
+    if bad_row is not None:
+        docs[bad_row - 1]["text"] = "   "
+    path = tmp_path / "s.parquet"
+    pl.DataFrame(docs).write_parquet(path)
+    return path
+
+
+def _serial_reference(shard: Path, cfg: CorpusConfig, fraction: float, out: Path, batch_rows: int) -> ShardReport:
+    """The validated shard written batch after batch in one thread, split by plain hashlib."""
+    report = ShardReport(str(shard))
+    writer = None
+    for batch in read_unit(str(shard), cfg, report, batch_rows):
+        hashes = [_sha256(t) for t in batch["text"]]
+        held = [_key(h, 0) / 2**64 < fraction for h in hashes]
+        table = batch.with_columns(content_hash=pl.Series(hashes), heldout=pl.Series(held)).select(SHARD_FILE_COLUMNS).to_arrow()
+        writer = writer or pq.ParquetWriter(out, table.schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False)
+        writer.write_table(table, row_group_size=len(table))
+    writer.close()
+    return report
+
+
+@pytest.mark.parametrize("batch_rows", [7, 1000])
+def test_validated_shard_matches_a_serial_hashlib_reference(tmp_path, batch_rows):
+    shard = _shard(tmp_path, bad_row=24)
+    cfg = CorpusConfig(path=str(shard), on_error="skip")
+    out, ref = tmp_path / "validated.parquet", tmp_path / "reference.parquet"
+    info = validate_unit(str(shard), cfg, 0.3, 0, out, batch_rows)
+    report = _serial_reference(shard, cfg, 0.3, ref, batch_rows)
+    assert out.read_bytes() == ref.read_bytes()
+    assert pq.ParquetFile(out).metadata.num_row_groups == -(-59 // batch_rows)
+    assert 0 < pl.read_parquet(out)["heldout"].sum() < 59
+    assert info == json.loads(out.with_suffix(".json").read_text()) == {
+        "unit": str(shard), "n_read": report.n_read, "skipped": [list(s) for s in report.skipped]}
+    assert info["n_read"] == 60 and info["skipped"] == [[24, "document text is empty, null or whitespace"]]
+
+
+def test_bad_row_in_a_later_batch_fails_validation_naming_it(tmp_path):
+    shard = _shard(tmp_path, bad_row=24)
+    out = tmp_path / "validated.parquet"
+    with pytest.raises(StrataInputError, match=r"s\.parquet, line 24: document text is empty or whitespace\. Fix: remove the row"):
+        validate_unit(str(shard), CorpusConfig(path=str(shard)), 0.3, 0, out, batch_rows=7)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.parquet"]
+

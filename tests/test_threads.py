@@ -1,4 +1,5 @@
-"""The thread helpers keep order and surface errors where the item would have come."""
+"""The thread helpers keep order, run the producer on another thread and surface errors where
+the item would have come."""
 
 from __future__ import annotations
 
@@ -7,36 +8,35 @@ import time
 
 import pytest
 
-from pipeline.threads import ahead, read_ahead
+from pipeline.threads import ahead, prefetch
 
 
-def test_read_ahead_yields_the_items_in_order_from_another_thread():
+def test_prefetch_yields_the_items_in_order_from_another_thread():
     seen = []
 
     def items():
         for i in range(50):
-            seen.append(threading.current_thread().name)
+            seen.append(threading.get_ident())
             yield i
 
-    assert list(read_ahead(items(), depth=3)) == list(range(50))
-    assert set(seen) == {"read_ahead"}
-    assert list(read_ahead(iter(()))) == []
+    assert list(prefetch(items(), depth=3)) == list(range(50))
+    assert threading.get_ident() not in seen and len(set(seen)) == 1
+    assert list(prefetch(iter(()))) == []
 
 
-def test_read_ahead_raises_where_the_failing_item_would_be():
+def test_prefetch_raises_where_the_failing_item_would_be():
     def items():
-        yield 1
-        yield 2
-        raise ValueError("bad batch")
+        yield from range(5)
+        raise ValueError("the sixth")
 
     got = []
-    with pytest.raises(ValueError, match="bad batch"):
-        for x in read_ahead(items(), depth=1):
+    with pytest.raises(ValueError, match="the sixth"):
+        for x in prefetch(items(), depth=2):
             got.append(x)
-    assert got == [1, 2]
+    assert got == [0, 1, 2, 3, 4]
 
 
-def test_read_ahead_stops_its_thread_when_the_consumer_stops_early():
+def test_prefetch_stops_producing_when_the_consumer_stops_early():
     produced = []
 
     def items():
@@ -44,12 +44,13 @@ def test_read_ahead_stops_its_thread_when_the_consumer_stops_early():
             produced.append(i)
             yield i
 
-    gen = read_ahead(items(), depth=2)
+    before = threading.active_count()
+    gen = prefetch(items(), depth=2)
     assert [next(gen) for _ in range(3)] == [0, 1, 2]
     gen.close()
-    time.sleep(0.3)
+    time.sleep(0.2)
     assert len(produced) <= 3 + 2 + 1
-    assert not any(t.name == "read_ahead" for t in threading.enumerate())
+    assert threading.active_count() == before
 
 
 def test_ahead_keeps_order():

@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import polars as pl
@@ -35,7 +36,11 @@ from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )
 from pipeline.errors import StrataInputError
-from pipeline.threads import read_ahead
+from pipeline.threads import prefetch
+
+if TYPE_CHECKING:  # imported where used: importing this module stays light
+    import duckdb
+    import pyarrow as pa
 
 CORPUS_SCHEMA = {"id": pl.String, "text": pl.String, "source": pl.String, "subdomain": pl.String}
 # zstd level of the validated shards and corpus.parquet: level 3 (zstd's own default) writes the
@@ -131,17 +136,38 @@ def _duplicate_error(first, units: list[str], lines: list[pl.Series]) -> StrataI
 
 
 def content_hashes(texts: pl.Series) -> pl.Series:
-    """SHA-256 (hex) of each document's UTF-8 text: the identity used for dedup and the held-out split."""
+    """SHA-256 (hex) of each document's UTF-8 text: the identity used for dedup and the held-out split.
+    hashlib (OpenSSL) rather than DuckDB's ``sha256``, which costs half as much CPU again (0.21 s
+    against 0.14 s for a 125,000-document, 92 MB shard)."""
     sha = hashlib.sha256
-    return pl.Series("content_hash", [sha(t.encode("utf-8")).hexdigest() for t in texts], dtype=pl.String)
+    return pl.Series("content_hash", [sha(t.encode("utf-8")).hexdigest() for t in texts.to_list()], dtype=pl.String)
 
 
 def heldout_mask(hashes: pl.Series, fraction: float, seed: int) -> np.ndarray:
     """Seeded held-out split keyed on content hash: stable when documents are added or removed."""
-    salt = f"{seed}:".encode()
-    sha = hashlib.sha256
-    u = np.fromiter((int.from_bytes(sha(salt + h.encode()).digest()[:8], "big") for h in hashes), dtype=np.uint64, count=len(hashes))
-    return (u / np.float64(2**64)) < fraction
+    return (heldout_keys(hashes, seed) / np.float64(2**64)) < fraction
+
+
+def heldout_keys(hashes: pl.Series, seed: int) -> np.ndarray:
+    """Each document's split key: the first 8 bytes, big-endian, of SHA-256 of ``f"{seed}:{hash}"``.
+    Computed by DuckDB, outside the GIL and without a Python call a document: on these short strings
+    the calls cost more than the hashing (0.04 s against hashlib's 0.07 s for 125,000 documents)."""
+    import pyarrow as pa
+
+    with _duckdb(os.getpid()).cursor() as con:
+        con.register("hashes", pa.table({"h": hashes.to_arrow()}))
+        keys = con.sql("select ('0x' || left(sha256($salt || h), 16))::UBIGINT as k from hashes", params={"salt": f"{seed}:"})
+        return keys.to_arrow_table()["k"].to_numpy()
+
+
+@lru_cache(maxsize=1)
+def _duckdb(pid: int) -> duckdb.DuckDBPyConnection:
+    """This process's DuckDB connection, for cursors (a connection takes ~20 ms to open, a cursor
+    microseconds); keyed by process id so a forked child opens its own. One thread a query: the
+    callers overlap it with reading and writing instead."""
+    import duckdb
+
+    return duckdb.connect(config={"threads": 1})
 
 
 def corpus_fingerprint(cfg: CorpusConfig) -> str:
@@ -247,7 +273,11 @@ class CorpusBuild:
 
 def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int = BATCH_ROWS) -> dict:
     """Read and validate one shard into ``out`` (Parquet: ``SHARD_FILE_COLUMNS``) and ``out``.json
-    (its report); pure per-shard work. Returns the report ``{n_read, skipped: [[line, reason]]}``."""
+    (its report); pure per-shard work. Returns the report ``{n_read, skipped: [[line, reason]]}``.
+
+    Two cores: a background thread reads, validates and hashes the next batch while this one
+    compresses and writes the previous one (both mostly outside the GIL); at most three batches
+    are in memory."""
     import pyarrow.parquet as pq
 
     from pipeline.storage.atomic import atomic_writer, write_json
@@ -256,10 +286,8 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     with atomic_writer(out) as sink:
         writer = None
         try:
-            for batch in read_unit(unit, cfg, sr, batch_rows):
-                hashes = content_hashes(batch["text"])
-                batch = batch.with_columns(hashes, heldout=pl.Series(heldout_mask(hashes, heldout_fraction, seed)))
-                table = batch.select(SHARD_FILE_COLUMNS).to_arrow()
+            tables = map(partial(_shard_table, heldout_fraction=heldout_fraction, seed=seed), read_unit(unit, cfg, sr, batch_rows))
+            for table in prefetch(tables):
                 if writer is None:
                     writer = pq.ParquetWriter(sink, table.schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False)
                 writer.write_table(table, row_group_size=len(table))
@@ -272,6 +300,13 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     info = {"unit": unit, "n_read": sr.n_read, "skipped": [[int(line), reason] for line, reason in sr.skipped]}
     write_json(info, out.with_suffix(".json"))
     return info
+
+
+def _shard_table(batch: pl.DataFrame, heldout_fraction: float, seed: int) -> pa.Table:
+    """One validated batch with its content hashes and held-out flags, as the Arrow table written."""
+    hashes = content_hashes(batch["text"])
+    batch = batch.with_columns(hashes, heldout=pl.Series(heldout_mask(hashes, heldout_fraction, seed)))
+    return batch.select(SHARD_FILE_COLUMNS).to_arrow()
 
 
 def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int) -> tuple[bytes, bytes]:
@@ -370,7 +405,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     rows, held, stats = [], [], []
     doc_id, rg = 0, 0
     # every shard's batches, read (decompressed) on a thread ahead of this loop's work on them
-    ahead_batches = read_ahead((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows))
+    ahead_batches = prefetch((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows))
     with atomic_writer(corpus_path) as sink, contextlib.closing(ahead_batches) as batches:
         with pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer:
             pending = next(batches, None)
