@@ -270,3 +270,159 @@ def test_label_codes_are_the_dense_ranks_of_the_labels(tmp_path):
     by_text = D.prepare(seg, np.array([1, 0]), cluster, length, n_bins=2, doc_source=np.array(["b", "a", "b"]))
     by_code = D.prepare(seg, np.array([1, 0]), cluster, length, n_bins=2, doc_source=np.array([7, 3, 7]))
     assert np.array_equal(by_text.doc_source, [1, 0, 1]) and np.array_equal(by_code.doc_source, [1, 0, 1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The parallel kernels: any chunking and any thread count give the sequential pass's output, bit
+# for bit (checked against plain NumPy: the same integer sums, floating-point sums in row order).
+# ---------------------------------------------------------------------------------------------
+
+CHUNKS = (1, 2, 3, 8, 64)  # 64: more chunks than the small cases have rows, sequences or batches
+SHAPES = {  # (sequences, most rows a sequence): many sequences, one, fewer rows than chunks, none
+    "many": (400, 12), "one": (1, 30), "few": (5, 1), "empty": (3, 0)}
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    import numba
+
+    n = min(request.param, numba.config.NUMBA_NUM_THREADS)
+    before = numba.get_num_threads()
+    numba.set_num_threads(n)
+    yield n
+    numba.set_num_threads(before)
+
+
+def grouped_rows(shape: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Segment rows grouped by ascending sequence id (sequences without rows, zero-token rows and
+    a document repeated in a sequence among them): (seq, doc, tokens, doc_group, M, G)."""
+    n_seq, most = SHAPES[shape]
+    rng = np.random.default_rng(seed)
+    seq = np.repeat(np.arange(n_seq), rng.integers(0, most + 1, n_seq) if most > 1 else np.full(n_seq, most))
+    doc = rng.integers(0, 40, seq.size)
+    tokens = (rng.integers(0, 50, seq.size) * (rng.random(seq.size) < 0.9)).astype(np.int32)
+    return seq, doc, tokens, rng.integers(0, 9, 40), n_seq, 9
+
+
+def dense(comp: D.Composition) -> np.ndarray:
+    """(M, G) tokens of each sequence and group."""
+    out = np.zeros((comp.n_sequences, comp.n_groups), np.int64)
+    np.add.at(out, (comp.seq, comp.group), comp.tokens)
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_composition_of_docs_any_chunking(shape, threads):
+    from pipeline.reports import kernels as K
+
+    seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
+    want = D.composition(seq, doc_group[doc], tokens, m, g)  # the vectorized form (sort and bincount)
+    for chunks in CHUNKS:
+        got = K._composition(seq, doc, tokens, doc_group, g, K.sequence_cuts(seq, chunks))
+        assert [a.dtype for a in got] == [np.dtype(np.int32)] * 3
+        for a, b in zip(got, (want.seq, want.group, want.tokens)):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(K.composition_of_docs(seq, doc, tokens, doc_group, g), (want.seq, want.group, want.tokens)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sequence_cuts_keep_sequences_whole(shape):
+    from pipeline.reports import kernels as K
+
+    seq = grouped_rows(shape)[0]
+    for chunks in CHUNKS:
+        cuts = K.sequence_cuts(seq, chunks)
+        assert cuts[0] == 0 and cuts[-1] == seq.size and (np.diff(cuts) >= 0).all() and cuts.size == chunks + 1
+        inner = cuts[(cuts > 0) & (cuts < seq.size)]
+        assert (seq[inner] != seq[inner - 1]).all()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_row_sums_any_chunking(shape, threads):
+    """row_pointers = searchsorted; square sums (l2_norm) = bincount of t*t in row order; group and
+    (part, group) token sums = bincount's (exact) float sums."""
+    from pipeline.reports import kernels as K
+
+    seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
+    comp = D.composition(seq, doc_group[doc], tokens, m, g)
+    np.testing.assert_array_equal(K.row_pointers(comp.seq, m), np.searchsorted(comp.seq, np.arange(m + 1)))
+    t = comp.tokens.astype(np.float64)
+    squares = np.bincount(comp.seq, weights=t * t, minlength=m)
+    tot = np.bincount(comp.group, weights=comp.tokens, minlength=g)
+    part_of_seq = np.random.default_rng(1).integers(0, 4, m)
+    by_part = np.bincount(part_of_seq[comp.seq] * g + comp.group, weights=comp.tokens, minlength=4 * g).reshape(4, g)
+    for chunks in CHUNKS:
+        rows, whole = K.even_cuts(comp.seq.size, chunks), K.sequence_cuts(comp.seq, chunks)
+        assert K._square_sums(comp.seq, comp.tokens, m, whole).tobytes() == squares.tobytes()
+        np.testing.assert_array_equal(K._group_tokens(comp.group, comp.tokens, g, rows), tot)
+        np.testing.assert_array_equal(K._part_group_tokens(part_of_seq, comp.seq, comp.group, comp.tokens, 4, g, rows), by_part)
+    assert comp.l2_norm().tobytes() == np.sqrt(squares).tobytes()
+    if tot.sum():
+        assert comp.global_share().tobytes() == (tot / tot.sum()).tobytes()
+
+
+def test_part_feature_sums_keep_bincounts_order(threads):
+    """Non-integer features: equal bits only if each part's sum runs in sequence order."""
+    from pipeline.reports import kernels as K
+
+    rng = np.random.default_rng(3)
+    features = rng.random((6, 5000)) * 10.0 ** rng.integers(-3, 9, (6, 1))
+    part_of_seq = rng.integers(0, 10, 5000)
+    want = np.stack([np.bincount(part_of_seq, weights=f, minlength=10) for f in features], axis=1)
+    assert K.part_feature_sums(part_of_seq, features, 10).tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_batch_deviations_and_prefix_totals_any_chunking(shape, threads):
+    from pipeline.reports import kernels as K
+
+    seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
+    comp = D.composition(seq, doc_group[doc], tokens, m, g)
+    if not comp.tokens.size:
+        pytest.skip("no tokens: no shares")
+    position = np.random.default_rng(2).permutation(m)
+    order = np.argsort(position)
+    per_seq = dense(comp)
+    tau = comp.global_share()
+    ptr = K.row_pointers(comp.seq, m)
+    by_share = np.argsort(-tau, kind="stable")
+    rank = np.empty_like(by_share)
+    rank[by_share] = np.arange(g)
+    for bs in (1, 2, 7):
+        n_batches = m // bs
+        acc = per_seq[order[: n_batches * bs]].reshape(n_batches, bs, g).sum(axis=1)
+        want = np.abs(acc / np.maximum(acc.sum(axis=1, keepdims=True), 1) - tau).max(axis=1)  # an empty batch: max tau
+        for chunks in CHUNKS:
+            cuts = K.even_cuts(n_batches, chunks)
+            got = K._batch_deviations(order, ptr, comp.group, comp.tokens, rank, tau[by_share], bs, cuts)
+            assert got.tobytes() == want.tobytes()
+        assert D.batch_deviations(comp, position, bs).tobytes() == want.tobytes()
+    running = np.vstack([np.zeros(g, np.int64), np.cumsum(per_seq[order], axis=0)])
+    cuts = np.r_[0, 0, np.sort(np.random.default_rng(4).integers(1, m + 1, 5)), m, m]  # ascending, with repeats
+    for chunks in CHUNKS:
+        bounds = K.even_cuts(int(cuts[-1]), chunks)
+        got = K._prefix_totals(order, ptr, comp.group, comp.tokens, g, cuts, bounds, np.searchsorted(cuts, bounds, side="right"))
+        np.testing.assert_array_equal(got, running[cuts])
+    np.testing.assert_array_equal(K.prefix_totals(order, ptr, comp.group, comp.tokens, g, cuts), running[cuts])
+
+
+def test_wrappers_split_large_inputs(monkeypatch, threads):
+    """With every input large (MIN_CHUNK_ROWS = 1), the public kernels run in several chunks and
+    still give the one-chunk output."""
+    from pipeline.reports import kernels as K
+
+    seq, doc, tokens, doc_group, m, g = grouped_rows("many", seed=5)
+    one = K.composition_of_docs(seq, doc, tokens, doc_group, g)
+    comp = D.Composition(*one, m, g)
+    position = np.random.default_rng(6).permutation(m)
+    before = [D.batch_deviations(comp, position, 3), D.prefix_totals(comp, position, np.array([1, 50, m]))[0], comp.l2_norm(),
+              comp.global_share()]
+    monkeypatch.setattr(K, "MIN_CHUNK_ROWS", 1)
+    assert K.n_chunks(seq.size) == 4 * threads
+    for a, b in zip(K.composition_of_docs(seq, doc, tokens, doc_group, g), one):
+        np.testing.assert_array_equal(a, b)
+    after = [D.batch_deviations(comp, position, 3), D.prefix_totals(comp, position, np.array([1, 50, m]))[0], comp.l2_norm(),
+             comp.global_share()]
+    for a, b in zip(after, before):
+        assert a.tobytes() == b.tobytes()

@@ -57,7 +57,7 @@ class Composition:
         the target shares when the schedule realizes a mixture."""
         if self.target is not None:
             return self.target
-        tot = np.bincount(self.group, weights=self.tokens, minlength=self.n_groups)
+        tot = K.group_tokens(self.group, self.tokens, self.n_groups).astype(np.float64)  # exact: a float64 bincount's sums
         return tot / tot.sum()
 
     def unique_per_sequence(self) -> np.ndarray:
@@ -66,8 +66,7 @@ class Composition:
 
     def l2_norm(self) -> np.ndarray:
         """||c_s||_2 in tokens (Don't Shuffle, Optimize, f2), indexed by sequence id."""
-        t = self.tokens.astype(np.float64)
-        return np.sqrt(np.bincount(self.seq, weights=t * t, minlength=self.n_sequences))
+        return np.sqrt(K.square_sums(self.seq, self.tokens, self.n_sequences))
 
 
 def _pair_sums(a: np.ndarray, g: np.ndarray, w: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -6,110 +6,164 @@ the vectorized diagnostics held a dozen at once (2.5 GB). Every kernel here give
 vectorized form gave (integer token sums; floating-point sums in the same order), and the callers
 in :mod:`pipeline.reports.diagnostics` and :mod:`pipeline.reports.stationarity` keep the
 vectorized form for inputs outside the kernels' assumptions (rows not grouped by sequence).
+
+The large passes run on every core, in chunks, with results that depend neither on the chunks nor
+on the thread count: a chunk of sequences or batches writes outputs no other chunk writes, and
+floating-point sums keep their sequential order; only integer token sums are split between chunks
+and added up, exact in any order and equal to the float64 sums they replace (sums of whole numbers
+below 2**53 are exact in float64).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from pipeline.segments import insert_sorted
 
+CHUNKS_PER_THREAD = 4  # chunks of sequences differ in rows: a few a thread balance the load
+MIN_CHUNK_ROWS = 1 << 16  # a chunk smaller than this costs more in scheduling than it saves
 
+
+def n_chunks(rows: int) -> int:
+    """Chunks of a parallel pass over ``rows`` rows: a few a thread, one for a small input."""
+    return max(1, min(CHUNKS_PER_THREAD * numba.get_num_threads(), rows // MIN_CHUNK_ROWS))
+
+
+def even_cuts(n: int, chunks: int) -> np.ndarray:
+    """``cuts[c]:cuts[c+1]`` (c < ``chunks``): ``range(n)`` in about equal parts."""
+    return n * np.arange(chunks + 1, dtype=np.int64) // chunks
+
+
+def sequence_cuts(seq: np.ndarray, chunks: int) -> np.ndarray:
+    """:func:`even_cuts` of rows grouped by ascending sequence id, each cut moved to the first row
+    of its sequence, so that every sequence lies in one chunk."""
+    cuts = even_cuts(seq.size, chunks)
+    if seq.size:
+        cuts[1:-1] = np.searchsorted(seq, seq[cuts[1:-1]])
+    return cuts
+
+
+@njit(cache=True)
 def row_pointers(seq: np.ndarray, n_sequences: int) -> np.ndarray:
-    """``ptr[s]:ptr[s+1]`` are the rows of sequence s, for rows grouped by ascending sequence id."""
-    return np.searchsorted(seq, np.arange(n_sequences + 1, dtype=np.int64))
+    """``ptr[s]:ptr[s+1]`` are the rows of sequence s, for rows grouped by ascending sequence id
+    (what ``searchsorted`` of every id gives, in one counting pass)."""
+    ptr = np.zeros(n_sequences + 1, np.int64)
+    for s in seq:
+        ptr[s + 1] += 1
+    for s in range(n_sequences):
+        ptr[s + 1] += ptr[s]
+    return ptr
 
 
 def composition_of_docs(seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray, doc_group: np.ndarray, n_groups: int) -> tuple:
     """(seq, group, tokens; int32) per distinct (sequence, group) with tokens > 0, sorted
     by both, of segments grouped by ascending sequence id whose group is ``doc_group[doc]``."""
-    counts = np.zeros(1, np.int64)
-    stamp = np.full(n_groups, -1, np.int64)
-    acc = np.zeros(n_groups, np.int64)
-    empty = np.empty(0, np.int64)
-    _composition(seq, doc, tokens, doc_group, False, counts, empty, empty, empty, stamp, acc)
+    return _composition(seq, doc, tokens, doc_group, n_groups, sequence_cuts(seq, n_chunks(seq.size)))
+
+
+@njit(cache=True, parallel=True)
+def _composition(seq, doc, tokens, doc_group, n_groups, cuts):
+    """:func:`composition_of_docs` by chunks of sequences (``cuts``): each chunk counts its
+    entries, then writes them after the entries of the chunks before it (a sequential pass's output)."""
+    chunks = cuts.size - 1
+    counts = np.zeros(chunks + 1, np.int64)
+    none = np.empty(0, np.int32)
+    for c in prange(chunks):
+        counts[c + 1] = _composition_rows(seq, doc, tokens, doc_group, n_groups, cuts[c], cuts[c + 1], False, 0, none, none, none)
+    starts = np.cumsum(counts)  # starts[c]: the entries of the chunks before chunk c
     # a sequence id, a group id and a sequence's tokens of a group fit 32 bits (12 bytes an entry, not 24)
-    out = (np.empty(counts[0], np.int32), np.empty(counts[0], np.int32), np.empty(counts[0], np.int32))
-    stamp[:] = -1
-    _composition(seq, doc, tokens, doc_group, True, counts, *out, stamp, acc)
-    return out
+    n = starts[-1]
+    out_seq, out_group, out_tokens = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
+    for c in prange(chunks):
+        _composition_rows(seq, doc, tokens, doc_group, n_groups, cuts[c], cuts[c + 1], True, starts[c], out_seq, out_group,
+                          out_tokens)
+    return out_seq, out_group, out_tokens
 
 
 @njit(cache=True)
-def _composition(seq, doc, tokens, doc_group, write, counts, out_seq, out_group, out_tokens, stamp, acc) -> None:
-    w = 0
-    lo = 0
-    n = seq.size
+def _composition_rows(seq, doc, tokens, doc_group, n_groups, lo, hi, write, at, out_seq, out_group, out_tokens) -> int:
+    """The entries of the sequences in rows ``lo:hi``: counted, or also written from ``at`` when
+    ``write``; returns how many. A sequence's groups with tokens > 0 are inserted in ascending
+    order as they come, so nothing is written past the sequence's own entries."""
+    stamp = np.full(n_groups, -1, np.int64)
+    acc = np.zeros(n_groups, np.int64)
+    w = at
     tag = 0
-    while lo < n:
-        hi = lo + 1
-        while hi < n and seq[hi] == seq[lo]:
-            hi += 1
-        start = w
-        for i in range(lo, hi):
+    while lo < hi:
+        end = lo + 1
+        while end < hi and seq[end] == seq[lo]:
+            end += 1
+        for i in range(lo, end):
             g = doc_group[doc[i]]
             if stamp[g] != tag:
                 stamp[g] = tag
                 acc[g] = 0
-                if write:
-                    insert_sorted(out_group, start, w, g)
-                w += 1
             acc[g] += tokens[i]
-        if write:
-            k = start
-            for j in range(start, w):  # keep groups with tokens > 0
-                g = out_group[j]
+        start = w
+        for i in range(lo, end):
+            g = doc_group[doc[i]]
+            if stamp[g] == tag:
+                stamp[g] = -2 - tag  # each group once, if its tokens are > 0
                 if acc[g] > 0:
-                    out_seq[k], out_group[k], out_tokens[k] = seq[lo], g, acc[g]
-                    k += 1
-            w = k
-        else:
-            w = start
-            for i in range(lo, hi):
-                g = doc_group[doc[i]]
-                if stamp[g] == tag:
-                    stamp[g] = -2 - tag  # count each group once, if its tokens are > 0
-                    if acc[g] > 0:
-                        w += 1
+                    if write:
+                        insert_sorted(out_group, start, w, g)
+                    w += 1
+        if write:
+            for j in range(start, w):
+                out_seq[j], out_tokens[j] = seq[lo], acc[out_group[j]]
         tag += 1
-        lo = hi
-    counts[0] = w
+        lo = end
+    return w - at
+
+
+def batch_deviations(order, ptr, group, tokens, rank, tau_sorted, batch_size: int, n_batches: int) -> np.ndarray:
+    """max_j |share_j(batch) - tau_j| of each full batch of ``order`` (positions -> sequence), groups
+    absent from the batch counting their share: the first absent rank in descending-share order."""
+    return _batch_deviations(order, ptr, group, tokens, rank, tau_sorted, batch_size, even_cuts(n_batches, n_chunks(group.size)))
+
+
+@njit(cache=True, parallel=True)
+def _batch_deviations(order, ptr, group, tokens, rank, tau_sorted, batch_size, cuts):
+    """:func:`batch_deviations` by chunks of batches (``cuts``), each with its own scratch arrays."""
+    g_count = tau_sorted.size
+    out = np.zeros(cuts[-1])
+    for c in prange(cuts.size - 1):
+        acc = np.zeros(g_count, np.int64)
+        stamp = np.full(g_count, -1, np.int64)
+        present = np.empty(g_count, np.int64)
+        for b in range(cuts[c], cuts[c + 1]):
+            out[b] = _batch_deviation(order, ptr, group, tokens, rank, tau_sorted, batch_size, b, acc, stamp, present)
+    return out
 
 
 @njit(cache=True)
-def batch_deviations(order, ptr, group, tokens, rank, tau_sorted, batch_size, n_batches):
-    """max_j |share_j(batch) - tau_j| of each full batch of ``order`` (positions -> sequence), groups
-    absent from the batch counting their share: the first absent rank in descending-share order."""
+def _batch_deviation(order, ptr, group, tokens, rank, tau_sorted, batch_size, b, acc, stamp, present) -> float:
+    """Batch b's deviation; ``stamp[r] == b`` marks the ranks present in it (stamps of earlier batches are < b)."""
     g_count = tau_sorted.size
-    acc = np.zeros(g_count, np.int64)
-    stamp = np.full(g_count, -1, np.int64)
-    present = np.empty(g_count, np.int64)
-    out = np.zeros(n_batches)
-    for b in range(n_batches):
-        n = 0
-        size = 0
-        for p in range(b * batch_size, (b + 1) * batch_size):
-            s = order[p]
-            for k in range(ptr[s], ptr[s + 1]):
-                r = rank[group[k]]
-                if stamp[r] != b:
-                    stamp[r] = b
-                    acc[r] = 0
-                    present[n] = r
-                    n += 1
-                acc[r] += tokens[k]
-                size += tokens[k]
-        worst = 0.0
-        total = float(size)
-        for j in range(n):
-            r = present[j]
-            worst = max(worst, abs(acc[r] / total - tau_sorted[r]))
-        mex = 0
-        while mex < g_count and stamp[mex] == b:
-            mex += 1
-        out[b] = max(worst, tau_sorted[mex] if mex < g_count else 0.0)
-    return out
+    n = 0
+    size = 0
+    for p in range(b * batch_size, (b + 1) * batch_size):
+        s = order[p]
+        for k in range(ptr[s], ptr[s + 1]):
+            r = rank[group[k]]
+            if stamp[r] != b:
+                stamp[r] = b
+                acc[r] = 0
+                present[n] = r
+                n += 1
+            acc[r] += tokens[k]
+            size += tokens[k]
+    worst = 0.0
+    total = float(size)
+    for j in range(n):
+        r = present[j]
+        worst = max(worst, abs(acc[r] / total - tau_sorted[r]))
+    mex = 0
+    while mex < g_count and stamp[mex] == b:
+        mex += 1
+    return max(worst, tau_sorted[mex] if mex < g_count else 0.0)
 
 
 @njit(cache=True)
@@ -129,19 +183,35 @@ def window_unique(order, ptr, group, n_groups, window):
     return out
 
 
-@njit(cache=True)
-def prefix_totals(order, ptr, group, tokens, n_groups, cuts):
+def prefix_totals(order, ptr, group, tokens, n_groups: int, cuts: np.ndarray) -> np.ndarray:
     """Group tokens after the first ``cuts[i]`` positions (cuts ascending), shape (len(cuts), G)."""
+    last = int(cuts[-1]) if cuts.size else 0
+    bounds = even_cuts(last, n_chunks(group.size * last // max(order.size, 1)))  # about equal entries a chunk
+    return _prefix_totals(order, ptr, group, tokens, n_groups, cuts, bounds, np.searchsorted(cuts, bounds, side="right"))
+
+
+@njit(cache=True, parallel=True)
+def _prefix_totals(order, ptr, group, tokens, n_groups, cuts, bounds, cut_at):
+    """:func:`prefix_totals` by chunks of positions ``bounds[c]:bounds[c+1]``, holding the cuts
+    ``cut_at[c]:cut_at[c+1]``: each chunk sums its own tokens, then each cut adds the chunks before
+    its own (integers: the same totals as one running sum)."""
+    chunks = bounds.size - 1
     out = np.zeros((cuts.size, n_groups), np.int64)
-    running = np.zeros(n_groups, np.int64)
-    p = 0
-    for i in range(cuts.size):
-        while p < cuts[i]:
-            s = order[p]
+    part = np.zeros((chunks, n_groups), np.int64)
+    for c in prange(chunks):
+        running, i, seqs = part[c], cut_at[c], order[bounds[c] : bounds[c + 1]]
+        for p in range(seqs.size):
+            s = seqs[p]
             for k in range(ptr[s], ptr[s + 1]):
                 running[group[k]] += tokens[k]
-            p += 1
-        out[i] = running
+            while i < cut_at[c + 1] and cuts[i] == bounds[c] + p + 1:
+                out[i] = running
+                i += 1
+    before = np.zeros(n_groups, np.int64)
+    for c in range(chunks):
+        for i in range(cut_at[c], cut_at[c + 1]):
+            out[i] += before
+        before += part[c]
     return out
 
 
@@ -159,10 +229,68 @@ def part_sums(part_of_seq, seq, weight, weight2, n_parts):
     return num, den
 
 
-@njit(cache=True)
-def part_group_sums(part_of_seq, seq, group, weight, n_parts, n_groups):
-    """(n_parts, G) sums of ``weight`` per (part of the row's sequence, group), in row order."""
-    out = np.zeros((n_parts, n_groups))
-    for i in range(seq.size):
-        out[part_of_seq[seq[i]], group[i]] += weight[i]
+def part_group_tokens(part_of_seq, seq, group, tokens, n_parts: int, n_groups: int) -> np.ndarray:
+    """(n_parts, G) token sums (int64) per (part of the row's sequence, group)."""
+    return _part_group_tokens(part_of_seq, seq, group, tokens, n_parts, n_groups, even_cuts(seq.size, n_chunks(seq.size)))
+
+
+@njit(cache=True, parallel=True)
+def _part_group_tokens(part_of_seq, seq, group, tokens, n_parts, n_groups, cuts):
+    """:func:`part_group_tokens` by chunks of rows (``cuts``), each into its own sums (integers:
+    added up in any order, the same totals)."""
+    part = np.zeros((cuts.size - 1, n_parts, n_groups), np.int64)
+    for c in prange(cuts.size - 1):
+        sums, lo, hi = part[c], cuts[c], cuts[c + 1]
+        rows_seq, rows_group, rows_tokens = seq[lo:hi], group[lo:hi], tokens[lo:hi]  # from index 0: no negative-index checks
+        for i in range(rows_seq.size):
+            sums[part_of_seq[rows_seq[i]], rows_group[i]] += rows_tokens[i]
+    return part.sum(axis=0)
+
+
+@njit(cache=True, parallel=True)
+def part_feature_sums(part_of_seq, features, n_parts):
+    """(n_parts, F) sums of each row of ``features`` (F, M) over the sequences of each part, in
+    sequence order (``np.bincount``'s): one feature a task, each summed as alone."""
+    out = np.zeros((features.shape[0], n_parts))
+    for f in prange(features.shape[0]):
+        sums, row = np.zeros(n_parts), features[f]  # sums: a task's own, no cache line shared with another task's
+        for s in range(row.size):
+            sums[part_of_seq[s]] += row[s]
+        out[f] = sums
+    return out.T
+
+
+def group_tokens(group, tokens, n_groups: int) -> np.ndarray:
+    """Token sums (int64) per group."""
+    return _group_tokens(group, tokens, n_groups, even_cuts(group.size, n_chunks(group.size)))
+
+
+@njit(cache=True, parallel=True)
+def _group_tokens(group, tokens, n_groups, cuts):
+    """:func:`group_tokens` by chunks of rows (``cuts``), each into its own sums (integers)."""
+    part = np.zeros((cuts.size - 1, n_groups), np.int64)
+    for c in prange(cuts.size - 1):
+        sums, lo, hi = part[c], cuts[c], cuts[c + 1]
+        rows_group, rows_tokens = group[lo:hi], tokens[lo:hi]
+        for i in range(rows_group.size):
+            sums[rows_group[i]] += rows_tokens[i]
+    return part.sum(axis=0)
+
+
+def square_sums(seq, tokens, n_sequences: int) -> np.ndarray:
+    """Sum of tokens**2 (float64) per sequence id, for rows grouped by ascending sequence id."""
+    return _square_sums(seq, tokens, n_sequences, sequence_cuts(seq, n_chunks(seq.size)))
+
+
+@njit(cache=True, parallel=True)
+def _square_sums(seq, tokens, n_sequences, cuts):
+    """:func:`square_sums` by chunks of whole sequences (``cuts``): each sequence summed by one
+    task in row order (``np.bincount``'s)."""
+    out = np.zeros(n_sequences)
+    for c in prange(cuts.size - 1):
+        lo, hi = cuts[c], cuts[c + 1]
+        rows_seq, rows_tokens = seq[lo:hi], tokens[lo:hi]
+        for i in range(rows_seq.size):
+            t = float(rows_tokens[i])
+            out[rows_seq[i]] += t * t
     return out

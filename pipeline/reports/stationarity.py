@@ -125,7 +125,7 @@ class _Shares:
 
     seq: np.ndarray
     group: np.ndarray
-    weight: np.ndarray  # the entries' tokens (integers; summed as float64)
+    weight: np.ndarray  # the entries' tokens (integers: their sums are exact in any order)
     start: np.ndarray
     total: np.ndarray
     tau: np.ndarray
@@ -173,12 +173,12 @@ class _Stream:
         part_of_seq = np.empty(self.m, dtype=np.int64)
         part_of_seq[order] = self.part_of_pos
         head = order[: self.rest]  # the sequences of the prefix's partial epoch
-        sums = np.stack([np.bincount(part_of_seq, weights=f, minlength=self.n) for f in self.features], axis=1)
+        sums = K.part_feature_sums(part_of_seq, self.features, self.n)
         pre = self.epochs * self.feature_total + self.features[:, head].sum(axis=1)
         out = [_level_values(np.vstack([sums, pre])).T]
         for sh in self.shares.values():
             g = sh.total.size
-            counts = K.part_group_sums(part_of_seq, sh.seq, sh.group, sh.weight, self.n, g)
+            counts = K.part_group_tokens(part_of_seq, sh.seq, sh.group, sh.weight, self.n, g)
             lo, hi = sh.start[head], sh.start[head + 1]
             idx = np.repeat(hi - np.cumsum(hi - lo), hi - lo) + np.arange(int((hi - lo).sum()))
             pre_counts = self.epochs * sh.total + np.bincount(sh.group[idx], weights=sh.weight[idx], minlength=g)
