@@ -373,14 +373,13 @@ def test_part_feature_sums_keep_bincounts_order(threads):
     assert K.part_feature_sums(part_of_seq, features, 10).tobytes() == np.ascontiguousarray(want).tobytes()
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s != "empty"])  # shares need tokens
 def test_batch_deviations_and_prefix_totals_any_chunking(shape, threads):
     from pipeline.reports import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
     comp = D.composition(seq, doc_group[doc], tokens, m, g)
-    if not comp.tokens.size:
-        pytest.skip("no tokens: no shares")
+    assert comp.tokens.size
     position = np.random.default_rng(2).permutation(m)
     order = np.argsort(position)
     per_seq = dense(comp)
