@@ -468,7 +468,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
     ap.add_argument("--no-baselines", action="store_true", help="skip the tokenizers library's own throughput beside the two tokenizing stages")
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
-    ap.add_argument("--from", dest="first", choices=STAGES, default=STAGES[0],
+    ap.add_argument("--from", dest="first", choices=STAGES, default=None,
                     help="with --reuse: keep the data root of an earlier run and run from this stage on (its kept artifacts removed, so it recomputes)")
     args = ap.parse_args()
     peaks = {}
@@ -479,7 +479,8 @@ def main() -> None:
                 shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
             continue
         rows = measure(n, args.work, args.shard_docs, args.strategies,
-                       STAGES[STAGES.index(args.first) : STAGES.index(args.until) + 1], args.reuse, keep_root=args.first != STAGES[0], baselines=not args.no_baselines)
+                       STAGES[STAGES.index(args.first or STAGES[0]) : STAGES.index(args.until) + 1], args.reuse,
+                       keep_root=args.first is not None, baselines=not args.no_baselines)
         peaks[n] = rows[-1]["peak_anon_gb"]
         if not args.keep:
             shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
