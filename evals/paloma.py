@@ -35,6 +35,9 @@ def _safe_name(name: str) -> str:
     return safe
 
 
+WRITE_ROWS = 8192  # documents a write: a file's JSON lines are never held whole
+
+
 def write_paloma_layout(docs: pl.DataFrame, out_dir: str | Path, split: str = "val",
                         docs_per_shard: int = 100_000) -> list[Path]:
     """Write documents as ``<out_dir>/<source>/<split>/<source>_<shard>.jsonl.gz`` (Paloma's layout).
@@ -60,11 +63,11 @@ def write_paloma_layout(docs: pl.DataFrame, out_dir: str | Path, split: str = "v
         source, shard, start = file
         name = _safe_name(source)
         path = out_dir / name / split / f"{name}_{shard:08d}.jsonl.gz"
-        rows = docs.filter(pl.col("source") == source).slice(start, docs_per_shard).to_dicts()
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        part = docs.filter(pl.col("source") == source).slice(start, docs_per_shard)
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-                gz.write(lines.encode("utf-8"))
+                for chunk in part.iter_slices(WRITE_ROWS):  # deflate's stream does not depend on how it is fed
+                    gz.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chunk.iter_rows(named=True)).encode("utf-8"))
         return path
 
     return parallel_map(write, files)
