@@ -165,9 +165,18 @@ def _duckdb(pid: int) -> duckdb.DuckDBPyConnection:
     """This process's DuckDB connection, for cursors (a connection takes ~20 ms to open, a cursor
     microseconds); keyed by process id so a forked child opens its own. One thread a query: the
     callers overlap it with reading and writing instead."""
+    import atexit
+
     import duckdb
 
-    return duckdb.connect(config={"threads": 1})
+    con = duckdb.connect(config={"threads": 1})
+    atexit.register(_close_duckdb, con)  # closed before exit: a connection left to interpreter shutdown is reported as leaked
+    return con
+
+
+def _close_duckdb(con: duckdb.DuckDBPyConnection) -> None:
+    con.close()
+    _duckdb.cache_clear()
 
 
 def corpus_fingerprint(cfg: CorpusConfig) -> str:
