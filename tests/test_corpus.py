@@ -175,3 +175,16 @@ def test_bad_row_in_a_later_batch_fails_validation_naming_it(tmp_path):
         validate_unit(str(shard), CorpusConfig(path=str(shard)), 0.3, 0, out, batch_rows=7)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.parquet"]
 
+
+
+def test_a_batch_of_skipped_rows_only_is_left_out(tmp_path):
+    """With on_error: skip, a Parquet batch whose every row is bad yields no batch (it used to yield
+    an empty one, whose row group of 0 rows failed the write)."""
+    texts = [f"document {i}" for i in range(6)] + ["", "  ", "\n"] + [f"more {i}" for i in range(3)]
+    shard = tmp_path / "s.parquet"
+    pl.DataFrame({"id": [f"d{i}" for i in range(len(texts))], "text": texts}).write_parquet(shard)
+    out = tmp_path / "validated.parquet"
+    info = validate_unit(str(shard), CorpusConfig(path=str(shard), on_error="skip"), 0.0, 0, out, batch_rows=3)
+    assert pl.read_parquet(out)["id"].to_list() == [f"d{i}" for i in range(6)] + ["d9", "d10", "d11"]
+    assert pq.ParquetFile(out).metadata.num_row_groups == 3
+    assert info["n_read"] == 12 and [line for line, _ in info["skipped"]] == [7, 8, 9]

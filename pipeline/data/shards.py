@@ -229,7 +229,8 @@ def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows
             sub = (df["subdomain"].cast(pl.String) if "subdomain" in df.columns else pl.Series([None] * n, dtype=pl.String)).fill_null(source)
             out = pl.DataFrame({"id": doc_id, "text": text, "source": source, "subdomain": sub, "line": line})
             row += n
-            yield out.filter(pl.Series(~bad)) if bad.any() else out
+            if not bad.all():  # a batch of skipped rows only yields nothing (an empty batch is no row group)
+                yield out.filter(pl.Series(~bad)) if bad.any() else out
     except StrataInputError:
         raise
     except Exception as exc:
