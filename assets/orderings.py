@@ -19,9 +19,10 @@ from pipeline.packing.pack import SequenceStore
 from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
-from pipeline.ordering.engine import OrderParams, run_strategy
+from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy
 from pipeline.reports.diagnostics import ordering_ids
-from pipeline.storage.warehouse import replace_rows
+from pipeline.storage.lineage import newest_row
+from pipeline.storage.warehouse import latest_data_version, replace_rows
 
 PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="orderings", blocking=True,
                                       description="The partition's ordering is a permutation of its sequences.")
@@ -43,6 +44,26 @@ def order_params(cfg, layout) -> OrderParams:
     if params.mixture_weights is None and layout.mixture_weights.exists():
         params = replace(params, mixture_weights=str(layout.mixture_weights))
     return params
+
+
+def base_order(layout, duckdb: DuckDBResource, spec, params: OrderParams, seed: int, code_version: str) -> tuple[np.ndarray, str | None] | None:
+    """The sequence ids of the materialized ordering ``spec.derived`` starts from (``greedy`` for
+    ``greedy_block_shuffle``) and its greedy mode, when its newest lineage row shows it was made by
+    this code version from the sequences materialized now, with the same parameters and seed and
+    no frozen prefix, and its file is unchanged since (SHA-256); else None: run the strategy."""
+    base = spec.derived[0]
+    path = layout.ordering(base)
+    with duckdb.get_connection() as con:
+        row = newest_row(con, "orderings", base)
+        sequences = latest_data_version(con, "sequences")
+    if row is None or not path.is_file() or not sequences:
+        return None
+    wanted = json.loads(json.dumps({"strategy": base, **params.__dict__, "seed": seed, "freeze_prefix": 0}, sort_keys=True, default=str))
+    made_with = {k: v for k, v in row["parameters"].items() if k != "greedy_mode"}
+    if (row["code_version"] != code_version or row["input_versions"].get("sequences") != sequences or made_with != wanted
+            or row["outputs"].get(str(path)) != file_sha256(path)):
+        return None
+    return Store(layout).ordering(base).order, row["parameters"].get("greedy_mode")
 
 
 def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float) -> tuple[list, list, dict]:
@@ -141,9 +162,15 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     prefix = previous.sequence_ids if previous is not None else None
     # read by run_strategy itself (no reference here): it frees the documents frame once it holds their arrays
     name = spec.packing_from or strategy
-    result = run_strategy(name, lambda: ordering_documents(layout, params, name),
-                          lambda: pl.read_parquet(layout.segments, columns=["sequence_id", "doc_id", "n_tokens"]),
-                          seq_len, params, cfg.seed, prefix=prefix)
+    code_version = context.assets_def.code_versions_by_key.get(context.assets_def.key) or ""
+    base = base_order(layout, duckdb, spec, params, cfg.seed, code_version) if spec.derived and not n_frozen else None
+    if base is not None:  # e.g. greedy_block_shuffle: the greedy partition's order, its blocks shuffled
+        rec.deps["orderings"] = spec.derived[0]
+        result = OrderingResult(order_frame(spec.derived[1](base[0], params, cfg.seed)), None, base[1])
+    else:
+        result = run_strategy(name, lambda: ordering_documents(layout, params, name),
+                              lambda: pl.read_parquet(layout.segments, columns=["sequence_id", "doc_id", "n_tokens"]),
+                              seq_len, params, cfg.seed, prefix=prefix)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:
@@ -177,7 +204,8 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         {"sequences": n_positions},
         {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
          **({"mixture_weights_sha256": file_sha256(params.mixture_weights)} if spec.realizes_mixture else {})},
-        {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary},
+        {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
+         **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},
         check_results=[check, *mixture_checks],
     )
 

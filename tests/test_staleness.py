@@ -189,3 +189,51 @@ def test_launchpad_families_balance_a_documents_column(graph):
                          resources=defs.resources, run_config=bad, raise_on_error=False)
     failure = next(e for e in res.all_events if e.is_step_failure)
     assert "objective: custom" in str(failure.step_failure_data.error)
+
+
+def test_greedy_block_shuffle_reuses_the_greedy_partitions_order(graph):
+    """`greedy_block_shuffle` shuffles the blocks of the `greedy` partition's materialized order
+    when that was made from the same sequences, parameters and seed, and runs the greedy itself
+    when not (other parameters, a changed file): the same bytes either way."""
+    import polars as pl
+
+    from assets.orderings import ordering_inputs, order_params
+    from pipeline.config import config_from_dict
+    from pipeline.ordering import run_strategy
+    from pipeline.storage.duck import duck_connection
+    from pipeline.storage.layout import Layout
+    from pipeline.storage.lineage import newest_row
+
+    instance, cfg, tmp = graph
+    instance.add_dynamic_partitions("strategy", ["greedy", "greedy_block_shuffle"])
+    blocked = {**cfg, "greedy_exact_max": 4, "seed": 3}  # the blocked greedy: its order depends on the seed
+    defs, _, _ = _materialize(instance, blocked, tmp, "blocked.yaml", ["orderings"])
+    layout = Layout(tmp / "root")
+
+    def run(strategy: str, run_config: dict | None = None):
+        res = dg.materialize(list(defs.assets), selection=["orderings"], partition_key=strategy, instance=instance,
+                             resources=defs.resources, run_config=run_config or {}, raise_on_error=False)
+        assert res.success
+        return res.asset_materializations_for_node("orderings")[0].metadata
+
+    params = order_params(config_from_dict(blocked), layout)
+    docs, segments = ordering_inputs(layout, params)
+    expected = run_strategy("greedy_block_shuffle", docs, segments, cfg["seq_len"], params, 3)
+    assert expected.greedy_mode == "blocked"
+    assert not expected.order.equals(run_strategy("greedy_block_shuffle", docs, segments, cfg["seq_len"], params, 4).order)
+
+    assert run("greedy")["greedy_mode"].value == "blocked"
+    meta = run("greedy_block_shuffle")
+    assert meta["computed_from"].value == "orderings[greedy]" and meta["greedy_mode"].value == "blocked"
+    assert pl.read_parquet(layout.ordering("greedy_block_shuffle")).equals(expected.order)
+    with duck_connection(layout.duckdb) as con:
+        assert "orderings[greedy]" in newest_row(con, "orderings", "greedy_block_shuffle")["input_versions"]
+
+    run("greedy", {"ops": {"orderings": {"config": {"lam": 0.25}}}})  # greedy made with another lam: not reused
+    assert "computed_from" not in run("greedy_block_shuffle")
+    assert pl.read_parquet(layout.ordering("greedy_block_shuffle")).equals(expected.order)
+
+    run("greedy")
+    pl.DataFrame({"position": [0], "sequence_id": [0]}).write_parquet(layout.ordering("greedy"))  # the file changed since
+    assert "computed_from" not in run("greedy_block_shuffle")
+    assert pl.read_parquet(layout.ordering("greedy_block_shuffle")).equals(expected.order)

@@ -38,6 +38,15 @@ def _select(con, where: str, params: list) -> dict[str, Any] | None:
     return _row(found) if found else None
 
 
+def _has_lineage(con) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'lineage'").fetchone()[0])
+
+
+def newest_row(con, asset: str, partition: str | None = None) -> dict[str, Any] | None:
+    """The newest lineage row of ``asset`` (``partition``), JSON columns decoded; None when there is none."""
+    return _select(con, "asset = ? AND partition = ?", [asset, partition or ""]) if _has_lineage(con) else None
+
+
 def lineage_of(con, asset: str, partition: str | None = None) -> dict[str, Any]:
     """The newest materialization of ``asset`` (``partition``) with its inputs resolved recursively.
 
@@ -46,11 +55,10 @@ def lineage_of(con, asset: str, partition: str | None = None) -> dict[str, Any]:
     ``{"asset", "data_version", "missing": True}``; each resolved input carries ``stale`` (a newer
     version of that input exists). Raises :class:`StrataInputError` when ``asset`` has no row.
     """
-    has_table = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'lineage'").fetchone()[0]
-    start = _select(con, "asset = ? AND partition = ?", [asset, partition or ""]) if has_table else None
+    start = newest_row(con, asset, partition)
     if start is None:
         known = [f"{a}[{p}]" if p else a for a, p in con.execute(
-            "SELECT DISTINCT asset, partition FROM lineage ORDER BY 1, 2").fetchall()] if has_table else []
+            "SELECT DISTINCT asset, partition FROM lineage ORDER BY 1, 2").fetchall()] if _has_lineage(con) else []
         raise StrataInputError(
             f"no lineage recorded for {asset}" + (f" partition {partition!r}" if partition else ""),
             fix=f"materialize it first, or pick one of: {', '.join(known) or '(none recorded yet)'}",

@@ -49,6 +49,10 @@ class StrategySpec:
     mixture: Callable[..., Any] | None = None  # (params, n_clusters) -> target token share per cluster: its order is a schedule
     order_after: Callable[..., Any] | None = None  # (features, prefix_rows, params, seed) -> the other rows in order, continuing a frozen prefix (default: ``order`` on them alone)
     documents: tuple[str, ...] = ()  # corpus.parquet columns its run reads beyond doc_id, cluster and n_tokens (e.g. content_hash)
+    # (base strategy, (base order's sequence ids, params, seed) -> its order): the same order as
+    # ``order`` gives, computed from the base strategy's materialized order when that was made
+    # from the same sequences, parameters and seed (greedy_block_shuffle from greedy's order)
+    derived: tuple[str, Callable[..., Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):

@@ -50,9 +50,15 @@ def greedy_curriculum(features, params, seed: int) -> np.ndarray:
 
 
 def greedy_block_shuffle(features, params, seed: int) -> np.ndarray:
+    return shuffle_greedy_blocks(greedy_rows(features, params, seed), params, seed)
+
+
+def shuffle_greedy_blocks(greedy_order: np.ndarray, params, seed: int) -> np.ndarray:
+    """``greedy_block_shuffle``'s order from the greedy order with the same parameters and seed
+    (rows or sequence ids): its blocks of ``block_size`` in a seeded random order."""
     if params.block_size < 1:
         raise StrataInputError(f"block size {params.block_size} is impossible", fix="use --block-size >= 1")
-    return block_shuffle(greedy_rows(features, params, seed), params.block_size, seed)
+    return block_shuffle(greedy_order, params.block_size, seed)
 
 
 def _block_positions(n: int, block_size: int, seed: int) -> np.ndarray:
@@ -113,5 +119,5 @@ SPECS = (
     StrategySpec("greedy_block_shuffle", "sequence",
                  "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
                  seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle,
-                 order_after=greedy_block_shuffle_after),
+                 order_after=greedy_block_shuffle_after, derived=("greedy", shuffle_greedy_blocks)),
 )
