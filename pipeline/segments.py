@@ -3,8 +3,22 @@ sequence features and the diagnostics: one pass, no per-row temporaries."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit
+
+CHUNKS_PER_THREAD = 4  # chunks of sequences differ in rows: a few a thread balance the load
+MIN_CHUNK_ROWS = 1 << 16  # a chunk smaller than this costs more in scheduling than it saves
+
+
+def n_chunks(rows: int) -> int:
+    """Chunks of a parallel pass over ``rows`` rows: a few a thread, one for a small input."""
+    return max(1, min(CHUNKS_PER_THREAD * numba.get_num_threads(), rows // MIN_CHUNK_ROWS))
+
+
+def even_cuts(n: int, chunks: int) -> np.ndarray:
+    """``cuts[c]:cuts[c+1]`` (c < ``chunks``): ``range(n)`` in about equal parts."""
+    return n * np.arange(chunks + 1, dtype=np.int64) // chunks
 
 
 @njit(cache=True)

@@ -409,6 +409,7 @@ def test_batch_deviations_and_prefix_totals_any_chunking(shape, threads):
 def test_wrappers_split_large_inputs(monkeypatch, threads):
     """With every input large (MIN_CHUNK_ROWS = 1), the public kernels run in several chunks and
     still give the one-chunk output."""
+    from pipeline import segments
     from pipeline.reports import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows("many", seed=5)
@@ -417,7 +418,7 @@ def test_wrappers_split_large_inputs(monkeypatch, threads):
     position = np.random.default_rng(6).permutation(m)
     before = [D.batch_deviations(comp, position, 3), D.prefix_totals(comp, position, np.array([1, 50, m]))[0], comp.l2_norm(),
               comp.global_share()]
-    monkeypatch.setattr(K, "MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(segments, "MIN_CHUNK_ROWS", 1)
     assert K.n_chunks(seq.size) == 4 * threads
     for a, b in zip(K.composition_of_docs(seq, doc, tokens, doc_group, g), one):
         np.testing.assert_array_equal(a, b)

@@ -286,3 +286,34 @@ def test_parallel_swap_scoring_picks_what_a_sequential_scan_picks():
     fixed, swaps = repair_batches(order, f, 4, fraction=0.1, passes=1)
     assert swaps > 0
     assert np.array_equal(fixed, _sequential_repair(order, f, 4, int(0.1 * (f.n_sequences // 4)), 2))
+
+
+def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):
+    """The grouped CSR builds its groups in chunks on every core: with every input split (one
+    chunk per 1 row minimum) and on 1 or 2 threads, the features are bit-identical to one chunk's."""
+    import numba
+
+    from pipeline import segments
+    from pipeline.ordering.features import SequenceIds
+
+    rng = np.random.default_rng(11)
+    n_docs, k = 4000, 50
+    cluster, length, source = rng.integers(0, k, n_docs), rng.integers(1, 700, n_docs), rng.integers(0, 6, n_docs)
+    seg = pack_concat(rng.permutation(n_docs), length, 256).segments
+    args = (seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), cluster, length, 16, {"source": source})
+    one = packed_sequence_features(*args)
+    assert segments.n_chunks(seg.height) == 1
+    monkeypatch.setattr(segments, "MIN_CHUNK_ROWS", 1)
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(threads)
+            assert segments.n_chunks(seg.height) == 4 * threads
+            many = packed_sequence_features(*args)
+            for x, y in ((one.clusters, many.clusters), (one.bins, many.bins), (one.columns["source"], many.columns["source"])):
+                assert all(getattr(x, f).tobytes() == getattr(y, f).tobytes() for f in ("indptr", "indices", "data"))
+    finally:
+        numba.set_num_threads(before)
+    ids = SequenceIds.of_segments(seg["sequence_id"].to_numpy())  # what random and original read instead of the features
+    assert np.array_equal(ids.sequence_ids, one.sequence_ids)
+    assert np.array_equal(SequenceIds.of_segments(seg["sequence_id"].to_numpy()[::-1]).sequence_ids, one.sequence_ids)

@@ -17,7 +17,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.names import TOKEN_FAMILIES, WITHIN_SORTS
 from pipeline.ordering import strategies
-from pipeline.ordering.features import SequenceFeatures, packed_sequence_features
+from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
@@ -82,6 +82,9 @@ class Inputs:
     seed: int
     columns: dict[str, np.ndarray]  # per doc_id: dense category codes of the documents columns the families name
 
+    def sequence_ids(self) -> SequenceIds:
+        return SequenceIds.of_segments(self.segments["sequence_id"].to_numpy())
+
     def features(self, segments: pl.DataFrame | None = None) -> SequenceFeatures:
         seg = self.segments if segments is None else segments
         return packed_sequence_features(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(),
@@ -126,7 +129,7 @@ def _run(spec: StrategySpec, inp: Inputs) -> OrderingResult:
     if spec.run is not None:
         return spec.run(inp)
     if spec.level == "sequence":
-        f = inp.features()
+        f = inp.features() if spec.features else inp.sequence_ids()
         mode = greedy_mode(f.n_sequences, inp.params.greedy_exact_max) if spec.greedy_based else None
         return OrderingResult(order_frame(f.sequence_ids[spec.order(f, inp.params, inp.seed)]), None, mode)
     local = document_order(spec.name, inp.cluster[inp.present], inp.length[inp.present], inp.seq_len, inp.params)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from pipeline.errors import StrataInputError
-from pipeline.segments import grouped, insert_sorted
+from pipeline.segments import even_cuts, grouped, insert_sorted, n_chunks
 
 
 def length_bin_edges(
@@ -106,6 +106,26 @@ class SequenceFeatures:
         cols = {k: v.take_rows(rows) for k, v in self.columns.items()}
         return SequenceFeatures(self.sequence_ids[rows], self.clusters.take_rows(rows), self.bins.take_rows(rows),
                                 self.lengths[rows], self.bin_edges, self.cluster_bin_tokens, spans, cols)
+
+
+@dataclass(frozen=True)
+class SequenceIds:
+    """A packing's sequence ids, ascending, without their features: what an order that reads only
+    the number of sequences takes (``random``, ``original``; ``StrategySpec.features``)."""
+
+    sequence_ids: np.ndarray  # (M,) int64, ascending
+
+    @property
+    def n_sequences(self) -> int:
+        return self.sequence_ids.size
+
+    @classmethod
+    def of_segments(cls, seg_sequence: np.ndarray) -> "SequenceIds":
+        """The distinct ids of the segments' sequences (one pass when grouped by ascending id)."""
+        seq = np.asarray(seg_sequence).astype(np.int64, copy=False)
+        if seq.size and grouped(seq):
+            return cls(seq[np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])])
+        return cls(np.unique(seq))
 
 
 def _csr_from_pairs(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, n_rows: int, n_cols: int) -> Csr:
@@ -267,23 +287,39 @@ def _lookup_range(doc, values) -> tuple[int, int]:
 
 
 def _grouped_csr(starts: np.ndarray, doc: np.ndarray, tokens: np.ndarray, col_of_doc: np.ndarray, n_cols: int) -> Csr:
-    """Per group ``starts[g]:starts[g+1]`` of segments: tokens summed per column ``col_of_doc[doc]``."""
+    """Per group ``starts[g]:starts[g+1]`` of segments: tokens summed per column ``col_of_doc[doc]``,
+    the groups in chunks on every core (each group's sums in its segments' order: the same on any
+    number of threads)."""
+    cuts = even_cuts(starts.size - 1, n_chunks(doc.size))
     indptr = np.zeros(starts.size, dtype=np.int64)
-    stamp = np.full(n_cols, -1, np.int64)
-    acc = np.zeros(n_cols)
-    _grouped_fill(starts, doc, tokens, col_of_doc, False, indptr, np.empty(0, np.int64), np.empty(0), stamp, acc)
+    _grouped_count(starts, doc, col_of_doc, n_cols, cuts, indptr)
     np.cumsum(indptr, out=indptr)
     indices, data = np.empty(int(indptr[-1]), np.int64), np.empty(int(indptr[-1]))
-    stamp[:] = -1
-    _grouped_fill(starts, doc, tokens, col_of_doc, True, indptr, indices, data, stamp, acc)
+    _grouped_write(starts, doc, tokens, col_of_doc, n_cols, cuts, indptr, indices, data)
     return Csr(indptr, indices, data, int(n_cols))
 
 
+@njit(parallel=True, cache=True)
+def _grouped_count(starts, doc, col_of_doc, n_cols, cuts, indptr) -> None:
+    """``indptr[g + 1]`` = distinct columns of group g, by chunks of groups ``cuts[c]:cuts[c+1]``."""
+    for c in prange(cuts.size - 1):
+        _grouped_fill(starts, doc, doc, col_of_doc, False, cuts[c], cuts[c + 1], indptr, np.empty(0, np.int64), np.empty(0),
+                      np.full(n_cols, -1, np.int64), np.zeros(n_cols))
+
+
+@njit(parallel=True, cache=True)
+def _grouped_write(starts, doc, tokens, col_of_doc, n_cols, cuts, indptr, indices, data) -> None:
+    """Each group's columns ascending and their token sums from ``indptr[g]`` on, by chunks of groups."""
+    for c in prange(cuts.size - 1):
+        _grouped_fill(starts, doc, tokens, col_of_doc, True, cuts[c], cuts[c + 1], indptr, indices, data,
+                      np.full(n_cols, -1, np.int64), np.zeros(n_cols))
+
+
 @njit(cache=True)
-def _grouped_fill(starts, doc, tokens, col_of_doc, write, indptr, indices, data, stamp, acc) -> None:
-    """Without ``write``: ``indptr[g + 1]`` = distinct columns of group g; with it: the group's
-    columns ascending and their token sums from ``indptr[g]`` on."""
-    for g in range(starts.size - 1):
+def _grouped_fill(starts, doc, tokens, col_of_doc, write, lo, hi, indptr, indices, data, stamp, acc) -> None:
+    """Groups ``lo:hi``. Without ``write``: ``indptr[g + 1]`` = distinct columns of group g; with
+    it: the group's columns ascending and their token sums from ``indptr[g]`` on."""
+    for g in range(lo, hi):
         w = indptr[g]
         n = 0
         for i in range(starts[g], starts[g + 1]):

@@ -16,6 +16,6 @@ def random(features, params, seed: int) -> np.ndarray:
 
 
 SPECS = (
-    StrategySpec("original", "sequence", "packing order", seed_free=True, order=original),
-    StrategySpec("random", "sequence", "seeded uniform permutation of the sequences", seed_free=False, order=random),
+    StrategySpec("original", "sequence", "packing order", seed_free=True, order=original, features=False),
+    StrategySpec("random", "sequence", "seeded uniform permutation of the sequences", seed_free=False, order=random, features=False),
 )
