@@ -39,7 +39,10 @@ class StrategySpec:
     name: str
     level: Level
     description: str
-    seed_free: bool  # its order ignores the seed when noise == 0 (else training seed s re-runs it with s)
+    # training seeds share its materialized order when noise == 0 (else training seed s re-runs it with s): its
+    # order ignores the seed, or (greedy's blocked mode, which deals sequences to blocks with a seeded draw)
+    # the seed only picks one of equally good greedy orders, so it stays the configured seed's
+    seed_free: bool
     reads: tuple[str, ...] = ()  # StrataConfig keys its result depends on (beyond seq_len and seed)
     greedy_based: bool = False  # built on the greedy: its result names the greedy's mode (exact | blocked)
     order: Callable[..., Any] | None = None  # the array API of its level (see the module docstring)
