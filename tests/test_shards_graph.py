@@ -21,7 +21,7 @@ from helpers import demo_slice
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens, tokenize_documents
 from pipeline.data.shard_docs import corpus_texts, kept_rows, manifest_shards
-from pipeline.represent.clusters import assign_unit, load_model
+from pipeline.represent.clusters import assign_transformed, load_model
 from pipeline.represent.embedding_index import open_embeddings
 from pipeline.represent.embeddings import default_model_path, embed
 from pipeline.storage.layout import Layout
@@ -123,6 +123,6 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     assert docs["doc_id"].to_list() == list(range(len(texts)))
     np.testing.assert_array_equal(docs["n_tokens"].to_numpy(), np.diff(off) - 1)
     cents, transform, _ = load_model(layout.inside("clusters", "model"))
-    assign = assign_unit(cents, transform.pca, transform.spherical, np.asarray(open_embeddings(layout)))
+    assign = assign_transformed(cents, transform.spherical, transform(np.array(open_embeddings(layout))))
     np.testing.assert_array_equal(pl.read_parquet(layout.clusters)["cluster"].to_numpy(), assign)
     assert _latest(instance, "sequences")["rows/sequences"] > 0  # token_conservation passed in every run (SCRIPT)

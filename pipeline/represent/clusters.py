@@ -236,11 +236,6 @@ def keeps(meta: dict, params: dict, shards: set[str]) -> bool:
     return meta.get("params") == params and set(meta.get("trained_shards", [])) <= shards
 
 
-def assign_unit(centroids: np.ndarray, pca: tuple[np.ndarray, np.ndarray] | None, spherical: bool, rows: np.ndarray) -> np.ndarray:
-    """Cluster (int32) of each embedding row: a pure per-unit function (either engine)."""
-    return assign_transformed(centroids, spherical, Transform(spherical, pca)(rows))
-
-
 def assign_transformed(centroids: np.ndarray, spherical: bool, rows: np.ndarray) -> np.ndarray:
     """Cluster (int32) of each row already through the model's :class:`Transform`."""
     return assign_batch(rows, centroids, spherical).astype(np.int32)
