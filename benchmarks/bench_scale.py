@@ -19,7 +19,9 @@ a child measures the tokenizers library's own ``encode_batch`` on the same texts
 rows of the corpus, read from the validated shards in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``: its rayon pool on
 every core), printed next to ``token_shards``' throughput; after ``embedding_shards`` the same for the embedding
 model's WordPiece over each text's first ``5 x embed_max_tokens`` characters (what ``shallow``
-tokenizes), after ``centroids`` the libraries' own k-means on its sample (``library_kmeans``), and
+tokenizes), after ``corpus_shards`` pyarrow's own zstd write of the validated shards' row groups
+(``library_write``, the part of that stage that runs on one thread) and its partitions run again with
+nothing to compute, after ``centroids`` the libraries' own k-means on its sample (``library_kmeans``), and
 after ``cluster_shards`` faiss's own search of the embedding rows against the
 centroids (``library_search``) and the stage's partitions run again with every file there (what
 Dagster's run of a partition and the asset's bookkeeping cost with nothing to compute). Each stage's bytes written (the kernel's I/O accounting) and, at the end, the data
@@ -187,6 +189,29 @@ print(f"{n} {wall}")
 """
 
 
+LIBRARY_WRITE = r"""
+import glob, io, os, sys, time
+sys.path.insert(0, os.getcwd())
+import pyarrow.parquet as pq
+from pipeline.data.corpus import ZSTD_LEVEL
+n = wall = same = 0
+paths = sorted(glob.glob(os.path.join(sys.argv[1], "corpus", "shards", "*.parquet")))
+for path in paths:
+    f = pq.ParquetFile(path)
+    groups = [f.read_row_group(i) for i in range(f.num_row_groups)]
+    sink = io.BytesIO()
+    t0 = time.perf_counter()
+    w = pq.ParquetWriter(sink, f.schema_arrow, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False)
+    for g in groups:
+        w.write_table(g, row_group_size=len(g))
+    w.close()
+    wall += time.perf_counter() - t0
+    n += sum(len(g) for g in groups)
+    same += sink.getvalue() == open(path, "rb").read()
+print(f"{n} {wall} {same} {len(paths)}")
+"""
+
+
 LIBRARY_KMEANS = r"""
 import json, os, sys, time
 sys.path.insert(0, os.getcwd())
@@ -216,6 +241,15 @@ def library_kmeans(root: Path, env: dict, k: int = 1000, max_points_per_centroid
     out = subprocess.run([sys.executable, "-c", LIBRARY_KMEANS, str(root), str(k), str(max_points_per_centroid)], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=True).stdout.split()
     return int(out[-3]), float(out[-2]), float(out[-1]), (_children_cpu() - c0) / (time.time() - t0)
+
+
+def library_write(root: Path, env: dict) -> tuple[int, float, int, int]:
+    """pyarrow's own writing of the validated shards' row groups (zstd at the same level, into
+    memory; the reads are not timed): the part of ``corpus_shards`` that runs on one thread.
+    (rows, write seconds, files whose bytes equal the validated shard's, files)."""
+    out = subprocess.run([sys.executable, "-c", LIBRARY_WRITE, str(root)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    n, wall, same, files = out.stdout.split()
+    return int(n), float(wall), int(same), int(files)
 
 
 def library_search(root: Path, env: dict, unit: int = 4096) -> tuple[int, float, float]:
@@ -372,8 +406,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         forget(base / "root", stages)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, inner_cpus, peaks, written = {}, {}, {}, {}, {}
-    library = wordpiece = search = kmeans = None
-    bookkeeping = 0.0
+    library = wordpiece = search = kmeans = write = None
+    bookkeeping: dict[str, float] = {}
     sys.path.insert(0, str(ROOT))
     from pipeline.data.corpus import shard_key
     from pipeline.data.shards import discover_shards
@@ -408,14 +442,19 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
             kmeans = library_kmeans(base / "root", env)
             print(f"  k-means++ (one thread) and faiss's Kmeans.train (every core) on the {kmeans[0]:,}-row sample: "
                   f"{kmeans[1]:.1f} s + {kmeans[2]:.1f} s (CPU/wall {kmeans[3]:.2f}, reading and imports included)", flush=True)
+        if stage == "corpus_shards" and baselines:
+            write = library_write(base / "root", env)
+            print(f"  pyarrow's ParquetWriter (zstd level 3) on the validated shards' row groups: {write[0] / write[1]:,.0f} rows/s "
+                  f"({write[0]:,} rows in {write[1]:.1f} s; {write[2]} of {write[3]} files byte-identical to the validated shards)", flush=True)
         if stage == "cluster_shards" and baselines:
             search = library_search(base / "root", env)
             print(f"  faiss IndexFlatIP search on every core: {search[0] / search[1]:,.0f} rows/s "
                   f"({search[0]:,} rows in {search[1]:.1f} s, CPU/wall {search[2]:.2f})", flush=True)
+        if stage in ("corpus_shards", "cluster_shards") and baselines:
             # the same partitions again, each file there: Dagster's run of each partition and the asset's bookkeeping alone
             out, _, _ = run_child([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage, *parts[0]], env, base / f"{stage}.log")
-            bookkeeping = float(out.split()[-3])
-            print(f"  cluster_shards again with nothing to compute ({len(parts[0])} partitions): {bookkeeping:.1f} s in the asset", flush=True)
+            bookkeeping[stage] = float(out.split()[-3])
+            print(f"  {stage} again with nothing to compute ({len(parts[0])} partitions): {bookkeeping[stage]:.1f} s in the asset", flush=True)
     root = base / "root"
     offsets = root / "tokens" / "doc_offsets.npy"
     tokens = int(np.load(offsets, mmap_mode="r")[-1]) if offsets.is_file() else 0
@@ -448,8 +487,13 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         ours = spans["cluster_shards"][1]
         print(f"cluster assignment: cluster_shards {ours:.1f} s; faiss's own search of the same rows on every core "
               f"{search[1]:.1f} s (CPU/wall {search[2]:.2f}); cluster_shards / library: {ours / search[1]:.2f}x; "
-              f"with the partitions' runs when there is nothing to compute ({bookkeeping:.1f} s) added to the library's: "
-              f"{ours / (search[1] + bookkeeping):.2f}x")
+              f"with the partitions' runs when there is nothing to compute ({bookkeeping['cluster_shards']:.1f} s) added to the library's: "
+              f"{ours / (search[1] + bookkeeping['cluster_shards']):.2f}x")
+    if write is not None:
+        ours = spans["corpus_shards"][1]
+        print(f"validated shards: corpus_shards {ours:.1f} s; pyarrow's own zstd write of the same row groups {write[1]:.1f} s, "
+              f"plus the partitions' runs when there is nothing to compute ({bookkeeping['corpus_shards']:.1f} s): "
+              f"corpus_shards / (write + runs): {ours / (write[1] + bookkeeping['corpus_shards']):.2f}x")
     for stage, measured, what, lib, eos in against:
         if measured is not None:
             n, secs, ratio = measured
