@@ -32,10 +32,7 @@ def assign_shards(shards: list[ShardDocs], centroids: np.ndarray, transform: Tra
     def unit_args(shard: ShardDocs, a: int, b: int) -> tuple:
         """The unit's rows read and transformed (normalized): on the local engine this runs ahead,
         beside faiss's search of the previous unit, so both cores stay busy."""
-        source = NpyRows(embedding_file(shard))
-        if a == 0:  # the shard's first unit: the kernel reads the whole file ahead while the units are searched
-            source.will_need(0, source.shape[0])
-        rows = source.rows(a, b)
+        rows = NpyRows(embedding_file(shard)).rows(a, b)
         return (centroids, transform.spherical, transform(rows.astype(np.float32, copy=False), inplace=True))
 
     return map_corpus_shards(

@@ -55,16 +55,6 @@ class NpyRows:
             os.close(fd)
         return out
 
-    def will_need(self, a: int, b: int) -> None:
-        """Ask the kernel to start reading rows ``a .. b`` into the page cache now (``posix_fadvise``
-        WILLNEED; nothing where the platform has none): later reads of them wait less."""
-        if hasattr(os, "posix_fadvise") and b > a:
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, self.offset + a * self.row_bytes, (b - a) * self.row_bytes, os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
-
     def take(self, local: np.ndarray) -> np.ndarray:
         """The rows at ``local`` (ascending, repeats allowed, in range), read as concurrent requests
         of nearby rows (:data:`EXTENT_GAP`, at most :data:`EXTENT_BYTES` each)."""
