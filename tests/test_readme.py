@@ -80,3 +80,18 @@ def test_ci_runs_the_readmes_test_command():
     command = re.search(r"Tests:\n\n```bash\n(.+?)\n```", readme).group(1)
     last = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert last.replace(" -q", "") == command
+
+
+def test_every_command_help_renders(capsys):
+    """`strata --help` and `strata <command> --help` print and exit 0 (argparse expands `%` in help texts)."""
+    import argparse
+
+    from assets.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for argv in [[], *([name] for name in commands)]:
+        with pytest.raises(SystemExit) as done:
+            parser.parse_args([*argv, "--help"])
+        assert done.value.code == 0, argv
+        assert "usage: strata" in capsys.readouterr().out

@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
     report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")
     report.set_defaults(func=cmd_report)
-    claims = sub.add_parser("claims", help="each paper's measurable claim on this data root: figure, 95% interval, verdict")
+    claims = sub.add_parser("claims", help="each paper's measurable claim on this data root: figure, 95%% interval, verdict")
     claims.add_argument("--config", default=None, help="YAML/JSON config of the data root (default: $STRATA_CONFIG, else the defaults)")
     claims.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
     claims.add_argument("--full", action="store_true",
