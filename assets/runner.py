@@ -158,6 +158,22 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
     return names
 
 
+def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,
+                    log_level: str = "INFO", tags: dict | None = None) -> None:
+    """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself."""
+    try:
+        result = dg.materialize(
+            all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
+            raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}}, tags=tags,
+        )
+    except dg.DagsterUserCodeExecutionError as exc:
+        if isinstance(exc.user_exception, StrataInputError):
+            raise exc.user_exception from None
+        raise
+    if not result.success:
+        raise RuntimeError(f"materialization failed: {', '.join(selection)}" + (f" [{partition}]" if partition else ""))
+
+
 def materialize_all(config_file: str | None = None, data_root: str | None = None, select: str | None = None,
                     log=print, log_level: str = "INFO", instance: dg.DagsterInstance | None = None) -> Path | None:
     """Materialize the selected assets (all by default) in the order of the asset graph (:func:`plan`):
@@ -184,24 +200,14 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
 
     def run(group: list[str], partition: str | None = None) -> None:
         selection = [a for a in group if a in chosen]
-        if not selection:
-            return
-        label = f"{', '.join(selection)}" + (f" [{partition}]" if partition else "")
-        log(f"==> materializing {label}")
-        try:
-            result = dg.materialize(
-                all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
-                raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}}, tags=tags,
-            )
-        except dg.DagsterUserCodeExecutionError as exc:
-            if isinstance(exc.user_exception, StrataInputError):
-                raise exc.user_exception from None
-            raise
-        if not result.success:
-            raise RuntimeError(f"materialization failed: {label}")
+        if selection:
+            log(f"==> materializing {', '.join(selection)}" + (f" [{partition}]" if partition else ""))
+            materialize_run(all_assets, resources, instance, selection, partition, log_level, tags)
 
     from assets.common import SHARD_PARTITIONS
+    from assets.partition_runs import run_side_by_side, side_by_side_workers
     from assets.status import shards_to_run
+    from pipeline.threads import cores
 
     batches = plan(defs, chosen, cfg, selected=bool(select))
     while batches:
@@ -210,8 +216,14 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         if pdef is None:
             run(names)
         elif pdef == SHARD_PARTITIONS:
-            for key in shards_to_run(defs, instance, cfg, names):
-                run(names, key)
+            keys = shards_to_run(defs, instance, cfg, names)
+            selection = [a for a in names if a in chosen]
+            workers = side_by_side_workers(selection, len(keys), cfg.partition_workers, cfg.engine, cores())
+            if workers > 1 and not instance.is_ephemeral:
+                run_side_by_side(selection, keys, workers, config_file, str(cfg.root), instance, log_level, tags, log)
+            else:
+                for key in keys:
+                    run(names, key)
         else:
             for key in partition_keys(pdef, cfg):
                 run(names, key)

@@ -6,8 +6,9 @@ domain per document drawn from a skewed mix (weights 0.35, 0.2, 0.14, ... over t
 with log-normal lengths in characters (median 450, sigma 1; about 180 BPE tokens a document).
 The graph then runs through ``orderings`` and ``ordering_diagnostics`` (no training) with shallow
 embeddings, k = 1000 and seq_len 2048, one stage at a time, each stage (each strategy partition of
-``orderings`` and its diagnostics; all corpus-shard partitions of a per-shard stage together, one
-after another, as ``strata run`` runs them) in a child process of its own, as Dagster's multiprocess executor runs
+``orderings`` and its diagnostics; all corpus-shard partitions of a per-shard stage together, as
+``strata run`` runs them: one after another, or, for ``corpus_shards`` and ``cluster_shards``, side by
+side in worker processes, ``assets/partition_runs.py``) in a child process of its own, as Dagster's multiprocess executor runs
 steps and a UI backfill runs partitions, while this process samples the RssAnon of the
 child's process tree (heap; pages of memory-mapped files do not count) every 0.1 s. A stage's wall time is
 the asset's (process start-up and imports excluded; the total includes them); CPU seconds are the
@@ -110,7 +111,12 @@ parts = sys.argv[3:] or [None]
 t0 = time.time()
 a = resource.getrusage(resource.RUSAGE_SELF)
 c0 = a.ru_utime + a.ru_stime
-for p in parts:
+from assets.partition_runs import run_side_by_side, side_by_side_workers
+from pipeline.threads import cores
+workers = side_by_side_workers(selection, len(parts), cfg.partition_workers, cfg.engine, cores()) if parts != [None] else 1
+if workers > 1:  # as `strata run` runs these partitions
+    run_side_by_side(selection, parts, workers, sys.argv[1], str(cfg.root), instance, "INFO", {}, log=lambda m: None)
+for p in parts if workers == 1 else []:
     r = dg.materialize(everything, selection=selection, partition_key=p, instance=instance, resources=defs.resources)
     assert r.success, stage
 a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -331,7 +337,8 @@ def forget(root: Path, stages: list[str]) -> None:
         shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool, keep_root: bool = False) -> Path:
+def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool, keep_root: bool = False,
+            options: dict | None = None) -> Path:
     """Generate (or with ``reuse``, keep an earlier run's) corpus under ``work/n<N>/shards`` and
     write the benchmark's config ``cfg.json``; returns ``work/n<N>``."""
     base = work / f"n{n_docs}"
@@ -349,7 +356,7 @@ def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reu
         print(f"generated {info['docs']:,} documents in {info['shards']} shards ({info['chars'] / 1e6:.0f}M chars) in {time.perf_counter() - t0:.0f} s", flush=True)
     cfg = {
         "data_root": str(base / "root"), "corpus": {"path": str(base / "shards"), "source_field": "domain"},
-        "embed_method": "shallow", "k": 1000, "seq_len": 2048, "strategies": strategies, "batch_size": 32,
+        "embed_method": "shallow", "k": 1000, "seq_len": 2048, "strategies": strategies, "batch_size": 32, **(options or {}),
     }
     (base / "cfg.json").write_text(json.dumps(cfg))
     return base
@@ -377,11 +384,11 @@ def run_child(cmd: list[str], env: dict, log_path: Path) -> tuple[str, float, in
     return out, time.time() - t0, peak[0]
 
 
-def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool = False) -> dict:
+def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reuse: bool = False, options: dict | None = None) -> dict:
     """The same path as :func:`measure` through ``strata run --select '*ordering_diagnostics'``: one
     process, Dagster's instance and run storage included. Prints wall time, CPU seconds, peak heap
     of the process tree, bytes written and the data root's size."""
-    base = prepare(n_docs, work, shard_docs, strategies, reuse)
+    base = prepare(n_docs, work, shard_docs, strategies, reuse, options=options)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("DAGSTER_HOME", None)
     c0, w0 = _children_cpu(), _children_written()
@@ -398,10 +405,10 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
 
 
 def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
-            reuse: bool = False, keep_root: bool = False, baselines: bool = True) -> list[dict]:
+            reuse: bool = False, keep_root: bool = False, baselines: bool = True, options: dict | None = None) -> list[dict]:
     import polars as pl
 
-    base = prepare(n_docs, work, shard_docs, strategies, reuse, keep_root)
+    base = prepare(n_docs, work, shard_docs, strategies, reuse, keep_root, options)
     if keep_root:
         forget(base / "root", stages)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
@@ -414,7 +421,7 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
 
     shard_keys = [shard_key(str(p)) for p in discover_shards(str(base / "shards"))]
     for stage in stages:  # one process per stage and per strategy partition, as Dagster's multiprocess executor runs steps
-        # a per-shard stage runs its partitions one after another in one process, as `strata run` does
+        # a per-shard stage runs its partitions in one process (and its workers), as `strata run` does
         parts = [[s] for s in strategies] if stage in ("orderings", "ordering_diagnostics") else [shard_keys] if stage in SHARD_STAGES else [[]]
         spans[stage], cpus[stage], inner_cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0.0, 0
         w0 = _children_written()
@@ -522,17 +529,20 @@ def main() -> None:
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     ap.add_argument("--from", dest="first", choices=STAGES, default=None,
                     help="with --reuse: keep the data root of an earlier run and run from this stage on (its kept artifacts removed, so it recomputes)")
+    ap.add_argument("--partition-workers", type=int, default=0,
+                    help="the config's partition_workers: corpus_shards / cluster_shards partitions at once (0 = one a core, 1 = one after another)")
     args = ap.parse_args()
+    options = {"partition_workers": args.partition_workers}
     peaks = {}
     for n in args.docs:
         if args.strata_run:
-            measure_run(n, args.work, args.shard_docs, args.strategies, args.reuse)
+            measure_run(n, args.work, args.shard_docs, args.strategies, args.reuse, options)
             if not args.keep:
                 shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
             continue
         rows = measure(n, args.work, args.shard_docs, args.strategies,
                        STAGES[STAGES.index(args.first or STAGES[0]) : STAGES.index(args.until) + 1], args.reuse,
-                       keep_root=args.first is not None, baselines=not args.no_baselines)
+                       keep_root=args.first is not None, baselines=not args.no_baselines, options=options)
         peaks[n] = rows[-1]["peak_anon_gb"]
         if not args.keep:
             shutil.rmtree(args.work / f"n{n}", ignore_errors=True)

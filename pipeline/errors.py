@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 
 class StrataInputError(ValueError):
     """Bad input or an impossible parameter.
@@ -22,3 +24,8 @@ class StrataInputError(ValueError):
         self.fix = fix
         self.path = path
         self.line = line
+
+    def __reduce__(self):
+        """Pickled as its parts (the keyword-only ``fix`` defeats the default), so a worker
+        process's error reaches ``strata run`` as itself."""
+        return (functools.partial(StrataInputError, self.problem, fix=self.fix, path=self.path, line=self.line), ())

@@ -1,0 +1,108 @@
+"""Partitions of one per-shard batch run side by side, each in a Dagster run of its own.
+
+``strata run`` materializes a per-shard stage one Dagster run per corpus shard: each shard keeps
+its own data version, lineage and events, which staleness and incremental reruns read. For the
+stages whose partitions leave a core idle, :func:`run_side_by_side` runs ``workers`` of those runs
+at once, each in a process of its own (spawned: Dagster, DuckDB and the BLAS/OpenMP libraries are
+not fork-safe), fed one partition at a time:
+
+- ``corpus_shards``: pyarrow's Parquet writer compresses on one thread (a reading, validating and
+  hashing thread beside it);
+- ``cluster_shards``: faiss's search runs on every core, but between two searches Dagster's run of
+  a partition (its run and event storage, about 0.25 s on one thread) and the shard's first read
+  leave the cores idle.
+
+Each run computes what it computes alone, with the same thread counts (the kernels' own results do
+not depend on which runs share the machine), so the outputs are byte-identical to running the
+partitions one after another. Measured at 10M documents in docs/scale.md ("Partitions side by
+side").
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from typing import Callable, Iterable
+
+# The per-shard assets whose partitions run side by side (the others' kernels keep every core busy:
+# the tokenizers' Rust thread pool in token_shards and embedding_shards).
+SIDE_BY_SIDE = frozenset({"corpus_shards", "cluster_shards"})
+
+_worker: dict = {}
+
+
+def side_by_side_workers(names: Iterable[str], n_partitions: int, setting: int, engine: str, cores: int) -> int:
+    """How many runs of the batch ``names`` to keep going at once: 1 (one after another) unless
+    every asset of the batch is in :data:`SIDE_BY_SIDE`, the engine is local and each worker gets
+    two partitions or more (a worker's start-up, about 1.5 s, is then paid back); else
+    ``setting`` (the config's ``partition_workers``; 0 = one a core)."""
+    workers, names = setting or cores, set(names)
+    if engine != "local" or not names or not names <= SIDE_BY_SIDE or workers < 2 or n_partitions < 2 * workers:
+        return 1
+    return workers
+
+
+def _start(config_file: str | None, data_root: str, instance_ref, log_level: str, tags: dict) -> None:
+    """A worker's set-up: the definitions and the Dagster instance, once."""
+    import dagster as dg
+
+    from assets.definitions import build_definitions
+
+    defs = build_definitions(config_file, data_root)
+    _worker.update(assets=list(defs.assets) + list(defs.asset_checks or []), resources=defs.resources,
+                   instance=dg.DagsterInstance.from_ref(instance_ref), log_level=log_level, tags=tags)
+
+
+def _run(selection: list[str], partition: str) -> str:
+    """One run in a worker. Errors other than a Strata input error come back as a RuntimeError
+    naming the run and the cause (Dagster's own errors do not survive pickling); the worker's
+    traceback comes with it (``__cause__``)."""
+    import dagster as dg
+
+    from assets.runner import materialize_run
+    from pipeline.errors import StrataInputError
+
+    w = _worker
+    try:
+        materialize_run(w["assets"], w["resources"], w["instance"], selection, partition, w["log_level"], w["tags"])
+    except StrataInputError:
+        raise
+    except Exception as exc:
+        cause = exc.user_exception if isinstance(exc, dg.DagsterUserCodeExecutionError) else exc
+        raise RuntimeError(f"materialization failed: {', '.join(selection)} [{partition}]: {type(cause).__name__}: {cause}") from exc
+    return partition
+
+
+def run_side_by_side(selection: list[str], partitions: list[str], workers: int, config_file: str | None, data_root: str,
+                     instance, log_level: str, tags: dict, log: Callable[[str], None] = print) -> None:
+    """One Dagster run of ``selection`` for each of ``partitions``, ``workers`` at a time in worker
+    processes, started in the partitions' order. After a failure no further run starts; the runs
+    under way finish, then the first error is raised (a Strata input error as itself)."""
+    label = ", ".join(selection)
+    todo = iter(partitions)
+    error: BaseException | None = None
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start,
+                               initargs=(config_file, data_root, instance.get_ref(), log_level, tags))
+    with pool:
+        running: dict[Future, str] = {}
+
+        def submit() -> None:
+            for key in todo:
+                log(f"==> materializing {label} [{key}]")
+                running[pool.submit(_run, selection, key)] = key
+                return
+
+        for _ in range(workers):
+            submit()
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                running.pop(future)
+                exc = future.exception()
+                if exc is not None and error is None:
+                    error = exc
+                if error is None:
+                    submit()
+    if error is not None:
+        raise error
+
