@@ -306,19 +306,26 @@ def _du(path: Path) -> int:
 
 
 def _rss_anon_tree(pid: int) -> int:
-    """Sum of RssAnon (bytes) over ``pid`` and its descendants."""
-    total, todo = 0, [pid]
+    """Sum of RssAnon (bytes) over ``pid`` and its descendants. A child with its parent's program
+    and address-space size is a fork not yet turned into its own program (Dagster starts ``tail``
+    and a watcher process at every run, by fork or vfork then exec): its pages are its parent's, so
+    it is not counted again."""
+    total, todo = 0, [(pid, None)]
     while todo:
-        p = todo.pop()
+        p, parent = todo.pop()
         try:
+            status = {}
             with open(f"/proc/{p}/status") as fh:
                 for line in fh:
-                    if line.startswith("RssAnon:"):
-                        total += int(line.split()[1]) * 1024
-                        break
+                    key, _, value = line.partition(":")
+                    if key in ("RssAnon", "VmSize"):
+                        status[key] = int(value.split()[0]) * 1024
+            me = (os.readlink(f"/proc/{p}/exe"), status.get("VmSize"))
+            if me != parent:
+                total += status.get("RssAnon", 0)
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as fh:
-                    todo += [int(c) for c in fh.read().split()]
+                    todo += [(int(c), me) for c in fh.read().split()]
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return total
