@@ -24,6 +24,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from multiprocessing import get_context
 from typing import Callable, Iterable
 
+import dagster as dg
+
+from pipeline.errors import StrataInputError
+
 # The per-shard assets whose partitions run side by side (the others' kernels keep every core busy:
 # the tokenizers' Rust thread pool in token_shards and embedding_shards).
 SIDE_BY_SIDE = frozenset({"corpus_shards", "cluster_shards"})
@@ -42,10 +46,24 @@ def side_by_side_workers(names: Iterable[str], n_partitions: int, setting: int, 
     return workers
 
 
+def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,
+                    log_level: str = "INFO", tags: dict | None = None) -> None:
+    """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself."""
+    try:
+        result = dg.materialize(
+            all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
+            raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}}, tags=tags,
+        )
+    except dg.DagsterUserCodeExecutionError as exc:
+        if isinstance(exc.user_exception, StrataInputError):
+            raise exc.user_exception from None
+        raise
+    if not result.success:
+        raise RuntimeError(f"materialization failed: {', '.join(selection)}" + (f" [{partition}]" if partition else ""))
+
+
 def _start(config_file: str | None, data_root: str, instance_ref, log_level: str, tags: dict) -> None:
     """A worker's set-up: the definitions and the Dagster instance, once."""
-    import dagster as dg
-
     from assets.definitions import build_definitions
 
     defs = build_definitions(config_file, data_root)
@@ -57,11 +75,6 @@ def _run(selection: list[str], partition: str) -> str:
     """One run in a worker. Errors other than a Strata input error come back as a RuntimeError
     naming the run and the cause (Dagster's own errors do not survive pickling); the worker's
     traceback comes with it (``__cause__``)."""
-    import dagster as dg
-
-    from assets.runner import materialize_run
-    from pipeline.errors import StrataInputError
-
     w = _worker
     try:
         materialize_run(w["assets"], w["resources"], w["instance"], selection, partition, w["log_level"], w["tags"])

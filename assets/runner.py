@@ -14,6 +14,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.common import config_partitions
+from assets.partition_runs import materialize_run, run_side_by_side, side_by_side_workers
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
@@ -158,22 +159,6 @@ def selected_keys(defs: dg.Definitions, select: str | None) -> set[str]:
     return names
 
 
-def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,
-                    log_level: str = "INFO", tags: dict | None = None) -> None:
-    """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself."""
-    try:
-        result = dg.materialize(
-            all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
-            raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}}, tags=tags,
-        )
-    except dg.DagsterUserCodeExecutionError as exc:
-        if isinstance(exc.user_exception, StrataInputError):
-            raise exc.user_exception from None
-        raise
-    if not result.success:
-        raise RuntimeError(f"materialization failed: {', '.join(selection)}" + (f" [{partition}]" if partition else ""))
-
-
 def materialize_all(config_file: str | None = None, data_root: str | None = None, select: str | None = None,
                     log=print, log_level: str = "INFO", instance: dg.DagsterInstance | None = None) -> Path | None:
     """Materialize the selected assets (all by default) in the order of the asset graph (:func:`plan`):
@@ -205,7 +190,6 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
             materialize_run(all_assets, resources, instance, selection, partition, log_level, tags)
 
     from assets.common import SHARD_PARTITIONS
-    from assets.partition_runs import run_side_by_side, side_by_side_workers
     from assets.status import shards_to_run
     from pipeline.threads import cores
 
