@@ -5,6 +5,8 @@ kernel's readahead on one thread: on this project's 2-core machine that read col
 shards at 1.5 GB/s where one ``pread`` per block read them at 2.7 GB/s, and a seeded sample of
 256,000 scattered rows of 10M took 14.5 s through the map against 8.2 s as concurrent ``pread``
 calls (the disk serves many requests at once; one faulting thread asks for one page at a time).
+More requests in flight are not faster: with the page cache dropped, that sample took 9.9–10.4 s
+with 1, 4.6–6.1 s with 4 or 8, 5.7–7.7 s with 16 and 7.9–10.1 s with 64 (``benchmarks/bench_sample_read.py``).
 Reads release the GIL, so the threads here overlap their requests.
 """
 
@@ -18,7 +20,7 @@ import numpy as np
 
 EXTENT_GAP = 16  # selected rows at most this many rows apart are read as one request
 EXTENT_BYTES = 8 << 20  # the most bytes of one request
-READERS = 16  # concurrent requests of a scattered read
+READERS = 8  # concurrent requests of a scattered read (benchmarks/bench_sample_read.py: 8 beat 4, 16 and 64)
 
 
 class NpyRows:
