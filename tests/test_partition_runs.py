@@ -71,7 +71,7 @@ def roots(tmp_path_factory):
             for workers in (1, 2)}
 
 
-def test_workers_are_used_only_where_they_pay(tmp_path):
+def test_workers_are_used_only_where_they_pay():
     assert side_by_side_workers(["cluster_shards"], 4, 0, "local", 2) == 2
     assert side_by_side_workers(["cluster_shards"], 3, 0, "local", 2) == 1  # a worker's start-up is paid back by 2 partitions
     assert side_by_side_workers(["token_shards", "embedding_shards"], 80, 0, "local", 2) == 1  # their Rust pools fill the cores

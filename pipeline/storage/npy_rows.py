@@ -20,7 +20,7 @@ import numpy as np
 
 EXTENT_GAP = 16  # selected rows at most this many rows apart are read as one request
 EXTENT_BYTES = 8 << 20  # the most bytes of one request
-READERS = 8  # concurrent requests of a scattered read (benchmarks/bench_sample_read.py: 8 beat 4, 16 and 64)
+READERS = 8  # concurrent requests of a scattered read (benchmarks/bench_sample_read.py: as fast as 4, faster than 16 and 64)
 
 
 class NpyRows:
