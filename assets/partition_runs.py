@@ -28,9 +28,12 @@ import dagster as dg
 
 from pipeline.errors import StrataInputError
 
-# The per-shard assets whose partitions run side by side (the others' kernels keep every core busy:
-# the tokenizers' Rust thread pool in token_shards and embedding_shards).
-SIDE_BY_SIDE = frozenset({"corpus_shards", "cluster_shards"})
+# The per-shard assets whose partitions run side by side, and the most runs at once by default
+# (None: one a core). corpus_shards' runs each keep about one core busy; cluster_shards' faiss
+# searches already use every core (at the thread count its results depend on), so a second run is
+# enough to fill the gaps between them. The others' kernels keep every core busy (the tokenizers'
+# Rust thread pool in token_shards and embedding_shards).
+SIDE_BY_SIDE: dict[str, int | None] = {"corpus_shards": None, "cluster_shards": 2}
 
 _worker: dict = {}
 
@@ -39,11 +42,12 @@ def side_by_side_workers(names: Iterable[str], n_partitions: int, setting: int, 
     """How many runs of the batch ``names`` to keep going at once: 1 (one after another) unless
     every asset of the batch is in :data:`SIDE_BY_SIDE`, the engine is local and each worker gets
     two partitions or more (a worker's start-up, about 1.5 s, is then paid back); else
-    ``setting`` (the config's ``partition_workers``; 0 = one a core)."""
-    workers, names = setting or cores, set(names)
-    if engine != "local" or not names or not names <= SIDE_BY_SIDE or workers < 2 or n_partitions < 2 * workers:
+    ``setting`` (the config's ``partition_workers``), or by default one a core up to the assets' caps."""
+    names = set(names)
+    if engine != "local" or not names or not names <= SIDE_BY_SIDE.keys():
         return 1
-    return workers
+    workers = setting or min([cores] + [SIDE_BY_SIDE[n] for n in names if SIDE_BY_SIDE[n]])
+    return workers if workers >= 2 and n_partitions >= 2 * workers else 1
 
 
 def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,

@@ -105,7 +105,7 @@ class StrataConfig(_Model):
     engine: Literal["local", "ray"] = "local"  # ray: per-shard work and ablation runs on a Ray cluster (docs/distributed.md)
     ray: RayConfig = Field(default_factory=RayConfig)
     shard_docs: int = Field(4096, ge=1)  # documents per work shard of tokens/embeddings (both engines: fixes batch composition)
-    partition_workers: int = Field(0, ge=0)  # corpus_shards / cluster_shards partitions strata run runs at once (0 = one a core)
+    partition_workers: int = Field(0, ge=0)  # corpus_shards / cluster_shards partitions strata run runs at once (0 = one a core; cluster_shards 2 at most)
     automation: Literal["manual", "eager"] = "manual"  # eager: Dagster declarative automation reruns stale assets
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     heldout_fraction: float = Field(0.02, ge=0.0, lt=0.5)  # seeded split of documents excluded from training

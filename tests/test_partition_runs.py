@@ -79,6 +79,9 @@ def test_workers_are_used_only_where_they_pay():
     assert side_by_side_workers(["corpus_shards"], 80, 1, "local", 16) == 1
     assert side_by_side_workers(["corpus_shards"], 80, 3, "local", 2) == 3
     assert side_by_side_workers([], 80, 0, "local", 2) == 1
+    assert side_by_side_workers(["corpus_shards"], 80, 0, "local", 16) == 16  # one a core
+    assert side_by_side_workers(["cluster_shards"], 80, 0, "local", 16) == 2  # faiss fills the cores; two runs fill the gaps
+    assert side_by_side_workers(["cluster_shards"], 80, 4, "local", 16) == 4  # as configured
 
 
 def _artifacts(root: Path) -> set[Path]:
