@@ -75,7 +75,7 @@ def _start(config_file: str | None, data_root: str, instance_ref, log_level: str
                    instance=dg.DagsterInstance.from_ref(instance_ref), log_level=log_level, tags=tags)
 
 
-def _run(selection: list[str], partition: str) -> str:
+def _run(selection: list[str], partition: str) -> None:
     """One run in a worker. Errors other than a Strata input error come back as a RuntimeError
     naming the run and the cause (Dagster's own errors do not survive pickling); the worker's
     traceback comes with it (``__cause__``)."""
@@ -87,7 +87,6 @@ def _run(selection: list[str], partition: str) -> str:
     except Exception as exc:
         cause = exc.user_exception if isinstance(exc, dg.DagsterUserCodeExecutionError) else exc
         raise RuntimeError(f"materialization failed: {', '.join(selection)} [{partition}]: {type(cause).__name__}: {cause}") from exc
-    return partition
 
 
 def run_side_by_side(selection: list[str], partitions: list[str], workers: int, config_file: str | None, data_root: str,
@@ -101,12 +100,12 @@ def run_side_by_side(selection: list[str], partitions: list[str], workers: int, 
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start,
                                initargs=(config_file, data_root, instance.get_ref(), log_level, tags))
     with pool:
-        running: dict[Future, str] = {}
+        running: set[Future] = set()
 
         def submit() -> None:
             for key in todo:
                 log(f"==> materializing {label} [{key}]")
-                running[pool.submit(_run, selection, key)] = key
+                running.add(pool.submit(_run, selection, key))
                 return
 
         for _ in range(workers):
@@ -114,7 +113,7 @@ def run_side_by_side(selection: list[str], partitions: list[str], workers: int, 
         while running:
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                running.pop(future)
+                running.remove(future)
                 exc = future.exception()
                 if exc is not None and error is None:
                     error = exc
@@ -123,3 +122,19 @@ def run_side_by_side(selection: list[str], partitions: list[str], workers: int, 
     if error is not None:
         raise error
 
+
+def run_partitions(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partitions: list[str],
+                   cfg, config_file: str | None, log_level: str = "INFO", tags: dict | None = None,
+                   log: Callable[[str], None] = print) -> None:
+    """One Dagster run of ``selection`` for each of ``partitions`` (a per-shard batch), side by side
+    where :func:`side_by_side_workers` says so (and the instance can be opened again by a worker),
+    else one after another in this process."""
+    from pipeline.threads import cores
+
+    workers = side_by_side_workers(selection, len(partitions), cfg.partition_workers, cfg.engine, cores())
+    if workers > 1 and not instance.is_ephemeral:
+        run_side_by_side(selection, partitions, workers, config_file, str(cfg.root), instance, log_level, tags or {}, log)
+        return
+    for key in partitions:
+        log(f"==> materializing {', '.join(selection)} [{key}]")
+        materialize_run(all_assets, resources, instance, selection, key, log_level, tags)

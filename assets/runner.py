@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.common import config_partitions
-from assets.partition_runs import materialize_run, run_side_by_side, side_by_side_workers
+from assets.partition_runs import materialize_run, run_partitions
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.errors import StrataInputError
 
@@ -191,7 +191,6 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
 
     from assets.common import SHARD_PARTITIONS
     from assets.status import shards_to_run
-    from pipeline.threads import cores
 
     batches = plan(defs, chosen, cfg, selected=bool(select))
     while batches:
@@ -200,14 +199,10 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
         if pdef is None:
             run(names)
         elif pdef == SHARD_PARTITIONS:
-            keys = shards_to_run(defs, instance, cfg, names)
             selection = [a for a in names if a in chosen]
-            workers = side_by_side_workers(selection, len(keys), cfg.partition_workers, cfg.engine, cores())
-            if workers > 1 and not instance.is_ephemeral:
-                run_side_by_side(selection, keys, workers, config_file, str(cfg.root), instance, log_level, tags, log)
-            else:
-                for key in keys:
-                    run(names, key)
+            if selection:
+                run_partitions(all_assets, resources, instance, selection, shards_to_run(defs, instance, cfg, names), cfg,
+                               config_file, log_level, tags, log)
         else:
             for key in partition_keys(pdef, cfg):
                 run(names, key)

@@ -102,6 +102,7 @@ cfg = prepare_environment(sys.argv[1], None)
 import dagster as dg
 from assets.definitions import defs
 from assets.common import sync_partitions
+from assets.partition_runs import materialize_run, run_partitions
 instance = dg.DagsterInstance.get()
 sync_partitions(instance, cfg)
 everything = list(defs.assets) + list(defs.asset_checks or [])
@@ -111,14 +112,10 @@ parts = sys.argv[3:] or [None]
 t0 = time.time()
 a = resource.getrusage(resource.RUSAGE_SELF)
 c0 = a.ru_utime + a.ru_stime
-from assets.partition_runs import run_side_by_side, side_by_side_workers
-from pipeline.threads import cores
-workers = side_by_side_workers(selection, len(parts), cfg.partition_workers, cfg.engine, cores()) if parts != [None] else 1
-if workers > 1:  # as `strata run` runs these partitions
-    run_side_by_side(selection, parts, workers, sys.argv[1], str(cfg.root), instance, "INFO", {}, log=lambda m: None)
-for p in parts if workers == 1 else []:
-    r = dg.materialize(everything, selection=selection, partition_key=p, instance=instance, resources=defs.resources)
-    assert r.success, stage
+if parts == [None]:
+    materialize_run(everything, defs.resources, instance, selection, None)
+else:  # as `strata run` runs a per-shard stage's partitions
+    run_partitions(everything, defs.resources, instance, selection, parts, cfg, sys.argv[1], log=lambda m: None)
 a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu = a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 print(f"{time.time() - t0} {cpu - c0} {cpu}")
