@@ -19,7 +19,7 @@ from pipeline.packing.pack import SequenceStore
 from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
-from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy
+from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, segment_columns
 from pipeline.reports.diagnostics import ordering_ids
 from pipeline.storage.lineage import newest_row
 from pipeline.storage.warehouse import latest_data_version, replace_rows
@@ -169,7 +169,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         result = OrderingResult(order_frame(spec.derived[1](base[0], params, cfg.seed)), None, base[1])
     else:
         result = run_strategy(name, lambda: ordering_documents(layout, params, name),
-                              lambda: pl.read_parquet(layout.segments, columns=["sequence_id", "doc_id", "n_tokens"]),
+                              lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)),
                               seq_len, params, cfg.seed, prefix=prefix)
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)

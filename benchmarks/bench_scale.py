@@ -437,6 +437,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
             cpus[stage] += cpu
             inner_cpus[stage] += inner_cpu
             peaks[stage] = max(peaks[stage], peak)
+            if len(parts) > 1:
+                print(f"    [{' '.join(part)}]: {full:.1f} s ({inner:.1f} s in the asset), {cpu:.1f} CPU-s, peak anon {peak / 2**30:.2f} GB", flush=True)
         written[stage] = _children_written() - w0
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
               f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}; in the asset {inner_cpus[stage] / max(spans[stage][1], 1e-9):.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "

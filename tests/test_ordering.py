@@ -196,6 +196,28 @@ def test_every_strategy_returns_a_permutation(tmp_path):
     assert again.order.equals(run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=1).order)
 
 
+def test_each_strategy_reads_only_what_its_order_needs():
+    """random reads the sequence ids alone, a document-level strategy no segments; each gives the
+    order it gives from the whole inputs (the orderings asset reads segment_columns(name))."""
+    from pipeline.ordering.engine import segment_columns
+
+    docs, seg = toy_tables(np.random.default_rng(6))
+    params = OrderParams(bins=16)
+
+    def never():
+        raise AssertionError("read although the strategy does not read it")
+
+    assert segment_columns("random") == ["sequence_id"] and segment_columns("cluster_packed") == []
+    assert segment_columns("random", frozen=True) == segment_columns("greedy") == ["sequence_id", "doc_id", "n_tokens"]
+    ids_only = run_strategy("random", never, lambda: seg.select(segment_columns("random")), 128, params, seed=3)
+    assert ids_only.order.equals(run_strategy("random", docs, seg, 128, params, seed=3).order)
+    repacked = run_strategy("cluster_packed", docs, never, 128, params, seed=3)
+    whole = run_strategy("cluster_packed", docs, seg, 128, params, seed=3)
+    assert repacked.order.equals(whole.order) and repacked.segments.equals(whole.segments)
+    with pytest.raises(StrataInputError, match="no `sequence_id` column"):
+        run_strategy("random", never, lambda: seg.select("doc_id"), 128, params, seed=3)
+
+
 def test_block_shuffle_keeps_greedy_blocks():
     f = packed_instance(np.random.default_rng(8), 1200, 64, 5, 100)
     p = OrderParams(block_size=32)

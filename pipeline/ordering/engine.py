@@ -180,6 +180,17 @@ def _column(df: pl.DataFrame, name: str, what: str) -> np.ndarray:
 
 
 
+def segment_columns(name: str, frozen: bool = False) -> list[str]:
+    """The base packing's segment columns :func:`run_strategy` reads for strategy ``name``: none
+    for a document-level strategy (it repacks), the sequence ids alone for an order that reads
+    nothing else (``StrategySpec.ids_only``, unless a frozen prefix is kept), else
+    sequence_id, doc_id and n_tokens."""
+    spec = strategies.spec(name)
+    if spec.level == "document":
+        return []
+    return ["sequence_id"] if spec.ids_only and not frozen else ["sequence_id", "doc_id", "n_tokens"]
+
+
 def run_strategy(
     name: str, docs: pl.DataFrame | Callable[[], pl.DataFrame], segments: pl.DataFrame | Callable[[], pl.DataFrame],
     seq_len: int, params: OrderParams, seed: int, prefix: np.ndarray | None = None,
@@ -193,14 +204,21 @@ def run_strategy(
     ``segments``: the base packing (pipeline.packing.pack SEGMENT_SCHEMA); document-level strategies
     ignore it and repack, returning their own segments. Either may be given as a function that
     reads it: then no caller holds a reference, and the documents frame is freed once its arrays
-    are built (the orderings asset, at 10M documents).
+    are built (the orderings asset, at 10M documents). Only what the strategy reads is read and
+    validated (:func:`segment_columns`): an order of the sequence ids alone (``random``) reads
+    neither the documents nor the segments' other columns, a document-level strategy no segments.
     """
     spec = strategies.spec(name)
     if not spec.scheduled:
         raise StrataInputError(f"{name!r} picks its sequences during training; it has no order to compute",
                                fix=f"order {spec.packing_from!r} for its packing, or use one of {', '.join(strategies.scheduled())}")
-    docs = docs() if callable(docs) else docs
+    if spec.level == "document":  # it repacks the documents: the base packing is not read
+        segments = pl.DataFrame(schema={"sequence_id": pl.Int64, "doc_id": pl.Int64, "n_tokens": pl.Int32})
     segments = segments() if callable(segments) else segments
+    if spec.ids_only and prefix is None:
+        f = SequenceIds.of_segments(_column(segments, "sequence_id", "segments"))
+        return OrderingResult(order_frame(f.sequence_ids[spec.order(f, params, seed)]), None, None)
+    docs = docs() if callable(docs) else docs
     doc_id = _column(docs, "doc_id", "documents").astype(np.int64, copy=False)
     clus = _column(docs, "cluster", "documents").astype(np.int64, copy=False)
     ntok = _column(docs, "n_tokens", "documents").astype(np.int64, copy=False)

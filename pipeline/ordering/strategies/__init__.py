@@ -73,6 +73,12 @@ class StrategySpec:
         return self.mixture is not None
 
     @property
+    def ids_only(self) -> bool:
+        """Its order reads only the base packing's sequence ids (``random``, ``original``): neither
+        the documents nor the segments' other columns."""
+        return self.level == "sequence" and self.run is None and not self.features
+
+    @property
     def scheduled(self) -> bool:
         """Ordered before training (an ``orderings`` file to train on and export)."""
         return self.level != "training"
