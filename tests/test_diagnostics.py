@@ -117,6 +117,27 @@ def test_length_bin_edges_by_hand():
         D.length_bin_edges(lengths, 0)
 
 
+def test_counted_length_bins_equal_sorted_quantiles_and_binary_search():
+    """Lengths up to COUNTED_MAX are counted and binned through a table: the edges the document-by-
+    document mass of the sorted lengths gives, and the bins a binary search of each length gives
+    (ties, one length, heavy tails; lengths past the table's reach take the sorted path)."""
+    from pipeline.ordering.features import COUNTED_MAX
+
+    rng = np.random.default_rng(4)
+    for trial in range(120):
+        n = int(rng.integers(1, 3000))
+        lengths = [rng.lognormal(4, 2, n).astype(np.int64) + 1, rng.integers(1, int(rng.integers(2, 40)), n), np.full(n, 7),
+                   rng.integers(1, 2 * COUNTED_MAX, n)][trial % 4]
+        for weighting in ("tokens", "documents"):
+            for n_bins in (1, 3, 16, 100):
+                srt = np.sort(lengths)
+                mass = np.cumsum(srt if weighting == "tokens" else np.ones_like(srt))
+                cut = np.unique(srt[np.searchsorted(mass, np.arange(1, n_bins) / n_bins * mass[-1], side="left")])
+                edges = D.length_bin_edges(lengths, n_bins, weighting)
+                np.testing.assert_array_equal(edges, cut[cut < srt[-1]])
+                np.testing.assert_array_equal(D.length_bins(lengths, edges), np.searchsorted(edges, lengths, side="left"))
+
+
 def test_bad_orderings_raise():
     packing = pack_concat(np.arange(4), LENGTHS, 4)
     for bad in (np.array([0, 0, 1]), np.array([0, 1, 3]), np.array([], dtype=np.int64)):

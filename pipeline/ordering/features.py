@@ -43,17 +43,34 @@ def length_bin_edges(
         raise StrataInputError(f"number of length bins B={n_bins!r} is impossible", fix="set B to an integer >= 1")
     if weighting not in ("tokens", "documents"):
         raise StrataInputError(f"unknown bin weighting {weighting!r}", fix="use 'tokens' or 'documents'")
-    srt = np.sort(lengths)
-    mass = np.cumsum(srt if weighting == "tokens" else np.ones_like(srt))
+    if lengths.max() <= COUNTED_MAX:  # the distinct lengths and their counts: O(N), no sort of N lengths
+        count = np.bincount(lengths)
+        srt = np.flatnonzero(count)
+        count = count[srt]
+        mass = np.cumsum(srt * count if weighting == "tokens" else count)
+    else:
+        srt = np.sort(lengths)
+        mass = np.cumsum(srt if weighting == "tokens" else np.ones_like(srt))
     q = np.arange(1, n_bins, dtype=np.float64) / n_bins * mass[-1]
-    # smallest length x such that documents of length <= x hold at least q of the mass
+    # smallest length x such that documents of length <= x hold at least q of the mass (the same x
+    # from the mass summed per distinct length as from the mass document by document)
     edges = np.unique(srt[np.searchsorted(mass, q, side="left")])
     return edges[edges < srt[-1]]
 
 
+COUNTED_MAX = 1 << 22  # lengths up to this are counted (a table of that many entries), not sorted or searched one by one
+
+
 def length_bins(doc_lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bin id (int64, 0..len(edges)) of each document length: bin b holds ``(edges[b-1], edges[b]]``."""
-    return np.searchsorted(np.asarray(edges), np.asarray(doc_lengths, dtype=np.int64), side="left").astype(np.int64)
+    """Bin id (int64, 0..len(edges)) of each document length: bin b holds ``(edges[b-1], edges[b]]``.
+    Many lengths read their bin from a table of every length up to the longest (a gather instead of
+    a binary search each)."""
+    edges, lengths = np.asarray(edges), np.asarray(doc_lengths, dtype=np.int64)
+    if lengths.size > 1024:
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if 0 <= lo and hi <= min(COUNTED_MAX, lengths.size):
+            return np.searchsorted(edges, np.arange(hi + 1), side="left").astype(np.int64)[lengths]
+    return np.searchsorted(edges, lengths, side="left").astype(np.int64)
 
 
 @dataclass(frozen=True)
