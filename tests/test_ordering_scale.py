@@ -18,7 +18,7 @@ from pipeline.ordering import (
     run_strategy,
     sequence_features,
 )
-from pipeline.ordering.features import SequenceFeatures, packed_sequence_features
+from pipeline.ordering.features import Csr, SequenceFeatures, packed_sequence_features
 from pipeline.ordering.repair import repair_batches
 from pipeline.packing.pack import pack_concat
 from pipeline.reports.diagnostics import batch_deviations, composition
@@ -280,12 +280,33 @@ def _sequential_repair(order: np.ndarray, f: SequenceFeatures, batch: int, n_fix
     return order
 
 
+def _uneven_instance(m: int, seed: int, k: int, n_bins: int) -> SequenceFeatures:
+    """Sequences of uneven lengths (a padded packing's), each split over up to 5 clusters and 3 length bins."""
+    rng = np.random.default_rng(seed)
+    lengths = np.where(rng.random(m) < 0.3, 256, rng.integers(20, 256, m))
+
+    def split(n_cols: int, most: int) -> Csr:
+        indptr, indices, data = [0], [], []
+        for total in lengths:
+            cols = np.sort(rng.choice(n_cols, min(int(rng.integers(1, most + 1)), n_cols), replace=False))
+            cuts = np.sort(rng.choice(np.arange(1, total), cols.size - 1, replace=False))
+            indices += list(cols)
+            data += list(np.diff(np.r_[0, cuts, total]).astype(float))
+            indptr.append(len(indices))
+        return Csr(np.array(indptr), np.array(indices), np.array(data), n_cols)
+
+    return SequenceFeatures(np.arange(m), split(k, 5), split(n_bins, 3), lengths.astype(float), np.arange(n_bins - 1), np.zeros((k, n_bins)))
+
+
 def test_parallel_swap_scoring_picks_what_a_sequential_scan_picks():
-    f = bench_instance(160, seed=4, k=12, n_bins=6, seq_len=256)
-    order = np.random.default_rng(0).permutation(f.n_sequences)
-    fixed, swaps = repair_batches(order, f, 4, fraction=0.1, passes=1)
-    assert swaps > 0
-    assert np.array_equal(fixed, _sequential_repair(order, f, 4, int(0.1 * (f.n_sequences // 4)), 2))
+    """The swap scores sum each batch once and add / take away the candidate rows, dropping a swap
+    at the first term past the batch's deviation: the repair still takes the swaps a plain scan
+    summing every swapped batch takes (full sequences, and sequences of uneven lengths)."""
+    for f, batch in ((bench_instance(160, seed=4, k=12, n_bins=6, seq_len=256), 4), (_uneven_instance(150, 3, 9, 5), 5)):
+        order = np.random.default_rng(0).permutation(f.n_sequences)
+        fixed, swaps = repair_batches(order, f, batch, fraction=0.2, passes=1)
+        assert swaps > 0
+        assert np.array_equal(fixed, _sequential_repair(order, f, batch, int(0.2 * (f.n_sequences // batch)), 2))
 
 
 def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):

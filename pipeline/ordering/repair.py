@@ -15,7 +15,9 @@ moves, so the mean deviation barely changes; the swaps target the rare batch whe
 place two sequences of one group close together (e.g. two whole sequences of a long-document length
 bin in one batch). Measured at M = 1M (K = 1000, L = 2048, blocked greedy, objective stationary):
 the worst batch 0.049 / 0.053 (clusters / bins) unrepaired; 0.040 / 0.041 after one pass over the
-worst 10% (24 s); 0.031 / 0.031 after 4 passes over the worst 2% (17 s).
+worst 10% (24 s); 0.031 / 0.031 after 4 passes over the worst 2% (17 s with every swapped batch
+summed from its rows; 2.8 s since each batch is summed once and each candidate row added and taken
+away, a swap dropped at its first term past the batch's deviation: the same swaps, the same order).
 """
 
 from __future__ import annotations
@@ -60,34 +62,192 @@ def _score(rows, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa, 
     )
 
 
+@numba.njit(cache=True)
+def _fill(rows, skip, ptr, ind, dat, lengths, tokens, hits, present):
+    """Tokens and entries per group of ``rows`` but the ``skip``-th (-1: none) into ``tokens`` and
+    ``hits`` (zero on entry); the groups with an entry listed in ``present``. Returns (total
+    length, groups listed)."""
+    total = 0.0
+    n = 0
+    for t in range(rows.size):
+        if t == skip:
+            continue
+        r = rows[t]
+        total += lengths[r]
+        for k in range(ptr[r], ptr[r + 1]):
+            g = ind[k]
+            if hits[g] == 0:
+                present[n] = g
+                n += 1
+            hits[g] += 1
+            tokens[g] += dat[k]
+    return total, n
+
+
+@numba.njit(cache=True)
+def _move(r, sign, ptr, ind, dat, tokens, hits) -> None:
+    """Add (``sign`` 1) or take away (-1) row r's entries."""
+    for k in range(ptr[r], ptr[r + 1]):
+        tokens[ind[k]] += sign * dat[k]
+        hits[ind[k]] += sign
+
+
+@numba.njit(cache=True)
+def _clear(present, n, tokens, hits) -> None:
+    for t in range(n):
+        tokens[present[t]] = 0.0
+        hits[present[t]] = 0
+
+
+@numba.njit(cache=True)
+def _dev_below(tokens, hits, total, present, n, extra, ptr, ind, share, by_share, hot, limit):
+    """:func:`_group_dev` of the rows whose sums are ``tokens`` / ``hits`` (the groups with an entry:
+    ``present[:n]`` and row ``extra``'s; those with hits 0 are absent), or inf as soon as a term
+    reaches ``limit``. Group ``hot`` (-1: none) is looked at first: its term is at most the
+    deviation whether it is present or absent, so a swap that leaves it at ``limit`` or above is
+    dropped after one term. Sums of whole numbers are exact in any order: the same value as
+    :func:`_group_dev` of the rows themselves."""
+    if hot >= 0 and abs(tokens[hot] / total - share[hot]) >= limit:
+        return np.inf
+    worst = 0.0
+    for g in by_share:  # the largest-share absent group
+        if hits[g] == 0:
+            worst = share[g]
+            break
+    if worst >= limit:
+        return np.inf
+    for t in range(n):
+        g = present[t]
+        if hits[g] > 0:
+            d = abs(tokens[g] / total - share[g])
+            if d >= limit:
+                return np.inf
+            worst = max(worst, d)
+    if extra >= 0:
+        for k in range(ptr[extra], ptr[extra + 1]):
+            d = abs(tokens[ind[k]] / total - share[ind[k]])
+            if d >= limit:
+                return np.inf
+            worst = max(worst, d)
+    return worst
+
+
+@numba.njit(cache=True)
+def _worst_group(rows, ptr, ind, dat, lengths, share, by_share, tokens, hits, present) -> tuple[int, float]:
+    """The group whose term is ``rows``' deviation (:func:`_group_dev`), present or the
+    largest-share absent one, and the deviation."""
+    total, n = _fill(rows, -1, ptr, ind, dat, lengths, tokens, hits, present)
+    best, worst = -1, -1.0
+    for t in range(n):
+        d = abs(tokens[present[t]] / total - share[present[t]])
+        if d > worst:
+            best, worst = present[t], d
+    for g in by_share:
+        if hits[g] == 0:
+            if share[g] > worst:
+                best, worst = g, share[g]
+            break
+    _clear(present, n, tokens, hits)
+    return best, worst
+
+
+@numba.njit(cache=True)
+def _into_a(total, n, others, ptr, ind, dat, lengths, share, by_share, hot, limit, tokens, hits, present, score) -> None:
+    """One family's deviation of a batch with one row replaced by each row of ``others`` in turn:
+    ``score[j]`` = max(score[j], dev), inf once a term reaches ``limit`` (j already inf: skipped).
+    ``tokens`` / ``hits`` / ``present[:n]`` and ``total`` are the batch's sums without the row that
+    leaves (:func:`_fill`); each row j is added and taken away again."""
+    for j in range(others.size):
+        if score[j] == np.inf:
+            continue
+        r = others[j]
+        _move(r, 1, ptr, ind, dat, tokens, hits)
+        score[j] = max(score[j], _dev_below(tokens, hits, total + lengths[r], present, n, r, ptr, ind, share, by_share, hot, limit))
+        _move(r, -1, ptr, ind, dat, tokens, hits)
+
+
+@numba.njit(cache=True)
+def _into_b(rows, r_in, ptr, ind, dat, lengths, share, by_share, limit, tokens, hits, present, score) -> None:
+    """One family's deviation of batch ``rows`` with its j-th row replaced by row ``r_in``, for each
+    j: ``score[j]`` as in :func:`_into_a`. The whole batch is summed once; for each j its row is
+    taken away and ``r_in`` added, then both undone."""
+    total, n = _fill(rows, -1, ptr, ind, dat, lengths, tokens, hits, present)
+    for j in range(rows.size):
+        if score[j] == np.inf:
+            continue
+        r_out = rows[j]
+        _move(r_out, -1, ptr, ind, dat, tokens, hits)
+        _move(r_in, 1, ptr, ind, dat, tokens, hits)
+        score[j] = max(score[j], _dev_below(tokens, hits, total - lengths[r_out] + lengths[r_in], present, n, r_in, ptr, ind, share,
+                                            by_share, -1, limit))
+        _move(r_in, -1, ptr, ind, dat, tokens, hits)
+        _move(r_out, 1, ptr, ind, dat, tokens, hits)
+    _clear(present, n, tokens, hits)
+
+
 @numba.njit(cache=True, parallel=True)
 def _swap_scores(order, batch, a, lo, hi, limit, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa):
     """max(dev of batch a, dev of batch b) after swapping a's i-th and b's j-th sequence, for every
-    b in [lo, hi) but a and every (i, j), in loop order (b, i, j); inf where a's dev is >= ``limit``
-    (such a swap cannot win). One (b, i) a task, each with its own scratch buffers."""
+    b in [lo, hi) but a and every (i, j), in loop order (b, i, j); inf where it is >= ``limit`` (such
+    a swap cannot win: the repair keeps the lowest score below ``limit``, the first in loop order).
+
+    One i a task, with its own scratch arrays: batch a without its i-th row is summed once, batch b
+    once for each b it still has a swap with, and each candidate row is added and taken away again
+    (sums of whole numbers are exact in any order, so every score below ``limit`` is the one summing
+    the swapped batches gives). a's worst groups are looked at first, so most swaps are dropped
+    after one term."""
     nb_ = hi - lo
     out = np.full(nb_ * batch * batch, np.inf)
-    for t in numba.prange(nb_ * batch):
-        b = lo + t // batch
-        i = t % batch
-        if b == a:
-            continue
+    rows_a = order[a * batch : (a + 1) * batch]
+    tokens, hits, present = np.zeros(tau.size), np.zeros(tau.size, np.int64), np.empty(tau.size, np.int64)
+    hot_c, dev_c = _worst_group(rows_a, cp, ci, cd, lengths, tau, by_tau, tokens, hits, present)
+    tokens, hits, present = np.zeros(kappa.size), np.zeros(kappa.size, np.int64), np.empty(kappa.size, np.int64)
+    hot_b, dev_b = _worst_group(rows_a, bp, bi, bd, lengths, kappa, by_kappa, tokens, hits, present)
+    bins_first = dev_b > dev_c  # the family whose worst group makes a's deviation drops most swaps: it goes first
+    for i in numba.prange(batch):
+        c_tok, c_hit, c_pres = np.zeros(tau.size), np.zeros(tau.size, np.int64), np.empty(tau.size, np.int64)
+        b_tok, b_hit, b_pres = np.zeros(kappa.size), np.zeros(kappa.size, np.int64), np.empty(kappa.size, np.int64)
+        c_total, c_n = _fill(rows_a, i, cp, ci, cd, lengths, c_tok, c_hit, c_pres)
+        b_total, b_n = _fill(rows_a, i, bp, bi, bd, lengths, b_tok, b_hit, b_pres)
+        # scratch for batch b's sums (a's stay in c_* / b_* for every b)
+        tok, hit, pres = np.zeros(max(tau.size, kappa.size)), np.zeros(max(tau.size, kappa.size), np.int64), np.empty(max(tau.size, kappa.size), np.int64)
+        for b in range(lo, hi):
+            if b == a:
+                continue
+            rows_b = order[b * batch : (b + 1) * batch]
+            score = np.zeros(batch)
+            for fam in range(2):
+                if (fam == 0) != bins_first:
+                    _into_a(c_total, c_n, rows_b, cp, ci, cd, lengths, tau, by_tau, hot_c, limit, c_tok, c_hit, c_pres, score)
+                else:
+                    _into_a(b_total, b_n, rows_b, bp, bi, bd, lengths, kappa, by_kappa, hot_b, limit, b_tok, b_hit, b_pres, score)
+                if np.isinf(score).all():  # no swap of a's i-th row with this batch is left
+                    break
+            if np.isinf(score).all():
+                continue
+            _into_b(rows_b, rows_a[i], cp, ci, cd, lengths, tau, by_tau, limit, tok, hit, pres, score)
+            _into_b(rows_b, rows_a[i], bp, bi, bd, lengths, kappa, by_kappa, limit, tok, hit, pres, score)
+            t = (b - lo) * batch + i
+            out[t * batch : (t + 1) * batch] = score
+    return out
+
+
+@numba.njit(cache=True, parallel=True)
+def _batch_scores(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa):
+    """:func:`_score` of every full batch of ``order``, in chunks of batches on every core (each
+    chunk with its own scratch arrays; a batch's score does not depend on them)."""
+    nb = order.size // batch
+    dev = np.empty(nb)
+    chunks = min(nb, 64)
+    for c in numba.prange(chunks):
         cbuf, bbuf = np.zeros(tau.size), np.zeros(kappa.size)
         cst, bst = np.full(tau.size, -1, np.int64), np.full(kappa.size, -1, np.int64)
-        ra, rb = np.empty(batch, np.int64), np.empty(batch, np.int64)
         tag = 0
-        for j in range(batch):
-            ra[:] = order[a * batch : (a + 1) * batch]
-            rb[:] = order[b * batch : (b + 1) * batch]
-            ra[i], rb[j] = rb[j], ra[i]
-            da = _score(ra, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa, cbuf, bbuf, cst, bst, tag)
+        for a in range(c * nb // chunks, (c + 1) * nb // chunks):
+            dev[a] = _score(order[a * batch : (a + 1) * batch], cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa,
+                            cbuf, bbuf, cst, bst, tag)
             tag += 1
-            if da >= limit:
-                continue
-            db = _score(rb, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa, cbuf, bbuf, cst, bst, tag)
-            tag += 1
-            out[t * batch + j] = max(da, db)
-    return out
+    return dev
 
 
 @numba.njit(cache=True)
@@ -102,11 +262,7 @@ def _repair(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, n_fix, re
     cbuf, bbuf = np.zeros(tau.size), np.zeros(kappa.size)
     cst, bst = np.full(tau.size, -1, np.int64), np.full(kappa.size, -1, np.int64)
     tag = 0
-    dev = np.empty(nb)
-    for a in range(nb):
-        dev[a] = _score(order[a * batch : (a + 1) * batch], cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa,
-                        cbuf, bbuf, cst, bst, tag)
-        tag += 1
+    dev = _batch_scores(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa)
     swaps = 0
     for a in np.argsort(-dev, kind="mergesort")[:n_fix]:
         lo, hi = max(0, a - reach), min(nb, a + reach + 1)
