@@ -1,12 +1,12 @@
 """Threads: how torch's CPU thread pool waits, a map on a thread a core for GIL-free work,
-a stage computed ahead of its consumer, and an iterator drawn ahead of it."""
+a stage computed ahead of its consumer, an iterator drawn ahead of it, and calls run behind their caller."""
 
 from __future__ import annotations
 
 import itertools
 import os
 from collections import deque
-from contextlib import closing
+from contextlib import closing, contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -83,3 +83,26 @@ def prefetch(items: Iterator[T], depth: int = 1) -> Iterator[T]:
             if item is end:
                 return
             yield item
+
+
+@contextmanager
+def behind(fn: Callable[..., object], depth: int = 2) -> Iterator[Callable[..., None]]:
+    """A function whose calls run ``fn`` one at a time, in call order, on a thread of their own, at
+    most ``depth`` calls behind the caller: for work that releases the GIL and must stay in order
+    (a writer compressing one batch while the caller computes the next). Every call has run when
+    the block is left; the first exception of ``fn`` is raised at a later call or on leaving."""
+    with ThreadPoolExecutor(1) as pool:
+        pending: deque = deque()
+
+        def call(*args) -> None:
+            pending.append(pool.submit(fn, *args))
+            while len(pending) > depth:
+                pending.popleft().result()
+
+        try:
+            yield call
+            while pending:
+                pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()

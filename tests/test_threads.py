@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline.threads import ahead, prefetch
+from pipeline.threads import ahead, behind, prefetch
 
 
 def test_prefetch_yields_the_items_in_order_from_another_thread():
@@ -55,3 +55,30 @@ def test_prefetch_stops_producing_when_the_consumer_stops_early():
 
 def test_ahead_keeps_order():
     assert list(ahead(lambda x: x * x, range(20), depth=2)) == [x * x for x in range(20)]
+
+
+def test_behind_runs_every_call_in_order_on_one_other_thread_and_raises_its_error():
+    done, threads = [], set()
+
+    def slow(i):
+        time.sleep(0.002 * (i % 3))
+        threads.add(threading.get_ident())
+        done.append(i)
+
+    with behind(slow, depth=3) as call:
+        for i in range(40):
+            call(i)
+    assert done == list(range(40)) and len(threads) == 1 and threading.get_ident() not in threads
+
+    def fails(i):
+        if i == 4:
+            raise ValueError("the fifth")
+
+    with pytest.raises(ValueError, match="the fifth"):
+        with behind(fails, depth=2) as call:
+            for i in range(6):
+                call(i)
+    with pytest.raises(ValueError, match="the fifth"):  # raised on leaving when no later call waits for it
+        with behind(fails, depth=10) as call:
+            for i in range(5):
+                call(i)

@@ -36,7 +36,7 @@ from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )
 from pipeline.errors import StrataInputError
-from pipeline.threads import prefetch
+from pipeline.threads import behind, parallel_map, prefetch
 
 if TYPE_CHECKING:  # imported where used: importing this module stays light
     import duckdb
@@ -190,8 +190,10 @@ def corpus_fingerprint(cfg: CorpusConfig) -> str:
 
 
 def unit_fingerprints(cfg: CorpusConfig) -> dict[str, str]:
-    """Content fingerprint of each unit of :func:`corpus_units`."""
-    return {unit: unit_fingerprint(unit, cfg) for unit in corpus_units(cfg)}
+    """Content fingerprint of each unit of :func:`corpus_units`, the files read and hashed on a
+    thread a core (reads and SHA-256 release the GIL)."""
+    units = corpus_units(cfg)
+    return dict(zip(units, parallel_map(lambda unit: unit_fingerprint(unit, cfg), units)))
 
 
 def unit_fingerprint(unit: str, cfg: CorpusConfig) -> str:
@@ -416,7 +418,9 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     # every shard's batches, read (decompressed) on a thread ahead of this loop's work on them
     ahead_batches = prefetch((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows))
     with atomic_writer(corpus_path) as sink, contextlib.closing(ahead_batches) as batches:
-        with pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer:
+        with (pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer,
+              # each row group compressed and written on a thread of its own, in order, while the next batch is worked on
+              behind(lambda out: writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)) as write):
             pending = next(batches, None)
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
@@ -443,7 +447,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                         doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", source="source",
                         subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32), shard_row="shard_row",
                     )
-                    writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)
+                    write(out)
                     doc_id += train.height
                     rg += 1
                 info = infos[u]
