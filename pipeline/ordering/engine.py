@@ -126,12 +126,9 @@ def document_order(name: str, cluster: np.ndarray, length: np.ndarray, seq_len: 
 
 
 def _run(spec: StrategySpec, inp: Inputs) -> OrderingResult:
+    """A strategy with a ``run`` of its own, or a document-level order, repacked."""
     if spec.run is not None:
         return spec.run(inp)
-    if spec.level == "sequence":
-        f = inp.features() if spec.features else inp.sequence_ids()
-        mode = greedy_mode(f.n_sequences, inp.params.greedy_exact_max) if spec.greedy_based else None
-        return OrderingResult(order_frame(f.sequence_ids[spec.order(f, inp.params, inp.seed)]), None, mode)
     local = document_order(spec.name, inp.cluster[inp.present], inp.length[inp.present], inp.seq_len, inp.params)
     seg = repack(inp, inp.present[local])
     return OrderingResult(order_frame(np.unique(seg["sequence_id"].to_numpy())), seg)
@@ -255,6 +252,14 @@ def run_strategy(
     del docs, doc_id, clus, ntok  # per-document frame: the arrays above hold what the strategies read
     present = np.flatnonzero(cluster >= 0)  # the doc ids present, ascending
     inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns)
+    del cluster, length, present, content_hash, segments, columns  # held by ``inp`` alone
     if prefix is not None:
         return _run_frozen(spec, inp, np.asarray(prefix, dtype=np.int64))
+    if spec.level == "sequence" and spec.run is None:
+        # the order reads the features alone: the per-document arrays and the segments are freed
+        # once the features are built
+        f = inp.features() if spec.features else inp.sequence_ids()
+        del inp
+        mode = greedy_mode(f.n_sequences, params.greedy_exact_max) if spec.greedy_based else None
+        return OrderingResult(order_frame(f.sequence_ids[spec.order(f, params, int(seed))]), None, mode)
     return _run(spec, inp)
