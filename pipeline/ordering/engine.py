@@ -213,8 +213,7 @@ def run_strategy(
         segments = pl.DataFrame(schema={"sequence_id": pl.Int64, "doc_id": pl.Int64, "n_tokens": pl.Int32})
     segments = segments() if callable(segments) else segments
     if spec.ids_only and prefix is None:
-        f = SequenceIds.of_segments(_column(segments, "sequence_id", "segments"))
-        return OrderingResult(order_frame(f.sequence_ids[spec.order(f, params, seed)]), None, None)
+        return _ordered(spec, SequenceIds.of_segments(_column(segments, "sequence_id", "segments")), params, int(seed))
     docs = docs() if callable(docs) else docs
     doc_id = _column(docs, "doc_id", "documents").astype(np.int64, copy=False)
     clus = _column(docs, "cluster", "documents").astype(np.int64, copy=False)
@@ -260,6 +259,11 @@ def run_strategy(
         # once the features are built
         f = inp.features() if spec.features else inp.sequence_ids()
         del inp
-        mode = greedy_mode(f.n_sequences, params.greedy_exact_max) if spec.greedy_based else None
-        return OrderingResult(order_frame(f.sequence_ids[spec.order(f, params, int(seed))]), None, mode)
+        return _ordered(spec, f, params, int(seed))
     return _run(spec, inp)
+
+
+def _ordered(spec: StrategySpec, f: SequenceFeatures | SequenceIds, params: OrderParams, seed: int) -> OrderingResult:
+    """A sequence-level strategy's order of the sequences ``f`` describes."""
+    mode = greedy_mode(f.n_sequences, params.greedy_exact_max) if spec.greedy_based else None
+    return OrderingResult(order_frame(f.sequence_ids[spec.order(f, params, seed)]), None, mode)

@@ -18,6 +18,9 @@ from pipeline.errors import StrataInputError
 from pipeline.segments import even_cuts, grouped, insert_sorted, n_chunks
 
 
+COUNTED_MAX = 1 << 22  # lengths up to this are counted (a table of that many entries), not sorted or searched one by one
+
+
 def length_bin_edges(
     doc_lengths: np.ndarray, n_bins: int, weighting: Literal["tokens", "documents"] = "tokens"
 ) -> np.ndarray:
@@ -56,9 +59,6 @@ def length_bin_edges(
     # from the mass summed per distinct length as from the mass document by document)
     edges = np.unique(srt[np.searchsorted(mass, q, side="left")])
     return edges[edges < srt[-1]]
-
-
-COUNTED_MAX = 1 << 22  # lengths up to this are counted (a table of that many entries), not sorted or searched one by one
 
 
 def length_bins(doc_lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
