@@ -365,6 +365,32 @@ def test_kernels_give_the_reference_rows(spec):
         assert got.equals(_reference_pack(variant, order, lengths, L, atom, seed)), (spec, seed)
 
 
+def test_concat_in_chunks_on_every_thread_gives_the_reference_rows(monkeypatch):
+    """concat packs chunks of documents on every core (each chunk's stream position and first
+    piece from the chunks before it): with one document a chunk minimum, on 1 or 2 threads, the
+    rows are the reference's, and a bad order is refused as before."""
+    import numba
+
+    from pipeline import segments
+
+    lengths, _, _, order = corpus(300, seed=6, hi=400)
+    monkeypatch.setattr(segments, "MIN_CHUNK_ROWS", 1)
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(threads)
+            assert segments.n_chunks(order.size) == 4 * threads
+            for part in (order, order[: order.size // 3]):  # every document, and a subset (the tail dropped mid-document)
+                assert pack("concat", part, lengths, L).segments.equals(_reference_pack("concat", part, lengths, L, None, 0))
+    finally:
+        numba.set_num_threads(before)
+    for bad, message in ((np.array([0, lengths.size]), "outside"), (np.array([3, 1, 3]), "repeats"), (np.array([-1, 3, 3]), "outside")):
+        with pytest.raises(StrataInputError, match=message):
+            pack_concat(bad, lengths, L)
+    with pytest.raises(StrataInputError, match="empty token stream"):
+        pack_concat(np.array([0, 1]), np.array([5, 0]), L)
+
+
 def _reference_conservation(seg: pl.DataFrame, lengths: np.ndarray, seq_len: int, gaps: bool) -> bool:
     by_doc = seg.sort("doc_id", "doc_token_start")
     d, ds, n = by_doc["doc_id"].to_numpy(), by_doc["doc_token_start"].to_numpy(), by_doc["n_tokens"].to_numpy().astype(np.int64)

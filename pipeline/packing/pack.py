@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from numba import njit
+from numba import njit, prange
 
 from pipeline.errors import StrataInputError
 from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS, packing_name  # declared for the config
-from pipeline.segments import docs_per_sequence, grouped
+from pipeline.segments import docs_per_sequence, even_cuts, grouped, n_chunks
 from pipeline.threads import parallel_map, task_size
 
 SEGMENT_SCHEMA = {
@@ -139,34 +139,44 @@ def pack(
 
 def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """Validated ``doc_order`` (int64, not copied when it is already), the stream lengths of all
-    documents and the sum of those of ``doc_order`` (no per-order copy of the lengths)."""
+    documents and the sum of those of ``doc_order`` (no per-order copy of the lengths), checked
+    in one pass (:func:`_scan_order`)."""
     all_lengths = np.asarray(stream_lengths)
     order = np.asarray(doc_order)
     if order.ndim != 1 or all_lengths.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
         raise StrataInputError("doc_order and stream_lengths must be 1-D integer arrays", fix="pass doc ids and per-document stream lengths")
     order = order.astype(np.int64, copy=False)
-    if order.size and (order.min() < 0 or order.max() >= all_lengths.size):
+    all_lengths = all_lengths.astype(np.int64, copy=False)
+    outside, repeated, total, smallest = _scan_order(order, all_lengths)
+    if outside:
         raise StrataInputError(
             f"doc_order holds ids outside 0..{all_lengths.size - 1}", fix="pass dense doc ids (row indices of documents.parquet)"
         )
-    if order.size and np.bincount(order, minlength=all_lengths.size).max() > 1:
+    if repeated:
         raise StrataInputError("doc_order repeats a document", fix="pass each document at most once (a permutation or a subset)")
-    total, smallest = _sum_min(order, all_lengths.astype(np.int64, copy=False))
     if order.size and smallest <= 0:
         raise StrataInputError("a document has an empty token stream", fix="drop empty documents before packing")
-    return order, all_lengths.astype(np.int64, copy=False), int(total)
+    return order, all_lengths, int(total)
 
 
 @njit(cache=True)
-def _sum_min(order: np.ndarray, lengths: np.ndarray) -> tuple[int, int]:
-    """Sum and minimum of ``lengths[order]`` (the minimum is 1 for an empty order)."""
-    total, smallest = 0, 1
+def _scan_order(order: np.ndarray, lengths: np.ndarray) -> tuple[bool, bool, int, int]:
+    """Whether ``order`` holds an id outside ``lengths``, whether it repeats one, and the sum and
+    minimum of ``lengths[order]`` over the ids inside (the minimum is 1 for an empty order)."""
+    seen = np.zeros(lengths.size, np.bool_)
+    outside, repeated, total, smallest, first = False, False, 0, 1, True
     for i in range(order.size):
-        x = lengths[order[i]]
+        d = order[i]
+        if d < 0 or d >= lengths.size:
+            outside = True
+            continue
+        repeated |= seen[d]
+        seen[d] = True
+        x = lengths[d]
         total += x
-        if i == 0 or x < smallest:
-            smallest = x
-    return total, smallest
+        if first or x < smallest:
+            smallest, first = x, False
+    return outside, repeated, total, smallest
 
 
 def _atom_size(variant: str, atom_multiple: float, L: int) -> int:
@@ -220,21 +230,47 @@ def _cut_into(start, length, doc, doc_start, eos, L, seq, off, d, ds, n, e) -> N
 def _concat_plain(order: np.ndarray, all_lengths: np.ndarray, L: int, total: int):
     """``concat`` without atoms: the documents of ``order`` joined and cut every ``L`` tokens, the
     incomplete tail dropped; the same pieces as cutting ``_stream_spans`` with ``_cut``, written
-    straight from the order (no per-document copies)."""
+    straight from the order (no per-document copies), in chunks of documents on every core: each
+    chunk's stream position and first piece come from the chunks before it."""
     keep = total // L * L
+    lengths = all_lengths[order]  # gathered once, read in order by every pass (not one cache miss a document each)
+    cuts = even_cuts(order.size, n_chunks(order.size))
+    pos = np.zeros(cuts.size, np.int64)  # pos[c]: the stream position where chunk c starts
+    np.cumsum(_chunk_sums(lengths, cuts), out=pos[1:])
     none = np.empty(0, np.int64)
-    lengths = all_lengths[order]  # gathered once, read in order by both passes (not one cache miss a document each)
-    out = _piece_arrays(_concat_pieces(order, lengths, keep, L, False, none, none.astype(np.int32), none, none, none.astype(np.int32)))
-    _concat_pieces(order, lengths, keep, L, True, *out[:5])
+    at = np.zeros(cuts.size, np.int64)  # at[c]: the first piece of chunk c
+    np.cumsum(_concat_chunks(order, lengths, keep, L, cuts, pos, at, False, none, none.astype(np.int32), none, none,
+                             none.astype(np.int32)), out=at[1:])
+    out = _piece_arrays(int(at[-1]))
+    _concat_chunks(order, lengths, keep, L, cuts, pos, at, True, *out[:5])
     return out, keep // L
 
 
+@njit(cache=True, parallel=True)
+def _chunk_sums(lengths, cuts):
+    out = np.zeros(cuts.size - 1, np.int64)
+    for c in prange(cuts.size - 1):
+        out[c] = lengths[cuts[c] : cuts[c + 1]].sum()
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _concat_chunks(order, lengths, keep, L, cuts, pos, at, write, seq, off, d, ds, n):
+    """Pieces per chunk ``cuts[c]:cuts[c+1]`` of the documents (:func:`_concat_pieces`), or with
+    ``write`` the pieces written from ``at[c]`` on."""
+    out = np.zeros(cuts.size - 1, np.int64)
+    for c in prange(cuts.size - 1):
+        out[c] = _concat_pieces(order, lengths, cuts[c], cuts[c + 1], pos[c], keep, L, write, at[c], seq, off, d, ds, n)
+    return out
+
+
 @njit(cache=True)
-def _concat_pieces(order, lengths, keep, L, write, seq, off, d, ds, n) -> int:
-    """Count (or, with ``write``, write) the pieces of the stream ``order`` (``lengths[i]``: the
-    length of document ``order[i]``) truncated to ``keep``."""
-    pos, w = 0, 0
-    for i in range(order.size):
+def _concat_pieces(order, lengths, lo, hi, pos, keep, L, write, w, seq, off, d, ds, n) -> int:
+    """Count (or, with ``write``, write from piece ``w`` on) the pieces of documents ``order[lo:hi]``
+    (``lengths[i]``: the length of document ``order[i]``) of the stream truncated to ``keep``, the
+    first starting at stream position ``pos``."""
+    first = w
+    for i in range(lo, hi):
         if pos >= keep:
             break
         doc = order[i]
@@ -242,13 +278,13 @@ def _concat_pieces(order, lengths, keep, L, write, seq, off, d, ds, n) -> int:
         s = pos
         while s < end:
             q = s // L
-            hi = min(end, (q + 1) * L)
+            top = min(end, (q + 1) * L)
             if write:
-                seq[w], off[w], d[w], ds[w], n[w] = q, s - q * L, doc, s - pos, hi - s
+                seq[w], off[w], d[w], ds[w], n[w] = q, s - q * L, doc, s - pos, top - s
             w += 1
-            s = hi
+            s = top
         pos += lengths[i]
-    return w
+    return w - first
 
 
 def _stream_spans(order: np.ndarray, lengths: np.ndarray, keep: int):
