@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: the shared data folder and small real corpora made from it."""
+"""Helpers shared by the tests: the shared data folder, small real corpora made from it, and the
+numba kernels' chunked paths."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import gzip
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -75,3 +78,19 @@ def small_graph_config(corpus: Path) -> dict:
             "max_steps": 4, "warmup_steps": 1, "heldout_every": 2, "heldout_docs": 8, "eval_limit": 2,
             "embed_method": "shallow", "embed_max_tokens": 64, "stationarity_shuffles": 5, "claims_probe_batches": 2,
             "bootstrap_samples": 200}
+
+
+@contextmanager
+def chunked_threads(monkeypatch) -> Iterator[list[int]]:
+    """The kernels of ``pipeline.segments.n_chunks`` split every input (chunks of one row minimum);
+    yields the thread counts to run them on (1, and 2 where numba has two), numba's own restored after."""
+    import numba
+
+    from pipeline import segments
+
+    monkeypatch.setattr(segments, "MIN_CHUNK_ROWS", 1)
+    before = numba.get_num_threads()
+    try:
+        yield sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)})
+    finally:
+        numba.set_num_threads(before)

@@ -314,6 +314,7 @@ def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):
     chunk per 1 row minimum) and on 1 or 2 threads, the features are bit-identical to one chunk's."""
     import numba
 
+    from helpers import chunked_threads
     from pipeline import segments
     from pipeline.ordering.features import SequenceIds
 
@@ -324,17 +325,13 @@ def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):
     args = (seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), cluster, length, 16, {"source": source})
     one = packed_sequence_features(*args)
     assert segments.n_chunks(seg.height) == 1
-    monkeypatch.setattr(segments, "MIN_CHUNK_ROWS", 1)
-    before = numba.get_num_threads()
-    try:
-        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+    with chunked_threads(monkeypatch) as counts:
+        for threads in counts:
             numba.set_num_threads(threads)
             assert segments.n_chunks(seg.height) == 4 * threads
             many = packed_sequence_features(*args)
             for x, y in ((one.clusters, many.clusters), (one.bins, many.bins), (one.columns["source"], many.columns["source"])):
                 assert all(getattr(x, f).tobytes() == getattr(y, f).tobytes() for f in ("indptr", "indices", "data"))
-    finally:
-        numba.set_num_threads(before)
     ids = SequenceIds.of_segments(seg["sequence_id"].to_numpy())  # what random and original read instead of the features
     assert np.array_equal(ids.sequence_ids, one.sequence_ids)
     assert np.array_equal(SequenceIds.of_segments(seg["sequence_id"].to_numpy()[::-1]).sequence_ids, one.sequence_ids)

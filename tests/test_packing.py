@@ -371,19 +371,16 @@ def test_concat_in_chunks_on_every_thread_gives_the_reference_rows(monkeypatch):
     rows are the reference's, and a bad order is refused as before."""
     import numba
 
+    from helpers import chunked_threads
     from pipeline import segments
 
     lengths, _, _, order = corpus(300, seed=6, hi=400)
-    monkeypatch.setattr(segments, "MIN_CHUNK_ROWS", 1)
-    before = numba.get_num_threads()
-    try:
-        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+    with chunked_threads(monkeypatch) as counts:
+        for threads in counts:
             numba.set_num_threads(threads)
             assert segments.n_chunks(order.size) == 4 * threads
             for part in (order, order[: order.size // 3]):  # every document, and a subset (the tail dropped mid-document)
                 assert pack("concat", part, lengths, L).segments.equals(_reference_pack("concat", part, lengths, L, None, 0))
-    finally:
-        numba.set_num_threads(before)
     for bad, message in ((np.array([0, lengths.size]), "outside"), (np.array([3, 1, 3]), "repeats"), (np.array([-1, 3, 3]), "outside")):
         with pytest.raises(StrataInputError, match=message):
             pack_concat(bad, lengths, L)
