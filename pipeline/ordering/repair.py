@@ -202,14 +202,14 @@ def _swap_scores(order, batch, a, lo, hi, limit, cp, ci, cd, bp, bi, bd, lengths
     tokens, hits, present = np.zeros(tau.size), np.zeros(tau.size, np.int64), np.empty(tau.size, np.int64)
     hot_c, dev_c = _worst_group(rows_a, cp, ci, cd, lengths, tau, by_tau, tokens, hits, present)
     tokens, hits, present = np.zeros(kappa.size), np.zeros(kappa.size, np.int64), np.empty(kappa.size, np.int64)
-    hot_b, dev_b = _worst_group(rows_a, bp, bi, bd, lengths, kappa, by_kappa, tokens, hits, present)
-    bins_first = dev_b > dev_c  # the family whose worst group makes a's deviation drops most swaps: it goes first
+    hot_l, dev_l = _worst_group(rows_a, bp, bi, bd, lengths, kappa, by_kappa, tokens, hits, present)
+    bins_first = dev_l > dev_c  # the family whose worst group makes a's deviation drops most swaps: it goes first
     for i in numba.prange(batch):
         c_tok, c_hit, c_pres = np.zeros(tau.size), np.zeros(tau.size, np.int64), np.empty(tau.size, np.int64)
-        b_tok, b_hit, b_pres = np.zeros(kappa.size), np.zeros(kappa.size, np.int64), np.empty(kappa.size, np.int64)
+        l_tok, l_hit, l_pres = np.zeros(kappa.size), np.zeros(kappa.size, np.int64), np.empty(kappa.size, np.int64)
         c_total, c_n = _fill(rows_a, i, cp, ci, cd, lengths, c_tok, c_hit, c_pres)
-        b_total, b_n = _fill(rows_a, i, bp, bi, bd, lengths, b_tok, b_hit, b_pres)
-        # scratch for batch b's sums (a's stay in c_* / b_* for every b)
+        l_total, l_n = _fill(rows_a, i, bp, bi, bd, lengths, l_tok, l_hit, l_pres)
+        # scratch for batch b's sums (a's stay in c_* (clusters) / l_* (length bins) for every b)
         tok, hit, pres = np.zeros(max(tau.size, kappa.size)), np.zeros(max(tau.size, kappa.size), np.int64), np.empty(max(tau.size, kappa.size), np.int64)
         for b in range(lo, hi):
             if b == a:
@@ -220,7 +220,7 @@ def _swap_scores(order, batch, a, lo, hi, limit, cp, ci, cd, bp, bi, bd, lengths
                 if (fam == 0) != bins_first:
                     _into_a(c_total, c_n, rows_b, cp, ci, cd, lengths, tau, by_tau, hot_c, limit, c_tok, c_hit, c_pres, score)
                 else:
-                    _into_a(b_total, b_n, rows_b, bp, bi, bd, lengths, kappa, by_kappa, hot_b, limit, b_tok, b_hit, b_pres, score)
+                    _into_a(l_total, l_n, rows_b, bp, bi, bd, lengths, kappa, by_kappa, hot_l, limit, l_tok, l_hit, l_pres, score)
                 if np.isinf(score).all():  # no swap of a's i-th row with this batch is left
                     break
             if np.isinf(score).all():
