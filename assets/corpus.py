@@ -13,7 +13,7 @@ from pipeline.data.shard_docs import ShardDocs, manifest_shards
 from pipeline.reports.markdown import frame_table
 from pipeline.storage.layout import Layout
 from pipeline.errors import StrataInputError
-from evals.paloma import write_paloma_layout
+from evals.paloma import PalomaWriter
 from pipeline.storage.atomic import atomic_dir, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
@@ -93,13 +93,11 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     """
     rec = Recorder(context, duckdb, {})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    built = build_corpus(cfg.corpus, cfg.seed, cfg.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=context.log.info,
-                         engine=cfg.engine, ray_cfg=cfg.ray)
+    with atomic_dir(layout.heldout) as tmp, PalomaWriter(tmp) as held:  # the held-out documents written as they are read
+        built = build_corpus(cfg.corpus, cfg.seed, cfg.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=context.log.info,
+                             engine=cfg.engine, ray_cfg=cfg.ray, heldout=held.add)
     write_parquet(built.manifest, layout.shards)
     rec.deps["corpus_shards"] = [shard_key(u) for u in built.manifest["path"]]
-    with atomic_dir(layout.heldout) as tmp:
-        if built.heldout.height:
-            write_paloma_layout(built.heldout, tmp)
     held_files = sorted(layout.heldout.rglob("*.jsonl.gz"))
     with duckdb.get_connection() as con:
         replace_rows(con, "corpus_stats", built.stats, {})
@@ -110,7 +108,7 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     n_train = int(built.manifest["n_docs"].sum())
     return rec.finish(
         [layout.corpus, layout.shards, *held_files],
-        {"train_docs": n_train, "heldout_docs": built.heldout.height, "skipped": len(report.skipped), "shards": built.manifest.height},
+        {"train_docs": n_train, "heldout_docs": built.n_heldout, "skipped": len(report.skipped), "shards": built.manifest.height},
         {"corpus": cfg.corpus.path or cfg.corpus.hf_dataset or "builtin", "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed,
          "engine": cfg.engine},
         {"sources": dg.MetadataValue.md(frame_table(built.stats)),

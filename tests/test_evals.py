@@ -8,12 +8,13 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
 
 from evals import dclm
-from evals.paloma import aggregate_bpb, read_paloma_docs, write_paloma_layout
+from evals.paloma import PalomaWriter, aggregate_bpb, read_paloma_docs, write_paloma_layout
 from evals.run import evaluate
 from evals.wikitext import read_articles, split_articles
 from pipeline.errors import StrataInputError
@@ -253,6 +254,34 @@ def test_write_paloma_layout_roundtrip(tmp_path):
         write_paloma_layout(docs.drop("source"), tmp_path / "c")
     with pytest.raises(StrataInputError, match="not found"):
         read_paloma_docs(tmp_path / "missing")
+
+
+def test_paloma_writer_streams_the_same_bytes(tmp_path, monkeypatch):
+    import evals.paloma
+
+    monkeypatch.setattr(evals.paloma, "WRITE_ROWS", 50)  # JSON lines compressed in pieces of at most 50
+    rng = np.random.default_rng(3)
+    n = 700
+    docs = pl.DataFrame({"text": [f"doc {i} " + "word " * int(rng.integers(0, 60)) + "\u00e9\n\"q\"" for i in range(n)],
+                         "id": [f"d{i}" for i in range(n)], "source": rng.choice(["web", "code/py", "books"], n).tolist(),
+                         "subdomain": rng.choice(["a", "b", None], n).tolist()})
+    whole = write_paloma_layout(docs, tmp_path / "whole", docs_per_shard=90)
+    with PalomaWriter(tmp_path / "stream", docs_per_shard=90) as writer:  # sources interleaved, batches of 1 to 120 rows
+        at = 0
+        while at < n:
+            step = int(rng.integers(1, 121))
+            writer.add(docs.slice(at, step))
+            at += step
+    assert writer.n_docs == n and len(whole) == len(writer.files) > 3
+    assert [f.relative_to(tmp_path / "whole") for f in whole] == [f.relative_to(tmp_path / "stream") for f in writer.files]
+    assert all(f.read_bytes() == g.read_bytes() for f, g in zip(whole, writer.files))
+    assert not list((tmp_path / "stream").rglob("*.part"))
+    back = read_paloma_docs(tmp_path / "stream")
+    assert sorted(back["id"].to_list()) == sorted(docs["id"].to_list())
+    with pytest.raises(StrataInputError, match="both map to the directory"):
+        with PalomaWriter(tmp_path / "clash") as writer:
+            writer.add(docs.slice(0, 3).with_columns(source=pl.Series(["a/b", "a b", "a/b"])))
+    assert not [p for p in (tmp_path / "clash").rglob("*") if p.is_file()]  # an error leaves no file behind
 
 
 @needs_data

@@ -112,7 +112,7 @@ def test_build_corpus_streams_and_reuses_unchanged_shards(shards, tmp_path):
     assert first.validated == 4 and first.reused == 0
     corpus = pl.read_parquet(out)
     ref, _ = built_corpus(cfg, tmp_path)
-    assert corpus.height + first.heldout.height == ref.height == 80
+    assert corpus.height + first.n_heldout == ref.height == 80
     assert corpus["doc_id"].to_list() == list(range(corpus.height))
     m = first.manifest
     assert m["n_docs"].sum() == corpus.height and (m["doc_start"] == m["n_docs"].cum_sum() - m["n_docs"]).all()

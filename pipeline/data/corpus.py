@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import polars as pl
@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # imported where used: importing this module stays light
     import duckdb
     import pyarrow as pa
 
-CORPUS_SCHEMA = {"id": pl.String, "text": pl.String, "source": pl.String, "subdomain": pl.String}
 # zstd level of the validated shards and corpus.parquet: level 3 (zstd's own default) writes the
 # texts 16% smaller than Arrow's default level 1 for about 1.4 s more per million documents.
 ZSTD_LEVEL = 3
@@ -275,7 +274,7 @@ class CorpusBuild:
     """What :func:`build_corpus` wrote: the shard manifest, held-out documents and the report."""
 
     manifest: pl.DataFrame  # MANIFEST_SCHEMA, one row per shard
-    heldout: pl.DataFrame  # id, text, source, subdomain (small: heldout_fraction of the corpus)
+    n_heldout: int  # held-out documents (given to ``build_corpus``'s ``heldout``)
     stats: pl.DataFrame  # source, split, n_docs, n_chars
     report: CorpusReport
     reused: int  # shards whose validated file was reused
@@ -344,15 +343,23 @@ def _save_validated(shard, result: tuple[bytes, bytes]) -> None:
             fh.write(data)
 
 
+READ_COLUMNS = ["id", "text", "source", "subdomain", "content_hash", "heldout"]  # what build_corpus reads of a validated shard
+
+
 def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_dir: Path, corpus_path: Path,
-                 batch_rows: int = BATCH_ROWS, log=None, engine: str = "local", ray_cfg=None) -> CorpusBuild:
+                 batch_rows: int = BATCH_ROWS, log=None, engine: str = "local", ray_cfg=None,
+                 heldout: Callable[[pl.DataFrame], object] | None = None) -> CorpusBuild:
     """Validate every shard (reusing unchanged ones; on Ray workers with ``engine="ray"``) and
     stream the training documents into ``corpus_path`` (``doc_id, id, source, subdomain,
     content_hash, shard, shard_row``; no copy of the texts, which stay in the validated shards:
     :func:`pipeline.data.shard_docs.corpus_texts`). ``shard_row`` is the document's index among its validated
     shard's training rows (``heldout`` false), the rows the per-shard stages compute; the manifest's
     ``validated`` names that file. They differ from ``corpus.parquet``'s rows only where the global
-    steps (ids unique across shards, ``max_docs``) dropped documents."""
+    steps (ids unique across shards, ``max_docs``) dropped documents.
+
+    ``heldout`` is called with each batch's held-out documents (id, text, source, subdomain), in
+    corpus order, on a thread of its own while the next batch is read (e.g.
+    ``evals.paloma.PalomaWriter.add``): they are written as they come, never held together."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -413,14 +420,15 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     schema = pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("source", pa.string()),
                         ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32()),
                         ("shard_row", pa.int64())])
-    rows, held, stats = [], [], []
+    rows, stats, n_heldout = [], [], 0
     doc_id, rg = 0, 0
     # every shard's batches, read (decompressed) on a thread ahead of this loop's work on them
-    ahead_batches = prefetch((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows))
+    ahead_batches = prefetch((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS))
     with atomic_writer(corpus_path) as sink, contextlib.closing(ahead_batches) as batches:
         with (pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer,
               # each row group compressed and written on a thread of its own, in order, while the next batch is worked on
-              behind(lambda out: writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)) as write):
+              behind(lambda out: writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)) as write,
+              behind(heldout or (lambda docs: None)) as hold):  # the held-out documents too, on a third
             pending = next(batches, None)
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
@@ -436,12 +444,13 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                     ho = df.filter(pl.col("heldout"))
                     train = df.filter(~pl.col("heldout"))
                     if ho.height:
-                        held.append(_compact(ho.select("id", "text", "source", "subdomain")))
+                        hold(ho.select("id", "text", "source", "subdomain"))
                         n_held += ho.height
-                    stats.append(df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().sum()))
+                    stat = df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().cast(pl.Int64).sum())
+                    stats.append(stat)
                     if not train.height:
                         continue
-                    n_chars += int(train["text"].str.len_chars().sum())
+                    n_chars += int(stat.filter(~pl.col("heldout"))["n_chars"].sum())
                     digest.update("\n".join(train["content_hash"].to_list()).encode() + b"\n")
                     out = train.select(
                         doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", source="source",
@@ -451,6 +460,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                     doc_id += train.height
                     rg += 1
                 info = infos[u]
+                n_heldout += n_held
                 rows.append({"shard": u, "path": units[u], "fingerprint": fps[units[u]], "n_read": info["n_read"],
                              "n_skipped": report.skipped_by_shard[units[u]], "n_heldout": n_held, "n_docs": doc_id - start,
                              "doc_start": start, "row_group_start": rg_start, "row_group_end": rg, "n_chars": n_chars,
@@ -460,18 +470,4 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                                fix="add documents or lower heldout_fraction")
     stat = (pl.concat(stats).with_columns(split=pl.when(pl.col("heldout")).then(pl.lit("heldout")).otherwise(pl.lit("train")))
             .group_by("source", "split").agg(pl.col("n_docs").sum().cast(pl.Int64), pl.col("n_chars").sum().cast(pl.Int64)).sort("source", "split"))
-    heldout = pl.concat(held) if held else pl.DataFrame(schema=CORPUS_SCHEMA)
-    return CorpusBuild(pl.DataFrame(rows, schema=MANIFEST_SCHEMA), heldout, stat, report, reused, len(units) - reused)
-
-
-def _compact(df: pl.DataFrame) -> pl.DataFrame:
-    """A copy of ``df`` in buffers of its own: a filtered polars frame's strings are views into the
-    whole batch's buffers, so keeping a few held-out rows would keep every batch's text alive."""
-    import pyarrow as pa
-
-    table = df.to_arrow()
-    schema = pa.schema([pa.field(f.name, pa.large_string() if pa.types.is_string_view(f.type) or pa.types.is_string(f.type) else f.type)
-                        for f in table.schema])
-    out = pl.from_arrow(table.cast(schema))
-    assert isinstance(out, pl.DataFrame)
-    return out
+    return CorpusBuild(pl.DataFrame(rows, schema=MANIFEST_SCHEMA), n_heldout, stat, report, reused, len(units) - reused)
