@@ -18,7 +18,7 @@ from pipeline.represent.embedding_index import open_embeddings
 from pipeline.reports.plots import plot_k_calibration
 from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
-from pipeline.storage.atomic import write_parquet
+from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
 
@@ -73,6 +73,29 @@ def stationarity_check(strategy: str, table: pl.DataFrame, n_random: int) -> dg.
     )
 
 
+BANDS_KEPT = 8  # cached stationarity bands kept under diagnostics/bands (the newest; 30 KB each at the defaults)
+
+
+def band_cache(layout, strategy: str, cfg, prefix: int) -> Path | None:
+    """``diagnostics/bands/<key>.npy``: where the stationarity band of ``strategy``'s sequences is
+    cached, named by the content fingerprints of its segments, the documents and the clusters and
+    by the band's parameters (``stationarity.band_key``); orderings of one packing share it. None for
+    a schedule realizing a mixture, whose unrolled stream depends on its order. Older bands beyond
+    the newest :data:`BANDS_KEPT` are removed."""
+    if layout.ordering_mixture(strategy).exists():
+        return None
+    own = layout.ordering_segments(strategy)
+    key = S.band_key(segments=file_sha256(own if own.exists() else layout.segments), documents=file_sha256(layout.documents),
+                     clusters=file_sha256(layout.clusters), length_bins=cfg.length_bins, prefix=prefix,
+                     shuffles=cfg.stationarity_shuffles, seed=cfg.seed)
+    folder = layout.inside("diagnostics", "bands")
+    if folder.is_dir():
+        old = sorted(folder.glob("*.npy"), key=lambda p: p.stat().st_mtime, reverse=True)[BANDS_KEPT:]
+        for p in old:
+            p.unlink(missing_ok=True)
+    return folder / f"{key}.npy"
+
+
 @dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="2", kinds={"duckdb"},
           check_specs=[STATIONARITY_CHECK])
 def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
@@ -82,13 +105,16 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     stationarity (every characteristic per tenth and over the first ``max_steps x batch_size``
     sequences, against the band of ``stationarity_shuffles`` uniform shuffles) — DuckDB table
     ``ordering_stationarity`` and ``diagnostics/<strategy>.stationarity.parquet``, with the
-    non-blocking check ``ordering_is_stationary``.
+    non-blocking check ``ordering_is_stationary``. The shuffles' values are computed once per
+    packing and read by the other orderings of the same sequences (``diagnostics/bands/``,
+    :func:`band_cache`).
     A training-time strategy (odm) has no schedule before training: it gets no rows here; its
     diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs)."""
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
     prefix = cfg.max_steps * cfg.batch_size
+    reused = False
     if strategy in training_time():
         metrics, stationarity = D.rows_frame([]), S.empty_table()
     else:
@@ -96,8 +122,10 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
         sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
         del docs  # the schedule holds what the metrics read
         metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
+        cache = band_cache(layout, strategy, cfg, prefix)
+        reused = cache is not None and cache.is_file()
         stationarity = S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=cfg.stationarity_shuffles,
-                                            seed=cfg.seed)
+                                            seed=cfg.seed, band_cache=cache)
     out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
     out_stat = write_parquet(stationarity, layout.inside("diagnostics", f"{strategy}.stationarity.parquet"))
     with duckdb.get_connection() as con:
@@ -111,7 +139,8 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
                        "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed},
                       {"summary": dg.MetadataValue.md(frame_table(summary)),
                        "stationarity": dg.MetadataValue.md(S.markdown(stationarity) if stationarity.height else "no schedule"),
-                       "stationarity_outside": S.out_of_band_summary(stationarity) or "none", **boundary},
+                       "stationarity_outside": S.out_of_band_summary(stationarity) or "none",
+                       "band": "shuffles of these sequences reused (diagnostics/bands)" if reused else "shuffles computed", **boundary},
                       check_results=[check])
 
 

@@ -237,3 +237,29 @@ def test_greedy_block_shuffle_reuses_the_greedy_partitions_order(graph):
     pl.DataFrame({"position": [0], "sequence_id": [0]}).write_parquet(layout.ordering("greedy"))  # the file changed since
     assert "computed_from" not in run("greedy_block_shuffle")
     assert pl.read_parquet(layout.ordering("greedy_block_shuffle")).equals(expected.order)
+
+
+def test_orderings_of_one_packing_share_the_stationarity_band(graph):
+    """`ordering_diagnostics[greedy]` reads the band `random`'s partition computed for the same
+    sequences (diagnostics/bands/), and writes the same bytes as when it computes the band itself."""
+    instance, cfg, tmp = graph
+    instance.add_dynamic_partitions("strategy", ["greedy"])
+    defs, _, _ = _materialize(instance, cfg, tmp, "band.yaml", ["orderings"])
+    root = tmp / "root"
+
+    def run(asset: str, strategy: str) -> dict:
+        res = dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=[asset], partition_key=strategy, instance=instance,
+                             resources=defs.resources, raise_on_error=False)
+        assert res.success
+        return res.asset_materializations_for_node(asset)[0].metadata
+
+    run("orderings", "random")
+    run("orderings", "greedy")
+    run("ordering_diagnostics", "random")  # computes the band of these sequences, or reads it from an earlier test's run
+    assert run("ordering_diagnostics", "greedy")["band"].value.startswith("shuffles of these sequences reused")
+    reused = (root / "diagnostics" / "greedy.stationarity.parquet").read_bytes()
+    for p in (root / "diagnostics" / "bands").glob("*.npy"):
+        p.unlink()
+    assert run("ordering_diagnostics", "greedy")["band"].value == "shuffles computed"
+    assert (root / "diagnostics" / "greedy.stationarity.parquet").read_bytes() == reused
+    assert len(list((root / "diagnostics" / "bands").glob("*.npy"))) == 1

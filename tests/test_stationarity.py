@@ -207,3 +207,20 @@ def test_markdown_and_sort():
     assert "**" not in md  # nothing outside here
     bold = S.markdown(frame.with_columns(inside=pl.col("part") != "0"))
     assert bold.count("**") == 2 * len(S.characteristics(frame))  # tenth 0 of every characteristic
+
+
+def test_band_cache_is_read_by_another_ordering_of_the_same_sequences(tmp_path):
+    cache = tmp_path / "bands" / "band.npy"
+    kw = {"prefix": 3, "n_random": 7, "seed": 2}
+    first = S.stationarity_table(_hand(), band_cache=cache, **kw)
+    assert cache.is_file() and first.equals(S.stationarity_table(_hand(), **kw))
+    saved = np.load(cache)
+    other = _hand(np.arange(10)[::-1])
+    assert S.stationarity_table(other, band_cache=cache, **kw).equals(S.stationarity_table(other, **kw))
+    np.save(cache, saved * 2)  # the file is read, not recomputed: a doctored band changes the table
+    doctored = S.stationarity_table(other, band_cache=cache, **kw)
+    assert not doctored["band_hi"].equals(first["band_hi"])
+    np.save(cache, saved[:3])  # another stream's shape (3 shuffles): computed again and rewritten
+    assert S.stationarity_table(other, band_cache=cache, **kw).equals(S.stationarity_table(other, **kw))
+    np.testing.assert_array_equal(np.load(cache), saved)
+    assert S.band_key(segments="a", seed=0) != S.band_key(segments="a", seed=1) == S.band_key(seed=1, segments="a")

@@ -56,7 +56,10 @@ gathers and bincounts over the sparse (sequence, group, tokens) table.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -67,6 +70,7 @@ from pipeline.reports import kernels as K
 from pipeline.reports.diagnostics import Composition, Schedule, composition_of_docs
 from pipeline.reports.markdown import table_lines
 from pipeline.segments import docs_per_sequence, grouped
+from pipeline.storage.atomic import write_npy
 
 LEVEL = ("clusters_per_seq", "docs_per_seq", "mean_doc_length", "concentration")
 SHARE = ("cluster_share_dev", "length_bin_share_dev", "source_share_dev")
@@ -186,13 +190,26 @@ class _Stream:
         return np.vstack(out)
 
 
+def band_shuffles(stream: "_Stream", n_random: int, seed: int) -> np.ndarray:
+    """(R, characteristics, n + 1): the values of ``n_random`` seeded uniform shuffles of the
+    stream's sequences (the band's draws; they do not depend on the ordering judged)."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(BAND_STREAM,)))
+    return np.stack([stream.values(rng.permutation(stream.m)) for _ in range(n_random)])
+
+
 def stationarity_table(
-    schedule: Schedule, *, prefix: int, strategy: str = "ordering", n_random: int = DEFAULT_SHUFFLES, seed: int = 0
+    schedule: Schedule, *, prefix: int, strategy: str = "ordering", n_random: int = DEFAULT_SHUFFLES, seed: int = 0,
+    band_cache: Path | None = None,
 ) -> pl.DataFrame:
     """Every characteristic of ``schedule``'s ordering per tenth of the stream and over the first
     ``prefix`` sequences (``max_steps x batch_size``), with the band of ``n_random`` seeded uniform
     shuffles (see the module docstring). Returns tidy rows with :data:`SCHEMA`: characteristics in
-    :data:`LEVEL` then :data:`SHARE` order, parts ``"0"`` .. ``"9"`` then ``"prefix"``."""
+    :data:`LEVEL` then :data:`SHARE` order, parts ``"0"`` .. ``"9"`` then ``"prefix"``.
+
+    ``band_cache``: a ``.npy`` file for the shuffles' values (:func:`band_shuffles`), read when it
+    exists, else written. The shuffles depend on the sequences, not on their order, so orderings of
+    one packing (``random``, ``greedy``, ``greedy_block_shuffle``) share them: the caller names the
+    file by everything they depend on (``band_key``); the values read are the ones computed."""
     if prefix < 1:
         raise StrataInputError(f"prefix of {prefix} sequences is empty", fix="pass max_steps x batch_size (>= 1)")
     if n_random < 1:
@@ -200,8 +217,18 @@ def stationarity_table(
     stream = _Stream(schedule, prefix)
     names, n = stream.names, stream.n
     value = stream.values(schedule.order)
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(BAND_STREAM,)))
-    shuffles = np.stack([stream.values(rng.permutation(stream.m)) for _ in range(n_random)])  # (R, characteristics, n + 1)
+    shuffles = None
+    if band_cache is not None and band_cache.is_file():
+        shuffles = np.load(band_cache)
+        if shuffles.shape != (n_random, *value.shape):  # not this stream's: computed again
+            shuffles = None
+    if shuffles is None:
+        shuffles = band_shuffles(stream, n_random, seed)  # (R, characteristics, n + 1)
+        if band_cache is not None:
+            write_npy(shuffles, band_cache)
+    # one memory layout (each shuffle's block column-major, as values() builds it) for computed and
+    # read values alike: numpy's multi-axis means sum in layout order, and the band's bits follow
+    shuffles = np.stack([np.asfortranarray(v) for v in shuffles])
     one_sided = np.isin(names, SHARE)[:, None]
     lo, hi = _envelope(shuffles, n, one_sided)
     slack = RTOL * np.maximum(np.abs(lo), np.abs(hi)) + ATOL
@@ -218,6 +245,16 @@ def stationarity_table(
         "inside": inside.ravel(),
         "targeted": np.repeat([c in TARGETED for c in names], n_cols),
     }, schema=SCHEMA)
+
+
+BAND_VERSION = 1  # raised whenever the band's values change for the same inputs (a cached band is then not read)
+
+
+def band_key(**inputs: object) -> str:
+    """A name for the cached band of ``inputs`` (content fingerprints of the files the stream is
+    built from, the length bins, prefix, shuffles and seed): 32 hex characters."""
+    text = json.dumps({"band_version": BAND_VERSION, **inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _moments(shuffles: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
