@@ -60,3 +60,39 @@ def insert_sorted(values: np.ndarray, lo: int, hi: int, v) -> None:
         values[j] = values[j - 1]
         j -= 1
     values[j] = v
+
+
+def ids_by_key(key: np.ndarray, n_keys: int) -> np.ndarray:
+    """The indices i with ``key[i] >= 0`` (keys below ``n_keys``), ordered by key and, within a key,
+    ascending: ``np.flatnonzero(key >= 0)`` stably sorted by key, as a counting sort in chunks of
+    indices on every core (each chunk counts its keys, then writes its indices from where the
+    chunks before it end in each key)."""
+    key = np.asarray(key)
+    cuts = even_cuts(key.size, n_chunks(key.size))
+    counts = _key_counts(key, int(n_keys), cuts)  # (chunks, keys)
+    total = counts.sum(axis=0)
+    start = (np.cumsum(total) - total)[None, :] + np.cumsum(counts, axis=0) - counts
+    out = np.empty(int(total.sum()), np.int64)
+    _key_place(key, cuts, start, out)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _key_counts(key, n_keys, cuts):
+    counts = np.zeros((cuts.size - 1, n_keys), np.int64)
+    for c in numba.prange(cuts.size - 1):
+        for i in range(cuts[c], cuts[c + 1]):
+            if key[i] >= 0:
+                counts[c, key[i]] += 1
+    return counts
+
+
+@njit(cache=True, parallel=True)
+def _key_place(key, cuts, start, out):
+    for c in numba.prange(cuts.size - 1):
+        at = start[c].copy()
+        for i in range(cuts[c], cuts[c + 1]):
+            k = key[i]
+            if k >= 0:
+                out[at[k]] = i
+                at[k] += 1

@@ -388,6 +388,26 @@ def test_concat_in_chunks_on_every_thread_gives_the_reference_rows(monkeypatch):
         pack_concat(np.array([0, 1]), np.array([5, 0]), L)
 
 
+def test_ids_by_key_is_a_stable_sort_on_every_thread(monkeypatch):
+    """``ids_by_key`` (cluster_packed's order of the documents): the indices with a key, stably
+    sorted by key, on 1 and 2 threads with one index a chunk minimum; empty and keyless inputs too."""
+    import numba
+
+    from helpers import chunked_threads
+    from pipeline import segments
+
+    rng = np.random.default_rng(11)
+    with chunked_threads(monkeypatch) as counts:
+        for threads in counts:
+            numba.set_num_threads(threads)
+            for n, k in ((0, 1), (1, 1), (5, 1), (40, 3), (1000, 9), (5000, 300)):
+                key = rng.integers(-1, k, n)
+                present = np.flatnonzero(key >= 0)
+                want = present[np.argsort(key[present], kind="stable")]
+                np.testing.assert_array_equal(segments.ids_by_key(key, k), want)
+            np.testing.assert_array_equal(segments.ids_by_key(np.full(7, -1), 4), np.empty(0, np.int64))
+
+
 def _reference_conservation(seg: pl.DataFrame, lengths: np.ndarray, seq_len: int, gaps: bool) -> bool:
     by_doc = seg.sort("doc_id", "doc_token_start")
     d, ds, n = by_doc["doc_id"].to_numpy(), by_doc["doc_token_start"].to_numpy(), by_doc["n_tokens"].to_numpy().astype(np.int64)

@@ -99,9 +99,11 @@ def order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:
     )
 
 
-def repack(inp: Inputs, doc_order: np.ndarray) -> pl.DataFrame:
-    """The documents in ``doc_order`` packed into ``seq_len``-token sequences (their segments)."""
-    return pack_concat(doc_order, np.maximum(inp.length, 1), inp.seq_len).segments
+def repack(inp: Inputs, doc_order: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
+    """The documents in ``doc_order`` packed into ``seq_len``-token sequences: their segments and
+    the sequence ids, ascending (concat packing fills every id below its count)."""
+    packing = pack_concat(doc_order, np.maximum(inp.length, 1), inp.seq_len)
+    return packing.segments, np.arange(packing.n_sequences, dtype=np.int64)
 
 
 def _array_api(name: str, level: str) -> StrategySpec:
@@ -130,8 +132,8 @@ def _run(spec: StrategySpec, inp: Inputs) -> OrderingResult:
     if spec.run is not None:
         return spec.run(inp)
     local = document_order(spec.name, inp.cluster[inp.present], inp.length[inp.present], inp.seq_len, inp.params)
-    seg = repack(inp, inp.present[local])
-    return OrderingResult(order_frame(np.unique(seg["sequence_id"].to_numpy())), seg)
+    seg, ids = repack(inp, inp.present[local])
+    return OrderingResult(order_frame(ids), seg)
 
 
 def _run_frozen(spec: StrategySpec, inp: Inputs, prefix: np.ndarray) -> OrderingResult:

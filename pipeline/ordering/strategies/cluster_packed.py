@@ -10,13 +10,12 @@ from pipeline.ordering.strategies import StrategySpec
 
 def run(inp):
     from pipeline.ordering.engine import OrderingResult, order_frame, repack
+    from pipeline.segments import ids_by_key
 
-    # by cluster, then by doc id: ``present`` is ascending, so a stable sort by cluster alone gives
-    # that order (a radix sort for 16-bit clusters: 0.4 s for 9.8M documents against 0.9 s for the lexsort)
-    clusters = inp.cluster[inp.present]
-    docs = inp.present[np.argsort(clusters.astype(np.int16) if inp.cluster.max(initial=0) < 2**15 else clusters, kind="stable")]
-    seg = repack(inp, docs)
-    ids = np.flatnonzero(np.bincount(seg["sequence_id"].to_numpy()))  # the sequence ids, ascending (np.unique, in one pass)
+    # the present documents (cluster >= 0) by cluster, then by doc id: a counting sort on every core
+    # (0.1 s for 9.8M documents, against 0.4 s for numpy's stable radix sort of 16-bit clusters)
+    docs = ids_by_key(inp.cluster, int(inp.cluster.max(initial=0)) + 1)
+    seg, ids = repack(inp, docs)
     return OrderingResult(order_frame(ids[np.random.default_rng(inp.seed).permutation(ids.size)]), seg)
 
 

@@ -45,7 +45,7 @@ def run(inp):
     subset = duplicate_subsets(inp.content_hash[docs], inp.cluster[docs], inp.seed)
     shuffle = np.random.default_rng(inp.seed).permutation(docs.size)
     doc_order = docs[shuffle[np.argsort(subset[shuffle], kind="stable")]]
-    seg = repack(inp, doc_order)
+    seg, _ = repack(inp, doc_order)
     first = seg.group_by("sequence_id").agg(pl.col("doc_id").first()).sort("sequence_id")
     sub_of_doc = np.full(inp.cluster.size, -1, dtype=np.int64)
     sub_of_doc[docs] = subset
