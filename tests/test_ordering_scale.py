@@ -301,8 +301,11 @@ def _uneven_instance(m: int, seed: int, k: int, n_bins: int) -> SequenceFeatures
 def test_parallel_swap_scoring_picks_what_a_sequential_scan_picks():
     """The swap scores sum each batch once and add / take away the candidate rows, dropping a swap
     at the first term past the batch's deviation: the repair still takes the swaps a plain scan
-    summing every swapped batch takes (full sequences, and sequences of uneven lengths)."""
-    for f, batch in ((bench_instance(160, seed=4, k=12, n_bins=6, seq_len=256), 4), (_uneven_instance(150, 3, 9, 5), 5)):
+    summing every swapped batch takes (full sequences, and sequences of uneven lengths), with the
+    batches scored in waves of far-apart batches (200 batches, 40 repaired: many waves hold several)."""
+    cases = ((bench_instance(160, seed=4, k=12, n_bins=6, seq_len=256), 4), (_uneven_instance(150, 3, 9, 5), 5),
+             (bench_instance(800, seed=5, k=12, n_bins=6, seq_len=256), 4))
+    for f, batch in cases:
         order = np.random.default_rng(0).permutation(f.n_sequences)
         fixed, swaps = repair_batches(order, f, batch, fraction=0.2, passes=1)
         assert swaps > 0
