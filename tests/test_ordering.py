@@ -377,6 +377,40 @@ def test_bad_inputs_get_clear_errors():
         run_strategy("greedy", docs.filter(pl.col("doc_id") < 30), seg, 128, OrderParams(), 0)
 
 
+def test_document_arrays_on_every_thread_and_their_errors(monkeypatch):
+    """The per-document arrays are built and checked in chunks of documents on every core: the
+    same arrays as a plain scatter for ascending, shuffled and gapped doc ids of any integer dtype,
+    on 1 and 2 threads with one document a chunk minimum; each bad input refused as before."""
+    import numba
+
+    from helpers import chunked_threads
+    from pipeline.ordering.doc_arrays import document_arrays, names_absent
+
+    rng = np.random.default_rng(5)
+    ids = np.sort(rng.choice(400, 300, replace=False))
+    cases = [(ids, np.int64), (rng.permutation(ids), np.int32), (np.arange(1), np.int64)]
+    with chunked_threads(monkeypatch) as counts:
+        for threads in counts:
+            numba.set_num_threads(threads)
+            for doc_id, dtype in cases:
+                clus, ntok = rng.integers(0, 9, doc_id.size).astype(dtype), rng.integers(1, 50, doc_id.size).astype(dtype)
+                want_c, want_l = np.full(doc_id.max() + 1, -1), np.zeros(doc_id.max() + 1, np.int64)
+                want_c[doc_id], want_l[doc_id] = clus, ntok
+                got_c, got_l = document_arrays(doc_id.astype(dtype), clus, ntok)
+                np.testing.assert_array_equal(got_c, want_c)
+                np.testing.assert_array_equal(got_l, want_l)
+                assert got_c.dtype == got_l.dtype == np.int64
+                assert not names_absent(doc_id, got_c) and names_absent(np.r_[doc_id, doc_id.max() + 1], got_c)
+                if doc_id.size < want_c.size:
+                    assert names_absent(np.flatnonzero(want_c < 0)[:1], got_c)
+            one, ten = np.ones(10, np.int64), np.arange(10)
+            for bad, message in (((ten[:0], ten[:0], ten[:0]), "no documents"), ((ten[::-1] - 1, one, one), "negative or repeated"),
+                                 ((np.r_[ten[:9], 3], one, one), "negative or repeated"), ((ten[::-1] % 9, one, one), "negative or repeated"),
+                                 ((ten, one - 2, one), "cluster id is negative"), ((ten, one, one - 1), "n_tokens <= 0")):
+                with pytest.raises(StrataInputError, match=message):
+                    document_arrays(*bad)
+
+
 @pytest.fixture(scope="module")
 def demo():
     if not CORPUS.exists():

@@ -313,8 +313,9 @@ def test_parallel_swap_scoring_picks_what_a_sequential_scan_picks():
 
 
 def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):
-    """The grouped CSR builds its groups in chunks on every core: with every input split (one
-    chunk per 1 row minimum) and on 1 or 2 threads, the features are bit-identical to one chunk's."""
+    """The grouped CSR, the lengths and the (cluster, length bin) tokens are built in chunks on
+    every core: with every input split (one chunk per 1 row minimum) and on 1 or 2 threads, the
+    features are bit-identical to one chunk's."""
     import numba
 
     from helpers import chunked_threads
@@ -335,6 +336,8 @@ def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):
             many = packed_sequence_features(*args)
             for x, y in ((one.clusters, many.clusters), (one.bins, many.bins), (one.columns["source"], many.columns["source"])):
                 assert all(getattr(x, f).tobytes() == getattr(y, f).tobytes() for f in ("indptr", "indices", "data"))
+            assert one.lengths.tobytes() == many.lengths.tobytes() and one.cluster_bin_tokens.tobytes() == many.cluster_bin_tokens.tobytes()
+            assert one.cluster_bin_tokens.sum() == one.lengths.sum() == seg["n_tokens"].sum()
     ids = SequenceIds.of_segments(seg["sequence_id"].to_numpy())  # what random and original read instead of the features
     assert np.array_equal(ids.sequence_ids, one.sequence_ids)
     assert np.array_equal(SequenceIds.of_segments(seg["sequence_id"].to_numpy()[::-1]).sequence_ids, one.sequence_ids)

@@ -17,6 +17,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.names import TOKEN_FAMILIES, WITHIN_SORTS
 from pipeline.ordering import strategies
+from pipeline.ordering.doc_arrays import document_arrays, names_absent
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode
 from pipeline.ordering.strategies import StrategySpec
@@ -179,6 +180,11 @@ def _column(df: pl.DataFrame, name: str, what: str) -> np.ndarray:
 
 
 
+def _integers(values: np.ndarray) -> np.ndarray:
+    """An integer array as it is (no copy), anything else as int64 (a float column with whole values)."""
+    return values if np.issubdtype(values.dtype, np.integer) else values.astype(np.int64)
+
+
 def segment_columns(name: str, frozen: bool = False) -> list[str]:
     """The base packing's segment columns :func:`run_strategy` reads for strategy ``name``: none
     for a document-level strategy (it repacks), the sequence ids alone for an order that reads
@@ -217,21 +223,11 @@ def run_strategy(
     if spec.ids_only and prefix is None:
         return _ordered(spec, SequenceIds.of_segments(_column(segments, "sequence_id", "segments")), params, int(seed))
     docs = docs() if callable(docs) else docs
-    doc_id = _column(docs, "doc_id", "documents").astype(np.int64, copy=False)
-    clus = _column(docs, "cluster", "documents").astype(np.int64, copy=False)
-    ntok = _column(docs, "n_tokens", "documents").astype(np.int64, copy=False)
-    if doc_id.size == 0:
-        raise StrataInputError("there are no documents", fix="give at least one document")
-    if doc_id.min() < 0 or np.bincount(doc_id).max() > 1:
-        raise StrataInputError("doc_id values are negative or repeated", fix="use unique doc ids 0..N-1")
-    if clus.min() < 0:
-        raise StrataInputError("a cluster id is negative", fix="use cluster ids 0..K-1")
-    if ntok.min() <= 0:
-        raise StrataInputError("a document has n_tokens <= 0", fix="n_tokens is the stream length incl. EOS (>= 1)")
-    n = int(doc_id.max()) + 1
-    cluster = np.full(n, -1, dtype=np.int64)
-    length = np.zeros(n, dtype=np.int64)
-    cluster[doc_id], length[doc_id] = clus, ntok
+    doc_id = _integers(_column(docs, "doc_id", "documents"))
+    clus = _integers(_column(docs, "cluster", "documents"))
+    ntok = _integers(_column(docs, "n_tokens", "documents"))
+    cluster, length = document_arrays(doc_id, clus, ntok)  # checked and scattered on every core
+    n = cluster.size
     content_hash = None
     if "content_hash" in docs.columns:  # dense ranks in sorted hash order: np.unique sees the same groups, in
         content_hash = np.zeros(n, dtype=np.int64)  # the same order, as on the strings, at 8 bytes a document
@@ -239,8 +235,7 @@ def run_strategy(
     for c in ("sequence_id", "doc_id", "n_tokens"):
         _column(segments, c, "segments")
     segments = segments.select("sequence_id", "doc_id", "n_tokens")  # what the strategies read (the other columns are freed when the caller kept no reference)
-    seg_docs = segments["doc_id"].to_numpy()
-    if seg_docs.size and (seg_docs.max() >= n or (cluster[seg_docs] < 0).any()):
+    if names_absent(segments["doc_id"].to_numpy(), cluster):
         raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
     columns = {}
     for col in params.column_families():

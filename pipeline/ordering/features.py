@@ -295,12 +295,21 @@ def packed_sequence_features(
     return SequenceFeatures(seq_ids, clusters, bins, lengths, edges, joint, spans, cols)
 
 
-@njit(cache=True)
-def _lookup_range(doc, values) -> tuple[int, int]:
-    lo, hi = values[doc[0]], values[doc[0]]
-    for d in doc:
-        lo, hi = min(lo, values[d]), max(hi, values[d])
-    return lo, hi
+def _lookup_range(doc: np.ndarray, values: np.ndarray) -> tuple[int, int]:
+    """min and max of ``values[doc]``, in chunks on every core (no gathered copy)."""
+    ranges = _chunk_ranges(doc, values, even_cuts(doc.size, n_chunks(doc.size)))
+    return int(ranges[:, 0].min()), int(ranges[:, 1].max())
+
+
+@njit(cache=True, parallel=True)
+def _chunk_ranges(doc, values, cuts):
+    out = np.empty((cuts.size - 1, 2), np.int64)
+    for c in prange(cuts.size - 1):
+        lo, hi = values[doc[cuts[c]]], values[doc[cuts[c]]]
+        for i in range(cuts[c], cuts[c + 1]):
+            lo, hi = min(lo, values[doc[i]]), max(hi, values[doc[i]])
+        out[c, 0], out[c, 1] = lo, hi
+    return out
 
 
 def _grouped_csr(starts: np.ndarray, doc: np.ndarray, tokens: np.ndarray, col_of_doc: np.ndarray, n_cols: int) -> Csr:
@@ -355,10 +364,22 @@ def _grouped_fill(starts, doc, tokens, col_of_doc, write, lo, hi, indptr, indice
             indptr[g + 1] = n
 
 
-@njit(cache=True)
 def _lengths_joint(starts, doc, tokens, doc_cluster, doc_bin, lengths, joint) -> None:
-    for g in range(starts.size - 1):
-        for i in range(starts[g], starts[g + 1]):
-            t = tokens[i]
-            lengths[g] += t
-            joint[doc_cluster[doc[i]], doc_bin[doc[i]]] += t
+    """Each group's tokens into ``lengths`` and the tokens per (cluster, length bin) into ``joint``,
+    in chunks of groups on every core, each chunk's joint counts apart, then added chunk by chunk
+    (whole token counts: exact in any order, so the same on any number of threads)."""
+    cuts = even_cuts(starts.size - 1, n_chunks(doc.size))
+    parts = np.zeros((cuts.size - 1, *joint.shape))
+    _lengths_joint_chunks(starts, doc, tokens, doc_cluster, doc_bin, lengths, parts, cuts)
+    joint += parts.sum(axis=0)
+
+
+@njit(cache=True, parallel=True)
+def _lengths_joint_chunks(starts, doc, tokens, doc_cluster, doc_bin, lengths, parts, cuts) -> None:
+    for c in prange(cuts.size - 1):
+        joint = parts[c]
+        for g in range(cuts[c], cuts[c + 1]):
+            for i in range(starts[g], starts[g + 1]):
+                t = tokens[i]
+                lengths[g] += t
+                joint[doc_cluster[doc[i]], doc_bin[doc[i]]] += t
