@@ -331,7 +331,8 @@ def _rss_anon_tree(pid: int) -> int:
 # What a stage keeps and reuses when its inputs are unchanged: removed before the stage is rerun
 # with ``--from``, so that the rerun computes it again (the other stages always recompute).
 KEPT = {"corpus_shards": ("corpus/shards",), "token_shards": ("tokens/shards",), "embedding_shards": ("embeddings/shards",),
-        "centroids": ("clusters/model", "clusters/centroids.npy"), "cluster_shards": ("clusters/shards",)}
+        "centroids": ("clusters/model", "clusters/centroids.npy"), "cluster_shards": ("clusters/shards",),
+        "ordering_diagnostics": ("diagnostics/bands",)}
 
 
 def forget(root: Path, stages: list[str]) -> None:
