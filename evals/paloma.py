@@ -64,7 +64,7 @@ class PalomaWriter:
     writes) until its file is full or :meth:`close`. Deflate's output does not depend on how its
     input is split, and gzip headers carry no timestamp, so the files are byte for byte those of
     :func:`write_paloma_layout` on all the documents at once, whatever the batches. Files are
-    written under a ``.part`` name and renamed by :meth:`close`; leaving the ``with`` block on an
+    written under a ``.part`` name, synced and renamed by :meth:`close`; leaving the ``with`` block on an
     exception removes them. Not thread-safe: one caller (or one ``pipeline.threads.behind`` thread).
     """
 
@@ -147,6 +147,8 @@ class PalomaWriter:
             stream[0].close()
         self.streams = {}
         for part, path in self.parts:
+            with open(part, "rb") as fh:
+                os.fsync(fh.fileno())
             os.replace(part, path)
         self.files = sorted({*self.files, *(path for _, path in self.parts)})
         self.parts = []

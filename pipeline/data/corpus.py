@@ -271,7 +271,7 @@ MANIFEST_SCHEMA = {
 
 @dataclass
 class CorpusBuild:
-    """What :func:`build_corpus` wrote: the shard manifest, held-out documents and the report."""
+    """What :func:`build_corpus` wrote: the shard manifest, the number of held-out documents and the report."""
 
     manifest: pl.DataFrame  # MANIFEST_SCHEMA, one row per shard
     n_heldout: int  # held-out documents (given to ``build_corpus``'s ``heldout``)
