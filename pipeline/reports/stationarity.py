@@ -219,8 +219,11 @@ def stationarity_table(
     value = stream.values(schedule.order)
     shuffles = None
     if band_cache is not None and band_cache.is_file():
-        shuffles = np.load(band_cache)
-        if shuffles.shape != (n_random, *value.shape):  # not this stream's: computed again
+        try:
+            shuffles = np.load(band_cache, allow_pickle=False)
+        except (OSError, ValueError, EOFError):  # unreadable (e.g. cut short by a full disk): computed again
+            shuffles = None
+        if shuffles is not None and (shuffles.dtype != np.float64 or shuffles.shape != (n_random, *value.shape)):  # not this stream's
             shuffles = None
     if shuffles is None:
         shuffles = band_shuffles(stream, n_random, seed)  # (R, characteristics, n + 1)
