@@ -36,7 +36,7 @@ def document_arrays(doc_id: np.ndarray, cluster: np.ndarray, n_tokens: np.ndarra
 
 def names_absent(seg_doc: np.ndarray, cluster: np.ndarray) -> bool:
     """Whether a segment's doc id is outside ``cluster`` or absent there (cluster -1)."""
-    return bool(seg_doc.size) and _absent(seg_doc, cluster, even_cuts(seg_doc.size, n_chunks(seg_doc.size)))
+    return bool(seg_doc.size) and bool(_absent(seg_doc, cluster, even_cuts(seg_doc.size, n_chunks(seg_doc.size))))
 
 
 @numba.njit(cache=True, parallel=True)
