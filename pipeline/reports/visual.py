@@ -38,16 +38,16 @@ def document_features(layout: Layout, source_codes: bool = False) -> pl.DataFram
     return docs.with_columns(stream_length=pl.col("n_tokens") + 1)
 
 
-def label_codes(path: Path, column: str) -> np.ndarray:
+def label_codes(path: Path, column: str, batch_rows: int = 1 << 20) -> np.ndarray:
     """Dense codes 0..S-1 (int32; sorted label text, a missing label is "") of a string column of
-    a Parquet file, read as a dictionary (its row groups on every core): one small int a row, no
-    strings."""
+    a Parquet file, decoded batch by batch as a dictionary: one small int a row, no strings."""
     import pyarrow.parquet as pq
 
-    chunks = pq.read_table(path, columns=[column], read_dictionary=[column]).column(0).chunks
-    out = np.empty(sum(len(c) for c in chunks), np.int32)
+    f = pq.ParquetFile(path, read_dictionary=[column])
+    out = np.empty(f.metadata.num_rows, np.int32)
     spans, at = [], 0
-    for arr in chunks:
+    for batch in f.iter_batches(batch_size=batch_rows, columns=[column]):
+        arr = batch.column(0)
         names = [("" if v is None else v) for v in arr.dictionary.to_pylist()]
         out[at : at + len(arr)] = arr.indices.fill_null(len(names)).to_numpy()  # len(names): a missing label
         spans.append((at, at + len(arr), names + [""]))
