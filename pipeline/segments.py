@@ -62,6 +62,13 @@ def insert_sorted(values: np.ndarray, lo: int, hi: int, v) -> None:
     values[j] = v
 
 
+def as_integers(values) -> np.ndarray:
+    """An integer array as it is (no copy: a documents table's int32 columns stay int32), anything
+    else (a polars Series, a float column of whole values) as int64."""
+    out = values.to_numpy() if hasattr(values, "to_numpy") else np.asarray(values)
+    return out if np.issubdtype(out.dtype, np.integer) else out.astype(np.int64)
+
+
 def ids_by_key(key: np.ndarray, n_keys: int) -> np.ndarray:
     """The indices i with ``key[i] >= 0`` (keys below ``n_keys``), ordered by key and, within a key,
     ascending: ``np.flatnonzero(key >= 0)`` stably sorted by key, as a counting sort in chunks of

@@ -22,6 +22,7 @@ from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_seq
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
+from pipeline.segments import as_integers
 
 
 @dataclass(frozen=True)
@@ -180,11 +181,6 @@ def _column(df: pl.DataFrame, name: str, what: str) -> np.ndarray:
 
 
 
-def _integers(values: np.ndarray) -> np.ndarray:
-    """An integer array as it is (no copy), anything else as int64 (a float column with whole values)."""
-    return values if np.issubdtype(values.dtype, np.integer) else values.astype(np.int64)
-
-
 def segment_columns(name: str, frozen: bool = False) -> list[str]:
     """The base packing's segment columns :func:`run_strategy` reads for strategy ``name``: none
     for a document-level strategy (it repacks), the sequence ids alone for an order that reads
@@ -223,9 +219,9 @@ def run_strategy(
     if spec.ids_only and prefix is None:
         return _ordered(spec, SequenceIds.of_segments(_column(segments, "sequence_id", "segments")), params, int(seed))
     docs = docs() if callable(docs) else docs
-    doc_id = _integers(_column(docs, "doc_id", "documents"))
-    clus = _integers(_column(docs, "cluster", "documents"))
-    ntok = _integers(_column(docs, "n_tokens", "documents"))
+    doc_id = as_integers(_column(docs, "doc_id", "documents"))
+    clus = as_integers(_column(docs, "cluster", "documents"))
+    ntok = as_integers(_column(docs, "n_tokens", "documents"))
     cluster, length = document_arrays(doc_id, clus, ntok)  # checked and scattered on every core
     n = cluster.size
     content_hash = None

@@ -20,7 +20,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import length_bin_edges, length_bins
 from pipeline.reports import kernels as K
-from pipeline.segments import grouped
+from pipeline.segments import as_integers, grouped
 
 METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "value": pl.Float64}
 DEFAULT_BATCH_SIZES = (8, 32, 128)
@@ -187,8 +187,8 @@ def prepare(
     if (position < 0).any():
         raise StrataInputError("the ordering repeats a sequence id",
                                fix="pass a permutation (each sequence once), or a schedule with its target_share")
-    doc_cluster = _integers(doc_cluster)  # any integer dtype: the documents' int32 columns are not copied
-    doc_length = _integers(doc_length)
+    doc_cluster = as_integers(doc_cluster)  # any integer dtype: the documents' int32 columns are not copied
+    doc_length = as_integers(doc_length)
     if doc_cluster.shape != doc_length.shape:
         raise StrataInputError("doc_cluster and doc_length differ in length", fix="pass one entry per doc_id in both")
     seg_seq = segments["sequence_id"].to_numpy().astype(np.int64, copy=False)
@@ -230,12 +230,6 @@ def prepare(
         seg_doc=seg_doc,
         doc_source=source,
     )
-
-
-def _integers(values: np.ndarray | pl.Series) -> np.ndarray:
-    """An integer array as it is (no copy), anything else as int64."""
-    out = values.to_numpy() if isinstance(values, pl.Series) else np.asarray(values)
-    return out if np.issubdtype(out.dtype, np.integer) else out.astype(np.int64)
 
 
 def _padded(share: np.ndarray | None, k: int) -> np.ndarray | None:
