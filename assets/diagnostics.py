@@ -20,6 +20,7 @@ from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
 from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.warehouse import replace_rows
+from pipeline.threads import concurrently
 
 
 STATIONARITY_CHECK = dg.AssetCheckSpec(
@@ -118,14 +119,14 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     if strategy in training_time():
         metrics, stationarity = D.rows_frame([]), S.empty_table()
     else:
-        docs = V.document_features(layout, source_codes=True)
-        sched = V.load_schedule(layout, strategy, docs, cfg.length_bins)
-        del docs  # the schedule holds what the metrics read
-        metrics = D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128))
+        sched = V.strategy_schedule(layout, strategy, cfg.length_bins)
         cache = band_cache(layout, strategy, cfg, prefix)
         reused = cache is not None and cache.is_file()
-        stationarity = S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=cfg.stationarity_shuffles,
-                                            seed=cfg.seed, band_cache=cache)
+        # independent: each one's one-core passes run while the other computes
+        stationarity, metrics = concurrently(
+            lambda: S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=cfg.stationarity_shuffles,
+                                         seed=cfg.seed, band_cache=cache),
+            lambda: D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128)))
     out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
     out_stat = write_parquet(stationarity, layout.inside("diagnostics", f"{strategy}.stationarity.parquet"))
     with duckdb.get_connection() as con:

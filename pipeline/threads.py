@@ -106,3 +106,22 @@ def behind(fn: Callable[..., object], depth: int = 2) -> Iterator[Callable[..., 
         finally:
             for f in pending:
                 f.cancel()
+
+
+def concurrently(*calls: Callable[[], object]) -> list:
+    """The results of ``calls``, the first run on this thread and each other on a thread of its own
+    at the same time: for independent work whose one-core passes (NumPy, reading) would otherwise
+    leave the other cores idle; its parallel parts (numba's OpenMP layer, BLAS) may overlap safely.
+    Every call has finished when this returns; the first exception (in call order) is raised."""
+    if len(calls) < 2 or cores() == 1:
+        return [c() for c in calls]
+    with ThreadPoolExecutor(len(calls) - 1) as pool:
+        others = [pool.submit(c) for c in calls[1:]]
+        try:
+            first = calls[0]()
+        finally:
+            done = [f.exception() for f in others]  # wait for every call before anything is raised
+        for f, exc in zip(others, done):
+            if exc is not None:
+                raise exc
+        return [first] + [f.result() for f in others]

@@ -278,13 +278,16 @@ def test_label_codes_are_the_dense_ranks_of_the_labels(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.reports.visual import label_codes
+    from pipeline.reports.visual import int_values, label_codes
 
     labels = ["web", "code", None, "books", "web", "zeta", "", "code", "arxiv", None] * 30
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"source": pa.array(labels, pa.string())}), path, row_group_size=7)
     want = (pl.Series(labels, dtype=pl.Utf8).fill_null("").rank("dense") - 1).to_numpy()
     assert np.array_equal(label_codes(path, "source"), want)
+    assert np.array_equal(label_codes(path, "source", batch_rows=3), want)  # some batches without a missing label
+    for kind in (pa.int8(), pa.int16(), pa.int32(), pa.int64()):  # the values of a slice, without pyarrow's to_numpy
+        assert int_values(pa.array([5, -1, 7, 9, 2], kind).slice(2, 2)).tolist() == [7, 9]
     rows = {"sequence_id": [0, 0, 1], "doc_id": [0, 1, 2], "n_tokens": [3, 2, 5]}
     seg = pl.DataFrame(rows)
     cluster, length = np.array([0, 1, 1]), np.array([3, 2, 5])

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from pipeline.threads import ahead, behind, prefetch
+from pipeline import threads as T
+from pipeline.threads import ahead, behind, concurrently, prefetch
 
 
 def test_prefetch_yields_the_items_in_order_from_another_thread():
@@ -82,3 +83,43 @@ def test_behind_runs_every_call_in_order_on_one_other_thread_and_raises_its_erro
         with behind(fails, depth=10) as call:
             for i in range(5):
                 call(i)
+
+
+def test_concurrently_runs_the_calls_at_once_and_returns_their_results_in_order(monkeypatch):
+    monkeypatch.setattr(T, "cores", lambda: 2)
+    meet = threading.Barrier(3, timeout=10)  # passes only when all three calls wait at once
+    idents = []
+
+    def call(x):
+        def run():
+            idents.append(threading.get_ident())
+            meet.wait()
+            return x * 10
+        return run
+
+    assert concurrently(call(1), call(2), call(3)) == [10, 20, 30]
+    assert threading.get_ident() in idents and len(set(idents)) == 3
+    monkeypatch.setattr(T, "cores", lambda: 1)  # one core: one after the other, on this thread
+    order = []
+    assert concurrently(lambda: order.append("a") or 1, lambda: order.append("b") or 2) == [1, 2] and order == ["a", "b"]
+
+
+def test_concurrently_waits_for_every_call_then_raises_the_first_error(monkeypatch):
+    monkeypatch.setattr(T, "cores", lambda: 2)
+    finished = []
+
+    def slow():
+        time.sleep(0.2)
+        finished.append("slow")
+
+    def fails(msg):
+        def run():
+            raise ValueError(msg)
+        return run
+
+    with pytest.raises(ValueError, match="second"):
+        concurrently(slow, fails("second"), fails("third"))
+    assert finished == ["slow"]
+    with pytest.raises(ValueError, match="first"):
+        concurrently(fails("first"), slow)
+    assert finished == ["slow", "slow"]

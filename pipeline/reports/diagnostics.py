@@ -21,6 +21,7 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering.features import length_bin_edges, length_bins
 from pipeline.reports import kernels as K
 from pipeline.segments import as_integers, grouped
+from pipeline.threads import concurrently
 
 METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "value": pl.Float64}
 DEFAULT_BATCH_SIZES = (8, 32, 128)
@@ -198,38 +199,49 @@ def prepare(
         raise StrataInputError("segments name a sequence the ordering lacks", fix="use the ordering of this packing")
     if seg_doc.size and (seg_doc.min() < 0 or seg_doc.max() >= doc_cluster.size):
         raise StrataInputError("segments name a doc_id without a cluster", fix="pass doc_cluster for every document")
-    if (np.bincount(seg_seq, weights=seg_tok, minlength=m) <= 0).any():
-        raise StrataInputError("a sequence of the ordering holds no tokens", fix="drop empty sequences before ordering")
     k = int(doc_cluster.max()) + 1 if n_clusters is None else int(n_clusters)
     if doc_cluster.min() < 0 or doc_cluster.max() >= k:
         raise StrataInputError(f"cluster ids must lie in 0..{k - 1}", fix="relabel clusters densely from 0")
-    source = None
-    if doc_source is not None:
-        labels = pl.Series(doc_source)
-        if labels.len() != doc_cluster.size:
-            raise StrataInputError("doc_source and doc_cluster differ in length", fix="pass one source label per doc_id")
-        if labels.dtype.is_integer() and not labels.null_count():  # codes already: densified in value order, no strings
-            codes = labels.to_numpy()
-            low = int(codes.min()) if codes.size else 0
-            codes = codes - low if low else codes
-            used = np.bincount(codes) > 0
-            source = codes if used.all() else (np.cumsum(used) - 1)[codes]
-        else:  # a missing label is a label of its own
-            source = (labels.cast(pl.Utf8).fill_null("").rank("dense") - 1).to_numpy().astype(np.int64)
-    edges = length_bin_edges(doc_length, n_bins) if bin_edges is None else np.asarray(bin_edges)
-    doc_bin = length_bins(doc_length, edges)
+
+    def filled() -> None:  # beside the compositions, which need only ids in range
+        if (np.bincount(seg_seq, weights=seg_tok, minlength=m) <= 0).any():
+            raise StrataInputError("a sequence of the ordering holds no tokens", fix="drop empty sequences before ordering")
+
+    def by_length() -> tuple[np.ndarray, Composition]:
+        edges = length_bin_edges(doc_length, n_bins) if bin_edges is None else np.asarray(bin_edges)
+        return edges, composition_of_docs(seg_seq, seg_doc, seg_tok, length_bins(doc_length, edges), m, edges.size + 1)
+
+    # independent passes at once: the one-core ones (checks, bins, gathers) beside the compositions' parallel ones
+    _, clusters, (edges, bins), seg_doc_length, source = concurrently(
+        filled, lambda: composition_of_docs(seg_seq, seg_doc, seg_tok, doc_cluster, m, k), by_length,
+        lambda: doc_length[seg_doc], lambda: None if doc_source is None else source_codes(doc_source, doc_cluster.size))
     return Schedule(
         order=order,
         position=position,
-        clusters=replace(composition_of_docs(seg_seq, seg_doc, seg_tok, doc_cluster, m, k), target=_padded(target_share, k)),
-        bins=composition_of_docs(seg_seq, seg_doc, seg_tok, doc_bin, m, edges.size + 1),
+        clusters=replace(clusters, target=_padded(target_share, k)),
+        bins=bins,
         seg_seq=seg_seq,
         seg_tokens=seg_tok,
-        seg_doc_length=doc_length[seg_doc],
+        seg_doc_length=seg_doc_length,
         bin_edges=edges,
         seg_doc=seg_doc,
         doc_source=source,
     )
+
+
+def source_codes(doc_source: np.ndarray | pl.Series, n_docs: int) -> np.ndarray:
+    """Dense integer codes of per-document source labels (see :func:`prepare`): integer labels
+    without gaps in value order, else the labels' sorted text (a missing label is "")."""
+    labels = pl.Series(doc_source)
+    if labels.len() != n_docs:
+        raise StrataInputError("doc_source and doc_cluster differ in length", fix="pass one source label per doc_id")
+    if labels.dtype.is_integer() and not labels.null_count():  # codes already: densified in value order, no strings
+        codes = labels.to_numpy()
+        low = int(codes.min()) if codes.size else 0
+        codes = codes - low if low else codes
+        used = np.bincount(codes) > 0
+        return codes if used.all() else (np.cumsum(used) - 1)[codes]
+    return (labels.cast(pl.Utf8).fill_null("").rank("dense") - 1).to_numpy().astype(np.int64)
 
 
 def _padded(share: np.ndarray | None, k: int) -> np.ndarray | None:

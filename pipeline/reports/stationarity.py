@@ -71,6 +71,7 @@ from pipeline.reports.diagnostics import Composition, Schedule, composition_of_d
 from pipeline.reports.markdown import table_lines
 from pipeline.segments import docs_per_sequence, grouped
 from pipeline.storage.atomic import write_npy
+from pipeline.threads import prefetch
 
 LEVEL = ("clusters_per_seq", "docs_per_seq", "mean_doc_length", "concentration")
 SHARE = ("cluster_share_dev", "length_bin_share_dev", "source_share_dev")
@@ -194,7 +195,9 @@ def band_shuffles(stream: "_Stream", n_random: int, seed: int) -> np.ndarray:
     """(R, characteristics, n + 1): the values of ``n_random`` seeded uniform shuffles of the
     stream's sequences (the band's draws; they do not depend on the ordering judged)."""
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(BAND_STREAM,)))
-    return np.stack([stream.values(rng.permutation(stream.m)) for _ in range(n_random)])
+    # the draws (one core each, in the generator's order) on a thread of their own, ahead of the values
+    draws = prefetch(rng.permutation(stream.m) for _ in range(n_random))
+    return np.stack([stream.values(order) for order in draws])
 
 
 def stationarity_table(

@@ -16,6 +16,7 @@ from pipeline.reports import plots
 from pipeline.reports import stationarity as S
 from pipeline.reports.markdown import frame_table
 from pipeline.storage.layout import Layout, Store
+from pipeline.threads import concurrently
 
 SUMMARY_METRICS = [
     ("unique_clusters_per_seq_mean", "", "unique clusters / seq (mean)"),
@@ -31,10 +32,10 @@ def document_features(layout: Layout, source_codes: bool = False) -> pl.DataFram
     """doc_id-indexed ``cluster`` and ``stream_length`` (n_tokens + 1), plus ``source``: the labels,
     or with ``source_codes`` their dense integer codes in sorted label order (missing = ""), read
     through the column's dictionary without a string per document (what the diagnostics keep)."""
-    docs = Store(layout).document_clusters(["n_tokens"] if source_codes else ["n_tokens", "source"])
-    if source_codes:  # only what the schedule reads, lengths in 32 bits
-        return docs.select("doc_id", "cluster", source=pl.Series(label_codes(layout.documents, "source")),
-                           stream_length=(pl.col("n_tokens") + 1).cast(pl.Int32))
+    if source_codes:  # only what the schedule reads, lengths in 32 bits; the codes decoded while the columns are read
+        docs, codes = concurrently(lambda: Store(layout).document_clusters(["n_tokens"]), lambda: label_codes(layout.documents, "source"))
+        return docs.select("doc_id", "cluster", source=pl.Series(codes), stream_length=(pl.col("n_tokens") + 1).cast(pl.Int32))
+    docs = Store(layout).document_clusters(["n_tokens", "source"])
     return docs.with_columns(stream_length=pl.col("n_tokens") + 1)
 
 
@@ -49,26 +50,51 @@ def label_codes(path: Path, column: str, batch_rows: int = 1 << 20) -> np.ndarra
     for batch in f.iter_batches(batch_size=batch_rows, columns=[column]):
         arr = batch.column(0)
         names = [("" if v is None else v) for v in arr.dictionary.to_pylist()]
-        out[at : at + len(arr)] = arr.indices.fill_null(len(names)).to_numpy()  # len(names): a missing label
+        codes = arr.indices.fill_null(len(names)) if arr.null_count else arr.indices  # len(names): a missing label
+        out[at : at + len(arr)] = int_values(codes)
         spans.append((at, at + len(arr), names + [""]))
         at += len(arr)
     present = sorted({n for _, _, names in spans for n in names})
     code = {n: i for i, n in enumerate(present)}
     for lo, hi, names in spans:
         out[lo:hi] = np.array([code[n] for n in names], np.int32)[out[lo:hi]]
-    used = np.bincount(out, minlength=len(present)) > 0  # labels of no row (and "" when no label is missing) leave no gap
+    used = np.zeros(len(present), bool)  # labels of no row (and "" when no label is missing) leave no gap
+    used[out] = True
     return out if used.all() else (np.cumsum(used) - 1).astype(np.int32)[out]
+
+
+def int_values(array) -> np.ndarray:
+    """An Arrow integer array without nulls as NumPy, read from its values buffer without a copy
+    (pyarrow's own ``to_numpy`` imports pandas, 0.2 s, on its first use in a process)."""
+    width = array.type.bit_width // 8
+    return np.frombuffer(array.buffers()[1], f"<i{width}", len(array), array.offset * width)
 
 
 def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:
     """Join a strategy's ordering with its segments; length-bin edges shared by all strategies;
     the documents' ``source`` label when ``docs`` has one; a schedule realizing a mixture unrolled,
     its cluster deviations against the mixture's target shares."""
+    return _schedule(docs, *_ordering_segments(layout, strategy), n_bins)
+
+
+def strategy_schedule(layout: Layout, strategy: str, n_bins: int) -> D.Schedule:
+    """:func:`load_schedule` of one strategy over :func:`document_features` with source codes, the
+    documents read while its ordering and segments are."""
+    docs, (ordering, segments) = concurrently(lambda: document_features(layout, source_codes=True),
+                                              lambda: _ordering_segments(layout, strategy))
+    return _schedule(docs, ordering, segments, n_bins)
+
+
+def _ordering_segments(layout: Layout, strategy: str) -> tuple:
+    """``Store.ordering`` of ``strategy`` and the columns of its segments a schedule reads."""
     ordering = Store(layout).ordering(strategy)
-    lengths = docs["stream_length"].to_numpy()
-    edges = D.length_bin_edges(lengths, n_bins)
     columns = ["sequence_id", "doc_id", "n_tokens"] + (["seq_token_start"] if ordering.target_share is not None else [])
-    return D.prepare(pl.read_parquet(ordering.segments_path, columns=columns), ordering.order, docs["cluster"].to_numpy(), lengths, bin_edges=edges,
+    return ordering, pl.read_parquet(ordering.segments_path, columns=columns)
+
+
+def _schedule(docs: pl.DataFrame, ordering, segments: pl.DataFrame, n_bins: int) -> D.Schedule:
+    # the length bins' edges are the quantiles of every document's length (D.prepare's default), for any strategy
+    return D.prepare(segments, ordering.order, docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), n_bins=n_bins,
                      doc_source=docs["source"] if "source" in docs.columns else None, target_share=ordering.target_share)
 
 
