@@ -20,6 +20,7 @@ from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
 from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.warehouse import replace_rows
+from pipeline.segments import warm_kernels
 from pipeline.threads import concurrently
 
 
@@ -111,6 +112,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     :func:`band_cache`).
     A training-time strategy (odm) has no schedule before training: it gets no rows here; its
     diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs)."""
+    warm_kernels()  # numba's first load, beside this run's reading
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key

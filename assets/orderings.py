@@ -4,6 +4,7 @@
 
 import json
 from dataclasses import replace
+from functools import partial
 
 import dagster as dg
 import numpy as np
@@ -23,6 +24,8 @@ from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, r
 from pipeline.reports.diagnostics import ordering_ids
 from pipeline.storage.lineage import newest_row
 from pipeline.storage.warehouse import latest_data_version, replace_rows
+from pipeline.segments import warm_kernels
+from pipeline.threads import concurrently
 
 PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="orderings", blocking=True,
                                       description="The partition's ordering is a permutation of its sequences.")
@@ -168,15 +171,17 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         rec.deps["orderings"] = spec.derived[0]
         result = OrderingResult(order_frame(spec.derived[1](base[0], params, cfg.seed)), None, base[1])
     else:
+        warm_kernels()  # numba's first load, beside the reading of the documents and segments
         result = run_strategy(name, lambda: ordering_documents(layout, params, name),
                               lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)),
                               seq_len, params, cfg.seed, prefix=prefix)
-    outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path = layout.ordering_segments(strategy)
-    if result.segments is not None:
-        outputs.append(write_parquet(result.segments, seg_path))
-    elif seg_path.exists():
-        seg_path.unlink()
+    if result.segments is not None:  # a repacking's segments written while the order is
+        outputs = concurrently(partial(write_parquet, result.order, layout.ordering(strategy)),
+                               partial(write_parquet, result.segments, seg_path))
+    else:
+        outputs = [write_parquet(result.order, layout.ordering(strategy))]
+        seg_path.unlink(missing_ok=True)
     n_positions, greedy_mode, repacked = result.order.height, result.greedy_mode, result.segments is not None
     del result
     written = Store(layout).ordering(strategy)

@@ -3,6 +3,8 @@ sequence features and the diagnostics: one pass, no per-row temporaries."""
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from numba import njit
@@ -14,6 +16,28 @@ MIN_CHUNK_ROWS = 1 << 16  # a chunk smaller than this costs more in scheduling t
 def n_chunks(rows: int) -> int:
     """Chunks of a parallel pass over ``rows`` rows: a few a thread, one for a small input."""
     return max(1, min(CHUNKS_PER_THREAD * numba.get_num_threads(), rows // MIN_CHUNK_ROWS))
+
+
+_WARM: list = []
+
+
+def warm_kernels() -> None:
+    """Start loading numba (its compiler's context, the cached kernels' runtime and the parallel
+    threading layer) on a thread of its own, once per process: the first kernel call of a process
+    pays about 0.3 s on one core for it (measured on a cached kernel), which this overlaps with
+    the caller's reading. Later calls wait for it where they need it (numba's compiler lock)."""
+    if not _WARM:
+        thread = threading.Thread(target=_touch, args=(np.zeros(2, np.int64),), name="numba-warm", daemon=True)
+        _WARM.append(thread)
+        thread.start()
+
+
+@njit(cache=True, parallel=True)
+def _touch(x: np.ndarray) -> int:
+    total = 0
+    for i in numba.prange(x.size):
+        total += x[i]
+    return total
 
 
 def even_cuts(n: int, chunks: int) -> np.ndarray:

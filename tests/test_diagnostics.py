@@ -397,6 +397,28 @@ def test_part_feature_sums_keep_bincounts_order(threads):
     assert K.part_feature_sums(part_of_seq, features, 10).tobytes() == np.ascontiguousarray(want).tobytes()
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+def test_token_sums_are_bincounts_sums_any_chunking(shape, threads):
+    """Per-sequence token sums and token x length sums (the stationarity features, the empty-sequence
+    check) equal np.bincount's float sums, in any chunks of sequences and for rows out of order."""
+    from pipeline.reports import kernels as K
+
+    seq, doc, tokens, doc_group, m, g = grouped_rows(shape, seed=7)
+    per = np.random.default_rng(3).integers(1, 1 << 20, seq.size).astype(np.int32)  # products past 2**31
+    tok = tokens.astype(np.float64)
+    want = (np.bincount(seq, weights=tok, minlength=m), np.bincount(seq, weights=tok * per, minlength=m))
+    for chunks in CHUNKS:
+        got = K._token_sums(seq, tokens, per, True, m, K.sequence_cuts(seq, chunks))
+        assert [g.astype(np.float64).tobytes() for g in got] == [w.tobytes() for w in want]
+    length, product = K.token_sums(seq, tokens, m, per)
+    assert length.dtype == np.int64 and np.array_equal(length, want[0]) and np.array_equal(product, want[1])
+    length, none = K.token_sums(seq, tokens, m)
+    assert none is None and np.array_equal(length, want[0])
+    shuffled = np.random.default_rng(4).permutation(seq.size)  # rows out of order (with several sequences): np.bincount
+    got = K.token_sums(seq[shuffled], tokens[shuffled], m, per[shuffled])
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s != "empty"])  # shares need tokens
 def test_batch_deviations_and_prefix_totals_any_chunking(shape, threads):
     from pipeline.reports import kernels as K

@@ -204,7 +204,7 @@ def prepare(
         raise StrataInputError(f"cluster ids must lie in 0..{k - 1}", fix="relabel clusters densely from 0")
 
     def filled() -> None:  # beside the compositions, which need only ids in range
-        if (np.bincount(seg_seq, weights=seg_tok, minlength=m) <= 0).any():
+        if (K.token_sums(seg_seq, seg_tok, m)[0] <= 0).any():
             raise StrataInputError("a sequence of the ordering holds no tokens", fix="drop empty sequences before ordering")
 
     def by_length() -> tuple[np.ndarray, Composition]:

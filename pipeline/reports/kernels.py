@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from pipeline.segments import even_cuts, insert_sorted, n_chunks
+from pipeline.segments import even_cuts, grouped, insert_sorted, n_chunks
 
 
 def sequence_cuts(seq: np.ndarray, chunks: int) -> np.ndarray:
@@ -280,3 +280,31 @@ def _square_sums(seq, tokens, n_sequences, cuts):
             t = float(rows_tokens[i])
             out[rows_seq[i]] += t * t
     return out
+
+
+def token_sums(seq: np.ndarray, tokens: np.ndarray, n_sequences: int, per_token: np.ndarray | None = None) -> tuple:
+    """Per sequence id: the sum of ``tokens`` and, with ``per_token``, of ``tokens * per_token``
+    over its rows (int64; ``np.bincount``'s float sums of these whole numbers have the same
+    values). Rows grouped by ascending sequence id are summed in chunks of whole sequences on
+    every core without a per-row temporary; others by ``np.bincount``."""
+    if not grouped(seq):
+        tok = tokens.astype(np.float64)
+        return (np.bincount(seq, weights=tok, minlength=n_sequences),
+                None if per_token is None else np.bincount(seq, weights=tok * per_token, minlength=n_sequences))
+    weighted = per_token is not None
+    length, product = _token_sums(seq, tokens, per_token if weighted else tokens[:0], weighted, n_sequences,
+                                  sequence_cuts(seq, n_chunks(seq.size)))
+    return length, (product if weighted else None)
+
+
+@njit(cache=True, parallel=True)
+def _token_sums(seq, tokens, per_token, weighted, n_sequences, cuts):
+    """:func:`token_sums` by chunks of whole sequences (``cuts``): no two chunks write one sum."""
+    length = np.zeros(n_sequences, np.int64)
+    product = np.zeros(n_sequences if weighted else 0, np.int64)
+    for c in prange(cuts.size - 1):
+        for i in range(cuts[c], cuts[c + 1]):
+            length[seq[i]] += tokens[i]
+            if weighted:
+                product[seq[i]] += np.int64(tokens[i]) * np.int64(per_token[i])
+    return length, product

@@ -100,19 +100,19 @@ def _level_features(schedule: Schedule) -> np.ndarray:
     """(M, 6) per-sequence sums, indexed by sequence id: distinct clusters, distinct documents,
     ||c_s||_2 / l_s, sum of tokens x document stream length, tokens l_s, and 1 (the sequence)."""
     m = schedule.n_sequences
-    seq, doc, tok = schedule.seg_seq, schedule.seg_doc, schedule.seg_tokens.astype(np.float64)
+    seq, doc = schedule.seg_seq, schedule.seg_doc
     if grouped(seq):  # a packing's order: count each sequence's documents in place
         docs = docs_per_sequence(seq, doc, m)
     else:
         n_ids = int(doc.max()) + 1
         pairs = np.sort(seq * n_ids + doc)  # (sequence, document) keys
         docs = np.bincount(pairs[np.r_[True, pairs[1:] != pairs[:-1]]] // n_ids, minlength=m)
-    length = np.bincount(seq, weights=tok, minlength=m)
+    length, weighted = K.token_sums(seq, schedule.seg_tokens, m, schedule.seg_doc_length)  # whole numbers: exact as floats
     return np.column_stack([
         schedule.clusters.unique_per_sequence(),
         docs,
         schedule.clusters.l2_norm() / length,
-        np.bincount(seq, weights=tok * schedule.seg_doc_length, minlength=m),
+        weighted,
         length,
         np.ones(m),
     ]).astype(np.float64)

@@ -80,16 +80,18 @@ def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int
 def strategy_schedule(layout: Layout, strategy: str, n_bins: int) -> D.Schedule:
     """:func:`load_schedule` of one strategy over :func:`document_features` with source codes, the
     documents read while its ordering and segments are."""
-    docs, (ordering, segments) = concurrently(lambda: document_features(layout, source_codes=True),
-                                              lambda: _ordering_segments(layout, strategy))
+    # contiguous columns (NumPy views, not copies beside the frame's chunks); doc_id is the row index
+    docs, (ordering, segments) = concurrently(lambda: document_features(layout, source_codes=True).drop("doc_id").rechunk(),
+                                              lambda: _ordering_segments(layout, strategy, rechunk=True))
     return _schedule(docs, ordering, segments, n_bins)
 
 
-def _ordering_segments(layout: Layout, strategy: str) -> tuple:
+def _ordering_segments(layout: Layout, strategy: str, rechunk: bool = False) -> tuple:
     """``Store.ordering`` of ``strategy`` and the columns of its segments a schedule reads."""
     ordering = Store(layout).ordering(strategy)
     columns = ["sequence_id", "doc_id", "n_tokens"] + (["seq_token_start"] if ordering.target_share is not None else [])
-    return ordering, pl.read_parquet(ordering.segments_path, columns=columns)
+    segments = pl.read_parquet(ordering.segments_path, columns=columns)
+    return ordering, segments.rechunk() if rechunk else segments
 
 
 def _schedule(docs: pl.DataFrame, ordering, segments: pl.DataFrame, n_bins: int) -> D.Schedule:
