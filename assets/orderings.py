@@ -172,8 +172,9 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         result = OrderingResult(order_frame(spec.derived[1](base[0], params, cfg.seed)), None, base[1])
     else:
         warm_kernels()  # numba's first load, beside the reading of the documents and segments
-        result = run_strategy(name, lambda: ordering_documents(layout, params, name),
-                              lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)),
+        # contiguous columns: the strategies' NumPy views are not copies beside the frames' chunks
+        result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(),
+                              lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)).rechunk(),
                               seq_len, params, cfg.seed, prefix=prefix)
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:  # a repacking's segments written while the order is

@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
@@ -188,3 +189,21 @@ def test_a_batch_of_skipped_rows_only_is_left_out(tmp_path):
     assert pl.read_parquet(out)["id"].to_list() == [f"d{i}" for i in range(6)] + ["d9", "d10", "d11"]
     assert pq.ParquetFile(out).metadata.num_row_groups == 3
     assert info["n_read"] == 12 and [line for line, _ in info["skipped"]] == [7, 8, 9]
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_repeated_values_are_the_values_counted_more_than_once(monkeypatch, parts):
+    """The duplicate-id scan's repeated hashes: np.unique's values with counts > 1, ascending, for
+    any number of parts of the value range (values at the range's ends and on its cuts included)."""
+    from pipeline.data import corpus as C
+
+    monkeypatch.setattr(C, "cores", lambda: parts)
+    rng = np.random.default_rng(9)
+    cut = np.uint64((1 << 64) // 2)
+    values = np.concatenate([rng.integers(0, 1 << 64, 5000, dtype=np.uint64, endpoint=False),
+                             np.array([0, 0, 2**64 - 1, 2**64 - 1, cut, cut, cut - np.uint64(1), 7], np.uint64)])
+    values = np.concatenate([values, values[rng.integers(0, values.size, 40)]])[rng.permutation(values.size + 40)]
+    uniq, counts = np.unique(values, return_counts=True)
+    got = C.repeated_values(values)
+    assert got.dtype == np.uint64 and got.tolist() == uniq[counts > 1].tolist()
+    assert C.repeated_values(np.arange(10, dtype=np.uint64)).size == 0

@@ -36,7 +36,7 @@ from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )
 from pipeline.errors import StrataInputError
-from pipeline.threads import behind, parallel_map, prefetch
+from pipeline.threads import behind, cores, parallel_map, prefetch
 
 if TYPE_CHECKING:  # imported where used: importing this module stays light
     import duckdb
@@ -95,8 +95,7 @@ def duplicate_ids(ids: list[pl.Series]) -> tuple[list[np.ndarray], tuple[int, st
     masks = [np.zeros(n, bool) for n in sizes]
     if hashed.size < 2:
         return masks, None
-    uniq, counts = np.unique(hashed, return_counts=True)
-    cand = uniq[counts > 1]
+    cand = repeated_values(hashed)
     if not cand.size:
         return masks, None
     starts = np.cumsum([0, *sizes])
@@ -115,6 +114,24 @@ def duplicate_ids(ids: list[pl.Series]) -> tuple[list[np.ndarray], tuple[int, st
     if first is not None:
         first = (first[0], first[1], seen[first[1]])
     return masks, first
+
+
+def repeated_values(values: np.ndarray) -> np.ndarray:
+    """The distinct values of ``values`` (uint64, e.g. hashes) occurring more than once, ascending:
+    the range of values cut in one part a core, each part sorted on a thread of its own (NumPy's
+    sort releases the GIL; 0.12 s for 9.8M hashes on 2 cores against 0.6-0.8 s for ``np.unique``
+    with counts)."""
+    parts = cores()
+    bounds = [np.uint64((1 << 64) * k // parts) for k in range(parts)]
+
+    def repeats(k: int) -> np.ndarray:
+        inside = values >= bounds[k]
+        if k + 1 < parts:
+            inside &= values < bounds[k + 1]
+        part = np.sort(values[inside])
+        return np.unique(part[1:][part[1:] == part[:-1]])
+
+    return np.concatenate(parallel_map(repeats, list(range(parts))))
 
 
 def max_docs_sample(n: int, max_docs: int, seed: int) -> np.ndarray:

@@ -91,7 +91,7 @@ def composition_of_docs(seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray, do
     a kernel over segments grouped by sequence (a packing's order), no per-segment copies."""
     if not grouped(seq):
         return composition(seq, doc_group[doc], tokens, n_sequences, n_groups)
-    return Composition(*K.composition_of_docs(seq, doc, tokens, np.asarray(doc_group, np.int64), n_groups), n_sequences, n_groups)
+    return Composition(*K.composition_of_docs(seq, doc, tokens, as_integers(doc_group), n_groups), n_sequences, n_groups)
 
 
 def _order_of(position: np.ndarray) -> np.ndarray:
