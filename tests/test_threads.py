@@ -123,3 +123,14 @@ def test_concurrently_waits_for_every_call_then_raises_the_first_error(monkeypat
     with pytest.raises(ValueError, match="first"):
         concurrently(fails("first"), slow)
     assert finished == ["slow", "slow"]
+
+
+def test_warm_kernels_loads_numba_once_on_a_thread_of_its_own():
+    from pipeline import segments
+
+    segments.warm_kernels()
+    segments.warm_kernels()
+    assert len(segments._WARM) == 1
+    thread = segments._WARM[0]
+    thread.join(timeout=120)
+    assert thread.name == "numba-warm" and thread is not threading.current_thread() and not thread.is_alive()
