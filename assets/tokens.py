@@ -9,9 +9,9 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from assets.corpus import gathered_shards, partition_docs
 from pipeline.data.token_shards import gather_tokens, token_files, tokenize_shards, tokenizer_key
-from pipeline.data.tokenizer import load_tokenizer, sample_texts, train_bpe
+from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
 from pipeline.data.tokens import token_dtype
-from pipeline.data.shard_docs import corpus_texts, prune
+from pipeline.data.shard_docs import chosen_texts, prune
 from pipeline.storage.atomic import atomic_dir
 
 
@@ -30,8 +30,9 @@ def tokenizer(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
         if cfg.tokenizer:
             tok = load_tokenizer(cfg.tokenizer)
         else:
-            texts = corpus_texts(layout.corpus, pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
-            tok = train_bpe(sample_texts(texts, total, cfg.tokenizer_sample_chars, cfg.seed), cfg.vocab_size)
+            texts = chosen_texts(layout.corpus, pl.read_parquet(layout.shards), layout.shard_dir("corpus"),
+                                 sample_chooser(total, cfg.tokenizer_sample_chars, cfg.seed))
+            tok = train_bpe(texts, cfg.vocab_size)
         tok.save_pretrained(str(tmp))
     files = sorted(p for p in layout.tokenizer.iterdir() if p.is_file())
     return rec.finish(files, {"vocab_size": len(tok)}, {"tokenizer": cfg.tokenizer or "bpe", "vocab_size": cfg.vocab_size,

@@ -53,12 +53,13 @@ def parallel_map(fn: Callable[[T], R], items: list[T], threads: bool = True) -> 
         return list(pool.map(fn, items))
 
 
-def ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = 1) -> Iterator[R]:
+def ahead(fn: Callable[[T], R], items: Iterable[T], depth: int = 1, workers: int = 1) -> Iterator[R]:
     """``fn(item)`` for each item, in order, computed up to ``depth`` items ahead of the consumer on
-    a background thread: the consumer's work on one result (writing it) overlaps ``fn`` on the
-    next (for work that releases the GIL). Memory: ``depth + 1`` results. An exception in ``fn``
-    is raised where its result would have been yielded."""
-    with ThreadPoolExecutor(1) as pool:
+    ``workers`` background threads: the consumer's work on one result (writing it) overlaps ``fn``
+    on the next (for work that releases the GIL), and with ``workers`` > 1 the items' ``fn`` overlap
+    each other. Memory: ``depth + 1`` results. An exception in ``fn`` is raised where its result
+    would have been yielded."""
+    with ThreadPoolExecutor(max(1, workers)) as pool:
         pending: deque = deque()
         try:
             for item in items:

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import demo_slice
 from pipeline.config import RayConfig
-from pipeline.data.tokenizer import load_tokenizer, sample_texts, train_bpe
+from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
 from pipeline.data.tokens import tokenize_documents
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs
 from pipeline.data.token_shards import tokenize_unit
@@ -151,13 +151,19 @@ def test_unit_results_stream_into_assemble_without_unit_files(tmp_path, texts, t
 def test_tokenizer_sample_is_seeded_bernoulli_over_the_corpus(texts):
     total = sum(len(t) for t in texts)
 
-    def batches(rows: int) -> list[pl.Series]:
-        return [pl.Series("text", texts[a : a + rows]) for a in range(0, len(texts), rows)]
+    def sample(parts: int, budget: int, seed: int) -> list[str]:
+        choose, got, a = sample_chooser(total, budget, seed), [], 0
+        for n in [len(texts) // parts] * (parts - 1) + [len(texts) - (parts - 1) * (len(texts) // parts)]:
+            picked = choose(n)
+            got += texts[a : a + n] if picked is None else [texts[a + int(i)] for i in picked]
+            a += n
+        return got
 
-    assert list(sample_texts(batches(16), total, 0, 0)) == texts  # no budget: every text, in order
-    assert list(sample_texts(batches(16), total, total, 0)) == texts
-    got = list(sample_texts(batches(16), total, total // 4, 7))
+    assert sample(4, 0, 0) == texts  # no budget: every text, in order
+    assert sample(4, total, 0) == texts
+    got = sample(4, total // 4, 7)
     rng = np.random.default_rng(7)  # one draw a text, in order: each text kept with p = budget / total
     want = [t for t, u in zip(texts, rng.random(len(texts))) if u < (total // 4) / total]
     assert got == want and 0 < len(got) < len(texts)
-    assert got == list(sample_texts(batches(5), total, total // 4, 7))  # same seed, same sample, whatever the batches
+    assert got == sample(11, total // 4, 7) == sample(1, total // 4, 7)  # same seed, same sample, whatever the parts
+

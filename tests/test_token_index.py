@@ -10,7 +10,7 @@ import pytest
 
 from helpers import three_shard_corpus
 from pipeline.config import config_from_dict
-from pipeline.data.shard_docs import corpus_texts, manifest_shards
+from pipeline.data.shard_docs import chosen_texts, corpus_texts, manifest_shards
 from pipeline.data.token_index import ShardedTokens
 from pipeline.data.token_shards import gather_tokens, tokenize_shards, tokenizer_key
 from pipeline.data.tokenizer import train_bpe
@@ -36,6 +36,30 @@ def _store(tmp_path, max_docs: int):
     flat, want = tokenize_documents(tok, texts, progress=False)
     np.testing.assert_array_equal(offsets, want)
     return reader, flat, offsets, out
+
+
+@pytest.mark.parametrize("max_docs", [0, 70])  # every document; a sample (corpus.parquet keeps some rows of each shard)
+def test_chosen_texts_reads_the_chosen_documents_in_order(tmp_path, max_docs):
+    from pipeline.data.corpus import build_corpus
+    from pipeline.config import CorpusConfig
+
+    _, out, by_id = three_shard_corpus(tmp_path, max_docs)
+    build = build_corpus(CorpusConfig(path=str(tmp_path / f"src{max_docs}"), max_docs=max_docs), 0, 0.0, out / "small",
+                         out / "corpus.parquet", batch_rows=4)  # row groups of 4 documents
+    texts = [by_id[i] for i in pl.read_parquet(out / "corpus.parquet")["id"].to_list()]
+    sizes = build.manifest["n_docs"].to_list()
+    rng = np.random.default_rng(max_docs)
+    picks = [np.sort(rng.choice(n, n // 3, replace=False)) for n in sizes]
+    starts = np.cumsum([0] + sizes)
+    want = [texts[a + int(i)] for a, p in zip(starts, picks) for i in p]
+    for read_rows in (1, 8, 65_536):  # a task a row group, two row groups, a shard
+        every = iter(range(len(sizes)))
+        assert list(chosen_texts(out / "corpus.parquet", build.manifest, out / "small", lambda n: None, read_rows)) == texts
+        chosen = list(chosen_texts(out / "corpus.parquet", build.manifest, out / "small",
+                                   lambda n: picks[next(every)] if n else None, read_rows))
+        assert chosen == want and 0 < len(chosen) < len(texts)
+    none = list(chosen_texts(out / "corpus.parquet", build.manifest, out / "small", lambda n: np.zeros(0, np.int64)))
+    assert none == []
 
 
 def test_index_reads_the_ids_of_the_corpus_in_order_and_gives_the_same_sequences(tmp_path):

@@ -91,7 +91,7 @@ def duplicate_ids(ids: list[pl.Series]) -> tuple[list[np.ndarray], tuple[int, st
     a 64-bit hash and confirmed on the strings, so memory is 8 bytes a document.
     """
     sizes = [s.len() for s in ids]
-    hashed = np.concatenate([s.hash(seed=0).to_numpy() for s in ids]) if ids else np.zeros(0, np.uint64)
+    hashed = np.concatenate(parallel_map(lambda s: s.hash(seed=0).to_numpy(), ids)) if ids else np.zeros(0, np.uint64)
     masks = [np.zeros(n, bool) for n in sizes]
     if hashed.size < 2:
         return masks, None
@@ -361,6 +361,9 @@ def _save_validated(shard, result: tuple[bytes, bytes]) -> None:
 
 
 READ_COLUMNS = ["id", "text", "source", "subdomain", "content_hash", "heldout"]  # what build_corpus reads of a validated shard
+# held-out rows a call of build_corpus's ``heldout`` (at least; the last call fewer): the writer's
+# per-call work (a group-by per source, JSON lines) paid once per this many documents, not per batch
+HOLD_ROWS = 4096
 
 
 def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_dir: Path, corpus_path: Path,
@@ -374,9 +377,10 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     ``validated`` names that file. They differ from ``corpus.parquet``'s rows only where the global
     steps (ids unique across shards, ``max_docs``) dropped documents.
 
-    ``heldout`` is called with each batch's held-out documents (id, text, source, subdomain), in
-    corpus order, on a thread of its own while the next batch is read (e.g.
-    ``evals.paloma.PalomaWriter.add``): they are written as they come, never held together."""
+    ``heldout`` is called with the held-out documents (id, text, source, subdomain), in corpus
+    order, in frames of :data:`HOLD_ROWS` or more (the last fewer), on a thread of its own while
+    the next batches are read (e.g. ``evals.paloma.PalomaWriter.add``): they are written as they
+    come, never held together."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -409,7 +413,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
         report.n_read += info["n_read"]
         report.skipped += [(int(a), str(b)) for a, b in info["skipped"]]
         report.skipped_by_shard[unit] = len(info["skipped"])
-    ids = [pl.read_parquet(f, columns=["id"])["id"] for f in files]
+    ids = parallel_map(lambda f: pl.read_parquet(f, columns=["id"])["id"], files)  # a file a core
     masks, first = duplicate_ids(ids)
     if first is not None and cfg.on_error == "fail":
         lines = [pl.read_parquet(f, columns=["line"])["line"] if any(u == i for i, _ in first[2]) else pl.Series([], dtype=pl.Int64)
@@ -440,13 +444,14 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     rows, stats, n_heldout = [], [], 0
     doc_id, rg = 0, 0
     # every shard's batches, read (decompressed) on a thread ahead of this loop's work on them
-    ahead_batches = prefetch((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS))
+    ahead_batches = prefetch(((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS)), depth=8)
     with atomic_writer(corpus_path) as sink, contextlib.closing(ahead_batches) as batches:
         with (pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer,
               # each row group compressed and written on a thread of its own, in order, while the next batch is worked on
               behind(lambda out: writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)) as write,
               behind(heldout or (lambda docs: None)) as hold):  # the held-out documents too, on a third
             pending = next(batches, None)
+            held: list[pl.DataFrame] = []  # held-out rows gathered into frames of HOLD_ROWS or more for ``heldout``
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
                 start, rg_start, n_chars, n_held, row, train_row = doc_id, rg, 0, 0, 0, 0
@@ -456,19 +461,25 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                     assert isinstance(df, pl.DataFrame)
                     df = df.with_columns(shard_row=(~pl.col("heldout")).cast(pl.Int64).cum_sum() - 1 + train_row)
                     train_row += int((~df["heldout"]).sum())
-                    df = df.filter(pl.Series(valid[u][row : row + df.height]))
+                    keep = valid[u][row : row + df.height]
+                    if not keep.all():  # repeated ids or documents max_docs left out
+                        df = df.filter(pl.Series(keep))
                     row += batch.num_rows
-                    ho = df.filter(pl.col("heldout"))
-                    train = df.filter(~pl.col("heldout"))
+                    # the columns each side needs, then its rows: the training rows' texts are never copied
+                    ho = df.select("id", "text", "source", "subdomain").filter(df["heldout"])
+                    train = df.select("id", "source", "subdomain", "content_hash", "shard_row").filter(~df["heldout"])
                     if ho.height:
-                        hold(ho.select("id", "text", "source", "subdomain"))
+                        held.append(ho)
                         n_held += ho.height
+                        if sum(h.height for h in held) >= HOLD_ROWS:
+                            hold(pl.concat(held))
+                            held = []
                     stat = df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().cast(pl.Int64).sum())
                     stats.append(stat)
                     if not train.height:
                         continue
                     n_chars += int(stat.filter(~pl.col("heldout"))["n_chars"].sum())
-                    digest.update("\n".join(train["content_hash"].to_list()).encode() + b"\n")
+                    digest.update(train["content_hash"].str.join("\n").item().encode() + b"\n")
                     out = train.select(
                         doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", source="source",
                         subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32), shard_row="shard_row",
@@ -482,6 +493,8 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                              "n_skipped": report.skipped_by_shard[units[u]], "n_heldout": n_held, "n_docs": doc_id - start,
                              "doc_start": start, "row_group_start": rg_start, "row_group_end": rg, "n_chars": n_chars,
                              "docs_digest": digest.hexdigest()[:32], "validated": f.name})
+            if held:
+                hold(pl.concat(held))
     if doc_id == 0:
         raise StrataInputError("the corpus has no training documents left after the held-out split", path=report.path,
                                fix="add documents or lower heldout_fraction")

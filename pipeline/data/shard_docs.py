@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -115,6 +115,50 @@ def corpus_texts(corpus_path: Path, manifest: pl.DataFrame, corpus_shard_dir: Pa
         train = _train_rows(str(shard.path), *_stamp(shard.path))
         for a in range(0, rows.size, batch_rows):
             yield _read_rows(shard.path, train[rows[a : a + batch_rows]], ["text"])["text"]
+
+
+def chosen_texts(corpus_path: Path, manifest: pl.DataFrame, corpus_shard_dir: Path,
+                 choose: Callable[[int], np.ndarray | None], read_rows: int = 65_536) -> Iterator[str]:
+    """The texts of the documents ``choose`` picks, in ``doc_id`` order: ``choose`` is called once a
+    shard of the manifest, in corpus order, with its number of documents in ``corpus.parquet`` and
+    returns the sorted positions among them to read (None: every one). Only the Parquet row groups
+    holding a chosen document are read (the ``text`` column), blocks of at most ``read_rows`` file
+    rows a task on a thread a core, up to two tasks a core ahead of the consumer (decompressing and
+    taking release the GIL); only the chosen texts become Python strings."""
+    from pipeline.threads import ahead, cores
+
+    def tasks() -> Iterator[tuple[Path, list[int], np.ndarray]]:
+        for row in manifest.to_dicts():
+            n = int(row["n_docs"])
+            if not n:
+                continue
+            shard = ShardDocs.of(row["path"], Path(corpus_shard_dir) / row["validated"])
+            picked = choose(n)
+            rows = kept_rows(corpus_path, row, shard)
+            file_rows = _train_rows(str(shard.path), *_stamp(shard.path))
+            file_rows = file_rows if rows is None else file_rows[rows]
+            file_rows = file_rows if picked is None else file_rows[np.asarray(picked, dtype=np.int64)]
+            if not file_rows.size:
+                continue
+            starts = _row_starts(str(shard.path), *_stamp(shard.path))
+            group = np.searchsorted(starts, file_rows, side="right") - 1
+            block = starts[group] // max(read_rows, 1)  # consecutive row groups, about read_rows file rows a task
+            cuts = np.flatnonzero(np.diff(block)) + 1
+            for rows_, groups in zip(np.split(file_rows, cuts), np.split(group, cuts)):
+                wanted, at = np.unique(groups, return_inverse=True)
+                before = np.concatenate([[0], np.cumsum(starts[wanted + 1] - starts[wanted])[:-1]])  # rows of earlier wanted groups
+                yield shard.path, wanted.tolist(), before[at] + rows_ - starts[groups]
+
+    workers = cores()
+    for texts in ahead(_take_texts, tasks(), depth=2 * workers, workers=workers):
+        yield from texts
+
+
+def _take_texts(task: tuple[Path, list[int], np.ndarray]) -> list[str]:
+    import pyarrow.parquet as pq
+
+    path, groups, local = task
+    return pq.ParquetFile(path).read_row_groups(groups, columns=["text"], use_threads=False).column(0).take(local).to_pylist()
 
 
 def kept_rows(corpus_path: Path, row: dict, shard: ShardDocs) -> np.ndarray | None:

@@ -1,7 +1,7 @@
 """The tokenizer stage: train a byte-level BPE on the corpus offline, or load a given one.
 
 BPE trains on a seeded sample of the training documents of about ``tokenizer_sample_chars``
-characters (:func:`sample_texts`; the whole corpus when it is smaller): merges learnt from tens of
+characters (:func:`sample_chooser`; the whole corpus when it is smaller): merges learnt from tens of
 millions of characters are those of the whole corpus up to rare words, while training time and
 memory stay fixed as the corpus grows (it took 297 s on all 1M documents of the scale benchmark).
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from pipeline.errors import StrataInputError
 
 if TYPE_CHECKING:
-    import polars as pl
+    import numpy as np
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -26,8 +26,11 @@ PAD = "<|pad|>"
 
 def train_bpe(texts: Iterable[str], vocab_size: int):
     """Train a byte-level BPE (GPT-2 style pre-tokenization) with ``vocab_size`` ids."""
+    import importlib
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.threads import concurrently
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -41,13 +44,15 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # train on every core (the env var only quiets fork warnings otherwise)
     try:
-        tok.train_from_iterator(texts, trainer=trainer)
+        # transformers (0.6 s of imports on one core, for the wrapper below) loads while the texts are read
+        _, transformers = concurrently(lambda: tok.train_from_iterator(texts, trainer=trainer),
+                                       lambda: importlib.import_module("transformers"))
     finally:
         if before is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = before
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=EOS)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD, bos_token=EOS)
 
 
 def load_tokenizer(spec: str | Path):
@@ -76,17 +81,15 @@ def load_tokenizer(spec: str | Path):
     return tok
 
 
-def sample_texts(batches: Iterable[pl.Series], total_chars: int, budget_chars: int, seed: int) -> Iterator[str]:
-    """A seeded Bernoulli sample of the texts of ``batches`` (the corpus's texts in order, e.g.
-    :func:`pipeline.data.shard_docs.corpus_texts`) holding about ``budget_chars`` characters, in
-    corpus order, streamed batch by batch (``budget_chars`` 0, or a corpus no larger: every text).
-    Text ``i`` is kept when the ``i``-th draw of ``default_rng(seed).random()`` is below
-    ``budget_chars / total_chars``, whatever the batch sizes."""
+def sample_chooser(total_chars: int, budget_chars: int, seed: int) -> Callable[[int], np.ndarray | None]:
+    """A seeded Bernoulli sample of the corpus's texts holding about ``budget_chars`` characters, for
+    :func:`pipeline.data.shard_docs.chosen_texts`: called with the number of texts of each part of
+    the corpus, in order, it returns the positions kept in that part (None: every text, when
+    ``budget_chars`` is 0 or the corpus is no larger). Text ``i`` of the corpus is kept when the
+    ``i``-th draw of ``default_rng(seed).random()`` is below ``budget_chars / total_chars``, whatever
+    the parts' sizes: the draws need no text, so only the kept texts are read."""
     import numpy as np
 
     p = 1.0 if budget_chars <= 0 or total_chars <= budget_chars else budget_chars / total_chars
     rng = np.random.default_rng(seed)
-    for texts in batches:
-        if p < 1.0:  # only the sampled texts become Python strings
-            texts = texts.gather(np.flatnonzero(rng.random(len(texts)) < p))
-        yield from texts.to_list()
+    return lambda n: None if p >= 1.0 else np.flatnonzero(rng.random(n) < p)
