@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -213,8 +214,19 @@ def version_of(paths: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
+def process_cpu_s() -> float:
+    """CPU seconds this process has used so far, every thread (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 class Recorder:
     """Times a materialization and writes its lineage row (see pipeline/storage/warehouse.py).
+
+    The metadata shows the materialization's wall seconds (``wall_s``, from the asset function's
+    start to its result) and the CPU seconds this process used meanwhile on every thread
+    (``cpu_s``; work in child processes or on Ray workers is not in it), so ``cpu_s / wall_s`` is
+    how many cores the asset's own work kept busy, Dagster's run around it left out.
 
     ``deps`` maps each upstream asset to the partition whose data version is recorded: ``None``
     for an unpartitioned asset, a partition key, a list of them, or ``"*"`` for every partition.
@@ -222,7 +234,7 @@ class Recorder:
 
     def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource, deps: dict[str, str | list[str] | None]):
         self.context, self.duckdb, self.deps = context, duckdb, deps
-        self.t0 = time.perf_counter()
+        self.t0, self.c0 = time.perf_counter(), process_cpu_s()
         self.partition = context.partition_key if context.has_partition_key else None
 
     def finish(
@@ -261,5 +273,6 @@ class Recorder:
         if outputs:  # none: a shard partition with no training documents
             meta["path"] = dg.MetadataValue.path(str(outputs[0]))
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
+        meta["cpu_s"] = round(process_cpu_s() - self.c0, 2)
         meta.update(metadata or {})
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version), check_results=check_results or None)

@@ -112,8 +112,8 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     :func:`band_cache`).
     A training-time strategy (odm) has no schedule before training: it gets no rows here; its
     diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs)."""
-    warm_kernels()  # numba's first load, beside this run's reading
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
+    warm_kernels()  # numba's first load, beside this run's reading
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
     prefix = cfg.max_steps * cfg.batch_size

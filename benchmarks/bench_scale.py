@@ -15,7 +15,9 @@ the asset's (process start-up and imports excluded; the total includes them); CP
 child's (all threads, imports included), and CPU/wall is the child's CPU seconds over its wall
 time (imports included in both): 2.0 is both cores busy on a 2-core machine; "in asset" is the same
 ratio over the materializations alone (the assets' work and Dagster's bookkeeping of each run,
-without the process start-up and imports). After ``token_shards``
+without the process start-up and imports). After ``tokenizer`` a child trains the tokenizers library's
+own BPE (``BpeTrainer``, every core) on the same sample held in memory, its reading timed apart (the
+stage's bound); after ``token_shards``
 a child measures the tokenizers library's own ``encode_batch`` on the same texts (the training
 rows of the corpus, read from the validated shards in batches of 4,096, ``TOKENIZERS_PARALLELISM=true``: its rayon pool on
 every core), printed next to ``token_shards``' throughput; after ``embedding_shards`` the same for the embedding
@@ -58,6 +60,7 @@ STAGES = ["corpus_shards", "corpus", "tokenizer", "token_shards", "embedding_sha
           "cluster_shards", "clusters", "sequences", "orderings", "ordering_diagnostics"]
 EMBED_MAX_TOKENS = 256  # the config default the benchmark runs with
 SHARD_STAGES = {"corpus_shards", "token_shards", "embedding_shards", "cluster_shards"}
+CORES = len(os.sched_getaffinity(0))
 
 
 def generate(n_docs: int, out_dir: Path, shard_docs: int, seed: int = 0) -> dict:
@@ -118,7 +121,14 @@ else:  # as `strata run` runs a per-shard stage's partitions
     run_partitions(everything, defs.resources, instance, selection, parts, cfg, sys.argv[1], log=lambda m: None)
 a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 cpu = a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-print(f"{time.time() - t0} {cpu - c0} {cpu}")
+inner = time.time() - t0
+# the asset functions' own wall and CPU seconds (Recorder's wall_s / cpu_s of each materialization this child made)
+made = [r for r in instance.fetch_materializations(dg.AssetKey(stage), limit=10_000).records if r.timestamp >= t0]
+body = [sum(float(r.asset_materialization.metadata[k].value) for r in made) for k in ("wall_s", "cpu_s")]
+from assets.partition_runs import side_by_side_workers
+from pipeline.threads import cores
+workers = 1 if parts == [None] else side_by_side_workers(selection, len(parts), cfg.partition_workers, cfg.engine, cores())
+print(f"{inner} {cpu - c0} {cpu} {body[0]} {body[1]} {len(made)} {workers}")
 """
 
 
@@ -168,6 +178,35 @@ for batch in texts(root):
     wall += time.perf_counter() - t0
     n += sum(len(e.ids) for e in encs)
 print(f"{n} {wall}")
+"""
+
+
+LIBRARY_TRAIN = r"""
+import json, os, resource, sys, time
+sys.path.insert(0, os.getcwd())
+os.environ["TOKENIZERS_PARALLELISM"] = "true"
+import polars as pl
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from pipeline.data.shard_docs import chosen_texts
+from pipeline.data.tokenizer import EOS, PAD, sample_chooser
+root, budget, vocab, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+manifest = pl.read_parquet(os.path.join(root, "corpus", "shards.parquet"))
+t0 = time.perf_counter()
+sample = list(chosen_texts(os.path.join(root, "corpus.parquet"), manifest, os.path.join(root, "corpus", "shards"),
+                           sample_chooser(int(manifest["n_chars"].sum()), budget, seed)))
+t1 = time.perf_counter()
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[EOS, PAD], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                              show_progress=False)
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+t2 = time.perf_counter()
+tok.train_from_iterator(sample, trainer=trainer)
+t3 = time.perf_counter()
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+same = json.loads(tok.to_str())["model"] == json.load(open(os.path.join(root, "tokenizer", "tokenizer.json")))["model"]
+print(f"{len(sample)} {sum(map(len, sample))} {t1 - t0} {t3 - t2} {r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime} {int(same)}")
 """
 
 
@@ -253,6 +292,17 @@ def library_write(root: Path, env: dict) -> tuple[int, float, int, int]:
     out = subprocess.run([sys.executable, "-c", LIBRARY_WRITE, str(root)], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     n, wall, same, files = out.stdout.split()
     return int(n), float(wall), int(same), int(files)
+
+
+def library_train(root: Path, env: dict, budget_chars: int = 50_000_000, vocab_size: int = 8192) -> tuple[int, int, float, float, float, bool]:
+    """The tokenizers library's own BPE training (``train_from_iterator`` of a ``BpeTrainer`` set as
+    ``train_bpe`` sets it, every core) on the sample ``tokenizer`` trains on, held in memory (its
+    reading timed apart): ``(texts, characters, read seconds, train seconds, train CPU/wall, whether
+    its merges equal the stage's tokenizer.json)``, the bound of the ``tokenizer`` stage."""
+    out = subprocess.run([sys.executable, "-c", LIBRARY_TRAIN, str(root), str(budget_chars), str(vocab_size), "0"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    n, chars, read, train, cpu, same = out[-6:]
+    return int(n), int(chars), float(read), float(train), float(cpu) / max(float(train), 1e-9), same == "1"
 
 
 def library_search(root: Path, env: dict, unit: int = 4096) -> tuple[int, float, float]:
@@ -418,6 +468,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         forget(base / "root", stages)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": ""}
     spans, cpus, inner_cpus, peaks, written = {}, {}, {}, {}, {}
+    bodies: dict[str, tuple[float, float] | None] = {}  # the asset functions' own (wall, CPU) seconds, summed over the runs
+    runs: dict[str, int] = {}
     library = wordpiece = search = kmeans = write = None
     bookkeeping: dict[str, float] = {}
     sys.path.insert(0, str(ROOT))
@@ -429,14 +481,20 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         # a per-shard stage runs its partitions in one process (and its workers), as `strata run` does
         parts = [[s] for s in strategies] if stage in ("orderings", "ordering_diagnostics") else [shard_keys] if stage in SHARD_STAGES else [[]]
         spans[stage], cpus[stage], inner_cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0.0, 0
+        bodies[stage], runs[stage] = (0.0, 0.0), 0
         w0 = _children_written()
         for part in parts:
             out, full, peak = run_child([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage, *part], env,
                                         base / f"{stage}.log")
-            inner, inner_cpu, cpu = map(float, out.split()[-3:])
+            inner, inner_cpu, cpu, body_wall, body_cpu, n_runs, workers = map(float, out.split()[-7:])
             spans[stage] = (spans[stage][0] + full, spans[stage][1] + inner)
             cpus[stage] += cpu
             inner_cpus[stage] += inner_cpu
+            runs[stage] += int(n_runs)
+            if workers > 1:  # runs side by side: their asset functions' seconds overlap, no split into body and runs
+                bodies[stage] = None
+            elif bodies[stage] is not None:
+                bodies[stage] = (bodies[stage][0] + body_wall, bodies[stage][1] + body_cpu)
             peaks[stage] = max(peaks[stage], peak)
             if len(parts) > 1:
                 print(f"    [{' '.join(part)}]: {full:.1f} s ({inner:.1f} s in the asset), {cpu:.1f} CPU-s, peak anon {peak / 2**30:.2f} GB", flush=True)
@@ -444,10 +502,22 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
               f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}; in the asset {inner_cpus[stage] / max(spans[stage][1], 1e-9):.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "
               f"wrote {written[stage] / 2**30:.2f} GB", flush=True)
+        if bodies[stage] is not None and runs[stage]:
+            bw, bc = bodies[stage]
+            around, around_cpu = spans[stage][1] - bw, inner_cpus[stage] - bc
+            print(f"    its asset function{'s' if runs[stage] > 1 else ''}: {bw:.1f} s, {bc:.1f} CPU-s (CPU/wall {bc / max(bw, 1e-9):.2f}); "
+                  f"Dagster's {runs[stage]} run{'s' if runs[stage] > 1 else ''} around {'them' if runs[stage] > 1 else 'it'}: {around:.1f} s, "
+                  f"{around_cpu:.1f} CPU-s; the stage's bound with those runs as they are, {around:.1f} + {bc:.1f} / {CORES} = "
+                  f"{around + bc / CORES:.1f} s: the stage takes {spans[stage][1] / (around + bc / CORES):.2f}x", flush=True)
         if stage == "token_shards" and baselines:
             library = library_encode(base / "root", env)
             print(f"  tokenizers encode_batch_fast on every core: {library[0] / library[1]:,.0f} tokens/s "
                   f"({library[0] / 1e6:.1f}M tokens in {library[1]:.1f} s, CPU/wall {library[2]:.2f})", flush=True)
+        if stage == "tokenizer" and baselines:
+            bpe = library_train(base / "root", env)
+            print(f"  tokenizers BpeTrainer.train_from_iterator on the same sample in memory ({bpe[0]:,} texts, {bpe[1] / 1e6:.1f}M chars, "
+                  f"read by chosen_texts in {bpe[2]:.1f} s): {bpe[3]:.1f} s (CPU/wall {bpe[4]:.2f}); merges equal to the stage's: {bpe[5]}",
+                  flush=True)
         if stage == "embedding_shards" and baselines:
             wordpiece = library_encode(base / "root", env, wordpiece_cap=5 * EMBED_MAX_TOKENS)
             print(f"  tokenizers encode_batch_fast, the model's WordPiece on every core: {wordpiece[0] / wordpiece[1]:,.0f} tokens/s "

@@ -9,6 +9,8 @@ import numba
 import numpy as np
 from numba import njit
 
+from pipeline.threads import cores, parallel_map
+
 CHUNKS_PER_THREAD = 4  # chunks of sequences differ in rows: a few a thread balance the load
 MIN_CHUNK_ROWS = 1 << 16  # a chunk smaller than this costs more in scheduling than it saves
 
@@ -105,6 +107,45 @@ def ids_by_key(key: np.ndarray, n_keys: int) -> np.ndarray:
     start = (np.cumsum(total) - total)[None, :] + np.cumsum(counts, axis=0) - counts
     out = np.empty(int(total.sum()), np.int64)
     _key_place(key, cuts, start, out)
+    return out
+
+
+MIN_SORT_PART = 1 << 17  # values a part of :func:`stable_argsort` at least: below, one sort is as fast
+
+
+def stable_argsort(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` for values without NaN, on every core: the values in
+    one part a core, each sorted by NumPy on a thread of its own (its sort releases the GIL), then
+    merged pairwise, the left part's index first among equal values, so the order is the stable one."""
+    values = np.asarray(values)
+    parts = min(cores(), values.size // MIN_SORT_PART)
+    if parts < 2:
+        return np.argsort(values, kind="stable")
+    cuts = even_cuts(values.size, parts)
+    runs = parallel_map(lambda c: np.argsort(values[cuts[c] : cuts[c + 1]], kind="stable") + cuts[c], list(range(parts)))
+    while len(runs) > 1:  # each round merges neighbours, the merges of a round on threads of their own
+        pairs = [(runs[i], runs[i + 1]) for i in range(0, len(runs) - 1, 2)]
+        runs = parallel_map(lambda ab: _merge_runs(values, ab[0], ab[1]), pairs) + runs[len(pairs) * 2 :]
+    return runs[0]
+
+
+@njit(cache=True, nogil=True)
+def _merge_runs(values, a, b):
+    """Indices ``a`` then ``b`` (each sorted by value; every index of ``a`` below those of ``b``)
+    merged by value, ``a``'s first among equal values."""
+    out = np.empty(a.size + b.size, np.int64)
+    i = j = k = 0
+    while i < a.size and j < b.size:
+        if values[b[j]] < values[a[i]]:
+            out[k] = b[j]
+            j += 1
+        else:
+            out[k] = a[i]
+            i += 1
+        k += 1
+    out[k : k + a.size - i] = a[i:]
+    k += a.size - i
+    out[k:] = b[j:]
     return out
 
 

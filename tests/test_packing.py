@@ -408,6 +408,21 @@ def test_ids_by_key_is_a_stable_sort_on_every_thread(monkeypatch):
             np.testing.assert_array_equal(segments.ids_by_key(np.full(7, -1), 4), np.empty(0, np.int64))
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_stable_argsort_is_numpys_stable_argsort_in_any_number_of_parts(monkeypatch, parts):
+    """``stable_argsort`` (the greedy's stratified stream) sorts a part a core and merges the parts:
+    the same indices as NumPy's stable argsort, ties (equal floats, integers) kept in index order,
+    for inputs cut into 1 to 5 parts of a few values each and left whole when small."""
+    from pipeline import segments
+
+    monkeypatch.setattr(segments, "MIN_SORT_PART", 3)
+    monkeypatch.setattr(segments, "cores", lambda: parts)
+    rng = np.random.default_rng(parts)
+    for n in (0, 1, 2, 7, 16, 101, 1000):
+        for values in (rng.random(n), rng.integers(0, 4, n).astype(np.float64), rng.integers(-3, 3, n), np.zeros(n)):
+            np.testing.assert_array_equal(segments.stable_argsort(values), np.argsort(values, kind="stable"))
+
+
 def _reference_conservation(seg: pl.DataFrame, lengths: np.ndarray, seq_len: int, gaps: bool) -> bool:
     by_doc = seg.sort("doc_id", "doc_token_start")
     d, ds, n = by_doc["doc_id"].to_numpy(), by_doc["doc_token_start"].to_numpy(), by_doc["n_tokens"].to_numpy().astype(np.int64)

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.data.tokens import token_dtype
@@ -24,7 +25,7 @@ from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.storage.atomic import atomic_writer, write_npy, write_parquet
 from pipeline.storage.fingerprints import fingerprint_digest, tokenizer_fingerprint
-from pipeline.threads import parallel_map, task_size
+from pipeline.threads import ahead, cores, parallel_map, task_size
 
 TOKEN_STATS = {"n_tokens": pl.Int64, "n_chars": pl.Int64, "n_bytes": pl.Int64}
 
@@ -108,33 +109,41 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
     ``n_tokens`` per document. Memory: one shard's counts and runs."""
     from pipeline.data.token_index import TokenRuns, shard_runs, write_token_runs
 
+    cols = ["doc_id", "id", "source", "subdomain"]
+
+    def part(item: tuple[dict, ShardDocs]) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray, pa.Table]:
+        """One shard's token file, runs (local starts, lengths), kept counts and documents rows."""
+        row, shard = item
+        bin_path, stats_path = token_files(shard_dir, shard, key)
+        stats = pl.read_parquet(stats_path)
+        n_all = stats["n_tokens"].to_numpy()
+        if bin_path.stat().st_size != int(n_all.sum() + n_all.size) * dtype.itemsize:
+            raise RuntimeError(f"{bin_path}: size does not match its {stats_path.name}; delete {shard_dir} and rerun")
+        rows = kept_rows(corpus_path, row, shard)
+        local, lengths = shard_runs(n_all + 1, rows)
+        if rows is not None:
+            stats = stats[rows]
+        lo = int(row["doc_start"])
+        table = read_docs(corpus_path, lo, lo + int(row["n_docs"]), cols).with_columns(
+            stats.select(["n_chars", "n_bytes", "n_tokens"])).to_arrow()
+        return bin_path, local, lengths, stats["n_tokens"].to_numpy(), table
+
     counts, paths, starts, files, locals_ = [], [], [], [], []
     at = 0
-    cols = ["doc_id", "id", "source", "subdomain"]
     with atomic_writer(documents_path) as docs_sink:
         writer = None
         try:
-            for row, shard in shards:
-                if not int(row["n_docs"]):
-                    continue
-                bin_path, stats_path = token_files(shard_dir, shard, key)
-                stats = pl.read_parquet(stats_path)
-                n_all = stats["n_tokens"].to_numpy()
-                if bin_path.stat().st_size != int(n_all.sum() + n_all.size) * dtype.itemsize:
-                    raise RuntimeError(f"{bin_path}: size does not match its {stats_path.name}; delete {shard_dir} and rerun")
-                rows = kept_rows(corpus_path, row, shard)
-                local, lengths = shard_runs(n_all + 1, rows)
+            # the shards read on a thread a core, up to two a core ahead of this loop, which writes
+            # (compresses) each one's rows in order
+            workers = cores()
+            for bin_path, local, lengths, kept, table in ahead(part, [s for s in shards if int(s[0]["n_docs"])],
+                                                               depth=2 * workers, workers=workers):
                 starts.append(at + np.cumsum(lengths) - lengths)
                 files.append(np.full(local.size, len(paths), np.int64))
                 locals_.append(local)
                 paths.append(bin_path)
                 at += int(lengths.sum())
-                if rows is not None:
-                    stats = stats[rows]
-                counts.append(stats["n_tokens"].to_numpy())
-                lo = int(row["doc_start"])
-                table = read_docs(corpus_path, lo, lo + int(row["n_docs"]), cols).with_columns(
-                    stats.select(["n_chars", "n_bytes", "n_tokens"])).to_arrow()
+                counts.append(kept)
                 if writer is None:
                     writer = pq.ParquetWriter(docs_sink, table.schema, compression="zstd", write_statistics=False)
                 writer.write_table(table)

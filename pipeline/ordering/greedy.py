@@ -42,7 +42,8 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering.characteristics import Characteristics, Family, characteristics, objective_families
 from pipeline.ordering.features import Csr, SequenceFeatures
 from pipeline.ordering.repair import repair_batches
-from pipeline.threads import parallel_map
+from pipeline.segments import ids_by_key, stable_argsort
+from pipeline.threads import concurrently, parallel_map
 
 TIE_RTOL = 1e-9
 
@@ -281,7 +282,7 @@ def _row_argmax(indptr, indices, data):
 
 def _stratified_keys(stratum: np.ndarray, within: np.ndarray, n_strata: int, rng: np.random.Generator) -> np.ndarray:
     """Key (i + u) / n_h for the i-th member (by ``within``) of stratum h; u ~ U(0, 1)."""
-    by = within[np.argsort(stratum[within], kind="stable")]
+    by = within[ids_by_key(stratum[within], n_strata)]  # by stratum, in ``within``'s order inside one
     size = np.bincount(stratum, minlength=n_strata)
     start = np.cumsum(size) - size
     rank = np.empty(stratum.size, dtype=np.int64)
@@ -298,8 +299,8 @@ def stratified_stream(features: SequenceFeatures, rng: np.random.Generator) -> n
     """
     m = features.n_sequences
     ckey = _stratified_keys(_dominant(features.clusters), rng.permutation(m), features.clusters.n_cols, rng)
-    bkey = _stratified_keys(_dominant(features.bins), np.argsort(ckey, kind="stable"), features.bins.n_cols, rng)
-    return np.argsort(bkey, kind="stable")
+    bkey = _stratified_keys(_dominant(features.bins), stable_argsort(ckey), features.bins.n_cols, rng)
+    return stable_argsort(bkey)
 
 
 def greedy_windowed_order(
@@ -407,8 +408,9 @@ def greedy_blocked_order(
         raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
     m = features.n_sequences
     n_blocks = max(1, -(-m // int(block)))
-    blocks = stratified_blocks(features, n_blocks, np.random.default_rng(seed))
-    chars = objective.matrix(features)
+    # independent one-core passes (0.5 and 0.1 s at 10M documents), side by side
+    blocks, chars = concurrently(lambda: stratified_blocks(features, n_blocks, np.random.default_rng(seed)),
+                                 lambda: objective.matrix(features))
     bar = tqdm(total=n_blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)
 
     def one(block: tuple[int, np.ndarray]) -> np.ndarray:
