@@ -106,7 +106,8 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
     :mod:`pipeline.data.token_index`: no copy of the ids), ``doc_offsets.npy`` and
     ``documents.parquet`` (doc_id, id, source, subdomain of ``corpus.parquet`` plus token/char/byte
     counts; the content hashes stay in ``corpus.parquet``); returns
-    ``n_tokens`` per document. Memory: one shard's counts and runs."""
+    ``n_tokens`` per document. Memory: the counts, runs and documents rows of the shards read
+    ahead (two a core, :func:`pipeline.threads.ahead`)."""
     from pipeline.data.token_index import TokenRuns, shard_runs, write_token_runs
 
     cols = ["doc_id", "id", "source", "subdomain"]
