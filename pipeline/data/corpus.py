@@ -36,7 +36,7 @@ from pipeline.data.shards import (
     BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
 )
 from pipeline.errors import StrataInputError
-from pipeline.threads import behind, cores, parallel_map, prefetch
+from pipeline.threads import ahead, behind, cores, parallel_map, prefetch
 
 if TYPE_CHECKING:  # imported where used: importing this module stays light
     import duckdb
@@ -366,6 +366,43 @@ READ_COLUMNS = ["id", "text", "source", "subdomain", "content_hash", "heldout"] 
 HOLD_ROWS = 4096
 
 
+@dataclass
+class PreparedBatch:
+    """One batch of a validated shard, split for :func:`build_corpus`: its held-out documents (id,
+    text, source, subdomain), its training rows (id, source, subdomain, content_hash and shard_row
+    counted from the batch's first training row), per (source, held-out) document and character
+    counts, the training rows before the global steps dropped any (what shard_row counts), the
+    training characters and the training rows' content hashes as the shard digest takes them."""
+
+    shard: int
+    heldout: pl.DataFrame
+    train: pl.DataFrame
+    stat: pl.DataFrame
+    train_rows: int
+    train_chars: int
+    hashes: bytes
+
+
+def _prepare_batch(u: int, row: int, batch, valid: list[np.ndarray]) -> PreparedBatch:
+    """:class:`PreparedBatch` of the batch at ``row`` of shard ``u``, keeping the rows ``valid[u]``
+    keeps (repeated ids and documents ``max_docs`` left out are dropped). Independent of every other
+    batch: the numbering that depends on the batches before it is :func:`build_corpus`'s."""
+    df = pl.from_arrow(batch)
+    assert isinstance(df, pl.DataFrame)
+    df = df.with_columns(shard_row=(~pl.col("heldout")).cast(pl.Int64).cum_sum() - 1)
+    train_rows = int((~df["heldout"]).sum())
+    keep = valid[u][row : row + df.height]
+    if not keep.all():  # repeated ids or documents max_docs left out
+        df = df.filter(pl.Series(keep))
+    # the columns each side needs, then its rows: the training rows' texts are never copied
+    ho = df.select("id", "text", "source", "subdomain").filter(df["heldout"])
+    train = df.select("id", "source", "subdomain", "content_hash", "shard_row").filter(~df["heldout"])
+    stat = df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().cast(pl.Int64).sum())
+    chars = int(stat.filter(~pl.col("heldout"))["n_chars"].sum())
+    hashes = train["content_hash"].str.join("\n").item().encode() + b"\n" if train.height else b""
+    return PreparedBatch(u, ho, train, stat, train_rows, chars, hashes)
+
+
 def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_dir: Path, corpus_path: Path,
                  batch_rows: int = BATCH_ROWS, log=None, engine: str = "local", ray_cfg=None,
                  heldout: Callable[[pl.DataFrame], object] | None = None) -> CorpusBuild:
@@ -443,49 +480,53 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
                         ("shard_row", pa.int64())])
     rows, stats, n_heldout = [], [], 0
     doc_id, rg = 0, 0
-    # every shard's batches, read (decompressed) on a thread ahead of this loop's work on them
-    ahead_batches = prefetch(((u, batch) for u, f in enumerate(files) for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS)), depth=8)
-    with atomic_writer(corpus_path) as sink, contextlib.closing(ahead_batches) as batches:
+
+    def batches() -> Iterator[tuple[int, int, "pa.RecordBatch"]]:
+        """(shard, first row in the shard, batch) of every shard's batches, in order."""
+        for u, f in enumerate(files):
+            row = 0
+            for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS):
+                yield u, row, batch
+                row += batch.num_rows
+
+    # every shard's batches read (decompressed) on a thread ahead of the workers, each batch's
+    # frames (PreparedBatch) made on a thread a core, this loop numbering, hashing and handing them
+    # on in order
+    workers = cores()
+    read = prefetch(batches(), depth=4)
+    prepared = ahead(lambda item: _prepare_batch(*item, valid), read, depth=2 * workers, workers=workers)
+    with atomic_writer(corpus_path) as sink, contextlib.closing(read), contextlib.closing(prepared) as ready:
         with (pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer,
               # each row group compressed and written on a thread of its own, in order, while the next batch is worked on
               behind(lambda out: writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)) as write,
               behind(heldout or (lambda docs: None)) as hold):  # the held-out documents too, on a third
-            pending = next(batches, None)
+            pending = next(ready, None)
             held: list[pl.DataFrame] = []  # held-out rows gathered into frames of HOLD_ROWS or more for ``heldout``
             for u, f in enumerate(files):
                 digest = hashlib.sha256()
-                start, rg_start, n_chars, n_held, row, train_row = doc_id, rg, 0, 0, 0, 0
-                while pending is not None and pending[0] == u:
-                    batch, pending = pending[1], next(batches, None)
-                    df = pl.from_arrow(batch)
-                    assert isinstance(df, pl.DataFrame)
-                    df = df.with_columns(shard_row=(~pl.col("heldout")).cast(pl.Int64).cum_sum() - 1 + train_row)
-                    train_row += int((~df["heldout"]).sum())
-                    keep = valid[u][row : row + df.height]
-                    if not keep.all():  # repeated ids or documents max_docs left out
-                        df = df.filter(pl.Series(keep))
-                    row += batch.num_rows
-                    # the columns each side needs, then its rows: the training rows' texts are never copied
-                    ho = df.select("id", "text", "source", "subdomain").filter(df["heldout"])
-                    train = df.select("id", "source", "subdomain", "content_hash", "shard_row").filter(~df["heldout"])
-                    if ho.height:
-                        held.append(ho)
-                        n_held += ho.height
+                start, rg_start, n_chars, n_held, train_row = doc_id, rg, 0, 0, 0
+                while pending is not None and pending.shard == u:
+                    b, pending = pending, next(ready, None)
+                    if b.heldout.height:
+                        held.append(b.heldout)
+                        n_held += b.heldout.height
                         if sum(h.height for h in held) >= HOLD_ROWS:
                             hold(pl.concat(held))
                             held = []
-                    stat = df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().cast(pl.Int64).sum())
-                    stats.append(stat)
-                    if not train.height:
+                    stats.append(b.stat)
+                    shard_row = train_row
+                    train_row += b.train_rows
+                    if not b.train.height:
                         continue
-                    n_chars += int(stat.filter(~pl.col("heldout"))["n_chars"].sum())
-                    digest.update(train["content_hash"].str.join("\n").item().encode() + b"\n")
-                    out = train.select(
-                        doc_id=pl.int_range(doc_id, doc_id + train.height, dtype=pl.Int64), id="id", source="source",
-                        subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32), shard_row="shard_row",
+                    n_chars += b.train_chars
+                    digest.update(b.hashes)
+                    out = b.train.select(
+                        doc_id=pl.int_range(doc_id, doc_id + b.train.height, dtype=pl.Int64), id="id", source="source",
+                        subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32),
+                        shard_row=pl.col("shard_row") + shard_row,
                     )
                     write(out)
-                    doc_id += train.height
+                    doc_id += b.train.height
                     rg += 1
                 info = infos[u]
                 n_heldout += n_held
