@@ -15,7 +15,10 @@ the asset's (process start-up and imports excluded; the total includes them); CP
 child's (all threads, imports included), and CPU/wall is the child's CPU seconds over its wall
 time (imports included in both): 2.0 is both cores busy on a 2-core machine; "in asset" is the same
 ratio over the materializations alone (the assets' work and Dagster's bookkeeping of each run,
-without the process start-up and imports). After ``tokenizer`` a child trains the tokenizers library's
+without the process start-up and imports). For a stage whose runs it makes one after another it
+also prints the asset functions' own wall and CPU seconds (each materialization's ``wall_s`` and
+``cpu_s``), Dagster's runs around them, and the stage's bound with those runs as they are (their
+seconds plus the functions' CPU seconds spread over every core). After ``tokenizer`` a child trains the tokenizers library's
 own BPE (``BpeTrainer``, every core) on the same sample held in memory, its reading timed apart (the
 stage's bound); after ``token_shards``
 a child measures the tokenizers library's own ``encode_batch`` on the same texts (the training
