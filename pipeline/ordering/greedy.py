@@ -408,7 +408,7 @@ def greedy_blocked_order(
         raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
     m = features.n_sequences
     n_blocks = max(1, -(-m // int(block)))
-    # independent one-core passes (0.5 and 0.1 s at 10M documents), side by side
+    # independent passes (the blocks 0.36 s at 1.5 cores, the matrix 0.11 s on one, at 10M documents), side by side
     blocks, chars = concurrently(lambda: stratified_blocks(features, n_blocks, np.random.default_rng(seed)),
                                  lambda: objective.matrix(features))
     bar = tqdm(total=n_blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)
