@@ -82,13 +82,13 @@ def test_exact_path_and_threshold():
     assert np.array_equal(curriculum_greedy_order(f, cur, obj), exact)  # the default threshold keeps demo sizes exact
     assert np.array_equal(curriculum_greedy_order(f, cur, obj, exact_max=f.n_sequences), exact)
     low = curriculum_greedy_order(f, cur, obj, exact_max=f.n_sequences - 1, block=256)
-    assert np.array_equal(low, curriculum_blocked_order(f, cur, obj, block=128))
+    assert np.array_equal(low, curriculum_blocked_order(f, cur, obj, block=256))
     # same seed => same order; another seed deals another queue
     assert np.array_equal(low, curriculum_greedy_order(f, cur, obj, exact_max=0, block=256))
     assert not np.array_equal(low, curriculum_greedy_order(f, cur, obj, seed=1, exact_max=0, block=256))
-    noisy = curriculum_blocked_order(f, cur, obj, block=128, noise=1.0, seed=2)
+    noisy = curriculum_blocked_order(f, cur, obj, block=256, noise=1.0, seed=2)
     assert np.array_equal(np.sort(noisy), np.arange(f.n_sequences)) and not np.array_equal(noisy, low)
-    assert np.array_equal(noisy, curriculum_blocked_order(f, cur, obj, block=128, noise=1.0, seed=2))
+    assert np.array_equal(noisy, curriculum_blocked_order(f, cur, obj, block=256, noise=1.0, seed=2))
     with pytest.raises(StrataInputError, match="greedy_exact_max"):
         curriculum_greedy_order(f, cur, obj, exact_max=-1)
     with pytest.raises(StrataInputError, match="too small"):
@@ -114,7 +114,7 @@ def test_strategy_reads_greedy_exact_max_and_block(tmp_path):
     knots.write_text(json.dumps(doc))
     cur = curriculum_from_dict(doc, f.clusters.n_cols)
     obj = Objective.named("stationary")
-    got = sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots), greedy_exact_max=10, greedy_block=300), 0)
+    got = sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots), greedy_exact_max=10, greedy_block=150), 0)
     assert np.array_equal(got, curriculum_blocked_order(f, cur, obj, block=150))
     assert np.array_equal(sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots)), 0), curriculum_exact_order(f, cur, obj))
 

@@ -341,3 +341,60 @@ def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):
     ids = SequenceIds.of_segments(seg["sequence_id"].to_numpy())  # what random and original read instead of the features
     assert np.array_equal(ids.sequence_ids, one.sequence_ids)
     assert np.array_equal(SequenceIds.of_segments(seg["sequence_id"].to_numpy()[::-1]).sequence_ids, one.sequence_ids)
+
+
+def independent_blocks_order(f: SequenceFeatures, objective: Objective, block: int, seed: int = 0) -> np.ndarray:
+    """The blocked greedy before the tracked deal: every n-th row of the stratified stream a block,
+    each block ordered on its own targets from an empty state, the blocks concatenated."""
+    from pipeline.ordering.greedy import GreedyState, greedy_rows, stratified_stream
+
+    n_blocks = -(-f.n_sequences // block)
+    stream = stratified_stream(f, np.random.default_rng(seed))
+    chars = objective.matrix(f)
+    parts = []
+    for i in range(n_blocks):
+        rows = np.sort(stream[i::n_blocks])
+        sub, lengths = chars.take_rows(rows), f.lengths[rows]
+        parts.append(rows[greedy_rows(sub, lengths, sub.targets(lengths), GreedyState.empty(sub.n_cols))])
+    return np.concatenate(parts)
+
+
+def below_random(f: SequenceFeatures, rows: np.ndarray, n_random: int = 5) -> dict[str, tuple[float, float]]:
+    """Don't Shuffle, Optimize's prefix check: per family (clusters, length bins), the fraction of
+    240 log-spaced prefixes t < M where the order's prefix error ||T(t) - tau S(t)|| / S(t) is below
+    that of *each* of ``n_random`` shuffles, over all prefixes and over the last 90% of the stream."""
+    from pipeline.reports.diagnostics import log_spaced_points, prefix_errors
+
+    m = f.n_sequences
+    t = log_spaced_points(m, 240)
+    t = t[t < m]
+    position = np.empty(m, dtype=np.int64)
+    position[rows] = np.arange(m)
+    shuffles = []
+    for s in range(n_random):
+        p = np.empty(m, dtype=np.int64)
+        p[np.random.default_rng(100 + s).permutation(m)] = np.arange(m)
+        shuffles.append(p)
+    out = {}
+    for kind, x in (("clusters", f.clusters), ("length_bins", f.bins)):
+        comp = composition(np.repeat(np.arange(x.n_rows), np.diff(x.indptr)), x.indices, x.data, x.n_rows, x.n_cols)
+        g = prefix_errors(comp, position, t)
+        below = np.all(g[None, :] < np.stack([prefix_errors(comp, p, t) for p in shuffles]), axis=0)
+        out[kind] = (float(below.mean()), float(below[t > 0.1 * m].mean()))
+    return out
+
+
+def test_blocked_greedy_keeps_every_prefix_on_target_where_independent_blocks_drift():
+    """Issue 41's instance in small: 40 blocks of 500 sequences (K=100, L=256). Blocks ordered
+    independently drift like a random walk, so past the first tenth they beat every shuffle at
+    few prefixes; the tracked deal keeps the cumulative shares on target: below every shuffle at
+    >= 98% of the last 90%'s prefixes. Over all prefixes the bar is 97%, not 99%: at this size the
+    log-spaced grid has a prefix for each t <= 20 sequences, where the best of 5 shuffles can tie
+    any order within a fraction of a percent (the exact greedy too loses one of them for clusters here)."""
+    f = bench_instance(20_000, seed=4, k=100, seq_len=256)
+    obj = Objective.named("stationary")
+    old = below_random(f, independent_blocks_order(f, obj, 500))
+    new = below_random(f, greedy_blocked_order(f, obj, block=500))
+    for kind in ("clusters", "length_bins"):
+        assert old[kind][1] < 0.8, old
+        assert new[kind][0] >= 0.97 and new[kind][1] >= 0.98, new

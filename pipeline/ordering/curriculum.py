@@ -164,14 +164,14 @@ def curriculum_greedy_order(
 ) -> np.ndarray:
     """``greedy_curriculum``: the exact curriculum greedy up to ``exact_max`` sequences
     (:func:`curriculum_exact_order`), the blocked one above (:func:`curriculum_blocked_order`) with
-    pools of ``block / 2`` sequences; rows in order. A pool is half a ``greedy`` block so that both
-    cost about the same per sequence: a round scans 3/4 of its pool per pick on average, a block of
-    ``greedy`` half of it."""
+    pools of ``block`` sequences; rows in order. A pool is one ``greedy`` block so that both cost
+    about the same per sequence: a round scans 3/4 of its pool per pick on average, ``greedy``'s deal
+    about one block (its pool of 1.5 blocks shrinking to half a block) and its block order half of one."""
     if exact_max < 0:
         raise StrataInputError(f"greedy_exact_max={exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
     if features.n_sequences <= exact_max:
         return curriculum_exact_order(features, curriculum, objective, noise, seed)
-    return curriculum_blocked_order(features, curriculum, objective, max(2, block // 2), noise, seed)
+    return curriculum_blocked_order(features, curriculum, objective, max(2, block), noise, seed)
 
 
 class _Targets:
@@ -203,7 +203,7 @@ def curriculum_blocked_order(
     features: SequenceFeatures,
     curriculum: Curriculum,
     objective: Objective,
-    block: int = BLOCK // 2,
+    block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
@@ -244,7 +244,7 @@ def curriculum_blocked_order(
     with seed ``seed + r``.
     """
     if block < 2:
-        raise StrataInputError(f"greedy block={block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK // 2})")
+        raise StrataInputError(f"greedy block={block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK})")
     weights = _check(features, curriculum, objective)
     m = features.n_sequences
     chars = objective.matrix(features)

@@ -32,7 +32,8 @@ sequence per step is added to f(s); sigma is therefore in units of Lbar^2 square
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator, Sequence
 
 import numba
 import numpy as np
@@ -43,7 +44,7 @@ from pipeline.ordering.characteristics import Characteristics, Family, character
 from pipeline.ordering.features import Csr, SequenceFeatures
 from pipeline.ordering.repair import repair_batches
 from pipeline.segments import ids_by_key, stable_argsort
-from pipeline.threads import concurrently, parallel_map
+from pipeline.threads import concurrently, cores
 
 TIE_RTOL = 1e-9
 
@@ -340,8 +341,9 @@ def greedy_windowed_order(
     return np.concatenate(picked)
 
 
-EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exact greedy (~17 s at 100k, one core)
-BLOCK = 8_192  # default `greedy_block`: sequences per block of the blocked mode
+EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exact greedy (O(M^2))
+BLOCK = 4_096  # default `greedy_block`: sequences per block of the blocked mode
+POOL_SLACK = 0.5  # the blocked mode's deal picks a block from a pool of (1 + POOL_SLACK) blocks
 
 
 def greedy_mode(n_sequences: int, exact_max: int = EXACT_MAX) -> str:
@@ -349,15 +351,90 @@ def greedy_mode(n_sequences: int, exact_max: int = EXACT_MAX) -> str:
     return "exact" if n_sequences <= exact_max else "blocked"
 
 
-def stratified_blocks(features: SequenceFeatures, n_blocks: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Split the rows into ``n_blocks`` blocks (sizes differ by at most 1) of near-global composition.
+def block_sizes(n_rows: int, block: int) -> np.ndarray:
+    """ceil(n_rows / block) block sizes differing by at most 1."""
+    n_blocks = max(1, -(-n_rows // int(block)))
+    return np.diff(np.linspace(0, n_rows, n_blocks + 1).round().astype(np.int64))
 
-    Block i gets every ``n_blocks``-th row of the stratified stream (``stratified_stream``) from
-    row i: each dominant-cluster and each dominant-length-bin stratum is dealt evenly over the
-    blocks. Rows inside a block ascend (the exact greedy's tie-break).
+
+def tracked_blocks(
+    chars: Characteristics,
+    lengths: np.ndarray,
+    targets: np.ndarray,
+    state: GreedyState,
+    stream: np.ndarray,
+    block: int,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> Iterator[np.ndarray]:
+    """Deal the rows into consecutive blocks whose *cumulative* composition tracks ``targets``.
+
+    Rows enter a pool in ``stream`` order. Block i is the ``len(block i)`` rows the exact greedy
+    (``greedy_rows``) picks from the pool, from ``state`` (the running totals X, S, n of every
+    block dealt before, updated in place) against ``targets``; the pool keeps the rest and is
+    refilled from the stream to (1 + ``POOL_SLACK``) blocks. So after each block the stream's
+    running totals sit within the greedy's own tracking error of t * S (Don't Shuffle, Optimize's
+    cumulative counts), instead of adding up the blocks' independent offsets; the rows the greedy
+    passes over stay in the pool and are taken as soon as their groups lag. The last block is the
+    pool's remainder: everything left, whose composition is then the targets' less what the
+    stream is off by, by conservation. Yields each block's rows, ascending (the exact greedy's
+    tie-break).
     """
-    stream = stratified_stream(features, rng)
-    return [np.sort(stream[i::n_blocks]) for i in range(n_blocks)]
+    sizes = block_sizes(lengths.size, block)
+    extra = int(round(POOL_SLACK * int(block)))
+    pool = np.sort(stream[: sizes[0] + extra])
+    nxt = pool.size
+    for i, size in enumerate(sizes):
+        if i == sizes.size - 1:
+            yield pool
+            return
+        picked = greedy_rows(chars.take_rows(pool), lengths[pool], targets, state, int(size), noise, seed + i)
+        keep = np.ones(pool.size, dtype=bool)
+        keep[picked] = False
+        refill = stream[nxt : nxt + int(sizes[i + 1])]
+        nxt += refill.size
+        yield np.sort(pool[picked])
+        pool = np.sort(np.concatenate([pool[keep], refill]))
+
+
+def _blocks_in_order(chars: Characteristics, lengths: np.ndarray, blocks: Iterator[np.ndarray], n_blocks: int,
+                     noise: float, seed: int) -> np.ndarray:
+    """Each block of ``blocks`` ordered by the exact greedy on its own targets from an empty state,
+    concatenated; the orderings run on the other cores while ``blocks`` deals the next block here
+    (the kernel releases the GIL)."""
+    bar = tqdm(total=n_blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)
+
+    def order(i: int, rows: np.ndarray) -> np.ndarray:
+        sub, ln = chars.take_rows(rows), lengths[rows]
+        picked = greedy_rows(sub, ln, sub.targets(ln), GreedyState.empty(sub.n_cols), None, noise, seed + n_blocks + i)
+        bar.update(1)
+        return rows[picked]
+
+    with ThreadPoolExecutor(max(1, cores() - 1)) as workers:
+        parts = [f.result() for f in [workers.submit(order, i, rows) for i, rows in enumerate(blocks)]]
+    bar.close()
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def tracked_blocked_rows(
+    chars: Characteristics,
+    lengths: np.ndarray,
+    targets: np.ndarray,
+    state: GreedyState,
+    stream: np.ndarray,
+    block: int = BLOCK,
+    noise: float = 0.0,
+    seed: int = 0,
+) -> np.ndarray:
+    """The blocked greedy on these rows from ``state`` against ``targets``: :func:`tracked_blocks`,
+    each block then ordered on its own targets; rows in schedule order."""
+    if block < 1:
+        raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if lengths.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    blocks = tracked_blocks(chars, lengths, targets, state, stream, block, noise, seed)
+    return _blocks_in_order(chars, lengths, blocks, block_sizes(lengths.size, block).size, noise, seed)
 
 
 def greedy_blocked_order(
@@ -367,62 +444,39 @@ def greedy_blocked_order(
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
-    """Scalable greedy: the exact greedy on each of ceil(M / block) stratified blocks, concatenated.
+    """Scalable greedy: a tracked deal into ceil(M / block) blocks, each ordered by the exact greedy
+    on its own targets; O(M * block) instead of O(M^2), memory O(M) plus a pool and a block a core.
 
-    Each block (``stratified_blocks``) is an independent instance of the exact greedy with its own
-    targets (the block's tau, kappa, rho) and an empty prefix state; the schedule is block 0's order,
-    then block 1's, and so on (``greedy_scaled_order`` then repairs the worst batches). Cost
-    O(M * block) instead of O(M^2), the blocks on a thread a core; memory O(M) plus a block a core.
+    1. The deal (:func:`tracked_blocks`): blocks picked in turn by the exact greedy from a pool of
+       1.5 blocks fed by a seeded stratified stream (``stratified_stream``), from the running
+       totals of the blocks before and against the global targets, so the stream's cumulative
+       composition after every block stays on target: Don't Shuffle, Optimize's guarantee, "at all
+       times during training, ... cumulative characteristic counts ... closer to our uniformity
+       objective than random sampling", at every size.
+    2. Each block ordered by the exact greedy with its *own* targets (its tau, kappa, rho) from an
+       empty state. A block holds the global shares plus the small correction e_i - e_{i-1} of the
+       stream's cumulative offset e, so inside it the cumulative offset moves from e_{i-1} to e_i
+       about linearly, and the block drains balanced: its last batches are as good as its first.
 
-    Why this and not the alternatives (measured on bench_order's instances, K=1000, B=100, batch 32):
+    Why both halves (docs/ordering.md "Greedy at scale" has the measurements): blocks dealt
+    independently (every n-th row of the stratified stream) are excellent per batch, but their
+    offsets from the global shares add up like a random walk, so past the first blocks the prefix
+    error is no better than a shuffle's; one greedy with the global targets and a carried state over
+    a sliding pool (``greedy_windowed_order``) tracks the prefix, but its pool fills with the
+    sequences it passes over and its last pool, drained without refills, holds its worst batches.
+    The deal keeps the tracking and hands each block to the exact greedy whole; the rows the deal
+    passes over are not lost, only moved to a later block.
 
-    - The per-batch quality the greedy buys is local: it keeps every prefix of its schedule near the
-      targets, so each batch holds about the targets' shares, and its per-batch deviation statistics
-      do not depend on M (exact greedy: mean max deviation 0.0283 for clusters at M=25k, 50k, 100k).
-      A block dealt from the stratified stream has nearly the global composition, so the exact
-      greedy inside it reaches nearly the same per-batch deviation (M=100k, blocks of 8,192:
-      1.025x exact's mean for clusters, 1.021x for length bins; blocks of 16,384 gain about 0.5%
-      for twice the time).
-    - Each block uses its *own* targets so that it is drained balanced: the exact greedy keeps
-      T ~ tau S, hence the rows it leaves are in the target proportions too, up to the block's end.
-      With the global targets and the prefix state carried from block to block, each block's small
-      composition offset from the global shares piles up in its tail (M=50k, blocks of 16,384:
-      worst batch 0.573, against 0.035 with own targets). ``greedy_windowed_order`` has a tail of this
-      kind: its last pool, drained without refills, holds its worst batches (0.421 at M=1M, 2x
-      random's worst).
-    - Keeping per-(cluster, length bin) "type" queues and scoring types would be exact at O(M*T),
-      but packed sequences mix several documents (4.7 clusters per 2048-token sequence on the
-      benchmark), so nearly every sequence is its own type.
-
-    - The batch repair: a block's last batches are drained from what the block has left, and now and
-      then the greedy must put two sequences of one group close together (two whole 2048-token
-      sequences of one length bin in a batch of 32 deviate by 2 * 2048 / 65,536 - kappa_b ~ 0.052,
-      more than random's median batch). Such batches are rare (M=10M before the repair: mean 0.021,
-      worst of 312,500 batches 0.052 for length bins), so one swap of a sequence of each of the
-      worst 0.1% of the batches with one of a neighbour batch removes them without moving the mean.
-
-    With ``block`` >= M there is one block and the order equals ``greedy_order``'s.
-    Noise: block i draws its eps_s with seed ``seed + i``.
+    With ``block`` >= M there is one block and the order equals ``greedy_order``'s. Noise: the deal's
+    round i draws its eps_s with seed ``seed + i``, block i's ordering with ``seed + n_blocks + i``.
     """
     if block < 1:
         raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
-    m = features.n_sequences
-    n_blocks = max(1, -(-m // int(block)))
-    # independent passes (the blocks 0.36 s at 1.5 cores, the matrix 0.11 s on one, at 10M documents), side by side
-    blocks, chars = concurrently(lambda: stratified_blocks(features, n_blocks, np.random.default_rng(seed)),
-                                 lambda: objective.matrix(features))
-    bar = tqdm(total=n_blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)
-
-    def one(block: tuple[int, np.ndarray]) -> np.ndarray:
-        i, rows = block
-        sub, lengths = chars.take_rows(rows), features.lengths[rows]
-        picked = greedy_rows(sub, lengths, sub.targets(lengths), GreedyState.empty(sub.n_cols), None, noise, seed + i)
-        bar.update(1)
-        return rows[picked]
-
-    parts = parallel_map(one, list(enumerate(blocks)))  # independent blocks on a thread a core (the kernel releases the GIL)
-    bar.close()
-    return np.concatenate(parts)
+    chars, stream = concurrently(lambda: objective.matrix(features),
+                                 lambda: stratified_stream(features, np.random.default_rng(seed)))
+    lengths = np.asarray(features.lengths, dtype=np.float64)
+    state = GreedyState.empty(chars.n_cols)
+    return tracked_blocked_rows(chars, lengths, chars.targets(lengths), state, stream, block, noise, seed)
 
 
 def greedy_scaled_order(
@@ -453,14 +507,6 @@ def greedy_scaled_order(
     return repair_batches(order, features, batch)[0], mode
 
 
-def _deviation(state: GreedyState, targets: np.ndarray, chars: Characteristics) -> float:
-    """||X - t (S, W)||: the running totals' distance from the targets (token columns against S,
-    sequence columns against W = unit * n)."""
-    k = chars.n_token_cols
-    want = np.concatenate([targets[:k] * state.S, targets[k:] * chars.unit * state.n])
-    return float(np.linalg.norm(state.X - want))
-
-
 def greedy_blocked_after(
     features: SequenceFeatures,
     prefix_rows: np.ndarray,
@@ -469,57 +515,22 @@ def greedy_blocked_after(
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
-    """The blocked greedy of the rows not in ``prefix_rows``, continued from the prefix: a catch-up
-    phase, then :func:`greedy_blocked_order` on what is left.
-
-    A prefix off the targets leaves a suffix off them the other way; ordered by blocks of its own
-    composition, the suffix would pull the whole stream's cumulative error back to zero only at its
-    end. The catch-up phase instead runs the exact greedy from the prefix's running counts (X, S, n)
-    with the targets of *all* rows over a pool of ``block`` candidates dealt from a stratified
-    stream of the suffix (``stratified_stream``), picking half the pool per round and refilling it,
-    like :func:`greedy_windowed_order`, until a round no longer shrinks the whole stream's deviation
-    ||X - t (S, W)|| by a tenth (the greedy's floor: recovered), at most half the suffix. It spends
-    the suffix's surplus of the prefix's lagging groups first. The rest then holds about the
-    targets' shares, so its own-target blocks keep the recovered stream near them.
-    Cost O(catch-up * block) on top of the blocked greedy's.
-    """
-    if block < 1:
-        raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
+    """The blocked greedy of the rows not in ``prefix_rows``, continued from the prefix: the deal
+    (:func:`tracked_blocks`) starts from the prefix's running counts (X, S, n) with the targets of
+    *all* rows, so its first blocks spend the suffix's surplus of the prefix's lagging groups and
+    the whole stream's cumulative error returns toward zero as fast as a pool allows; then each
+    block is ordered on its own targets, as in :func:`greedy_blocked_order`."""
     prefix_rows = np.asarray(prefix_rows, dtype=np.int64)
     rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
     if rest.size == 0:
         return rest
-    chars = objective.matrix(features)
-    targets = chars.targets(features.lengths)
-    state = GreedyState(chars.take_rows(prefix_rows).column_totals().astype(np.float64),
-                        float(features.lengths[prefix_rows].sum()), int(prefix_rows.size))
-    n_catch = rest.size // 2
-    stream = rest[stratified_stream(features.take_rows(rest), np.random.default_rng(seed))]
-    window = max(2, int(block))
-    pool = np.sort(stream[:window])
-    nxt = pool.size
-    picked: list[np.ndarray] = []
-    done, rnd = 0, 0
-    dev = _deviation(state, targets, chars)
-    while done < n_catch:
-        n_pick = min(max(1, window // 2), n_catch - done)
-        rows = greedy_rows(chars.take_rows(pool), features.lengths[pool], targets, state, n_pick, noise, seed + rnd)
-        picked.append(pool[rows])
-        done += rows.size
-        keep = np.ones(pool.size, dtype=bool)
-        keep[rows] = False
-        refill = stream[nxt : nxt + rows.size]
-        nxt += refill.size
-        pool = np.sort(np.concatenate([pool[keep], refill]))
-        rnd += 1
-        before, dev = dev, _deviation(state, targets, chars)
-        if dev > 0.9 * before:
-            break
-    head = np.concatenate(picked) if picked else np.zeros(0, np.int64)
-    left = np.setdiff1d(rest, head)
-    if left.size == 0:
-        return head
-    return np.concatenate([head, left[greedy_blocked_order(features.take_rows(left), objective, block, noise, seed + rnd)]])
+    chars, stream = concurrently(lambda: objective.matrix(features),
+                                 lambda: stratified_stream(features.take_rows(rest), np.random.default_rng(seed)))
+    lengths = np.asarray(features.lengths, dtype=np.float64)
+    state = GreedyState(chars.take_rows(prefix_rows).column_totals().astype(np.float64), float(lengths[prefix_rows].sum()),
+                        int(prefix_rows.size))
+    rows = tracked_blocked_rows(chars.take_rows(rest), lengths[rest], chars.targets(lengths), state, stream, block, noise, seed)
+    return rest[rows]
 
 
 def greedy_after_prefix(
