@@ -42,6 +42,9 @@ cluster and length-bin shares (batch 32) with its ratio to f3's exact greedy wit
     python benchmarks/bench_order.py --objective f3   # the speed cases with another objective (default stationary)
     python benchmarks/bench_order.py --curriculum       # greedy_curriculum: exact vs blocked at M=20k, then M=1M
     python benchmarks/bench_order.py --curriculum --10m # ... then M=10M
+    python benchmarks/bench_order.py --prefix       # the prefix table at 300k and 1M (exact, independent blocks, greedy)
+    python benchmarks/bench_order.py --prefix --10m # ... and at 10M
+    python benchmarks/bench_order.py --prefix --design  # the designs not taken, at 300k
     taskset -c 0 python benchmarks/bench_order.py   # pin to one core
 """
 
@@ -88,10 +91,10 @@ MODES = {  # benchmark mode -> (strategy, OrderParams overrides)
 }
 
 
-def synthetic_docs(n_docs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_docs(n_docs: int, seed: int, k: int = K, zipf: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, K + 1)
-    cluster = rng.choice(K, n_docs, p=p / p.sum())
+    p = 1.0 / np.arange(1, k + 1) ** zipf
+    cluster = rng.choice(k, n_docs, p=p / p.sum())
     length = np.clip(rng.lognormal(5.5, 1.2, n_docs), 1, 200_000).astype(np.int64)
     return cluster, length
 
@@ -138,9 +141,10 @@ def warm_up() -> None:
     stratified_order(np.array([0, 1, 0]), np.array([1, 2, 3]))
 
 
-def _pack(n_docs: int, seed: int, m: int, edges: np.ndarray | None = None, offset: int = 0) -> SequenceFeatures:
-    cluster, length = synthetic_docs(n_docs, seed)
-    seg = pack_concat(np.random.default_rng(seed + 1).permutation(n_docs), length, L).segments
+def _pack(n_docs: int, seed: int, m: int, edges: np.ndarray | None = None, offset: int = 0, k: int = K, zipf: float = 1.0,
+          seq_len: int = L) -> SequenceFeatures:
+    cluster, length = synthetic_docs(n_docs, seed, k, zipf)
+    seg = pack_concat(np.random.default_rng(seed + 1).permutation(n_docs), length, seq_len).segments
     seg = seg.filter(seg["sequence_id"] < m)
     d = seg["doc_id"].to_numpy()
     f = sequence_features(
@@ -164,18 +168,19 @@ def _concat(parts: list[SequenceFeatures]) -> SequenceFeatures:
     )  # fmt: skip
 
 
-def instance(m: int, seed: int) -> SequenceFeatures:
-    """The synthetic instance with M=m sequences; above CHUNK, built CHUNK sequences at a time
-    (each chunk its own documents, seeds seed*1000+i; length bins from a sample of 2M documents
-    of the same distribution) and concatenated."""
-    per_seq = L / 500 * 1.08  # documents per sequence, with room to spare
+def instance(m: int, seed: int, k: int = K, zipf: float = 1.0, seq_len: int = L) -> SequenceFeatures:
+    """The synthetic instance with M=m sequences (Zipf(``zipf``) sizes over ``k`` clusters, packed
+    into ``seq_len`` tokens); above CHUNK, built CHUNK sequences at a time (each chunk its own
+    documents, seeds seed*1000+i; length bins from a sample of 2M documents of the same
+    distribution) and concatenated."""
+    per_seq = seq_len / 500 * 1.08  # documents per sequence, with room to spare
     if m <= CHUNK:
-        return _pack(int(m * per_seq), seed, m)
-    edges = length_bin_edges(synthetic_docs(2_000_000, seed)[1], B)
+        return _pack(int(m * per_seq), seed, m, k=k, zipf=zipf, seq_len=seq_len)
+    edges = length_bin_edges(synthetic_docs(2_000_000, seed, k, zipf)[1], B)
     parts, done = [], 0
     for i in range(-(-m // CHUNK)):
         size = min(CHUNK, m - done)
-        parts.append(_pack(int(size * per_seq), seed * 1000 + i, size, edges, done))
+        parts.append(_pack(int(size * per_seq), seed * 1000 + i, size, edges, done, k, zipf, seq_len))
         done += size
     return _concat(parts)
 
@@ -285,6 +290,9 @@ def curriculum_cases(scale: int, ten_m: bool) -> None:
 def child(argv: list[str]) -> dict:
     global OBJECTIVE
     kind, size, seed, objective = argv[0], int(argv[1]), int(argv[2]), argv[3]
+    if kind.startswith("prefix:"):
+        _, mode, k, zipf, seq_len = kind.split(":")
+        return case_prefix(mode, size, int(k), float(zipf), int(seq_len), seed, objective)
     if kind == "stratified":
         return case_stratified(size, seed)
     if kind in CURRICULUM_MODES:
@@ -342,6 +350,9 @@ def main() -> None:
     ap.add_argument("--1m", dest="one_m", action="store_true", help="with --drift: also the blocked greedy at M=1M")
     ap.add_argument("--objective", default=OBJECTIVE, help="objective of the speed cases (default stationary)")
     ap.add_argument("--curriculum", action="store_true", help="only greedy_curriculum: exact vs blocked at M=20k, then M=1M (10M with --10m)")
+    ap.add_argument("--prefix", action="store_true", help="only the prefix table (issue 41): exact, independent blocks and greedy "
+                    "at 300k and 1M (10M with --10m); writes benchmarks/results/order_prefix.json")
+    ap.add_argument("--design", action="store_true", help="with --prefix: the design alternatives at 300k instead")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -351,6 +362,9 @@ def main() -> None:
     s = 10 if args.quick else 1
     if args.curriculum:
         curriculum_cases(s, args.ten_m)
+        return
+    if args.prefix:
+        prefix_table(s, args.ten_m, args.design)
         return
     if args.drift:
         drift_table(s)
@@ -390,6 +404,196 @@ def main() -> None:
             f"  clusters/sequence {q['clusters_per_seq']:.2f}"
         )
     drift_table(s)
+
+
+# ---------------------------------------------------------------------------------------------
+# The prefix table (--prefix): Don't Shuffle, Optimize's "at all times during training" at scale
+# ---------------------------------------------------------------------------------------------
+
+PREFIX_POINTS = 240  # log-spaced prefixes t < M
+PREFIX_SHUFFLES = 5  # random shuffles; a prefix counts when the order is below each of them
+TODAY_BLOCK = 8_192  # the independent-blocks greedy's block before the tracked deal
+PREFIX_INSTANCES = (  # (M, K, Zipf exponent, L); seeds 41_000 + i, not used to choose the design
+    (300_000, 1000, 1.0, 2048), (300_000, 100, 1.3, 2048), (300_000, 1000, 1.1, 256),
+    (1_000_000, 1000, 1.0, 2048), (1_000_000, 100, 1.3, 256),
+)
+PREFIX_10M = (10_000_000, 1000, 1.0, 2048)
+
+
+def independent_blocks_order(f: SequenceFeatures, objective: Objective, block: int, seed: int) -> np.ndarray:
+    """The blocked greedy as it was before the tracked deal: block i is every n-th row of the
+    stratified stream from row i, each block ordered by the exact greedy on its own targets from an
+    empty state (a block a core), the blocks concatenated."""
+    from pipeline.ordering.greedy import GreedyState, greedy_rows, stratified_stream
+    from pipeline.threads import parallel_map
+
+    n_blocks = max(1, -(-f.n_sequences // block))
+    chars = objective.matrix(f)
+    stream = stratified_stream(f, np.random.default_rng(seed))
+
+    def one(i: int) -> np.ndarray:
+        rows = np.sort(stream[i::n_blocks])
+        sub, lengths = chars.take_rows(rows), f.lengths[rows]
+        return rows[greedy_rows(sub, lengths, sub.targets(lengths), GreedyState.empty(sub.n_cols), None, 0.0, seed + i)]
+
+    return np.concatenate(parallel_map(one, list(range(n_blocks))))
+
+
+def prefix_check(f: SequenceFeatures, rows: np.ndarray, seed: int) -> dict:
+    """Per family: the fraction of PREFIX_POINTS log-spaced prefixes t < M where the order's
+    ||T(t) - tau S(t)|| / S(t) is below that of each of PREFIX_SHUFFLES shuffles (all prefixes; the
+    last 90% of the stream, t > M / 10), and the median error of the order and of the shuffles."""
+    from pipeline.reports.diagnostics import log_spaced_points, prefix_errors
+
+    m = f.n_sequences
+    t = log_spaced_points(m, PREFIX_POINTS)
+    t = t[t < m]
+    position = np.empty(m, dtype=np.int64)
+    position[rows] = np.arange(m)
+    shuffles = []
+    for s in range(PREFIX_SHUFFLES):
+        p = np.empty(m, dtype=np.int64)
+        p[np.random.default_rng(seed + 1 + s).permutation(m)] = np.arange(m)
+        shuffles.append(p)
+    out = {"prefixes": int(t.size)}
+    for kind, x in (("cluster", f.clusters), ("bin", f.bins)):
+        comp = entries(x)
+        g = prefix_errors(comp, position, t)
+        r = np.stack([prefix_errors(comp, p, t) for p in shuffles])
+        below = np.all(g[None, :] < r, axis=0)
+        out[f"{kind}_below_all"] = float(below.mean())
+        out[f"{kind}_below_last90"] = float(below[t > m / 10].mean())
+        out[f"{kind}_err_median"] = float(np.median(g))
+        out[f"{kind}_random_err_median"] = float(np.median(r))
+    return out
+
+
+def carried_blocks_order(f: SequenceFeatures, objective: Objective, block: int, seed: int) -> np.ndarray:
+    """A design not taken: the tracked deal's blocks, each ordered by the exact greedy from the
+    deal's running totals before it against the *global* targets (instead of its own targets)."""
+    from pipeline.ordering.greedy import GreedyState, greedy_rows, stratified_stream, tracked_blocks
+
+    chars = objective.matrix(f)
+    lengths = np.asarray(f.lengths, dtype=np.float64)
+    targets = chars.targets(lengths)
+    state = GreedyState.empty(chars.n_cols)
+    blocks = tracked_blocks(chars, lengths, targets, state, stream=stratified_stream(f, np.random.default_rng(seed)), block=block)
+    parts = []
+    while True:
+        before = GreedyState(state.X.copy(), state.S, state.n)
+        try:
+            rows, ordered = next(blocks)
+        except StopIteration:
+            break
+        parts.append(rows if ordered else rows[greedy_rows(chars.take_rows(rows), lengths[rows], targets, before)])
+    return np.concatenate(parts)
+
+
+DESIGNS = {  # --design: the alternatives measured against `greedy` (tracked deal, blocks of 4,096, pool 1.5, head 16)
+    "design_block8192": "blocks of 8,192",
+    "design_pool1.25": "a pool of 1.25 blocks",
+    "design_head1.5": "the first block from a pool of 1.5 blocks",
+    "design_carried": "blocks ordered from the carried state against the global targets",
+}
+
+
+def case_prefix(mode: str, m: int, k: int, zipf: float, seq_len: int, seed: int, objective: str) -> dict:
+    t0 = time.perf_counter()
+    f = instance(m, seed, k, zipf, seq_len)
+    build = time.perf_counter() - t0
+    warm_up()
+    obj = Objective.named(objective)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if mode == "independent_blocks":
+        rows = repair_batches(independent_blocks_order(f, obj, TODAY_BLOCK, seed), f, BATCH)[0]
+    elif mode == "design_carried":
+        rows = repair_batches(carried_blocks_order(f, obj, OrderParams().greedy_block, seed), f, BATCH)[0]
+    elif mode.startswith("design_"):
+        import pipeline.ordering.greedy as G
+
+        block = 8_192 if mode == "design_block8192" else OrderParams().greedy_block
+        G.POOL_SLACK = 0.25 if mode == "design_pool1.25" else G.POOL_SLACK
+        G.HEAD_POOL = 1.5 if mode == "design_head1.5" else G.HEAD_POOL
+        rows = sequence_order("greedy", f, OrderParams(objective=objective, bins=B, greedy_exact_max=0, greedy_block=block), seed)
+    else:
+        name, overrides = MODES[mode]
+        rows = sequence_order(name, f, OrderParams(objective=objective, bins=B, **overrides), seed)
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert np.array_equal(np.sort(rows), np.arange(f.n_sequences)), "not a permutation"
+    out = {"mode": mode, "objective": objective, "M": f.n_sequences, "K": k, "zipf": zipf, "L": seq_len, "seed": seed,
+           "seconds": secs, "cpu_s": cpu, "build_s": build, "peak_rss_mb": peak_rss_mb()}
+    out.update(quality(f, rows))
+    out.update(prefix_check(f, rows, seed))
+    return out
+
+
+def show_prefix(r: dict, ref: dict | None) -> None:
+    pct = lambda v: f"{100 * v:5.1f}%"  # noqa: E731
+    ratio = ""
+    if ref is not None and ref is not r:
+        ratio = f"  vs {ref['mode']}: mean " + " ".join(
+            f"{w} {r[w + '_dev'] / ref[w + '_dev']:.3f}x" for w in ("cluster", "bin")) + ", worst " + " ".join(
+            f"{w} {r[w + '_dev_max'] / ref[w + '_dev_max']:.3f}x" for w in ("cluster", "bin"))
+    print(
+        f"{r['mode']:<19} M={r['M']:<10,} K={r['K']:<5} zipf={r['zipf']:<4} L={r['L']:<5}"
+        f" clusters {pct(r['cluster_below_all'])} {pct(r['cluster_below_last90'])}"
+        f" (median {r['cluster_err_median']:.2e}/{r['cluster_random_err_median']:.2e})"
+        f"  bins {pct(r['bin_below_all'])} {pct(r['bin_below_last90'])}"
+        f" (median {r['bin_err_median']:.2e}/{r['bin_random_err_median']:.2e})"
+        f"  batch{BATCH} mean/worst clusters {r['cluster_dev']:.4f}/{r['cluster_dev_max']:.4f}"
+        f" bins {r['bin_dev']:.4f}/{r['bin_dev_max']:.4f}"
+        f"  {r['seconds']:7.1f} s (cpu {r['cpu_s']:.1f} s)  peak RSS {r['peak_rss_mb']:6.0f} MB{ratio}",
+        flush=True,
+    )
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout
+    return rev + ("+dirty" if dirty.strip() else "")
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "loadavg_at_start": os.getloadavg()[0]}
+
+
+def prefix_table(scale: int, ten_m: bool, design: bool = False) -> None:
+    """Issue 41's table: for each instance, the exact greedy (at 300k), the independent-blocks
+    greedy of before (blocks of TODAY_BLOCK, then the batch repair) and ``greedy`` (the tracked
+    deal above greedy_exact_max); one process per case. Writes benchmarks/results/order_prefix.json.
+    ``design``: instead, the DESIGNS alternatives and ``greedy`` on the 300k instances
+    (benchmarks/results/order_prefix_design.json)."""
+    cases = [c for c in PREFIX_INSTANCES if not design or c[0] == 300_000] + ([PREFIX_10M] if ten_m and not design else [])
+    name = "order_prefix_design" if design else "order_prefix"
+    out = Path(__file__).resolve().parent / "results" / (f"{name}.json" if scale == 1 else f"{name}_quick.json")
+    doc = {"benchmark": "bench_order.py --prefix", "commit": _commit(), "machine": _machine(),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S"), "objective": OBJECTIVE, "batch": BATCH, "points": PREFIX_POINTS,
+           "shuffles": PREFIX_SHUFFLES, "cases": []}
+    print(f"-- prefix check: below each of {PREFIX_SHUFFLES} shuffles at {PREFIX_POINTS} log-spaced prefixes (all; last 90%),"
+          f" objective {OBJECTIVE}, B={B}; one process per case", flush=True)
+    for i, (m, k, zipf, seq_len) in enumerate(cases):
+        m //= scale
+        modes = (["greedy_exact"] if m <= 300_000 // scale else []) + ["independent_blocks", "greedy"]
+        if design:
+            modes = ["greedy", *DESIGNS]
+        ref = None
+        for mode in modes:
+            r = run_case(f"prefix:{mode}:{k}:{zipf}:{seq_len}", m, 41_000 + i)
+            show_prefix(r, ref if mode == "greedy" or design else None)
+            ref = r if mode == ("greedy" if design else "independent_blocks") else ref
+            doc["cases"].append(r)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, indent=1))
+            tmp.replace(out)
+    print(f"wrote {out}", flush=True)
 
 
 DRIFT_INSTANCES = ((30, 256, 20_000), (300, 256, 20_000), (1000, 256, 60_000), (30, 2048, 12_000), (300, 2048, 20_000),

@@ -344,6 +344,7 @@ def greedy_windowed_order(
 EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exact greedy (O(M^2))
 BLOCK = 4_096  # default `greedy_block`: sequences per block of the blocked mode
 POOL_SLACK = 0.5  # the blocked mode's deal picks a block from a pool of (1 + POOL_SLACK) blocks
+HEAD_POOL = 16  # ... and its first block, in the order picked, from a pool of this many blocks
 
 
 def greedy_mode(n_sequences: int, exact_max: int = EXACT_MAX) -> str:
@@ -366,7 +367,7 @@ def tracked_blocks(
     block: int,
     noise: float = 0.0,
     seed: int = 0,
-) -> Iterator[np.ndarray]:
+) -> Iterator[tuple[np.ndarray, bool]]:
     """Deal the rows into consecutive blocks whose *cumulative* composition tracks ``targets``.
 
     Rows enter a pool in ``stream`` order. Block i is the ``len(block i)`` rows the exact greedy
@@ -377,41 +378,58 @@ def tracked_blocks(
     cumulative counts), instead of adding up the blocks' independent offsets; the rows the greedy
     passes over stay in the pool and are taken as soon as their groups lag. The last block is the
     pool's remainder: everything left, whose composition is then the targets' less what the
-    stream is off by, by conservation. Yields each block's rows, ascending (the exact greedy's
-    tie-break).
+    stream is off by, by conservation.
+
+    Yields (rows, ordered): ``ordered`` rows are already in schedule order, the others ascend (the
+    exact greedy's tie-break) for the caller to order. The first block is picked from a pool of
+    ``HEAD_POOL`` blocks and kept in the order picked: the first prefixes are a handful of
+    sequences, whose fit to the targets depends on how many candidates the greedy sees (the
+    exact greedy sees all M), and a block taken from a larger pool than it must drain has no
+    tail to balance. The rest of that pool goes back to the head of the stream.
     """
-    sizes = block_sizes(lengths.size, block)
+    n = lengths.size
+    sizes = block_sizes(n, block)
+    if sizes.size == 1:
+        yield np.sort(stream), False
+        return
+    head = np.sort(stream[: min(n, int(HEAD_POOL * int(block)))])
+    first = greedy_rows(chars.take_rows(head), lengths[head], targets, state, int(sizes[0]), noise, seed)
+    yield head[first], True
+    taken = np.zeros(n, dtype=bool)
+    taken[head[first]] = True
+    stream = stream[~taken[stream]]  # the head pool's rest, back in stream order
     extra = int(round(POOL_SLACK * int(block)))
-    pool = np.sort(stream[: sizes[0] + extra])
+    pool = np.sort(stream[: sizes[1] + extra])
     nxt = pool.size
-    for i, size in enumerate(sizes):
+    for i in range(1, sizes.size):
         if i == sizes.size - 1:
-            yield pool
+            yield pool, False
             return
-        picked = greedy_rows(chars.take_rows(pool), lengths[pool], targets, state, int(size), noise, seed + i)
+        picked = greedy_rows(chars.take_rows(pool), lengths[pool], targets, state, int(sizes[i]), noise, seed + i)
         keep = np.ones(pool.size, dtype=bool)
         keep[picked] = False
         refill = stream[nxt : nxt + int(sizes[i + 1])]
         nxt += refill.size
-        yield np.sort(pool[picked])
+        yield np.sort(pool[picked]), False
         pool = np.sort(np.concatenate([pool[keep], refill]))
 
 
-def _blocks_in_order(chars: Characteristics, lengths: np.ndarray, blocks: Iterator[np.ndarray], n_blocks: int,
+def _blocks_in_order(chars: Characteristics, lengths: np.ndarray, blocks: Iterator[tuple[np.ndarray, bool]], n_blocks: int,
                      noise: float, seed: int) -> np.ndarray:
-    """Each block of ``blocks`` ordered by the exact greedy on its own targets from an empty state,
-    concatenated; the orderings run on the other cores while ``blocks`` deals the next block here
-    (the kernel releases the GIL)."""
+    """Each block of ``blocks`` not yet ordered ordered by the exact greedy on its own targets from
+    an empty state, concatenated; the orderings run on the other cores while ``blocks`` deals the
+    next block here (the kernel releases the GIL)."""
     bar = tqdm(total=n_blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)
 
-    def order(i: int, rows: np.ndarray) -> np.ndarray:
-        sub, ln = chars.take_rows(rows), lengths[rows]
-        picked = greedy_rows(sub, ln, sub.targets(ln), GreedyState.empty(sub.n_cols), None, noise, seed + n_blocks + i)
+    def order(i: int, rows: np.ndarray, ordered: bool) -> np.ndarray:
+        if not ordered:
+            sub, ln = chars.take_rows(rows), lengths[rows]
+            rows = rows[greedy_rows(sub, ln, sub.targets(ln), GreedyState.empty(sub.n_cols), None, noise, seed + n_blocks + i)]
         bar.update(1)
-        return rows[picked]
+        return rows
 
     with ThreadPoolExecutor(max(1, cores() - 1)) as workers:
-        parts = [f.result() for f in [workers.submit(order, i, rows) for i, rows in enumerate(blocks)]]
+        parts = [f.result() for f in [workers.submit(order, i, rows, ordered) for i, (rows, ordered) in enumerate(blocks)]]
     bar.close()
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
@@ -452,8 +470,10 @@ def greedy_blocked_order(
        totals of the blocks before and against the global targets, so the stream's cumulative
        composition after every block stays on target: Don't Shuffle, Optimize's guarantee, "at all
        times during training, ... cumulative characteristic counts ... closer to our uniformity
-       objective than random sampling", at every size.
-    2. Each block ordered by the exact greedy with its *own* targets (its tau, kappa, rho) from an
+       objective than random sampling", at every size. The first block comes from a pool of
+       ``HEAD_POOL`` blocks in the order picked (the first prefixes, a few sequences each, fit the
+       targets as well as the candidates they are picked from allow).
+    2. Each later block ordered by the exact greedy with its *own* targets (its tau, kappa, rho) from an
        empty state. A block holds the global shares plus the small correction e_i - e_{i-1} of the
        stream's cumulative offset e, so inside it the cumulative offset moves from e_{i-1} to e_i
        about linearly, and the block drains balanced: its last batches are as good as its first.
