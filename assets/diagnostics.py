@@ -15,9 +15,10 @@ from pipeline.reports.markdown import frame_table
 from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
 from pipeline.represent.embedding_index import open_embeddings
-from pipeline.reports.plots import plot_k_calibration
+from pipeline.reports.plots import plot_k_calibration, plot_window_deviation
 from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
+from pipeline.reports import windows as W
 from pipeline.storage.atomic import file_sha256, write_parquet
 from pipeline.storage.warehouse import replace_rows
 from pipeline.segments import warm_kernels
@@ -75,7 +76,29 @@ def stationarity_check(strategy: str, table: pl.DataFrame, n_random: int) -> dg.
     )
 
 
-BANDS_KEPT = 8  # cached stationarity bands kept under diagnostics/bands (the newest; 30 KB each at the defaults)
+BANDS_KEPT = 8  # cached bands kept in each of diagnostics/bands and diagnostics/window_bands (the newest; KBs each)
+WINDOW_BAND_VERSION = 1  # raised whenever the worst-window band's values change for the same inputs
+
+
+def _packing_fingerprints(layout, strategy: str) -> dict[str, str] | None:
+    """Content fingerprints of what a strategy's sequences are built from (its segments, the
+    documents, the clusters), or None for a schedule realizing a mixture, whose unrolled stream
+    depends on its order."""
+    if layout.ordering_mixture(strategy).exists():
+        return None
+    own = layout.ordering_segments(strategy)
+    return {"segments": file_sha256(own if own.exists() else layout.segments), "documents": file_sha256(layout.documents),
+            "clusters": file_sha256(layout.clusters)}
+
+
+def _cache_file(layout, folder: str, key: str) -> Path:
+    """``diagnostics/<folder>/<key>.npy``, the folder's bands beyond the newest :data:`BANDS_KEPT` removed."""
+    where = layout.inside("diagnostics", folder)
+    if where.is_dir():
+        old = sorted(where.glob("*.npy"), key=lambda p: p.stat().st_mtime, reverse=True)[BANDS_KEPT:]
+        for p in old:
+            p.unlink(missing_ok=True)
+    return where / f"{key}.npy"
 
 
 def band_cache(layout, strategy: str, cfg, prefix: int) -> Path | None:
@@ -84,32 +107,54 @@ def band_cache(layout, strategy: str, cfg, prefix: int) -> Path | None:
     by the band's parameters (``stationarity.band_key``); orderings of one packing share it. None for
     a schedule realizing a mixture, whose unrolled stream depends on its order. Older bands beyond
     the newest :data:`BANDS_KEPT` are removed."""
-    if layout.ordering_mixture(strategy).exists():
+    prints = _packing_fingerprints(layout, strategy)
+    if prints is None:
         return None
-    own = layout.ordering_segments(strategy)
-    key = S.band_key(segments=file_sha256(own if own.exists() else layout.segments), documents=file_sha256(layout.documents),
-                     clusters=file_sha256(layout.clusters), length_bins=cfg.length_bins, prefix=prefix,
-                     shuffles=cfg.stationarity_shuffles, seed=cfg.seed)
-    folder = layout.inside("diagnostics", "bands")
-    if folder.is_dir():
-        old = sorted(folder.glob("*.npy"), key=lambda p: p.stat().st_mtime, reverse=True)[BANDS_KEPT:]
-        for p in old:
-            p.unlink(missing_ok=True)
-    return folder / f"{key}.npy"
+    key = S.band_key(**prints, length_bins=cfg.length_bins, prefix=prefix, shuffles=cfg.stationarity_shuffles, seed=cfg.seed)
+    return _cache_file(layout, "bands", key)
 
 
-@dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="2", kinds={"duckdb"},
+def window_band_cache(layout, strategy: str, cfg) -> Path | None:
+    """``diagnostics/window_bands/<key>.npy``: where random's worst-window band of ``strategy``'s
+    sequences (``pipeline.reports.windows.random_band``) is cached, named like :func:`band_cache`'s
+    by the packing's fingerprints and by the length bins, the batch, the shuffles and the seed;
+    orderings of one packing share it. None for a schedule realizing a mixture."""
+    prints = _packing_fingerprints(layout, strategy)
+    if prints is None:
+        return None
+    key = S.band_key(**prints, band="worst_windows", window_band_version=WINDOW_BAND_VERSION, length_bins=cfg.length_bins,
+                     batch=cfg.batch_size, shuffles=W.SHUFFLES, seed=cfg.seed)
+    return _cache_file(layout, "window_bands", key)
+
+
+def window_metadata(layout, strategy: str, metrics: pl.DataFrame) -> tuple[list[Path], dict]:
+    """The worst-window figure ``diagnostics/<strategy>.windows.png`` and the metadata that shows
+    it in the UI: the table of worst windows against random's band, the figure inline, and the
+    window lengths where the ordering is above every shuffle."""
+    frame = W.window_frame(metrics, strategy)
+    if frame.is_empty():
+        return [], {}
+    png = plot_window_deviation(frame, strategy, layout.inside("diagnostics", f"{strategy}.windows.png"))
+    above = "; ".join(f"{kind}: w = {', '.join(map(str, ws))}" for kind, ws in W.above_random(frame).items() if ws)
+    return [png], {"worst_window": dg.MetadataValue.md(W.markdown(frame) + "\n\n" + V.image_markdown(png, "worst window vs window length")),
+                   "worst_window_above_random": above or "none"}
+
+
+@dg.asset(group_name="orderings", deps=["orderings"], partitions_def=STRATEGY_PARTITIONS, code_version="3", kinds={"duckdb"},
           check_specs=[STATIONARITY_CHECK])
 def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
                          config: OrderingDiagnosticsParams) -> dg.MaterializeResult:
     """Unique clusters per sequence, per-batch share deviations (batches of 8/32/128), prefix error,
-    drift per decile — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``;
+    drift per decile, and the worst window of every length ``batch_size x 2**i`` against random's
+    band (Don't Shuffle, Optimize's max over windows [a:b]; ``window_dev_*`` rows, the figure
+    ``diagnostics/<strategy>.windows.png``) — DuckDB table ``ordering_metrics`` and ``diagnostics/<strategy>.parquet``;
     stationarity (every characteristic per tenth and over the first ``max_steps x batch_size``
     sequences, against the band of ``stationarity_shuffles`` uniform shuffles) — DuckDB table
     ``ordering_stationarity`` and ``diagnostics/<strategy>.stationarity.parquet``, with the
     non-blocking check ``ordering_is_stationary``. The shuffles' values are computed once per
     packing and read by the other orderings of the same sequences (``diagnostics/bands/``,
-    :func:`band_cache`).
+    :func:`band_cache`), and so are the worst windows of random's shuffles (``diagnostics/window_bands/``,
+    :func:`window_band_cache`).
     A training-time strategy (odm) has no schedule before training: it gets no rows here; its
     diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs)."""
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
@@ -117,33 +162,41 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
     prefix = cfg.max_steps * cfg.batch_size
-    reused = False
+    reused = window_reused = False
     if strategy in training_time():
         metrics, stationarity = D.rows_frame([]), S.empty_table()
     else:
         sched = V.strategy_schedule(layout, strategy, cfg.length_bins)
-        cache = band_cache(layout, strategy, cfg, prefix)
+        cache, window_cache = band_cache(layout, strategy, cfg, prefix), window_band_cache(layout, strategy, cfg)
         reused = cache is not None and cache.is_file()
+        window_reused = window_cache is not None and window_cache.is_file()
         # independent: each one's one-core passes run while the other computes
         stationarity, metrics = concurrently(
             lambda: S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=cfg.stationarity_shuffles,
                                          seed=cfg.seed, band_cache=cache),
-            lambda: D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128)))
+            lambda: D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128), window_batch=cfg.batch_size,
+                                           seed=cfg.seed, window_band_cache=window_cache))
     out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
     out_stat = write_parquet(stationarity, layout.inside("diagnostics", f"{strategy}.stationarity.parquet"))
+    window_files, window_meta = window_metadata(layout, strategy, metrics)
     with duckdb.get_connection() as con:
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
         replace_rows(con, "ordering_stationarity", stationarity, {"strategy": strategy})
     summary = V.summary_table(metrics)
     boundary = frozen_metadata(layout, strategy)  # the frozen prefix's boundary, when the stream has one
     check = stationarity_check(strategy, stationarity, cfg.stationarity_shuffles)
-    return rec.finish([out, out_stat], {"metrics": metrics.height, "stationarity": stationarity.height},
+    return rec.finish([out, out_stat, *window_files], {"metrics": metrics.height, "stationarity": stationarity.height},
                       {"strategy": strategy, "length_bins": cfg.length_bins, "prefix_sequences": prefix,
-                       "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed},
+                       "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed, "window_batch": cfg.batch_size,
+                       "window_shuffles": W.SHUFFLES},
                       {"summary": dg.MetadataValue.md(frame_table(summary)),
                        "stationarity": dg.MetadataValue.md(S.markdown(stationarity) if stationarity.height else "no schedule"),
                        "stationarity_outside": S.out_of_band_summary(stationarity) or "none",
-                       "band": "shuffles of these sequences reused (diagnostics/bands)" if reused else "shuffles computed", **boundary},
+                       "band": "shuffles of these sequences reused (diagnostics/bands)" if reused else "shuffles computed",
+                       **window_meta,
+                       **({"window_band": "shuffles' worst windows reused (diagnostics/window_bands)" if window_reused
+                           else "shuffles' worst windows computed"} if window_meta else {}),
+                       **boundary},
                       check_results=[check])
 
 
@@ -176,8 +229,10 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
                                                             "recommended": cal.ks == cal.recommended_k}), {})
     summary, figures, md_path = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity,
                                                          cfg.max_steps * cfg.batch_size, extra)
+    windows = V.window_summary(metrics)
     ui = "\n\n".join([frame_table(summary), "**stationarity: outside random's band**",
                        frame_table(V.stationarity_summary(stationarity))]
+                      + (["**worst window (max over windows [a:b]) above random's**", frame_table(windows)] if windows.height else [])
                       + [V.image_markdown(p, n) for n, p in figures.items()])
     check = report_check([s for s in cfg.strategies if s not in training_time()], strategies, figures)
     return rec.finish([md_path, *figures.values()], {"strategies": len(strategies), "figures": len(figures)},

@@ -256,10 +256,18 @@ def test_orderings_of_one_packing_share_the_stationarity_band(graph):
     run("orderings", "random")
     run("orderings", "greedy")
     run("ordering_diagnostics", "random")  # computes the band of these sequences, or reads it from an earlier test's run
-    assert run("ordering_diagnostics", "greedy")["band"].value.startswith("shuffles of these sequences reused")
+    meta = run("ordering_diagnostics", "greedy")
+    assert meta["band"].value.startswith("shuffles of these sequences reused")
+    # the worst windows of random's shuffles too (diagnostics/window_bands/), and the figure in the metadata
+    assert meta["window_band"].value.startswith("shuffles' worst windows reused") and "data:image/png" in meta["worst_window"].value
+    assert (root / "diagnostics" / "greedy.windows.png").is_file()
     reused = (root / "diagnostics" / "greedy.stationarity.parquet").read_bytes()
-    for p in (root / "diagnostics" / "bands").glob("*.npy"):
+    reused_metrics = (root / "diagnostics" / "greedy.parquet").read_bytes()
+    for p in [*(root / "diagnostics" / "bands").glob("*.npy"), *(root / "diagnostics" / "window_bands").glob("*.npy")]:
         p.unlink()
-    assert run("ordering_diagnostics", "greedy")["band"].value == "shuffles computed"
+    meta = run("ordering_diagnostics", "greedy")
+    assert meta["band"].value == "shuffles computed" and meta["window_band"].value == "shuffles' worst windows computed"
     assert (root / "diagnostics" / "greedy.stationarity.parquet").read_bytes() == reused
+    assert (root / "diagnostics" / "greedy.parquet").read_bytes() == reused_metrics
     assert len(list((root / "diagnostics" / "bands").glob("*.npy"))) == 1
+    assert len(list((root / "diagnostics" / "window_bands").glob("*.npy"))) == 1

@@ -127,7 +127,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not strategies:
         raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
     docs, schedules = ordering_schedules(layout, strategies, args.bins)
-    metrics = pl.concat([D.ordering_diagnostics(s, sched) for s, sched in schedules.items()])
+    metrics = pl.concat([D.ordering_diagnostics(s, sched, window_batch=cfg.batch_size, seed=cfg.seed) for s, sched in schedules.items()])
     emb = open_embeddings(layout) if has_embeddings(layout) else None
     prefix = cfg.max_steps * cfg.batch_size
     stationarity = pl.concat([S.stationarity_table(sched, prefix=prefix, strategy=s, n_random=cfg.stationarity_shuffles, seed=cfg.seed)

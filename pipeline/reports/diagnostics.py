@@ -12,6 +12,7 @@ loops over sequences in Python. Results are tidy rows ``(strategy, metric, setti
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import length_bin_edges, length_bins
 from pipeline.reports import kernels as K
+from pipeline.reports import windows as W
 from pipeline.segments import as_integers, grouped
 from pipeline.threads import concurrently
 
@@ -423,14 +425,26 @@ def ordering_diagnostics(
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     n_points: int = 64,
     curriculum: tuple[np.ndarray, np.ndarray] | None = None,
+    window_batch: int | None = None,
+    window_shuffles: int = W.SHUFFLES,
+    seed: int = 0,
+    window_band_cache: Path | None = None,
 ) -> pl.DataFrame:
-    """All ordering metrics of one strategy as tidy rows (``curriculum`` = (at, target_share))."""
+    """All ordering metrics of one strategy as tidy rows (``curriculum`` = (at, target_share)).
+
+    With ``window_batch``, also Don't Shuffle, Optimize's objective over every window ``[a:b]``:
+    the worst window of every length ``window_batch * 2**i`` and random's band over
+    ``window_shuffles`` shuffles drawn from ``seed`` (:func:`pipeline.reports.windows.window_rows`;
+    ``window_band_cache``: a ``.npy`` the band is read from, or written to)."""
     rows = diversity_rows(strategy, schedule)
     rows += batch_rows(strategy, schedule, batch_sizes)
     rows += prefix_rows(strategy, schedule, n_points)
     rows += drift_rows(strategy, schedule)
     if curriculum is not None:
         rows += curriculum_rows(strategy, schedule, *curriculum)
+    if window_batch is not None:
+        band, _ = W.cached_band(schedule, window_batch, window_shuffles, seed, window_band_cache)
+        rows += W.window_rows(strategy, schedule, window_batch, n_random=window_shuffles, seed=seed, band=band)
     return rows_frame(rows)
 
 

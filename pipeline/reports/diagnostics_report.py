@@ -26,13 +26,14 @@ def ordering_schedules(layout: Layout, strategies: Sequence[str], length_bins: i
 def write_diagnostics_report(layout: Layout, docs: pl.DataFrame, schedules: dict[str, D.Schedule], embeddings: np.ndarray | None,
                              metrics: pl.DataFrame, stationarity: pl.DataFrame, prefix_sequences: int,
                              extra_figures: dict[str, Path] | None = None) -> tuple[pl.DataFrame, dict[str, Path], Path]:
-    """Render the comparison figures into ``report/`` and write ``report/diagnostics.md`` (the
-    summary of ``metrics``, what lies outside random's band in ``stationarity``, links to the
-    figures and to ``extra_figures``). Returns (summary table, figures, the markdown's path)."""
+    """Render the comparison figures into ``report/`` (with each strategy's worst-window figure
+    from the window rows of ``metrics``) and write ``report/diagnostics.md`` (the summary of
+    ``metrics``, what lies outside random's band in ``stationarity``, links to the figures and to
+    ``extra_figures``). Returns (summary table, figures, the markdown's path)."""
     report_dir = layout.inside("report")
     figures = V.write_figures(schedules, embeddings, docs["cluster"].to_numpy(), report_dir, stationarity=stationarity,
-                              prefix_sequences=prefix_sequences)
+                              prefix_sequences=prefix_sequences, metrics=metrics)
     figures.update(extra_figures or {})
     summary = V.summary_table(metrics)
-    md = write_text(V.render_markdown(summary, figures, report_dir, stationarity), report_dir / "diagnostics.md")
+    md = write_text(V.render_markdown(summary, figures, report_dir, stationarity, V.window_summary(metrics)), report_dir / "diagnostics.md")
     return summary, figures, md

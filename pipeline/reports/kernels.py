@@ -308,3 +308,141 @@ def _token_sums(seq, tokens, per_token, weighted, n_sequences, cuts):
             if weighted:
                 product[seq[i]] += np.int64(tokens[i]) * np.int64(per_token[i])
     return length, product
+
+
+def batch_entries(order, ptr, group, tokens, n_groups: int, batch: int, n_batches: int) -> tuple:
+    """Each full batch's token sums per group, sparse: ``(bptr, bgroup, btokens)`` with the entries
+    of batch b (positions ``b*batch .. (b+1)*batch - 1`` of ``order``) at ``bptr[b]:bptr[b+1]``,
+    one per group with tokens in it, in the order the batch first meets them; ``bgroup`` int32,
+    ``btokens`` int64. At most as many entries as the composition, never a batches x groups matrix."""
+    return _batch_entries(order, ptr, group, tokens, n_groups, batch, even_cuts(n_batches, n_chunks(group.size)))
+
+
+@njit(cache=True, parallel=True)
+def _batch_entries(order, ptr, group, tokens, n_groups, batch, cuts):
+    """:func:`batch_entries` by chunks of batches (``cuts``): each chunk counts its batches'
+    entries, then writes them at their offsets (a sequential pass's output)."""
+    chunks = cuts.size - 1
+    counts = np.zeros(cuts[-1] + 1, np.int64)
+    for c in prange(chunks):
+        stamp = np.full(n_groups, -1, np.int64)
+        for b in range(cuts[c], cuts[c + 1]):
+            n = 0
+            for p in range(b * batch, (b + 1) * batch):
+                s = order[p]
+                for k in range(ptr[s], ptr[s + 1]):
+                    if stamp[group[k]] != b:
+                        stamp[group[k]] = b
+                        n += 1
+            counts[b + 1] = n
+    bptr = np.cumsum(counts)
+    bgroup = np.empty(bptr[-1], np.int32)
+    btokens = np.zeros(bptr[-1], np.int64)
+    for c in prange(chunks):
+        stamp = np.full(n_groups, -1, np.int64)
+        slot = np.empty(n_groups, np.int64)
+        for b in range(cuts[c], cuts[c + 1]):
+            w = bptr[b]
+            for p in range(b * batch, (b + 1) * batch):
+                s = order[p]
+                for k in range(ptr[s], ptr[s + 1]):
+                    g = group[k]
+                    if stamp[g] != b:
+                        stamp[g] = b
+                        slot[g] = w
+                        bgroup[w] = g
+                        w += 1
+                    btokens[slot[g]] += tokens[k]
+    return bptr, bgroup, btokens
+
+
+SLACK = 1e-12  # a window is skipped when its bound is below the best by more than rounding (values lie in [0, 1])
+
+
+@njit(cache=True, parallel=True)
+def worst_windows(bptr, bgroup, btokens, tau, rank, tau_sorted, spans):
+    """For each window length ``spans[i]`` (in batches): the largest ``max_j |share_j - tau_j|`` over
+    the windows of that many consecutive batches starting at every batch, and the first batch of
+    the first window that reaches it.
+
+    One task per length slides its window a batch at a time, keeping the window's tokens per group
+    (``acc``, a dense vector) by adding the batch that enters and subtracting the batch that
+    leaves. A window's deviation (:func:`_window_deviation`) is the value :func:`batch_deviations`
+    gives a batch, bit for bit. It is computed only when an upper bound does not rule the window
+    out: each group's current count was set at some earlier window of ``T0`` tokens, where its
+    deviation ``v`` and share ``s = acc_j / T0`` were known; at ``T`` tokens its deviation is at
+    most ``v + s |T0 / T - 1|``. So the running maxima V of those deviations and S of those shares
+    (since the last computed window, over it and the groups changed since), with the range of
+    ``T0`` met, bound every group; a window whose bound is below the length's best so far cannot
+    be the worst, and costs only its two changed batches."""
+    n_groups = tau.size
+    n_batches = bptr.size - 1
+    worst = np.zeros(spans.size)
+    first = np.zeros(spans.size, np.int64)
+    for i in prange(spans.size):
+        span = spans[i]
+        acc = np.zeros(n_groups, np.int64)
+        stamp = np.full(n_groups, -1, np.int64)
+        total = 0
+        for e in range(bptr[0], bptr[span]):
+            acc[bgroup[e]] += btokens[e]
+            total += btokens[e]
+        best, best_at = -1.0, 0
+        v_max, s_max, t_lo, t_hi = 0.0, 0.0, 0.0, 0.0
+        for a in range(n_batches - span + 1):
+            if a > 0:
+                for e in range(bptr[a - 1], bptr[a]):
+                    acc[bgroup[e]] -= btokens[e]
+                    total -= btokens[e]
+                for e in range(bptr[a + span - 1], bptr[a + span]):
+                    acc[bgroup[e]] += btokens[e]
+                    total += btokens[e]
+                size = float(total)
+                t_lo, t_hi = min(t_lo, size), max(t_hi, size)
+                for lo, hi in ((bptr[a - 1], bptr[a]), (bptr[a + span - 1], bptr[a + span])):
+                    for e in range(lo, hi):
+                        g = bgroup[e]
+                        share = acc[g] / size
+                        v_max = max(v_max, abs(share - tau[g]))
+                        s_max = max(s_max, share)
+                drift = max(t_hi / size - 1.0, 1.0 - t_lo / size, 0.0)
+                if v_max + s_max * drift + SLACK < best:
+                    continue
+            size = float(total)
+            dev, s_max = _window_deviation(acc, size, bptr[a], bptr[a + span], bgroup, tau, rank, tau_sorted, stamp, a)
+            v_max, t_lo, t_hi = dev, size, size
+            if dev > best:
+                best, best_at = dev, a
+        worst[i] = best
+        first[i] = best_at
+    return worst, first
+
+
+@njit(cache=True)
+def _window_deviation(acc, size, lo, hi, bgroup, tau, rank, tau_sorted, stamp, tag):
+    """(max_j |acc_j / size - tau_j|, max_j acc_j / size) of a window whose batch entries are
+    ``lo:hi``: over those entries when they are fewer than the groups (``stamp[r] == tag`` marks
+    the ranks present; an absent group deviates by its share, the first absent rank's), else over
+    every group of ``acc``."""
+    n_groups = tau.size
+    dev, top = 0.0, 0.0
+    if hi - lo < n_groups:
+        for e in range(lo, hi):
+            g = bgroup[e]
+            r = rank[g]
+            if stamp[r] != tag:
+                stamp[r] = tag
+                share = acc[g] / size
+                dev = max(dev, abs(share - tau[g]))
+                top = max(top, share)
+        mex = 0
+        while mex < n_groups and stamp[mex] == tag:
+            mex += 1
+        if mex < n_groups:
+            dev = max(dev, tau_sorted[mex])
+    else:
+        for j in range(n_groups):
+            share = acc[j] / size
+            dev = max(dev, abs(share - tau[j]))
+            top = max(top, share)
+    return dev, top

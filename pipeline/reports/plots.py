@@ -353,3 +353,44 @@ def plot_stationarity(frame: pl.DataFrame, characteristic: str, path: str | os.P
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
     return save_png(fig, path, tight=False)
+
+
+def plot_window_deviation(frame: pl.DataFrame, strategy: str, path: str | os.PathLike) -> Path:
+    """Don't Shuffle, Optimize's objective over every window ``[a:b]``: the worst window's share
+    deviation against the window length (sequences), log-log, clusters and length bins side by
+    side; the strategy's curve over random's band (the shuffles' min..max shaded, their median
+    dashed), lengths where the strategy is above every shuffle ringed in red.
+
+    ``frame``: one strategy's :func:`pipeline.reports.windows.window_frame`."""
+    if frame.is_empty():
+        raise StrataInputError(f"no window rows for {strategy!r}", fix="compute ordering_diagnostics with window_batch")
+    kinds = [k for k in ("clusters", "length_bins") if (frame["kind"] == k).any()]
+    fig = Figure(figsize=(12, 4.4))
+    axes = np.atleast_1d(fig.subplots(1, len(kinds)))
+    floor = 1e-6  # a deviation of 0 (a window of exactly the global mixture) sits at the axis floor
+    for ax, kind in zip(axes, kinds):
+        rows = frame.filter(pl.col("kind") == kind).sort("w")
+        w = rows["w"].to_numpy()
+        worst, lo, med, hi = (np.maximum(rows[c].to_numpy(), floor) for c in ("worst", "random_min", "random_median", "random_max"))
+        ax.fill_between(w, lo, hi, color="0.8", lw=0, label="random: min..max of the shuffles")
+        ax.plot(w, med, color="0.35", ls="--", lw=1.2, label="random: median")
+        ax.plot(w, worst, "-o", color="#1f77b4", ms=4, lw=1.8, label=strategy)
+        above = rows["worst"].to_numpy() > rows["random_max"].to_numpy()
+        if above.any():
+            ax.scatter(w[above], worst[above], s=110, facecolors="none", edgecolors="red", lw=1.4, zorder=5,
+                       label="above every shuffle")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=2))
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("window length w (sequences; windows start every batch)")
+        ax.set_ylabel(r"worst window: $\max_{[a:b]}\,\max_j\,|\mathrm{share}_j - \tau_j|$")
+        label = "clusters" if kind == "clusters" else "document-length bins"
+        ax.set_title(f"{label}: above every shuffle at {int(above.sum())} of {w.size} lengths", fontsize=10)
+        ax.grid(alpha=0.3, which="major")
+        ax.grid(alpha=0.1, which="minor")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Don't Shuffle, Optimize's objective over every window [a:b]: {strategy} vs random", fontsize=11)
+    fig.tight_layout()
+    return save_png(fig, path, tight=False)

@@ -14,6 +14,7 @@ import polars as pl
 from pipeline.reports import diagnostics as D
 from pipeline.reports import plots
 from pipeline.reports import stationarity as S
+from pipeline.reports import windows as W
 from pipeline.reports.markdown import frame_table
 from pipeline.storage.layout import Layout, Store
 from pipeline.threads import concurrently
@@ -101,9 +102,12 @@ def _schedule(docs: pl.DataFrame, ordering, segments: pl.DataFrame, n_bins: int)
 
 
 def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | None, doc_cluster: np.ndarray, out_dir: Path,
-                  batch_size: int = 32, stationarity: pl.DataFrame | None = None, prefix_sequences: int | None = None) -> dict[str, Path]:
+                  batch_size: int = 32, stationarity: pl.DataFrame | None = None, prefix_sequences: int | None = None,
+                  metrics: pl.DataFrame | None = None) -> dict[str, Path]:
     """Render every comparison figure into ``out_dir``; return {name: path}. With ``stationarity``
-    (rows of ``pipeline.reports.stationarity.stationarity_table``), one figure per characteristic."""
+    (rows of ``pipeline.reports.stationarity.stationarity_table``), one figure per characteristic;
+    with ``metrics`` (``ordering_metrics`` rows), one worst-window figure per strategy that has
+    window rows (``window_deviation_<strategy>``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = {
         "ordering_bars": plots.plot_ordering_bars(schedules, out_dir / "ordering_bars.png"),
@@ -119,6 +123,11 @@ def write_figures(schedules: dict[str, D.Schedule], embeddings: np.ndarray | Non
         for name in S.characteristics(stationarity):
             figs[f"stationarity_{name}"] = plots.plot_stationarity(stationarity, name, out_dir / f"stationarity_{name}.png",
                                                                    prefix_sequences=prefix_sequences)
+    if metrics is not None:
+        for name in schedules:
+            frame = W.window_frame(metrics, name)
+            if not frame.is_empty():
+                figs[f"window_deviation_{name}"] = plots.plot_window_deviation(frame, name, out_dir / f"window_deviation_{name}.png")
     return figs
 
 
@@ -129,6 +138,20 @@ def stationarity_summary(frame: pl.DataFrame) -> pl.DataFrame:
          for (s,), rows in frame.group_by("strategy", maintain_order=True)],
         schema={"strategy": pl.Utf8, "outside random's band": pl.Utf8},
     )
+
+
+def window_summary(metrics: pl.DataFrame) -> pl.DataFrame:
+    """One row per strategy with window rows: the window lengths (sequences) whose worst window is
+    above every random shuffle's, for clusters and for length bins ("none" when inside)."""
+    rows = []
+    for strategy in metrics["strategy"].unique(maintain_order=True):
+        frame = W.window_frame(metrics, strategy)
+        if frame.is_empty():
+            continue
+        above = W.above_random(frame)
+        rows.append({"strategy": strategy, **{f"{kind.replace('_', ' ')}: worst window above random's max at w =":
+                                              ", ".join(map(str, ws)) or "none" for kind, ws in above.items()}})
+    return pl.DataFrame(rows)
 
 
 def summary_table(metrics: pl.DataFrame) -> pl.DataFrame:
@@ -151,12 +174,16 @@ def image_markdown(path: Path, title: str) -> str:
     return f"**{title}**\n\n![{title}](data:{mime};base64,{data})"
 
 
-def render_markdown(summary: pl.DataFrame, figures: dict[str, Path], base: Path, stationarity: pl.DataFrame | None = None) -> str:
+def render_markdown(summary: pl.DataFrame, figures: dict[str, Path], base: Path, stationarity: pl.DataFrame | None = None,
+                    windows: pl.DataFrame | None = None) -> str:
     """``report/diagnostics.md``: the summary table, each strategy's characteristics outside
-    random's band (with ``stationarity``), and relative links to the figures."""
+    random's band (with ``stationarity``), the window lengths whose worst window is above random's
+    (with ``windows``, a :func:`window_summary`), and relative links to the figures."""
     parts = ["# Ordering diagnostics", "", frame_table(summary), ""]
     if stationarity is not None and not stationarity.is_empty():
         parts += ["## Stationarity (by tenth of the stream and over the consumed prefix)", "",
                   frame_table(stationarity_summary(stationarity)), ""]
+    if windows is not None and not windows.is_empty():
+        parts += ["## Worst window (Don't Shuffle, Optimize's max over windows [a:b])", "", frame_table(windows), ""]
     parts += [f"## {name.replace('_', ' ')}\n\n![{name}]({p.relative_to(base)})\n" for name, p in figures.items()]
     return "\n".join(parts)
