@@ -365,3 +365,63 @@ def test_stationarity_claim_by_hand(tmp_path):
     assert "clusters_per_seq" in rows["by_kind"].detail and Path(rows["by_kind"].figure).exists()
     with pytest.raises(C.MissingData):
         C.stationarity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, schedule=sched, random_positions=randoms))
+
+
+def test_prefix_claim_covers_the_whole_ordering_at_240_log_spaced_prefixes(tmp_path, monkeypatch):
+    from pipeline.errors import StrataInputError
+    from pipeline.reports import claim_plots
+
+    n = 2500  # M = 5,000 sequences
+    m = 2 * n
+    rng = np.random.default_rng(0)
+    randoms = [_pure_schedule(rng.permutation(m), n).position for _ in range(3)]
+    t = C.prefix_grid(m)
+    log = D.log_spaced_points(m, 240)
+    assert set(log[log < m].tolist()) <= set(t.tolist()) and t.size > log.size > 150 and t.max() > 0.98 * m
+    figures = []
+    save = claim_plots.save_png
+    monkeypatch.setattr(claim_plots, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=200, schedule=_pure_schedule(_interleaved(n), n), random_positions=randoms)
+    c = {c.key: c for c in C.prefix_error_claims(data)}["dso.prefix_error.clusters"]
+    assert c.n == 3 * t.size and f"x {t.size} prefixes" in c.interval and "(5,000 sequences" in c.detail
+    for ax in figures[0].axes:  # log-log: greedy's curve, each shuffle's own curve and their median
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        assert sum(np.array_equal(line.get_xdata(), t) for line in ax.get_lines()) == 3 + 2
+    cut = C.ClaimData(out_dir=tmp_path, batch_size=2, schedule=data.schedule, random_positions=[p[: m // 2] for p in randoms])
+    with pytest.raises(StrataInputError):  # a shuffle of part of the stream is not compared with the whole ordering
+        C.prefix_error_claims(cut)
+
+
+def test_claim_data_reads_the_whole_greedy_ordering(tmp_path):
+    from types import SimpleNamespace
+
+    from pipeline.errors import StrataInputError
+    from pipeline.reports.claim_inputs import claim_data, permutation_positions
+    from pipeline.storage.layout import Layout
+
+    rng = np.random.default_rng(1)
+    n_docs, seq_len = 900, 32
+    lengths = rng.integers(2, 60, n_docs)
+    layout = Layout(tmp_path / "root")
+    (layout.root / "sequences").mkdir(parents=True)
+    (layout.root / "orderings").mkdir()
+    packing = pack_concat(np.arange(n_docs), lengths, seq_len)
+    m = packing.n_sequences
+    pl.DataFrame({"doc_id": np.arange(n_docs), "n_tokens": lengths - 1, "source": rng.choice(["a", "b"], n_docs)}).write_parquet(layout.documents)
+    pl.DataFrame({"doc_id": np.arange(n_docs), "cluster": rng.integers(0, 5, n_docs)}).write_parquet(layout.clusters)
+    packing.segments.write_parquet(layout.segments)
+    greedy = rng.permutation(m)
+    pl.DataFrame({"position": np.arange(m), "sequence_id": greedy}).sample(fraction=1.0, seed=0).write_parquet(layout.ordering("greedy"))
+    cfg = SimpleNamespace(claims_k=7, k=5, batch_size=4, bootstrap_samples=200, seed=0, max_steps=2, length_bins=4, seq_len=seq_len,
+                          claims_shuffles=3, seeds=[0])
+    data = claim_data(layout, cfg, OrderParams(), lambda name: None, tmp_path / "out", log=lambda _: None)
+    assert data.schedule.n_sequences == m and np.array_equal(data.schedule.order, greedy)
+    assert len(data.random_positions) == 3
+    for p in data.random_positions:
+        assert np.array_equal(np.sort(p), np.arange(m))  # each a shuffle of every sequence
+    assert not np.array_equal(data.random_positions[0], data.random_positions[1])
+    assert np.array_equal(permutation_positions(pl.DataFrame({"position": [1, 0, 2], "sequence_id": [2, 0, 1]}), 3), [0, 2, 1])
+    with pytest.raises(StrataInputError):
+        permutation_positions(np.array([0, 2]), 3)
+    with pytest.raises(StrataInputError):
+        permutation_positions(np.array([0, 1, 1]), 3)

@@ -1,8 +1,10 @@
 """What the claims read from a data root (``pipeline.reports.claims.ClaimData``), gathered in one place.
 
 - The ordering claims of Don't Shuffle, Optimize compare the materialized ``greedy`` ordering of the
-  base packing with ``claims_shuffles`` fresh ``random`` orderings of the same packing (seeds
-  ``seed``, ``seed + 1``, ...), on the clusters and length bins the diagnostics use.
+  base packing, whole (every position of ``orderings/greedy.parquet``: nothing is sampled or cut),
+  with ``claims_shuffles`` fresh ``random`` orderings of the same packing (seeds ``seed``,
+  ``seed + 1``, ...; each a permutation of every sequence), on the clusters and length bins the
+  diagnostics use.
 - Diversity-ordered training's table is rebuilt at ``claims_k`` clusters (k-means on the stored
   embeddings with the configured k-means settings; the pipeline's clusters when ``claims_k`` is 0
   or k): ``original`` is the corpus's own document order packed by concat (the order the paper
@@ -20,13 +22,14 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from pipeline.errors import StrataInputError
 from pipeline.ordering import OrderParams, run_strategy
 from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D
 from pipeline.reports.claims import ClaimData
 from pipeline.reports.visual import document_features
 from pipeline.represent.embedding_index import has_embeddings, open_embeddings
-from pipeline.storage.layout import Layout
+from pipeline.storage.layout import Layout, Store
 
 
 def diversity_clusters(layout: Layout, cfg, docs: pl.DataFrame) -> tuple[np.ndarray, int]:
@@ -58,6 +61,20 @@ def diversity_schedules(docs: pl.DataFrame, cluster: np.ndarray, segments: pl.Da
     return out
 
 
+def permutation_positions(order: pl.DataFrame | np.ndarray, n_sequences: int) -> np.ndarray:
+    """The position of each of ``n_sequences`` sequences in ``order`` (an ordering frame
+    ``position, sequence_id`` or the ids in training order), which must hold every one exactly
+    once (a shuffle of the whole packing, not a sample of it)."""
+    order = D.ordering_ids(order)
+    position = np.full(n_sequences, -1, dtype=np.int64)
+    if order.size == n_sequences and n_sequences and order.min() >= 0 and order.max() < n_sequences:
+        position[order] = np.arange(n_sequences, dtype=np.int64)
+    if order.size != n_sequences or (position < 0).any():
+        raise StrataInputError(f"a random shuffle orders {order.size} ids, not each of the {n_sequences} sequences once",
+                               fix="shuffle the whole packing the greedy ordering orders")
+    return position
+
+
 def claim_data(layout: Layout, cfg, params: OrderParams, read_table: Callable[[str], pl.DataFrame | None],
                out_dir: Path, log: Callable[[str], None] = print) -> ClaimData:
     """Everything the registered claims need that this data root has (see the module docstring)."""
@@ -72,12 +89,14 @@ def claim_data(layout: Layout, cfg, params: OrderParams, read_table: Callable[[s
         cluster = docs["cluster"].to_numpy()
         frame = docs.select("doc_id", "cluster", n_tokens="stream_length")
         if layout.ordering("greedy").exists():
-            log(f"ordering claims: greedy vs {cfg.claims_shuffles} random shuffles")
-            data.schedule = D.prepare(segments, pl.read_parquet(layout.ordering("greedy")), cluster, lengths, bin_edges=edges,
-                                      doc_source=docs["source"])
+            greedy = Store(layout).ordering("greedy")  # every position of the stored ordering, with the packing it orders
+            packing = greedy.segments if greedy.repacked else segments
+            data.schedule = D.prepare(packing, greedy.order, cluster, lengths, bin_edges=edges, doc_source=docs["source"])
+            log(f"ordering claims: greedy's whole ordering ({data.schedule.n_sequences:,} sequences) vs "
+                f"{cfg.claims_shuffles} random shuffles of the same sequences")
             data.random_positions = [
-                D.prepare(segments, run_strategy("random", frame, segments, cfg.seq_len, params, cfg.seed + i).order,
-                          cluster, lengths, bin_edges=edges).position
+                permutation_positions(run_strategy("random", frame, packing, cfg.seq_len, params, cfg.seed + i).order,
+                                      data.schedule.n_sequences)
                 for i in range(cfg.claims_shuffles)
             ]
         if has_embeddings(layout) or (cfg.claims_k or cfg.k) == cfg.k:

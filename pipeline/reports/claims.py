@@ -210,10 +210,16 @@ def _fmt(v: float, digits: int = 3) -> str:
 DSO_ADHERENCE = "Results › Adherence To Our Uniform Distribution Objective"
 
 
-def prefix_grid(n_sequences: int, n_points: int = 64) -> np.ndarray:
-    """Prefix lengths t < M compared by the prefix claim: log-spaced (the start of training) and
-    evenly spaced (all of it), ~2 x ``n_points``; t = M is left out (every order has error 0 there)."""
-    t = np.r_[D.log_spaced_points(n_sequences, n_points), np.linspace(1, n_sequences, n_points).round()]
+PREFIX_LOG_POINTS = 240  # log-spaced prefixes of the prefix claim (its figure is log-log: the start of training resolved)
+PREFIX_EVEN_POINTS = 64  # evenly spaced ones beside them (the rest of the stream)
+
+
+def prefix_grid(n_sequences: int, n_points: int = PREFIX_LOG_POINTS, n_even: int = PREFIX_EVEN_POINTS) -> np.ndarray:
+    """Prefix lengths t < M compared by the prefix claim, over the whole stream of M sequences:
+    ``log_spaced_points(M, n_points)`` (the start of training, where Don't Shuffle, Optimize's
+    "at all times during training" is hardest to keep) and ``n_even`` evenly spaced (all of it);
+    t = M is left out (every order has error 0 there)."""
+    t = np.r_[D.log_spaced_points(n_sequences, n_points), np.linspace(1, n_sequences, n_even).round()]
     t = np.unique(t.astype(np.int64))
     return t[t < n_sequences]
 
@@ -230,6 +236,10 @@ def _kinds(schedule: D.Schedule) -> tuple[tuple[str, str, D.Composition], ...]:
 def _ordering_inputs(data: ClaimData) -> tuple[D.Schedule, list[np.ndarray]]:
     if data.schedule is None or len(data.random_positions) < 2:
         raise MissingData("needs the greedy ordering of the base packing (materialize orderings[greedy])")
+    m = data.schedule.n_sequences
+    if any(np.asarray(p).size != m for p in data.random_positions):
+        raise StrataInputError(f"random shuffles of {sorted({np.asarray(p).size for p in data.random_positions})} sequences "
+                               f"beside a greedy ordering of {m}", fix="shuffle every sequence the greedy ordering orders")
     return data.schedule, data.random_positions
 
 
@@ -238,7 +248,8 @@ def prefix_error_claims(data: ClaimData) -> list[Claim]:
     """Don't Shuffle, Optimize: greedy's prefix error ||T(t) - tau S(t)|| / S(t) is below random's at
     every prefix, for clusters and for length bins. Strata's figure: the fraction of (shuffle,
     prefix) pairs where greedy is strictly below; claimed: 1 (every prefix). Interval: two-way
-    bootstrap over random shuffles x prefixes."""
+    bootstrap over random shuffles x prefixes. Measured on the whole ordering (every one of its M
+    sequences, no sample) at the prefixes of :func:`prefix_grid` (240 log-spaced, 64 even)."""
     from pipeline.reports.claim_plots import plot_prefix_claim
 
     sched, randoms = _ordering_inputs(data)
@@ -260,7 +271,8 @@ def prefix_error_claims(data: ClaimData) -> list[Claim]:
             paper_source=DSO_ADHERENCE, value=mean, ci_low=lo, ci_high=hi, threshold=1.0, side=">=",
             interval=f"two-way bootstrap over {len(randoms)} random shuffles x {t.size} prefixes",
             n=int(ind.size),
-            detail=f"fraction of (shuffle, prefix) pairs with greedy below; median error ratio greedy/random "
+            detail=f"fraction of (shuffle, prefix) pairs with greedy below, over the whole ordering ({sched.n_sequences:,} "
+                   f"sequences; {t.size} prefixes); median error ratio greedy/random "
                    f"{_fmt(float(np.median(g / np.maximum(np.median(r, axis=0), 1e-300))))}{where}",
         ))
     path = plot_prefix_claim(t, curves, data.figure("claim_prefix_error"))
