@@ -655,3 +655,36 @@ def test_demo_cluster_sorted_trains_on_few_clusters_where_random_sees_all(demo):
             order = run_strategy(name, docs, seg, 256, OrderParams(), seed).order["sequence_id"].to_numpy()[: 30 * 16]
             seen[name] = np.unique(dom[np.searchsorted(ids, order)]).size
         assert seen["random"] == 8 and seen["cluster_sorted"] <= 4, (seed, seen)
+
+
+def _token_weighted_brute_force(cluster, length):
+    """Idea 1 by its equation: every step scores every remaining document (ties: cluster, length, doc id)."""
+    cluster, length = np.asarray(cluster), np.asarray(length)
+    tau = np.bincount(cluster, weights=length) / length.sum()
+    T, S, left, out = np.zeros(tau.size), 0.0, list(range(cluster.size)), []
+    while left:
+        score = [abs((T[cluster[d]] + length[d]) - tau[cluster[d]] * (S + length[d])) for d in left]
+        d = min(zip(score, (cluster[d] for d in left), (length[d] for d in left), left))[3]
+        out.append(d)
+        left.remove(d)
+        T[cluster[d]] += length[d]
+        S += length[d]
+    return out
+
+
+def test_token_weighted_is_the_argmin_over_all_remaining_documents():
+    from pipeline.ordering.documents import token_weighted_order
+
+    # by hand: tau = (10/16, 6/16). Step 1 scores |l - tau_c l| = l (1 - tau_c): doc0 2.25, doc1 1.125, doc2 0.375,
+    # doc3 3.75; the argmin over all documents picks doc2 (a rule that scores only each cluster's next document,
+    # doc0 and doc3, picks doc0)
+    cluster, length = np.array([0, 0, 0, 1]), np.array([6, 3, 1, 6])
+    assert token_weighted_order(cluster, length).tolist() == _token_weighted_brute_force(cluster, length)
+    assert token_weighted_order(cluster, length).tolist()[0] == 2
+    rng = np.random.default_rng(7)
+    for case in range(40):
+        n, k = int(rng.integers(1, 60)), int(rng.integers(1, 6))
+        cluster = rng.integers(0, k, n)
+        cluster[: min(k, n)] = np.arange(min(k, n))  # dense cluster ids
+        length = rng.integers(1, 30 if case % 2 else 400, n)
+        assert token_weighted_order(cluster, length).tolist() == _token_weighted_brute_force(cluster, length), case

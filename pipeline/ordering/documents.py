@@ -87,46 +87,115 @@ def stratified_order(cluster: np.ndarray, length: np.ndarray, within: str = "ori
 
 
 @numba.njit(cache=True)
-def _token_weighted(ptr, qlen, total):
+def _alive(link, i):
+    """The representative of ``i`` in a path-compressed "next alive" forest (``link[i] == i``: alive)."""
+    r = i
+    while link[r] != r:
+        r = link[r]
+    while link[i] != r:
+        nxt = link[i]
+        link[i] = r
+        i = nxt
+    return r
+
+
+@numba.njit(cache=True)
+def _lower_bound(a, lo, hi, x):
+    """First index in ``a[lo:hi]`` (sorted) whose value is >= x; ``hi`` when none."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True)
+def _token_weighted(ptr, slen, total):
+    """Idea 1's argmin over every remaining document; ``slen[ptr[j]:ptr[j+1]]`` is cluster j's
+    lengths, ascending (ties in the ``within`` order). Returns positions into that layout.
+
+    Within cluster j the score |(T_j + l) - tau_j (S + l)| = |a_j + b_j l| (a_j = T_j - tau_j S,
+    b_j = 1 - tau_j >= 0) is V-shaped in l with its minimum at l* = -a_j / b_j, so the cluster's
+    best remaining document is one of the two remaining lengths around l*: a binary search and
+    two "next alive" look-ups, O(K log n) per step. Ties: the lowest cluster, then the shorter
+    document, then the earlier one in the ``within`` order.
+    """
     k = ptr.size - 1
-    size = ptr[1:] - ptr[:-1]
+    n = ptr[-1]
     tau = np.zeros(k)
     for j in range(k):
         for i in range(ptr[j], ptr[j + 1]):
-            tau[j] += qlen[i]
+            tau[j] += slen[i]
     tau /= total
+    right = np.arange(n + 1)  # right[i] == i: position i is alive (n: the sentinel)
+    left = np.arange(n + 1)  # left[i + 1] == i + 1: position i is alive (0: the sentinel)
+    left_n = np.zeros(k, dtype=np.int64)
     placed = np.zeros(k, dtype=np.int64)
     T = np.zeros(k)
     S = 0.0
-    n = ptr[-1]
     out = np.empty(n, dtype=np.int64)
     for t in range(n):
         best = -1
+        best_j = 0
         best_v = 0.0
         for j in range(k):
-            if placed[j] < size[j]:
-                ell = qlen[ptr[j] + placed[j]]
-                v = abs((T[j] + ell) - tau[j] * (S + ell))
-                if best < 0 or v < best_v:
-                    best = j
-                    best_v = v
-        i = ptr[best] + placed[best]
-        out[t] = i
-        placed[best] += 1
-        T[best] += qlen[i]
-        S += qlen[i]
+            lo, hi = ptr[j], ptr[j + 1]
+            if placed[j] == hi - lo:
+                continue
+            b = 1.0 - tau[j]
+            if b <= 0.0:  # the only cluster: every document scores the same, take the shortest
+                cand = _alive(right, lo)
+            else:
+                x = -(T[j] - tau[j] * S) / b
+                p = _lower_bound(slen, lo, hi, x)
+                r = _alive(right, p)
+                q = _alive(left, p) - 1  # the last alive position < p (left is shifted by one)
+                cand = -1
+                if q >= lo:  # the earliest alive document of that length
+                    cand = _alive(right, _lower_bound(slen, lo, hi, slen[q]))
+                if r < hi:
+                    if cand < 0:
+                        cand = r
+                    else:
+                        vq = abs((T[j] + slen[cand]) - tau[j] * (S + slen[cand]))
+                        vr = abs((T[j] + slen[r]) - tau[j] * (S + slen[r]))
+                        if vr < vq:
+                            cand = r
+            ell = slen[cand]
+            v = abs((T[j] + ell) - tau[j] * (S + ell))
+            if best < 0 or v < best_v:
+                best = cand
+                best_v = v
+                best_j = j
+        out[t] = best
+        right[best] = best + 1
+        left[best + 1] = best
+        placed[best_j] += 1
+        T[best_j] += slen[best]
+        S += slen[best]
     return out
 
 
 def token_weighted_order(cluster: np.ndarray, length: np.ndarray, within: str = "original") -> np.ndarray:
-    """Don't Shuffle, Optimize Idea 1: d* = argmin |(T_c(d) + l_d) - tau_c(d) (S_tot + l_d)| in token space.
+    """Don't Shuffle, Optimize Idea 1, as the paper writes it: at every step the next document is
 
-    Candidates are the next document of each cluster's queue (``within`` order), so each step
-    costs O(K); ties go to the lowest cluster id.
+        d* = argmin over all remaining d of |(T_c(d) + l_d) - tau_c(d) (S_tot + l_d)|,
+        tau_i = sum_{d in c_i} l_d / L_tot,
+
+    then T_c(d*) += l_d*, S_tot += l_d* (token space: l_d is the stream length, EOS included).
+    A true argmin over every remaining document, in O(K log n) a step (sorted lengths per
+    cluster, see ``_token_weighted``). Ties: the lowest cluster id, then the shorter document,
+    then the earlier one in the ``within`` order (``original``: doc id), the only use of ``within``.
     """
     queue, ptr = cluster_queues(cluster, length, within)
-    qlen = np.asarray(length, dtype=np.float64)[queue]
-    return queue[_token_weighted(ptr, qlen, float(qlen.sum()))]
+    qlen = np.asarray(length, dtype=np.int64)[queue]
+    qc = np.asarray(cluster, dtype=np.int64)[queue]
+    srt = np.lexsort((np.arange(queue.size), qlen, qc))  # per cluster by length, ties in the within order
+    if queue.size == 0:
+        return queue
+    return queue[srt][_token_weighted(ptr, qlen[srt].astype(np.float64), float(qlen.sum()))]
 
 
 def round_robin_order(cluster: np.ndarray, length: np.ndarray, within: str = "original") -> np.ndarray:
