@@ -140,6 +140,7 @@ class StrataConfig(_Model):
     window: int = Field(4096, ge=1)  # candidate pool of greedy_fast
     greedy_exact_max: int = Field(100_000, ge=0)  # greedy: exact up to this many sequences, blocked greedy above (docs/ordering.md)
     greedy_block: int = Field(4_096, ge=1)  # sequences per block of the blocked greedy
+    greedy_repair: bool = True  # greedy: swap-repair its worst batches; false = Don't Shuffle, Optimize's greedy as written
     mixture_weights_file: str = ""  # greedy_mixture: JSON/YAML mapping cluster -> weight; "" = mixture/weights.parquet of the mixture stage
     mixture_budget_tokens: int = Field(0, ge=0)  # greedy_mixture: tokens its schedule holds; 0 = the packed corpus's tokens
     max_repeats: int = Field(4, ge=1)  # greedy_mixture: copies of one sequence at most

@@ -58,6 +58,7 @@ def _params(args: argparse.Namespace) -> OrderParams:
         window=getattr(args, "window", 4096),
         greedy_exact_max=getattr(args, "greedy_exact_max", EXACT_MAX),
         greedy_block=getattr(args, "greedy_block", BLOCK),
+        greedy_repair=getattr(args, "greedy_repair", True),
         mixture_weights=getattr(args, "mixture_weights", None),
         mixture_budget_tokens=getattr(args, "mixture_budget_tokens", 0),
         max_repeats=getattr(args, "max_repeats", 4),
@@ -123,6 +124,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=4096, help="candidate pool of greedy_fast")
     p.add_argument("--greedy-exact-max", type=int, default=EXACT_MAX, help=f"exact greedy up to this many sequences, blocked above (default {EXACT_MAX})")
     p.add_argument("--greedy-block", type=int, default=BLOCK, help=f"sequences per block of the blocked greedy (default {BLOCK})")
+    p.add_argument("--no-greedy-repair", dest="greedy_repair", action="store_false",
+                   help="no swap repair of the greedy's worst batches (Don't Shuffle, Optimize's greedy as written)")
     p.add_argument("--mixture-weights", default=None, help="greedy_mixture: JSON/YAML mapping cluster -> weight")
     p.add_argument("--mixture-budget-tokens", type=int, default=0, help="greedy_mixture: tokens the schedule holds (default 0: all)")
     p.add_argument("--max-repeats", type=int, default=4, help="greedy_mixture: copies of one sequence at most (default 4)")

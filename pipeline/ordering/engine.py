@@ -40,6 +40,7 @@ class OrderParams:
     window: int = 4096  # candidate pool of greedy_fast
     greedy_exact_max: int = EXACT_MAX  # greedy family: exact greedy up to this many sequences, blocked above
     greedy_block: int = BLOCK  # sequences per block of the blocked greedy
+    greedy_repair: bool = True  # greedy family: swap-repair the worst batches after the greedy
     mixture_weights: str | None = None  # greedy_mixture: JSON/YAML cluster -> weight, or mixture/weights.parquet
     mixture_budget_tokens: int = 0  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
     max_repeats: int = 4  # greedy_mixture: copies of a sequence at most
@@ -50,7 +51,7 @@ class OrderParams:
         return cls(
             objective=cfg.objective, families=tuple(cfg.families), bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise,
             block_size=cfg.batch_size, curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
-            greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block,
+            greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block, greedy_repair=cfg.greedy_repair,
             mixture_weights=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
             max_repeats=cfg.max_repeats,
         )

@@ -507,10 +507,14 @@ def greedy_scaled_order(
     noise: float = 0.0,
     seed: int = 0,
     batch: int = 32,
+    *,
+    repair: bool = True,
 ) -> tuple[np.ndarray, str]:
-    """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above, then the
-    swap repair of its worst training batches of ``batch`` sequences (4 passes over the worst 2%,
-    ``pipeline.ordering.repair``); (rows, mode).
+    """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above, then
+    (``repair``, config ``greedy_repair``) the swap repair of its worst training batches of
+    ``batch`` sequences (4 passes over the worst 2%, ``pipeline.ordering.repair``); (rows, mode).
+    Without the repair, in exact mode, with objective f1, f2 or f3, it is Don't Shuffle, Optimize's
+    greedy as written.
 
     The repair is there in both modes because no greedy step looks at a whole batch: now and then
     the greedy must put two sequences of one group close together (in a block's tail, or where a
@@ -524,7 +528,7 @@ def greedy_scaled_order(
         order = greedy_order(features, objective, noise, seed)
     else:
         order = greedy_blocked_order(features, objective, block, noise, seed)
-    return repair_batches(order, features, batch)[0], mode
+    return (repair_batches(order, features, batch)[0] if repair else order), mode
 
 
 def greedy_blocked_after(
@@ -562,11 +566,13 @@ def greedy_after_prefix(
     noise: float = 0.0,
     seed: int = 0,
     batch: int = 32,
+    *,
+    repair: bool = True,
 ) -> np.ndarray:
     """The rows not in ``prefix_rows`` in ``greedy`` order after a frozen prefix: the greedy starts
     from the prefix's running counts (X, S, n) with the targets of *all* rows, so the whole stream's
     cumulative error returns toward zero as fast as the greedy allows; then the swap repair of the
-    suffix's batches. Up to ``exact_max`` suffix rows the exact greedy continues from the prefix;
+    suffix's batches (``repair``). Up to ``exact_max`` suffix rows the exact greedy continues from the prefix;
     above, :func:`greedy_blocked_after` (a catch-up phase from the prefix's counts, then blocks)."""
     rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
     if rest.size == 0:
@@ -575,9 +581,9 @@ def greedy_after_prefix(
     if greedy_mode(rest.size, exact_max) == "blocked":
         after = greedy_blocked_after(features, prefix_rows, objective, block, noise, seed)
         local = np.searchsorted(rest, after)
-        return rest[repair_batches(local, sub, batch)[0]]
+        return rest[repair_batches(local, sub, batch)[0] if repair else local]
     chars = objective.matrix(features)
     prefix = chars.take_rows(np.asarray(prefix_rows, dtype=np.int64))
     state = GreedyState(prefix.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
     picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], chars.targets(features.lengths), state, None, noise, seed)
-    return rest[repair_batches(picked, sub, batch)[0]]
+    return rest[repair_batches(picked, sub, batch)[0] if repair else picked]

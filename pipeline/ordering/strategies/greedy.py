@@ -9,7 +9,7 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering.strategies import StrategySpec
 
 OBJECTIVE = ("objective", "families", "length_bins", "lam", "noise")  # the keys of the greedy's objective
-GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "batch_size")  # batch_size: the blocked greedy's repair
+GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "greedy_repair", "batch_size")  # batch_size: the repair's batch
 
 
 def greedy_rows(features, params, seed: int) -> np.ndarray:
@@ -17,7 +17,8 @@ def greedy_rows(features, params, seed: int) -> np.ndarray:
     from pipeline.ordering.greedy import greedy_scaled_order
 
     p = params
-    return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size)[0]
+    return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size,
+                               repair=p.greedy_repair)[0]
 
 
 def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
@@ -25,7 +26,8 @@ def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
     from pipeline.ordering.greedy import greedy_after_prefix
 
     p = params
-    return greedy_after_prefix(features, prefix_rows, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size)
+    return greedy_after_prefix(features, prefix_rows, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed,
+                               p.block_size, repair=p.greedy_repair)
 
 
 def greedy_block_shuffle_after(features, prefix_rows, params, seed: int) -> np.ndarray:
