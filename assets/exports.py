@@ -29,7 +29,8 @@ def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb:
     files, meta = [], {}
     for fmt in cfg.export_formats:
         info = export_ordering(layout, strategy, fmt, layout.export_dir(strategy, fmt), global_batch=global_batch,
-                               world_size=cfg.export_world_size, workers=cfg.export_workers)
+                               world_size=cfg.export_world_size, workers=cfg.export_workers,
+                               force=True)  # the data root's own exports/ folder: Strata's, marked or not (an older export)
         files += info["files"]
         meta[f"{fmt}/tokens_per_s"] = round(info["tokens"] / max(info["wall_s"], 1e-9))
         meta[f"{fmt}/kept_sequences"] = info["kept_sequences"]

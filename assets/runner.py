@@ -100,6 +100,9 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> Strat
         config_file = str(Path(config_file).resolve())
         os.environ["STRATA_CONFIG"] = config_file
     cfg = resolve_config(config_file, data_root)
+    from pipeline.storage.layout import check_data_root
+
+    check_data_root(cfg.root)  # created, marked as a data root (never read as corpus) and writable, or a clean error
     if not os.environ.get("DAGSTER_HOME"):
         home = cfg.root / "dagster"
         home.mkdir(parents=True, exist_ok=True)

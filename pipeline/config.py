@@ -198,6 +198,14 @@ class StrataConfig(_Model):
     @field_validator("packing")
     @classmethod
     def _packing(cls, value: str) -> str:
+    @field_validator("data_root")
+    @classmethod
+    def _data_root(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("give a directory, e.g. data_root: .strata (an empty path would be the current directory, "
+                             "whose folders Strata would replace)")
+        return value
+
         if value not in PACKING_SPECS:
             raise ValueError(f"unknown packing; use one of {list(PACKING_SPECS)}")
         return value
@@ -449,3 +457,6 @@ def resolve_config(config_file: str | os.PathLike | None = None, data_root: str 
     elif "data_root" not in cfg.model_fields_set and environ.get("STRATA_HOME"):
         cfg.data_root = environ["STRATA_HOME"]
     return cfg
+    from pipeline.storage.layout import check_data_root
+
+    check_data_root(cfg.root, write=False)  # a data root that is a file stops here, naming the fix

@@ -23,7 +23,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         info = export_ordering(layout, args.strategy, args.format, args.out, global_batch=global_batch,
                                seq_len=cfg.seq_len if "seq_len" in cfg.model_fields_set else None,
-                               world_size=args.world_size, workers=args.workers, progress=bar.update)
+                               world_size=args.world_size, workers=args.workers, progress=bar.update,
+                               force=args.force)
     finally:
         bar.close()
     rate = info["tokens"] / info["wall_s"] if info["wall_s"] else float("inf")
@@ -41,7 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", required=True, help="ordering to export (orderings/<strategy>.parquet)")
     p.add_argument("--format", required=True, choices=FORMATS.names(),
                    help="output format (docs/export.md): " + "; ".join(f"{f.name}: {f.description}" for f in FORMATS.entries().values()))
-    p.add_argument("--out", required=True, type=Path, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True, type=Path,
+                   help="output directory: a new or empty one, or an earlier Strata export (replaced atomically; "
+                        "never a file, a folder above the current one, or the data root's stores)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a non-empty --out that is not a Strata export (everything in it is deleted)")
     p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export_global_batch, else batch_size)")
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the training run (the mds layout depends on it)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")

@@ -17,10 +17,11 @@ it over shards; :func:`validate_shard` writes one shard's validated documents to
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import io
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -59,24 +60,95 @@ def _entries(spec: str | Sequence[str]) -> list[str]:
     return [str(s) for s in spec]
 
 
+def _walk(base: Path, entry: str) -> Iterator[Path]:
+    """Every file below the directory ``base`` (symlinks followed), sorted, never inside a data root
+    (:func:`pipeline.storage.layout.is_data_root`) or a hidden folder; a symlink back to a folder
+    it lies in (a cycle, which ``**`` would follow forever) is a StrataInputError naming it."""
+    from pipeline.storage.layout import is_data_root
+
+    def visit(d: Path, ancestors: frozenset) -> Iterator[Path]:
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as exc:
+            raise StrataInputError(f"cannot list a corpus folder ({exc.strerror})", path=d, fix="check its permissions") from None
+        for e in entries:
+            p = Path(e.path)
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                continue
+            if not is_dir:
+                if e.is_file():
+                    yield p
+                continue
+            if e.name.startswith(".") or is_data_root(p):
+                continue
+            st = p.stat()
+            key = (st.st_dev, st.st_ino)
+            if key in ancestors:
+                raise StrataInputError(f"symbolic link cycle: {p} leads back to {p.resolve()}, a folder it lies in", path=p,
+                                       fix=f"remove the link, or set corpus.path to files or a pattern that does not cross it ({entry!r})")
+            yield from visit(p, ancestors | {key})
+
+    st = base.stat()
+    yield from visit(base, frozenset({(st.st_dev, st.st_ino)}))
+
+
+def _in_data_root(path: Path) -> Path | None:
+    """The data root ``path`` lies in, if any (checked on every folder above it)."""
+    from pipeline.storage.layout import is_data_root
+
+    for parent in path.resolve().parents:
+        if is_data_root(parent):
+            return parent
+    return None
+
+
+def _glob_base(entry: str) -> tuple[Path, str]:
+    """The folder a pattern starts from (its parts before the first wildcard) and the rest."""
+    parts = Path(entry).expanduser().parts
+    for i, part in enumerate(parts):
+        if any(ch in part for ch in "*?["):
+            return Path(*parts[:i]) if i else Path("."), "/".join(parts[i:])
+    return Path(entry).expanduser(), ""
+
+
 def discover_shards(spec: str | Sequence[str]) -> list[Path]:
-    """Shard files named by ``corpus.path`` (file, directory, glob or list), sorted, without repeats."""
+    """Shard files named by ``corpus.path`` (file, directory, glob or list), sorted, without repeats.
+
+    Nothing inside a Strata data root is ever a corpus shard, wherever the data root lies (its
+    validated shards and reports would be read back as corpus): folders and patterns skip it, and a
+    file named inside one is refused. Directories and patterns are walked with symlinks followed
+    and cycles refused."""
     found: list[Path] = []
     for entry in _entries(spec):
         path = Path(entry).expanduser()
         if any(ch in entry for ch in "*?["):
-            matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-            files = [p for p in matches if p.is_file() and is_shard(p)]
+            base, pattern = _glob_base(entry)
+            if _in_data_root(base / "x") is not None:
+                raise StrataInputError("the corpus pattern lies inside a Strata data root", path=base,
+                                       fix="point corpus.path at the corpus itself, outside the data root")
+            if not base.is_dir():
+                files = []
+            else:
+                rx = re.compile(_translate(pattern))
+                files = [p for p in _walk(base, entry) if is_shard(p) and not p.name.startswith(".") and rx.fullmatch(p.relative_to(base).as_posix())]
             if not files:
                 raise StrataInputError(f"no corpus shards match the pattern {entry!r}", path=path.parent,
                                        fix=f"point corpus.path at {FORMATS} files")
         elif path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and is_shard(p) and not p.name.startswith("."))
+            if (root := (path if _in_data_root(path / "x") == path.resolve() else _in_data_root(path))) is not None:
+                raise StrataInputError(f"the corpus folder is (or lies inside) the Strata data root {root}", path=path,
+                                       fix="point corpus.path at the corpus itself, outside the data root")
+            files = [p for p in _walk(path, entry) if is_shard(p) and not p.name.startswith(".")]
             if not files:
                 raise StrataInputError("the corpus directory holds no shard files", path=path, fix=f"put {FORMATS} files in it")
         elif path.is_file():
             if not is_shard(path):
                 raise StrataInputError("unknown corpus format", path=path, fix=f"use {FORMATS}")
+            if (root := _in_data_root(path)) is not None:
+                raise StrataInputError(f"the corpus file lies inside the Strata data root {root} (Strata's own files are never corpus)",
+                                       path=path, fix="point corpus.path at the corpus itself, outside the data root")
             files = [path]
         else:
             raise StrataInputError("corpus file not found", path=path, fix=f"set corpus.path to an existing file, directory or glob of {FORMATS} shards")
@@ -89,6 +161,35 @@ def discover_shards(spec: str | Sequence[str]) -> list[Path]:
             seen.add(r)
             out.append(r)
     return sorted(out)
+
+
+def _translate(pattern: str) -> str:
+    """A regular expression for a glob pattern over '/'-separated relative paths: ``**`` any number
+    of folders, ``*`` and ``?`` within one name, ``[...]`` a character class."""
+    out, i = [], 0
+    parts = pattern.split("/")
+    for n, part in enumerate(parts):
+        last = n == len(parts) - 1
+        if part == "**":
+            out.append("(?:.*/)?" if not last else ".*")
+            continue
+        rx, i = "", 0
+        while i < len(part):
+            c = part[i]
+            if c == "*":
+                rx += "[^/]*"
+            elif c == "?":
+                rx += "[^/]"
+            elif c == "[" and (j := part.find("]", i + 1)) > i + 1:
+                body = part[i + 1 : j]
+                body = body.replace("\\", "\\\\")
+                rx += "[" + ("^" + body[1:] if body[0] in "!^" else body) + "]"
+                i = j
+            else:
+                rx += re.escape(c)
+            i += 1
+        out.append(rx + ("" if last else "/"))
+    return "".join(out)
 
 
 def shard_fingerprint(path: Path, cfg: CorpusConfig) -> str:

@@ -9,12 +9,61 @@ from pipeline.export.batches import check_batching
 from pipeline.export.extend import link_identical, previous_export
 from pipeline.export.formats import REGISTRY
 from pipeline.export.stream import OrderedStream, open_stream
+from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_dir
+
+EXPORT_MARKER = ".strata-export"  # in every export directory Strata writes: only such a directory is replaced without --force
+
+
+def _contents(d: Path, limit: int = 3) -> tuple[int, list[str]]:
+    names = sorted(p.name for p in d.iterdir())
+    return len(names), names[:limit]
+
+
+def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: bool = False) -> Path:
+    """``out`` if an export may be swapped into it, else a StrataInputError with the fix.
+
+    An export replaces its directory whole, so it goes only where nothing but an earlier export can
+    be lost: a new or empty directory, or one holding :data:`EXPORT_MARKER` (an export Strata wrote;
+    re-exporting there works, and extends it under a frozen prefix). Never a file, the current
+    directory or any folder above it, the data root or a folder above it, or a path inside the data
+    root other than its ``exports/`` folder (the stores), whatever ``force`` says; ``force`` only
+    lets a non-empty directory without the marker be replaced (an export of an older Strata, or a
+    folder the user means to discard)."""
+    given = Path(out)
+    out = given.expanduser().absolute()
+    resolved = out.resolve()
+    cwd = Path.cwd().resolve()
+    protected = {cwd, *cwd.parents, Path.home().resolve(), Path("/")}
+    if data_root is not None:
+        root = Path(data_root).resolve()
+        protected |= {root, *root.parents}
+    if resolved in protected:
+        raise StrataInputError(f"--out {given} is the current directory, a folder above it, the home folder or the data root: "
+                               "an export replaces its directory whole", path=resolved,
+                               fix="pass a new directory to --out, e.g. --out exports/greedy-numpy")
+    if data_root is not None and resolved.is_relative_to(root) and not resolved.is_relative_to(root / "exports"):
+        raise StrataInputError(f"--out {given} lies inside the data root's stores ({root}): the export would replace Strata's own files",
+                               path=resolved, fix="pass a directory outside the data root (or under its exports/ folder) to --out")
+    if out.is_symlink() and not out.is_dir() or out.exists() and not out.is_dir():
+        raise StrataInputError(f"--out {given} is an existing file, not a directory", path=resolved,
+                               fix="pass a new or empty directory to --out (the file is left as it is)")
+    if out.is_dir() and not (out / EXPORT_MARKER).is_file():
+        n, first = _contents(out)
+        if n and not force:
+            raise StrataInputError(
+                f"--out {given} is not empty ({n} entries, e.g. {', '.join(first)}) and is not an export Strata wrote "
+                f"(no {EXPORT_MARKER}): the export would replace it whole", path=resolved,
+                fix="pass a new or empty directory to --out, or --force to replace this one and everything in it")
+    return out
 
 
 def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_batch: int, world_size: int = 1,
-                  workers: int = 1, meta: dict | None = None, progress=None) -> dict:
-    """Write ``stream`` as ``fmt`` into the directory ``out`` (replaced atomically).
+                  workers: int = 1, meta: dict | None = None, progress=None, data_root: Path | None = None,
+                  force: bool = False) -> dict:
+    """Write ``stream`` as ``fmt`` into the directory ``out`` (replaced atomically, only where
+    :func:`check_export_dir` allows: nothing Strata did not write is lost; the new directory holds
+    :data:`EXPORT_MARKER`).
 
     ``meta`` (strategy, lineage, frozen prefix) goes into ``meta.json`` with the batching. When
     ``out`` holds an export of the same frozen prefix, the new one extends it
@@ -26,12 +75,14 @@ def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_ba
     check_batching(stream.n_sequences, global_batch, world_size, workers)
     info = {**(meta or {}), "global_batch": global_batch, "world_size": world_size, "workers": workers}
     t0 = time.perf_counter()
-    out = Path(out)
+    out = check_export_dir(out, data_root=data_root, force=force)
     previous = previous_export(out, fmt, info, stream.seq_len, stream.dtype)
     with atomic_dir(out) as tmp:
         extra = {"previous": previous} if previous is not None and writer.extends else {}
         files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress, **extra)
         names = [f.relative_to(tmp) for f in files]
+        (tmp / EXPORT_MARKER).write_text(f"An export written by Strata ({fmt}); `strata export --out` replaces this folder.\n",
+                                         encoding="utf-8")
         if previous is not None:
             link_identical(previous.dir, tmp)
     return {
@@ -42,7 +93,7 @@ def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_ba
 
 
 def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_batch: int, world_size: int = 1,
-                    workers: int = 1, seq_len: int | None = None, progress=None) -> dict:
+                    workers: int = 1, seq_len: int | None = None, progress=None, force: bool = False) -> dict:
     """Export ``orderings/<strategy>.parquet`` of the data root ``layout`` (see ``export_stream``),
     each sequence the ``seq_len`` tokens the sequences artifact records (a given ``seq_len`` is
     checked against it).
@@ -53,11 +104,11 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
     ``sequences`` positions are the same bytes in every version of the chain).
     """
     from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.errors import StrataInputError
     from pipeline.ordering.strategies import REGISTRY as STRATEGIES
     from pipeline.storage.atomic import file_sha256
     from pipeline.storage.layout import Store
 
+    check_export_dir(out, data_root=layout.root, force=force)  # before anything is read: a refused --out costs nothing
     known = STRATEGIES.entries().get(strategy)
     if known is not None and not known.scheduled:
         raise StrataInputError(f"{strategy!r} picks its sequences online during training; it has no fixed order to export",
@@ -78,4 +129,4 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
     if (rec := load_frozen(layout, strategy)) is not None:
         meta["frozen"] = {"sequences": rec.sequences, "tokens_sha256": rec.meta.get("tokens_sha256"), "version_chain": rec.meta.get("chain", [])}
     return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
-                         meta=meta, progress=progress)
+                         meta=meta, progress=progress, data_root=layout.root, force=force)

@@ -21,6 +21,39 @@ if TYPE_CHECKING:
     from pipeline.packing.pack import SequenceStore
 
 
+ROOT_MARKER = ".strata-root"  # written into every data root Strata prepares: corpus discovery never reads below it
+
+
+def is_data_root(directory: Path) -> bool:
+    """Whether ``directory`` is a Strata data root (its marker, or a ``strata.duckdb`` of an older root)."""
+    return (directory / ROOT_MARKER).is_file() or (directory / "strata.duckdb").is_file()
+
+
+def check_data_root(root: Path, *, write: bool = True) -> Path:
+    """``root`` as a usable data root: created if missing and marked (:data:`ROOT_MARKER`); a path
+    that is a file, or (with ``write``) a folder Strata cannot write into, is a StrataInputError."""
+    import os
+
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise StrataInputError("the data root is a file, not a directory", path=root,
+                               fix="set data_root (or --data-root / STRATA_HOME) to a directory; Strata creates it if missing")
+    if not write:
+        return root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-probe-{os.getpid()}.tmp"  # os.access says yes to root on a read-only folder
+        probe.write_bytes(b"")
+        probe.unlink()
+        marker = root / ROOT_MARKER
+        if not marker.exists():
+            marker.write_text("This folder is a Strata data root; Strata never reads it as corpus.\n", encoding="utf-8")
+    except OSError as exc:
+        raise StrataInputError(f"the data root cannot be written ({exc.strerror or exc})", path=root,
+                               fix="make it writable (chmod u+w) or choose another data_root / --data-root") from None
+    return root
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path

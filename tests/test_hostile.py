@@ -1,0 +1,168 @@
+"""Hostile but realistic input (issue 49): paths that would destroy what Strata did not write, bit
+rot in artifacts, text and configs that crashed, values that cannot fit the machine. Each case runs
+the library function or the CLI's ``main()`` in-process on a small input and asserts exit 2 (or the
+right result), the message with its fix, and that every file that was there before survived.
+docs/reliability.md ("Hostile input") lists the promises and the test of each."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export_root import build_root, write_ordering
+from pipeline.errors import StrataInputError
+
+L = 32
+
+
+def _snapshot(d: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``d`` (symlinks not followed)."""
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def _survived(before: dict[str, str], d: Path) -> None:
+    after = _snapshot(d)
+    lost = {k for k in before if after.get(k) != before[k]}
+    assert not lost, f"files lost or changed: {sorted(lost)[:5]}"
+
+
+@pytest.fixture(scope="module")
+def export_root(tmp_path_factory) -> Path:
+    """A small data root with a `greedy` ordering (a permutation of its sequences) and a config."""
+    base = tmp_path_factory.mktemp("hostile")
+    root = base / "root"
+    _, segments, _ = build_root(root, L)
+    n = int(segments["sequence_id"].max()) + 1
+    write_ordering(root, "greedy", np.random.default_rng(0).permutation(n))
+    (base / "cfg.yaml").write_text(f"seq_len: {L}\nbatch_size: 4\n")
+    return root
+
+
+def _export(root: Path, out, *extra: str, strategy: str = "greedy") -> list[str]:
+    return ["export", "--data-root", str(root), "--config", str(root.parent / "cfg.yaml"), "--strategy", strategy,
+            "--format", "numpy", "--out", str(out), *extra]
+
+
+def _run(capsys, argv: list[str]) -> tuple[int, str]:
+    from assets.cli import main
+
+    capsys.readouterr()
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- 1. nothing lost
+
+
+def test_export_refuses_a_foreign_directory_and_keeps_its_files(export_root, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("a user's notes\n")
+    before = _snapshot(out)
+    rc, err = _run(capsys, _export(export_root, out))
+    assert rc == 2 and "not empty" in err and "notes.txt" in err and "Fix:" in err and "--force" in err
+    assert "Traceback" not in err
+    _survived(before, out)
+    # --force is the user's explicit choice: then the folder becomes an export
+    rc, _ = _run(capsys, _export(export_root, out, "--force"))
+    assert rc == 0 and (out / "tokens.bin").is_file() and not (out / "notes.txt").exists()
+
+
+def test_export_into_its_own_export_again_works(export_root, tmp_path, capsys):
+    from pipeline.export.writer import EXPORT_MARKER
+
+    out = tmp_path / "exp"
+    assert _run(capsys, _export(export_root, out))[0] == 0
+    assert (out / EXPORT_MARKER).is_file()
+    first = (out / "tokens.bin").read_bytes()
+    assert _run(capsys, _export(export_root, out))[0] == 0  # marked as Strata's own: replaced without --force
+    assert (out / "tokens.bin").read_bytes() == first
+
+
+@pytest.mark.parametrize("where", ["parent", "cwd", "store", "root", "file"])
+def test_export_refuses_paths_it_would_destroy(export_root, tmp_path, capsys, monkeypatch, where):
+    work = tmp_path / "work" / "sub"
+    work.mkdir(parents=True)
+    (tmp_path / "work" / "keep.txt").write_text("keep\n")
+    (work / "existing-file.txt").write_text("mine\n")
+    monkeypatch.chdir(work)
+    out = {"parent": "..", "cwd": ".", "store": str(export_root / "tokens"), "root": str(export_root),
+           "file": "existing-file.txt"}[where]
+    before_work, before_root = _snapshot(tmp_path / "work"), _snapshot(export_root)
+    rc, err = _run(capsys, _export(export_root, out, "--force"))  # not even with --force
+    assert rc == 2 and "Fix:" in err and "Traceback" not in err
+    assert {"parent": "folder above", "cwd": "current directory", "store": "data root's stores", "root": "data root",
+            "file": "existing file"}[where] in err
+    _survived(before_work, tmp_path / "work")
+    _survived(before_root, export_root)
+    assert (work / "existing-file.txt").read_text() == "mine\n"
+
+
+def test_empty_data_root_and_a_file_as_data_root_are_refused(export_root, tmp_path, capsys):
+    from pipeline.config import config_from_dict
+
+    with pytest.raises(StrataInputError, match="data_root"):
+        config_from_dict({"data_root": ""})
+    (tmp_path / "cfg.yaml").write_text('data_root: ""\n')
+    rc, err = _run(capsys, ["export", "--config", str(tmp_path / "cfg.yaml"), "--strategy", "greedy", "--format", "numpy",
+                            "--out", str(tmp_path / "o")])
+    assert rc == 2 and "data_root" in err and str(tmp_path / "cfg.yaml") in err
+    a_file = tmp_path / "root.txt"
+    a_file.write_text("not a folder\n")
+    rc, err = _run(capsys, ["export", "--data-root", str(a_file), "--strategy", "greedy", "--format", "numpy",
+                            "--out", str(tmp_path / "o")])
+    assert rc == 2 and "is a file" in err and str(a_file) in err and a_file.read_text() == "not a folder\n"
+
+
+def test_unwritable_data_root_is_a_clean_error(tmp_path):
+    from pipeline.storage.layout import check_data_root
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(StrataInputError, match="cannot be written"):
+        check_data_root(tmp_path / "f" / "root")  # its parent is a file: nothing can be created there
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        probe = ro / "probe"
+        try:
+            probe.write_text("")
+            probe.unlink()
+            writable = True  # root ignores the mode bits
+        except OSError:
+            writable = False
+        if not writable:
+            with pytest.raises(StrataInputError, match="cannot be written"):
+                check_data_root(ro)
+    finally:
+        ro.chmod(0o755)
+
+
+def test_data_root_inside_the_corpus_is_never_read_as_corpus(tmp_path):
+    import polars as pl
+
+    from pipeline.data.shards import discover_shards
+    from pipeline.storage.layout import check_data_root
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pl.DataFrame({"id": ["a"], "text": ["hello"]}).write_parquet(corpus / "part-0.parquet")
+    for name in (".strata", "strata-root"):  # hidden or not, a data root below the corpus folder
+        root = check_data_root(corpus / name)
+        (root / "corpus" / "shards").mkdir(parents=True)
+        pl.DataFrame({"id": ["b"], "text": ["validated"]}).write_parquet(root / "corpus" / "shards" / "x.parquet")
+        (root / "report.jsonl").write_text('{"text": "a report"}\n')
+    expected = [(corpus / "part-0.parquet").resolve()]
+    assert discover_shards(str(corpus)) == expected
+    assert discover_shards(str(corpus / "**" / "*.parquet")) == expected
+    assert discover_shards(str(corpus / "**")) == expected
+    with pytest.raises(StrataInputError, match="inside the Strata data root"):
+        discover_shards(str(corpus / "strata-root" / "corpus" / "shards" / "x.parquet"))
+    with pytest.raises(StrataInputError, match="data root"):
+        discover_shards(str(corpus / "strata-root"))
