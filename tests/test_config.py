@@ -36,6 +36,7 @@ def test_defaults_and_attribute_access():
     ("odm_smoothing", float("inf"), "use a moving-average weight in [0, 1)"),
     ("odm_smoothing", float("nan"), "use a moving-average weight in [0, 1)"),
     ("odm_warmup_fraction", 1.0, "use a fraction of the steps in [0, 1)"),
+    ("length_bin_weighting", "count", "use 'tokens' or 'documents'"),
 ])
 def test_type_and_range_errors_name_key_value_and_fix(key, value, fix):
     with pytest.raises(StrataInputError) as err:

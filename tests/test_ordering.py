@@ -688,3 +688,20 @@ def test_token_weighted_is_the_argmin_over_all_remaining_documents():
         cluster[: min(k, n)] = np.arange(min(k, n))  # dense cluster ids
         length = rng.integers(1, 30 if case % 2 else 400, n)
         assert token_weighted_order(cluster, length).tolist() == _token_weighted_brute_force(cluster, length), case
+
+
+def test_document_count_length_bins_are_reachable_from_the_config():
+    """``length_bin_weighting: documents`` reaches the greedy's features: 6 documents of 2 tokens and 2 of 10,
+    B = 2. Token quantiles: half the 32 tokens is reached only at length 10, the longest, so one bin;
+    document quantiles: the 4th of 8 documents has length 2, so bins (.., 2] and (2, ..]."""
+    from pipeline.config import config_from_dict
+    from pipeline.ordering.engine import Inputs, OrderParams
+
+    length = np.array([2, 2, 2, 2, 2, 2, 10, 10])
+    seg = pl.DataFrame({"sequence_id": np.arange(8), "doc_id": np.arange(8), "n_tokens": length})
+    edges = {}
+    for weighting in ("tokens", "documents"):
+        params = OrderParams.from_config(config_from_dict({"length_bins": 2, "length_bin_weighting": weighting}))
+        inp = Inputs(np.zeros(8, dtype=np.int64), length, np.arange(8), None, seg, 16, params, 0, {})
+        edges[weighting] = inp.features().bin_edges.tolist()
+    assert edges == {"tokens": [], "documents": [2]}

@@ -50,6 +50,7 @@ def _params(args: argparse.Namespace) -> OrderParams:
         objective=getattr(args, "objective", "stationary"),
         families=tuple(getattr(args, "families", None) or ()),
         bins=getattr(args, "bins", 100),
+        bin_weighting=getattr(args, "bin_weighting", "tokens"),
         lam=getattr(args, "lam", 1.0),
         noise=getattr(args, "noise", 0.0),
         block_size=getattr(args, "block_size", 32),
@@ -78,7 +79,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         extra[name] = seg[name].rank("dense").to_numpy().astype(np.int64) - 1
     f = sequence_features(
         seg["sequence_id"].to_numpy(), seg["cluster"].to_numpy(), seg["doc_length"].to_numpy(),
-        seg["n_tokens"].to_numpy(), args.bins, seg["doc_id"].to_numpy(), seg_columns=extra,
+        seg["n_tokens"].to_numpy(), args.bins, seg["doc_id"].to_numpy(), seg_columns=extra, weighting=args.bin_weighting,
     )  # fmt: skip
     rows = sequence_order(args.strategy, f, params, args.seed)
     ids = f.sequence_ids[rows]
@@ -116,6 +117,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with --objective custom: name[:weight[:classes]],... e.g. cluster,length_bin:1,concentration:0.5:16; "
                         "an integer column of SEGMENTS named here becomes a token family")
     p.add_argument("--bins", type=int, default=100, help="quantile document-length bins B (default 100)")
+    p.add_argument("--bin-weighting", choices=("tokens", "documents"), default="tokens",
+                   help="quantiles of the length bins: tokens (default, each bin ~1/B of the tokens) or documents (~1/B of the documents)")
     p.add_argument("--lambda", dest="lam", type=float, default=1.0, help="weight of the length (f3) / norm (f2) term")
     p.add_argument("--noise", type=float, default=0.0, help="sigma_sched in units of Lbar^2 (default 0)")
     p.add_argument("--seed", type=int, default=0)

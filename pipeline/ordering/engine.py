@@ -32,6 +32,7 @@ class OrderParams:
     objective: str = "stationary"  # greedy objective: stationary | f1 | f2 | f3 | custom (pipeline.ordering.characteristics)
     families: tuple[str, ...] = ()  # objective custom: the families, "name[:weight[:classes]]"
     bins: int = 100  # B quantile length bins (f3)
+    bin_weighting: str = "tokens"  # quantiles of the length bins: tokens | documents (pipeline.ordering.features.length_bin_edges)
     lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
     noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
     block_size: int = 32  # one training batch, in sequences: greedy_block_shuffle's block, the blocked greedy's repair
@@ -49,7 +50,7 @@ class OrderParams:
     def from_config(cls, cfg: Any) -> "OrderParams":
         """The ordering knobs of a :class:`pipeline.config.StrataConfig`."""
         return cls(
-            objective=cfg.objective, families=tuple(cfg.families), bins=cfg.length_bins, lam=cfg.lam, noise=cfg.noise,
+            objective=cfg.objective, families=tuple(cfg.families), bins=cfg.length_bins, bin_weighting=cfg.length_bin_weighting, lam=cfg.lam, noise=cfg.noise,
             block_size=cfg.batch_size, curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
             greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block, greedy_repair=cfg.greedy_repair,
             mixture_weights=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
@@ -91,7 +92,8 @@ class Inputs:
     def features(self, segments: pl.DataFrame | None = None) -> SequenceFeatures:
         seg = self.segments if segments is None else segments
         return packed_sequence_features(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(),
-                                        self.cluster, self.length, self.params.bins, self.columns)
+                                        self.cluster, self.length, self.params.bins, self.columns,
+                                        weighting=self.params.bin_weighting)
 
 
 def order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:

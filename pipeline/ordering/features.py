@@ -197,6 +197,7 @@ def sequence_features(
     seg_doc: np.ndarray | None = None,
     bin_edges: np.ndarray | None = None,
     seg_columns: Mapping[str, np.ndarray] | None = None,
+    weighting: Literal["tokens", "documents"] = "tokens",
 ) -> SequenceFeatures:
     """Build c_s and l_{s,b} from one row per document span placed in a sequence (vectorized).
 
@@ -207,7 +208,8 @@ def sequence_features(
     documents when ``seg_doc`` is given, else over spans. Given ``bin_edges`` are used as they are
     (e.g. edges of a whole corpus whose sequences are built part by part). ``seg_columns`` maps a
     documents column (e.g. ``source``) to each span's integer category; each becomes a token
-    family (tokens per category) the greedy can balance.
+    family (tokens per category) the greedy can balance. ``weighting`` picks the quantiles of the
+    bins (:func:`length_bin_edges`: ``tokens``, the default, or ``documents``).
     """
     seg_sequence = np.asarray(seg_sequence, dtype=np.int64)
     seg_cluster = np.asarray(seg_cluster, dtype=np.int64)
@@ -222,9 +224,9 @@ def sequence_features(
     if bin_edges is not None:
         edges = np.asarray(bin_edges, dtype=np.int64)
     elif seg_doc is not None:  # one length per distinct document (the edges do not depend on their order)
-        edges = length_bin_edges(seg_doc_length[_first_of_each(np.asarray(seg_doc, dtype=np.int64))], n_bins)
+        edges = length_bin_edges(seg_doc_length[_first_of_each(np.asarray(seg_doc, dtype=np.int64))], n_bins, weighting)
     else:
-        edges = length_bin_edges(seg_doc_length, n_bins)
+        edges = length_bin_edges(seg_doc_length, n_bins, weighting)
     seq_ids, rows = _dense_rows(seg_sequence)
     m = seq_ids.size
     k = int(seg_cluster.max()) + 1
@@ -252,6 +254,7 @@ def packed_sequence_features(
     doc_length: np.ndarray,
     n_bins: int,
     doc_columns: Mapping[str, np.ndarray] | None = None,
+    weighting: Literal["tokens", "documents"] = "tokens",
 ) -> SequenceFeatures:
     """:func:`sequence_features` of a packing's segments, the documents' cluster, stream length and
     column codes given per document (indexed by doc_id): the same result, built group by group
@@ -264,14 +267,14 @@ def packed_sequence_features(
     doc_columns = doc_columns or {}
     if seq.size == 0 or not grouped(seq):
         return sequence_features(seq, np.asarray(doc_cluster)[doc], np.asarray(doc_length)[doc], tokens, n_bins, doc,
-                                 seg_columns={k: np.asarray(v)[doc] for k, v in doc_columns.items()})
+                                 seg_columns={k: np.asarray(v)[doc] for k, v in doc_columns.items()}, weighting=weighting)
     if tokens.min() <= 0:
         raise StrataInputError("a segment has no tokens", fix="drop empty spans (n_tokens must be > 0)")
     doc_cluster = np.asarray(doc_cluster).astype(np.int64, copy=False)
 
     def binned() -> tuple[np.ndarray, np.ndarray]:  # one pass on one core: beside the clusters' matrix
         first = _first_of_each(doc)  # one length per distinct document (the edges do not depend on their order)
-        edges = length_bin_edges(np.asarray(doc_length)[doc[first]], n_bins)
+        edges = length_bin_edges(np.asarray(doc_length)[doc[first]], n_bins, weighting)
         return edges, length_bins(doc_length, edges).astype(np.int32)
 
     def by_cluster() -> tuple[np.ndarray, Csr]:

@@ -8,7 +8,7 @@ import numpy as np
 from pipeline.errors import StrataInputError
 from pipeline.ordering.strategies import StrategySpec
 
-OBJECTIVE = ("objective", "families", "length_bins", "lam", "noise")  # the keys of the greedy's objective
+OBJECTIVE = ("objective", "families", "length_bins", "length_bin_weighting", "lam", "noise")  # the keys of the greedy's objective
 GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "greedy_repair", "batch_size")  # batch_size: the repair's batch
 
 
