@@ -100,7 +100,9 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     if strategy == "odm":
         doc_cluster = pl.read_parquet(layout.clusters).sort("doc_id")["cluster"].to_numpy()
         sampler = ODMSampler(sequence_clusters(segments, doc_cluster), n_steps, seed=seed,
-                             smoothing=cfg.odm_smoothing, warmup_fraction=cfg.odm_warmup_fraction)
+                             smoothing=cfg.odm_smoothing, warmup_fraction=cfg.odm_warmup_fraction,
+                             micro_batches=cfg.odm_micro_batches or None, clock=cfg.odm_clock,
+                             initial_weights=cfg.odm_initial_weights)
     probes: list[pl.DataFrame] = []
 
     def restore(state: dict) -> None:

@@ -164,6 +164,9 @@ class StrataConfig(_Model):
     cross_document: bool = False  # allow attention across document boundaries
     odm_smoothing: float = 0.5  # ODM reward moving-average weight alpha, in [0, 1)
     odm_warmup_fraction: float = 0.01  # ODM: fraction of the steps at the prior policy, in [0, 1)
+    odm_clock: Literal["draw", "step"] = "draw"  # ODM's exploration clock t: micro-batch draws (Strata's) | steps (the paper's Alg. 1)
+    odm_micro_batches: int = Field(0, ge=0)  # ODM's G: cluster draws per step, a divisor of batch_size; 0 = batch_size (the paper: 8)
+    odm_initial_weights: Literal["warmup", "exp3"] = "warmup"  # ODM's prior: the warm-up's policy only (Strata's) | also the Gibbs weights (the paper's)
     attention: Literal["auto", "dense", "flex"] = "auto"  # document masking: auto = FlexAttention block masks on CUDA, dense mask on CPU
     compile: bool = False  # torch.compile the decoder (GPU runs)
     heldout_docs: int = Field(64, ge=1)  # fixed held-out batch: first N held-out documents (first seq_len tokens each)
@@ -314,6 +317,15 @@ class StrataConfig(_Model):
                 "odm_smoothing": "use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays uniform)",
                 "odm_warmup_fraction": "use a fraction of the steps in [0, 1), e.g. 0.01 (the paper's 1%)",
             }[info.field_name])
+        return value
+
+    @field_validator("odm_micro_batches")
+    @classmethod
+    def _odm_micro_batches(cls, value: int, info: ValidationInfo) -> int:
+        batch = info.data.get("batch_size")
+        if value and batch and batch % value:
+            raise ValueError(f"ODM draws one cluster per micro-batch, so G must divide batch_size={batch}; use a divisor "
+                             f"of it (e.g. {max(d for d in range(1, min(value, batch) + 1) if batch % d == 0)}), or 0 for G = batch_size")
         return value
 
     @property

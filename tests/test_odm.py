@@ -206,3 +206,49 @@ def test_policy_moves_within_a_demo_sized_run_towards_the_high_loss_cluster():
         last += probs[-10:].mean(0) / 5
     assert last.argmax() == 5 and last[5] > 1.3 / k  # ~1.56 / K
     assert last[5] > 1.1 * np.delete(last, 5).max()  # ~1.09 / K for the largest other
+
+
+def test_two_steps_by_hand_with_the_papers_clock_and_initial_weights():
+    """Algorithm 1 by hand, K = 2 pools of 3 and 1 sequences (prior p = 0.75 / 0.25), G = 2, alpha = 0.5,
+    no warm-up. Step 1: both micro-batches from arm 0, losses 2 and 1, so R_0 = 0.5 * 0 + 0.5 * 3 / pi_1(0).
+    The paper (clock: step, the prior as Exp3's initial weights) evaluates step 2 at t = 2:
+    E_2 = sqrt(ln 2 / 4), E_1 = 1/2 and pi_2 = (1 - 2 E_2) p_i e^{E_1 R_i} / sum_j p_j e^{E_1 R_j} + E_2.
+    Strata's default (clock: draw, prior for the warm-up only) evaluates it at t = 1 + G = 3 with a uniform
+    Gibbs weight: pi_2 = (1 - 2 E_3) e^{E_2 R_i} / sum_j e^{E_2 R_j} + E_3."""
+    from pipeline.training.odm import ODMPolicy
+
+    def two_steps(**kw):
+        pol = ODMPolicy(np.array([3, 1]), total_steps=100, smoothing=0.5, warmup_fraction=0.0, **kw)
+        pi1 = pol.begin(2)
+        pol.record(np.array([0, 0]), np.array([2.0, 1.0]), pi1, pol.step)
+        return pi1, pol.rewards.copy(), pol.begin(2)
+
+    # step 1 in both: t = 1, E_1 = min(1/2, sqrt(ln 2 / 2) = 0.589) = 1/2, so pi_1 = (1 - 1) * ... + 1/2 = uniform
+    e1, e2, e3 = 0.5, math.sqrt(math.log(2) / 4), math.sqrt(math.log(2) / 6)
+    r0 = 0.5 * 3.0 / 0.5  # = 3.0
+    a, b = 0.75 * math.exp(e1 * r0), 0.25 * math.exp(e1 * 0.0)
+    paper = np.array([(1 - 2 * e2) * a / (a + b) + e2, (1 - 2 * e2) * b / (a + b) + e2])  # 0.5721, 0.4279
+    a, b = math.exp(e2 * r0), 1.0
+    strata = np.array([(1 - 2 * e3) * a / (a + b) + e3, (1 - 2 * e3) * b / (a + b) + e3])
+    pi1, rewards, pi2 = two_steps(clock="step", initial_weights="exp3")
+    assert np.allclose(pi1, [0.5, 0.5]) and np.allclose(rewards, [r0, 0.0])
+    assert np.allclose(pi2, paper, rtol=0, atol=1e-12) and abs(paper[0] - 0.572130) < 1e-5
+    pi1, rewards, pi2 = two_steps()
+    assert np.allclose(pi1, [0.5, 0.5]) and np.allclose(rewards, [r0, 0.0])
+    assert np.allclose(pi2, strata, rtol=0, atol=1e-12) and not np.allclose(strata, paper, atol=1e-3)
+
+
+def test_odm_config_keys_reach_the_sampler_and_refuse_a_g_that_does_not_divide_the_batch():
+    cfg = config_from_dict({"batch_size": 16, "odm_micro_batches": 8, "odm_clock": "step", "odm_initial_weights": "exp3"})
+    s = ODMSampler(np.repeat([0, 1], [30, 10]), 50, micro_batches=cfg.odm_micro_batches, clock=cfg.odm_clock,
+                   initial_weights=cfg.odm_initial_weights)
+    ids = s.next_batch(cfg.batch_size)
+    assert ids.size == 16 and s.t == 1  # one turn per step, not G = 8 draws
+    s.update(ids, np.ones(16))
+    with pytest.raises(StrataInputError, match="odm_micro_batches"):
+        config_from_dict({"batch_size": 16, "odm_micro_batches": 6})
+    for key, value in (("odm_clock", "tokens"), ("odm_initial_weights", "pile")):
+        with pytest.raises(StrataInputError, match=key):
+            config_from_dict({key: value})
+    with pytest.raises(StrataInputError, match="odm_clock"):
+        ODMSampler(np.arange(4), total_steps=10, clock="tokens")

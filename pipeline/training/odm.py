@@ -17,21 +17,35 @@ reward of every cluster with a non-zero sum,
 (the moving average of the importance-weighted group loss). During the warm-up (1% of the steps,
 ODM section 2) the policy stays at its prior and no rewards are recorded.
 
-**Change of clock (documented departure).** Alg. 1 evaluates E_t at t = the step. Here t counts
-micro-batch draws: the policy of a step is evaluated at t = (draws before it) + 1, so the clock
-advances by G per step. With the paper's clock and K = 32 clusters, E_t = 1/K (so pi is exactly
-uniform) for t < K ln K = 111 steps, i.e. for a whole demo-sized run; counting draws, the policy
-moves after ~111/G steps. The reward scale is Alg. 1's (summed loss / pi, no rescaling).
+**The clock** (``clock``, config ``odm_clock``). Alg. 1 evaluates E_t at t = the step (line 2:
+one turn per step): ``clock="step"``, **the paper's method**. Strata's default, ``clock="draw"``,
+counts micro-batch draws instead: the policy of a step is evaluated at t = (draws before it) + 1,
+so the clock advances by G per step and E_t decays as if G times as many turns had passed. With
+the paper's clock and K = 32 clusters, E_t = 1/K (so pi is exactly uniform) for t < K ln K = 111
+steps, i.e. for a whole demo-sized run; counting draws, the policy moves after ~111/G steps. The
+reward scale is Alg. 1's (summed loss / pi, no rescaling).
+
+**The initial domain weights** (``initial_weights``, config ``odm_initial_weights``). The paper
+"initialize[s] the domain weights using those defined by The Pile"; in Exp3 the domain weights
+are the Gibbs term's weights w_i, so with w_i(0) = the prior p_i (here the pool shares) line 4 reads
+
+    pi_t(D_i) = (1 - K E_t) p_i exp(E_{t-1} R_i) / sum_j p_j exp(E_{t-1} R_j) + E_t
+
+and, the rewards starting at 0, the policy after the warm-up starts at (1 - K E_t) p + E_t and
+leaves the prior only as rewards move it: ``initial_weights="exp3"``, **the paper's method**.
+Strata's default, ``initial_weights="warmup"``, uses the prior only as the warm-up's policy; after
+the warm-up the Gibbs term is Alg. 1's line 4 as printed, uniform until rewards come in.
 
 Choices where the paper is open, as a careful reimplementation would make them:
 - A sequence's cluster is the cluster holding most of its tokens (ties: the smaller cluster id);
   pools are the sequences grouped by that cluster; clusters owning no sequence are no arms.
-- The prior (the policy during warm-up) is the pool share by default, the analogue of the paper's
-  initialisation with The Pile's weights; ``prior="uniform"`` is the plain Exp3 start. After the
-  warm-up the policy is Alg. 1's, whose zero initial rewards give the uniform Gibbs term.
+- The prior (the policy during warm-up, and the Gibbs weights with ``initial_weights="exp3"``) is
+  the pool share by default, the analogue of the paper's initialisation with The Pile's weights;
+  ``prior="uniform"`` is the plain Exp3 start.
 - The smoothing alpha is not given in the paper; 0.5 by default.
-- G (``micro_batches``) defaults to the batch size, i.e. one cluster draw per sequence: the paper
-  (section 4) names batch homogeneity as ODM's weakness and smaller micro-batches as its remedy.
+- G (``micro_batches``, config ``odm_micro_batches``; 0 = the default) defaults to the batch size,
+  i.e. one cluster draw per sequence: the paper (section 4) names batch homogeneity as ODM's
+  weakness and smaller micro-batches as its remedy. The paper trains with G = 8.
 - A micro-batch's loss L(f, x, y) is the mean of its sequences' mean token losses (packed
   sequences score nearly the same number of tokens, so this is the token mean up to EOS gaps).
 - Within a pool sequences are drawn without replacement in a seeded random order; an exhausted
@@ -84,10 +98,13 @@ def exploration_rate(t: int, k: int) -> float:
     return min(1.0 / k, math.sqrt(math.log(k) / (k * t)))
 
 
-def exp3_policy(rewards: np.ndarray, eps_t: float, eps_prev: float) -> np.ndarray:
-    """pi_t = (1 - K E_t) softmax(E_{t-1} R) + E_t (Alg. 1, line 4)."""
+def exp3_policy(rewards: np.ndarray, eps_t: float, eps_prev: float, weights: np.ndarray | None = None) -> np.ndarray:
+    """pi_t = (1 - K E_t) softmax(E_{t-1} R) + E_t (Alg. 1, line 4); with initial domain weights
+    w, the Gibbs term is w_i exp(E_{t-1} R_i) / sum_j w_j exp(E_{t-1} R_j)."""
     z = eps_prev * np.asarray(rewards, dtype=np.float64)
     g = np.exp(z - z.max())
+    if weights is not None:
+        g = g * np.asarray(weights, dtype=np.float64)
     return (1.0 - rewards.size * eps_t) * g / g.sum() + eps_t
 
 
@@ -135,7 +152,8 @@ class ClusterPools:
 class ODMPolicy:
     """Algorithm 1's state, shared by Strata's trainer (:class:`ODMSampler`) and the export-side
     sampler (``pipeline.training.odm_sampler``): the rewards R, the exploration clock t (micro-batch
-    draws so far), the optimizer steps opened, the warm-up and its prior.
+    draws so far with ``clock="draw"``, steps with ``clock="step"``), the optimizer steps opened,
+    the warm-up and its prior (with ``initial_weights="exp3"`` also the Gibbs term's weights).
 
     ``begin(g)`` opens a step of ``g`` draws and returns its policy pi_t; ``record(arms, losses,
     pi, step)`` closes step ``step`` with the loss of each draw (Alg. 1, lines 8-12). The clock
@@ -143,7 +161,7 @@ class ODMPolicy:
     """
 
     def __init__(self, pool_sizes: np.ndarray, total_steps: int, *, smoothing: float = 0.5, warmup_fraction: float = 0.01,
-                 prior: str = "proportional"):
+                 prior: str = "proportional", clock: str = "draw", initial_weights: str = "warmup"):
         sizes = np.asarray(pool_sizes, dtype=np.float64)
         if sizes.size == 0:
             raise StrataInputError("ODM got no sequences", fix="pack the corpus before training with odm")
@@ -153,26 +171,35 @@ class ODMPolicy:
             raise StrataInputError(f"ODM warm-up fraction {warmup_fraction} is outside [0, 1)", fix="use 0.01 (the paper's 1%)")
         if prior not in ("proportional", "uniform"):
             raise StrataInputError(f"unknown ODM prior {prior!r}", fix="use 'proportional' or 'uniform'")
+        if clock not in ("draw", "step"):
+            raise StrataInputError(f"unknown ODM clock {clock!r}", fix="set odm_clock: draw (Strata's) or step (the paper's)")
+        if initial_weights not in ("warmup", "exp3"):
+            raise StrataInputError(f"unknown ODM initial weights {initial_weights!r}",
+                                   fix="set odm_initial_weights: warmup (Strata's) or exp3 (the paper's)")
+        self.clock, self.initial_weights = clock, initial_weights
         self.k = sizes.size
         self.alpha = float(smoothing)
         self.warmup_steps = int(math.ceil(warmup_fraction * max(1, total_steps)))
         self.prior = sizes / sizes.sum() if prior == "proportional" else np.full(self.k, 1.0 / self.k)
         self.rewards = np.zeros(self.k)  # R_i, Alg. 1 line 1
-        self.t = 0  # the exploration clock: micro-batch draws so far
+        self.t = 0  # the exploration clock: micro-batch draws (clock "draw") or steps (clock "step") so far
         self.step = 0  # optimizer steps opened
 
     def policy(self, t: int, step: int | None = None) -> np.ndarray:
-        """The sampling distribution at clock t (1-based, in draws): the prior during warm-up
-        (optimizer ``step`` <= the warm-up steps; default: t), else Alg. 1, line 4."""
+        """The sampling distribution at clock t (1-based, in draws or steps): the prior during warm-up
+        (optimizer ``step`` <= the warm-up steps; default: t), else Alg. 1, line 4 (with the prior
+        as the Gibbs weights when ``initial_weights="exp3"``)."""
         if (t if step is None else step) <= self.warmup_steps or self.k == 1:
             return self.prior.copy()
-        return exp3_policy(self.rewards, exploration_rate(t, self.k), exploration_rate(t - 1, self.k))
+        weights = self.prior if self.initial_weights == "exp3" else None
+        return exp3_policy(self.rewards, exploration_rate(t, self.k), exploration_rate(t - 1, self.k), weights)
 
     def begin(self, draws: int) -> np.ndarray:
-        """Open the next optimizer step of ``draws`` micro-batches; its policy at clock t + 1 (Alg. 1, lines 3-4)."""
+        """Open the next optimizer step of ``draws`` micro-batches; its policy at clock t + 1 (Alg. 1,
+        lines 3-4); the clock then advances by ``draws`` (``clock="draw"``) or by 1 (``"step"``)."""
         self.step += 1
         pi = self.policy(self.t + 1, self.step)
-        self.t += int(draws)
+        self.t += int(draws) if self.clock == "draw" else 1
         return pi
 
     def record(self, arms: np.ndarray, losses: np.ndarray, pi: np.ndarray, step: int) -> None:
@@ -203,6 +230,8 @@ class ODMSampler:
         smoothing: float = 0.5,
         warmup_fraction: float = 0.01,
         prior: str = "proportional",
+        clock: str = "draw",
+        initial_weights: str = "warmup",
     ):
         seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
         if seq_cluster.size == 0:
@@ -210,7 +239,8 @@ class ODMSampler:
         self.rng = np.random.default_rng(seed)
         self.pools = ClusterPools(seq_cluster, self.rng)
         self.clusters = self.pools.clusters
-        self.state = ODMPolicy(self.pools.sizes, total_steps, smoothing=smoothing, warmup_fraction=warmup_fraction, prior=prior)
+        self.state = ODMPolicy(self.pools.sizes, total_steps, smoothing=smoothing, warmup_fraction=warmup_fraction, prior=prior,
+                               clock=clock, initial_weights=initial_weights)
         self.k = self.clusters.size
         self.micro_batches = micro_batches
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # ids, arm per micro-batch, pi_t

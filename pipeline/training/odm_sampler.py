@@ -87,7 +87,7 @@ class ODMBatchSampler(Sampler[list[int]]):
 
     ``position_cluster[p]`` is the cluster of the sequence at position p (:func:`export_clusters`);
     ``sequence_ids`` (optional) only labels the served log. ``smoothing``, ``warmup_fraction`` and
-    ``prior`` are :class:`ODMPolicy`'s. Same arguments and losses => same batches.
+    ``prior``, ``clock`` and ``initial_weights`` are :class:`ODMPolicy`'s. Same arguments and losses => same batches.
     """
 
     def __init__(
@@ -102,6 +102,8 @@ class ODMBatchSampler(Sampler[list[int]]):
         smoothing: float = 0.5,
         warmup_fraction: float = 0.01,
         prior: str = "proportional",
+        clock: str = "draw",
+        initial_weights: str = "warmup",
     ):
         if batch_size < 1 or accumulation < 1 or total_steps < 1:
             raise StrataInputError(f"ODM batch_size={batch_size}, accumulation={accumulation}, total_steps={total_steps}",
@@ -112,7 +114,8 @@ class ODMBatchSampler(Sampler[list[int]]):
         self.rng = np.random.default_rng(seed)
         self.pools = ClusterPools(self.position_cluster, self.rng)
         self.clusters = self.pools.clusters
-        self.policy = ODMPolicy(self.pools.sizes, total_steps, smoothing=smoothing, warmup_fraction=warmup_fraction, prior=prior)
+        self.policy = ODMPolicy(self.pools.sizes, total_steps, smoothing=smoothing, warmup_fraction=warmup_fraction, prior=prior,
+                                clock=clock, initial_weights=initial_weights)
         self._open: deque[tuple[int, int]] = deque()  # (step, arm) of micro-batches served, loss unknown
         self._steps: dict[int, tuple[np.ndarray, np.ndarray, list[float]]] = {}  # step -> arms, pi, losses so far
         self._served: list[tuple[int, int, np.ndarray, int, float]] = []  # step, micro-batch, positions, arm, prob

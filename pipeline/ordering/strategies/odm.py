@@ -9,5 +9,5 @@ from pipeline.ordering.strategies import StrategySpec
 
 SPECS = (
     StrategySpec("odm", "training", "Online Data Mixing: an Exp3 bandit over the clusters picks each step's sequences during training",
-                 seed_free=False, reads=("odm_smoothing", "odm_warmup_fraction"), packing_from="cluster_packed"),
+                 seed_free=False, reads=("odm_smoothing", "odm_warmup_fraction", "odm_clock", "odm_micro_batches", "odm_initial_weights"), packing_from="cluster_packed"),
 )
