@@ -147,6 +147,7 @@ class StrataConfig(_Model):
     mixture_weights_file: str = ""  # greedy_mixture: JSON/YAML mapping cluster -> weight; "" = mixture/weights.parquet of the mixture stage
     mixture_budget_tokens: int = Field(0, ge=0)  # greedy_mixture: tokens its schedule holds; 0 = the packed corpus's tokens
     max_repeats: int = Field(4, ge=1)  # greedy_mixture: copies of one sequence at most
+    duplicate_order: Literal["greedy", "idea2"] = "greedy"  # duplicate_separated: each subset by the greedy as configured | by Idea 2 (the paper's)
     mixture_tolerance: float = Field(0.05, ge=0.0)  # greedy_mixture's check: L1 distance of realized from target cluster shares it accepts
     # a rerun keeps the first N positions of every strategy's stream byte-identical (docs/reliability.md "Adding data
     # while training"): N sequences, "consumed:STEPSxGLOBAL_BATCH" or "consumed:<run dir or its stream.parquet>"; 0 = off

@@ -45,6 +45,7 @@ class OrderParams:
     mixture_weights: str | None = None  # greedy_mixture: JSON/YAML cluster -> weight, or mixture/weights.parquet
     mixture_budget_tokens: int = 0  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
     max_repeats: int = 4  # greedy_mixture: copies of a sequence at most
+    duplicate_order: str = "greedy"  # duplicate_separated: each subset by the greedy (greedy) or by Idea 2 (idea2)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OrderParams":
@@ -54,7 +55,7 @@ class OrderParams:
             block_size=cfg.batch_size, curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
             greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block, greedy_repair=cfg.greedy_repair,
             mixture_weights=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
-            max_repeats=cfg.max_repeats,
+            max_repeats=cfg.max_repeats, duplicate_order=cfg.duplicate_order,
         )
 
     def objective_weights(self) -> Objective:

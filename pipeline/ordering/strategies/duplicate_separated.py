@@ -1,5 +1,5 @@
-"""``duplicate_separated``: Don't Shuffle, Optimize Idea 3 — duplicate-free subsets, each packed
-and greedy-ordered, concatenated."""
+"""``duplicate_separated``: Don't Shuffle, Optimize Idea 3 — duplicate-free subsets, each packed on
+its own and ordered (by the configured greedy, or by the paper's Idea 2), concatenated."""
 
 from __future__ import annotations
 
@@ -33,34 +33,58 @@ def duplicate_subsets(content_hash: np.ndarray, cluster: np.ndarray, seed: int) 
     return subset
 
 
+def idea2_params(params):
+    """Don't Shuffle, Optimize's Idea 2 as greedy parameters: at each step
+
+        s* = argmin over unscheduled s of sum_i [(T_i + l_{s,i}) - tau_i (S_tot + l_s)]^2,
+        tau_i = sum_m l_{s_m,i} / sum_m l_{s_m},
+
+    then T_i += l_{s*,i}, S_tot += l_{s*}: the cluster family alone with variable l_s (objective
+    f1), no noise and no batch repair (exact up to ``greedy_exact_max`` sequences, blocked above)."""
+    from dataclasses import replace
+
+    return replace(params, objective="f1", families=(), noise=0.0, greedy_repair=False)
+
+
 def run(inp):
+    """Idea 3: split the documents into duplicate-free, cluster-weight-aware subsets; shuffle each
+    subset's documents and pack it on its own (concat; its incomplete last sequence is dropped), so
+    no sequence mixes two subsets; order each subset's sequences (``duplicate_order``: ``greedy``,
+    the configured objective, or ``idea2``, the paper's Idea 2, :func:`idea2_params`); concatenate
+    the subsets in subset order."""
     import polars as pl
 
-    from pipeline.ordering.engine import OrderingResult, order_frame, repack
+    from pipeline.ordering.engine import OrderingResult, order_frame
     from pipeline.ordering.greedy import greedy_mode
+    from pipeline.packing.pack import pack_concat
 
     if inp.content_hash is None:
         raise StrataInputError("duplicate_separated needs a content_hash per document", fix="add a content_hash column to the documents")
+    mode = inp.params.duplicate_order
+    if mode not in ("greedy", "idea2"):
+        raise StrataInputError(f"unknown duplicate_order {mode!r}", fix="set duplicate_order: greedy (the configured objective) or idea2 (the paper's)")
+    params = idea2_params(inp.params) if mode == "idea2" else inp.params
     docs = inp.present
     subset = duplicate_subsets(inp.content_hash[docs], inp.cluster[docs], inp.seed)
     shuffle = np.random.default_rng(inp.seed).permutation(docs.size)
-    doc_order = docs[shuffle[np.argsort(subset[shuffle], kind="stable")]]
-    seg, _ = repack(inp, doc_order)
-    first = seg.group_by("sequence_id").agg(pl.col("doc_id").first()).sort("sequence_id")
-    sub_of_doc = np.full(inp.cluster.size, -1, dtype=np.int64)
-    sub_of_doc[docs] = subset
-    seq_sub = sub_of_doc[first["doc_id"].to_numpy()]
-    seq_ids = first["sequence_id"].to_numpy()
-    parts, modes = [], set()
-    for k in np.unique(seq_sub):
-        ids = seq_ids[seq_sub == k]
-        f = inp.features(seg.filter(pl.col("sequence_id").is_in(ids.tolist())))
-        parts.append(f.sequence_ids[greedy_rows(f, inp.params, inp.seed)])
-        modes.add(greedy_mode(f.n_sequences, inp.params.greedy_exact_max))
-    return OrderingResult(order_frame(np.concatenate(parts)), seg, "blocked" if "blocked" in modes else "exact")
+    lengths = np.maximum(inp.length, 1)
+    frames, parts, modes, offset = [], [], set(), 0
+    for k in range(int(subset.max()) + 1 if subset.size else 0):
+        packing = pack_concat(docs[shuffle[subset[shuffle] == k]], lengths, inp.seq_len)
+        if packing.n_sequences == 0:
+            continue
+        seg = packing.segments.with_columns(pl.col("sequence_id") + offset)
+        f = inp.features(seg)
+        parts.append(f.sequence_ids[greedy_rows(f, params, inp.seed)])
+        modes.add(greedy_mode(f.n_sequences, params.greedy_exact_max))
+        frames.append(seg)
+        offset += packing.n_sequences
+    if not frames:
+        raise StrataInputError("duplicate_separated packed no sequence", fix="give more documents than one sequence's tokens per subset")
+    return OrderingResult(order_frame(np.concatenate(parts)), pl.concat(frames), "blocked" if "blocked" in modes else "exact")
 
 
 SPECS = (
-    StrategySpec("duplicate_separated", "document", "Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each greedy-ordered, concatenated",
-                 seed_free=False, reads=GREEDY, greedy_based=True, run=run, documents=("content_hash",)),
+    StrategySpec("duplicate_separated", "document", "Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each packed on its own and greedy-ordered (duplicate_order), concatenated",
+                 seed_free=False, reads=(*GREEDY, "duplicate_order"), greedy_based=True, run=run, documents=("content_hash",)),
 )
