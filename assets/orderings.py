@@ -18,6 +18,7 @@ from pipeline.data.tokens import open_tokens
 from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.atomic import file_sha256, write_parquet
+from pipeline.storage.integrity import verify_ordering_inputs
 from pipeline.storage.layout import Store
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, segment_columns
@@ -159,6 +160,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     # packing_from (cluster_packed: each sequence holds one cluster). Its order here is not trained
     # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
     spec = strategies.spec(strategy)
+    verify_ordering_inputs(layout)  # the packing, documents and clusters against their recorded SHA-256: corrupt bytes stop here
     seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
     n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
     previous = frozen.load(layout, strategy) if n_frozen else None

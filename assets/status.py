@@ -89,10 +89,52 @@ def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition
     return [f"{k}: {before[k]!r} -> {now[k]!r}" for k in sorted(before) if before[k] != now[k]]
 
 
+class OnDisk:
+    """What the data root itself holds, beside what Dagster remembers: a ``DAGSTER_HOME`` shared with
+    another data root (the README's ``export DAGSTER_HOME=...``) remembers that root's
+    materializations, which must not make an empty root look fresh."""
+
+    def __init__(self, root):
+        from pathlib import Path
+
+        import duckdb
+
+        self.root = Path(root).resolve()
+        self.rows: dict[tuple[str, str], dict] | None = None  # (asset, partition) -> outputs; None: no lineage at all
+        db = self.root / "strata.duckdb"
+        if not db.is_file():
+            return
+        try:
+            with duckdb.connect(str(db), read_only=True) as con:
+                if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'lineage'").fetchone()[0]:
+                    return
+                found = con.execute("SELECT asset, partition, outputs FROM lineage ORDER BY created_at, rowid").fetchall()
+        except duckdb.Error:  # a run holds the write lock: Dagster's view alone
+            self.rows = {}
+            return
+        import json
+
+        self.rows = {(a, p or ""): json.loads(o) if o else {} for a, p, o in found}
+
+    def problem(self, asset: str, partition: str | None) -> str:
+        """Why ``asset[partition]``, which Dagster calls materialized, is not in this data root ("" when it is)."""
+        if self.rows is None:
+            return f"not in this data root ({self.root} has no lineage; the Dagster history remembers another root's run)"
+        outputs = self.rows.get((asset, partition or ""))
+        if outputs is None:
+            return ""  # nothing recorded to check against: Dagster's word
+        from pathlib import Path
+
+        gone = [p for p in outputs if Path(p).is_relative_to(self.root) and not Path(p).exists()]
+        return f"{len(gone)} output file(s) not on disk, e.g. {gone[0]}" if gone else ""
+
+
 def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
     """Every materializable asset and partition of the config, in graph order (the mixture stage only when
-    enabled; ``claim_runs`` once materialized or with ``claims_full``)."""
+    enabled; ``claim_runs`` once materialized or with ``claims_full``). An asset Dagster calls fresh or
+    stale whose files this data root does not hold (:class:`OnDisk`) is missing."""
     res = resolver(defs, instance)
+    disk = OnDisk(cfg.root)
     graph = defs.resolve_asset_graph()
     rows = []
     for key in graph.toposorted_asset_keys:
@@ -117,7 +159,10 @@ def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConf
                 changed = changed_parameters(instance, key, part, cfg)
                 if changed:  # its code version matches the config, but a launchpad run overrode parameters
                     why = f"built with launchpad overrides: {', '.join(changed)}"
-            rows.append(Row(key.to_user_string(), None if part is None else str(part), status.value.lower(), why))
+            label = status.value.lower()
+            if status != StaleStatus.MISSING and (gone := disk.problem(key.to_user_string(), None if part is None else str(part))):
+                label, why = "missing", gone
+            rows.append(Row(key.to_user_string(), None if part is None else str(part), label, why))
     return rows
 
 

@@ -166,3 +166,137 @@ def test_data_root_inside_the_corpus_is_never_read_as_corpus(tmp_path):
         discover_shards(str(corpus / "strata-root" / "corpus" / "shards" / "x.parquet"))
     with pytest.raises(StrataInputError, match="data root"):
         discover_shards(str(corpus / "strata-root"))
+
+
+# --------------------------------------------------------------------------- 2. nothing silently wrong
+
+
+def _flip_byte(path: Path, at: int = -40) -> None:
+    """One byte changed in place, the size and the modification time kept (what bit rot looks like)."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+@pytest.fixture
+def recorded_root(export_root, tmp_path) -> Path:
+    """A copy of the export root whose segments and token store Strata wrote (their SHA-256 recorded)."""
+    import shutil
+
+    import polars as pl
+
+    from pipeline.data.token_index import write_single_run
+    from pipeline.storage.atomic import write_parquet
+    from pipeline.storage.layout import Layout
+
+    root = tmp_path / "root"
+    shutil.copytree(export_root, root)
+    (tmp_path / "cfg.yaml").write_text((export_root.parent / "cfg.yaml").read_text())
+    lay = Layout(root)
+    write_parquet(pl.read_parquet(lay.segments), lay.segments)
+    tokens = np.fromfile(root / "tokens" / "store.bin", dtype=np.uint16)
+    write_single_run(tokens, lay.tokens)
+    return root
+
+
+@pytest.mark.parametrize("victim", ["sequences/segments.parquet", "tokens/store.bin"])
+def test_a_flipped_byte_in_an_input_stops_the_export(recorded_root, tmp_path, capsys, victim):
+    out = tmp_path / "out"
+    assert _run(capsys, _export(recorded_root, out))[0] == 0
+    exported = _snapshot(out)
+    _flip_byte(recorded_root / victim)
+    rc, err = _run(capsys, _export(recorded_root, out))
+    assert rc == 2 and victim.split("/")[-1] in err and "changed on disk" in err and "Fix:" in err
+    _survived(exported, out)  # the previous export is left as it was
+
+
+def test_a_corrupt_file_with_a_new_mtime_is_never_recorded_as_the_truth(recorded_root):
+    from pipeline.storage.atomic import file_sha256, recorded_sha256
+    from pipeline.storage.integrity import verify_ordering_inputs
+    from pipeline.storage.layout import Layout
+
+    seg = Layout(recorded_root).segments
+    before = recorded_sha256(seg)
+    data = bytearray(seg.read_bytes())
+    data[-40] ^= 0x01
+    with open(seg, "r+b") as fh:  # in place: the recorded digest stays with the file
+        fh.write(data)
+    os.utime(seg, ns=(seg.stat().st_atime_ns, seg.stat().st_mtime_ns + 10**9))
+    with pytest.raises(StrataInputError, match="changed on disk"):
+        file_sha256(seg)
+    with pytest.raises(StrataInputError, match="segments.parquet"):
+        verify_ordering_inputs(Layout(recorded_root))
+    assert recorded_sha256(seg) == before
+
+
+def test_an_ordering_that_is_not_a_permutation_is_not_exported(export_root, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(export_root, root)
+    (tmp_path / "cfg.yaml").write_text((export_root.parent / "cfg.yaml").read_text())
+    import polars as pl
+
+    order = pl.read_parquet(root / "orderings" / "greedy.parquet")["sequence_id"].to_numpy().copy()
+    order[1] = order[0]  # valid Parquet, a repeated sequence and a missing one
+    write_ordering(root, "greedy", order)
+    rc, err = _run(capsys, _export(root, tmp_path / "out"))
+    assert rc == 2 and "not a permutation" in err and "greedy.parquet" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_extended_export_reverifies_the_label_mask_it_keeps(tmp_path):
+    from pipeline.export import export_stream, stream_from_arrays
+    from pipeline.packing import frozen
+    from pipeline.packing.pack import SequenceStore, pack
+
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(5, 40, size=60)
+    tokens = rng.integers(2, 900, size=int(lengths.sum())).astype(np.uint16)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    tokens[offsets[1:] - 1] = 1
+    seg = pack("concat", rng.permutation(lengths.size), lengths, 16).segments
+    store = SequenceStore(tokens, offsets, seg, 16, pad_id=0)
+    m, p = store.n_sequences, 10
+    prefix = rng.permutation(m)[:p]
+    rest = np.setdiff1d(np.arange(m), prefix)
+    rec = {"sequences": p, "tokens_sha256": frozen.prefix_digest(store, prefix, np.dtype(np.uint16)), "version_chain": []}
+
+    def export(order):
+        stream = stream_from_arrays(tokens, offsets, seg, order, 16, eos_id=1, pad_id=0)
+        return export_stream(stream, "numpy", tmp_path / "out", global_batch=2, meta={"strategy": "greedy", "frozen": rec})
+
+    export(np.concatenate([prefix, rest[: rest.size // 2]]))
+    mask = tmp_path / "out" / "label_mask.bin"
+    data = bytearray(mask.read_bytes())
+    data[3 * 16 + 5] ^= 0x01  # inside the kept prefix (position 3)
+    mask.write_bytes(bytes(data))
+    before = _snapshot(tmp_path / "out")
+    with pytest.raises(StrataInputError, match="label mask") as err:
+        export(np.concatenate([prefix, rest]))
+    assert "position 3" in str(err.value) and "label_mask.bin" in str(err.value)
+    _survived(before, tmp_path / "out")
+
+
+def test_status_of_an_empty_root_is_not_another_roots_history(tmp_path):
+    from assets.status import OnDisk
+    from pipeline.storage.duck import duck_connection
+
+    empty = OnDisk(tmp_path / "empty")
+    assert "not in this data root" in empty.problem("corpus", None)
+    root = tmp_path / "root"
+    root.mkdir()
+    kept, gone = root / "corpus.parquet", root / "tokens.bin"
+    kept.write_text("x")
+    with duck_connection(root / "strata.duckdb") as con:
+        con.execute("CREATE TABLE lineage (asset VARCHAR, partition VARCHAR, outputs VARCHAR, created_at TIMESTAMP)")
+        con.execute("INSERT INTO lineage VALUES ('corpus', '', ?, now()), ('tokens', '', ?, now())",
+                    [json.dumps({str(kept): "a"}), json.dumps({str(gone): "b"})])
+    disk = OnDisk(root)
+    assert disk.problem("corpus", None) == ""
+    assert "not on disk" in disk.problem("tokens", None) and "tokens.bin" in disk.problem("tokens", None)
+    assert disk.problem("clusters", None) == ""  # nothing recorded: Dagster's word

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from pipeline.errors import StrataInputError
 from pipeline.export.extend import Previous, copy_prefix
 from pipeline.export.stream import OrderedStream, sequence_pieces
 from pipeline.storage.atomic import write_json, write_parquet
@@ -51,12 +52,23 @@ def write_tokens(stream: OrderedStream, path: Path, extra_tokens: np.ndarray | N
     start = 0 if previous is None else previous.sequences
     with open(path, "wb") as fh, masks as mask_fh:
         if previous is not None:
+            if check is not None:  # the kept prefix's label mask re-derived from its pieces: a corrupt byte is not carried on
+                old_mask = (np.memmap(previous.dir / label_mask_path.name, dtype=np.uint8, mode="r")
+                            if label_mask_path is not None else None)
+                for lo, rows in previous.rows(path.name):
+                    lengths, is_doc = check.add(lo, rows)
+                    if old_mask is not None:
+                        want = label_mask(lengths, is_doc).view(np.uint8)
+                        have = np.asarray(old_mask[lo * stream.seq_len : lo * stream.seq_len + want.size])
+                        if have.size != want.size or (have != want).any():
+                            at = lo + int(np.flatnonzero(have != want)[0]) // stream.seq_len if have.size == want.size else lo
+                            raise StrataInputError(
+                                f"the previous export's label mask differs from its kept prefix's documents at position {at}: "
+                                "it is corrupt and is not carried into the new export", path=previous.dir / label_mask_path.name,
+                                fix=f"export into a new directory, or delete {previous.dir} and export again (it is written whole)")
             copy_prefix(previous.dir / path.name, fh, start * stream.seq_len * np.dtype(stream.dtype).itemsize)
             if label_mask_path is not None:
                 copy_prefix(previous.dir / label_mask_path.name, mask_fh, start * stream.seq_len)
-            if check is not None:
-                for lo, rows in previous.rows(path.name):
-                    check.add(lo, rows)
             written += start * stream.seq_len
             if progress is not None:
                 progress(start)

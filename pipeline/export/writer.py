@@ -113,10 +113,14 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
     if known is not None and not known.scheduled:
         raise StrataInputError(f"{strategy!r} picks its sequences online during training; it has no fixed order to export",
                                fix="export a scheduled strategy (random, greedy, ...)")
+    from pipeline.storage.integrity import check_order, verify_export_inputs
+
+    verify_export_inputs(layout, strategy)  # every input's bytes against its recorded SHA-256 (size and mtime are no evidence)
     tok = load_tokenizer(layout.tokenizer)
     REGISTRY.get(fmt)
     stream = open_stream(layout, strategy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seq_len=seq_len)
     ordering = Store(layout).ordering(strategy)
+    check_order(ordering.order, ordering.n_sequences, ordering.path, schedule=ordering.target_share is not None)
     meta = {  # paths relative to the data root, so the same inputs give the same bytes wherever the root lies
         "strategy": strategy,
         "lineage": {

@@ -211,10 +211,61 @@ def write_json(obj: object, path: str | os.PathLike) -> Path:
     return write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
 
 
+def recorded_sha256(path: str | os.PathLike) -> str | None:
+    """The SHA-256 Strata recorded for ``path`` when it wrote it (its extended attribute), whatever the
+    file's size and modification time are now; None when nothing was recorded."""
+    try:
+        return os.getxattr(Path(path), XATTR).decode().split()[0]
+    except (AttributeError, OSError, ValueError, IndexError):
+        return None
+
+
+def corrupted(path: Path, recorded: str, now: str, fix: str | None = None) -> "Exception":
+    from pipeline.errors import StrataInputError
+
+    return StrataInputError(
+        f"the file changed on disk since Strata wrote it (recorded SHA-256 {recorded[:16]}..., its bytes now {now[:16]}...): "
+        "it is corrupt or was edited, and is not used", path=path,
+        fix=fix or "rematerialize the asset that writes it (strata run; `strata status` names it), or restore the file")
+
+
+def _read_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+_VERIFIED: dict[str, tuple[int, int, int, int]] = {}
+
+
+def verify_sha256(path: str | os.PathLike, expected: str | None = None, fix: str | None = None) -> str:
+    """The SHA-256 of ``path``, read from its bytes (size and modification time are no evidence: a
+    flipped byte keeps both) and compared with ``expected``, else with the digest recorded when
+    Strata wrote it; a mismatch is a StrataInputError naming the file (never the new truth). Once
+    verified, a file is not read again by this process while its stat is unchanged."""
+    path = Path(path).resolve()
+    key = _stat_key(path)
+    want = expected or recorded_sha256(path)
+    known = _DIGESTS.get(str(path))
+    if _VERIFIED.get(str(path)) == key and known is not None and known[0] == key and (want is None or want == known[1]):
+        return known[1]
+    now = _read_sha256(path)
+    if want is not None and now != want:
+        raise corrupted(path, want, now, fix)
+    if _stat_key(path) == key:
+        _DIGESTS[str(path)] = (key, now)
+        _VERIFIED[str(path)] = key
+    return now
+
+
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes: the digest taken while it was written (this process's memory,
     else the file's extended attribute), if the file has not changed since; else read (streams;
-    any size) and remembered."""
+    any size) and remembered. A file whose size or modification time changed since Strata recorded
+    its digest and whose bytes no longer match it is a StrataInputError (:func:`corrupted`): its new
+    digest is never recorded as the truth."""
     path = Path(path).resolve()
     known = _DIGESTS.get(str(path))
     if known is not None and known[0] == _stat_key(path):
@@ -224,10 +275,10 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     if stored is not None:
         _DIGESTS[str(path)] = (key, stored)
         return stored
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            h.update(block)
+    now = _read_sha256(path, chunk)
+    recorded = recorded_sha256(path)
+    if recorded is not None and recorded != now:
+        raise corrupted(path, recorded, now)
     if _stat_key(path) == key:
-        _DIGESTS[str(path)] = (key, h.hexdigest())
-    return h.hexdigest()
+        _DIGESTS[str(path)] = (key, now)
+    return now

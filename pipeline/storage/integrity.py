@@ -1,0 +1,82 @@
+"""Inputs verified before they are used: an artifact's bytes against the SHA-256 recorded when Strata
+wrote it (``pipeline/storage/atomic.py``), and an ordering against what it must be.
+
+A one-byte flip keeps a file's size and modification time, so neither is evidence: what exports and
+orderings read is hashed again and compared with the recorded digest (the file's
+``user.strata.sha256`` attribute; for token shards also the ``sha256`` column of the store's index).
+A mismatch is a StrataInputError naming the file and the asset to rematerialize, never a new truth.
+Each file is read once per process (:func:`pipeline.storage.atomic.verify_sha256`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import StrataInputError
+from pipeline.storage.atomic import verify_sha256
+
+# the asset that rewrites each verified input: the fix a mismatch names
+_PRODUCERS = {"segments.parquet": "sequences", "meta.json": "sequences", "runs.parquet": "tokens", "doc_offsets.npy": "tokens",
+              "documents.parquet": "tokens", "clusters.parquet": "clusters"}
+
+
+def _fix(asset: str) -> str:
+    return (f"rematerialize {asset} and what depends on it (strata run --config ... --select '{asset}*'), "
+            "or restore the file; the corrupt bytes are not used")
+
+
+def verify_file(path: Path, asset: str, expected: str | None = None) -> None:
+    if Path(path).is_file():
+        verify_sha256(path, expected, fix=_fix(asset))
+
+
+def verify_token_store(layout) -> None:
+    """The token store's index and every shard file it names, each against its recorded digest (the
+    shard's attribute and the ``sha256`` the index holds for it)."""
+    import polars as pl
+
+    verify_file(layout.tokens, "tokens")
+    verify_file(layout.doc_offsets, "tokens")
+    if not layout.tokens.is_file():
+        return
+    frame = pl.read_parquet(layout.tokens, columns=["path", "sha256"]).unique("path").sort("path")
+    for rel, digest in frame.iter_rows():
+        verify_file(layout.tokens.parent / rel, "token_shards", digest or None)
+
+
+def verify_ordering_inputs(layout) -> None:
+    """What ``orderings`` reads: the base packing, its meta, the documents and their clusters."""
+    for path in (layout.segments, layout.sequences_meta, layout.documents, layout.clusters):
+        verify_file(path, _PRODUCERS[path.name])
+
+
+def verify_export_inputs(layout, strategy: str) -> None:
+    """What an export reads: the ordering, the segments it refers to, the packing's meta and the token store."""
+    verify_file(layout.ordering(strategy), f"orderings[{strategy}]")
+    verify_file(layout.ordering_segments(strategy), f"orderings[{strategy}]")
+    verify_file(layout.ordering_mixture(strategy), f"orderings[{strategy}]")
+    verify_file(layout.segments, "sequences")
+    verify_file(layout.sequences_meta, "sequences")
+    verify_token_store(layout)
+
+
+def check_order(order: np.ndarray, n_sequences: int, path: Path, schedule: bool = False) -> None:
+    """``order`` must be a permutation of the ``n_sequences`` sequence ids (a ``schedule``, which may
+    repeat or omit sequences, must only name ids in range); else a StrataInputError naming ``path``."""
+    order = np.asarray(order)
+    fix = "rematerialize the ordering (strata run --select 'orderings'), or restore the file"
+    if order.size and (order.min() < 0 or order.max() >= n_sequences):
+        bad = int(order[(order < 0) | (order >= n_sequences)][0])
+        raise StrataInputError(f"the ordering names sequence {bad}, outside the packing's {n_sequences} sequences", path=path, fix=fix)
+    if schedule:
+        return
+    if order.size != n_sequences:
+        raise StrataInputError(f"the ordering has {order.size} positions for {n_sequences} sequences: not a permutation",
+                               path=path, fix=fix)
+    counts = np.bincount(order, minlength=n_sequences)
+    if (counts != 1).any():
+        twice = int(np.flatnonzero(counts > 1)[0])
+        raise StrataInputError(f"the ordering is not a permutation: sequence {twice} appears {int(counts[twice])} times and "
+                               f"{int((counts == 0).sum())} sequences are missing", path=path, fix=fix)
