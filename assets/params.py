@@ -53,7 +53,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "ordering_diagnostics": ("length_bins", "max_steps", "batch_size", "seed", "stationarity_shuffles"),  # prefix = max_steps x batch_size
     "diagnostics_report": ("length_bins", "seed"),
     "training_runs": ("model_preset", "seq_len", "batch_size", "max_steps", "lr", "warmup_steps", "weight_decay",
-                      "cross_document", "probe_fractions", "probe_batches", "attention", "compile", "heldout_docs",
+                      "cross_document", "probe_fractions", "probe_batches", "stable_rank_matrix", "attention", "compile", "heldout_docs",
                       "heldout_every", "epochs", "claims_probe_batches", *strategies.reads("training")),
     "gradient_analyses": ("fidelity_chunks", "fidelity_sequences_per_chunk", "batch_size", "seq_len", "cross_document"),
     "evaluations": ("eval_limit", "seed", *suites.reads()),

@@ -121,7 +121,8 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
             stream, start, epochs = sampler.served_ids(), max(0, steps_done - n_probe), 0
         else:  # the batches the schedule serves next (past the end of the run: the ones it would)
             stream, start, epochs = order, steps_done, cfg.epochs
-        rows = gradient_stable_ranks(model, store, stream, range(start, start + n_probe), cfg.batch_size, cfg.cross_document, epochs)
+        rows = gradient_stable_ranks(model, store, stream, range(start, start + n_probe), cfg.batch_size, cfg.cross_document, epochs,
+                                     matrix=cfg.stable_rank_matrix)
         probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(fractions[steps_done] * 100)}%")))
 
     model, log = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,

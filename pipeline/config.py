@@ -176,6 +176,7 @@ class StrataConfig(_Model):
     bootstrap_samples: int = Field(2000, ge=100)  # paired bootstrap replicates of the report's intervals
     probe_fractions: list[float] = Field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
     probe_batches: int = Field(2, ge=1)  # batches probed per checkpoint
+    stable_rank_matrix: Literal["weights", "activations"] = "weights"  # srank of dLoss/dW (out x in) | of M in R^{T x d}, dLoss/d(layer output) per token (TerRIFIC curricula's)
     fidelity_chunks: int = Field(10, ge=2)  # mixture fidelity: chunks of each schedule
     fidelity_sequences_per_chunk: int = Field(32, ge=1)
     # exports (strata export / the exports asset): the ordered stream for other trainers (docs/export.md)

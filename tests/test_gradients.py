@@ -83,3 +83,39 @@ def test_mixture_fidelity_is_flat_for_a_shuffle_and_drifts_for_a_sorted_stream(t
         mixture_fidelity(model, store, np.arange(5), n_chunks=10)
     with pytest.raises(StrataInputError):
         mixture_fidelity(model, store, np.arange(n), param_filter=lambda s: False)
+
+
+def test_stable_rank_of_a_tokens_by_width_matrix_of_known_singular_values():
+    """M in R^{T x d} (T = 40 tokens, d = 6) built as U diag(s) V^T: srank = sum s^2 / max s^2 = (16 + 4 + 4 + 1) / 16."""
+    rng = np.random.default_rng(3)
+    u, _ = np.linalg.qr(rng.normal(size=(40, 4)))
+    v, _ = np.linalg.qr(rng.normal(size=(6, 4)))
+    assert stable_rank(u @ np.diag([4.0, 2.0, 2.0, 1.0]) @ v.T) == pytest.approx(25 / 16)
+
+
+def test_activation_gradients_are_the_papers_T_by_d_matrix(two_topics):
+    """stable_rank_matrix: activations probes M = dLoss/d(layer output), one row per token: M^T X is the weight gradient."""
+    from pipeline.training.gradients import output_gradients
+
+    store, model = two_topics
+    ids = np.arange(4)
+    pairs = output_gradients(model, store, ids)
+    mats = layer_matrices(model)
+    loss_grads = torch.autograd.grad(_mean_loss(model, store, ids), [m[4] for m in mats])
+    for (name, *_, w), (m, x), gw in zip(mats, pairs, loss_grads):
+        assert m.shape == (4 * L, w.shape[0]) and x.shape == (4 * L, w.shape[1]), name
+        torch.testing.assert_close(m.T @ x, gw.float(), atol=1e-6, rtol=1e-4)
+    rows = gradient_stable_ranks(model, store, np.arange(store.n_sequences), positions=[0], batch_size=4, matrix="activations")
+    by_name = dict(zip(rows["layer_name"], rows["stable_rank"]))
+    for (name, *_), (m, _) in zip(mats, pairs):
+        assert by_name[name] == pytest.approx(stable_rank(m), rel=1e-6)
+    weights = gradient_stable_ranks(model, store, np.arange(store.n_sequences), positions=[0], batch_size=4)
+    assert not np.allclose(rows["stable_rank"].to_numpy(), weights["stable_rank"].to_numpy())
+    with pytest.raises(StrataInputError, match="stable_rank_matrix"):
+        gradient_stable_ranks(model, store, np.arange(4), positions=[0], batch_size=4, matrix="tokens")
+
+
+def _mean_loss(model, store, ids):
+    from pipeline.training.gradients import _loss
+
+    return _loss(model, store, ids, False, "cpu", "mean")

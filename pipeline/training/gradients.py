@@ -3,9 +3,13 @@
 * Stable rank of per-batch gradients, per layer: for a weight matrix W of a decoder layer
   (attention q/k/v/o, MLP gate/up/down) and one training batch, M = dLoss/dW and
   ``srank(M) = ||M||_F^2 / ||M||_2^2`` (TerRIFIC curricula, eq. srank). Don't Shuffle, Optimize probes checkpoints at 20% and
-  100% of the steps and reports the minimum and the mean over batches per layer. The papers write
-  M in R^{T x d} without fixing T; we take the weight gradient itself (out x in), the quantity the
-  optimizer applies, which is what "effective directions explored in parameter space" measures.
+  100% of the steps and reports the minimum and the mean over batches per layer. TerRIFIC curricula
+  write "for a fixed layer, we collect gradient matrix M in R^{T x d}": T tokens by the layer's
+  width d, i.e. the gradient of the loss with respect to the layer's output at every token of the
+  batch, M[t] = dLoss/dy_t for y_t = W x_t (``matrix="activations"``, **the paper's method**).
+  Strata's default, ``matrix="weights"``, takes the weight gradient dLoss/dW = M^T X (out x in),
+  the quantity the optimizer applies, which is what "effective directions explored in parameter
+  space" measures. Config ``stable_rank_matrix``.
 * Mixture fidelity (TerRIFIC curricula): at one frozen checkpoint, the large-batch gradient of each of 10
   consecutive chunks of a schedule, and the 10 x 10 matrix of their cosine similarities. A schedule
   without drift has a flat matrix (TerRIFIC curricula reports 0.945-0.947 everywhere). As the paper
@@ -77,8 +81,13 @@ def gradient_stable_ranks(
     batch_size: int,
     cross_document: bool = False,
     epochs: int = 0,
+    matrix: str = "weights",
 ) -> pl.DataFrame:
     """Stable rank of each layer matrix's gradient on each probed batch (no optimizer step).
+
+    ``matrix="weights"``: srank of dLoss/dW (out x in); ``matrix="activations"``: srank of
+    M in R^{T x d}, the gradient with respect to the layer's output at each of the batch's T token
+    positions (TerRIFIC curricula), from :func:`output_gradients`.
 
     Batch p is ``order[p*B:(p+1)*B]``, the batch the run trains on at step p (``epochs`` as in
     ``train``). Returns one row per (batch, matrix): ``probe`` (the batch's index among
@@ -89,6 +98,9 @@ def gradient_stable_ranks(
 
     if len(positions) == 0:
         raise StrataInputError("no batch positions to probe", fix="pass e.g. the next few steps after a checkpoint")
+    if matrix not in ("weights", "activations"):
+        raise StrataInputError(f"unknown stable-rank matrix {matrix!r}",
+                               fix="set stable_rank_matrix: weights (dLoss/dW) or activations (M in R^{T x d}, the paper's)")
     mats = layer_matrices(model)
     params = [m[4] for m in mats]
     dev = params[0].device.type
@@ -97,14 +109,55 @@ def gradient_stable_ranks(
     rows = []
     try:
         for probe, p in enumerate(positions):
-            loss = _loss(model, store, batch_ids(order, int(p), batch_size, epochs), cross_document, dev, "mean")
-            grads = torch.autograd.grad(loss, params)
+            ids = batch_ids(order, int(p), batch_size, epochs)
+            if matrix == "activations":
+                grads = [g for g, _ in output_gradients(model, store, ids, cross_document)]
+            else:
+                grads = torch.autograd.grad(_loss(model, store, ids, cross_document, dev, "mean"), params)
             for (name, i, block, kind, _), g in zip(mats, grads):
                 rows.append({"probe": probe, "position": int(p), "layer_name": name, "layer": i, "block": block, "matrix": kind,
                              "stable_rank": stable_rank(g)})
     finally:
         model.train(was_training)
     return pl.DataFrame(rows)
+
+
+def output_gradients(model, store: SequenceStore, ids: np.ndarray, cross_document: bool = False) -> list[tuple[object, object]]:
+    """(M, X) of every layer matrix of :func:`layer_matrices` on the batch ``ids``: M in R^{T x d_out}
+    the gradient of the batch's mean loss with respect to the layer's output y_t = W x_t at each of
+    the T = B * seq_len positions, X in R^{T x d_in} its inputs; so dLoss/dW = M^T X."""
+    import torch
+
+    modules = [m for _, _, _, _, m in _modules(model)]
+    dev = modules[0].weight.device.type
+    seen: dict[int, tuple[object, object]] = {}
+
+    def keep(i):
+        def hook(_module, inp, out):
+            if i in seen:
+                raise StrataInputError("a layer ran twice in one forward pass", fix="probe stable ranks with stable_rank_matrix: weights")
+            seen[i] = (inp[0], out)
+        return hook
+
+    hooks = [mod.register_forward_hook(keep(i)) for i, mod in enumerate(modules)]
+    try:
+        loss = _loss(model, store, ids, cross_document, dev, "mean")
+    finally:
+        for h in hooks:
+            h.remove()
+    seen = [seen[i] for i in range(len(modules))]
+    outs = torch.autograd.grad(loss, [o for _, o in seen])
+    return [(g.reshape(-1, g.shape[-1]).float(), x.detach().reshape(-1, x.shape[-1]).float()) for g, (x, _) in zip(outs, seen)]
+
+
+def _modules(model) -> list[tuple[str, int, str, str, object]]:
+    """:func:`layer_matrices` with the linear modules instead of their weights, in the same order."""
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        for block, mod, names in (("attention", layer.self_attn, ATTENTION), ("mlp", layer.mlp, MLP)):
+            for n in names:
+                out.append((f"layers.{i}.{block}.{n}", i, block, n.removesuffix("_proj"), getattr(mod, n)))
+    return out
 
 
 def summarize_stable_ranks(rows: pl.DataFrame) -> pl.DataFrame:
