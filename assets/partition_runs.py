@@ -20,8 +20,12 @@ side").
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Callable, Iterable
 
 import dagster as dg
@@ -50,18 +54,72 @@ def side_by_side_workers(names: Iterable[str], n_partitions: int, setting: int, 
     return workers if workers >= 2 and n_partitions >= 2 * workers else 1
 
 
+_RECORD = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")  # a Dagster log record's first line
+
+
+class _Terminal:
+    """``sys.stderr`` during a run: every byte goes to the run's log file; the terminal gets the same
+    except the body of Dagster's ERROR records (the repeated error and ~80 lines of stack trace),
+    which it replaces by one line naming the log file."""
+
+    def __init__(self, term, log: Path):
+        self.term, self.path, self.skipping = term, log, False
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "a", encoding="utf-8", errors="replace")
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        if _RECORD.match(text):
+            self.skipping = " - ERROR - " in text
+            if self.skipping:
+                self.term.write(text.splitlines()[0] + f"\n  (the error and its trace: {self.path})\n")
+                return len(text)
+        if not self.skipping:
+            self.term.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.log.flush()
+        self.term.flush()
+
+    def isatty(self) -> bool:
+        return self.term.isatty()
+
+    def __getattr__(self, name):
+        return getattr(self.term, name)
+
+
+def run_log_path() -> Path | None:
+    """The log file of this ``strata run`` (``STRATA_RUN_LOG``, set by ``materialize_all``), if any."""
+    value = os.environ.get("STRATA_RUN_LOG")
+    return Path(value) if value else None
+
+
 def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,
                     log_level: str = "INFO", tags: dict | None = None) -> None:
-    """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself."""
+    """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself,
+    its fix naming the run's log file (:func:`run_log_path`), where Dagster's trace went instead of the terminal."""
+    log = run_log_path()
+    saved = sys.stderr
+    if log is not None:
+        sys.stderr = _Terminal(saved, log)
     try:
         result = dg.materialize(
             all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
             raise_on_error=True, run_config={"loggers": {"console": {"config": {"log_level": log_level}}}}, tags=tags,
         )
-    except dg.DagsterUserCodeExecutionError as exc:
-        if isinstance(exc.user_exception, StrataInputError):
-            raise exc.user_exception from None
-        raise
+    except (dg.DagsterUserCodeExecutionError, StrataInputError) as exc:
+        err = exc.user_exception if isinstance(exc, dg.DagsterUserCodeExecutionError) else exc
+        if not isinstance(err, StrataInputError):
+            raise
+        if log is None or str(log) in err.fix:
+            raise err from None
+        raise StrataInputError(err.problem, path=err.path, line=err.line,
+                               fix=f"{err.fix} (Dagster's log of the run, with the trace: {log})") from None
+    finally:
+        if log is not None:
+            sys.stderr.log.close()
+            sys.stderr = saved
     if not result.success:
         raise RuntimeError(f"materialization failed: {', '.join(selection)}" + (f" [{partition}]" if partition else ""))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import socket
 from pathlib import Path
 
@@ -177,6 +178,9 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     cfg = resolve_config(config_file, data_root)
     defs = build_definitions(config_file, str(cfg.root))
     chosen = selected_keys(defs, select)
+    # Dagster's records of this call's runs, traces included (hidden: not an artifact); workers inherit it
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    os.environ["STRATA_RUN_LOG"] = str(cfg.root / ".logs" / f"run-{stamp}-{os.getpid()}.log")
     record_config(cfg)
     instance = instance or dg.DagsterInstance.get()
     sync_partitions(instance, cfg, defs.resolve_asset_graph())

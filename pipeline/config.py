@@ -133,9 +133,6 @@ class StrataConfig(_Model):
     objective: Literal[OBJECTIVES] = "stationary"  # type: ignore[valid-type]  # greedy objective: stationary | f1 | f2 | f3 | custom (docs/ordering.md)
     families: list[str] = Field(default_factory=list, validate_default=True)  # objective custom: "name[:weight[:classes]]", e.g. [cluster, length_bin:1, concentration:0.5:16, source:0.5]
     length_bins: int = Field(100, ge=1)
-    # quantiles of the greedy's length bins: tokens (each bin ~1/B of the tokens) | documents (each bin ~1/B of the
-    # documents: Don't Shuffle, Optimize's "quantile histogram over document lengths" read literally)
-    length_bin_weighting: Literal["tokens", "documents"] = "tokens"
     lam: float = Field(1.0, ge=0.0)
     noise: float = Field(0.0, ge=0.0)  # sigma_sched (units of mean sequence length squared)
     curriculum: str = ""  # knots file for greedy_curriculum
@@ -203,9 +200,6 @@ class StrataConfig(_Model):
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
 
-    @field_validator("packing")
-    @classmethod
-    def _packing(cls, value: str) -> str:
     @field_validator("data_root")
     @classmethod
     def _data_root(cls, value: str) -> str:
@@ -214,6 +208,9 @@ class StrataConfig(_Model):
                              "whose folders Strata would replace)")
         return value
 
+    @field_validator("packing")
+    @classmethod
+    def _packing(cls, value: str) -> str:
         if value not in PACKING_SPECS:
             raise ValueError(f"unknown packing; use one of {list(PACKING_SPECS)}")
         return value
@@ -441,22 +438,37 @@ def config_from_dict(data: dict[str, Any]) -> StrataConfig:
         raise validation_error(exc) from None
 
 
-def load_config(path: str | os.PathLike) -> StrataConfig:
-    """Read a YAML or JSON config file (keys as in :class:`StrataConfig`)."""
+def read_config_data(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping a YAML/JSON config file holds, unvalidated; a missing file, bytes that are not
+    UTF-8, bad syntax or anything but a mapping is a StrataInputError naming the file (and line)."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise StrataInputError("config file not found", path=path, fix="pass an existing YAML/JSON file to --config")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StrataInputError(f"config is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", path=path,
+                               line=raw[: exc.start].count(b"\n") + 1, fix="save the file as UTF-8") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise StrataInputError(f"config is not valid YAML/JSON ({exc})", path=path, fix="correct the syntax") from exc
+        raise StrataInputError(f"config is not valid YAML/JSON ({exc})", path=path, fix="correct the syntax") from None
+    except (RecursionError, ValueError) as exc:
+        raise StrataInputError(f"config cannot be read ({type(exc).__name__})", path=path, fix="write a flat mapping of keys to values") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise StrataInputError("config must be a mapping of keys to values", path=path, fix="see README 'Headless, on your own corpus'")
+    return data
+
+
+def load_config(path: str | os.PathLike) -> StrataConfig:
+    """Read a YAML or JSON config file (keys as in :class:`StrataConfig`)."""
+    path = Path(path)
+    data = read_config_data(path)
     try:
         return config_from_dict(data)
     except StrataInputError as err:
@@ -473,7 +485,7 @@ def resolve_config(config_file: str | os.PathLike | None = None, data_root: str 
         cfg.data_root = str(data_root)
     elif "data_root" not in cfg.model_fields_set and environ.get("STRATA_HOME"):
         cfg.data_root = environ["STRATA_HOME"]
-    return cfg
     from pipeline.storage.layout import check_data_root
 
     check_data_root(cfg.root, write=False)  # a data root that is a file stops here, naming the fix
+    return cfg

@@ -300,3 +300,100 @@ def test_status_of_an_empty_root_is_not_another_roots_history(tmp_path):
     assert disk.problem("corpus", None) == ""
     assert "not on disk" in disk.problem("tokens", None) and "tokens.bin" in disk.problem("tokens", None)
     assert disk.problem("clusters", None) == ""  # nothing recorded: Dagster's word
+
+
+# --------------------------------------------------------------------------- 3. crashes are input errors
+
+
+HOSTILE_LINES = {
+    "surrogate": '{"id": "s", "text": "half an emoji \\ud83d here"}',
+    "deep": '{"id": "d", "text": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "huge-id": '{"id": ' + "7" * 5000 + ', "text": "a huge id"}',
+}
+
+
+@pytest.mark.parametrize("case, message", [("deep", "nested too deeply"), ("huge-id", "unreadable JSON value")])
+def test_hostile_json_records_are_input_errors_or_skipped(write_jsonl, case, message):
+    from pipeline.config import CorpusConfig
+    from pipeline.data.shards import ShardReport, read_shard
+
+    path = write_jsonl([{"id": "a", "text": "fine"}, HOSTILE_LINES[case], {"id": "b", "text": "fine too"}])
+    with pytest.raises(StrataInputError, match=message) as err:
+        list(read_shard(path, CorpusConfig(path=str(path))))
+    assert err.value.line == 2 and err.value.path == path and "on_error: skip" in err.value.fix
+    report = ShardReport(str(path))
+    rows = pl_concat(read_shard(path, CorpusConfig(path=str(path), on_error="skip"), report))
+    assert rows["id"].to_list() == ["a", "b"] and [line for line, _ in report.skipped] == [2]
+
+
+def pl_concat(batches):
+    import polars as pl
+
+    return pl.concat(list(batches))
+
+
+def test_lone_surrogates_are_replaced_and_counted(write_jsonl, tmp_path):
+    from pipeline.config import CorpusConfig
+    from pipeline.data.corpus import validate_unit
+
+    path = write_jsonl([{"id": "a", "text": "fine"}, HOSTILE_LINES["surrogate"]])
+    out = tmp_path / "shard.parquet"
+    info = validate_unit(str(path), CorpusConfig(path=str(path)), 0.0, 0, out)
+    assert info["surrogates_replaced"] == 1 and info["skipped"] == []
+    import polars as pl
+
+    assert "half an emoji \ufffd here" in pl.read_parquet(out)["text"].to_list()
+
+
+def test_invalid_utf8_in_a_parquet_string_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.config import CorpusConfig
+    from pipeline.data.shards import ShardReport, read_shard
+
+    text = pa.array([b"ok text", b"bad \xff\xfe text", b"fine"], type=pa.binary()).view(pa.string())
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": text}), path)
+    with pytest.raises(StrataInputError, match="invalid UTF-8") as err:
+        list(read_shard(path, CorpusConfig(path=str(path))))
+    assert err.value.line == 2 and "text" in str(err.value)
+    report = ShardReport(str(path))
+    rows = pl_concat(read_shard(path, CorpusConfig(path=str(path), on_error="skip"), report))
+    assert rows["id"].to_list() == ["a", "c"] and rows["line"].to_list() == [1, 3]
+    assert report.skipped == [(2, "invalid UTF-8 in a string column")] and report.n_read == 3
+
+
+def test_bad_config_files_and_freeze_prefix_values(tmp_path, capsys):
+    from pipeline.config import load_config
+    from pipeline.packing.frozen import frozen_count
+
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("seed: 1\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(StrataInputError, match="not UTF-8") as err:
+        load_config(latin1)
+    assert err.value.line == 2
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("seed: [1\n")
+    for cfg in (latin1, malformed, tmp_path / "missing.yaml"):
+        rc, err_text = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--freeze-prefix", "5"])
+        assert rc == 2 and str(cfg) in err_text and "Fix:" in err_text and "Traceback" not in err_text
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a stream\n")
+    with pytest.raises(StrataInputError, match="not a training run's stream.parquet"):
+        frozen_count(f"consumed:{notes}")
+    assert notes.read_text() == "not a stream\n"
+
+
+def test_a_failing_asset_prints_one_clean_error_and_logs_the_trace(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("STRATA_RUN_LOG", "")  # strata run sets it; unset again after the test
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "hello"}\n{"id": "c" "text": "x"}\n')
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"corpus: {{path: {corpus}}}\n")
+    rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--select", "corpus_shards"])
+    assert rc == 2 and "line 2: malformed JSON" in err
+    assert "Stack Trace" not in err and "Traceback" not in err and 'File "' not in err
+    logs = list((tmp_path / "root" / ".logs").glob("run-*.log"))
+    assert len(logs) == 1 and str(logs[0]) in err.splitlines()[-1]
+    assert "Stack Trace" in logs[0].read_text()

@@ -50,12 +50,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from pipeline.config import config_from_dict, resolve_config
+    from pipeline.config import config_from_dict, read_config_data, resolve_config
 
-    data = yaml.safe_load(Path(args.config).read_text(encoding="utf-8")) or {}
+    data = read_config_data(args.config)  # a missing, non-UTF-8 or malformed file stops here, naming it
     value = args.freeze_prefix
     data["freeze_prefix"] = int(value) if value.strip().isdigit() else value
-    config_from_dict({**data, "data_root": "."})  # a bad value stops here, naming the fix
+    try:
+        config_from_dict({**data, "data_root": "."})  # a bad value stops here, naming the fix
+    except StrataInputError as err:
+        raise StrataInputError(err.problem, path=args.config, fix=err.fix) from None
     root = resolve_config(args.config, args.data_root).root
     root.mkdir(parents=True, exist_ok=True)
     path = root / "run_config.yaml"

@@ -16,6 +16,8 @@ shards. Memory: one batch of documents plus about 10 bytes a document.
 
 from __future__ import annotations
 
+import logging
+
 import contextlib
 import hashlib
 import json
@@ -325,6 +327,9 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
             if writer is not None:
                 writer.close()
     info = {"unit": unit, "n_read": sr.n_read, "skipped": [[int(line), reason] for line, reason in sr.skipped]}
+    if sr.surrogates_replaced:  # lone UTF-16 surrogates (half an emoji) replaced by U+FFFD: counted, logged
+        info["surrogates_replaced"] = sr.surrogates_replaced
+        logging.getLogger(__name__).warning("%s: %d record(s) held lone UTF-16 surrogates, replaced by U+FFFD", unit, sr.surrogates_replaced)
     write_json(info, out.with_suffix(".json"))
     return info
 

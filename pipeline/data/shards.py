@@ -48,6 +48,17 @@ class ShardReport:
     path: str
     n_read: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    surrogates_replaced: int = 0  # records whose strings held lone UTF-16 surrogates, replaced by U+FFFD
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str from json.loads a surrogate is always lone (pairs decode to one code point)
+
+
+def replace_surrogates(row: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+    """``row`` with every lone surrogate replaced by U+FFFD (UTF-8 cannot encode one), and whether any was."""
+    if not any(_SURROGATE.search(v) for v in row):
+        return row, False
+    return tuple(_SURROGATE.sub("\ufffd", v) for v in row), True
 
 
 def is_shard(path: Path) -> bool:
@@ -250,7 +261,9 @@ def _batches(items: Iterable[tuple[int, Any]], parse: Callable[[Any, int], Any],
     for line_no, item in items:
         report.n_read += 1
         try:
-            rows.append(check_record(parse(item, line_no), cfg, where, line_no))
+            row, replaced = replace_surrogates(check_record(parse(item, line_no), cfg, where, line_no))
+            report.surrogates_replaced += replaced
+            rows.append(row)
             lines.append(line_no)
         except StrataInputError as err:
             if cfg.on_error == "fail":
@@ -278,6 +291,12 @@ def _read_jsonl(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: 
                 f"malformed JSON ({exc.msg} at column {exc.colno})", path=path, line=line_no,
                 fix="make each line one complete JSON object, or set corpus.on_error: skip",
             ) from None
+        except RecursionError:
+            raise StrataInputError("JSON nested too deeply to read", path=path, line=line_no,
+                                   fix="flatten the record (a document is an object with a text string), or set corpus.on_error: skip") from None
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+            raise StrataInputError(f"unreadable JSON value ({str(exc).split(':')[0]})", path=path, line=line_no,
+                                   fix="write huge numbers (ids) as strings, or set corpus.on_error: skip") from None
 
     try:
         with pa.input_stream(str(path), compression="detect") as raw:
@@ -310,12 +329,19 @@ def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows
     try:
         batches = pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=True)
         for batch in batches:
+            batch, bad_utf8 = _valid_utf8(batch)
+            if bad_utf8 is not None and cfg.on_error == "fail":
+                raise StrataInputError(f"invalid UTF-8 in the string column {bad_utf8[1]!r}", path=path, line=row + int(np.flatnonzero(bad_utf8[0])[0]) + 1,
+                                       fix="re-encode the strings as UTF-8, or set corpus.on_error: skip (the line is the 1-based row)")
             df = pl.from_arrow(batch)
             assert isinstance(df, pl.DataFrame)
             n = df.height
             line = pl.int_range(row + 1, row + n + 1, dtype=pl.Int64, eager=True)
             text = df[cfg.text_field].cast(pl.String)
             bad = (text.is_null() | (text.str.strip_chars().str.len_bytes() == 0)).to_numpy()
+            if bad_utf8 is not None:  # on_error: skip: those rows are skipped for what they are
+                report.skipped += [(int(i) + row + 1, "invalid UTF-8 in a string column") for i in np.flatnonzero(bad_utf8[0])]
+                bad = bad & ~bad_utf8[0]
             report.n_read += n
             if bad.any():
                 first = int(np.flatnonzero(bad)[0])
@@ -324,6 +350,8 @@ def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows
                     raise StrataInputError(f"document text is {what}", path=path, line=row + first + 1,
                                            fix="remove the row or set corpus.on_error: skip (the line is the 1-based row)")
                 report.skipped += [(int(i) + row + 1, "document text is empty, null or whitespace") for i in np.flatnonzero(bad)]
+            if bad_utf8 is not None:
+                bad = bad | bad_utf8[0]
             doc_id = df[cfg.id_field].cast(pl.String) if cfg.id_field in df.columns else line.cast(pl.String)
             doc_id = doc_id.fill_null(line.cast(pl.String))
             source = (df[cfg.source_field].cast(pl.String) if cfg.source_field in df.columns else pl.Series([None] * n, dtype=pl.String)).fill_null("corpus")
@@ -336,6 +364,38 @@ def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows
         raise
     except Exception as exc:
         raise StrataInputError(f"cannot read Parquet after row {row} ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
+
+
+def _valid_utf8(batch):
+    """``(batch, None)`` when every string column is valid UTF-8 (the Arrow readers panic on one that
+    is not); else the batch with the invalid values nulled and ``(bad rows mask, first bad column)``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    bad, first = None, None
+    columns = list(batch.columns)
+    for i, col in enumerate(columns):
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue
+        try:
+            col.validate(full=True)
+            continue
+        except pa.ArrowInvalid:
+            pass
+        raw = col.view(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+        mask = np.zeros(len(raw), bool)
+        for j, v in enumerate(raw.to_pylist()):
+            if v is not None:
+                try:
+                    v.decode("utf-8")
+                except UnicodeDecodeError:
+                    mask[j] = True
+        columns[i] = pc.if_else(pa.array(mask), pa.scalar(None, raw.type), raw).view(col.type)
+        bad = mask if bad is None else bad | mask
+        first = first or batch.schema.names[i]
+    if bad is None:
+        return batch, None
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema), (bad, first)
 
 
 def read_shard(path: Path, cfg: CorpusConfig, report: ShardReport | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:

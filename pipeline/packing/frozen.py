@@ -239,7 +239,12 @@ def frozen_count(value: int | str) -> int:
     if not path.is_file():
         raise StrataInputError(f"freeze_prefix {value!r}: no training stream at {path}", path=path,
                                fix="name a training run's folder (runs/<strategy>/seed<k>) or its stream.parquet, or use consumed:STEPSxGLOBAL_BATCH")
-    return pl.read_parquet(path, columns=["position"]).height
+    try:
+        return pl.read_parquet(path, columns=["position"]).height
+    except Exception as exc:  # not Parquet, or no position column
+        raise StrataInputError(f"freeze_prefix {value!r}: {path} is not a training run's stream.parquet ({type(exc).__name__})",
+                               path=path, fix="name a training run's folder (runs/<strategy>/seed<k>) or its stream.parquet, "
+                                              "or use consumed:STEPSxGLOBAL_BATCH") from None
 
 
 def chain_entry(layout, n_sequences: int, n_frozen: int) -> dict:
