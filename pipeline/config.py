@@ -14,6 +14,7 @@ The same object backs the Dagster resource (assets/common.py), the launchpad's p
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -26,8 +27,25 @@ from pipeline.names import EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPE
 __all__ = ["CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "config_from_dict", "load_config", "resolve_config", "validation_error"]
 
 
+MAX_VOCAB = 1 << 20  # token ids fit uint32 and the BPE trainer's pair tables stay in memory (1e9 asked for 70 GB)
+MAX_BATCH_TOKENS = 1 << 24  # seq_len x batch_size: 16.8M tokens a step (a 4M-token batch is large pre-training)
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True)
+
+    @field_validator("*")
+    @classmethod
+    def _finite(cls, value: Any, info: ValidationInfo) -> Any:
+        """lr: .inf, or a NaN anywhere, is refused at load, not met mid-run (the ODM fractions' own
+        validator refuses them with its range)."""
+        if info.field_name in ("odm_smoothing", "odm_warmup_fraction"):
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("use a finite number (not inf or nan), e.g. 0.001")
+        if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
+            raise ValueError("use finite numbers (not inf or nan)")
+        return value
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
@@ -111,7 +129,7 @@ class StrataConfig(_Model):
     heldout_fraction: float = Field(0.02, ge=0.0, lt=0.5)  # seeded split of documents excluded from training
     # tokenizer
     tokenizer: str = ""  # "" = train a byte-level BPE on the corpus; else HF dir/name or tokenizer.json
-    vocab_size: int = Field(8192, ge=260)  # 256 byte symbols + special tokens
+    vocab_size: int = Field(8192, ge=260, le=MAX_VOCAB)  # 256 byte symbols + special tokens; beyond MAX_VOCAB the BPE trainer's tables do not fit
     tokenizer_sample_chars: int = Field(50_000_000, ge=0)  # BPE trains on a seeded sample of about this many characters (0 = all)
     # embeddings
     embed_method: Literal[EMBED_METHODS] = "sentence"  # type: ignore[valid-type]
@@ -126,7 +144,7 @@ class StrataConfig(_Model):
     kmeans_max_points_per_centroid: int = Field(256, ge=1)
     keep_centroids: bool = True  # corpus only appended to: keep the trained centroids, assign the new shards (false: retrain)
     # sequences
-    seq_len: int = Field(256, ge=2)
+    seq_len: int = Field(256, ge=2, le=MAX_BATCH_TOKENS)
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     # orderings
     strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed", "odm", "cluster_sorted"], min_length=1)  # cluster_sorted: the positive control
@@ -149,7 +167,7 @@ class StrataConfig(_Model):
     # a rerun keeps the first N positions of every strategy's stream byte-identical (docs/reliability.md "Adding data
     # while training"): N sequences, "consumed:STEPSxGLOBAL_BATCH" or "consumed:<run dir or its stream.parquet>"; 0 = off
     freeze_prefix: int | str = 0
-    batch_size: int = Field(16, ge=1)  # sequences per optimizer step (also the diagnostics batch)
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH_TOKENS // 2)  # sequences per optimizer step (also the diagnostics batch)
     stationarity_shuffles: int = Field(50, ge=1)  # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
     # training
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds: model init + every seeded strategy's shuffle/noise/sampler; one run per strategy x seed (strata demo: [0, 1, 2])
@@ -199,6 +217,15 @@ class StrataConfig(_Model):
     # scheduling
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_tokens(cls, value: int, info: ValidationInfo) -> int:
+        seq_len = info.data.get("seq_len")
+        if isinstance(seq_len, int) and seq_len * value > MAX_BATCH_TOKENS:
+            raise ValueError(f"seq_len x batch_size = {seq_len * value:,} tokens a step cannot fit the machine; "
+                             f"keep it <= {MAX_BATCH_TOKENS:,} (e.g. batch_size: {max(1, MAX_BATCH_TOKENS // seq_len)})")
+        return value
 
     @field_validator("data_root")
     @classmethod
@@ -354,6 +381,7 @@ class StrataConfig(_Model):
 
 
 _TYPE_FIXES = {
+    "finite_number": "use a finite number (not inf or nan), e.g. {key}: 0.001",
     "int_type": "write an integer without quotes, e.g. {key}: 32",
     "int_from_float": "write an integer, e.g. {key}: 32",
     "float_type": "write a number without quotes, e.g. {key}: 0.5",
@@ -373,7 +401,7 @@ _TYPE_FIXES = {
 _HINTS = {  # fixes that say more than the range
     "k": "use k >= 1 clusters (and at most the number of documents)",
     "seq_len": "use an integer >= 2, e.g. 256",
-    "vocab_size": "use >= 260 (256 byte symbols + special tokens)",
+    "vocab_size": f"use 260 (256 byte symbols + special tokens) to {MAX_VOCAB:,}",
     "heldout_fraction": "use a fraction in [0, 0.5)",
 }
 

@@ -397,3 +397,37 @@ def test_a_failing_asset_prints_one_clean_error_and_logs_the_trace(tmp_path, cap
     logs = list((tmp_path / "root" / ".logs").glob("run-*.log"))
     assert len(logs) == 1 and str(logs[0]) in err.splitlines()[-1]
     assert "Stack Trace" in logs[0].read_text()
+
+
+# --------------------------------------------------------------------------- 4. nothing runs away
+
+
+@pytest.mark.parametrize("values, key", [({"vocab_size": 10**9}, "vocab_size"), ({"batch_size": 10**9}, "batch_size"),
+                                         ({"seq_len": 8192, "batch_size": 4096}, "seq_len x batch_size"),
+                                         ({"lr": float("inf")}, "lr"), ({"lr": float("nan")}, "lr")])
+def test_values_that_cannot_fit_the_machine_are_refused_at_load(tmp_path, values, key):
+    import yaml
+
+    from pipeline.config import load_config
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(values))
+    with pytest.raises(StrataInputError, match="Fix:") as err:
+        load_config(cfg)
+    assert key in str(err.value) and str(cfg) in str(err.value)
+
+
+def test_a_symlink_cycle_under_a_glob_is_refused_not_followed_forever(tmp_path):
+    import polars as pl
+
+    from pipeline.data.shards import discover_shards
+
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    pl.DataFrame({"id": ["a"], "text": ["hello"]}).write_parquet(corpus / "sub" / "part-0.parquet")
+    (corpus / "sub" / "loop").symlink_to(corpus)
+    (corpus / "self").symlink_to(corpus)
+    for spec in (str(corpus / "**" / "*.parquet"), str(corpus)):
+        with pytest.raises(StrataInputError, match="symbolic link cycle") as err:
+            discover_shards(spec)
+        assert "Fix:" in str(err.value)
