@@ -129,6 +129,41 @@ def test_stable_rank_claim_pairs_probes_and_reads_the_ratio(tmp_path):
         C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
 
 
+def _alternating_srank_rows(greedy, random, probes: int = 8) -> pl.DataFrame:
+    """2 seeds x ``probes`` x 2 layers x 3 MLP matrices; srank ``greedy(probe)`` and ``random(probe)``."""
+    return pl.DataFrame([{"strategy": s, "seed": seed, "checkpoint": "100%", "probe": p, "position": p, "layer_name": f"layers.{i}.mlp.{m}",
+                          "layer": i, "block": "mlp", "matrix": m, "stable_rank": float(f(p))}
+                         for s, f in (("greedy", greedy), ("random", random)) for seed in (0, 1) for p in range(probes)
+                         for i in range(2) for m in ("gate", "up", "down")])
+
+
+def test_min_stable_rank_claim_reads_the_worst_batch(tmp_path):
+    """Greedy's srank is 6 on every batch; random's alternates 3 and 12 (geometric mean 6): the mean
+    claim sees a ratio of 1, the minimum claim 6 / 3 = 2 (reproduced, and the bootstrap's draws of
+    probes are paired, so a draw without a bad batch is rare); swapped, it is 1/2 (not reproduced)."""
+    rows = _alternating_srank_rows(lambda p: 6.0, lambda p: 3.0 if p % 2 else 12.0)
+    data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=rows)
+    (mean_row,) = C.stable_rank_claims(data)
+    assert mean_row.value == pytest.approx(1.0)
+    (c,) = C.min_stable_rank_claims(data)
+    assert c.key == "terrific.min_stable_rank.mlp.100%" and c.paper == C.TERRIFIC and c.n == 2 * 8
+    assert c.value == pytest.approx(2.0) and c.ci_low == pytest.approx(2.0) and c.verdict == "reproduced"
+    assert "12/12 (seed, matrix) cells" in c.detail
+    shuffled = rows.sample(fraction=1.0, shuffle=True, seed=1)  # row order does not move the interval
+    (again,) = C.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=shuffled))
+    assert (again.value, again.ci_low, again.ci_high) == (c.value, c.ci_low, c.ci_high)
+    swapped = _alternating_srank_rows(lambda p: 3.0 if p % 2 else 12.0, lambda p: 6.0)
+    (c,) = C.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=swapped))
+    assert c.value == pytest.approx(0.5) and c.verdict == "not reproduced"
+    # paired probes: srank 5 + p vs 2 + p, the minimum of any draw is at the same probe of both runs
+    la, lb = C.log_srank_cube(_alternating_srank_rows(lambda p: 5.0 + p, lambda p: 2.0 + p), "100%", "mlp")
+    assert la.shape == (2, 8, 6)
+    mean, lo, hi = C.min_ratio_bootstrap(la, lb, 400, 0)
+    assert math.exp(mean) == pytest.approx(2.5) and math.exp(hi) == pytest.approx(2.5) and math.exp(lo) > 1.0
+    with pytest.raises(C.MissingData):
+        C.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+
+
 def test_diversity_table_on_a_sorted_corpus(tmp_path):
     """40 documents of 8 tokens (5 + 3 of... stream length 8), cluster 0 then cluster 1 in corpus
     order, 16-token sequences: the corpus order packs two same-cluster documents per sequence
@@ -320,7 +355,8 @@ def test_registry_section_and_table(tmp_path):
     finally:
         del C.CLAIMS["test_only_claim"]
     assert calls == [7] and [c.key for c in found] == ["x.y"] and found[0].verdict == "reproduced"
-    assert set(missing) == {"dso_prefix_error", "dso_stationarity", "dso_worst_vs_best_batch", "dso_stable_rank", "dot_diversity_table",
+    assert set(missing) == {"dso_prefix_error", "dso_stationarity", "dso_worst_vs_best_batch", "dso_stable_rank",
+                            "terrific_min_stable_rank", "dot_diversity_table",
                             "terrific_fidelity", "dot_epoch_boundary", "packing"}
     frame = C.claims_frame(found)
     assert frame.schema == pl.Schema(C.CLAIM_SCHEMA) and frame["verdict"][0] == "reproduced"
