@@ -151,6 +151,9 @@ class StrataConfig(_Model):
     objective: Literal[OBJECTIVES] = "stationary"  # type: ignore[valid-type]  # greedy objective: stationary | f1 | f2 | f3 | custom (docs/ordering.md)
     families: list[str] = Field(default_factory=list, validate_default=True)  # objective custom: "name[:weight[:classes]]", e.g. [cluster, length_bin:1, concentration:0.5:16, source:0.5]
     length_bins: int = Field(100, ge=1)
+    # quantiles of the greedy's length bins: tokens (each bin ~1/B of the tokens) | documents (each bin ~1/B of the
+    # documents: Don't Shuffle, Optimize's "quantile histogram over document lengths" read literally)
+    length_bin_weighting: Literal["tokens", "documents"] = "tokens"
     lam: float = Field(1.0, ge=0.0)
     noise: float = Field(0.0, ge=0.0)  # sigma_sched (units of mean sequence length squared)
     curriculum: str = ""  # knots file for greedy_curriculum
