@@ -84,3 +84,37 @@ def test_simulated_campaigns_keep_the_error_rate_and_reach_the_power():
     assert null["p_better"] + null["p_worse"] <= 0.06
     alt = Q.simulate_campaigns(DEMO, -d.margin, d, 100, seed=2, max_units=400, budget_runs=200)
     assert alt["p_better"] >= 0.75 and alt["p_worse"] == 0
+
+
+def test_fit_reads_the_spreads_from_a_data_roots_duckdb(tmp_path):
+    import duckdb
+    import polars as pl
+
+    from pipeline.errors import StrataInputError
+
+    rng = np.random.default_rng(5)
+    true = Q.PairedModel(0.03, 0.06, 0.1, 7.0)
+    n_s, n_u = 30, 60
+    base = 7.0 + rng.normal(0, 0.2, n_u)  # per-document baseline level, shared by both arms
+    rows = []
+    for strategy, shift in (("random", 0.0), ("greedy", -0.02), ("odm", 0.0), ("cluster_sorted", 0.5)):
+        b = rng.normal(0, true.sigma_doc, n_u) if strategy != "random" else np.zeros(n_u)
+        for s in range(n_s):
+            a = rng.normal(0, true.sigma_seed) if strategy != "random" else 0.0
+            e = rng.normal(0, true.sigma_res, n_u) if strategy != "random" else np.zeros(n_u)
+            c = 3.0 if strategy == "cluster_sorted" else 1.0  # the control's own spread is left out
+            for u in range(n_u):
+                rows += [{"strategy": strategy, "seed": s, "step": step, "tokens_seen": step, "unit": f"d{u}",
+                          "loss": base[u] + shift + c * (a + b[u] + e[u]) + (1.0 if step == 0 else 0.0)} for step in (0, 30)]
+    db = tmp_path / "strata.duckdb"
+    with duckdb.connect(str(db)) as con:
+        df = pl.DataFrame(rows)  # noqa: F841
+        con.execute("CREATE TABLE heldout_curve AS SELECT * FROM df")
+    model, fitted = Q.fit_paired_model(db)
+    assert fitted["strategies"] == ["greedy", "odm"] and fitted["n_seeds"] == n_s
+    assert model.sigma_seed == pytest.approx(0.03, rel=0.35) and model.sigma_doc == pytest.approx(0.06, rel=0.25)
+    assert model.sigma_res == pytest.approx(0.1, rel=0.1) and model.baseline_mean == pytest.approx(base.mean(), abs=1e-9)
+    with pytest.raises(StrataInputError, match="no paired runs"):
+        Q.fit_paired_model(db, metric="heldout/all/doc_bits_per_byte")
+    with pytest.raises(StrataInputError, match="no DuckDB"):
+        Q.fit_paired_model(tmp_path / "missing.duckdb")

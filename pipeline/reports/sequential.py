@@ -418,3 +418,43 @@ def simulate_campaigns(model: PairedModel, delta: float, dsg: Design, n: int, se
             "rounds": float(np.mean([o["rounds"] for o in out])), "seeds": float(np.mean([o["seeds"]["s0"] for o in out])),
             "units": float(np.mean([o["units"] for o in out])), "runs": float(np.mean([o["runs"] for o in out])),
             "runs_max": int(max(o["runs"] for o in out))}
+
+
+def fit_paired_model(db_path, baseline: str = "random", metric: str = "heldout_batch/loss", control: str | None = "cluster_sorted",
+                     strategies: list[str] | None = None) -> tuple[PairedModel, dict]:
+    """The paired-difference model fitted on the runs a data root's DuckDB holds: for each strategy
+    (but ``control``) its (seeds, units) differences to ``baseline`` on ``metric`` (``heldout_curve``'s
+    last step for ``heldout_batch/loss``, else ``eval_units`` / ``eval_results``, as the report reads
+    them), the components of eq. (2) of ``pipeline.reports.stats`` pooled over the strategies as the
+    power statement pools them. Returns the model and what it was fitted on (strategies, seeds,
+    units, the database). A clear ``StrataInputError`` when the database has no such runs."""
+    from pathlib import Path
+
+    import duckdb
+    import polars as pl
+
+    from pipeline.errors import StrataInputError
+    from pipeline.reports.stats import POOLED, power_table
+    from pipeline.reports.tables import run_units
+
+    path = Path(db_path)
+    if not path.is_file():
+        raise StrataInputError("no DuckDB file to fit the paired model on", path=path,
+                               fix="pass a data root's strata.duckdb after `strata demo` or `strata run` trained its runs")
+    with duckdb.connect(str(path), read_only=True) as con:
+        have = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in ("heldout_curve", "eval_results", "eval_units") if t in have}
+    units = run_units(read.get("heldout_curve"), read.get("eval_results"), read.get("eval_units"))
+    units = units.filter(pl.col("metric") == metric)
+    if strategies is not None:
+        units = units.filter(pl.col("strategy").is_in([baseline, *strategies]))
+    power = power_table(units, baseline, control, metric=metric)
+    pooled = power.filter(pl.col("strategy") == POOLED)
+    if pooled.is_empty():
+        raise StrataInputError(f"no paired runs of {metric!r} against {baseline!r} with 2 seeds or more", path=path,
+                               fix=f"train {baseline} and another strategy with at least 2 seeds (strata demo trains 3)")
+    r = pooled.row(0, named=True)
+    fitted = sorted(set(power["strategy"]) - {POOLED, control})
+    return (PairedModel(r["sigma_seed"], r["sigma_doc"], r["sigma_res"], r["baseline_mean"]),
+            {"database": str(path), "metric": metric, "baseline": baseline, "strategies": fitted,
+             "n_seeds": r["n_seeds"], "n_units": r["n_units"]})
