@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -41,8 +41,28 @@ from pipeline.reports import kernels as K
 from pipeline.reports.markdown import table_lines
 from pipeline.storage.atomic import write_npy
 
-if TYPE_CHECKING:
-    from pipeline.reports.diagnostics import Composition, Schedule
+
+
+class Composition(Protocol):
+    """What this module reads of :class:`pipeline.reports.diagnostics.Composition` (typed here,
+    not imported: diagnostics imports this module)."""
+
+    seq: np.ndarray
+    group: np.ndarray
+    tokens: np.ndarray
+    n_sequences: int
+    n_groups: int
+
+    def global_share(self) -> np.ndarray: ...
+
+
+class Schedule(Protocol):
+    """What this module reads of :class:`pipeline.reports.diagnostics.Schedule`."""
+
+    clusters: Composition
+    bins: Composition
+    position: np.ndarray
+    n_sequences: int
 
 SHUFFLES = 5  # R: uniform shuffles whose worst windows span random's band
 BAND_STREAM = 0x5177  # spawn key of the band's shuffles: not the stationarity band's, nor default_rng(seed)'s
