@@ -102,7 +102,9 @@ def _iteration_file(layout, i: int):
 @dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"], partitions_def=ITERATION_PARTITIONS, code_version="1", kinds={"pytorch"})
 def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Static TerRIFIC iteration i: Train (fresh model on the realized mixture softmax(l_i), greedy
-    order) -> Measure (Delta l at the final checkpoint) -> Update (l_{i+1} = l_i + eta Delta l).
+    order) -> Measure (Delta l at the final checkpoint; with ``mixture.static_method: terrific_avg``
+    the mean Delta l over ``mixture.avg_checkpoints`` doubling checkpoints, TerRIFIC-AVG) ->
+    Update (l_{i+1} = l_i + eta Delta l).
     l_0 = log corpus shares; iteration i > 0 reads iteration i-1's ``next_logit``.
 
     Writes ``mixture/iterations/<i>.parquet`` (iteration, cluster, logit, weight, score, delta,
@@ -123,7 +125,7 @@ def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettin
         if not prev.exists():
             raise StrataInputError(f"iteration {i} needs iteration {i - 1}", fix=f"materialize mixture_iterations[{i - 1}] first (partitions run in order)")
         logits = pl.read_parquet(prev).sort("cluster")["next_logit"].to_numpy()
-    it = static_iteration(ctx, logits, seed=cfg.seed)
+    it = static_iteration(ctx, logits, seed=cfg.seed, method=cfg.mixture.static_method, avg_checkpoints=cfg.mixture.avg_checkpoints)
     rows = pl.DataFrame({
         "iteration": np.full(ctx.n_clusters, i, dtype=np.int64), "cluster": np.arange(ctx.n_clusters, dtype=np.int64),
         "logit": it.logits, "weight": it.weights, "score": it.measurement.scores, "delta": it.measurement.delta,
@@ -139,7 +141,8 @@ def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettin
         replace_rows(con, "mixture_scores", scores, {"iteration": i})
     top = rows.sort("delta", descending=True).head(5).select("cluster", "weight", "score", "delta")
     return rec.finish([out], {"clusters": ctx.n_clusters}, {"iteration": i, **cfg.mixture.model_dump()},
-                      {**{k: float(v) for k, v in metrics.items()}, "top_clusters": dg.MetadataValue.md(frame_table(top))})
+                      {**{k: float(v) for k, v in metrics.items()}, "measured_at_steps": list(it.steps),
+                       "top_clusters": dg.MetadataValue.md(frame_table(top))})
 
 
 @dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["mixture_iterations"], code_version="1", kinds={"parquet"})

@@ -104,6 +104,10 @@ class MixtureConfig(_Model):
     target_source: str = ""  # held-out source used as the target when target_path is empty; "" = the largest
     iterations: int = Field(3, ge=1)  # static Train -> Measure -> Update iterations (partitions of mixture_iterations)
     step_size: float = Field(1.0, gt=0.0)  # eta: logits += eta * delta (static and curriculum)
+    # the static mixture's update: terrific (Delta l at the final checkpoint) | terrific_avg (TerRIFIC-AVG: the mean
+    # Delta l over avg_checkpoints checkpoints N_max/2^k, k = A-1..0; the paper's 400M..6.4B) (docs/mixture.md)
+    static_method: Literal["terrific", "terrific_avg"] = "terrific"
+    avg_checkpoints: int = Field(5, ge=2)  # terrific_avg: A checkpoints (the paper: 5); needs max_steps >= 2^(A-1)
     curriculum_iterations: int = Field(2, ge=0)  # meta-iterations t of Algorithm 1
     checkpoints: int = Field(3, ge=1)  # B log-uniform checkpoints per meta-iteration
     min_fraction: float = Field(0.1, gt=0.0, lt=1.0)  # N_min as a fraction of the token budget (N_max = the budget)

@@ -198,3 +198,37 @@ def test_target_split_and_bad_target_file(tmp_path):
     good.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"}\n')
     docs = target_documents(held, read_target_file(good), "", 0)
     assert docs.filter(pl.col("role") < 2).height == 3 and docs.filter(pl.col("role") == 2).height == 9
+
+
+def test_terrific_avg_by_hand():
+    """TerRIFIC-AVG (TerRIFIC curricula, "Experimental Setup" 3): the update is the mean of the
+    stabilized Delta l at checkpoints N_max/16, /8, /4, /2, N_max (the paper's 400M ... 6.4B
+    tokens); TerRIFIC takes the final checkpoint's alone."""
+    from pipeline.config import config_from_dict
+    from pipeline.errors import StrataInputError
+    from pipeline.mixture.loop import static_checkpoints, static_update
+    from pipeline.mixture.terrific import Measurement
+
+    assert static_checkpoints("terrific_avg", 32, 8) == [2, 4, 8, 16, 32]
+    # the demo's budget, 30 steps of 16 x 256 tokens: 7,680 / 15,360 / 30,720 / 61,440 / 122,880 tokens
+    assert static_checkpoints("terrific_avg", 30, 16 * 256) == [2, 4, 8, 15, 30]
+    assert static_checkpoints("terrific", 30, 16 * 256) == [30]
+    assert static_checkpoints("terrific_avg", 30, 16 * 256, avg_checkpoints=2) == [15, 30]
+    with pytest.raises(StrataInputError, match="raise max_steps to at least 16"):
+        static_checkpoints("terrific_avg", 8, 8)  # N_max/16 and N_max/8 both fall on step 1
+    with pytest.raises(StrataInputError, match="mixture.static_method"):
+        static_checkpoints("terrific_mean", 8, 8)
+    deltas = {2: [1.0, 0.0, -1.0], 4: [2.0, 0.0, -2.0], 8: [0.0, 1.0, -1.0], 16: [1.0, 1.0, -2.0], 32: [1.0, -2.0, 1.0]}
+    measured = {k: Measurement(scores=np.array(d) * 10, delta=np.array(d), present=np.array([True, True, k != 8]), clip_t=float(k),
+                               target_loss=float(k), n_examples=3) for k, d in deltas.items()}
+    logits = np.array([0.5, 0.0, -0.5])
+    applied, nxt = static_update(logits, measured, [2, 4, 8, 16, 32], eta=0.5)
+    # mean Delta l = ([1,0,-1] + [2,0,-2] + [0,1,-1] + [1,1,-2] + [1,-2,1]) / 5 = [1, 0, -1]
+    assert np.allclose(applied.delta, [1.0, 0.0, -1.0]) and np.allclose(nxt, [1.0, 0.0, -1.0])
+    assert np.allclose(applied.scores, [10.0, 0.0, -10.0]) and applied.present.tolist() == [True, True, False]
+    assert applied.clip_t == 32.0 and applied.target_loss == 32.0
+    single, nxt = static_update(logits, measured, [32], eta=0.5)
+    assert np.allclose(nxt, [1.0, -1.0, 0.0]) and single.delta.tolist() == [1.0, -2.0, 1.0]
+    assert config_from_dict({"mixture": {"static_method": "terrific_avg"}}).mixture.avg_checkpoints == 5
+    with pytest.raises(StrataInputError, match="static_method"):
+        config_from_dict({"mixture": {"static_method": "avg"}})

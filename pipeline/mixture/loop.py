@@ -2,8 +2,16 @@
 
 Static (TerRIFIC curricula, "Warmup"): logits l_0 = log(corpus token shares of the clusters);
 iteration i trains a fresh model on the realized mixture p_i = softmax(l_i) (``realize.py``,
-greedy order), measures Delta l at the final checkpoint (``terrific.measure``) and sets
-l_{i+1} = l_i + eta Delta l.
+greedy order), measures Delta l and sets l_{i+1} = l_i + eta Delta l. Two of the paper's
+configurations ("Experimental Setup"), by name (``mixture.static_method``):
+
+- ``terrific`` ("A static mixture learned from a single 6.4B-token checkpoint"): Delta l measured
+  at the final checkpoint (``terrific.measure``).
+- ``terrific_avg`` (TerRIFIC-AVG, "A static mixture learned by averaging influence information from
+  400M, 800M, 1.6B, 3.2B, and 6.4B-token checkpoints"): the same run measured at A checkpoints
+  N_max / 2^k, k = A-1, ..., 0 (the paper's A = 5: 6.4B / 16 ... 6.4B, each double the one
+  before), and Delta l = (1/A) sum_k Delta l(theta_{N_k}), the mean of the A stabilized
+  sub-updates ("averaging 5 distinct sub-updates"). ``mixture.avg_checkpoints`` = A.
 
 Curricula (TerRIFIC curricula, "Learning Scale-Dependent Logits" / Algorithm 1): f_t(N) is piecewise
 linear in s = log N (the ``Curriculum`` of ``pipeline.ordering.curriculum``, clamped outside its
@@ -200,30 +208,68 @@ def evaluate(ctx: MetaContext, model) -> dict[str, float]:
     return out
 
 
+STATIC_METHODS = ("terrific", "terrific_avg")  # mixture.static_method (module doc)
+
+
 @dataclass(frozen=True)
 class StaticIteration:
     logits: np.ndarray  # l_i, trained on
     weights: np.ndarray  # softmax(l_i)
-    measurement: Measurement
+    measurement: Measurement  # the applied update: the final checkpoint's, or (terrific_avg) the mean over the checkpoints
     next_logits: np.ndarray  # l_{i+1} = l_i + eta Delta l
     realization: Realization
     scores: dict[str, float]  # target_loss / heldout_loss of the trained model
     final_train_loss: float
-
-
-def static_iteration(ctx: MetaContext, logits: np.ndarray, seed: int) -> StaticIteration:
-    """One Train -> Measure -> Update iteration of the static TerRIFIC optimizer."""
-    w = softmax(logits)
-    order, real = static_order(ctx, w, seed)
-    model, log, measured = train_and_measure(ctx, order, [ctx.train.max_steps])
-    m = measured[ctx.train.max_steps]
-    final = float(np.mean([r["loss"] for r in log[-max(1, len(log) // 10):]]))
-    return StaticIteration(np.asarray(logits, dtype=np.float64), w, m, logits + ctx.step_size * m.delta, real, evaluate(ctx, model), final)
+    steps: tuple[int, ...] = ()  # the checkpoints measured (steps after which; the last is max_steps)
 
 
 def checkpoint_step(n_tokens: float, tokens_per_step: int, max_steps: int) -> int:
     """The first step after which the run has consumed >= ``n_tokens`` (budget tokens, L per sequence)."""
     return int(np.clip(np.ceil(n_tokens / tokens_per_step), 1, max_steps))
+
+
+def static_checkpoints(method: str, max_steps: int, tokens_per_step: int, avg_checkpoints: int = 5) -> list[int]:
+    """The steps a static iteration measures at: ``terrific``, the last; ``terrific_avg``, the first
+    step reaching N_max / 2^k for k = A-1, ..., 0 (N_max = max_steps x tokens_per_step; the paper's
+    400M ... 6.4B tokens). The A checkpoints must be distinct steps."""
+    from pipeline.errors import StrataInputError
+
+    if method not in STATIC_METHODS:
+        raise StrataInputError(f"unknown static TerRIFIC method {method!r}", fix=f"set mixture.static_method to one of {', '.join(STATIC_METHODS)}")
+    if method == "terrific":
+        return [max_steps]
+    n_max = float(max_steps) * tokens_per_step
+    steps = [checkpoint_step(n_max / 2**k, tokens_per_step, max_steps) for k in range(avg_checkpoints - 1, -1, -1)]
+    if len(set(steps)) < len(steps):
+        raise StrataInputError(f"TerRIFIC-AVG's {avg_checkpoints} checkpoints N_max/2^k fall on the steps {steps} of a {max_steps}-step run, "
+                               "so some coincide", fix=f"raise max_steps to at least {2 ** (avg_checkpoints - 1)} or lower mixture.avg_checkpoints")
+    return steps
+
+
+def static_update(logits: np.ndarray, measured: dict[int, Measurement], steps: list[int], eta: float) -> tuple[Measurement, np.ndarray]:
+    """The Update of a static iteration from the measurements at ``steps``: Delta l = the mean of their
+    stabilized Delta l (one step: that one), l' = l + eta Delta l. Returns ``(applied, l')``, where
+    ``applied`` carries the mean scores and Delta l over ``steps`` and the last step's clip t,
+    target loss and example count (clusters present: present at every step)."""
+    ms = [measured[int(k)] for k in steps]
+    last = ms[-1]
+    delta = np.mean([m.delta for m in ms], axis=0)
+    applied = Measurement(scores=np.mean([m.scores for m in ms], axis=0), delta=delta,
+                          present=np.logical_and.reduce([m.present for m in ms]), clip_t=last.clip_t,
+                          target_loss=last.target_loss, n_examples=last.n_examples)
+    return applied, np.asarray(logits, dtype=np.float64) + eta * delta
+
+
+def static_iteration(ctx: MetaContext, logits: np.ndarray, seed: int, method: str = "terrific",
+                     avg_checkpoints: int = 5) -> StaticIteration:
+    """One Train -> Measure -> Update iteration of the static TerRIFIC optimizer (``method``: module doc)."""
+    steps = static_checkpoints(method, ctx.train.max_steps, ctx.train.batch_size * ctx.pool.seq_len, avg_checkpoints)
+    w = softmax(logits)
+    order, real = static_order(ctx, w, seed)
+    model, log, measured = train_and_measure(ctx, order, steps)
+    m, next_logits = static_update(logits, measured, steps, ctx.step_size)
+    final = float(np.mean([r["loss"] for r in log[-max(1, len(log) // 10):]]))
+    return StaticIteration(np.asarray(logits, dtype=np.float64), w, m, next_logits, real, evaluate(ctx, model), final, tuple(steps))
 
 
 @dataclass(frozen=True)
