@@ -189,7 +189,7 @@ class StrataConfig(_Model):
     odm_warmup_fraction: float = 0.01  # ODM: fraction of the steps at the prior policy, in [0, 1)
     odm_clock: Literal["draw", "step"] = "draw"  # ODM's exploration clock t: micro-batch draws (Strata's) | steps (the paper's Alg. 1)
     odm_micro_batches: int = Field(0, ge=0)  # ODM's G: cluster draws per step, a divisor of batch_size; 0 = batch_size (the paper: 8)
-    odm_initial_weights: Literal["warmup", "exp3"] = "warmup"  # ODM's prior: the warm-up's policy only (Strata's) | also the Gibbs weights (the paper's)
+    odm_initial_weights: Literal["warmup", "exp3"] = "warmup"  # ODM's prior: the warm-up's policy only (the paper's: Alg. 1 starts R = 0) | also the Gibbs weights (Strata's variant)
     attention: Literal["auto", "dense", "flex"] = "auto"  # document masking: auto = FlexAttention block masks on CUDA, dense mask on CPU
     compile: bool = False  # torch.compile the decoder (GPU runs)
     heldout_docs: int = Field(64, ge=1)  # fixed held-out batch: first N held-out documents (first seq_len tokens each)

@@ -209,33 +209,48 @@ def test_policy_moves_within_a_demo_sized_run_towards_the_high_loss_cluster():
 
 
 def test_two_steps_by_hand_with_the_papers_clock_and_initial_weights():
-    """Algorithm 1 by hand, K = 2 pools of 3 and 1 sequences (prior p = 0.75 / 0.25), G = 2, alpha = 0.5,
-    no warm-up. Step 1: both micro-batches from arm 0, losses 2 and 1, so R_0 = 0.5 * 0 + 0.5 * 3 / pi_1(0).
-    The paper (clock: step, the prior as Exp3's initial weights) evaluates step 2 at t = 2:
-    E_2 = sqrt(ln 2 / 4), E_1 = 1/2 and pi_2 = (1 - 2 E_2) p_i e^{E_1 R_i} / sum_j p_j e^{E_1 R_j} + E_2.
-    Strata's default (clock: draw, prior for the warm-up only) evaluates it at t = 1 + G = 3 with a uniform
-    Gibbs weight: pi_2 = (1 - 2 E_3) e^{E_2 R_i} / sum_j e^{E_2 R_j} + E_3."""
+    """Algorithm 1 by hand, K = 2 pools of 3 and 1 sequences (prior p = 0.75 / 0.25), G = 2, alpha = 0.5.
+
+    No warm-up. Step 1: both micro-batches from arm 0, losses 2 and 1, so R_0 = 0.5 * 0 + 0.5 * 3 / pi_1(0).
+    The paper (clock: step; Alg. 1 line 1 starts R = 0 and line 4 has no prior term) evaluates step 2
+    at t = 2: E_2 = sqrt(ln 2 / 4), E_1 = 1/2, pi_2 = (1 - 2 E_2) e^{E_1 R_i} / sum_j e^{E_1 R_j} + E_2.
+    Strata's default clock (draw) evaluates it at t = 1 + G = 3: pi_2 = (1 - 2 E_3) e^{E_2 R_i} / sum_j
+    e^{E_2 R_j} + E_3. Strata's ``exp3`` variant keeps p in the Gibbs term:
+    pi_2 = (1 - 2 E_2) p_i e^{E_1 R_i} / sum_j p_j e^{E_1 R_j} + E_2.
+
+    With the paper's 1% warm-up of 100 steps (1 step): pi_1 = p ("initialize the domain weights"
+    with the prior; "the policy remains stationary"), no reward is recorded, and step 2 is line 4
+    from R = 0: uniform. ``exp3`` gives (1 - 2 E_2) p + E_2 there instead."""
     from pipeline.training.odm import ODMPolicy
 
-    def two_steps(**kw):
-        pol = ODMPolicy(np.array([3, 1]), total_steps=100, smoothing=0.5, warmup_fraction=0.0, **kw)
+    def two_steps(warmup=0.0, **kw):
+        pol = ODMPolicy(np.array([3, 1]), total_steps=100, smoothing=0.5, warmup_fraction=warmup, **kw)
         pi1 = pol.begin(2)
         pol.record(np.array([0, 0]), np.array([2.0, 1.0]), pi1, pol.step)
         return pi1, pol.rewards.copy(), pol.begin(2)
 
-    # step 1 in both: t = 1, E_1 = min(1/2, sqrt(ln 2 / 2) = 0.589) = 1/2, so pi_1 = (1 - 1) * ... + 1/2 = uniform
+    # step 1 without warm-up: t = 1, E_1 = min(1/2, sqrt(ln 2 / 2) = 0.589) = 1/2, so pi_1 = (1 - 1) * ... + 1/2 = uniform
     e1, e2, e3 = 0.5, math.sqrt(math.log(2) / 4), math.sqrt(math.log(2) / 6)
     r0 = 0.5 * 3.0 / 0.5  # = 3.0
-    a, b = 0.75 * math.exp(e1 * r0), 0.25 * math.exp(e1 * 0.0)
-    paper = np.array([(1 - 2 * e2) * a / (a + b) + e2, (1 - 2 * e2) * b / (a + b) + e2])  # 0.5721, 0.4279
+    a, b = math.exp(e1 * r0), 1.0
+    paper = np.array([(1 - 2 * e2) * a / (a + b) + e2, (1 - 2 * e2) * b / (a + b) + e2])
+    a, b = 0.75 * math.exp(e1 * r0), 0.25
+    exp3 = np.array([(1 - 2 * e2) * a / (a + b) + e2, (1 - 2 * e2) * b / (a + b) + e2])  # 0.5721, 0.4279
     a, b = math.exp(e2 * r0), 1.0
     strata = np.array([(1 - 2 * e3) * a / (a + b) + e3, (1 - 2 * e3) * b / (a + b) + e3])
-    pi1, rewards, pi2 = two_steps(clock="step", initial_weights="exp3")
+    pi1, rewards, pi2 = two_steps(clock="step", initial_weights="warmup")
     assert np.allclose(pi1, [0.5, 0.5]) and np.allclose(rewards, [r0, 0.0])
-    assert np.allclose(pi2, paper, rtol=0, atol=1e-12) and abs(paper[0] - 0.572130) < 1e-5
+    assert np.allclose(pi2, paper, rtol=0, atol=1e-12) and abs(paper[0] - 0.553176) < 1e-5
+    pi1, rewards, pi2 = two_steps(clock="step", initial_weights="exp3")
+    assert np.allclose(pi2, exp3, rtol=0, atol=1e-12) and abs(exp3[0] - 0.572130) < 1e-5
     pi1, rewards, pi2 = two_steps()
     assert np.allclose(pi1, [0.5, 0.5]) and np.allclose(rewards, [r0, 0.0])
     assert np.allclose(pi2, strata, rtol=0, atol=1e-12) and not np.allclose(strata, paper, atol=1e-3)
+    # the paper's 1% warm-up: the prior for step 1, then Algorithm 1 from R = 0
+    pi1, rewards, pi2 = two_steps(warmup=0.01, clock="step")
+    assert np.allclose(pi1, [0.75, 0.25]) and np.allclose(rewards, 0.0) and np.allclose(pi2, [0.5, 0.5], rtol=0, atol=1e-12)
+    pi1, rewards, pi2 = two_steps(warmup=0.01, clock="step", initial_weights="exp3")
+    assert np.allclose(pi1, [0.75, 0.25]) and np.allclose(pi2, (1 - 2 * e2) * np.array([0.75, 0.25]) + e2, rtol=0, atol=1e-12)
 
 
 def test_odm_config_keys_reach_the_sampler_and_refuse_a_g_that_does_not_divide_the_batch():

@@ -26,15 +26,20 @@ steps, i.e. for a whole demo-sized run; counting draws, the policy moves after ~
 reward scale is Alg. 1's (summed loss / pi, no rescaling).
 
 **The initial domain weights** (``initial_weights``, config ``odm_initial_weights``). The paper
-"initialize[s] the domain weights using those defined by The Pile"; in Exp3 the domain weights
-are the Gibbs term's weights w_i, so with w_i(0) = the prior p_i (here the pool shares) line 4 reads
+"initialize[s] the domain weights using those defined by The Pile" (section 3): the domain weights
+are the sampling distribution pi(D_i), so pi starts at the prior p (here the pool shares), and
+"during [the warm-up] the model trains, but the policy remains stationary" (section 2): pi = p for
+the warm-up. Algorithm 1 itself keeps no weights but the rewards: line 1 initializes R_i = 0 and
+E_0 = 1/K, and line 4 has no prior term, so once the warm-up is over the policy is line 4 as
+printed, from R = 0 (uniform until rewards come in): ``initial_weights="warmup"``, **the paper's
+method** and the default. ``initial_weights="exp3"`` is Strata's variant, not in the paper: it
+keeps p as a standing factor of the Gibbs term (Exp3 with initial weights w_i(0) = p_i),
 
-    pi_t(D_i) = (1 - K E_t) p_i exp(E_{t-1} R_i) / sum_j p_j exp(E_{t-1} R_j) + E_t
+    pi_t(D_i) = (1 - K E_t) p_i exp(E_{t-1} R_i) / sum_j p_j exp(E_{t-1} R_j) + E_t,
 
-and, the rewards starting at 0, the policy after the warm-up starts at (1 - K E_t) p + E_t and
-leaves the prior only as rewards move it: ``initial_weights="exp3"``, **the paper's method**.
-Strata's default, ``initial_weights="warmup"``, uses the prior only as the warm-up's policy; after
-the warm-up the Gibbs term is Alg. 1's line 4 as printed, uniform until rewards come in.
+so after the warm-up the policy starts at (1 - K E_t) p + E_t and leaves p only as rewards move it.
+(With R_i(0) = 0 there is no reading of line 1 under which p survives the warm-up: an initial
+R_i = ln(p_i) / E_0 would, but line 1 sets R_i = 0.)
 
 Choices where the paper is open, as a careful reimplementation would make them:
 - A sequence's cluster is the cluster holding most of its tokens (ties: the smaller cluster id);
@@ -175,7 +180,7 @@ class ODMPolicy:
             raise StrataInputError(f"unknown ODM clock {clock!r}", fix="set odm_clock: draw (Strata's) or step (the paper's)")
         if initial_weights not in ("warmup", "exp3"):
             raise StrataInputError(f"unknown ODM initial weights {initial_weights!r}",
-                                   fix="set odm_initial_weights: warmup (Strata's) or exp3 (the paper's)")
+                                   fix="set odm_initial_weights: warmup (the paper's) or exp3 (the prior also as Exp3's Gibbs weights)")
         self.clock, self.initial_weights = clock, initial_weights
         self.k = sizes.size
         self.alpha = float(smoothing)
