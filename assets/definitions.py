@@ -16,6 +16,7 @@ set_thread_policy()  # before any asset imports torch
 
 from assets import checks, claims, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
 from assets import mixture  # noqa: E402
+from assets.ablate_job import ablate as ablate_job  # noqa: E402
 from assets.common import StrataSettings, config_source, sync_partitions  # noqa: E402
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
@@ -60,6 +61,7 @@ def build_definitions(config_file: str | None = None, data_root: str | None = No
         assets=assets,
         asset_checks=dg.load_asset_checks_from_modules(_MODULES),
         sensors=[config_sensor(config_file, data_root, cfg)],
+        jobs=[ablate_job],
         resources={
             "settings": StrataSettings(config_file=str(config_file or ""), data_root=str(cfg.root)),
             "duckdb": DuckDBResource(database=str(cfg.root / "strata.duckdb")),

@@ -70,7 +70,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
 AblationReportParams = PARAM_CLASSES["ablation_report"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses", "claims"], code_version="4", kinds={"duckdb"})
+@dg.asset(group_name="ablation", deps=["evaluations", "training_runs", "gradient_analyses", "claims"], code_version="5", kinds={"duckdb"})
 def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
                     config: AblationReportParams) -> dg.MaterializeResult:
     """Strategy x metric table (the fixed held-out batch's final loss and every evaluation
@@ -125,6 +125,14 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     if flagged is not None and flagged.height:
         extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + frame_table(flagged) + "\n"
     claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
+    if "ablation_campaign" in tables:  # the latest `strata ablate` campaign: verdicts and its intervals round by round
+        from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
+
+        with duckdb.get_connection() as con:
+            campaign = con.sql("SELECT * FROM ablation_campaign WHERE campaign = (SELECT arg_max(campaign, created_at) "
+                               "FROM ablation_campaign) ORDER BY round, strategy").pl()
+        figures["ablation_campaign"] = plot_campaign(campaign, layout.inside("report", "ablation_campaign.png"))
+        extra += "\n" + campaign_markdown(campaign, "ablation_campaign.png")
     md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity, power=power, claims=claims_md)
     outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet")),
                write_parquet(power, layout.inside("report", "ablation_power.parquet"))]

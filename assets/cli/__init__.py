@@ -38,7 +38,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from assets.cli.demo import write_demo_config
 
     root = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").resolve()
-    return _materialize(str(write_demo_config(root, args.config, args.evals)), str(root))
+    code = _materialize(str(write_demo_config(root, args.config, args.evals)), str(root))
+    from assets.ablate import demo_ablate_sentence
+
+    if sentence := demo_ablate_sentence(root):  # what a sequential campaign would need to answer the question
+        print(sentence)
+    return code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -289,8 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="the registries: ordering strategies, export formats, eval suites (with STRATA_PLUGINS' entries)")
     listing.add_argument("family", nargs="?", choices=REGISTRIES, help="which registry (default: all three)")
     listing.set_defaults(func=cmd_list)
-    from assets.cli import export, schedule, tools
+    from assets.cli import ablate, export, schedule, tools
 
+    ablate.register(sub)
     schedule.register(sub)
     tools.register(sub)
     export.register(sub)
