@@ -44,7 +44,7 @@ from pipeline.ordering.characteristics import Characteristics, Family, character
 from pipeline.ordering.features import Csr, SequenceFeatures
 from pipeline.ordering.repair import repair_batches
 from pipeline.segments import ids_by_key, stable_argsort
-from pipeline.threads import concurrently, cores
+from pipeline.threads import concurrently
 
 TIE_RTOL = 1e-9
 
@@ -345,6 +345,7 @@ EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exac
 BLOCK = 4_096  # default `greedy_block`: sequences per block of the blocked mode
 POOL_SLACK = 0.5  # the blocked mode's deal picks a block from a pool of (1 + POOL_SLACK) blocks
 HEAD_POOL = 16  # ... and its first block, in the order picked, from a pool of this many blocks
+CARRY = 64  # sequences each block's order leaves to the next block's (two batches of 32)
 
 
 def greedy_mode(n_sequences: int, exact_max: int = EXACT_MAX) -> str:
@@ -416,20 +417,31 @@ def tracked_blocks(
 
 def _blocks_in_order(chars: Characteristics, lengths: np.ndarray, blocks: Iterator[tuple[np.ndarray, bool]], n_blocks: int,
                      noise: float, seed: int) -> np.ndarray:
-    """Each block of ``blocks`` not yet ordered ordered by the exact greedy on its own targets from
-    an empty state, concatenated; the orderings run on the other cores while ``blocks`` deals the
-    next block here (the kernel releases the GIL)."""
+    """The blocks of ``blocks`` in schedule order, concatenated: each block not yet ordered is
+    ordered by the exact greedy on its own targets from an empty state, together with the
+    ``CARRY`` rows the block before left, and leaves its own last ``CARRY`` to the next block (the
+    last block takes everything). Without the carry each block would end on the rows its greedy
+    had no choice left about (the drained tail: a block's worst batches straddled its end); carried
+    over, they are placed among a fresh block's rows. The orderings run in block order on a worker
+    thread while ``blocks`` deals the next block here (the kernel releases the GIL)."""
     bar = tqdm(total=n_blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)
+    carry = np.zeros(0, dtype=np.int64)
 
     def order(i: int, rows: np.ndarray, ordered: bool) -> np.ndarray:
+        nonlocal carry
         if not ordered:
+            rows = np.sort(np.concatenate([rows, carry]))
+            n_pick = rows.size if i == n_blocks - 1 or rows.size <= 2 * CARRY else rows.size - CARRY
             sub, ln = chars.take_rows(rows), lengths[rows]
-            rows = rows[greedy_rows(sub, ln, sub.targets(ln), GreedyState.empty(sub.n_cols), None, noise, seed + n_blocks + i)]
+            picked = greedy_rows(sub, ln, sub.targets(ln), GreedyState.empty(sub.n_cols), n_pick, noise, seed + n_blocks + i)
+            left = np.ones(rows.size, dtype=bool)
+            left[picked] = False
+            rows, carry = rows[picked], rows[left]
         bar.update(1)
         return rows
 
-    with ThreadPoolExecutor(max(1, cores() - 1)) as workers:
-        parts = [f.result() for f in [workers.submit(order, i, rows, ordered) for i, (rows, ordered) in enumerate(blocks)]]
+    with ThreadPoolExecutor(1) as worker:  # one worker: block i's carry is block i + 1's input
+        parts = [f.result() for f in [worker.submit(order, i, rows, ordered) for i, (rows, ordered) in enumerate(blocks)]]
     bar.close()
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
@@ -476,7 +488,8 @@ def greedy_blocked_order(
     2. Each later block ordered by the exact greedy with its *own* targets (its tau, kappa, rho) from an
        empty state. A block holds the global shares plus the small correction e_i - e_{i-1} of the
        stream's cumulative offset e, so inside it the cumulative offset moves from e_{i-1} to e_i
-       about linearly, and the block drains balanced: its last batches are as good as its first.
+       about linearly, and the block drains balanced. Its last ``CARRY`` rows, those its greedy had
+       no choice left about, go to the next block's order (:func:`_blocks_in_order`).
 
     Why both halves (docs/ordering.md "Greedy at scale" has the measurements): blocks dealt
     independently (every n-th row of the stratified stream) are excellent per batch, but their
@@ -484,8 +497,10 @@ def greedy_blocked_order(
     error is no better than a shuffle's; one greedy with the global targets and a carried state over
     a sliding pool (``greedy_windowed_order``) tracks the prefix, but its pool fills with the
     sequences it passes over and its last pool, drained without refills, holds its worst batches.
-    The deal keeps the tracking and hands each block to the exact greedy whole; the rows the deal
-    passes over are not lost, only moved to a later block.
+    Ordering the tracked blocks from the carried state against the global targets instead of their
+    own piles each block's small offset into its tail. The deal keeps the tracking and hands each
+    block to the exact greedy whole; the rows the deal passes over are not lost, only moved to a
+    later block.
 
     With ``block`` >= M there is one block and the order equals ``greedy_order``'s. Noise: the deal's
     round i draws its eps_s with seed ``seed + i``, block i's ordering with ``seed + n_blocks + i``.
