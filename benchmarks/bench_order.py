@@ -45,6 +45,7 @@ cluster and length-bin shares (batch 32) with its ratio to f3's exact greedy wit
     python benchmarks/bench_order.py --prefix       # the prefix table at 300k and 1M (exact, independent blocks, greedy)
     python benchmarks/bench_order.py --prefix --10m # ... and at 10M
     python benchmarks/bench_order.py --prefix --design  # the designs not taken, at 300k
+    python benchmarks/bench_order.py --prefix [--design] --table  # the results file as docs/ordering.md's table
     taskset -c 0 python benchmarks/bench_order.py   # pin to one core
 """
 
@@ -241,8 +242,20 @@ def bench_curriculum(f: SequenceFeatures, seed: int) -> dict:
 
 
 def curriculum_quality(f: SequenceFeatures, rows: np.ndarray, cur: Curriculum) -> dict:
+    """Per-batch deviation from the curriculum, and the cumulative tracking of E(S) (TerRIFIC
+    curricula): ||T(t) - E(S(t))|| / S(t) over cluster tokens at PREFIX_POINTS log-spaced prefixes,
+    its median and its largest value over the last 90% of the stream."""
+    from pipeline.reports.diagnostics import log_spaced_points, prefix_totals
+
     d = curriculum_batch_deviations(f, rows, cur, BATCH)
-    return {"dev": float(d.mean()), "dev_median": float(np.median(d)), "dev_max": float(d.max())}
+    t = log_spaced_points(f.n_sequences, PREFIX_POINTS)
+    t = t[t < f.n_sequences]
+    position = np.empty(rows.size, dtype=np.int64)
+    position[rows] = np.arange(rows.size)
+    totals, s = prefix_totals(entries(f.clusters), position, t)
+    err = np.linalg.norm(totals - cur.cumulative(s), axis=1) / s
+    return {"dev": float(d.mean()), "dev_median": float(np.median(d)), "dev_max": float(d.max()),
+            "cum_err_median": float(np.median(err)), "cum_err_max_last90": float(err[t > f.n_sequences / 10].max())}
 
 
 def case_curriculum(mode: str, m: int, seed: int) -> dict:
@@ -272,7 +285,9 @@ def show_curriculum(r: dict, exact: dict | None = None) -> None:
     dev = lambda q: f"{q['dev']:.4f}/{q['dev_median']:.4f}/{q['dev_max']:.4f}"  # noqa: E731
     line = (f"{r['mode']:<19} M={r['M']:<11,} {r['seconds']:8.1f} s (cpu {r['cpu_s']:.1f} s)  peak RSS {r['peak_rss_mb']:6.0f} MB"
             f" (building the instance: peak {r['build_peak_rss_mb']:.0f} MB, {r['held_rss_mb']:.0f} MB held into the ordering)"
-            f"  batch{BATCH} deviation from the curriculum mean/median/worst {dev(r)} (random {dev(r['random'])})")
+            f"  batch{BATCH} deviation from the curriculum mean/median/worst {dev(r)} (random {dev(r['random'])})"
+            f"  cumulative ||T - E(S)||/S median {r['cum_err_median']:.2e}, worst past the first tenth {r['cum_err_max_last90']:.2e}"
+            f" (random {r['random']['cum_err_median']:.2e}, {r['random']['cum_err_max_last90']:.2e})")
     if exact is not None:
         line += f"  mean {r['dev'] / exact['dev']:.3f}x exact's (target <= 1.2)"
     print(line, flush=True)
@@ -353,6 +368,7 @@ def main() -> None:
     ap.add_argument("--prefix", action="store_true", help="only the prefix table (issue 41): exact, independent blocks and greedy "
                     "at 300k and 1M (10M with --10m); writes benchmarks/results/order_prefix.json")
     ap.add_argument("--design", action="store_true", help="with --prefix: the design alternatives at 300k instead")
+    ap.add_argument("--table", action="store_true", help="with --prefix: print the markdown table of the results file instead")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -362,6 +378,10 @@ def main() -> None:
     s = 10 if args.quick else 1
     if args.curriculum:
         curriculum_cases(s, args.ten_m)
+        return
+    if args.prefix and args.table:
+        name = "order_prefix_design.json" if args.design else "order_prefix.json"
+        print(prefix_markdown(Path(__file__).resolve().parent / "results" / name))
         return
     if args.prefix:
         prefix_table(s, args.ten_m, args.design)
@@ -494,6 +514,7 @@ DESIGNS = {  # --design: the alternatives measured against `greedy` (tracked dea
     "design_pool1.25": "a pool of 1.25 blocks",
     "design_head1.5": "the first block from a pool of 1.5 blocks",
     "design_carried": "blocks ordered from the carried state against the global targets",
+    "design_no_carry": "each block's order drained whole (no rows carried to the next block's)",
 }
 
 
@@ -514,6 +535,7 @@ def case_prefix(mode: str, m: int, k: int, zipf: float, seq_len: int, seed: int,
         block = 8_192 if mode == "design_block8192" else OrderParams().greedy_block
         G.POOL_SLACK = 0.25 if mode == "design_pool1.25" else G.POOL_SLACK
         G.HEAD_POOL = 1.5 if mode == "design_head1.5" else G.HEAD_POOL
+        G.CARRY = 0 if mode == "design_no_carry" else G.CARRY
         rows = sequence_order("greedy", f, OrderParams(objective=objective, bins=B, greedy_exact_max=0, greedy_block=block), seed)
     else:
         name, overrides = MODES[mode]
@@ -547,11 +569,12 @@ def show_prefix(r: dict, ref: dict | None) -> None:
     )
 
 
-def _commit() -> str:
+def _commit() -> tuple[str, list[str]]:
+    """HEAD's commit and the tracked files that differ from it (none: the results are HEAD's)."""
     root = Path(__file__).resolve().parents[1]
     rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True).stdout
-    return rev + ("+dirty" if dirty.strip() else "")
+    dirty = subprocess.run(["git", "diff", "--name-only", "HEAD"], cwd=root, capture_output=True, text=True).stdout.split()
+    return rev, dirty
 
 
 def _machine() -> dict:
@@ -573,7 +596,9 @@ def prefix_table(scale: int, ten_m: bool, design: bool = False) -> None:
     cases = [c for c in PREFIX_INSTANCES if not design or c[0] == 300_000] + ([PREFIX_10M] if ten_m and not design else [])
     name = "order_prefix_design" if design else "order_prefix"
     out = Path(__file__).resolve().parent / "results" / (f"{name}.json" if scale == 1 else f"{name}_quick.json")
-    doc = {"benchmark": "bench_order.py --prefix", "commit": _commit(), "machine": _machine(),
+    commit, dirty = _commit()
+    doc = {"benchmark": "bench_order.py --prefix" + (" --design" if design else ""), "commit": commit, "modified_files": dirty,
+           "machine": _machine(),
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "objective": OBJECTIVE, "batch": BATCH, "points": PREFIX_POINTS,
            "shuffles": PREFIX_SHUFFLES, "cases": []}
     print(f"-- prefix check: below each of {PREFIX_SHUFFLES} shuffles at {PREFIX_POINTS} log-spaced prefixes (all; last 90%),"
@@ -594,6 +619,27 @@ def prefix_table(scale: int, ten_m: bool, design: bool = False) -> None:
             tmp.write_text(json.dumps(doc, indent=1))
             tmp.replace(out)
     print(f"wrote {out}", flush=True)
+
+
+def prefix_markdown(path: Path) -> str:
+    """The table of a --prefix results file, as docs/ordering.md shows it."""
+    doc = json.loads(path.read_text())
+    head = ("| case | M | K | Zipf | L | clusters: below all, all prefixes | last 90% | length bins: all | last 90% |"
+            " batch dev. clusters mean / worst | bins mean / worst | wall s | CPU s | peak RSS |")
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in doc["cases"]:
+        pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
+        lines.append(
+            f"| {r['mode']} | {r['M']:,} | {r['K']} | {r['zipf']} | {r['L']} | {pct(r['cluster_below_all'])} |"
+            f" {pct(r['cluster_below_last90'])} | {pct(r['bin_below_all'])} | {pct(r['bin_below_last90'])} |"
+            f" {r['cluster_dev']:.4f} / {r['cluster_dev_max']:.4f} | {r['bin_dev']:.4f} / {r['bin_dev_max']:.4f} |"
+            f" {r['seconds']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} MB |")
+    m = doc["machine"]
+    lines.append("")
+    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {m['cpu']}, {m['cores']} cores"
+                 f" (load average {m['loadavg_at_start']:.1f} at the start); objective {doc['objective']}, batch {doc['batch']},"
+                 f" {doc['points']} log-spaced prefixes, {doc['shuffles']} shuffles.")
+    return "\n".join(lines)
 
 
 DRIFT_INSTANCES = ((30, 256, 20_000), (300, 256, 20_000), (1000, 256, 60_000), (30, 2048, 12_000), (300, 2048, 20_000),
