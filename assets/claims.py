@@ -84,10 +84,13 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     """The training runs only the claims need (``strata claims --full``; pipeline/training/experiments.py):
     multi-epoch runs of a corpus sample in a topical order (grouped by source) and in the stratified order
     (Diversity-ordered training's epoch-boundary anomaly), and runs per packing — concat with each
-    atom size of ``claims_atoms`` and padding — at equal tokens (Packing & shuffling), for every
-    seed of ``claims_seeds``. DuckDB ``claim_runs_log`` (per step), ``claim_runs_heldout`` (the
-    fixed held-out batch's per-document loss after the last step) and ``claim_runs_arms`` (what
-    each run trained on). Materialize ``claims`` afterwards to turn them into claim rows."""
+    atom size of ``claims_atoms`` and padding — (Packing & shuffling), for every seed of
+    ``claims_seeds``: in the paper's protocol (``claims_packing_protocol: paper``, 2 epochs of a
+    sample at an MSL below the mean document length) or at equal tokens (``equal_tokens``).
+    DuckDB ``claim_runs_log`` (per step), ``claim_runs_sequences`` (paper protocol: every
+    sequence's training loss), ``claim_runs_heldout`` (equal tokens: the fixed held-out batch's
+    per-document loss after the last step) and ``claim_runs_arms`` (what each run trained on).
+    Materialize ``claims`` afterwards to turn them into claim rows."""
     from assets.training import load_heldout_batch
     from pipeline.training.loop import TrainSettings
     from pipeline.data.tokenizer import load_tokenizer
@@ -95,7 +98,7 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     from pipeline.packing.pack import SequenceStore
     from pipeline.reports.claim_inputs import diversity_clusters
     from pipeline.reports.visual import document_features
-    from pipeline.training.experiments import epoch_boundary_arms, packing_arms, topic_groups
+    from pipeline.training.experiments import epoch_boundary_arms, packing_arms, paper_packing_arms, sequence_loss_rows, topic_groups
     from pipeline.training.loop import train
 
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None, "embeddings": None, "corpus": None})
@@ -105,26 +108,36 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     cluster, k = diversity_clusters(layout, cfg, docs)
     base = TrainSettings.from_config(cfg, cfg.seed)
     topic, kind = topic_groups(docs["source"].to_numpy(), cluster)
-    arms = (epoch_boundary_arms(lengths, cluster, topic, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds,
-                                base, kind)
-            + packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base))
+    if cfg.claims_packing_protocol == "paper":
+        packing = paper_packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base, cfg.claims_packing_sequences,
+                                     cfg.claims_packing_epochs, cfg.claims_packing_seq_len)
+    else:
+        packing = packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base)
+    arms = epoch_boundary_arms(lengths, cluster, topic, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds,
+                               base, kind) + packing
     tok = load_tokenizer(layout.tokenizer)
     held = load_heldout_batch(layout, cfg, tok)
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     total = sum(a.steps for a in arms)
-    logs, units, info = [], [], []
+    logs, units, info, seq_losses = [], [], [], []
     done, t0 = 0, time.perf_counter()
     for i, arm in enumerate(arms):
         eta = f", about {(time.perf_counter() - t0) / done * (total - done) / 60:.1f} min left" if done else ""
         context.log.info(f"claim run {i + 1}/{len(arms)}: {arm.experiment} {arm.arm} seed {arm.seed}, {arm.steps} steps "
                          f"({done}/{total} steps done{eta})")
-        store = SequenceStore(tokens, offsets, arm.segments, cfg.seq_len, pad_id=tok.pad_token_id)
+        store = SequenceStore(tokens, offsets, arm.segments, arm.seq_len or cfg.seq_len, pad_id=tok.pad_token_id)
         final: dict[int, np.ndarray] = {}
         scored = held if arm.experiment == "packing" else None
+        per_seq: list[dict] = []
+        per_epoch = arm.order.size // arm.settings.batch_size
+        keep = (lambda step, _ids, sums, n: per_seq.append(sequence_loss_rows(step, arm.settings.batch_size, per_epoch, sums, n))
+                ) if arm.experiment == "packing_epochs" else None
         _, log = train(store, arm.order, len(tok), tok.eos_token_id, tok.pad_token_id, arm.settings, heldout=scored,
-                       on_heldout=lambda step, _tokens, losses: final.update({step: losses}))
+                       on_heldout=lambda step, _tokens, losses: final.update({step: losses}), on_losses=keep)
         done += len(log)
         key = {"experiment": arm.experiment, "arm": arm.arm, "seed": arm.seed}
+        if per_seq:
+            seq_losses.append(pl.concat([pl.DataFrame(r) for r in per_seq]).with_columns(**{c: pl.lit(v) for c, v in key.items()}))
         logs.append(pl.DataFrame(log).drop("tokens_per_s").with_columns(**{c: pl.lit(v) for c, v in key.items()}))
         if final:
             last = max(final)
@@ -141,7 +154,16 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
             heldout = pl.concat(units)
             replace_rows(con, "claim_runs_heldout", heldout, {})
             outputs.append(write_parquet(heldout, out_dir / "heldout.parquet"))
+        else:
+            con.execute("DROP TABLE IF EXISTS claim_runs_heldout")
+        if seq_losses:
+            sequences = pl.concat(seq_losses)
+            replace_rows(con, "claim_runs_sequences", sequences, {})
+            outputs.append(write_parquet(sequences, out_dir / "sequences.parquet"))
+        else:
+            con.execute("DROP TABLE IF EXISTS claim_runs_sequences")
     return rec.finish(outputs, {"runs": len(arms), "steps": total},
-                      {"claims_seeds": cfg.claims_seeds, "claims_epochs": cfg.claims_epochs, "claims_atoms": cfg.claims_atoms},
+                      {"claims_seeds": cfg.claims_seeds, "claims_epochs": cfg.claims_epochs, "claims_atoms": cfg.claims_atoms,
+                       "claims_packing_protocol": cfg.claims_packing_protocol},
                       {"runs": dg.MetadataValue.md(frame_table(arms_df)),
                        "minutes": round((time.perf_counter() - t0) / 60, 2)})

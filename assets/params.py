@@ -59,7 +59,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "evaluations": ("eval_limit", "seed", *suites.reads()),
     "ablation_report": ("bootstrap_samples", "seed"),
     "claims": ("claims_k", "claims_shuffles", "bootstrap_samples", "batch_size", "length_bins", "seed"),
-    "claim_runs": ("claims_k", "claims_seeds", "claims_epochs", "claims_epoch_sequences", "claims_atoms"),
+    "claim_runs": ("claims_k", "claims_seeds", "claims_epochs", "claims_epoch_sequences", "claims_atoms", "claims_packing_protocol",
+                   "claims_packing_epochs", "claims_packing_sequences", "claims_packing_seq_len"),
 }
 # asset -> assets whose parameters it reads too, without reading their data: claim_runs trains with
 # training_runs' settings. Its code version covers them; they stay in training_runs' launchpad.

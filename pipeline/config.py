@@ -221,6 +221,12 @@ class StrataConfig(_Model):
     claims_epochs: int = Field(3, ge=2)  # epoch-boundary runs: passes over their stream
     claims_epoch_sequences: int = Field(320, ge=2)  # epoch-boundary runs: sequences per epoch
     claims_atoms: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0], min_length=2)  # atom sizes (x seq_len) compared
+    # Packing & shuffling's runs: paper (final perplexity after claims_packing_epochs epochs, the last epoch in 100
+    # slices; mean document length > MSL) | equal_tokens (max_steps at equal non-padding tokens, held-out loss)
+    claims_packing_protocol: Literal["paper", "equal_tokens"] = "paper"
+    claims_packing_epochs: int = Field(2, ge=1)  # paper protocol: epochs (the paper's 2)
+    claims_packing_sequences: int = Field(512, ge=1)  # paper protocol: concat sequences of the MSL per epoch (a seeded sample)
+    claims_packing_seq_len: int = Field(0, ge=0)  # paper protocol: the MSL; 0 = largest power of two <= half the mean document length
     # scheduling
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)

@@ -9,12 +9,14 @@ import numpy as np
 import polars as pl
 import pytest
 
+from pipeline.errors import StrataInputError
 from pipeline.ordering import OrderParams
 from pipeline.packing.pack import SequenceStore, pack_concat
 from pipeline.reports import claims as C
 from pipeline.reports import diagnostics as D
 from pipeline.reports.claim_inputs import diversity_schedules
-from pipeline.training.experiments import epoch_boundary_arms, packing_arms, padding_steps, topic_groups
+from pipeline.training.experiments import (epoch_boundary_arms, packing_arms, padding_steps, paper_packing_arms, protocol_seq_len,
+                                           sequence_loss_rows, topic_groups)
 from pipeline.training.loop import TrainSettings, stream_ids, train
 
 VOCAB, EOS, PAD = 48, 1, 0
@@ -366,6 +368,84 @@ def test_packing_claims_on_known_losses(tmp_path):
     assert C.paired_units(pl.DataFrame(rows), "concat-x2", "concat-x1").shape == (3, 32)
 
 
+def test_paper_packing_arms_two_epochs_below_the_mean_document():
+    from pipeline.errors import StrataInputError
+
+    lengths = np.random.default_rng(0).integers(20, 200, 400)  # mean ~110 tokens
+    base = TrainSettings(preset="tiny", batch_size=4, max_steps=10)
+    arms = paper_packing_arms(lengths, 256, [0.5, 1.0, 2.0], [0, 1], base, n_sequences=128, epochs=2)
+    assert [a.arm for a in arms[:4]] == ["concat-x0.5", "concat-x1", "concat-x2", "padding-x1"]
+    assert protocol_seq_len(float(lengths.mean()), 256) == 32  # 2^floor(log2(mean / 2)), like the paper's 64 for 143 tokens
+    for a in arms:
+        assert a.seq_len == a.info["seq_len"] == 32 and a.settings.epochs == 2 and a.settings.cross_document
+        assert a.steps == 2 * (a.order.size // 4) and a.info["mean_doc_tokens"] > 32
+        assert int(a.segments["n_tokens"].sum() + a.segments["eos_added"].sum()) <= a.order.size * 32
+    for seed in (0, 1):  # the arms of a seed pack the same documents; padding needs more sequences per epoch
+        mine = [a for a in arms if a.seed == seed]
+        assert len({frozenset(a.segments["doc_id"].to_list()) for a in mine}) == 1
+        assert mine[3].order.size > mine[1].order.size >= 128
+    with pytest.raises(StrataInputError, match="claims_packing_seq_len"):
+        protocol_seq_len(100.0, 256, requested=128)
+    with pytest.raises(StrataInputError, match="claims_packing_sequences"):
+        paper_packing_arms(lengths, 256, [1.0], [0], base, n_sequences=40)  # fewer trained sequences than 100 slices
+    rows = sequence_loss_rows(5, 4, 3, np.array([8.0, 6, 4, 2]), np.array([4, 3, 2, 1]))
+    assert rows["epoch"].tolist() == [1] * 4 and rows["index"].tolist() == [8, 9, 10, 11] and rows["epoch_size"][0] == 12
+
+
+def _protocol_rows(per_token: dict[str, float], last_slice: dict[str, float] | None = None, epoch_size: int = 200) -> pl.DataFrame:
+    """2 epochs of ``epoch_size`` sequences per arm and seed; every token of arm a costs per_token[a] nats
+    in the last epoch (``last_slice`` in its last 1%), and the reverse order in the first epoch."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for arm, loss in per_token.items():
+        for seed in (0, 1, 2):
+            for epoch in (0, 1):
+                tokens = rng.integers(10, 64, epoch_size)
+                per = np.full(epoch_size, loss if epoch else 10.0 - loss)
+                if epoch and last_slice:
+                    per[epoch_size * 99 // 100:] = last_slice[arm]
+                rows.append(pl.DataFrame({"experiment": "packing_epochs", "arm": arm, "seed": seed, "epoch": epoch,
+                                          "index": np.arange(epoch_size), "epoch_size": epoch_size, "loss_sum": per * tokens, "tokens": tokens}))
+    return pl.concat(rows)
+
+
+def test_packing_protocol_claims_slice_the_last_epoch(tmp_path):
+    per_token = {"concat-x0.5": 4.3, "concat-x1": 4.0, "concat-x2": 4.05, "padding-x1": 3.9}
+    arms = pl.DataFrame([{"experiment": "packing_epochs", "arm": a, "seed": 0, "steps": 100, "mean_doc_tokens": 150.0, "seq_len": 64}
+                         for a in per_token])
+    last = {**per_token, "concat-x2": 3.95}  # x2 below x1 in the last 1% only
+    data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=300, claim_sequences=_protocol_rows(per_token, last), claim_arms=arms)
+    lp = C.slice_log_perplexity(data.claim_sequences)
+    assert lp.height == 4 * 3 * 100 and lp.filter(pl.col("arm") == "concat-x1")["log_ppl"].to_numpy() == pytest.approx(4.0)
+    out = {c.key: c for c in C.packing_protocol_claims(data)}
+    assert set(out) == {f"packing.paper.{k}.{a}_vs_{b}" for k in ("final", "rank") for a, b in
+                        (("padding-x1", "concat-x1"), ("concat-x1", "concat-x0.5"), ("concat-x1", "concat-x2"))}
+    c = out["packing.paper.final.padding-x1_vs_concat-x1"]
+    assert c.value == pytest.approx(-0.1) and c.verdict == "reproduced" and "2 epochs at MSL 64, mean document 150" in c.detail
+    assert out["packing.paper.rank.padding-x1_vs_concat-x1"].value == 1.0
+    assert out["packing.paper.final.concat-x1_vs_concat-x2"].value == pytest.approx(0.05)
+    assert out["packing.paper.final.concat-x1_vs_concat-x2"].verdict == "not reproduced"  # the last slice alone decides it
+    r = out["packing.paper.rank.concat-x1_vs_concat-x2"]
+    assert r.value == pytest.approx(0.99) and r.verdict == "reproduced" and "1x 1.01 [paper 1.05]" in r.detail
+    assert C.mean_ranks(lp, ["concat-x0.5", "concat-x1"]) == {"concat-x0.5": 2.0, "concat-x1": 1.0}
+    assert Path(c.figure).stat().st_size > 10_000 and C.packing_claims(data) == []  # no equal-token runs: nothing missing
+    with pytest.raises(StrataInputError, match="claims_packing_sequences"):
+        C.slice_log_perplexity(_protocol_rows(per_token, epoch_size=50))
+    with pytest.raises(C.MissingData):
+        C.packing_protocol_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+
+
+def test_train_reports_each_sequences_loss():
+    flat, lengths, offsets, _ = _two_topics(40, 16)
+    store = SequenceStore(flat, offsets, pack_concat(np.arange(40), lengths, 16).segments, 16)
+    seen = []
+    _, log = train(store, np.arange(store.n_sequences), VOCAB, EOS, PAD, TrainSettings(preset="tiny", batch_size=4, max_steps=3),
+                   progress=False, on_losses=lambda step, ids, sums, n: seen.append((step, ids, sums, n)))
+    assert [s for s, *_ in seen] == [0, 1, 2] and all(len(ids) == 4 for _, ids, _, _ in seen)
+    for (step, ids, sums, n), row in zip(seen, log):
+        assert (ids == np.arange(4 * step, 4 * step + 4)).all() and sums.sum() / n.sum() == pytest.approx(row["loss"], rel=1e-4)
+
+
 def test_registry_section_and_table(tmp_path):
     calls = []
 
@@ -381,7 +461,7 @@ def test_registry_section_and_table(tmp_path):
     assert calls == [7] and [c.key for c in found] == ["x.y"] and found[0].verdict == "reproduced"
     assert set(missing) == {"dso_prefix_error", "dso_stationarity", "dso_worst_vs_best_batch", "dso_stable_rank",
                             "terrific_min_stable_rank", "dot_diversity_table",
-                            "terrific_fidelity", "dot_epoch_boundary", "packing"}
+                            "terrific_fidelity", "dot_epoch_boundary", "packing", "packing_paper_protocol"}
     frame = C.claims_frame(found)
     assert frame.schema == pl.Schema(C.CLAIM_SCHEMA) and frame["verdict"][0] == "reproduced"
     md, figs = C.claims_section(frame, missing=missing)

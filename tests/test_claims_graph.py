@@ -24,8 +24,11 @@ KEYS = {
     "dso.stable_rank.attention.100%", "dso.stable_rank.mlp.100%", "dot.diversity.stratified_vs_original",
     "dot.diversity.stratified_vs_rivals", "terrific.fidelity.greedy_vs_random", "dot.epoch_boundary.topical.grad_norm",
     "dot.epoch_boundary.topical_minus_stratified.grad_norm", "dot.epoch_boundary.topical.loss",
-    "dot.epoch_boundary.topical_minus_stratified.loss", "packing.padding-x1_vs_concat-x1",
-    "packing.concat-x1_vs_concat-x0.5", "packing.concat-x1_vs_concat-x2",
+    "dot.epoch_boundary.topical_minus_stratified.loss", "terrific.fidelity.greedy_range",
+    "terrific.min_stable_rank.attention.25%", "terrific.min_stable_rank.mlp.25%", "terrific.min_stable_rank.attention.100%",
+    "terrific.min_stable_rank.mlp.100%",
+    *(f"packing.paper.{k}.{a}_vs_{b}" for k in ("final", "rank")
+      for a, b in (("padding-x1", "concat-x1"), ("concat-x1", "concat-x0.5"), ("concat-x1", "concat-x2"))),
 }
 
 
@@ -42,7 +45,7 @@ def test_strata_claims_full(tmp_path, request):
            "strategies": ["random", "greedy"], "seeds": [0, 1], "batch_size": 4, "max_steps": 4, "warmup_steps": 1,
            "eval_limit": 1, "heldout_docs": 8, "fidelity_chunks": 4, "fidelity_sequences_per_chunk": 4, "probe_fractions": [0.25, 1.0],
            "claims_k": 5, "claims_shuffles": 4, "claims_probe_batches": 3, "claims_seeds": [0, 1], "claims_epochs": 2,
-           "claims_epoch_sequences": 16, "bootstrap_samples": 200}
+           "claims_epoch_sequences": 16, "claims_packing_sequences": 128, "bootstrap_samples": 200}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     root = request.config.rootpath

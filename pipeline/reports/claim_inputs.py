@@ -11,7 +11,7 @@
   starts from), ``round_robin``, ``stratified`` and ``bin_packing`` as the strategies compute them,
   and ``random`` and ``greedy`` beside them.
 - The gradient claims read the ``stable_rank`` and ``fidelity`` tables; the claims' own runs read
-  ``claim_runs_log``, ``claim_runs_heldout`` and ``claim_runs_arms``.
+  ``claim_runs_log``, ``claim_runs_heldout``, ``claim_runs_sequences`` and ``claim_runs_arms``.
 """
 
 from __future__ import annotations
@@ -119,4 +119,5 @@ def claim_data(layout: Layout, cfg, params: OrderParams, read_table: Callable[[s
     data.claim_log = read_table("claim_runs_log")
     data.claim_heldout = read_table("claim_runs_heldout")
     data.claim_arms = read_table("claim_runs_arms")
+    data.claim_sequences = read_table("claim_runs_sequences")
     return data

@@ -230,3 +230,41 @@ def plot_packing_claim(units: pl.DataFrame, path: str | os.PathLike) -> Path:
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return save_png(fig, path)
+
+
+def plot_min_stable_rank_claim(cells: Mapping[tuple[str, str], tuple[np.ndarray, np.ndarray]], path: str | os.PathLike) -> Path:
+    """Minimum stable rank over the probe batches, random's (x) against greedy's (y), one point per
+    seed and layer matrix, per checkpoint and block; above the diagonal = greedy's worst batch higher."""
+    keys = list(cells)
+    fig = Figure(figsize=(3.4 * max(len(keys), 1) + 1, 4.0))
+    axes = np.atleast_1d(fig.subplots(1, max(len(keys), 1)))
+    for ax, key in zip(axes, keys):
+        g, r = (np.ravel(v) for v in cells[key])
+        ax.scatter(r, g, s=14, alpha=0.8, color=GREEDY)
+        lo, hi = float(min(g.min(), r.min())), float(max(g.max(), r.max()))
+        ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+        ax.set_title(f"{key[1]} @ {key[0]}", fontsize=10)
+        ax.set_xlabel("random: min srank over batches")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("greedy: min srank over batches")
+    fig.suptitle("TerRIFIC curricula: worst-batch (minimum) stable rank, greedy vs random", fontsize=11)
+    fig.tight_layout()
+    return save_png(fig, path)
+
+
+def plot_packing_protocol_claim(lp: pl.DataFrame, path: str | os.PathLike) -> Path:
+    """Packing & shuffling's protocol: training perplexity of each 1% slice of the last epoch per arm
+    (geometric mean over seeds); the last slice is the final perplexity."""
+    fig = Figure(figsize=(8, 4.4))
+    ax = fig.subplots()
+    for arm in sorted(set(lp["arm"])):
+        m = lp.filter(pl.col("arm") == arm).group_by("slice").agg(pl.col("log_ppl").mean()).sort("slice")
+        ax.plot(m["slice"].to_numpy() + 1, np.exp(m["log_ppl"].to_numpy()), lw=1.4, label=arm)
+    ax.set_xlabel("slice of the last epoch (%)")
+    ax.set_ylabel("training perplexity")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle("Packing & shuffling: perplexity over the last epoch, 100 slices (Appendix A.6)", fontsize=11)
+    fig.tight_layout()
+    return save_png(fig, path)

@@ -157,6 +157,7 @@ def train(
     on_heldout: Callable[[int, int, np.ndarray], None] | None = None,
     stop_after: int | None = None,
     checkpointing: Checkpointing | None = None,
+    on_losses: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ):
     """Train a fresh model on ``order`` (or on what ``sampler`` serves); return ``(model, log rows)``.
 
@@ -175,6 +176,9 @@ def train(
     plus ``checkpointing.key``) continues after its step, with the callbacks of the steps before it
     not repeated (their effects are in the caller's restored state). A sampler must then provide
     ``state_dict()`` / ``load_state_dict()``.
+
+    ``on_losses(step, ids, loss_sums, tokens)`` gets each step's per-sequence training loss before
+    the update: the summed next-token loss (nats) of sequence ``ids[i]`` and its scored tokens.
     """
     import torch
 
@@ -249,6 +253,9 @@ def train(
         if sampler is not None:
             per_seq = tok_loss.detach().sum(1) / scored.sum(1).clamp(min=1)
             sampler.update(ids, per_seq.cpu().numpy())
+        if on_losses is not None:
+            on_losses(step, np.asarray(ids), tok_loss.detach().float().sum(1).cpu().numpy().astype(np.float64),
+                      scored.sum(1).cpu().numpy().astype(np.int64))
         tokens_seen += int(batch["filled"].sum())
         row = {
             "step": step,
