@@ -475,7 +475,7 @@ def greedy_blocked_order(
     seed: int = 0,
 ) -> np.ndarray:
     """Scalable greedy: a tracked deal into ceil(M / block) blocks, each ordered by the exact greedy
-    on its own targets; O(M * block) instead of O(M^2), memory O(M) plus a pool and a block a core.
+    on its own targets; O(M * block) instead of O(M^2), memory O(M) plus a pool and a block.
 
     1. The deal (:func:`tracked_blocks`): blocks picked in turn by the exact greedy from a pool of
        1.5 blocks fed by a seeded stratified stream (``stratified_stream``), from the running
