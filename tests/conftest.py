@@ -22,3 +22,26 @@ def write_jsonl(tmp_path):
         return path
 
     return _write
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's standalone S3 server, a process on 127.0.0.1 at a free port, for the whole session."""
+    from s3_server import start_server
+
+    server = start_server(tmp_path_factory.mktemp("s3") / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch, tmp_path):
+    """A new bucket on the test server; the environment's credential chain and endpoint point at it."""
+    import uuid
+
+    from s3_server import Bucket, s3_environment
+
+    key_id, secret = s3_environment(monkeypatch, s3_server, tmp_path)
+    bucket = Bucket(s3_server, f"strata-{uuid.uuid4().hex[:12]}", key_id, secret)
+    bucket.fs().mkdir(bucket.name)
+    return bucket
