@@ -71,8 +71,10 @@ def _has_path(cfg: CorpusConfig) -> bool:
     return bool(cfg.path) and cfg.path != []
 
 
-def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
-    """Validated batches (``id, text, source, subdomain, line``) of one unit of :func:`corpus_units`."""
+def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int = BATCH_ROWS,
+              fingerprint: str | None = None) -> Iterator[pl.DataFrame]:
+    """Validated batches (``id, text, source, subdomain, line``) of one unit of :func:`corpus_units`
+    (an object URL read only while it is the version ``fingerprint`` names, when given)."""
     if unit == "builtin":
         from pipeline.data.builtin_corpus import builtin_documents
 
@@ -82,7 +84,14 @@ def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int
                      .with_columns(line=pl.int_range(1, len(rows) + 1, dtype=pl.Int64))])
     if unit.startswith("hf:"):
         return read_records(hf_records(cfg), cfg, unit, report, batch_rows)
-    return read_shard(Path(unit), cfg, report, batch_rows)
+    return read_shard(_shard_path(unit), cfg, report, batch_rows, expect=fingerprint)
+
+
+def _shard_path(unit: str) -> Path | str:
+    """A shard unit as :mod:`pipeline.data.shards` takes it: a Path, or an object URL as it is."""
+    from pipeline.storage.remote import is_url
+
+    return unit if is_url(unit) else Path(unit)
 
 
 def duplicate_ids(ids: list[pl.Series]) -> tuple[list[np.ndarray], tuple[int, str, list[tuple[int, int]]] | None]:
@@ -220,7 +229,7 @@ def unit_fingerprint(unit: str, cfg: CorpusConfig) -> str:
         return _builtin_fingerprint(cfg.builtin_max_docs)
     if unit.startswith("hf:"):
         return hashlib.sha256(f"{unit}:{cfg.hf_split}".encode()).hexdigest()[:32]
-    return shard_fingerprint(Path(unit), cfg)
+    return shard_fingerprint(_shard_path(unit), cfg)
 
 
 @lru_cache(maxsize=4)
@@ -239,7 +248,7 @@ def shard_key(unit: str) -> str:
     ``builtin`` and ``hf_<name>`` otherwise."""
     if unit == "builtin" or unit.startswith("hf:"):
         return re.sub(r"[^A-Za-z0-9._-]", "_", unit.replace("hf:", "hf_", 1))
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", Path(unit).name)
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", unit.rstrip("/").rsplit("/", 1)[-1])
     return f"{name}@{hashlib.sha256(unit.encode()).hexdigest()[:8]}"
 
 
@@ -272,7 +281,7 @@ def validate_shard(unit: str, fingerprint: str, cfg: CorpusConfig, heldout_fract
         return out, json.loads(out.with_suffix(".json").read_text()), True
     out.unlink(missing_ok=True)
     remote = engine == "ray" and not unit.startswith("hf:")
-    shard = Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows), (out, out.with_suffix(".json")))
+    shard = Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fingerprint), (out, out.with_suffix(".json")))
     map_shards(validate_unit_remote if remote else validate_unit, [shard], _save_validated if remote else _saved,
                engine="ray" if remote else "local", ray_cfg=ray_cfg)
     return out, json.loads(out.with_suffix(".json").read_text()), False
@@ -300,7 +309,8 @@ class CorpusBuild:
     validated: int  # shards read and validated now
 
 
-def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int = BATCH_ROWS) -> dict:
+def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int = BATCH_ROWS,
+                  fingerprint: str | None = None) -> dict:
     """Read and validate one shard into ``out`` (Parquet: ``SHARD_FILE_COLUMNS``) and ``out``.json
     (its report); pure per-shard work. Returns the report ``{n_read, skipped: [[line, reason]]}``.
 
@@ -315,7 +325,7 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     with atomic_writer(out) as sink:
         writer = None
         try:
-            tables = map(partial(_shard_table, heldout_fraction=heldout_fraction, seed=seed), read_unit(unit, cfg, sr, batch_rows))
+            tables = map(partial(_shard_table, heldout_fraction=heldout_fraction, seed=seed), read_unit(unit, cfg, sr, batch_rows, fingerprint))
             for table in prefetch(tables):
                 if writer is None:
                     writer = pq.ParquetWriter(sink, table.schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False)
@@ -341,7 +351,8 @@ def _shard_table(batch: pl.DataFrame, heldout_fraction: float, seed: int) -> pa.
     return batch.select(SHARD_FILE_COLUMNS).to_arrow()
 
 
-def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int) -> tuple[bytes, bytes]:
+def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int,
+                         fingerprint: str | None = None) -> tuple[bytes, bytes]:
     """:func:`validate_unit` on a Ray worker (``out`` is the driver's path, unused here): the
     validated shard's bytes and its report, written by the driver (:func:`_save_validated`), so
     workers need read access to the raw shards only."""
@@ -349,7 +360,7 @@ def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, 
 
     with tempfile.TemporaryDirectory(prefix="strata-validate-") as tmp:
         local = Path(tmp) / "shard.parquet"
-        validate_unit(unit, cfg, heldout_fraction, seed, local, batch_rows)
+        validate_unit(unit, cfg, heldout_fraction, seed, local, batch_rows, fingerprint)
         return local.read_bytes(), local.with_suffix(".json").read_bytes()
 
 
@@ -440,7 +451,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
             reused += 1
         else:
             out.unlink(missing_ok=True)
-            todo.append(Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows), (out, out.with_suffix(".json"))))
+            todo.append(Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fps[unit]), (out, out.with_suffix(".json"))))
     remote = engine == "ray" and not any(s.args[0].startswith("hf:") for s in todo)
     map_shards(validate_unit_remote if remote else validate_unit, todo, _save_validated if remote else _saved,
                engine=engine if remote else "local", ray_cfg=ray_cfg, progress=(lambda s: log(f"validated {s.name}")) if log else None)

@@ -1,7 +1,9 @@
 """Corpus shards: discovering them and reading each one as a stream of validated record batches.
 
 ``corpus.path`` names a file, a directory (every shard file below it), a glob (``data/*.parquet``)
-or a list of these. Shard formats: Parquet (read by row-group batches with pyarrow), and JSONL
+or a list of these, each a local path or an object-store URL (``s3://bucket/prefix/``,
+``s3://bucket/data/*.jsonl.gz``, ``gs://…``: every object is a shard like a file; reading and
+listing go through :mod:`pipeline.storage.remote`, the one layer that knows about URLs). Shard formats: Parquet (read by row-group batches with pyarrow), and JSONL
 (``.jsonl``/``.json``/``.ndjson``), plain or compressed with gzip (``.gz``) or Zstandard (``.zst``),
 decompressed by pyarrow's streams and read line by line so every error names its line. Shards are
 read in sorted path order; a shard's documents keep their file order.
@@ -17,6 +19,7 @@ it over shards; :func:`validate_shard` writes one shard's validated documents to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -61,8 +64,18 @@ def replace_surrogates(row: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
     return tuple(_SURROGATE.sub("\ufffd", v) for v in row), True
 
 
-def is_shard(path: Path) -> bool:
-    return path.name.endswith(SHARD_SUFFIXES)
+def is_shard(path: Path | str) -> bool:
+    return _name(path).endswith(SHARD_SUFFIXES)
+
+
+def _name(path: Path | str) -> str:
+    return path.rsplit("/", 1)[-1] if isinstance(path, str) else path.name
+
+
+def _is_url(path: object) -> bool:
+    from pipeline.storage.remote import is_url
+
+    return is_url(path)
 
 
 def _entries(spec: str | Sequence[str]) -> list[str]:
@@ -124,15 +137,63 @@ def _glob_base(entry: str) -> tuple[Path, str]:
     return Path(entry).expanduser(), ""
 
 
-def discover_shards(spec: str | Sequence[str]) -> list[Path]:
-    """Shard files named by ``corpus.path`` (file, directory, glob or list), sorted, without repeats.
+def _discover_remote(entry: str) -> list[str]:
+    """Object URLs named by a URL, a prefix or a glob of one, sorted: every object below a prefix
+    (or matching the pattern, ``**`` any number of folders) whose name is a shard's, never one under
+    a hidden folder or under a prefix holding a Strata marker (an export's ``.strata-export``, a
+    data root's ``.strata-root`` or ``strata.duckdb``), as for local folders."""
+    from pipeline.storage import remote
+
+    remote.check_url(entry)
+    scheme = entry[: len(entry) - len(remote.strip(entry))]
+    parts = remote.strip(entry).split("/")
+    wild = next((i for i, p in enumerate(parts) if any(ch in p for ch in "*?[")), None)
+    if wild is not None and wild == 0:
+        raise StrataInputError("a pattern in the bucket name", path=entry, fix="name the bucket, e.g. s3://bucket/data/*.jsonl")
+    base = scheme + "/".join(parts[:wild] if wild is not None else parts).rstrip("/")
+    objects = remote.list_objects(base)
+    if wild is None and len(objects) == 1 and objects[0].url == entry:
+        if not is_shard(entry):
+            raise StrataInputError("unknown corpus format", path=entry, fix=f"use {FORMATS}")
+        return [entry]
+    rel = {o.url[len(base) + 1:]: o.url for o in objects if o.url.startswith(base + "/")}
+    marked = {r.rsplit("/", 1)[0] if "/" in r else "" for r in rel if _name(r) in (*remote.MARKERS, "strata.duckdb")}
+    if "" in marked:
+        raise StrataInputError("the corpus prefix holds a Strata export or data root (its marker object)", path=base,
+                               fix="point corpus.path at the corpus itself")
+
+    def kept(r: str) -> bool:
+        folders = r.split("/")[:-1]
+        return (is_shard(r) and not any(p.startswith(".") for p in r.split("/"))
+                and not any("/".join(folders[:i]) in marked for i in range(1, len(folders) + 1)))
+
+    if wild is not None:
+        rx = re.compile(_translate("/".join(parts[wild:])))
+        files = [u for r, u in rel.items() if kept(r) and rx.fullmatch(r)]
+        if not files:
+            raise StrataInputError(f"no corpus objects match the pattern {entry!r}", path=base, fix=f"point corpus.path at {FORMATS} objects")
+    else:
+        files = [u for r, u in rel.items() if kept(r)]
+        if not files:
+            raise StrataInputError("no corpus shard objects under the URL" if objects else "no objects under the URL", path=entry,
+                                   fix=f"upload {FORMATS} objects there, or correct the URL (a prefix ends with /)")
+    return sorted(files)
+
+
+def discover_shards(spec: str | Sequence[str]) -> list[Path | str]:
+    """Shard files named by ``corpus.path`` (file, directory, glob or list), sorted, without repeats;
+    object-store URLs (:func:`_discover_remote`) come as URL strings, after the local files.
 
     Nothing inside a Strata data root is ever a corpus shard, wherever the data root lies (its
     validated shards and reports would be read back as corpus): folders and patterns skip it, and a
     file named inside one is refused. Directories and patterns are walked with symlinks followed
     and cycles refused."""
     found: list[Path] = []
+    urls: list[str] = []
     for entry in _entries(spec):
+        if _is_url(entry):
+            urls += _discover_remote(entry)
+            continue
         path = Path(entry).expanduser()
         if any(ch in entry for ch in "*?["):
             base, pattern = _glob_base(entry)
@@ -171,7 +232,7 @@ def discover_shards(spec: str | Sequence[str]) -> list[Path]:
         if r not in seen:
             seen.add(r)
             out.append(r)
-    return sorted(out)
+    return [*sorted(out), *sorted(dict.fromkeys(urls))]
 
 
 def _translate(pattern: str) -> str:
@@ -203,11 +264,21 @@ def _translate(pattern: str) -> str:
     return "".join(out)
 
 
-def shard_fingerprint(path: Path, cfg: CorpusConfig) -> str:
-    """Data version of one shard: SHA-256 of its bytes and of the reading options (32 hex digits).
-    Remembered in this process while the file's size and modification time stay the same."""
-    opts = json.dumps({k: v for k, v in cfg.model_dump().items() if k in ("text_field", "id_field", "source_field", "on_error")},
+def _options(cfg: CorpusConfig) -> str:
+    return json.dumps({k: v for k, v in cfg.model_dump().items() if k in ("text_field", "id_field", "source_field", "on_error")},
                       sort_keys=True)
+
+
+def shard_fingerprint(path: Path | str, cfg: CorpusConfig) -> str:
+    """Data version of one shard: SHA-256 of its bytes and of the reading options (32 hex digits).
+    Remembered in this process while the file's size and modification time stay the same. An
+    object's comes from its metadata instead (:func:`pipeline.storage.remote.fingerprint`: ETag and
+    size, and last-modified when the ETag is not an MD5), confirmed on content when it is read."""
+    opts = _options(cfg)
+    if _is_url(path):
+        from pipeline.storage.remote import fingerprint
+
+        return fingerprint(str(path), opts)
     st = Path(path).stat()
     return _file_fingerprint(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, opts)
 
@@ -276,7 +347,29 @@ def _batches(items: Iterable[tuple[int, Any]], parse: Callable[[Any, int], Any],
         yield _frame(rows, lines)
 
 
-def _read_jsonl(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
+@contextlib.contextmanager
+def _opened(path: Path | str, cfg: CorpusConfig, expect: str | None, sequential: bool):
+    """What pyarrow reads: the local path itself, or the object open through a bounded buffer
+    (checked against the data version ``expect`` the partition was fingerprinted with)."""
+    if not _is_url(path):
+        yield path
+        return
+    from pipeline.storage.remote import open_input
+
+    with open_input(str(path), expect=expect, opts=_options(cfg), sequential=sequential) as fh:
+        yield fh
+
+
+def _storage_error(exc: BaseException, path: Path | str) -> StrataInputError | None:
+    if not _is_url(path):
+        return None
+    from pipeline.storage.remote import translate
+
+    return translate(exc, str(path), "read a corpus object")
+
+
+def _read_jsonl(path: Path | str, cfg: CorpusConfig, report: ShardReport, batch_rows: int,
+                expect: str | None = None) -> Iterator[pl.DataFrame]:
     import pyarrow as pa
 
     def parse(data: bytes, line_no: int) -> Any:
@@ -299,22 +392,36 @@ def _read_jsonl(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: 
                                    fix="write huge numbers (ids) as strings, or set corpus.on_error: skip") from None
 
     try:
-        with pa.input_stream(str(path), compression="detect") as raw:
+        codec = "gzip" if _name(path).endswith(".gz") else "zstd" if _name(path).endswith(".zst") else None
+        with _opened(path, cfg, expect, sequential=True) as src, \
+                pa.input_stream(str(src) if not _is_url(path) else src, compression=codec if _is_url(path) else "detect") as raw:
             numbered = enumerate(io.BufferedReader(raw, 1 << 20), start=1)  # type: ignore[arg-type]
             yield from _batches(((n, data) for n, data in numbered if data.strip()), parse, cfg, path, report, batch_rows)
     except (OSError, EOFError, pa.ArrowInvalid) as exc:
+        if (err := _storage_error(exc, path)) is not None:
+            raise err from None
         raise StrataInputError(f"cannot read the corpus file ({exc})", path=path,
                                fix="check the path and permissions, and that .gz/.zst files are complete") from exc
 
 
-def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
+def _read_parquet(path: Path | str, cfg: CorpusConfig, report: ShardReport, batch_rows: int,
+                  expect: str | None = None) -> Iterator[pl.DataFrame]:
     """Row-group batches; validation is vectorized and an error names the row (1-based)."""
+    with _opened(path, cfg, expect, sequential=False) as src:
+        yield from _parquet_batches(src, path, cfg, report, batch_rows)
+
+
+def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read every selected column chunk of the file up front
+        pf = pq.ParquetFile(src, pre_buffer=False)  # pre-buffering would read every selected column chunk of the file up front
+    except StrataInputError:
+        raise
     except Exception as exc:  # pyarrow raises several types for unreadable files
+        if (err := _storage_error(exc, path)) is not None:
+            raise err from None
         raise StrataInputError(f"cannot read Parquet ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
     names = pf.schema_arrow.names
     if cfg.text_field not in names:
@@ -363,6 +470,8 @@ def _read_parquet(path: Path, cfg: CorpusConfig, report: ShardReport, batch_rows
     except StrataInputError:
         raise
     except Exception as exc:
+        if (err := _storage_error(exc, path)) is not None:
+            raise err from None
         raise StrataInputError(f"cannot read Parquet after row {row} ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
 
 
@@ -398,13 +507,19 @@ def _valid_utf8(batch):
     return pa.RecordBatch.from_arrays(columns, schema=batch.schema), (bad, first)
 
 
-def read_shard(path: Path, cfg: CorpusConfig, report: ShardReport | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
-    """Validated record batches of one shard: ``id, text, source, subdomain, line`` (see module docstring)."""
+def read_shard(path: Path | str, cfg: CorpusConfig, report: ShardReport | None = None, batch_rows: int = BATCH_ROWS,
+               expect: str | None = None) -> Iterator[pl.DataFrame]:
+    """Validated record batches of one shard: ``id, text, source, subdomain, line`` (see module
+    docstring). ``path`` is a file or an object URL; an object is streamed through a bounded
+    buffer and, with ``expect`` (its fingerprint when its partition was listed), read only while
+    it is still that version."""
     report = report if report is not None else ShardReport(str(path))
-    if path.name.endswith(".parquet"):
-        return _read_parquet(path, cfg, report, batch_rows)
-    if path.name.endswith(SHARD_SUFFIXES):
-        return _read_jsonl(path, cfg, report, batch_rows)
+    if not _is_url(path):
+        path = Path(path)
+    if _name(path).endswith(".parquet"):
+        return _read_parquet(path, cfg, report, batch_rows, expect)
+    if _name(path).endswith(SHARD_SUFFIXES):
+        return _read_jsonl(path, cfg, report, batch_rows, expect)
     raise StrataInputError("unknown corpus format", path=path, fix=f"use {FORMATS}")
 
 

@@ -1,0 +1,227 @@
+"""Corpora and exports on object storage, against a real S3-protocol server (moto's standalone
+server, a process on 127.0.0.1: tests/s3_server.py); the code under test uses its ordinary client."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import threading
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from helpers import demo_slice
+from pipeline.config import CorpusConfig
+from pipeline.data.corpus import build_corpus, corpus_units, shard_key, unit_fingerprints, validate_unit
+from pipeline.data.shards import discover_shards
+from pipeline.errors import StrataInputError
+from pipeline.storage import remote
+
+
+def _lines(records) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def _shards(recs) -> dict[str, bytes]:
+    """The same four shards in four formats, as bytes by relative path."""
+    import io
+
+    buf = io.BytesIO()
+    pl.DataFrame(recs[:20]).write_parquet(buf)
+    zst = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(zst, "zstd") as fh:
+        fh.write(_lines(recs[40:60]))
+    return {"a.parquet": buf.getvalue(), "b.jsonl.gz": gzip.compress(_lines(recs[20:40])),
+            "sub/c.jsonl.zst": zst.getvalue().to_pybytes(), "d.jsonl": _lines(recs[60:])}
+
+
+@pytest.fixture
+def corpus(tmp_path, s3_bucket):
+    """The same corpus on disk and in the bucket under ``shards/``, beside things that are not corpus."""
+    recs = [{"id": r["id"], "text": r["text"], "source": r["domain"]} for r in demo_slice(80)]
+    local = tmp_path / "shards"
+    for rel, data in _shards(recs).items():
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes(data)
+        s3_bucket.put(f"shards/{rel}", data)
+    s3_bucket.put("shards/notes.txt", b"not a shard")
+    s3_bucket.put("shards/.hidden/x.jsonl", _lines(recs[:1]))
+    s3_bucket.put("shards/old-export/.strata-export", b"an export")  # an export below the prefix is never corpus
+    s3_bucket.put("shards/old-export/data/train-00000-of-00001.parquet", _shards(recs)["a.parquet"])
+    return local, f"{s3_bucket.url}/shards/", recs
+
+
+def test_a_corpus_in_a_bucket_reads_like_the_same_corpus_on_disk(corpus, tmp_path, s3_bucket):
+    local, url, recs = corpus
+    found = discover_shards(url)
+    assert found == [f"{url}{n}" for n in ("a.parquet", "b.jsonl.gz", "d.jsonl", "sub/c.jsonl.zst")]
+    assert discover_shards(f"{url}**/*.jsonl*") == [f"{url}{n}" for n in ("b.jsonl.gz", "d.jsonl", "sub/c.jsonl.zst")]
+    assert discover_shards([f"{url}d.jsonl", f"{url}a.parquet"]) == [f"{url}a.parquet", f"{url}d.jsonl"]
+
+    def build(path, root):
+        built = build_corpus(CorpusConfig(path=path), 0, 0.1, root / "shards", root / "corpus.parquet")
+        return built, pl.read_parquet(root / "corpus.parquet")
+
+    (tmp_path / "r1").mkdir(), (tmp_path / "r2").mkdir()
+    on_disk, disk_rows = build(str(local), tmp_path / "r1")
+    in_bucket, bucket_rows = build(url, tmp_path / "r2")
+    assert bucket_rows.drop("shard").equals(disk_rows.drop("shard"))  # same documents, ids, hashes, split
+    assert in_bucket.manifest["n_docs"].to_list() == on_disk.manifest["n_docs"].to_list()
+    assert in_bucket.n_heldout == on_disk.n_heldout and in_bucket.report.n_read == 80
+    assert [shard_key(u).split("@")[0] for u in in_bucket.manifest["path"]] == ["a.parquet", "b.jsonl.gz", "d.jsonl", "c.jsonl.zst"]
+
+
+def test_fingerprints_follow_object_versions(corpus, s3_bucket):
+    _, url, recs = corpus
+    cfg = CorpusConfig(path=url)
+    before = unit_fingerprints(cfg)
+    assert unit_fingerprints(cfg) == before  # unchanged objects: the same data versions
+    s3_bucket.put("shards/d.jsonl", _lines(recs[60:79]))  # an edit changes its own version only
+    s3_bucket.put("shards/e.jsonl", _lines([{"id": "new", "text": "an appended shard"}]))  # an append adds one
+    remote._LISTED.clear()
+    after = unit_fingerprints(cfg)
+    assert sorted(after) == sorted([*before, f"{url}e.jsonl"])
+    assert [u for u in before if after[u] != before[u]] == [f"{url}d.jsonl"]
+    assert CorpusConfig(path=url, on_error="skip") != cfg
+    assert unit_fingerprints(CorpusConfig(path=url, on_error="skip"))[f"{url}a.parquet"] != after[f"{url}a.parquet"]
+
+
+def test_an_object_replaced_after_listing_is_not_read_as_its_old_version(corpus, s3_bucket, tmp_path):
+    _, url, recs = corpus
+    cfg = CorpusConfig(path=url)
+    fp = unit_fingerprints(cfg)[f"{url}d.jsonl"]
+    s3_bucket.put("shards/d.jsonl", _lines(recs[61:]))
+    remote._LISTED.clear()
+    with pytest.raises(StrataInputError, match="changed since it was listed"):
+        validate_unit(f"{url}d.jsonl", cfg, 0.1, 0, tmp_path / "v.parquet", 8192, fp)
+    assert not (tmp_path / "v.parquet").exists()
+
+
+def test_a_large_object_streams_in_bounded_ranges(s3_bucket, tmp_path, monkeypatch):
+    """Reading never buffers more than one block: the server sees several ranged GETs of the object."""
+    monkeypatch.setattr(remote, "BLOCK_SIZE", 1 << 18)
+    text = "x" * 2000
+    data = _lines([{"id": str(i), "text": f"{i} {text}"} for i in range(600)])  # about 1.2 MB
+    url = s3_bucket.put("big/big.jsonl", data)
+    log = s3_bucket.server.log
+    start = log.stat().st_size
+    info = validate_unit(url, CorpusConfig(path=url), 0.0, 0, tmp_path / "v.parquet", 100,
+                         unit_fingerprints(CorpusConfig(path=url))[url])
+    assert info["n_read"] == 600
+    gets = [l for l in log.read_text().splitlines()[-400:] if "GET /" + s3_bucket.name + "/big/big.jsonl" in l]
+    assert len(gets) >= 2 and all(" 206 " in g for g in gets), gets[:3]  # ranges, never the whole object at once
+    assert start < log.stat().st_size
+
+
+@pytest.mark.parametrize("case", ["missing bucket", "denied", "no credentials", "unreachable", "no objects"])
+def test_storage_failures_are_input_errors_naming_the_url_and_the_fix(case, s3_bucket, monkeypatch, tmp_path):
+    url = s3_bucket.put("c/a.jsonl", _lines([{"id": "1", "text": "hello"}]))
+    spec, want = f"{s3_bucket.url}/c/", ""
+    if case == "missing bucket":
+        spec, want = "s3://strata-no-such-bucket/c/", "does not exist"
+    elif case == "no credentials":
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+        want = "no credentials"
+    elif case == "unreachable":
+        from s3_server import free_port
+
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        monkeypatch.setenv("STRATA_S3_MAX_ATTEMPTS", "1")
+        want = "cannot reach"
+    elif case == "no objects":
+        spec, want = f"{s3_bucket.url}/nothing/", "no objects"
+    if case == "denied":
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=s3_bucket.server.endpoint)
+        iam.create_user(UserName=f"u-{s3_bucket.name}")
+        key = iam.create_access_key(UserName=f"u-{s3_bucket.name}")["AccessKey"]  # a user no policy allows anything
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+        s3_bucket.server.set_auth(True)
+        want = "denied"
+    try:
+        with pytest.raises(StrataInputError) as err:
+            corpus_units(CorpusConfig(path=spec))
+    finally:
+        if case == "denied":
+            s3_bucket.server.set_auth(False)
+    msg = str(err.value)
+    assert want in msg and spec.rstrip("/") in msg and "Fix:" in msg, msg
+    for secret in (s3_bucket.secret, s3_bucket.key_id):
+        assert secret not in msg
+    if case == "denied":
+        assert "AccessDenied" in msg and "s3:ListBucket" in msg
+
+
+def test_credentials_in_a_url_are_refused_and_never_echoed():
+    with pytest.raises(StrataInputError) as err:
+        corpus_units(CorpusConfig(path="s3://AKIAXX:topsecretvalue@bucket/data/"))
+    assert "topsecretvalue" not in str(err.value) and "AKIAXX" not in str(err.value)
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of the server that answers the first ``fail`` requests 503 SlowDown."""
+
+    fail = 0
+    upstream = ""
+    seen: list[int] = []
+
+    def _relay(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+        if _Flaky.fail > 0:
+            _Flaky.fail -= 1
+            _Flaky.seen.append(503)
+            payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        req = urllib.request.Request(_Flaky.upstream + self.path, data=body, method=self.command,
+                                     headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+        try:
+            resp = urllib.request.urlopen(req, timeout=30)
+        except urllib.error.HTTPError as e:
+            resp = e
+        data = resp.read()
+        _Flaky.seen.append(resp.status if hasattr(resp, "status") else resp.code)
+        self.send_response(resp.status if hasattr(resp, "status") else resp.code)
+        for k, v in resp.headers.items():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _relay
+
+    def log_message(self, *args):
+        pass
+
+
+def test_transient_errors_are_retried_with_backoff(s3_bucket, monkeypatch):
+    url = s3_bucket.put("r/a.jsonl", _lines([{"id": "1", "text": "hello"}]))
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        _Flaky.upstream, _Flaky.seen = s3_bucket.server.endpoint, []
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.setenv("STRATA_S3_MAX_ATTEMPTS", "4")
+        _Flaky.fail = 2
+        assert corpus_units(CorpusConfig(path=url)) == [url]  # two 503s, then the answer
+        assert _Flaky.seen[:3] == [503, 503, 200]
+        monkeypatch.setenv("STRATA_S3_MAX_ATTEMPTS", "2")
+        _Flaky.fail, _Flaky.seen = 10, []
+        with pytest.raises(StrataInputError, match="kept failing .SlowDown. .* after 2 attempts") as err:
+            corpus_units(CorpusConfig(path=f"{s3_bucket.url}/r/"))
+        assert 2 <= len(_Flaky.seen) <= 4 and set(_Flaky.seen) == {503}  # gives up after its attempts (per request)
+        assert "STRATA_S3_MAX_ATTEMPTS" in str(err.value)
+    finally:
+        proxy.shutdown()
