@@ -206,6 +206,7 @@ class StrataConfig(_Model):
     export_global_batch: int = Field(0, ge=0)  # sequences per global batch; 0 = batch_size
     export_world_size: int = Field(1, ge=1)  # data-parallel ranks (only the mds layout depends on it)
     export_workers: int = Field(1, ge=1)  # DataLoader workers per rank
+    export_dir: str = ""  # where the exports asset writes <strategy>/<format>/: "" = <data root>/exports; a folder or an s3:// prefix
     # evaluations
     eval_limit: int = Field(40, ge=1)  # documents/articles per rolling-loglikelihood task
     wikitext_path: str = ""  # WikiText-2 raw test file (optional)

@@ -225,3 +225,86 @@ def test_transient_errors_are_retried_with_backoff(s3_bucket, monkeypatch):
         assert "STRATA_S3_MAX_ATTEMPTS" in str(err.value)
     finally:
         proxy.shutdown()
+
+
+# --------------------------------------------------------------------------- exports
+
+
+def _stream():
+    from test_export import _data
+
+    stream, store, order = _data("concat")
+    return stream, store, order
+
+
+def _objects(bucket, prefix: str) -> dict[str, dict]:
+    fs = bucket.fs()
+    return {k[len(bucket.name) + len(prefix) + 2:]: v for k, v in fs.find(f"{bucket.name}/{prefix}/", detail=True).items()}
+
+
+def test_exports_to_a_bucket_read_back_with_the_trainers_readers(s3_bucket, tmp_path, monkeypatch):
+    """All four formats under s3:// prefixes, read from the endpoint by MosaicML streaming
+    (remote=s3://), HF datasets (storage_options) and megatron-core's IndexedDataset (its S3
+    reader); every object equals the same export written to disk."""
+    from test_export import G, _streaming, expected_batches
+
+    from pipeline.export import export_stream
+    from pipeline.export.writer import EXPORT_MARKER
+
+    stream, store, order = _stream()
+    n = order.size // G * G
+    want = expected_batches(store, order).reshape(n, -1)
+    for fmt in ("numpy", "megatron", "mds", "hf"):
+        url = f"{s3_bucket.url}/exports/{fmt}"
+        info = export_stream(stream, fmt, url, global_batch=G, data_root=tmp_path / "root")
+        local = tmp_path / fmt
+        export_stream(stream, fmt, local, global_batch=G)
+        objs = _objects(s3_bucket, f"exports/{fmt}")
+        on_disk = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+        assert sorted(objs) == on_disk and EXPORT_MARKER in objs and "meta.json" in objs
+        for rel in (r for r in on_disk if r != EXPORT_MARKER):
+            assert s3_bucket.fs().cat(f"{s3_bucket.name}/exports/{fmt}/{rel}") == (local / rel).read_bytes(), rel
+        assert info["files"][0].startswith(url + "/") and not any(".strata-tmp-" in k for k in objs)
+        assert not list((tmp_path / "root").glob(".export-*"))  # the local staging is gone
+    # MosaicML streaming straight from the endpoint (it reads S3_ENDPOINT_URL)
+    base = _streaming()
+    ds = base.StreamingDataset(remote=f"{s3_bucket.url}/exports/mds", local=str(tmp_path / "mds-cache"), shuffle=False,
+                               batch_size=G, num_canonical_nodes=1)
+    np.testing.assert_array_equal(np.stack([ds.get_item(i)["input_ids"] for i in range(n)]), want)
+    # Hugging Face datasets through fsspec
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # datasets refuses every remote URL offline (the tests run offline)
+    opts = {"key": s3_bucket.key_id, "secret": s3_bucket.secret, "endpoint_url": s3_bucket.server.endpoint}
+    hf = datasets.load_dataset("parquet", data_files=f"{s3_bucket.url}/exports/hf/data/*.parquet", storage_options=opts,
+                               split="train", cache_dir=str(tmp_path / "hf-cache"))
+    np.testing.assert_array_equal(np.asarray(hf["input_ids"][:n]), want)
+    # megatron-core's own S3 reader of the indexed dataset
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.datasets.object_storage_utils import ObjectStorageConfig
+
+    idx = IndexedDataset(f"{s3_bucket.url}/exports/megatron/tokens", mmap=False,
+                         object_storage_config=ObjectStorageConfig(path_to_idx_cache=str(tmp_path / "idx"), bin_chunk_nbytes=4096))
+    np.testing.assert_array_equal(np.stack([idx[i][: want.shape[1]] for i in range(n)]), want)
+
+
+def test_an_export_replaces_only_what_strata_wrote_under_a_prefix(s3_bucket, tmp_path):
+    from pipeline.export import export_stream
+
+    stream, _, _ = _stream()
+    foreign = s3_bucket.put("theirs/model.safetensors", b"weights")
+    with pytest.raises(StrataInputError, match="not an export Strata wrote") as err:
+        export_stream(stream, "hf", f"{s3_bucket.url}/theirs", global_batch=8)
+    assert "--force" in err.value.fix and s3_bucket.fs().cat(remote.strip(foreign)) == b"weights"
+    with pytest.raises(StrataInputError, match="bucket's root"):
+        export_stream(stream, "hf", s3_bucket.url, global_batch=8, force=True)
+    url = f"{s3_bucket.url}/mine"
+    export_stream(stream, "mds", url, global_batch=8)
+    first = _objects(s3_bucket, "mine")
+    export_stream(stream, "mds", url, global_batch=8)  # again: its own export is replaced without --force
+    again = _objects(s3_bucket, "mine")
+    assert sorted(again) == sorted(first)
+    shards = [k for k in first if k.startswith("shard.")]
+    assert shards and all(again[k]["LastModified"] == first[k]["LastModified"] for k in shards)  # unchanged objects not rewritten
+    export_stream(stream, "hf", f"{s3_bucket.url}/theirs", global_batch=8, force=True)
+    assert "model.safetensors" not in _objects(s3_bucket, "theirs")  # --force replaces everything under the prefix

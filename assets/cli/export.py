@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
 from pipeline.export.formats import REGISTRY as FORMATS
 
 
@@ -42,9 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", required=True, help="ordering to export (orderings/<strategy>.parquet)")
     p.add_argument("--format", required=True, choices=FORMATS.names(),
                    help="output format (docs/export.md): " + "; ".join(f"{f.name}: {f.description}" for f in FORMATS.entries().values()))
-    p.add_argument("--out", required=True, type=Path,
-                   help="output directory: a new or empty one, or an earlier Strata export (replaced atomically; "
-                        "never a file, a folder above the current one, or the data root's stores)")
+    p.add_argument("--out", required=True,
+                   help="output directory or object-store prefix (s3://bucket/prefix): a new or empty one, or an earlier "
+                        "Strata export (replaced atomically; never a file, a folder above the current one, the data root's "
+                        "stores or a bucket's root)")
     p.add_argument("--force", action="store_true",
                    help="replace a non-empty --out that is not a Strata export (everything in it is deleted)")
     p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export_global_batch, else batch_size)")

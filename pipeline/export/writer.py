@@ -20,7 +20,29 @@ def _contents(d: Path, limit: int = 3) -> tuple[int, list[str]]:
     return len(names), names[:limit]
 
 
-def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: bool = False) -> Path:
+def check_export_prefix(out: str, *, force: bool = False) -> str:
+    """``out`` (an object-store URL) if an export may replace what is under it, else a
+    StrataInputError with the fix: the same rule as for a directory (:func:`check_export_dir`) —
+    nothing there, or an export Strata wrote (its :data:`EXPORT_MARKER` object), or ``force``;
+    never a bucket's root, whatever ``force`` says."""
+    from pipeline.storage import remote
+
+    remote.check_url(out)
+    out = out.rstrip("/")
+    if "/" not in remote.strip(out):
+        raise StrataInputError(f"--out {out} is a bucket's root: an export replaces its prefix whole", path=out,
+                               fix=f"pass a prefix inside the bucket, e.g. --out {out}/exports/greedy-numpy")
+    objects = remote.prefix_contents(out)
+    names = [o.url[len(out) + 1:] for o in objects]
+    if names and EXPORT_MARKER not in names and not force:
+        raise StrataInputError(
+            f"--out {out} is not empty ({len(names)} objects, e.g. {', '.join(names[:3])}) and is not an export Strata wrote "
+            f"(no {EXPORT_MARKER}): the export would replace everything under it", path=out,
+            fix="pass a new or empty prefix to --out, or --force to replace this one and every object under it")
+    return out
+
+
+def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: bool = False) -> Path | str:
     """``out`` if an export may be swapped into it, else a StrataInputError with the fix.
 
     An export replaces its directory whole, so it goes only where nothing but an earlier export can
@@ -29,7 +51,11 @@ def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: b
     directory or any folder above it, the data root or a folder above it, or a path inside the data
     root other than its ``exports/`` folder (the stores), whatever ``force`` says; ``force`` only
     lets a non-empty directory without the marker be replaced (an export of an older Strata, or a
-    folder the user means to discard)."""
+    folder the user means to discard). An object-store URL: :func:`check_export_prefix`."""
+    from pipeline.storage.remote import is_url
+
+    if is_url(out):
+        return check_export_prefix(str(out), force=force)
     given = Path(out)
     out = given.expanduser().absolute()
     resolved = out.resolve()
@@ -76,6 +102,9 @@ def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_ba
     info = {**(meta or {}), "global_batch": global_batch, "world_size": world_size, "workers": workers}
     t0 = time.perf_counter()
     out = check_export_dir(out, data_root=data_root, force=force)
+    if isinstance(out, str):
+        return _export_to_store(stream, fmt, out, info, global_batch=global_batch, world_size=world_size, progress=progress,
+                                staging=data_root, t0=t0)
     previous = previous_export(out, fmt, info, stream.seq_len, stream.dtype)
     with atomic_dir(out) as tmp:
         extra = {"previous": previous} if previous is not None and writer.extends else {}
@@ -134,3 +163,37 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
         meta["frozen"] = {"sequences": rec.sequences, "tokens_sha256": rec.meta.get("tokens_sha256"), "version_chain": rec.meta.get("chain", [])}
     return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
                          meta=meta, progress=progress, data_root=layout.root, force=force)
+
+
+COMMIT_FILES = ("index.json", "tokens.idx", "meta.json")  # written last, in this order: meta.json is every export's commit marker
+
+
+def _export_to_store(stream: OrderedStream, fmt: str, out: str, info: dict, *, global_batch: int, world_size: int,
+                     progress, staging: Path | None, t0: float) -> dict:
+    """Write the export into a local temporary directory (under ``staging``, the data root, when
+    given), then publish it under the prefix ``out`` (``pipeline.storage.remote.publish``): the
+    objects go under a temporary prefix first and are committed with the readers' index
+    (``index.json`` of MDS, ``tokens.idx`` of Megatron) and ``meta.json`` last, so a reader never
+    sees a half-written export; objects byte-identical to the previous export's stay as they are."""
+    import tempfile
+
+    from pipeline.storage import remote
+
+    writer = REGISTRY.get(fmt)
+    if staging is not None:
+        Path(staging).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".export-", suffix=".tmp", dir=staging) as tmpd:
+        tmp = Path(tmpd)
+        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress)
+        names = [f.relative_to(tmp).as_posix() for f in files]
+        (tmp / EXPORT_MARKER).write_text(f"An export written by Strata ({fmt}); `strata export --out` replaces this prefix.\n",
+                                         encoding="utf-8")
+        published = remote.publish(tmp, out, last=tuple(f for f in COMMIT_FILES if (tmp / f).is_file()), marker=EXPORT_MARKER)
+        from pipeline.storage.atomic import file_sha256
+
+        digests = {remote.join(out, n): file_sha256(tmp / n) for n in names}  # the objects' bytes, for lineage
+    return {
+        "format": fmt, "dir": out, "files": [remote.join(out, n) for n in names], "sequences": stream.n_sequences,
+        "tokens": stream.n_sequences * stream.seq_len, "kept_sequences": 0, "kept_objects": published["kept"], "digests": digests,
+        "wall_s": time.perf_counter() - t0,
+    }
