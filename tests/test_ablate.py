@@ -120,3 +120,19 @@ def test_the_ablate_job_is_in_the_definitions_and_the_demo_sentence_follows_the_
     s = demo_sentence(power(400), 122_880, 50.0)
     assert f"{t.seeds} seeds × {t.units} held-out documents" in s and f"--budget {-(-(t.seeds - 3) * 2 * 50 // 60)}m" in s
     assert "cannot resolve ±0.5%" in demo_sentence(power(71), 122_880, 50.0) and "raise heldout_fraction" in demo_sentence(power(71), 0, None)
+
+
+def test_the_ablate_job_runs_the_cli_and_its_bad_input_fails_the_run(tmp_path):
+    """The job's op runs ``strata ablate`` with the Launchpad's fields; a bad budget exits 2 there
+    with the CLI's clear error (which the op raises as the run's failure)."""
+    import subprocess
+
+    from assets.ablate_job import AblateJobConfig, ablate_command
+
+    cfg = AblateJobConfig(strategies=["greedy", "stratified"], budget="ten minutes", pilot_seeds=2)
+    cmd = ablate_command(cfg, None, str(tmp_path / "root"))
+    assert cmd[cmd.index("--strategies") + 1: cmd.index("--budget")] == ["greedy", "stratified"]
+    assert cmd[cmd.index("--pilot-seeds") + 1] == "2" and cmd[-2:] == ["--data-root", str(tmp_path / "root")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "budget" in proc.stderr and "Traceback" not in proc.stderr
