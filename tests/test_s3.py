@@ -8,7 +8,6 @@ import http.server
 import json
 import threading
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -120,7 +119,7 @@ def test_a_large_object_streams_in_bounded_ranges(s3_bucket, tmp_path, monkeypat
 
 @pytest.mark.parametrize("case", ["missing bucket", "denied", "no credentials", "unreachable", "no objects"])
 def test_storage_failures_are_input_errors_naming_the_url_and_the_fix(case, s3_bucket, monkeypatch, tmp_path):
-    url = s3_bucket.put("c/a.jsonl", _lines([{"id": "1", "text": "hello"}]))
+    s3_bucket.put("c/a.jsonl", _lines([{"id": "1", "text": "hello"}]))
     spec, want = f"{s3_bucket.url}/c/", ""
     if case == "missing bucket":
         spec, want = "s3://strata-no-such-bucket/c/", "does not exist"

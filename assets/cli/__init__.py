@@ -51,8 +51,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     ``--freeze-prefix``, that config with ``freeze_prefix`` set, written to ``<data root>/run_config.yaml``."""
     if args.freeze_prefix is None:
         return _materialize(args.config, args.data_root, args.select)
-    from pathlib import Path
-
     import yaml
 
     from pipeline.config import config_from_dict, read_config_data, resolve_config

@@ -131,7 +131,6 @@ def _token_weighted(ptr, slen, total):
     tau /= total
     right = np.arange(n + 1)  # right[i] == i: position i is alive (n: the sentinel)
     left = np.arange(n + 1)  # left[i + 1] == i + 1: position i is alive (0: the sentinel)
-    left_n = np.zeros(k, dtype=np.int64)
     placed = np.zeros(k, dtype=np.int64)
     T = np.zeros(k)
     S = 0.0
