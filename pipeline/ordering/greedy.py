@@ -415,6 +415,13 @@ def tracked_blocks(
         pool = np.sort(np.concatenate([pool[keep], refill]))
 
 
+def _deviation_vector(state: GreedyState, targets: np.ndarray, chars: Characteristics) -> np.ndarray:
+    """X - t (S, W): the running totals' offset from the targets (token columns against S, sequence
+    columns against W = unit * n); a state (X = offset, S = 0, n = 0) scores as this one does."""
+    k = chars.n_token_cols
+    return state.X - np.concatenate([targets[:k] * state.S, targets[k:] * chars.unit * state.n])
+
+
 def _blocks_in_order(chars: Characteristics, lengths: np.ndarray, blocks: Iterator[tuple[np.ndarray, bool]], n_blocks: int,
                      noise: float, seed: int) -> np.ndarray:
     """The blocks of ``blocks`` in schedule order, concatenated: each block not yet ordered is
@@ -422,18 +429,24 @@ def _blocks_in_order(chars: Characteristics, lengths: np.ndarray, blocks: Iterat
     ``CARRY`` rows the block before left, and leaves its own last ``CARRY`` to the next block (the
     last block takes everything). Without the carry each block would end on the rows its greedy
     had no choice left about (the drained tail: a block's worst batches straddled its end); carried
-    over, they are placed among a fresh block's rows. The orderings run in block order on a worker
+    over, they are placed among a fresh block's rows. Each block's greedy starts from the offset
+    X - t (S, W) at which the block before stopped (:func:`_deviation_vector`), not from zero, so the
+    stream runs on across a block's edge as inside a block. The orderings run in block order on a worker
     thread while ``blocks`` deals the next block here (the kernel releases the GIL)."""
     bar = tqdm(total=n_blocks, desc="greedy blocks", unit="block", disable=n_blocks < 16)
     carry = np.zeros(0, dtype=np.int64)
+    residual: np.ndarray | None = None  # the block before's X - t (S, W) where its order stopped
 
     def order(i: int, rows: np.ndarray, ordered: bool) -> np.ndarray:
-        nonlocal carry
+        nonlocal carry, residual
         if not ordered:
             rows = np.sort(np.concatenate([rows, carry]))
             n_pick = rows.size if i == n_blocks - 1 or rows.size <= 2 * CARRY else rows.size - CARRY
             sub, ln = chars.take_rows(rows), lengths[rows]
-            picked = greedy_rows(sub, ln, sub.targets(ln), GreedyState.empty(sub.n_cols), n_pick, noise, seed + n_blocks + i)
+            t = sub.targets(ln)
+            state = GreedyState.empty(sub.n_cols) if residual is None else GreedyState(residual.copy())
+            picked = greedy_rows(sub, ln, t, state, n_pick, noise, seed + n_blocks + i)
+            residual = _deviation_vector(state, t, sub)
             left = np.ones(rows.size, dtype=bool)
             left[picked] = False
             rows, carry = rows[picked], rows[left]
