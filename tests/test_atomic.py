@@ -10,8 +10,17 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.errors import StrataInputError
 from pipeline.storage import atomic
-from pipeline.storage.atomic import atomic_writer, file_sha256, write_bin, write_json, write_npy, write_parquet, write_rows
+from pipeline.storage.atomic import (
+    atomic_writer,
+    file_sha256,
+    write_bin,
+    write_json,
+    write_npy,
+    write_parquet,
+    write_rows,
+)
 
 
 def _read_sha(path) -> str:
@@ -54,18 +63,24 @@ def test_writers_give_the_bytes_of_the_library_writers_and_their_digest_without_
         assert {name: file_sha256(tmp_path / name) for name in expected} == expected
 
 
-def test_a_changed_file_is_hashed_again(tmp_path):
+def test_a_changed_file_is_refused_and_another_file_is_hashed_anew(tmp_path):
+    """A file Strata wrote and recorded, then changed in place (another size, or the same size and
+    another modification time), is refused, never hashed as the new truth; a different file moved
+    into its place (no record of Strata's) is hashed anew."""
     path = tmp_path / "a.bin"
     write_bin(np.arange(10, dtype=np.int64), path)
     first = file_sha256(path)
     path.write_bytes(b"other bytes")  # in place, another size
-    assert file_sha256(path) == _read_sha(path) != first
+    with pytest.raises(StrataInputError, match="changed on disk since Strata wrote it"):
+        file_sha256(path)
     write_bin(np.arange(10, dtype=np.int64), path)
+    assert file_sha256(path) == first
     atomic._DIGESTS.clear()
     with open(path, "r+b") as fh:  # in place, the same size, another modification time
         fh.write(b"\xff")
     os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 1))
-    assert file_sha256(path) == _read_sha(path) != first
+    with pytest.raises(StrataInputError, match="changed on disk since Strata wrote it"):
+        file_sha256(path)
     other = tmp_path / "b.bin"
     other.write_bytes(b"same length")
     os.replace(other, path)  # another file, the same size
