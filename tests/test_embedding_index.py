@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 
 import numpy as np
 import polars as pl
 import pytest
+from helpers import three_shard_corpus
 
 from assets.cli import tools
-from helpers import three_shard_corpus
 from pipeline.config import config_from_dict
 from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.errors import StrataInputError
@@ -20,8 +21,17 @@ from pipeline.reports.claim_inputs import diversity_clusters
 from pipeline.reports.diagnostics import corpus_diagnostics
 from pipeline.represent.calibrate import calibrate_k
 from pipeline.represent.clusters import assign_clusters, kmeans, train_kmeans
-from pipeline.represent.embedding_index import ShardedRows, has_embeddings, open_embeddings, write_embedding_runs
-from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key
+from pipeline.represent.embedding_index import (
+    ShardedRows,
+    has_embeddings,
+    open_embeddings,
+    write_embedding_runs,
+)
+from pipeline.represent.embedding_shards import (
+    embed_shards,
+    embedding_file,
+    embedding_key,
+)
 from pipeline.represent.embeddings import default_model_path
 from pipeline.storage.layout import Layout
 
@@ -126,7 +136,8 @@ def test_index_names_its_shard_files_and_refuses_what_it_cannot_read(tmp_path, c
 
 def test_norm_records_stand_for_the_rows_until_a_file_changes(tmp_path):
     """embed_shards records each shard's norm range while writing; the check reads the record while
-    the file's digest matches it, and measures the file again once its bytes change."""
+    the file's digest matches it, refuses the file once its bytes change in place, and measures a
+    file moved into its place again."""
     from pipeline.represent.embedding_norms import NormRange, norms_file, shard_norms
 
     reader, _, _ = _matrix(tmp_path, 0)
@@ -140,11 +151,20 @@ def test_norm_records_stand_for_the_rows_until_a_file_changes(tmp_path):
     path = reader.runs.paths[1]
     rows = np.load(path)
     rows[3] *= 2.0  # no longer unit-norm: the record was taken for other bytes
-    np.save(path, rows)
+    np.save(path, rows)  # in place: a file Strata recorded, edited, is refused
+    with pytest.raises(StrataInputError, match="changed on disk since Strata wrote it"):
+        shard_norms(path)
+
+    def replace(rows: np.ndarray) -> None:  # another file moved into its place: no record of Strata's
+        tmp = path.with_name("other.npy")
+        np.save(tmp, rows)
+        os.replace(tmp, path)
+
+    replace(rows)
     norms, from_record = shard_norms(path)
     assert not from_record and norms.max_norm == pytest.approx(2.0, abs=1e-5) and norms.finite
     rows[5, 0] = np.nan
-    np.save(path, rows)
+    replace(rows)
     norms_file(path).unlink()  # no record at all: measured from the file
     norms, from_record = shard_norms(path)
     assert not from_record and not norms.finite
