@@ -85,9 +85,9 @@ def test_workers_are_used_only_where_they_pay():
 
 
 def _artifacts(root: Path) -> set[Path]:
-    """The data root's files, less the records of the run itself (Dagster's storage, the DuckDB file
-    and the recorded config, which names ``partition_workers``)."""
-    return {p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != "dagster"
+    """The data root's files, less the records of the run itself (Dagster's storage, the run's log in
+    ``.logs``, the DuckDB file and the recorded config, which names ``partition_workers``)."""
+    return {p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] not in ("dagster", ".logs")
             and not p.name.startswith("strata.duckdb") and p.name != "strata_config.yaml"}
 
 
