@@ -15,6 +15,7 @@ from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
+from pipeline.errors import StrataInputError
 from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.atomic import file_sha256, write_parquet
@@ -64,10 +65,13 @@ def base_order(layout, duckdb: DuckDBResource, spec, params: OrderParams, seed: 
         return None
     wanted = json.loads(json.dumps({"strategy": base, **params.__dict__, "seed": seed, "freeze_prefix": 0}, sort_keys=True, default=str))
     made_with = {k: v for k, v in row["parameters"].items() if k != "greedy_mode"}
-    if (row["code_version"] != code_version or row["input_versions"].get("sequences") != sequences or made_with != wanted
-            or row["outputs"].get(str(path)) != file_sha256(path)):
+    if row["code_version"] != code_version or row["input_versions"].get("sequences") != sequences or made_with != wanted:
         return None
-    return Store(layout).ordering(base).order, row["parameters"].get("greedy_mode")
+    try:
+        unchanged = row["outputs"].get(str(path)) == file_sha256(path)
+    except StrataInputError:  # changed on disk since it was written: not a base to reuse (the strategy runs itself)
+        return None
+    return (Store(layout).ordering(base).order, row["parameters"].get("greedy_mode")) if unchanged else None
 
 
 def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float) -> tuple[list, list, dict]:
