@@ -60,7 +60,9 @@ class CorpusConfig(_Model):
     # a Parquet / JSONL / JSONL.gz / JSONL.zst file, a directory or glob of such shards, or a list
     # of these; "" = built-in corpus
     path: str | list[str] = ""
-    hf_dataset: str = ""  # Hugging Face dataset name, streamed (online users only)
+    # a Hugging Face dataset, a Hub name or a local folder in the Hub's layout: one shard per data file
+    # of hf_split (pipeline/data/hf_hub.py); used when path is empty
+    hf_dataset: str = ""
     hf_split: str = "train"
     text_field: str = Field("text", min_length=1)
     id_field: str = "id"  # missing => ids are line numbers

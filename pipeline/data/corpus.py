@@ -1,9 +1,9 @@
 """The corpus stage: every shard read, validated and split, then one table of training documents.
 
 Inputs: Parquet / JSONL / JSONL.gz / JSONL.zst shards (a file, a directory, a glob or a list; see
-:mod:`pipeline.data.shards`), a Hugging Face dataset streamed record by record (online users
-only), or the built-in corpus. Every problem names the shard file, the line (or row) and the fix;
-with ``on_error="skip"`` bad records are skipped and counted per shard.
+:mod:`pipeline.data.shards`), a Hugging Face dataset (one shard per data file of its split:
+:mod:`pipeline.data.hf_hub`), or the built-in corpus. Every problem names the shard file, the
+line (or row) and the fix; with ``on_error="skip"`` bad records are skipped and counted per shard.
 
 :func:`build_corpus` streams: each shard is validated by :func:`validate_unit` into its own
 Parquet file under ``corpus/shards/`` (named by the shard's content fingerprint, so an unchanged
@@ -35,7 +35,7 @@ from pipeline.config import CorpusConfig
 from pipeline.distributed.engine import map_shards
 from pipeline.distributed.shards import Shard
 from pipeline.data.shards import (
-    BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, hf_records, read_records, read_shard, shard_fingerprint,
+    BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, is_shard, read_records, read_shard, shard_fingerprint,
 )
 from pipeline.errors import StrataInputError
 from pipeline.threads import ahead, behind, cores, parallel_map, prefetch
@@ -61,10 +61,15 @@ class CorpusReport:
 
 
 def corpus_units(cfg: CorpusConfig) -> list[str]:
-    """The corpus's units of reading: shard file paths, ``hf:<name>`` or ``builtin``."""
+    """The corpus's units of reading: shard file paths and object URLs (those of ``corpus.path``,
+    or the data files of ``corpus.hf_dataset``'s split), or ``builtin``."""
     if _has_path(cfg):
         return [str(p) for p in discover_shards(cfg.path)]
-    return [f"hf:{cfg.hf_dataset}"] if cfg.hf_dataset else ["builtin"]
+    if cfg.hf_dataset:
+        from pipeline.data.hf_hub import data_files
+
+        return data_files(cfg.hf_dataset, cfg.hf_split)
+    return ["builtin"]
 
 
 def _has_path(cfg: CorpusConfig) -> bool:
@@ -82,8 +87,10 @@ def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int
         report.n_read = len(rows)
         return iter([pl.DataFrame(rows, schema=list(SHARD_COLUMNS)[:4], orient="row")
                      .with_columns(line=pl.int_range(1, len(rows) + 1, dtype=pl.Int64))])
-    if unit.startswith("hf:"):
-        return read_records(hf_records(cfg), cfg, unit, report, batch_rows)
+    if cfg.hf_dataset and not _has_path(cfg) and not is_shard(unit):  # a data file of another format (CSV, Arrow …)
+        from pipeline.data.hf_hub import file_records
+
+        return read_records(file_records(cfg.hf_dataset, unit), cfg, unit, report, batch_rows)
     return read_shard(_shard_path(unit), cfg, report, batch_rows, expect=fingerprint)
 
 
@@ -207,8 +214,8 @@ def _close_duckdb(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def corpus_fingerprint(cfg: CorpusConfig) -> str:
-    """Data version of the raw corpus: SHA-256 over every shard's bytes (or the built-in documents,
-    or the dataset name) plus the reading options, so editing, appending or deleting a document or a
+    """Data version of the raw corpus: SHA-256 over every shard's bytes (an object's version, or
+    the built-in documents) plus the reading options, so editing, appending or deleting a document or a
     shard, or changing a field mapping, changes it."""
     h = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode())
     for unit, fp in unit_fingerprints(cfg).items():
@@ -224,11 +231,9 @@ def unit_fingerprints(cfg: CorpusConfig) -> dict[str, str]:
 
 
 def unit_fingerprint(unit: str, cfg: CorpusConfig) -> str:
-    """Content fingerprint of one unit (hf datasets: name and split only)."""
+    """Content fingerprint of one unit (a file's bytes, an object's version, the built-in documents)."""
     if unit == "builtin":
         return _builtin_fingerprint(cfg.builtin_max_docs)
-    if unit.startswith("hf:"):
-        return hashlib.sha256(f"{unit}:{cfg.hf_split}".encode()).hexdigest()[:32]
     return shard_fingerprint(_shard_path(unit), cfg)
 
 
@@ -245,9 +250,9 @@ def _builtin_fingerprint(max_docs: int) -> str:
 def shard_key(unit: str) -> str:
     """The Dagster partition key of a unit of :func:`corpus_units`: its file name and a digest of
     its full path (two directories may hold files of one name), e.g. ``part-00001.parquet@3fa2c1d0``;
-    ``builtin`` and ``hf_<name>`` otherwise."""
-    if unit == "builtin" or unit.startswith("hf:"):
-        return re.sub(r"[^A-Za-z0-9._-]", "_", unit.replace("hf:", "hf_", 1))
+    ``builtin`` otherwise."""
+    if unit == "builtin":
+        return unit
     name = re.sub(r"[^A-Za-z0-9._-]", "_", unit.rstrip("/").rsplit("/", 1)[-1])
     return f"{name}@{hashlib.sha256(unit.encode()).hexdigest()[:8]}"
 
@@ -277,10 +282,10 @@ def validate_shard(unit: str, fingerprint: str, cfg: CorpusConfig, heldout_fract
     """Validate one shard into ``shard_dir`` unless its validated file exists (as a Ray task with
     ``engine="ray"``): (path, report, reused)."""
     out = validated_path(shard_dir, fingerprint, heldout_fraction, seed, batch_rows)
-    if out.is_file() and out.with_suffix(".json").is_file() and not unit.startswith("hf:"):
+    if out.is_file() and out.with_suffix(".json").is_file():
         return out, json.loads(out.with_suffix(".json").read_text()), True
     out.unlink(missing_ok=True)
-    remote = engine == "ray" and not unit.startswith("hf:")
+    remote = engine == "ray"
     shard = Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fingerprint), (out, out.with_suffix(".json")))
     map_shards(validate_unit_remote if remote else validate_unit, [shard], _save_validated if remote else _saved,
                engine="ray" if remote else "local", ray_cfg=ray_cfg)
@@ -447,12 +452,12 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     for unit in units:
         out = validated_path(shard_dir, fps[unit], heldout_fraction, seed, batch_rows)
         files.append(out)
-        if out.is_file() and out.with_suffix(".json").is_file() and not unit.startswith("hf:"):
+        if out.is_file() and out.with_suffix(".json").is_file():
             reused += 1
         else:
             out.unlink(missing_ok=True)
             todo.append(Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fps[unit]), (out, out.with_suffix(".json"))))
-    remote = engine == "ray" and not any(s.args[0].startswith("hf:") for s in todo)
+    remote = engine == "ray"
     map_shards(validate_unit_remote if remote else validate_unit, todo, _save_validated if remote else _saved,
                engine=engine if remote else "local", ray_cfg=ray_cfg, progress=(lambda s: log(f"validated {s.name}")) if log else None)
     infos = [json.loads(f.with_suffix(".json").read_text()) for f in files]

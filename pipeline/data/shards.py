@@ -524,12 +524,6 @@ def read_shard(path: Path | str, cfg: CorpusConfig, report: ShardReport | None =
 
 
 def read_records(records, cfg: CorpusConfig, where: str, report: ShardReport, batch_rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
-    """Validated batches from an iterable of dict records (a Hugging Face streaming dataset)."""
+    """Validated batches from an iterable of dict records (a data file ``datasets`` streams)."""
     return _batches(enumerate(records, start=1), lambda record, _: record, cfg, where, report, batch_rows)
 
-
-def hf_records(cfg: CorpusConfig):
-    """A Hugging Face dataset as a stream of records (online users; ``streaming=True``, nothing downloaded whole)."""
-    import datasets
-
-    return datasets.load_dataset(cfg.hf_dataset, split=cfg.hf_split, streaming=True)

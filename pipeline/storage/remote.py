@@ -206,7 +206,9 @@ class ObjectInfo:
 def _info(url: str, raw: dict) -> ObjectInfo:
     mod = raw.get("LastModified") or raw.get("last_modified") or raw.get("mtime") or raw.get("updated") or ""
     mod = mod.isoformat() if hasattr(mod, "isoformat") else str(mod)
-    etag = str(raw.get("ETag") or raw.get("etag") or raw.get("md5Hash") or raw.get("crc32c") or "")
+    lfs = raw.get("lfs") if isinstance(raw.get("lfs"), dict) else {}  # hf:// (huggingface_hub): the LFS SHA-256, else the git blob id
+    etag = str(raw.get("ETag") or raw.get("etag") or raw.get("md5Hash") or raw.get("crc32c") or lfs.get("sha256")
+               or raw.get("blob_id") or "")
     return ObjectInfo(url, etag, int(raw.get("size") or raw.get("Size") or 0), mod)
 
 
