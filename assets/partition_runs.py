@@ -9,13 +9,12 @@ not fork-safe), fed one partition at a time:
 - ``corpus_shards``: pyarrow's Parquet writer compresses on one thread (a reading, validating and
   hashing thread beside it);
 - ``cluster_shards``: faiss's search runs on every core, but between two searches Dagster's run of
-  a partition (its run and event storage, about 0.25 s on one thread) and the shard's first read
+  a partition (its run and event storage, on one thread) and the shard's first read
   leave the cores idle.
 
 Each run computes what it computes alone, with the same thread counts (the kernels' own results do
 not depend on which runs share the machine), so the outputs are byte-identical to running the
-partitions one after another. Measured at 10M documents in docs/scale.md ("Partitions side by
-side").
+partitions one after another. How to measure it: docs/scale.md ("Partitions side by side").
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ _worker: dict = {}
 def side_by_side_workers(names: Iterable[str], n_partitions: int, setting: int, engine: str, cores: int) -> int:
     """How many runs of the batch ``names`` to keep going at once: 1 (one after another) unless
     every asset of the batch is in :data:`SIDE_BY_SIDE`, the engine is local and each worker gets
-    two partitions or more (a worker's start-up, about 1.5 s, is then paid back); else
+    two partitions or more (a worker's start-up, imports and definitions, is then paid back); else
     ``setting`` (the config's ``partition_workers``), or by default one a core up to the assets' caps."""
     names = set(names)
     if engine != "local" or not names or not names <= SIDE_BY_SIDE.keys():

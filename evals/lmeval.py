@@ -50,7 +50,7 @@ def run_task(lm: Any, task: str, *, metadata: dict[str, Any], limit: int | None 
     Calls ``lm_eval.evaluator.evaluate`` with the setup ``simple_evaluate`` would do for an
     in-memory model (seeds, zero-shot, fewshot seed) but without its run record: that record
     runs ``git describe`` in the working directory (printing "fatal: not a git repository"
-    outside a checkout) and collects the environment (pip, conda, GPU tools: ~1 s per task)."""
+    outside a checkout) and collects the environment (pip, conda, GPU tools) again for every task."""
     import random
 
     import numpy as np

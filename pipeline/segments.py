@@ -26,8 +26,8 @@ _WARM: list = []
 def warm_kernels() -> None:
     """Start loading numba (its compiler's context, the cached kernels' runtime and the parallel
     threading layer) on a thread of its own, once per process: the first kernel call of a process
-    pays about 0.3 s on one core for it (measured on a cached kernel), which this overlaps with
-    the caller's reading. Later calls wait for it where they need it (numba's compiler lock)."""
+    pays for it on one core, even for a cached kernel, and this overlaps that with the caller's
+    reading. Later calls wait for it where they need it (numba's compiler lock)."""
     if not _WARM:
         thread = threading.Thread(target=_touch, args=(np.zeros(2, np.int64),), name="numba-warm", daemon=True)
         _WARM.append(thread)

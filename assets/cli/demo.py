@@ -13,7 +13,7 @@ from pipeline.errors import StrataInputError
 # trains on 3-4 of the 32 clusters and is detected (docs/training.md, "Positive control and power").
 # greedy and random probe 11 batches per checkpoint each, so the claims pair 3 x 11 = 33 (>= 32) probe
 # batches per checkpoint for the stable rank (claims_probe_batches; the default 32 is per run).
-# Time measured in docs/training.md, "The demo". Everything else is StrataConfig's default.
+# Why these settings: docs/training.md, "The demo". Everything else is StrataConfig's default.
 DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 30, "warmup_steps": 3, "heldout_every": 10,
                                  "embed_max_tokens": 128, "claims_probe_batches": 11}
 

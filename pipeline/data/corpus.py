@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # imported where used: importing this module stays light
     import pyarrow as pa
 
 # zstd level of the validated shards and corpus.parquet: level 3 (zstd's own default) writes the
-# texts 16% smaller than Arrow's default level 1 for about 1.4 s more per million documents.
+# texts smaller than Arrow's default level 1 for little more CPU.
 ZSTD_LEVEL = 3
 
 
@@ -137,8 +137,8 @@ def duplicate_ids(ids: list[pl.Series]) -> tuple[list[np.ndarray], tuple[int, st
 def repeated_values(values: np.ndarray) -> np.ndarray:
     """The distinct values of ``values`` (uint64, e.g. hashes) occurring more than once, ascending:
     the range of values cut in one part a core, each part sorted on a thread of its own (NumPy's
-    sort releases the GIL; 0.12 s for 9.8M hashes on 2 cores against 0.6-0.8 s for ``np.unique``
-    with counts)."""
+    sort releases the GIL, so the parts sort side by side, where ``np.unique`` with counts runs on
+    one core)."""
     parts = cores()
     bounds = [np.uint64((1 << 64) * k // parts) for k in range(parts)]
 
@@ -171,8 +171,7 @@ def _duplicate_error(first, units: list[str], lines: list[pl.Series]) -> StrataI
 
 def content_hashes(texts: pl.Series) -> pl.Series:
     """SHA-256 (hex) of each document's UTF-8 text: the identity used for dedup and the held-out split.
-    hashlib (OpenSSL) rather than DuckDB's ``sha256``, which costs half as much CPU again (0.21 s
-    against 0.14 s for a 125,000-document, 92 MB shard)."""
+    hashlib (OpenSSL) rather than DuckDB's ``sha256``, which costs more CPU on texts this long."""
     sha = hashlib.sha256
     return pl.Series("content_hash", [sha(t.encode("utf-8")).hexdigest() for t in texts.to_list()], dtype=pl.String)
 
@@ -185,7 +184,7 @@ def heldout_mask(hashes: pl.Series, fraction: float, seed: int) -> np.ndarray:
 def heldout_keys(hashes: pl.Series, seed: int) -> np.ndarray:
     """Each document's split key: the first 8 bytes, big-endian, of SHA-256 of ``f"{seed}:{hash}"``.
     Computed by DuckDB, outside the GIL and without a Python call a document: on these short strings
-    the calls cost more than the hashing (0.04 s against hashlib's 0.07 s for 125,000 documents)."""
+    the calls cost more than the hashing."""
     import pyarrow as pa
 
     with _duckdb(os.getpid()).cursor() as con:
@@ -196,8 +195,8 @@ def heldout_keys(hashes: pl.Series, seed: int) -> np.ndarray:
 
 @lru_cache(maxsize=1)
 def _duckdb(pid: int) -> duckdb.DuckDBPyConnection:
-    """This process's DuckDB connection, for cursors (a connection takes ~20 ms to open, a cursor
-    microseconds); keyed by process id so a forked child opens its own. One thread a query: the
+    """This process's DuckDB connection, for cursors (a connection is far dearer to open than a
+    cursor); keyed by process id so a forked child opens its own. One thread a query: the
     callers overlap it with reading and writing instead."""
     import atexit
 

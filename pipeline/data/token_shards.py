@@ -39,7 +39,7 @@ def _backend(tokenizer_json: str):
 
 def _encode_block(backend, eos_id: int, dt: np.dtype, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``(flat ids with EOS after each document, n_tokens)`` of ``texts``."""
-    ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]  # no character offsets: ~20% faster
+    ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]  # no character offsets: less work
     n_tokens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat = np.empty(int(n_tokens.sum()) + len(ids), dtype=dt)
     ends = np.cumsum(n_tokens + 1) - 1

@@ -3,7 +3,7 @@
 BPE trains on a seeded sample of the training documents of about ``tokenizer_sample_chars``
 characters (:func:`sample_chooser`; the whole corpus when it is smaller): merges learnt from tens of
 millions of characters are those of the whole corpus up to rare words, while training time and
-memory stay fixed as the corpus grows (it took 297 s on all 1M documents of the scale benchmark).
+memory stay fixed as the corpus grows.
 
 The result is always saved as a Hugging Face ``PreTrainedTokenizerFast`` directory, so the
 training stage and lm-eval's ``HFLM`` load it the same way.
@@ -44,7 +44,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # train on every core (the env var only quiets fork warnings otherwise)
     try:
-        # transformers (0.6 s of imports on one core, for the wrapper below) loads while the texts are read
+        # transformers (imports on one core, for the wrapper below) loads while the texts are read
         _, transformers = concurrently(lambda: tok.train_from_iterator(texts, trainer=trainer),
                                        lambda: importlib.import_module("transformers"))
     finally:

@@ -66,7 +66,7 @@ def label_codes(path: Path, column: str, batch_rows: int = 1 << 20) -> np.ndarra
 
 def int_values(array) -> np.ndarray:
     """An Arrow integer array without nulls as NumPy, read from its values buffer without a copy
-    (pyarrow's own ``to_numpy`` imports pandas, 0.2 s, on its first use in a process)."""
+    (pyarrow's own ``to_numpy`` imports pandas on its first use in a process)."""
     width = array.type.bit_width // 8
     return np.frombuffer(array.buffers()[1], f"<i{width}", len(array), array.offset * width)
 

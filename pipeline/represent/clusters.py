@@ -258,7 +258,7 @@ def _kmeanspp_seeds(train: np.ndarray, k: int, seed: int) -> np.ndarray | None:
     from threadpoolctl import threadpool_limits
 
     # One BLAS thread: its k sequential steps multiply tiny matrices, where threads only add
-    # synchronization (10x slower with 2 threads on a busy 2-core machine), and results then do
+    # synchronization (above all on a busy machine), and results then do
     # not depend on the core count.
     with threadpool_limits(1):
         seeds, _ = kmeans_plusplus(sample, k, random_state=seed)

@@ -19,7 +19,7 @@ Forward passes run on length-sorted batches (longest first, so an out-of-memory 
 once) holding at most ``batch_size * max_tokens`` tokens (at most 1,024 on a CPU, where small
 batches stay in cache), which packs many short documents into one batch. On a CUDA
 out-of-memory error the token budget is halved and the batch retried. With ``work_dir`` set,
-finished rows are checkpointed there every 30 s; a rerun on the same inputs resumes from the
+finished rows are checkpointed there every ``_CHECKPOINT_SECONDS``; a rerun on the same inputs resumes from the
 checkpoint, which is deleted once the run completes.
 """
 
@@ -130,8 +130,8 @@ def _fast_tokenizer(path: Path):
 
 
 def _shallow_tokenizer(path: Path):
-    """The model's ``tokenizer.json`` loaded by ``tokenizers`` alone (0.04 s, against seconds for
-    ``AutoTokenizer``, which imports transformers); :func:`_fast_tokenizer` when there is none.
+    """The model's ``tokenizer.json`` loaded by ``tokenizers`` alone (``AutoTokenizer`` would
+    import transformers); :func:`_fast_tokenizer` when there is none.
     Only ids without special tokens are asked of it, so the post-processor does not matter."""
     from tokenizers import Tokenizer
 
@@ -373,8 +373,8 @@ def mean_rows(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.nda
     """Mean of ``table`` rows over each document's ids (``offsets`` delimit documents; none empty).
 
     ``torch.nn.functional.embedding_bag`` sums each document's rows in order without
-    materializing the ``(tokens, dim)`` gathered rows, on all cores (ten times faster than a sparse
-    averaging matrix); deterministic for the same inputs.
+    materializing the ``(tokens, dim)`` gathered rows, on all cores (a sparse averaging matrix would
+    run on one); deterministic for the same inputs.
     """
     import torch
 

@@ -34,7 +34,7 @@ def connect_with_retry(
     """``duckdb.connect(path)``, retried while another process holds the file lock.
 
     Waits ``min(max_delay, base_delay * 2**i)`` times a random factor in [0.5, 1.5) between
-    attempts (defaults: up to ~1.5 minutes in all). Errors other than a lock conflict, and the
+    attempts (``attempts`` of them). Errors other than a lock conflict, and the
     last lock conflict, are raised unchanged.
     """
     import duckdb

@@ -1,12 +1,10 @@
 """Rows of a 2-D ``.npy`` file read with ``pread`` instead of through a memory map.
 
-Copying rows out of a memory-mapped file takes one page fault per 4 KB page, served by the
-kernel's readahead on one thread: on this project's 2-core machine that read cold embedding
-shards at 1.5 GB/s where one ``pread`` per block read them at 2.7 GB/s, and a seeded sample of
-256,000 scattered rows of 10M took 14.5 s through the map against 8.2 s as concurrent ``pread``
-calls (the disk serves many requests at once; one faulting thread asks for one page at a time).
-More requests in flight are not faster: with the page cache dropped, that sample took 9.9–10.4 s
-with 1, 4.6–6.1 s with 4 or 8, 5.7–7.7 s with 16 and 7.9–10.1 s with 64 (``benchmarks/bench_sample_read.py``).
+Copying rows out of a memory-mapped file takes one page fault per page, served by the kernel's
+readahead on one thread, so a cold span arrives one page at a time and a scattered sample one
+request at a time; one ``pread`` per block, and concurrent ``pread`` calls for a scattered
+sample, let the disk serve many requests at once. Past a few requests in flight a sample reads no
+faster (``benchmarks/bench_sample_read.py`` reads one with 1 to 64 in flight).
 Reads release the GIL, so the threads here overlap their requests.
 """
 
@@ -20,7 +18,7 @@ import numpy as np
 
 EXTENT_GAP = 16  # selected rows at most this many rows apart are read as one request
 EXTENT_BYTES = 8 << 20  # the most bytes of one request
-READERS = 8  # concurrent requests of a scattered read (benchmarks/bench_sample_read.py: as fast as 4, faster than 16 and 64)
+READERS = 8  # concurrent requests of a scattered read (chosen with benchmarks/bench_sample_read.py)
 
 
 class NpyRows:

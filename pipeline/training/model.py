@@ -183,7 +183,7 @@ def token_losses(model, batch: dict, max_logit_bytes: int = 4 << 30):
     When the batch's float32 logits (tokens x vocab x 4 bytes: 13 GB at 32 x 2048 tokens and a
     50k vocabulary) would exceed ``max_logit_bytes``, the output head and the loss run on chunks
     of tokens under activation checkpointing, so one chunk's logits exist at a time (backward
-    recomputes them; about 15% slower on an H100 at 124M parameters, and the batch fits). Values
+    recomputes them, a little slower, and the batch fits). Values
     and gradients equal the unchunked loss.
     """
     import torch

@@ -13,7 +13,7 @@ def run(inp):
     from pipeline.segments import ids_by_key
 
     # the present documents (cluster >= 0) by cluster, then by doc id: a counting sort on every core
-    # (0.04 s for 9.8M documents, against 0.80 s for numpy's stable radix sort of 16-bit clusters)
+    # (the documents are already in doc-id order, so counting keeps it; numpy's stable sort is serial)
     docs = ids_by_key(inp.cluster, int(inp.cluster.max(initial=0)) + 1)
     seg, ids = repack(inp, docs)
     return OrderingResult(order_frame(ids[np.random.default_rng(inp.seed).permutation(ids.size)]), seg)
