@@ -35,7 +35,7 @@ cluster and length-bin shares (batch 32) with its ratio to f3's exact greedy wit
 (the order f3 gave before the repair was part of `greedy` in exact mode).
 
     python benchmarks/bench_order.py             # sizes up to M=1M (minutes), then the drift table
-    python benchmarks/bench_order.py --10m       # and greedy at M=10M (about 15 minutes more)
+    python benchmarks/bench_order.py --10m       # and greedy at M=10M (the longest case)
     python benchmarks/bench_order.py --quick     # 10x smaller
     python benchmarks/bench_order.py --drift     # only the drift table (every objective)
     python benchmarks/bench_order.py --drift --1m   # and f3 / stationary blocked at M=1M (CPU seconds, drift)
@@ -622,24 +622,10 @@ def prefix_table(scale: int, ten_m: bool, design: bool = False) -> None:
 
 
 def prefix_markdown(path: Path) -> str:
-    """The table of a --prefix results file, as docs/ordering.md shows it."""
-    doc = json.loads(path.read_text())
-    head = ("| case | M | K | Zipf | L | clusters: below all, all prefixes | last 90% | length bins: all | last 90% |"
-            " batch dev. clusters mean / worst | bins mean / worst | wall s | CPU s | peak RSS |")
-    lines = [head, "|---" * (head.count("|") - 1) + "|"]
-    for r in doc["cases"]:
-        pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
-        lines.append(
-            f"| {r['mode']} | {r['M']:,} | {r['K']} | {r['zipf']} | {r['L']} | {pct(r['cluster_below_all'])} |"
-            f" {pct(r['cluster_below_last90'])} | {pct(r['bin_below_all'])} | {pct(r['bin_below_last90'])} |"
-            f" {r['cluster_dev']:.4f} / {r['cluster_dev_max']:.4f} | {r['bin_dev']:.4f} / {r['bin_dev_max']:.4f} |"
-            f" {r['seconds']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} MB |")
-    m = doc["machine"]
-    lines.append("")
-    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {m['cpu']}, {m['cores']} cores"
-                 f" (load average {m['loadavg_at_start']:.1f} at the start); objective {doc['objective']}, batch {doc['batch']},"
-                 f" {doc['points']} log-spaced prefixes, {doc['shuffles']} shuffles.")
-    return "\n".join(lines)
+    """The table of a --prefix results file, as docs/ordering.md shows it (``benchmarks/tables.py``)."""
+    from tables import order_prefix_markdown
+
+    return order_prefix_markdown(json.loads(path.read_text()))
 
 
 DRIFT_INSTANCES = ((30, 256, 20_000), (300, 256, 20_000), (1000, 256, 60_000), (30, 2048, 12_000), (300, 2048, 20_000),

@@ -1,11 +1,12 @@
 """Numba kernels of the ordering diagnostics: one pass over the segments or the sparse composition,
 without the per-entry temporaries (keys, sorts, gathers) of the vectorized forms.
 
-At 10M documents a packing has about 11M segments, so each 8-byte NumPy temporary over them is
-87 MB, and a vectorized form holds several at once; the kernels hold none. Every kernel here gives exactly what its
-vectorized form gave (integer token sums; floating-point sums in the same order), and the callers
-in :mod:`pipeline.reports.diagnostics` and :mod:`pipeline.reports.stationarity` keep the
-vectorized form for inputs outside the kernels' assumptions (rows not grouped by sequence).
+At 10M documents a packing has about 11M segments, so each 8-byte NumPy temporary over them is 87
+MB, and a vectorized form holds several at once; the kernels hold none. Every kernel here gives
+exactly what its vectorized form gave (integer token sums; floating-point sums in the same order),
+and the callers in :mod:`pipeline.reports.diagnostics` and :mod:`pipeline.reports.stationarity`
+keep the vectorized form for inputs outside the kernels' assumptions (rows not grouped by
+sequence).
 
 The large passes run on every core, in chunks, with results that depend neither on the chunks nor
 on the thread count: a chunk of sequences or batches writes outputs no other chunk writes, and

@@ -1,0 +1,167 @@
+"""The docs' tables of measured figures, rendered from the benchmarks' result files.
+
+A measured figure in the docs lives in a block between two markers::
+
+    <!-- table: s3_vs_disk -->
+    | ... the table ... |
+    <!-- /table -->
+
+whose name is a key of :data:`TABLES`: a function of the results folder (``benchmarks/results``)
+returning the block's markdown, read from the JSON a benchmark wrote (each table names its
+benchmark and, where the file records them, the commit, date and machine). The prose around a
+block says what the figures mean; the figures themselves come only from here, so a rerun of a
+benchmark updates the docs with one command and a doc cannot drift from its results file.
+
+    python benchmarks/tables.py           # rewrite every block of docs/*.md and README.md
+    python benchmarks/tables.py --check   # rewrite nothing; exit 1 naming each block out of sync
+
+Exit 2 with the file and line for an unknown table name, an unclosed block or a missing results
+file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+OPEN = re.compile(r"^<!-- table: ([A-Za-z0-9_.-]+) -->$")
+CLOSE = "<!-- /table -->"
+
+
+class TableError(Exception):
+    """A doc's markers or a results file that cannot be rendered (exit 2)."""
+
+
+def _load(results: Path, name: str) -> dict:
+    path = results / f"{name}.json"
+    if not path.is_file():
+        raise TableError(f"{path}: no such results file (run the benchmark that writes it, or remove the block)")
+    return json.loads(path.read_text())
+
+
+def _machine(doc: dict) -> str:
+    m = doc.get("machine") or {}
+    load = m.get("loadavg_at_start")
+    load = f" (load average {load:.1f} at the start)" if load is not None else ""
+    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores{load}"
+
+
+def order_prefix_markdown(doc: dict) -> str:
+    """The table of a ``bench_order.py --prefix`` results file (docs/ordering.md, "Greedy at scale")."""
+    head = ("| case | M | K | Zipf | L | clusters: below all, all prefixes | last 90% | length bins: all | last 90% |"
+            " batch dev. clusters mean / worst | bins mean / worst | wall s | CPU s | peak RSS |")
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in doc["cases"]:
+        pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
+        lines.append(
+            f"| {r['mode']} | {r['M']:,} | {r['K']} | {r['zipf']} | {r['L']} | {pct(r['cluster_below_all'])} |"
+            f" {pct(r['cluster_below_last90'])} | {pct(r['bin_below_all'])} | {pct(r['bin_below_last90'])} |"
+            f" {r['cluster_dev']:.4f} / {r['cluster_dev_max']:.4f} | {r['bin_dev']:.4f} / {r['bin_dev_max']:.4f} |"
+            f" {r['seconds']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} MB |")
+    lines.append("")
+    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)};"
+                 f" objective {doc['objective']}, batch {doc['batch']},"
+                 f" {doc['points']} log-spaced prefixes, {doc['shuffles']} shuffles.")
+    return "\n".join(lines)
+
+
+def s3_vs_disk(results: Path) -> str:
+    """``bench_s3.py``: the same corpus to orderings from a local folder and from an S3 server."""
+    doc = _load(results, "s3_vs_disk")
+    lines = ["| corpus read from | to orderings, wall s | `corpus_shards` s | `corpus` s |", "|---|---:|---:|---:|"]
+    for key, label in (("disk", "local folder"), ("s3", "`s3://` (moto server)")):
+        run = doc[key]
+        lines.append(f"| {label} | {run['wall_s']:.1f} | {run['corpus_shards_s']:.2f} | {run['corpus_s']:.2f} |")
+    lines.append(f"| **s3 / disk** | **{doc['ratio_wall']:.2f}×** | {doc['ratio_corpus_shards']:.2f}× | |")
+    load = ", ".join(f"{v:.1f}" for v in doc.get("loadavg", []))
+    lines.append("")
+    lines.append(f"`bench_s3.py`: {doc['docs']:,} documents in {doc['shards']} JSONL.gz shards"
+                 f" ({doc['corpus_bytes'] / 1e6:.1f} MB), {doc['cores']} cores (load average {load});"
+                 f" server: {doc['server']}. From `benchmarks/results/s3_vs_disk.json`.")
+    return "\n".join(lines)
+
+
+def ablate_simulation(results: Path) -> str:
+    """``bench_ablate.py``: simulated ``strata ablate`` campaigns, one row a case."""
+    doc = _load(results, "ablate_simulation")
+    lines = ["| true Δ (rel.) | held-out documents | P(better) | P(worse) | P(equivalent) | P(unresolved) |"
+             " mean runs | most runs |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in doc["cases"]:
+        lines.append(f"| {c['delta_rel']:+.3f} | {c['units_available']} | {c['p_better']:.3f} | {c['p_worse']:.3f} |"
+                     f" {c['p_equivalent']:.3f} | {c['p_unresolved']:.3f} | {c['runs']:.1f} | {c['runs_max']} |")
+    lines.append("")
+    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)};"
+                 f" {doc['campaigns']:,} campaigns a case, budget {doc['budget_runs']:.0f} runs.")
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "s3_vs_disk": s3_vs_disk,
+    "order_prefix": lambda results: order_prefix_markdown(_load(results, "order_prefix")),
+    "order_prefix_design": lambda results: order_prefix_markdown(_load(results, "order_prefix_design")),
+    "ablate_simulation": ablate_simulation,
+}
+
+
+def render(text: str, results: Path, where: str = "<doc>") -> str:
+    """``text`` with every table block's body rendered from ``results``."""
+    out: list[str] = []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        out.append(lines[i])
+        m = OPEN.match(lines[i].strip())
+        i += 1
+        if not m:
+            continue
+        name, start = m.group(1), i
+        if name not in TABLES:
+            raise TableError(f"{where}:{start}: unknown table {name!r} (one of: {', '.join(sorted(TABLES))})")
+        while i < len(lines) and lines[i].strip() != CLOSE:
+            if OPEN.match(lines[i].strip()):
+                break
+            i += 1
+        if i == len(lines) or lines[i].strip() != CLOSE:
+            raise TableError(f"{where}:{start}: table {name!r} has no closing {CLOSE} before the next block or the end")
+        out.extend(TABLES[name](results).split("\n"))
+    return "\n".join(out)
+
+
+def doc_paths(root: Path) -> list[Path]:
+    """The docs that may hold table blocks: ``docs/*.md`` and ``README.md``."""
+    return sorted((root / "docs").glob("*.md")) + [p for p in [root / "README.md"] if p.is_file()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a doc's tables differ from the results")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the results folder (default: benchmarks/results)")
+    ap.add_argument("--root", type=Path, default=REPO, help="the folder holding docs/ and README.md (default: the repo)")
+    args = ap.parse_args(argv)
+    stale = []
+    try:
+        for path in doc_paths(args.root):
+            text = path.read_text()
+            new = render(text, args.results, str(path))
+            if new != text:
+                stale.append(path)
+                if not args.check:
+                    path.write_text(new)
+    except TableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in stale:
+        print(f"{path}: {'out of sync with' if args.check else 'rewritten from'} {args.results}"
+              + (" (run: python benchmarks/tables.py)" if args.check else ""))
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
