@@ -43,10 +43,12 @@ class S3Server:
             self.process.wait()
 
 
-def start_server(log: Path) -> S3Server:
-    port = free_port()
+def start_server(log: Path, port: int | None = None) -> S3Server:
+    """The server on ``port`` (a free one when None; the port of a stopped server restarts it at
+    the same endpoint, empty: moto keeps its objects in memory)."""
+    port = port or free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    fh = open(log, "wb")
+    fh = open(log, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=fh, stderr=subprocess.STDOUT, env=env)
     endpoint = f"http://127.0.0.1:{port}"
@@ -74,6 +76,9 @@ class Bucket:
     key_id: str
     secret: str
     _fs: object = None
+
+    def create(self) -> None:
+        self.fs().mkdir(self.name)
 
     @property
     def url(self) -> str:

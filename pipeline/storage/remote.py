@@ -147,7 +147,8 @@ def translate(exc: BaseException, url: str, doing: str) -> StrataInputError | No
     if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "ProfileNotFound"}:
         return StrataInputError(f"no credentials to {doing}{where}", path=url, fix=CREDENTIALS_FIX)
     if names & {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ServerDisconnectedError",
-                "ConnectionClosedError", "ProxyConnectionError"} or isinstance(exc, ConnectionError):
+                "ConnectionClosedError", "ProxyConnectionError", "ReadTimeoutError", "ResponseStreamingError", "ClientPayloadError",
+                "ClientOSError", "ServerTimeoutError", "IncompleteReadError"} or isinstance(exc, ConnectionError):
         return StrataInputError(f"cannot reach the object store{where or ' (the client default, AWS)'} to {doing}", path=url,
                                 fix="check the endpoint (AWS_ENDPOINT_URL or S3_ENDPOINT_URL), that it is running, "
                                     "and the network; transient failures were already retried")
