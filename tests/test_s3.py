@@ -294,3 +294,33 @@ def test_an_export_replaces_only_what_strata_wrote_under_a_prefix(s3_bucket, tmp
     assert shards and all(again[k]["LastModified"] == first[k]["LastModified"] for k in shards)  # unchanged objects not rewritten
     export_stream(stream, "hf", f"{s3_bucket.url}/theirs", global_batch=8, force=True)
     assert "model.safetensors" not in _objects(s3_bucket, "theirs")  # --force replaces everything under the prefix
+
+
+def test_listings_and_reads_show_progress_once_they_last(s3_bucket, tmp_path, monkeypatch, capfd):
+    """tqdm bars on stderr: objects listed, bytes read of each object's size (Parquet's random
+    access counted too); work shorter than PROGRESS_DELAY_S shows none."""
+    import io
+
+    body = "".join(json.dumps({"id": str(i), "text": f"word {i} " * 200}) + "\n" for i in range(1000)).encode()
+    s3_bucket.put("p/big.jsonl", body)
+    buf = io.BytesIO()
+    pl.DataFrame({"id": ["x", "y"], "text": ["one text", "another"]}).write_parquet(buf)
+    s3_bucket.put("p/t.parquet", buf.getvalue())
+    for i in range(3):
+        s3_bucket.put(f"p/s{i}.jsonl", _lines([{"id": f"s{i}", "text": "small"}]))
+    url = f"{s3_bucket.url}/p/"
+    monkeypatch.setattr(remote, "PROGRESS_DELAY_S", 60.0)
+    capfd.readouterr()
+    build_corpus(CorpusConfig(path=url), 0, 0.0, tmp_path / "q" / "shards", tmp_path / "q" / "c.parquet")
+    quiet = capfd.readouterr().err
+    assert "list s3://" not in quiet and "read big.jsonl" not in quiet
+
+    monkeypatch.setattr(remote, "PROGRESS_DELAY_S", 0.0)
+    capfd.readouterr()
+    assert len(discover_shards(url)) == 5
+    listed = capfd.readouterr().err
+    assert f"list {s3_bucket.url}/p: 5obj" in listed, listed
+    build_corpus(CorpusConfig(path=url), 0, 0.0, tmp_path / "shards", tmp_path / "c.parquet")
+    read = capfd.readouterr().err
+    assert "read big.jsonl: 100%" in read and f"{len(body) / 1024 ** 2:.2f}M/{len(body) / 1024 ** 2:.2f}M" in read, read[-2000:]
+    assert "read t.parquet:" in read and "read s2.jsonl: 100%" in read

@@ -16,6 +16,10 @@ into a message, and a URL that carries credentials (``s3://key:secret@bucket``) 
 Transient errors (5xx, throttling, dropped connections) are retried with exponential backoff and
 jitter (botocore's ``standard`` mode, ``STRATA_S3_MAX_ATTEMPTS`` attempts, default 5); every other
 failure is a :class:`~pipeline.errors.StrataInputError` naming the URL and the fix.
+
+A listing or a read that lasts longer than :data:`PROGRESS_DELAY_S` shows a progress bar (tqdm,
+on stderr, like the project's other long work; ``TQDM_DISABLE=1`` turns every bar off): objects
+listed so far, and bytes read of an object's size.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 BLOCK_SIZE = 8 << 20  # bytes buffered per open object (one range request at a time): the bound on a shard read in flight
 MAX_ATTEMPTS = 5  # requests tried per call on transient errors (STRATA_S3_MAX_ATTEMPTS)
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+PROGRESS_DELAY_S = 2.0  # seconds a listing or read runs before its progress bar appears (short ones stay quiet)
 CREDENTIALS_FIX = ("give credentials through the standard chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                    "(and AWS_SESSION_TOKEN), or AWS_PROFILE naming a profile in ~/.aws/credentials, or an instance role")
 
@@ -185,6 +190,39 @@ def errors(url: str, doing: str) -> Iterator[None]:
         raise err from None
 
 
+# --------------------------------------------------------------------------- progress
+
+
+def _bar(desc: str, unit: str, total: int | None = None):
+    """A progress bar that appears only once the work has lasted :data:`PROGRESS_DELAY_S` (and
+    then stays, with the final count, like the project's other bars)."""
+    from tqdm import tqdm
+
+    scaled = unit == "B"
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=scaled, unit_divisor=1024 if scaled else 1000,
+                delay=PROGRESS_DELAY_S, mininterval=0.5)
+
+
+class _Counted:
+    """An open object that counts the bytes read on a progress bar (random access: Parquet)."""
+
+    def __init__(self, fh, bar):
+        self._fh, self._bar = fh, bar
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._fh.read(n)
+        self._bar.update(len(data))
+        return data
+
+    def readinto(self, b) -> int:
+        n = self._fh.readinto(b)
+        self._bar.update(n or 0)
+        return n
+
+    def __getattr__(self, name: str):
+        return getattr(self._fh, name)
+
+
 # --------------------------------------------------------------------------- listing and metadata
 
 
@@ -223,10 +261,10 @@ def list_objects(url: str) -> list[ObjectInfo]:
     check_url(url)
     fs, scheme = filesystem(url), _SCHEME.match(url).group(0)  # type: ignore[union-attr]
     path = strip(url)
+    if not path.strip("/"):
+        raise StrataInputError("the URL names no bucket", path=url, fix="write it as s3://bucket/prefix/")
     with errors(url, "list the corpus"):
-        found = fs.find(path.rstrip("/"), detail=True) if path.strip("/") else {}
-        if not path.strip("/"):
-            raise StrataInputError("the URL names no bucket", path=url, fix="write it as s3://bucket/prefix/")
+        found = _find(fs, path.rstrip("/"), url)
     now = time.monotonic()
     out = []
     for name, raw in sorted(found.items()):
@@ -236,6 +274,29 @@ def list_objects(url: str) -> list[ObjectInfo]:
         _LISTED[info.url] = (now, info)
         out.append(info)
     return out
+
+
+def _find(fs, path: str, url: str) -> dict[str, dict]:
+    """What ``fs.find(path, detail=True)`` gives, page by page with a progress bar of the objects
+    listed where the filesystem lists in pages (s3fs: one flat listing of the prefix)."""
+    pages = getattr(fs, "_iterdir", None)
+    if pages is None or not hasattr(fs, "split_path") or getattr(fs, "version_aware", False):
+        return fs.find(path, detail=True)
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(path)
+
+    async def listing() -> dict[str, dict]:
+        found = {}
+        with _bar(f"list {url}", "obj") as bar:
+            async for raw in pages(bucket, delimiter="", prefix=key):
+                name = raw["name"]
+                if raw.get("type") == "file" and (not key or name == path or name.startswith(path + "/")):
+                    found[name] = raw
+                bar.update()
+        return found
+
+    return sync(fs.loop, listing)
 
 
 def object_info(url: str) -> ObjectInfo:
@@ -264,8 +325,8 @@ def fingerprint(url: str, opts: str) -> str:
 class _Verified(io.RawIOBase):
     """A sequential reader that hashes what passes and, at the end, checks the MD5 against the ETag."""
 
-    def __init__(self, fh, url: str, md5: str | None):
-        self._fh, self._url, self._want = fh, url, md5
+    def __init__(self, fh, url: str, md5: str | None, bar=None):
+        self._fh, self._url, self._want, self._bar = fh, url, md5, bar
         self._md5 = hashlib.md5(usedforsecurity=False)
 
     def readable(self) -> bool:
@@ -276,6 +337,8 @@ class _Verified(io.RawIOBase):
         n = len(data)
         b[:n] = data
         self._md5.update(data)
+        if self._bar is not None:
+            self._bar.update(n)
         if n == 0 and self._want is not None and self._md5.hexdigest() != self._want:
             raise StrataInputError("the bytes read differ from the object's ETag (MD5): changed or corrupted in transit",
                                    path=self._url, fix="rerun; if it repeats, check the object and the endpoint")
@@ -303,8 +366,8 @@ def open_input(url: str, *, expect: str | None = None, opts: str = "", sequentia
             if now != expect:
                 raise StrataInputError(f"the object changed since it was listed (data version {expect}, now {now})", path=url,
                                        fix="run again: the new version is fingerprinted and its partitions rerun")
-        with errors(url, "read a corpus object"):
-            yield _Verified(fh, url, info.md5) if sequential else fh
+        with errors(url, "read a corpus object"), _bar(f"read {url.rsplit('/', 1)[-1]}", "B", info.size) as bar:
+            yield _Verified(fh, url, info.md5, bar) if sequential else _Counted(fh, bar)
     finally:
         fh.close()
 
