@@ -319,6 +319,12 @@ class StrataConfig(_Model):
                 ok = False
             if not ok:
                 raise ValueError(f"cannot read the family {text!r}; write name[:weight[:classes]] with weight >= 0 and classes >= 2, e.g. 'concentration:0.5:16' or 'source:0.5'")
+            if len(parts) == 3:
+                from pipeline.ordering.families import names as family_names
+
+                if parts[0] not in family_names("sequences"):  # a token family (registered, or a documents column)
+                    raise ValueError(f"the token family {parts[0]!r} takes no classes; write '{parts[0]}:{parts[1]}' "
+                                     f"(quantile classes belong to the sequence families {list(family_names('sequences'))})")
         if len({str(t).split(":")[0] for t in value}) != len(value):
             raise ValueError("a family is named twice; name each family once")
         return value

@@ -2,9 +2,10 @@
 
 The configuration validates against these lists; each stage is checked against them —
 ``tests/test_config.py`` fails when a stage adds a packing, embedding method or model preset
-that is not declared here. Ordering strategies, export formats and eval suites are not listed here:
-they come from their registries (``pipeline/ordering/strategies/``, ``pipeline/export/formats/``,
-``evals/suites/``), whose spec modules import no stage; ``ORDERING_STRATEGIES`` reads the
+that is not declared here. Ordering strategies, characteristic families, export formats and eval
+suites are not listed here: they come from their registries (``pipeline/ordering/strategies/``,
+``pipeline/ordering/families/``, ``pipeline/export/formats/``, ``evals/suites/``), whose spec
+modules import no stage; ``ORDERING_STRATEGIES`` reads the
 strategies' on first use.
 """
 
@@ -14,8 +15,6 @@ from typing import Any
 
 EMBED_METHODS = ("sentence", "shallow", "deep")
 OBJECTIVES = ("stationary", "f1", "f2", "f3", "custom")  # greedy objectives: Don't Shuffle, Optimize's f1-f3, Strata's default, your own families
-TOKEN_FAMILIES = ("cluster", "length_bin", "norm")  # built-in token families of the greedy (plus any documents column)
-SEQUENCE_FAMILIES = ("concentration", "documents", "cluster_count")  # sequence families: quantile classes held at their share of sequences
 WITHIN_SORTS = ("original", "length-asc", "length-desc", "length-riffle")
 POSITIVE_CONTROL = "cluster_sorted"  # the deliberately harmful order every ablation report checks first
 PACKING_VARIANTS = ("concat", "padding", "best_fit")

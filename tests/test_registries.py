@@ -1,4 +1,4 @@
-"""The three registries: every entry's config keys are declared, and a toy strategy, export format and
+"""The registries: every entry's config keys are declared, and a toy strategy, export format,
 eval suite — each one file, loaded through ``STRATA_PLUGINS`` — reach the CLI, the config schema,
 the launchpad and the report."""
 
@@ -261,3 +261,167 @@ def test_a_plugin_may_not_reuse_a_name_and_must_exist(tmp_path, monkeypatch):
         monkeypatch.delenv("STRATA_PLUGINS")
         STRATEGIES.reload()
     assert STRATEGIES.get("random").description == "seeded uniform permutation of the sequences"
+
+
+TOY_FAMILIES = '''
+    """toy_parity: tokens of even and of odd clusters; toy_top: classes of the largest cluster's share."""
+    import numpy as np
+
+    from pipeline.ordering.families import SequenceFamily, TokenFamily
+
+
+    class Parity(TokenFamily):
+        name = "toy_parity"
+        description = "tokens of even and of odd clusters"
+        repaired = True
+        diagnosed = "toy_parity"
+
+        def tokens(self, features):
+            from pipeline.ordering.features import Csr
+
+            c = features.clusters
+            m = c.n_rows
+            rows = np.repeat(np.arange(m), np.diff(c.indptr))
+            dense = np.bincount(rows * 2 + c.indices % 2, weights=c.data, minlength=2 * m).reshape(m, 2)
+            r, g = np.nonzero(dense)
+            return Csr(np.searchsorted(r, np.arange(m + 1)).astype(np.int64), g.astype(np.int64), dense[r, g], 2)
+
+        def composition(self, schedule):
+            from pipeline.reports.diagnostics import composition
+
+            c = schedule.clusters
+            return composition(c.seq, c.group % 2, c.tokens, c.n_sequences, 2)
+
+
+    class Top(SequenceFamily):
+        name = "toy_top"
+        description = "quantile classes of the share of a sequence's largest cluster"
+
+        def values(self, features):
+            c = features.clusters
+            return np.maximum.reduceat(c.data, c.indptr[:-1]) / features.lengths
+
+
+    SPECS = (Parity(), Top())
+'''
+
+
+@pytest.fixture()
+def toy_families(tmp_path, monkeypatch):
+    """The families' registry with the toys of one plugin file in it (and without them after)."""
+    from pipeline.ordering.families import REGISTRY as FAMILIES
+
+    (tmp_path / "toy_families.py").write_text(textwrap.dedent(TOY_FAMILIES))
+    monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "toy_families.py"))
+    FAMILIES.reload()
+    yield FAMILIES
+    monkeypatch.delenv("STRATA_PLUGINS")
+    FAMILIES.reload()
+    assert "toy_parity" not in FAMILIES.names()
+
+
+def _parity_instance():
+    import numpy as np
+    import polars as pl
+
+    from pipeline.ordering.features import sequence_features
+    from pipeline.packing.pack import pack_concat
+
+    rng = np.random.default_rng(4)
+    n = 1500
+    cluster = rng.choice(6, n, p=[0.35, 0.05, 0.3, 0.1, 0.15, 0.05])  # 80% of the documents in even clusters
+    length = rng.integers(5, 40, n)
+    seg = pack_concat(rng.permutation(n), length, 64).segments
+    d = seg["doc_id"].to_numpy()
+    f = sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), 8, d)
+    return f, seg, cluster, length
+
+
+def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config(toy_families):
+    import numpy as np
+
+    from pipeline.ordering.engine import OrderParams, sequence_order
+    from pipeline.ordering.families import REGISTRY as FAMILIES, repaired
+    from pipeline.ordering.greedy import Objective
+    from pipeline.ordering.repair import repair_batches
+    from pipeline.reports import diagnostics as D
+
+    f, seg, cluster, length = _parity_instance()
+    parity = FAMILIES.get("toy_parity").tokens(f)
+    assert np.array_equal(parity.column_totals(), [f.clusters.column_totals()[0::2].sum(), f.clusters.column_totals()[1::2].sum()])
+    # the greedy's matrix: the family's columns, scaled by sqrt(weight); a sequence family's classes
+    chars = Objective.named("custom", families=["cluster", "toy_parity:4", "toy_top:1:3"]).matrix(f)
+    lo, hi = chars.family_columns["toy_parity"]
+    assert hi - lo == 2 and np.allclose(chars.x.take_rows(np.arange(f.n_sequences)).column_totals()[lo:hi], 2 * parity.column_totals())
+    lo, hi = chars.family_columns["toy_top"]
+    assert hi - lo == 3 and lo >= chars.n_token_cols  # a sequence family: after the token columns
+    # ... and it steers the order: balancing parity alone holds it per batch far better than a shuffle
+    rows = sequence_order("greedy", f, OrderParams(objective="custom", families=("toy_parity",), greedy_repair=False), 0)
+    shuffled = np.random.default_rng(0).permutation(f.n_sequences)
+
+    def parity_dev(order: np.ndarray, batch: int = 8) -> np.ndarray:
+        position = np.empty_like(order)
+        position[order] = np.arange(order.size)
+        comp = D.composition(np.repeat(np.arange(parity.n_rows), np.diff(parity.indptr)), parity.indices, parity.data,
+                             parity.n_rows, 2)
+        return D.batch_deviations(comp, position, batch)
+
+    assert parity_dev(rows).mean() < 0.5 * parity_dev(shuffled).mean()
+    # the repair scores it: alone, it lowers a shuffle's worst parity batch; by default it joins clusters and bins
+    assert [s.name for s in repaired()] == ["cluster", "length_bin", "toy_parity"]
+    fixed, swaps = repair_batches(shuffled, f, 8, families=[FAMILIES.get("toy_parity")])
+    assert swaps > 0 and parity_dev(fixed).max() < parity_dev(shuffled).max()
+    both = [FAMILIES.get("cluster"), FAMILIES.get("length_bin")]
+    assert np.array_equal(repair_batches(shuffled, f, 8)[0], repair_batches(shuffled, f, 8, families=[*both, FAMILIES.get("toy_parity")])[0])
+    # the diagnostics score it, as the deviations of its composition
+    ids = f.sequence_ids[shuffled]
+    schedule = D.prepare(seg, ids, cluster, length, n_bins=8)
+    got = {(m, s): v for _, m, s, v in D.batch_rows("x", schedule, (8,)) + D.prefix_rows("x", schedule)}
+    assert got[("batch_dev_toy_parity_max", "batch=8")] == pytest.approx(parity_dev(shuffled).max())
+    assert ("batch_dev_clusters_max", "batch=8") in got and any(m == "prefix_error_toy_parity" for m, _ in got)
+    # the config: classes only for a sequence family
+    assert config_from_dict({"objective": "custom", "families": ["cluster", "toy_top:1:3"]}).families[1] == "toy_top:1:3"
+    with pytest.raises(StrataInputError, match="token family 'toy_parity' takes no classes"):
+        config_from_dict({"objective": "custom", "families": ["cluster", "toy_parity:1:3"]})
+
+
+def test_without_the_plugin_a_toy_family_is_a_documents_column():
+    from pipeline.ordering.families import REGISTRY as FAMILIES, ColumnFamily, spec_of
+
+    assert "toy_top" not in FAMILIES.names() and isinstance(spec_of("toy_top"), ColumnFamily)
+    with pytest.raises(StrataInputError, match="token family 'toy_top' takes no classes"):
+        config_from_dict({"objective": "custom", "families": ["cluster", "toy_top:1:3"]})
+
+
+def test_the_architecture_pages_family_example_runs(tmp_path, monkeypatch):
+    """docs/architecture.md's example family, as written there, is one file that the config, the
+    greedy's matrix and the diagnostics take."""
+    import re
+
+    import numpy as np
+
+    from pipeline.ordering.families import REGISTRY as FAMILIES
+    from pipeline.ordering.greedy import Objective
+    from pipeline.reports import diagnostics as D
+
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    code = re.search(r"## Worked example: adding a characteristic family.*?```python\n(.*?)```", page, flags=re.S).group(1)
+    (tmp_path / "long_docs.py").write_text(code)
+    monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "long_docs.py"))
+    FAMILIES.reload()
+    try:
+        assert config_from_dict({"objective": "custom", "families": ["cluster", "length_bin", "long_docs:0.5"]}).families[2] == "long_docs:0.5"
+        with pytest.raises(StrataInputError, match="takes no classes"):
+            config_from_dict({"objective": "custom", "families": ["cluster", "long_docs:0.5:4"]})
+        f, seg, cluster, length = _parity_instance()
+        chars = Objective.named("custom", families=["cluster", "long_docs"]).matrix(f)
+        lo, hi = chars.family_columns["long_docs"]
+        totals = f.bins.column_totals()
+        top = np.arange(totals.size) >= (3 * totals.size) // 4
+        assert hi - lo == 2 and np.array_equal(chars.column_totals()[lo:hi], [totals[~top].sum(), totals[top].sum()])
+        schedule = D.prepare(seg, f.sequence_ids, cluster, length, n_bins=8)
+        assert any(m == "batch_dev_long_docs_max" for _, m, _, _ in D.batch_rows("x", schedule, (8,)))
+    finally:
+        monkeypatch.delenv("STRATA_PLUGINS")
+        FAMILIES.reload()
+    assert "long_docs" not in FAMILIES.names()

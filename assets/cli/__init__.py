@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from pipeline.errors import StrataInputError
+from pipeline.errors import StrataInputError, StrataRunError
 
 
 def _print_report(path) -> None:
@@ -219,6 +219,11 @@ def registry_rows(family: str) -> list[tuple[str, str, str, str]]:
         from pipeline.export.formats import REGISTRY as formats
 
         return [(f.name, "export format", ", ".join(f.reads), f.description) for f in formats.entries().values()]
+    if family == "families":
+        from pipeline.ordering.families import REGISTRY as families
+
+        return [(f.name, f"{f.level} family" + (", repaired" if f.repaired else "") + (f", diagnosed as {f.diagnosed}" if f.diagnosed else ""),
+                 "", f.description) for f in families.entries().values()]
     from evals.suites import ordered
 
     return [(s.name, "eval suite" + (f", higher is better: {', '.join(s.higher_is_better)}" if s.higher_is_better else ""),
@@ -226,7 +231,7 @@ def registry_rows(family: str) -> list[tuple[str, str, str, str]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Print the entries of the registries: ordering strategies, export formats, eval suites."""
+    """Print the entries of the registries: ordering strategies, characteristic families, export formats, eval suites."""
     from rich.console import Console
     from rich.table import Table
 
@@ -241,7 +246,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-REGISTRIES = ("strategies", "formats", "suites")
+REGISTRIES = ("strategies", "families", "formats", "suites")
+EXIT_FAILED = 1  # a step failed otherwise (StrataRunError): the message names the cause and the log file with the trace
 EXIT_INPUT = 2  # bad input or configuration (StrataInputError): the message names the file, the value and the fix
 EXIT_USAGE = 64  # command-line usage error (unknown command or option, missing argument): sysexits' EX_USAGE
 
@@ -290,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     claims.add_argument("--json", action="store_true", help="print the rows as JSON")
     claims.set_defaults(func=cmd_claims)
     listing = sub.add_parser("list", help="the registries: ordering strategies, export formats, eval suites (with STRATA_PLUGINS' entries)")
-    listing.add_argument("family", nargs="?", choices=REGISTRIES, help="which registry (default: all three)")
+    listing.add_argument("family", nargs="?", choices=REGISTRIES, help="which registry (default: all)")
     listing.set_defaults(func=cmd_list)
     from assets.cli import ablate, export, schedule, tools
 
@@ -313,4 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     except StrataInputError as err:
         print(f"strata: error: {err}", file=sys.stderr)
         return EXIT_INPUT
+    except StrataRunError as err:
+        print(f"strata: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
 

@@ -3,7 +3,10 @@
 Don't Shuffle, Optimize wants "the characteristics of the data we train on [to be] constant
 throughout training" for *any* measurable trait; its f1 balances clusters, f3 adds a quantile
 histogram of document lengths, f2 the L2 norm of c_s. Strata treats these as instances of one
-open set of **families**, each with a weight w_f and a matrix x^f (one row per sequence):
+open set of **families**, each with a weight w_f and a matrix x^f (one row per sequence). The
+families are the entries of a registry, one file each in ``pipeline/ordering/families/`` (plugins
+add more through ``STRATA_PLUGINS``); a name it lacks is a column of the documents table. The
+built-in ones:
 
 - *token families* (``level="tokens"``): x^f_{s,g} counts the tokens of sequence s in group g,
   the target t^f_g is the group's share of all tokens, and the family's running total grows by
@@ -35,7 +38,8 @@ from numba import njit
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import Csr, SequenceFeatures
 
-from pipeline.names import OBJECTIVES, SEQUENCE_FAMILIES
+from pipeline.names import OBJECTIVES
+from pipeline.ordering import families as registry
 
 DEFAULT_CLASSES = 4
 
@@ -50,7 +54,12 @@ class Family:
 
     @property
     def level(self) -> Literal["tokens", "sequences"]:
-        return "sequences" if self.name in SEQUENCE_FAMILIES else "tokens"
+        return self.spec.level
+
+    @property
+    def spec(self) -> registry.FamilySpec:
+        """Its entry of the families' registry (``pipeline/ordering/families/``), or the documents column."""
+        return registry.spec_of(self.name)
 
     @staticmethod
     def parse(text: str) -> "Family":
@@ -177,7 +186,8 @@ def concentration(features: SequenceFeatures) -> np.ndarray:
     return cluster_norms(features) / features.lengths
 
 
-def _one_hot(classes: np.ndarray, value: float) -> Csr:
+def one_hot(classes: np.ndarray, value: float) -> Csr:
+    """One column per class, ``value`` in each row's class column."""
     m = classes.size
     return Csr(np.arange(m + 1, dtype=np.int64), classes.astype(np.int64), np.full(m, value), int(classes.max()) + 1)
 
@@ -187,29 +197,9 @@ def _scaled(x: Csr, scale: float) -> Csr:
 
 
 def family_matrix(features: SequenceFeatures, family: Family, unit: float) -> Csr:
-    """x^f of one family for every row of ``features`` (unscaled by the weight)."""
-    if family.name == "cluster":
-        return features.clusters
-    if family.name == "length_bin":
-        return features.bins
-    if family.name == "norm":
-        norms = cluster_norms(features)
-        m = norms.size
-        return Csr(np.arange(m + 1, dtype=np.int64), np.zeros(m, dtype=np.int64), norms, 1)
-    if family.name == "concentration":
-        return _one_hot(quantile_classes(concentration(features), family.classes), unit)
-    if family.name == "cluster_count":
-        return _one_hot(quantile_classes(np.diff(features.clusters.indptr), family.classes), unit)
-    if family.name == "documents":
-        spans = np.ones(features.n_sequences) if features.spans is None else features.spans
-        return _one_hot(quantile_classes(spans, family.classes), unit)
-    if family.name in features.columns:
-        return features.columns[family.name]
-    have = ", ".join(["cluster", "length_bin", "norm", *SEQUENCE_FAMILIES, *features.columns])
-    raise StrataInputError(
-        f"no characteristic {family.name!r} for these sequences",
-        fix=f"use one of {have} (a documents column becomes a family when the orderings asset reads it: docs/ordering.md)",
-    )
+    """x^f of one family for every row of ``features`` (unscaled by the weight): its registry
+    entry's matrix (``pipeline/ordering/families/``), or the documents column of that name."""
+    return family.spec.matrix(features, family, unit)
 
 
 def _hstack(parts: Sequence[Csr]) -> Csr:

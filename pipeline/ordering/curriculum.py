@@ -30,6 +30,7 @@ import scipy.sparse as sp
 import yaml
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering import families
 from pipeline.ordering.features import Csr, SequenceFeatures
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, GreedyState, Objective, greedy_rows, stratified_stream, tie_tolerance
 
@@ -128,6 +129,9 @@ def curriculum_from_dict(raw: object, n_clusters: int, path: object = "<curricul
     return Curriculum(logs, np.vstack(rows))
 
 
+# token families the curriculum has targets for: clusters follow it, length bins its length target U*,
+# norm the fixed rho; every sequence family (the registry's) keeps its fixed shares of sequences
+CURRICULUM_TOKEN_FAMILIES = ("cluster", "length_bin", "norm")
 CURRICULUM_RTOL = 0.002  # largest change of any p_j(N) across one round of the blocked curriculum greedy
 MIN_ROUND = 16  # fewest sequences one round picks where the curriculum moves fast or its pool is short
 SHORT_TOL = 0.005  # a pool is short of cluster j when the curriculum wants pbar_j > its share + this
@@ -143,11 +147,12 @@ def _check(features: SequenceFeatures, curriculum: Curriculum, objective: Object
             fix="give one logit per cluster (or a mapping of cluster ids)",
         )
     weights = {f.name: f.weight for f in objective.families}
-    other = sorted(set(weights) - {"cluster", "length_bin", "norm", "concentration", "documents", "cluster_count"})
+    other = sorted(f.name for f in objective.families if f.level == "tokens" and f.name not in CURRICULUM_TOKEN_FAMILIES)
     if other or "cluster" not in weights:
+        allowed = [*CURRICULUM_TOKEN_FAMILIES, *families.names("sequences")]
         raise StrataInputError(
             f"greedy_curriculum cannot balance the families {other or ['(no cluster family)']}",
-            fix="use the families cluster, length_bin, norm, concentration, documents and cluster_count (any preset)",
+            fix=f"use the families {', '.join(allowed)} (any preset)",
         )
     return weights
 
@@ -345,8 +350,9 @@ def curriculum_exact_order(
 
     ``objective``'s ``cluster`` family follows the curriculum, its ``length_bin`` family (weight lam)
     the curriculum's length target, its ``norm`` family the fixed rho and its sequence families
-    (``concentration``, ``documents``, ``cluster_count``) their fixed shares of sequences, as in
-    ``greedy``; other token families (documents columns) have no curriculum target and are refused. The targets move for every cluster at every
+    (``concentration``, ``documents``, ``cluster_count``, any of the registry's) their fixed shares
+    of sequences, as in ``greedy``; other token families (documents columns) have no curriculum
+    target and are refused. The targets move for every cluster at every
     step, so there is no sparse update: each step scores all remaining sequences with one sparse
     mat-vec per distinct sequence length, O(M * nnz) per step (16 CPU s at M=20k, K=1000:
     ``benchmarks/bench_order.py --curriculum``); above ``greedy_exact_max`` sequences

@@ -15,8 +15,9 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.names import TOKEN_FAMILIES, WITHIN_SORTS
+from pipeline.names import WITHIN_SORTS
 from pipeline.ordering import strategies
+from pipeline.ordering.families import ColumnFamily
 from pipeline.ordering.doc_arrays import document_arrays, names_absent
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode
@@ -63,7 +64,7 @@ class OrderParams:
 
     def column_families(self) -> list[str]:
         """Families that name a documents column (e.g. ``source``): the inputs must carry it."""
-        return [f.name for f in self.objective_weights().families if f.level == "tokens" and f.name not in TOKEN_FAMILIES]
+        return [f.name for f in self.objective_weights().families if isinstance(f.spec, ColumnFamily)]
 
 
 @dataclass(frozen=True)

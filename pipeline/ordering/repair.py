@@ -2,9 +2,10 @@
 
 The measure is Don't Shuffle, Optimize's objective restricted to the training batches, as the
 diagnostics compute it (``pipeline.reports.diagnostics.batch_deviations``): for each full batch
-of ``batch`` consecutive sequences, dev = max over groups of |share in the batch - global share|
-(groups absent from the batch deviate by their global share); a batch's score here is the larger
-of its cluster and its length-bin dev.
+of ``batch_size`` consecutive sequences, dev = max over groups of |share in the batch - global share|
+(groups absent from the batch deviate by their global share); a batch's score here is the largest
+of its repaired families' devs: the token families of ``pipeline/ordering/families/`` that set
+``repaired`` (built in: clusters and length bins).
 
 The worst ``fraction`` of the batches (at least one), worst first, each get the single swap of one
 of their sequences with one sequence of a batch at most ``reach`` batches away that lowers the
@@ -28,10 +29,14 @@ wakes the thread pool, whose idle threads sleep in the assets (``OMP_WAIT_POLICY
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numba
 import numpy as np
 
-from pipeline.ordering.features import SequenceFeatures
+from pipeline.ordering.families import TokenFamily
+from pipeline.ordering.families import repaired as registered_repaired
+from pipeline.ordering.features import Csr, SequenceFeatures
 
 REPAIR_FRACTION = 0.02  # share of the batches repaired per pass (the worst ones)
 REPAIR_PASSES = 4
@@ -62,11 +67,14 @@ def _group_dev(rows, ptr, ind, dat, lengths, share, by_share, buf, stamp, tag):
 
 
 @numba.njit(cache=True)
-def _score(rows, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa, cbuf, bbuf, cst, bst, tag):
-    return max(
-        _group_dev(rows, cp, ci, cd, lengths, tau, by_tau, cbuf, cst, tag),
-        _group_dev(rows, bp, bi, bd, lengths, kappa, by_kappa, bbuf, bst, tag),
-    )
+def _score(rows, ptr, ind, dat, lengths, share, soff, by_share, buf, stamp, tag):
+    """The batch's score: the largest :func:`_group_dev` of the families (family f: rows ``ptr[f]``
+    of ``ind`` / ``dat``, groups ``soff[f]:soff[f + 1]`` of ``share``, ``by_share``, the scratch)."""
+    worst = 0.0
+    for f in range(ptr.shape[0]):
+        s0, s1 = soff[f], soff[f + 1]
+        worst = max(worst, _group_dev(rows, ptr[f], ind, dat, lengths, share[s0:s1], by_share[s0:s1], buf[s0:s1], stamp[s0:s1], tag))
+    return worst
 
 
 @numba.njit(cache=True)
@@ -193,12 +201,13 @@ def _into_b(rows, r_in, ptr, ind, dat, lengths, share, by_share, limit, tokens, 
 
 
 @numba.njit(cache=True, parallel=True)
-def _wave_best(order, batch, wave, reach, dev, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa):
+def _wave_best(order, batch, wave, reach, dev, ptr, ind, dat, lengths, share, soff, by_share):
     """For each batch a of ``wave`` (their windows of batches ``[a - reach, a + reach]`` pairwise
     disjoint): the lowest max(dev of batch a, dev of batch b) after swapping a's i-th and b's j-th
     sequence, over every b of a's window but a and every (i, j), if it is below ``dev[a]``, and its
     index k = ((b - lo) * batch + i) * batch + j, the first in loop order (b, i, j) among equal
-    scores (what ``np.argmin`` of every swap's score gives); else inf and -1.
+    scores (what ``np.argmin`` of every swap's score gives); else inf and -1. The families are laid
+    out as in :func:`_score`.
 
     One (a, i) a task, all of the wave's in one parallel pass, each with its own scratch arrays:
     batch a without its i-th row is summed once, batch b once for each b it still has a swap with,
@@ -206,46 +215,52 @@ def _wave_best(order, batch, wave, reach, dev, cp, ci, cd, bp, bi, bd, lengths, 
     order, so every score below ``dev[a]`` is the one summing the swapped batches gives). A swap is
     dropped at its first term that reaches ``dev[a]`` (it cannot win), a's worst groups first, so
     most swaps are dropped after one term."""
-    n_wave, nb = wave.size, order.size // batch
-    hot = np.empty((n_wave, 2), np.int64)
-    bins_first = np.empty(n_wave, np.bool_)
+    n_wave, nb, n_fam = wave.size, order.size // batch, ptr.shape[0]
+    n_groups = soff[n_fam]
+    widest = 0
+    for f in range(n_fam):
+        widest = max(widest, soff[f + 1] - soff[f])
+    hot = np.empty((n_wave, n_fam), np.int64)
+    fam_order = np.empty((n_wave, n_fam), np.int64)
     for t in numba.prange(n_wave):  # a's worst group in each family: the one its deviation comes from
         rows_a = order[wave[t] * batch : (wave[t] + 1) * batch]
-        tokens, hits, present = np.zeros(tau.size), np.zeros(tau.size, np.int64), np.empty(tau.size, np.int64)
-        hot_c, dev_c = _worst_group(rows_a, cp, ci, cd, lengths, tau, by_tau, tokens, hits, present)
-        tokens, hits, present = np.zeros(kappa.size), np.zeros(kappa.size, np.int64), np.empty(kappa.size, np.int64)
-        hot_l, dev_l = _worst_group(rows_a, bp, bi, bd, lengths, kappa, by_kappa, tokens, hits, present)
-        hot[t, 0], hot[t, 1] = hot_c, hot_l
-        bins_first[t] = dev_l > dev_c  # the family whose worst group makes a's deviation drops most swaps: it goes first
+        devs = np.empty(n_fam)
+        for f in range(n_fam):
+            s0, s1 = soff[f], soff[f + 1]
+            tokens, hits, present = np.zeros(s1 - s0), np.zeros(s1 - s0, np.int64), np.empty(s1 - s0, np.int64)
+            hot[t, f], devs[f] = _worst_group(rows_a, ptr[f], ind, dat, lengths, share[s0:s1], by_share[s0:s1], tokens, hits, present)
+        fam_order[t] = np.argsort(-devs, kind="mergesort")  # the family whose worst group makes a's deviation drops most swaps: it goes first
     task_score, task_k = np.full(n_wave * batch, np.inf), np.full(n_wave * batch, -1, np.int64)
     for task in numba.prange(n_wave * batch):
         t, i = task // batch, task % batch
         a = wave[t]
         lo, hi, limit = max(0, a - reach), min(nb, a + reach + 1), dev[a]
         rows_a = order[a * batch : (a + 1) * batch]
-        c_tok, c_hit, c_pres = np.zeros(tau.size), np.zeros(tau.size, np.int64), np.empty(tau.size, np.int64)
-        l_tok, l_hit, l_pres = np.zeros(kappa.size), np.zeros(kappa.size, np.int64), np.empty(kappa.size, np.int64)
-        c_total, c_n = _fill(rows_a, i, cp, ci, cd, lengths, c_tok, c_hit, c_pres)
-        l_total, l_n = _fill(rows_a, i, bp, bi, bd, lengths, l_tok, l_hit, l_pres)
-        # scratch for batch b's sums (a's stay in c_* (clusters) / l_* (length bins) for every b)
-        tok, hit, pres = np.zeros(max(tau.size, kappa.size)), np.zeros(max(tau.size, kappa.size), np.int64), np.empty(max(tau.size, kappa.size), np.int64)
+        # a's sums without its i-th row, per family (they stay for every b)
+        a_tok, a_hit, a_pres = np.zeros(n_groups), np.zeros(n_groups, np.int64), np.empty(n_groups, np.int64)
+        a_total, a_n = np.empty(n_fam), np.empty(n_fam, np.int64)
+        for f in range(n_fam):
+            s0, s1 = soff[f], soff[f + 1]
+            a_total[f], a_n[f] = _fill(rows_a, i, ptr[f], ind, dat, lengths, a_tok[s0:s1], a_hit[s0:s1], a_pres[s0:s1])
+        tok, hit, pres = np.zeros(widest), np.zeros(widest, np.int64), np.empty(widest, np.int64)  # scratch for batch b's sums
         best, best_k = np.inf, -1
         for b in range(lo, hi):
             if b == a:
                 continue
             rows_b = order[b * batch : (b + 1) * batch]
             score = np.zeros(batch)
-            for fam in range(2):
-                if (fam == 0) != bins_first[t]:
-                    _into_a(c_total, c_n, rows_b, cp, ci, cd, lengths, tau, by_tau, hot[t, 0], limit, c_tok, c_hit, c_pres, score)
-                else:
-                    _into_a(l_total, l_n, rows_b, bp, bi, bd, lengths, kappa, by_kappa, hot[t, 1], limit, l_tok, l_hit, l_pres, score)
+            for q in range(n_fam):
+                f = fam_order[t, q]
+                s0, s1 = soff[f], soff[f + 1]
+                _into_a(a_total[f], a_n[f], rows_b, ptr[f], ind, dat, lengths, share[s0:s1], by_share[s0:s1], hot[t, f], limit,
+                        a_tok[s0:s1], a_hit[s0:s1], a_pres[s0:s1], score)
                 if np.isinf(score).all():  # no swap of a's i-th row with this batch is left
                     break
             if np.isinf(score).all():
                 continue
-            _into_b(rows_b, rows_a[i], cp, ci, cd, lengths, tau, by_tau, limit, tok, hit, pres, score)
-            _into_b(rows_b, rows_a[i], bp, bi, bd, lengths, kappa, by_kappa, limit, tok, hit, pres, score)
+            for f in range(n_fam):
+                s0, s1 = soff[f], soff[f + 1]
+                _into_b(rows_b, rows_a[i], ptr[f], ind, dat, lengths, share[s0:s1], by_share[s0:s1], limit, tok, hit, pres, score)
             for j in range(batch):  # k grows with (b, j) for this i: the first of equal scores is kept
                 if score[j] < best:
                     best, best_k = score[j], ((b - lo) * batch + i) * batch + j
@@ -260,25 +275,23 @@ def _wave_best(order, batch, wave, reach, dev, cp, ci, cd, bp, bi, bd, lengths, 
 
 
 @numba.njit(cache=True, parallel=True)
-def _batch_scores(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa):
+def _batch_scores(order, batch, ptr, ind, dat, lengths, share, soff, by_share):
     """:func:`_score` of every full batch of ``order``, in chunks of batches on every core (each
     chunk with its own scratch arrays; a batch's score does not depend on them)."""
     nb = order.size // batch
     dev = np.empty(nb)
     chunks = min(nb, 64)
     for c in numba.prange(chunks):
-        cbuf, bbuf = np.zeros(tau.size), np.zeros(kappa.size)
-        cst, bst = np.full(tau.size, -1, np.int64), np.full(kappa.size, -1, np.int64)
+        buf, stamp = np.zeros(share.size), np.full(share.size, -1, np.int64)
         tag = 0
         for a in range(c * nb // chunks, (c + 1) * nb // chunks):
-            dev[a] = _score(order[a * batch : (a + 1) * batch], cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa,
-                            cbuf, bbuf, cst, bst, tag)
+            dev[a] = _score(order[a * batch : (a + 1) * batch], ptr, ind, dat, lengths, share, soff, by_share, buf, stamp, tag)
             tag += 1
     return dev
 
 
 @numba.njit(cache=True)
-def _repair(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, n_fix, reach):
+def _repair(order, batch, ptr, ind, dat, lengths, share, soff, by_share, n_fix, reach):
     """Swap-repair ``order`` in place; return the number of swaps.
 
     The ``n_fix`` worst batches are taken worst first; each takes the first swap in loop order
@@ -289,11 +302,9 @@ def _repair(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, n_fix, re
     so no batch of a wave sees another's swap, and applying the wave's swaps in order gives the
     swaps of one batch at a time."""
     nb = order.size // batch
-    by_tau, by_kappa = np.argsort(-tau, kind="mergesort"), np.argsort(-kappa, kind="mergesort")
-    cbuf, bbuf = np.zeros(tau.size), np.zeros(kappa.size)
-    cst, bst = np.full(tau.size, -1, np.int64), np.full(kappa.size, -1, np.int64)
+    buf, stamp = np.zeros(share.size), np.full(share.size, -1, np.int64)
     tag = 0
-    dev = _batch_scores(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa)
+    dev = _batch_scores(order, batch, ptr, ind, dat, lengths, share, soff, by_share)
     todo = np.argsort(-dev, kind="mergesort")[:n_fix]
     taken = np.zeros(nb, np.bool_)  # batches of the windows of the wave being gathered
     swaps, p = 0, 0
@@ -306,7 +317,7 @@ def _repair(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, n_fix, re
             taken[lo:hi] = True
             q += 1
         wave = todo[p:q]
-        best, where = _wave_best(order, batch, wave, reach, dev, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa)
+        best, where = _wave_best(order, batch, wave, reach, dev, ptr, ind, dat, lengths, share, soff, by_share)
         for t in range(wave.size):
             a = wave[t]
             lo = max(0, a - reach)
@@ -317,31 +328,47 @@ def _repair(order, batch, cp, ci, cd, bp, bi, bd, lengths, tau, kappa, n_fix, re
                 pa, pb = a * batch + i, b * batch + j
                 order[pa], order[pb] = order[pb], order[pa]
                 for c in (a, b):
-                    dev[c] = _score(order[c * batch : (c + 1) * batch], cp, ci, cd, bp, bi, bd, lengths, tau, kappa, by_tau, by_kappa,
-                                    cbuf, bbuf, cst, bst, tag)
+                    dev[c] = _score(order[c * batch : (c + 1) * batch], ptr, ind, dat, lengths, share, soff, by_share, buf, stamp, tag)
                     tag += 1
                 swaps += 1
         p = q
     return swaps
 
 
+def _stacked(mats: Sequence[Csr], total: float) -> tuple[np.ndarray, ...]:
+    """The families' matrices laid out for the kernels: row pointers ``ptr[f]`` into the joined
+    ``ind`` (groups numbered within the family) and ``dat``; each group's token share (``share``,
+    family f's at ``soff[f]:soff[f + 1]``) and each family's groups by descending share."""
+    ptr = np.empty((len(mats), mats[0].n_rows + 1), np.int64)
+    start = 0
+    for f, x in enumerate(mats):
+        ptr[f] = x.indptr + start
+        start += int(x.indptr[-1])
+    ind = np.concatenate([np.asarray(x.indices, np.int64) for x in mats])
+    dat = np.concatenate([np.asarray(x.data, np.float64) for x in mats])
+    shares = [x.column_totals() / total for x in mats]
+    soff = np.cumsum([0] + [s.size for s in shares]).astype(np.int64)
+    by_share = np.concatenate([np.argsort(-s, kind="mergesort") for s in shares]).astype(np.int64)
+    return ptr, ind, dat, np.concatenate(shares).astype(np.float64), soff, by_share
+
+
 def repair_batches(
-    order: np.ndarray, features: SequenceFeatures, batch: int, fraction: float = REPAIR_FRACTION, reach: int = REPAIR_REACH,
-    passes: int = REPAIR_PASSES,
+    order: np.ndarray, features: SequenceFeatures, batch_size: int, fraction: float = REPAIR_FRACTION, reach: int = REPAIR_REACH,
+    passes: int = REPAIR_PASSES, families: Sequence[TokenFamily] | None = None,
 ) -> tuple[np.ndarray, int]:
-    """The order (rows of ``features``) with its worst batches swap-repaired, and the number of swaps."""
+    """The order (rows of ``features``) with its worst batches of ``batch_size`` sequences
+    swap-repaired, and the number of swaps. ``families``: the token families a batch is scored on
+    (default: the registry's ``repaired`` ones, ``pipeline/ordering/families/``)."""
     order = np.array(order, dtype=np.int64)
-    n_batches = order.size // max(int(batch), 1)
-    if batch < 1 or n_batches < 2:
+    n_batches = order.size // max(int(batch_size), 1)
+    fams = registered_repaired() if families is None else tuple(families)
+    if batch_size < 1 or n_batches < 2 or not fams:
         return order, 0
     total = float(features.lengths.sum())
-    tau, kappa = features.clusters.column_totals() / total, features.bins.column_totals() / total
-    c, b = features.clusters, features.bins
+    ptr, ind, dat, share, soff, by_share = _stacked([f.tokens(features) for f in fams], total)
     n_fix = max(1, int(fraction * n_batches))
     swaps = 0
     for _ in range(int(passes)):
-        swaps += _repair(
-            order, int(batch), c.indptr, c.indices, c.data, b.indptr, b.indices, b.data,
-            np.asarray(features.lengths, dtype=np.float64), tau, kappa, n_fix, int(reach),
-        )  # fmt: skip
+        swaps += _repair(order, int(batch_size), ptr, ind, dat, np.asarray(features.lengths, dtype=np.float64), share, soff, by_share,
+                         n_fix, int(reach))
     return order, int(swaps)

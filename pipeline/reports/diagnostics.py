@@ -352,11 +352,25 @@ def diversity_rows(strategy: str, schedule: Schedule) -> list[Row]:
     ]
 
 
+def family_compositions(schedule: Schedule) -> list[tuple[str, Composition]]:
+    """(metric name, composition) of every diagnosed characteristic family, in registry order
+    (``pipeline/ordering/families/``: ``clusters`` and ``length_bins``, then any plugin's)."""
+    from pipeline.ordering.families import diagnosed
+
+    out = []
+    for spec in diagnosed():
+        comp = spec.composition(schedule)
+        if comp is not None:
+            out.append((str(spec.diagnosed), comp))
+    return out
+
+
 def batch_rows(strategy: str, schedule: Schedule, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES) -> list[Row]:
-    """Per-batch max share deviation for clusters and length bins: max, mean, p95, best, and the
-    indices of the best and worst batch. Batch sizes larger than the schedule give no rows."""
+    """Per-batch max share deviation for each diagnosed family (:func:`family_compositions`:
+    clusters, length bins): max, mean, p95, best, and the indices of the best and worst batch.
+    Batch sizes larger than the schedule give no rows."""
     rows: list[Row] = []
-    for kind, comp in (("clusters", schedule.clusters), ("length_bins", schedule.bins)):
+    for kind, comp in family_compositions(schedule):
         for bs in batch_sizes:
             dev = batch_deviations(comp, schedule.position, bs)
             if dev.size == 0:
@@ -374,10 +388,11 @@ def batch_rows(strategy: str, schedule: Schedule, batch_sizes: Sequence[int] = D
 
 
 def prefix_rows(strategy: str, schedule: Schedule, n_points: int = 64) -> list[Row]:
-    """Prefix error trajectories (clusters and length bins) at log-spaced t (sequences)."""
+    """Prefix error trajectories of each diagnosed family (:func:`family_compositions`: clusters,
+    length bins) at log-spaced t (sequences)."""
     t = log_spaced_points(schedule.n_sequences, n_points)
     rows: list[Row] = []
-    for kind, comp in (("clusters", schedule.clusters), ("length_bins", schedule.bins)):
+    for kind, comp in family_compositions(schedule):
         err = prefix_errors(comp, schedule.position, t)
         rows += [(strategy, f"prefix_error_{kind}", f"t={ti}", float(e)) for ti, e in zip(t, err)]
     return rows
