@@ -1,6 +1,8 @@
 """The corpus on object storage against the same corpus on disk, to orderings, as a ratio in one run.
 
-Run: ``nice python benchmarks/bench_s3.py [--docs 1000000] [--shards 16] [--out FILE]``.
+Run: ``python benchmarks/bench_s3.py [--docs 1000000] [--shards 16] [--out FILE]`` (the issue's size,
+1M documents, writes ``--out benchmarks/results/s3_vs_disk_1m.json``; the docs' tables render from
+the results files: ``python benchmarks/tables.py``).
 
 Writes ``--docs`` documents (the demo corpus's texts, cycled, with unique ids) as ``--shards``
 JSONL.gz shards to a local folder and uploads the same bytes to a bucket of moto's standalone S3
@@ -101,7 +103,9 @@ def main() -> None:
     result = {"docs": args.docs, "shards": args.shards, "corpus_bytes": sum(len(s) for s in shards), "disk": disk, "s3": s3,
               "ratio_wall": round(s3["wall_s"] / disk["wall_s"], 3),
               "ratio_corpus_shards": round(s3["corpus_shards_s"] / max(disk["corpus_shards_s"], 1e-9), 3),
-              "loadavg": os.getloadavg(), "cores": os.cpu_count(), "server": "moto standalone (127.0.0.1)"}
+              "loadavg": os.getloadavg(), "cores": os.cpu_count(), "server": "moto standalone (127.0.0.1)",
+              "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     print(json.dumps(result, indent=2))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

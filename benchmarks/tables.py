@@ -71,9 +71,10 @@ def order_prefix_markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def s3_vs_disk(results: Path) -> str:
-    """``bench_s3.py``: the same corpus to orderings from a local folder and from an S3 server."""
-    doc = _load(results, "s3_vs_disk")
+def s3_vs_disk(results: Path, name: str = "s3_vs_disk") -> str:
+    """``bench_s3.py``: the same corpus to orderings from a local folder and from an S3 server
+    (``name``: the results file, one a corpus size)."""
+    doc = _load(results, name)
     lines = ["| corpus read from | to orderings, wall s | `corpus_shards` s | `corpus` s |", "|---|---:|---:|---:|"]
     for key, label in (("disk", "local folder"), ("s3", "`s3://` (moto server)")):
         run = doc[key]
@@ -83,7 +84,7 @@ def s3_vs_disk(results: Path) -> str:
     lines.append("")
     lines.append(f"`bench_s3.py`: {doc['docs']:,} documents in {doc['shards']} JSONL.gz shards"
                  f" ({doc['corpus_bytes'] / 1e6:.1f} MB), {doc['cores']} cores (load average {load});"
-                 f" server: {doc['server']}. From `benchmarks/results/s3_vs_disk.json`.")
+                 f" server: {doc['server']}. From `benchmarks/results/{name}.json`.")
     return "\n".join(lines)
 
 
@@ -104,6 +105,7 @@ def ablate_simulation(results: Path) -> str:
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
+    "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
     "order_prefix": lambda results: order_prefix_markdown(_load(results, "order_prefix")),
     "order_prefix_design": lambda results: order_prefix_markdown(_load(results, "order_prefix_design")),
     "ablate_simulation": ablate_simulation,
