@@ -20,11 +20,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.data.tokens import token_dtype
+from pipeline.data.tokens import token_dtype, tokenizer_fingerprint
 from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard_docs
+from pipeline.data.text_pieces import PIECE_CHARS, pieces, splits_cleanly
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.storage.atomic import atomic_writer, write_npy, write_parquet
-from pipeline.storage.fingerprints import fingerprint_digest, tokenizer_fingerprint
+from pipeline.storage.fingerprints import fingerprint_digest
+from pipeline.storage.integrity import intact
 from pipeline.threads import ahead, cores, parallel_map, task_size
 
 TOKEN_STATS = {"n_tokens": pl.Int64, "n_chars": pl.Int64, "n_bytes": pl.Int64}
@@ -37,15 +39,31 @@ def _backend(tokenizer_json: str):
     return Tokenizer.from_str(tokenizer_json)
 
 
-def _encode_block(backend, eos_id: int, dt: np.dtype, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``(flat ids with EOS after each document, n_tokens)`` of ``texts``."""
-    ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]  # no character offsets: less work
+def _long_ids(backend, dt: np.dtype, text: str) -> np.ndarray:
+    """The ids of a text longer than ``PIECE_CHARS``, encoded piece by piece (:mod:`pipeline.data.text_pieces`:
+    the same ids as the whole text, with the encoder's memory for one piece instead of the whole text)."""
+    out = [np.asarray(backend.encode_batch_fast([piece], add_special_tokens=False)[0].ids, dtype=dt) for piece in pieces(text, PIECE_CHARS)]
+    return np.concatenate(out) if out else np.empty(0, dt)
+
+
+def _encode_block(backend, eos_id: int, dt: np.dtype, texts: list[str], split: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat ids with EOS after each document, n_tokens)`` of ``texts``; with ``split``, a text
+    longer than ``PIECE_CHARS`` is encoded in pieces (the tokenizer :func:`splits_cleanly`)."""
+    long = {i for i, t in enumerate(texts) if len(t) > PIECE_CHARS} if split else set()
+    batch = [("" if i in long else t) for i, t in enumerate(texts)] if long else texts
+    ids = [e.ids for e in backend.encode_batch_fast(batch, add_special_tokens=False)]  # no character offsets: less work
+    for i in long:
+        ids[i] = _long_ids(backend, dt, texts[i])
     n_tokens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat = np.empty(int(n_tokens.sum()) + len(ids), dtype=dt)
     ends = np.cumsum(n_tokens + 1) - 1
-    body = np.ones(flat.size, bool)
-    body[ends] = False
-    flat[body] = np.fromiter(chain.from_iterable(ids), dtype=dt, count=int(n_tokens.sum()))
+    if long:
+        for i, (row, end) in enumerate(zip(ids, ends)):
+            flat[end - n_tokens[i] : end] = row
+    else:
+        body = np.ones(flat.size, bool)
+        body[ends] = False
+        flat[body] = np.fromiter(chain.from_iterable(ids), dtype=dt, count=int(n_tokens.sum()))
     flat[ends] = eos_id
     return flat, n_tokens
 
@@ -56,12 +74,15 @@ def tokenize_unit(tokenizer_json: str, eos_id: int, dtype: str, texts: list[str]
 
     The Rust encoder releases the GIL, so blocks of texts are encoded on a thread a core, whatever
     ``TOKENIZERS_PARALLELISM`` says (Strata sets it off to keep the library quiet across forks);
-    one thread's Python work on its block's ids overlaps the others' encoding.
+    one thread's Python work on its block's ids overlaps the others' encoding. A document longer
+    than ``PIECE_CHARS`` characters is encoded in pieces cut before whitespace when the tokenizer
+    gives the same ids that way (:mod:`pipeline.data.text_pieces`), so its memory stays bounded.
     """
     dt = np.dtype(dtype)
     backend = _backend(tokenizer_json)
     step = task_size(len(texts), 1024)
-    parts = parallel_map(partial(_encode_block, backend, eos_id, dt), [texts[i : i + step] for i in range(0, len(texts), step)])
+    split = splits_cleanly(tokenizer_json) and any(len(t) > PIECE_CHARS for t in texts)
+    parts = parallel_map(partial(_encode_block, backend, eos_id, dt, split=split), [texts[i : i + step] for i in range(0, len(texts), step)])
     flat = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, dt)
     n_tokens = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
     s = pl.Series(texts, dtype=pl.String)
@@ -79,7 +100,8 @@ def token_files(shard_dir: Path, shard: ShardDocs, key: str) -> tuple[Path, Path
 
 
 def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Path, cfg) -> dict[str, int]:
-    """Tokenize every shard whose files are missing (:func:`map_corpus_shards`'s counts)."""
+    """Tokenize every shard whose files are missing or changed since they were written
+    (:func:`pipeline.storage.integrity.intact`); returns :func:`map_corpus_shards`'s counts."""
     key, dtype = tokenizer_key(tok), token_dtype(len(tok))
     args = (tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.str)
     shard_dir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +117,7 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
 
     return map_corpus_shards(
         shards, tokenize_unit, lambda s, a, b: (*args, read_shard_docs(s, a, b)["text"].to_list()), assemble,
-        lambda s: all(f.is_file() for f in token_files(shard_dir, s, key)), stage="tokens", key=key, work_dir=work_dir, cfg=cfg,
+        lambda s: intact(token_files(shard_dir, s, key)), stage="tokens", key=key, work_dir=work_dir, cfg=cfg,
         checkpoint=False,
     )
 

@@ -25,11 +25,15 @@ PAD = "<|pad|>"
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int):
-    """Train a byte-level BPE (GPT-2 style pre-tokenization) with ``vocab_size`` ids."""
+    """Train a byte-level BPE (GPT-2 style pre-tokenization) with ``vocab_size`` ids. A text longer
+    than ``PIECE_CHARS`` is fed in pieces cut before whitespace (:mod:`pipeline.data.text_pieces`):
+    the pre-tokenizer finds the same words in them, so the counts and merges are those of the whole
+    text, and the trainer's memory is that of a piece."""
     import importlib
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    from pipeline.data.text_pieces import all_pieces
     from pipeline.threads import concurrently
 
     tok = Tokenizer(models.BPE())
@@ -45,7 +49,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # train on every core (the env var only quiets fork warnings otherwise)
     try:
         # transformers (imports on one core, for the wrapper below) loads while the texts are read
-        _, transformers = concurrently(lambda: tok.train_from_iterator(texts, trainer=trainer),
+        _, transformers = concurrently(lambda: tok.train_from_iterator(all_pieces(texts), trainer=trainer),
                                        lambda: importlib.import_module("transformers"))
     finally:
         if before is None:
