@@ -302,6 +302,35 @@ def test_status_of_an_empty_root_is_not_another_roots_history(tmp_path):
     assert disk.problem("clusters", None) == ""  # nothing recorded: Dagster's word
 
 
+def test_a_reused_shard_artifact_is_rehashed_and_a_changed_one_rebuilt(tmp_path, caplog):
+    """A token shard (and an embedding or cluster shard) is reused only while its bytes are those
+    recorded when it was written: one flipped byte (size and mtime kept) is named in a warning and
+    the shard is computed again, byte-identical to the first time."""
+    import logging
+
+    from helpers import three_shard_corpus
+    from pipeline.config import config_from_dict
+    from pipeline.data.shard_docs import manifest_shards
+    from pipeline.data.token_shards import token_files, tokenize_shards, tokenizer_key
+    from pipeline.data.tokenizer import train_bpe
+
+    build, out, by_id = three_shard_corpus(tmp_path, 0)
+    shards = [s for _, s in manifest_shards(build.manifest, out / "corpus" / "shards")]
+    tok = train_bpe(list(by_id.values()), 400)
+    cfg = config_from_dict({"data_root": str(out), "shard_docs": 16})
+    shard_dir, work = out / "tokens" / "shards", out / "work"
+    assert tokenize_shards(shards, tok, shard_dir, work, cfg)["shards_computed"] == 3
+    victim = token_files(shard_dir, shards[1], tokenizer_key(tok))[0]
+    first = victim.read_bytes()
+    assert tokenize_shards(shards, tok, shard_dir, work, cfg)["shards_reused"] == 3
+    _flip_byte(victim, at=len(first) // 2)
+    with caplog.at_level(logging.WARNING, logger="pipeline.storage.integrity"):
+        run = tokenize_shards(shards, tok, shard_dir, work, cfg)
+    assert run["shards_computed"] == 1 and run["shards_reused"] == 2
+    assert any(str(victim.resolve()) in r.getMessage() and "changed on disk" in r.getMessage() for r in caplog.records)
+    assert victim.read_bytes() == first
+
+
 # --------------------------------------------------------------------------- 3. crashes are input errors
 
 

@@ -17,6 +17,7 @@ from pipeline.data.shard_docs import ShardDocs
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.clusters import Transform, assign_transformed
 from pipeline.storage.atomic import write_npy
+from pipeline.storage.integrity import intact
 from pipeline.storage.npy_rows import NpyRows
 
 
@@ -38,6 +39,6 @@ def assign_shards(shards: list[ShardDocs], centroids: np.ndarray, transform: Tra
     return map_corpus_shards(
         shards, assign_transformed, unit_args,
         lambda shard, results: write_npy(np.concatenate([r[0] for r in results]), assignment_file(shard_dir, shard, model_key)),
-        lambda s: assignment_file(shard_dir, s, model_key).is_file(), stage="clusters", key=model_key, work_dir=work_dir, cfg=cfg,
+        lambda s: intact([assignment_file(shard_dir, s, model_key)]), stage="clusters", key=model_key, work_dir=work_dir, cfg=cfg,
         checkpoint=False,
     )

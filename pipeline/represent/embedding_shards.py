@@ -25,6 +25,7 @@ from pipeline.represent.embedding_norms import NormRange, record_norms
 from pipeline.represent.embeddings import IMPLEMENTATION, embed, shallow_from_ids
 from pipeline.storage.atomic import write_rows
 from pipeline.storage.fingerprints import embedding_fingerprint, fingerprint_digest
+from pipeline.storage.integrity import intact
 
 
 def embed_unit(method: str, model: str, max_tokens: int, batch_size: int, progress: bool, texts: list[str]) -> np.ndarray:
@@ -85,7 +86,7 @@ def embed_shards(shards: list[ShardDocs], cfg, model: str, shard_dir: Path, work
             return (*args, read_shard_docs(shard, a, b)["text"].to_list())
 
         fn = embed_unit
-    run = map_corpus_shards(shards, fn, unit_args, assemble, lambda s: embedding_file(shard_dir, s, key).is_file(), stage="embeddings",
+    run = map_corpus_shards(shards, fn, unit_args, assemble, lambda s: intact([embedding_file(shard_dir, s, key)]), stage="embeddings",
                             key=key, work_dir=work_dir, cfg=cfg, actors=not from_store,
                             checkpoint=cfg.embed_method != "shallow")
     return {**run, "from_token_store": bool(from_store)}

@@ -5,12 +5,15 @@ A one-byte flip keeps a file's size and modification time, so neither is evidenc
 orderings read is hashed again and compared with the recorded digest (the file's
 ``user.strata.sha256`` attribute; for token shards also the ``sha256`` column of the store's index).
 A mismatch is a StrataInputError naming the file and the asset to rematerialize, never a new truth.
-Each file is read once per process (:func:`pipeline.storage.atomic.verify_sha256`).
+A per-shard stage checks the same before it reuses a shard's artifact (:func:`intact`) and computes
+a changed one again. Each file is read once per process (:func:`pipeline.storage.atomic.verify_sha256`).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -30,6 +33,23 @@ def _fix(asset: str) -> str:
 def verify_file(path: Path, asset: str, expected: str | None = None) -> None:
     if Path(path).is_file():
         verify_sha256(path, expected, fix=_fix(asset))
+
+
+def intact(paths: Iterable[Path]) -> bool:
+    """Whether every path is a file whose bytes are those Strata recorded when it wrote it (a file
+    with no recorded digest counts as intact): what a per-shard stage checks before it reuses a
+    shard's artifact instead of computing it. A changed file is logged as a warning naming it and
+    reported not intact, so the stage computes it again and the rewrite replaces it."""
+    paths = [Path(p) for p in paths]
+    if not all(p.is_file() for p in paths):
+        return False
+    for path in paths:
+        try:
+            verify_sha256(path)
+        except StrataInputError as err:
+            logging.getLogger(__name__).warning("%s: %s; computing it again", path, err.problem)
+            return False
+    return True
 
 
 def verify_token_store(layout) -> None:
