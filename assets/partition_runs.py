@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Callable, Iterable
 
 import dagster as dg
 
-from pipeline.errors import StrataInputError
+from pipeline.errors import StrataInputError, StrataRunError
 
 # The per-shard assets whose partitions run side by side, and the most runs at once by default
 # (None: one a core). corpus_shards' runs each keep about one core busy; cluster_shards' faiss
@@ -94,10 +95,25 @@ def run_log_path() -> Path | None:
     return Path(value) if value else None
 
 
+def _run_failed(selection: list[str], partition: str | None, cause: BaseException | None, log: Path | None) -> StrataRunError:
+    """The :class:`StrataRunError` of a failed run, the current exception's trace appended to ``log``."""
+    what = ", ".join(selection) + (f" [{partition}]" if partition else "")
+    first = (str(cause).strip().splitlines() or [""])[0][:300] if cause is not None else ""
+    why = f": {type(cause).__name__}" + (f": {first}" if first else "") if cause is not None else ""
+    if log is None:
+        return StrataRunError(f"materialization failed: {what}{why}")
+    if cause is not None:
+        with open(log, "a", encoding="utf-8", errors="replace") as fh:
+            fh.write(f"\nstrata: materialization failed: {what}\n{traceback.format_exc()}")
+    return StrataRunError(f"materialization failed: {what}{why}. Fix: the error and its trace are in {log}; "
+                          "fix the cause and rerun (what finished is kept)")
+
+
 def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,
                     log_level: str = "INFO", tags: dict | None = None) -> None:
     """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself,
-    its fix naming the run's log file (:func:`run_log_path`), where Dagster's trace went instead of the terminal."""
+    its fix naming the run's log file (:func:`run_log_path`), where Dagster's trace went instead of
+    the terminal; any other failure as a :class:`StrataRunError` naming the cause and that log file."""
     log = run_log_path()
     saved = sys.stderr
     if log is not None:
@@ -110,17 +126,19 @@ def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInsta
     except (dg.DagsterUserCodeExecutionError, StrataInputError) as exc:
         err = exc.user_exception if isinstance(exc, dg.DagsterUserCodeExecutionError) else exc
         if not isinstance(err, StrataInputError):
-            raise
+            raise _run_failed(selection, partition, err, log) from (None if log is not None else exc)
         if log is None or str(log) in err.fix:
             raise err from None
         raise StrataInputError(err.problem, path=err.path, line=err.line,
                                fix=f"{err.fix} (Dagster's log of the run, with the trace: {log})") from None
+    except Exception as exc:  # Dagster's own errors and anything raised outside the asset's code
+        raise _run_failed(selection, partition, exc, log) from (None if log is not None else exc)
     finally:
         if log is not None:
             sys.stderr.log.close()
             sys.stderr = saved
     if not result.success:
-        raise RuntimeError(f"materialization failed: {', '.join(selection)}" + (f" [{partition}]" if partition else ""))
+        raise _run_failed(selection, partition, None, log)
 
 
 def _start(config_file: str | None, data_root: str, instance_ref, log_level: str, tags: dict) -> None:
@@ -139,7 +157,7 @@ def _run(selection: list[str], partition: str) -> None:
     w = _worker
     try:
         materialize_run(w["assets"], w["resources"], w["instance"], selection, partition, w["log_level"], w["tags"])
-    except StrataInputError:
+    except (StrataInputError, StrataRunError):
         raise
     except Exception as exc:
         cause = exc.user_exception if isinstance(exc, dg.DagsterUserCodeExecutionError) else exc

@@ -29,3 +29,9 @@ class StrataInputError(ValueError):
         """Pickled as its parts (the keyword-only ``fix`` defeats the default), so a worker
         process's error reaches ``strata run`` as itself."""
         return (functools.partial(StrataInputError, self.problem, fix=self.fix, path=self.path, line=self.line), ())
+
+
+class StrataRunError(RuntimeError):
+    """A step of ``strata run`` failed for a reason other than bad input (an OSError, a failed check, a
+    bug): one line naming the run, the cause and the log file that holds Dagster's record of it and
+    the trace, which ``strata`` prints as ``strata: error: ...`` (exit code 1) instead of the trace."""

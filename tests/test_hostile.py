@@ -428,6 +428,35 @@ def test_a_failing_asset_prints_one_clean_error_and_logs_the_trace(tmp_path, cap
     assert "Stack Trace" in logs[0].read_text()
 
 
+def test_an_unexpected_failure_in_an_asset_is_one_clean_line_naming_the_log(tmp_path):
+    """Not an input error (an OSError inside ``token_shards``: its folder is a file): the real CLI
+    prints Dagster's ERROR record's first line and one ``strata: error: ... Fix: ...`` line naming the
+    log file, exit 1, no trace; the log file holds the trace."""
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i} says hello"}) + "\n" for i in range(20)))
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "tokens").write_text("a file where the token store's folder goes\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"corpus: {{path: {corpus}}}\nvocab_size: 300\nheldout_fraction: 0.0\n")
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg), "--data-root", str(root),
+                           "--select", "*token_shards"], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(repo), "STRATA_RUN_LOG": ""})
+    err = proc.stderr
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and 'File "' not in err and "Stack Trace" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("strata: error: materialization failed: token_shards") and "Fix:" in last
+    assert "FileExistsError" in last or "NotADirectoryError" in last
+    logs = list((root / ".logs").glob("run-*.log"))
+    assert len(logs) == 1 and str(logs[0]) in last
+    assert "Traceback" in logs[0].read_text() and len(err.strip().splitlines()) < 30
+
+
 # --------------------------------------------------------------------------- 4. nothing runs away
 
 

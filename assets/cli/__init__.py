@@ -132,7 +132,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                         if not p.name.endswith(".segments.parquet") and p.name.removesuffix(".parquet") not in training_time())
     if not strategies:
         raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
-    docs, schedules = ordering_schedules(layout, strategies, args.bins)
+    docs, schedules = ordering_schedules(layout, strategies, cfg.length_bins if args.length_bins is None else args.length_bins)
     metrics = pl.concat([D.ordering_diagnostics(s, sched, window_batch=cfg.batch_size, seed=cfg.seed) for s, sched in schedules.items()])
     emb = open_embeddings(layout) if has_embeddings(layout) else None
     prefix = cfg.max_steps * cfg.batch_size
@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=cmd_status)
     report = sub.add_parser("report", help="ordering diagnostics + ablation table of a data root (terminal, report/ PNGs)")
     report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
-    report.add_argument("--bins", type=int, default=100, help="document-length bins for the diagnostics")
+    report.add_argument("--length-bins", "--bins", dest="length_bins", type=int, default=None,
+                        help="document-length bins for the diagnostics (default: the config's length_bins)")
     report.set_defaults(func=cmd_report)
     claims = sub.add_parser("claims", help="each paper's measurable claim on this data root: figure, 95%% interval, verdict")
     claims.add_argument("--config", default=None, help="YAML/JSON config of the data root (default: $STRATA_CONFIG, else the defaults)")
