@@ -193,7 +193,7 @@ def case_sequences(mode: str, m: int, seed: int, objective: str) -> dict:
     warm_up()
     name, overrides = MODES[mode]
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = sequence_order(name, f, OrderParams(objective=objective, bins=B, **overrides), seed)
+    rows = sequence_order(name, f, OrderParams(objective=objective, length_bins=B, **overrides), seed)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = {"mode": mode, "objective": objective, "M": f.n_sequences, "seconds": secs, "cpu_s": cpu, "build_s": build,
            "peak_rss_mb": peak_rss_mb()}
@@ -268,7 +268,7 @@ def case_curriculum(mode: str, m: int, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         knots = Path(tmp) / "curriculum.json"
         knots.write_text(json.dumps(doc))
-        params = OrderParams(objective=OBJECTIVE, bins=B, curriculum=str(knots), greedy_exact_max=CURRICULUM_MODES[mode])
+        params = OrderParams(objective=OBJECTIVE, length_bins=B, curriculum=str(knots), greedy_exact_max=CURRICULUM_MODES[mode])
         build_peak, held = peak_rss_mb(), rss_mb()
         t0, c0 = time.perf_counter(), time.process_time()
         rows = sequence_order("greedy_curriculum", f, params, seed)
@@ -536,10 +536,10 @@ def case_prefix(mode: str, m: int, k: int, zipf: float, seq_len: int, seed: int,
         G.POOL_SLACK = 0.25 if mode == "design_pool1.25" else G.POOL_SLACK
         G.HEAD_POOL = 1.5 if mode == "design_head1.5" else G.HEAD_POOL
         G.CARRY = 0 if mode == "design_no_carry" else G.CARRY
-        rows = sequence_order("greedy", f, OrderParams(objective=objective, bins=B, greedy_exact_max=0, greedy_block=block), seed)
+        rows = sequence_order("greedy", f, OrderParams(objective=objective, length_bins=B, greedy_exact_max=0, greedy_block=block), seed)
     else:
         name, overrides = MODES[mode]
-        rows = sequence_order(name, f, OrderParams(objective=objective, bins=B, **overrides), seed)
+        rows = sequence_order(name, f, OrderParams(objective=objective, length_bins=B, **overrides), seed)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert np.array_equal(np.sort(rows), np.arange(f.n_sequences)), "not a permutation"
     out = {"mode": mode, "objective": objective, "M": f.n_sequences, "K": k, "zipf": zipf, "L": seq_len, "seed": seed,
@@ -678,7 +678,7 @@ def drift_blocked(m: int) -> None:
     orders = {}
     for obj in ("f3", "stationary"):
         c0 = time.process_time()
-        orders[obj] = sequence_order("greedy", f, OrderParams(objective=obj, bins=B), 0)
+        orders[obj] = sequence_order("greedy", f, OrderParams(objective=obj, length_bins=B), 0)
         print(f"   {obj}: {time.process_time() - c0:.1f} CPU s", flush=True)
     orders["random"] = np.random.default_rng(0).permutation(f.n_sequences)
     f3 = Objective.named("f3")
@@ -693,7 +693,7 @@ def drift_table(scale: int) -> None:
     print(f"-- drift: every objective's `greedy` (exact) and random; batch {BATCH}; ratios to f3's exact greedy before the repair", flush=True)
     for i, (k, seq_len, m) in enumerate(DRIFT_INSTANCES):
         f, seg, cluster, length = drift_instance(k, seq_len, m // scale, 9000 + i)
-        orders = {obj: sequence_order("greedy", f, OrderParams(objective=obj, bins=B), 0) for obj in DRIFT_OBJECTIVES}
+        orders = {obj: sequence_order("greedy", f, OrderParams(objective=obj, length_bins=B), 0) for obj in DRIFT_OBJECTIVES}
         orders["random"] = np.random.default_rng(0).permutation(f.n_sequences)
         ref = quality(f, greedy_order(f, Objective.named("f3")))
         print(f"K={k} L={seq_len} M={f.n_sequences:,}", flush=True)

@@ -175,7 +175,7 @@ def test_diversity_table_on_a_sorted_corpus(tmp_path):
     cluster = np.repeat([0, 1], n // 2)
     base = pack_concat(np.random.default_rng(0).permutation(n), np.full(n, length), seq_len).segments
     edges = D.length_bin_edges(np.full(n, length), 4)
-    schedules = diversity_schedules(docs, cluster, base, seq_len, OrderParams(bins=4), 0, edges)
+    schedules = diversity_schedules(docs, cluster, base, seq_len, OrderParams(length_bins=4), 0, edges)
     assert set(schedules) == {"original", "round_robin", "stratified", "bin_packing", "random", "greedy"}
     data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=300, diversity=schedules, diversity_k=2)
     rows = {c.key: c for c in C.diversity_claims(data)}
@@ -199,7 +199,7 @@ def test_stratified_balances_counts_not_tokens(tmp_path):
     length = np.where(rng.random(400) < 0.9, 6, 120)
     docs = pl.DataFrame({"doc_id": np.arange(400), "stream_length": length})
     base = pack_concat(rng.permutation(400), length, 32).segments
-    schedules = diversity_schedules(docs, cluster, base, 32, OrderParams(bins=4), 0, D.length_bin_edges(length, 4))
+    schedules = diversity_schedules(docs, cluster, base, 32, OrderParams(length_bins=4), 0, D.length_bin_edges(length, 4))
     table = C.diversity_table(schedules, 8, 4)
     dev = dict(table.select("strategy", "batch_token_share_dev_mean").iter_rows())
     assert dev["stratified"] > dev["greedy"]

@@ -143,7 +143,7 @@ def test_export_greedy_curriculum_position_for_position(tmp_path):
     knots = tmp_path / "curriculum.yaml"
     knots.write_text("knots:\n  - tokens: 500\n    logits: {0: 2.0}\n  - tokens: 4000\n    logits: {2: 2.0}\n")
     (tmp_path / "cfg.yaml").write_text(f"seq_len: {L}\nbatch_size: {G}\ncurriculum: {knots}\n")
-    order = run_strategy("greedy_curriculum", docs, seg, L, OrderParams(bins=8, curriculum=str(knots)), seed=0).order
+    order = run_strategy("greedy_curriculum", docs, seg, L, OrderParams(length_bins=8, curriculum=str(knots)), seed=0).order
     order = order.sort("position")["sequence_id"].to_numpy()
     assert np.array_equal(np.sort(order), np.arange(store.n_sequences)) and not np.array_equal(order, np.sort(order))
     write_ordering(root, "greedy_curriculum", order)

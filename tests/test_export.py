@@ -76,7 +76,7 @@ def _mixture_data(tmp: Path):
     lengths = np.diff(offsets)
     docs = pl.DataFrame({"doc_id": np.arange(lengths.size), "cluster": np.arange(lengths.size) % 3, "n_tokens": lengths})
     (tmp / "weights.json").write_text('{"0": 0.6, "1": 0.3, "2": 0.1}')
-    params = OrderParams(bins=8, mixture_weights=str(tmp / "weights.json"), max_repeats=3, mixture_budget_tokens=200 * L)
+    params = OrderParams(length_bins=8, mixture_weights=str(tmp / "weights.json"), max_repeats=3, mixture_budget_tokens=200 * L)
     order = run_strategy("greedy_mixture", docs, stream.segments, L, params, 0).order["sequence_id"].to_numpy()
     assert np.bincount(order).max() > 1 and order.size != store.n_sequences
     return stream_from_arrays(tokens, offsets, stream.segments, order, L, eos_id=EOS, pad_id=PAD), store, order
@@ -92,7 +92,7 @@ def _curriculum_data(tmp: Path):
     lengths = np.diff(offsets)
     docs = pl.DataFrame({"doc_id": np.arange(lengths.size), "cluster": np.arange(lengths.size) % 3, "n_tokens": lengths})
     (tmp / "knots.yaml").write_text("knots:\n  - tokens: 500\n    logits: {0: 2.0}\n  - tokens: 6000\n    logits: {2: 2.0}\n")
-    params = OrderParams(bins=8, curriculum=str(tmp / "knots.yaml"))
+    params = OrderParams(length_bins=8, curriculum=str(tmp / "knots.yaml"))
     order = run_strategy("greedy_curriculum", docs, stream.segments, L, params, 0).order["sequence_id"].to_numpy()
     assert np.array_equal(np.sort(order), np.arange(store.n_sequences))
     return stream_from_arrays(tokens, offsets, stream.segments, order, L, eos_id=EOS, pad_id=PAD), store, order

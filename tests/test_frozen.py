@@ -285,7 +285,7 @@ def test_greedy_after_its_own_prefix_continues_the_greedy():
     lengths = rng.integers(5, 200, 120)
     docs = pl.DataFrame({"doc_id": np.arange(120), "cluster": rng.integers(0, 5, 120), "n_tokens": lengths})
     seg = pack("concat", rng.permutation(120), lengths, 64).segments
-    params = OrderParams(objective="f3", bins=6)
+    params = OrderParams(objective="f3", length_bins=6)
     from pipeline.ordering.engine import Inputs
 
     cluster, length = docs["cluster"].to_numpy(), lengths.astype(np.int64)
@@ -293,7 +293,7 @@ def test_greedy_after_its_own_prefix_continues_the_greedy():
     obj = Objective.named("f3", 1.0)
     full = greedy_order(f, obj)
     for p in (1, 17, 60):
-        np.testing.assert_array_equal(greedy_after_prefix(f, full[:p], obj, batch=10**6), full[p:])
+        np.testing.assert_array_equal(greedy_after_prefix(f, full[:p], obj, batch_size=10**6), full[p:])
     alone = greedy_order(f.take_rows(np.setdiff1d(np.arange(f.n_sequences), full[:17])), obj)
     assert not np.array_equal(np.setdiff1d(np.arange(f.n_sequences), full[:17])[alone], full[17:])  # the state matters
 
@@ -305,7 +305,7 @@ def test_run_strategy_keeps_the_prefix_and_orders_the_rest(strategy, exact_max):
     lengths = rng.integers(5, 200, 150)
     docs = pl.DataFrame({"doc_id": np.arange(150), "cluster": rng.integers(0, 4, 150), "n_tokens": lengths})
     seg = pack("concat", rng.permutation(150), lengths, 64).segments
-    params = OrderParams(bins=6, block_size=4, greedy_exact_max=exact_max, greedy_block=16)
+    params = OrderParams(length_bins=6, batch_size=4, greedy_exact_max=exact_max, greedy_block=16)
     m = int(seg["sequence_id"].max()) + 1
     prefix = rng.permutation(m)[:9]
     a = run_strategy(strategy, docs, seg, 64, params, 5, prefix=prefix).order["sequence_id"].to_numpy()
@@ -335,7 +335,7 @@ def test_blocked_greedy_after_a_skewed_prefix_recovers_faster():
     seg = pack("concat", by_cluster, lengths, 64).segments  # cluster 0's documents fill the first sequences
     m = int(seg["sequence_id"].max()) + 1
     prefix = np.arange(m // 16)  # frozen: sequences of cluster 0 only
-    params = OrderParams(objective="f1", block_size=8, greedy_exact_max=50, greedy_block=64)
+    params = OrderParams(objective="f1", batch_size=8, greedy_exact_max=50, greedy_block=64)
     order = run_strategy("greedy", docs, seg, 64, params, 7, prefix=prefix).order["sequence_id"].to_numpy()
     assert np.array_equal(order[: prefix.size], prefix) and np.array_equal(np.sort(order), np.arange(m))
     assert np.array_equal(order, run_strategy("greedy", docs, seg, 64, params, 7, prefix=prefix).order["sequence_id"].to_numpy())

@@ -59,7 +59,7 @@ def test_weights_files(tmp_path):
 def test_feasible_mixture_is_realized_within_caps(tmp_path):
     docs, seg = corpus()
     want = {0: 0.05, 1: 0.35, 2: 0.1, 3: 0.3, 4: 0.15, 5: 0.05}
-    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, want), max_repeats=3)
+    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, want), max_repeats=3)
     order, table = schedule(docs, seg, params)
     m = int(seg["sequence_id"].max()) + 1
     corpus_share = table["corpus_tokens"].to_numpy() / table["corpus_tokens"].sum()
@@ -75,7 +75,7 @@ def test_feasible_mixture_is_realized_within_caps(tmp_path):
 
 def test_budget_sets_the_schedule_size(tmp_path):
     docs, seg = corpus(1)
-    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, {j: 1.0 for j in range(K)}), mixture_budget_tokens=40_000)
+    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, {j: 1.0 for j in range(K)}), mixture_budget_tokens=40_000)
     _, table = schedule(docs, seg, params)
     assert abs(int(table["scheduled_tokens"].sum()) - 40_000) < 2 * L
     assert l1_distance(table) < 0.05  # a small budget: the rounding of ~300 sequences shows (mixture_tolerance)
@@ -83,7 +83,7 @@ def test_budget_sets_the_schedule_size(tmp_path):
 
 def test_infeasible_mixture_gets_as_close_as_it_can_and_says_how_close(tmp_path):
     docs, seg = corpus(2)
-    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, {0: 0.9, 1: 0.1}), max_repeats=1)
+    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, {0: 0.9, 1: 0.1}), max_repeats=1)
     order, table = schedule(docs, seg, params)
     target = table["target_share"].to_numpy()
     corpus_share = table["corpus_tokens"].to_numpy() / table["corpus_tokens"].sum()
@@ -127,7 +127,7 @@ def test_problems_are_found():
 
 def test_diagnostics_measure_against_the_mixture(tmp_path):
     docs, seg = corpus(4)
-    params = OrderParams(bins=8, mixture_weights=weights_file(tmp_path, {0: 0.5, 1: 0.3, 2: 0.2}))
+    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, {0: 0.5, 1: 0.3, 2: 0.2}))
     order, table = schedule(docs, seg, params)
     cluster, length = docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy() + 1
     target = table["target_share"].to_numpy()
@@ -231,7 +231,7 @@ def test_schedule_cli(tmp_path):
     seg.with_columns(cluster=pl.Series(docs["cluster"].to_numpy()[d]), doc_length=pl.Series(docs["n_tokens"].to_numpy()[d])).write_parquet(tmp_path / "seg.parquet")
     w = weights_file(tmp_path, {0: 0.7, 1: 0.3})
     assert run_cli(["schedule", str(tmp_path / "seg.parquet"), "--strategy", "greedy_mixture", "--mixture-weights", w,
-                    "--max-repeats", "2", "--bins", "8", "--out", str(tmp_path / "o.parquet")]) == 0
+                    "--max-repeats", "2", "--length-bins", "8", "--out", str(tmp_path / "o.parquet")]) == 0
     ids = pl.read_parquet(tmp_path / "o.parquet")["sequence_id"].to_numpy()
     table = accounting(ids, cluster_tokens(seg, docs["cluster"].to_numpy()), load_weights(w, K))
     assert np.bincount(ids).max() <= 2 and l1_distance(table) < 0.05

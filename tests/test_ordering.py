@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import polars as pl
 import pytest
 import scipy.stats
 
+from pipeline.config import StrataConfig
 from pipeline.reports.diagnostics import batch_deviations, composition, prefix_errors, prepare, window_unique
 from pipeline.errors import StrataInputError
 from pipeline.ordering import (
@@ -172,7 +174,7 @@ def test_every_strategy_returns_a_permutation(tmp_path):
     knots.write_text("knots:\n  - tokens: 1000\n    logits: {0: 2.0}\n  - tokens: 100000\n    logits: {5: 2.0}\n")
     weights = tmp_path / "weights.json"
     weights.write_text('{"0": 0.4, "3": 0.6}')
-    params = OrderParams(bins=16, curriculum=str(knots), mixture_weights=str(weights))
+    params = OrderParams(length_bins=16, curriculum=str(knots), mixture_weights=str(weights))
     for name, strategy in STRATEGIES.items():
         res = run_strategy(name, docs, seg, 128, params, seed=1)
         assert res.order.columns == ["position", "sequence_id"]
@@ -203,7 +205,7 @@ def test_each_strategy_reads_only_what_its_order_needs():
     from pipeline.ordering.engine import segment_columns
 
     docs, seg = toy_tables(np.random.default_rng(6))
-    params = OrderParams(bins=16)
+    params = OrderParams(length_bins=16)
 
     def never():
         raise AssertionError("read although the strategy does not read it")
@@ -221,7 +223,7 @@ def test_each_strategy_reads_only_what_its_order_needs():
 
 def test_block_shuffle_keeps_greedy_blocks():
     f = packed_instance(np.random.default_rng(8), 1200, 64, 5, 100)
-    p = OrderParams(block_size=32)
+    p = OrderParams(batch_size=32)
     g = sequence_order("greedy", f, p, 0)
     b = sequence_order("greedy_block_shuffle", f, p, 0)
     blocks = {int(g[i]): g[i : i + 32] for i in range(0, g.size, 32)}  # first row -> block
@@ -245,7 +247,7 @@ def test_block_shuffle_matches_the_block_loop_and_inverts():
 
 def test_reseeded_block_shuffle_equals_rerunning_the_strategy():
     docs, seg = toy_tables(np.random.default_rng(6))
-    params = OrderParams(bins=16, block_size=16)
+    params = OrderParams(length_bins=16, batch_size=16)
     base = run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=0).order["sequence_id"].to_numpy()
     assert np.array_equal(run_strategy("greedy", docs, seg, 128, params, seed=0).order["sequence_id"].to_numpy(),
                           run_strategy("greedy", docs, seg, 128, params, seed=3).order["sequence_id"].to_numpy())
@@ -253,8 +255,8 @@ def test_reseeded_block_shuffle_equals_rerunning_the_strategy():
         again = run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=seed).order["sequence_id"].to_numpy()
         reseeded = reseed_block_shuffle(base, params, 0, seed)
         assert reseeded.dtype == again.dtype and np.array_equal(reseeded, again)
-    assert reseed_block_shuffle(base, OrderParams(bins=16, block_size=16, noise=0.5), 0, 1) is None  # noisy greedy: re-run
-    assert reseed_block_shuffle(base, OrderParams(bins=16, block_size=16, greedy_exact_max=10), 0, 1) is None  # blocked greedy
+    assert reseed_block_shuffle(base, OrderParams(length_bins=16, batch_size=16, noise=0.5), 0, 1) is None  # noisy greedy: re-run
+    assert reseed_block_shuffle(base, OrderParams(length_bins=16, batch_size=16, greedy_exact_max=10), 0, 1) is None  # blocked greedy
 
 
 def test_noise_zero_is_deterministic_and_large_noise_is_a_shuffle():
@@ -499,8 +501,8 @@ def test_demo_stationary_greedy_keeps_every_characteristic_in_random_band(demo):
     }
     shuffles = [np.random.default_rng(50 + i).permutation(m) for i in range(20)]
     band = {k: (min(per_tenth(v, r).min() for r in shuffles), max(per_tenth(v, r).max() for r in shuffles)) for k, v in values.items()}
-    f3 = sequence_order("greedy", f, OrderParams(objective="f3", block_size=32), 0)
-    stationary = sequence_order("greedy", f, OrderParams(block_size=32), 0)
+    f3 = sequence_order("greedy", f, OrderParams(objective="f3", batch_size=32), 0)
+    stationary = sequence_order("greedy", f, OrderParams(batch_size=32), 0)
     assert np.array_equal(np.sort(stationary), np.arange(m))
     first, last = per_tenth(values["clusters"], f3)[[0, -1]]
     assert first > band["clusters"][1] and last <= band["clusters"][0]  # f3 drifts from mixed to single-cluster
@@ -542,9 +544,9 @@ def test_a_documents_column_is_balanced_when_named():
     rng = np.random.default_rng(8)
     docs, seg = toy_tables(rng, n=1500, k=4)
     docs = docs.with_columns(source=pl.Series(rng.choice(["web", "code", "books"], docs.height, p=[0.6, 0.3, 0.1])))
-    with_source = OrderParams(objective="custom", families=("cluster", "length_bin", "source"), bins=16)
+    with_source = OrderParams(objective="custom", families=("cluster", "length_bin", "source"), length_bins=16)
     errors = []
-    for params in (OrderParams(objective="f3", bins=16), with_source):
+    for params in (OrderParams(objective="f3", length_bins=16), with_source):
         order = run_strategy("greedy", docs, seg, 128, params, 0).order["sequence_id"].to_numpy()
         src = docs["source"].rank("dense").to_numpy().astype(np.int64)[seg["doc_id"].to_numpy()] - 1
         comp = composition(seg["sequence_id"].to_numpy(), src, seg["n_tokens"].to_numpy(), order.size, 3)
@@ -582,17 +584,17 @@ def test_cli_schedule_and_schedule_docs(tmp_path, capsys):
     )
     table.write_parquet(tmp_path / "seg.parquet")
     out = tmp_path / "order.parquet"
-    argv = ["schedule", str(tmp_path / "seg.parquet"), "--strategy", "greedy", "--out", str(out), "--bins", "16"]
+    argv = ["schedule", str(tmp_path / "seg.parquet"), "--strategy", "greedy", "--out", str(out), "--length-bins", "16"]
     assert run_cli(argv + ["--lambda", "0.5", "--seed", "3"]) == 0
     order = pl.read_parquet(out)
-    expected = run_strategy("greedy", docs, seg, 128, OrderParams(bins=16, lam=0.5), 3).order
+    expected = run_strategy("greedy", docs, seg, 128, replace(OrderParams.from_config(StrataConfig()), length_bins=16, lam=0.5), 3).order  # the CLI's defaults are the config's
     assert order.equals(expected)
     source = pl.Series("source", np.arange(500) % 3)[seg["doc_id"].to_numpy()]
     table.with_columns(source).write_parquet(tmp_path / "seg_src.parquet")
     families = "cluster,length_bin:0.5,source:2,documents:1:4"
     assert run_cli(["schedule", str(tmp_path / "seg_src.parquet"), "--out", str(out), "--bins", "16", "--objective", "custom",
                     "--families", families]) == 0
-    params = OrderParams(objective="custom", families=tuple(families.split(",")), bins=16)
+    params = replace(OrderParams.from_config(StrataConfig()), objective="custom", families=tuple(families.split(",")), length_bins=16)
     assert pl.read_parquet(out).equals(run_strategy("greedy", docs.with_columns(source=np.arange(500) % 3), seg, 128, params, 0).order)
     docs.select("doc_id", "cluster", "n_tokens").write_parquet(tmp_path / "docs.parquet")
     dout = tmp_path / "docs_order.parquet"
@@ -749,3 +751,24 @@ def test_duplicate_separated_packs_each_subset_alone_and_orders_it_by_idea2():
         assert [s for s in order if subset_of[s] == k] == _idea2_brute_force(ids.tolist(), c), k
     default = run_strategy("duplicate_separated", docs, seg, 64, OrderParams(), seed=3)
     assert default.segments.equals(res.segments) and not default.order.equals(res.order)  # the stationary greedy orders otherwise
+
+
+def test_schedule_cli_defaults_are_the_configs_and_old_flags_still_parse():
+    """`strata schedule`'s options are named as the config keys and default to the config's values."""
+    import argparse
+
+    from assets.cli.schedule import _params, register
+    from pipeline.config import StrataConfig
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    default = _params(parser.parse_args(["schedule", "s.parquet", "--out", "o.parquet"]))
+    assert default == OrderParams.from_config(StrataConfig())
+    assert (default.batch_size, default.length_bins) == (StrataConfig().batch_size, StrataConfig().length_bins)
+    new = _params(parser.parse_args(["schedule", "s.parquet", "--out", "o", "--length-bins", "7", "--batch-size", "5"]))
+    old = _params(parser.parse_args(["schedule", "s.parquet", "--out", "o", "--bins", "7", "--block-size", "5",
+                                     "--bin-weighting", "documents"]))
+    assert (new.length_bins, new.batch_size) == (old.length_bins, old.batch_size) == (7, 5)
+    assert old.length_bin_weighting == "documents"
+    docs = parser.parse_args(["schedule-docs", "d.parquet", "--out", "o"])
+    assert docs.seq_len == StrataConfig().seq_len and _params(docs).within == StrataConfig().within

@@ -122,12 +122,12 @@ def _tables(rng, n=900, k=6, seq_len=128):
 def test_run_strategy_reports_the_mode(strategy):
     docs, seg = _tables(np.random.default_rng(0))
     m = int(seg["sequence_id"].max()) + 1
-    exact = run_strategy(strategy, docs, seg, 128, OrderParams(bins=8), seed=1)
-    blocked = run_strategy(strategy, docs, seg, 128, OrderParams(bins=8, greedy_exact_max=m // 2, greedy_block=200), seed=1)
+    exact = run_strategy(strategy, docs, seg, 128, OrderParams(length_bins=8), seed=1)
+    blocked = run_strategy(strategy, docs, seg, 128, OrderParams(length_bins=8, greedy_exact_max=m // 2, greedy_block=200), seed=1)
     assert exact.greedy_mode == "exact" and blocked.greedy_mode == "blocked"
     assert sorted(blocked.order["sequence_id"].to_list()) == list(range(m))
     assert blocked.order.equals(
-        run_strategy(strategy, docs, seg, 128, OrderParams(bins=8, greedy_exact_max=m // 2, greedy_block=200), seed=1).order
+        run_strategy(strategy, docs, seg, 128, OrderParams(length_bins=8, greedy_exact_max=m // 2, greedy_block=200), seed=1).order
     )
     assert run_strategy("random", docs, seg, 128, OrderParams(), seed=1).greedy_mode is None
 
@@ -405,8 +405,8 @@ def test_greedy_repair_false_is_the_papers_greedy():
     the repair (the default) the worst batches get swaps, so the orders differ on this instance."""
     f = bench_instance(3_000, seed=6, k=50, n_bins=20)
     plain = greedy_order(f, F3)
-    off = run_strategy_rows(f, OrderParams(objective="f3", bins=20, greedy_repair=False))
-    on = run_strategy_rows(f, OrderParams(objective="f3", bins=20))
+    off = run_strategy_rows(f, OrderParams(objective="f3", length_bins=20, greedy_repair=False))
+    on = run_strategy_rows(f, OrderParams(objective="f3", length_bins=20))
     assert np.array_equal(off, plain)
     assert not np.array_equal(on, plain)
     blocked = greedy_scaled_order(f, F3, exact_max=0, block=500, repair=False)[0]

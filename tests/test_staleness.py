@@ -181,7 +181,7 @@ def test_launchpad_families_balance_a_documents_column(graph):
     meta = res.asset_materializations_for_node("orderings")[0].metadata
     assert meta["launchpad_overrides"].value == {"objective": "custom", "families": families}
     layout = Layout(tmp / "root")
-    params = OrderParams(objective="custom", families=tuple(families), bins=cfg["length_bins"], block_size=cfg["batch_size"])
+    params = OrderParams(objective="custom", families=tuple(families), length_bins=cfg["length_bins"], batch_size=cfg["batch_size"])
     docs, segments = ordering_inputs(layout, params)
     assert "source" in docs.columns  # read from documents.parquet because a family names it
     expected = run_strategy("greedy", docs, segments, cfg["seq_len"], params, 0).order

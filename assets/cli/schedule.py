@@ -8,17 +8,19 @@ Their ``--strategy`` choices are the registry's strategies with an array API of 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from pipeline.config import StrataConfig
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import write_parquet
 from pipeline.ordering.documents import WITHIN_SORTS
 from pipeline.ordering.features import sequence_features
 from pipeline.names import OBJECTIVES
-from pipeline.ordering.greedy import BLOCK, EXACT_MAX, greedy_mode
+from pipeline.ordering.greedy import greedy_mode
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderParams, document_order, sequence_order
 
@@ -45,25 +47,16 @@ def _read(path: str, columns: tuple[str, ...]) -> pl.DataFrame:
     return df
 
 
+DEFAULTS = StrataConfig()  # every option's default is its config key's
+
+
 def _params(args: argparse.Namespace) -> OrderParams:
-    return OrderParams(
-        objective=getattr(args, "objective", "stationary"),
-        families=tuple(getattr(args, "families", None) or ()),
-        bins=getattr(args, "bins", 100),
-        bin_weighting=getattr(args, "bin_weighting", "tokens"),
-        lam=getattr(args, "lam", 1.0),
-        noise=getattr(args, "noise", 0.0),
-        block_size=getattr(args, "block_size", 32),
-        curriculum=getattr(args, "curriculum", None),
-        within=getattr(args, "within", "original"),
-        window=getattr(args, "window", 4096),
-        greedy_exact_max=getattr(args, "greedy_exact_max", EXACT_MAX),
-        greedy_block=getattr(args, "greedy_block", BLOCK),
-        greedy_repair=getattr(args, "greedy_repair", True),
-        mixture_weights=getattr(args, "mixture_weights", None),
-        mixture_budget_tokens=getattr(args, "mixture_budget_tokens", 0),
-        max_repeats=getattr(args, "max_repeats", 4),
-    )
+    """The configuration's ordering knobs, with the options given on the command line (each option's
+    ``dest`` is its :class:`OrderParams` field, named as the config key)."""
+    given = {f.name: getattr(args, f.name) for f in fields(OrderParams) if hasattr(args, f.name)}
+    if "families" in given:
+        given["families"] = tuple(given["families"])
+    return replace(OrderParams.from_config(DEFAULTS), **given)
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
@@ -79,7 +72,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         extra[name] = seg[name].rank("dense").to_numpy().astype(np.int64) - 1
     f = sequence_features(
         seg["sequence_id"].to_numpy(), seg["cluster"].to_numpy(), seg["doc_length"].to_numpy(),
-        seg["n_tokens"].to_numpy(), args.bins, seg["doc_id"].to_numpy(), seg_columns=extra, weighting=args.bin_weighting,
+        seg["n_tokens"].to_numpy(), params.length_bins, seg["doc_id"].to_numpy(), seg_columns=extra, weighting=params.length_bin_weighting,
     )  # fmt: skip
     rows = sequence_order(args.strategy, f, params, args.seed)
     ids = f.sequence_ids[rows]
@@ -111,36 +104,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", choices=strategies.SEQUENCE_LEVEL, default="greedy",
                    help="; ".join(f"{n}: {strategies.spec(n).description}" for n in strategies.SEQUENCE_LEVEL))
     p.add_argument("--out", required=True, help="parquet to write: position, sequence_id")
-    p.add_argument("--objective", choices=OBJECTIVES, default="stationary",
+    p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULTS.objective,
                    help="greedy objective: stationary (default), Don't Shuffle, Optimize's f1/f2/f3, or custom (--families)")
-    p.add_argument("--families", type=lambda v: [x for x in v.split(",") if x], default=None,
+    p.add_argument("--families", type=lambda v: [x for x in v.split(",") if x], default=list(DEFAULTS.families),
                    help="with --objective custom: name[:weight[:classes]],... e.g. cluster,length_bin:1,concentration:0.5:16; "
                         "an integer column of SEGMENTS named here becomes a token family")
-    p.add_argument("--bins", type=int, default=100, help="quantile document-length bins B (default 100)")
-    p.add_argument("--bin-weighting", choices=("tokens", "documents"), default="tokens",
+    p.add_argument("--length-bins", "--bins", dest="length_bins", type=int, default=DEFAULTS.length_bins,
+                   help=f"quantile document-length bins B (default {DEFAULTS.length_bins})")
+    p.add_argument("--length-bin-weighting", "--bin-weighting", dest="length_bin_weighting", choices=("tokens", "documents"),
+                   default=DEFAULTS.length_bin_weighting,
                    help="quantiles of the length bins: tokens (default, each bin ~1/B of the tokens) or documents (~1/B of the documents)")
-    p.add_argument("--lambda", dest="lam", type=float, default=1.0, help="weight of the length (f3) / norm (f2) term")
-    p.add_argument("--noise", type=float, default=0.0, help="sigma_sched in units of Lbar^2 (default 0)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, default=32, help="greedy_block_shuffle block in sequences")
+    p.add_argument("--lambda", dest="lam", type=float, default=DEFAULTS.lam, help="weight of the length (f3) / norm (f2) term")
+    p.add_argument("--noise", type=float, default=DEFAULTS.noise, help=f"sigma_sched in units of Lbar^2 (default {DEFAULTS.noise:g})")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--batch-size", "--block-size", dest="batch_size", type=int, default=DEFAULTS.batch_size,
+                   help=f"sequences per training batch: greedy_block_shuffle's block, the greedy's repaired batches (default {DEFAULTS.batch_size})")
     p.add_argument("--curriculum", default=None, help="knots file (JSON/YAML) for greedy_curriculum")
-    p.add_argument("--window", type=int, default=4096, help="candidate pool of greedy_fast")
-    p.add_argument("--greedy-exact-max", type=int, default=EXACT_MAX, help=f"exact greedy up to this many sequences, blocked above (default {EXACT_MAX})")
-    p.add_argument("--greedy-block", type=int, default=BLOCK, help=f"sequences per block of the blocked greedy (default {BLOCK})")
+    p.add_argument("--window", type=int, default=DEFAULTS.window, help="candidate pool of greedy_fast")
+    p.add_argument("--greedy-exact-max", type=int, default=DEFAULTS.greedy_exact_max,
+                   help=f"exact greedy up to this many sequences, blocked above (default {DEFAULTS.greedy_exact_max})")
+    p.add_argument("--greedy-block", type=int, default=DEFAULTS.greedy_block,
+                   help=f"sequences per block of the blocked greedy (default {DEFAULTS.greedy_block})")
     p.add_argument("--no-greedy-repair", dest="greedy_repair", action="store_false",
                    help="no swap repair of the greedy's worst batches (Don't Shuffle, Optimize's greedy as written)")
     p.add_argument("--mixture-weights", default=None, help="greedy_mixture: JSON/YAML mapping cluster -> weight")
-    p.add_argument("--mixture-budget-tokens", type=int, default=0, help="greedy_mixture: tokens the schedule holds (default 0: all)")
-    p.add_argument("--max-repeats", type=int, default=4, help="greedy_mixture: copies of one sequence at most (default 4)")
+    p.add_argument("--mixture-budget-tokens", type=int, default=DEFAULTS.mixture_budget_tokens,
+                   help="greedy_mixture: tokens the schedule holds (default 0: all)")
+    p.add_argument("--max-repeats", type=int, default=DEFAULTS.max_repeats,
+                   help=f"greedy_mixture: copies of one sequence at most (default {DEFAULTS.max_repeats})")
     p.set_defaults(func=cmd_schedule)
     d = subparsers.add_parser("schedule-docs", help="order documents before packing (stratified, ...)")
     d.add_argument("documents", help="parquet: doc_id, cluster, n_tokens")
     d.add_argument("--strategy", choices=strategies.DOCUMENT_LEVEL, default="stratified",
                    help="; ".join(f"{n}: {strategies.spec(n).description}" for n in strategies.DOCUMENT_LEVEL))
     d.add_argument("--out", required=True, help="parquet to write: position, doc_id")
-    d.add_argument("--within", choices=WITHIN_SORTS, default="original", help="order inside each cluster")
-    d.add_argument("--seq-len", type=int, default=2048, help="sequence length (bin_packing bins)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--within", choices=WITHIN_SORTS, default=DEFAULTS.within, help="order inside each cluster")
+    d.add_argument("--seq-len", type=int, default=DEFAULTS.seq_len, help=f"sequence length (bin_packing bins; default {DEFAULTS.seq_len})")
+    d.add_argument("--seed", type=int, default=DEFAULTS.seed)
     d.set_defaults(func=cmd_schedule_docs)
 
 

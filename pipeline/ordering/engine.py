@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from pipeline.config import StrataConfig
 from pipeline.errors import StrataInputError
 from pipeline.names import WITHIN_SORTS
 from pipeline.ordering import strategies
@@ -26,17 +27,21 @@ from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
 from pipeline.segments import as_integers
 
 
+_DEFAULTS = {name: field.default for name, field in StrataConfig.model_fields.items()}
+
+
 @dataclass(frozen=True)
 class OrderParams:
-    """Knobs of all strategies (each uses the ones it names in its description)."""
+    """Knobs of all strategies (each uses the ones it names in its description); each field is
+    named as its key of :class:`pipeline.config.StrataConfig` (``from_config``)."""
 
     objective: str = "stationary"  # greedy objective: stationary | f1 | f2 | f3 | custom (pipeline.ordering.characteristics)
     families: tuple[str, ...] = ()  # objective custom: the families, "name[:weight[:classes]]"
-    bins: int = 100  # B quantile length bins (f3)
-    bin_weighting: str = "tokens"  # quantiles of the length bins: tokens | documents (pipeline.ordering.features.length_bin_edges)
+    length_bins: int = _DEFAULTS["length_bins"]  # B quantile length bins (f3)
+    length_bin_weighting: str = _DEFAULTS["length_bin_weighting"]  # quantiles of the length bins: tokens | documents (pipeline.ordering.features.length_bin_edges)
     lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
     noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
-    block_size: int = 32  # one training batch, in sequences: greedy_block_shuffle's block, the blocked greedy's repair
+    batch_size: int = 32  # one training batch, in sequences: greedy_block_shuffle's block, the greedy's repair
     curriculum: str | None = None  # knots file (JSON/YAML) for greedy_curriculum
     within: str = "original"  # within-cluster sort of the document-level strategies
     window: int = 4096  # candidate pool of greedy_fast
@@ -52,8 +57,8 @@ class OrderParams:
     def from_config(cls, cfg: Any) -> "OrderParams":
         """The ordering knobs of a :class:`pipeline.config.StrataConfig`."""
         return cls(
-            objective=cfg.objective, families=tuple(cfg.families), bins=cfg.length_bins, bin_weighting=cfg.length_bin_weighting, lam=cfg.lam, noise=cfg.noise,
-            block_size=cfg.batch_size, curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
+            objective=cfg.objective, families=tuple(cfg.families), length_bins=cfg.length_bins, length_bin_weighting=cfg.length_bin_weighting,
+            lam=cfg.lam, noise=cfg.noise, batch_size=cfg.batch_size, curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
             greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block, greedy_repair=cfg.greedy_repair,
             mixture_weights=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
             max_repeats=cfg.max_repeats, duplicate_order=cfg.duplicate_order,
@@ -94,8 +99,8 @@ class Inputs:
     def features(self, segments: pl.DataFrame | None = None) -> SequenceFeatures:
         seg = self.segments if segments is None else segments
         return packed_sequence_features(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(),
-                                        self.cluster, self.length, self.params.bins, self.columns,
-                                        weighting=self.params.bin_weighting)
+                                        self.cluster, self.length, self.params.length_bins, self.columns,
+                                        weighting=self.params.length_bin_weighting)
 
 
 def order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:

@@ -534,13 +534,13 @@ def greedy_scaled_order(
     block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
-    batch: int = 32,
+    batch_size: int = 32,
     *,
     repair: bool = True,
 ) -> tuple[np.ndarray, str]:
     """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above, then
     (``repair``, config ``greedy_repair``) the swap repair of its worst training batches of
-    ``batch`` sequences (4 passes over the worst 2%, ``pipeline.ordering.repair``); (rows, mode).
+    ``batch_size`` sequences (4 passes over the worst 2%, ``pipeline.ordering.repair``); (rows, mode).
     Without the repair, in exact mode, with objective f1, f2 or f3, it is Don't Shuffle, Optimize's
     greedy as written.
 
@@ -556,7 +556,7 @@ def greedy_scaled_order(
         order = greedy_order(features, objective, noise, seed)
     else:
         order = greedy_blocked_order(features, objective, block, noise, seed)
-    return (repair_batches(order, features, batch)[0] if repair else order), mode
+    return (repair_batches(order, features, batch_size)[0] if repair else order), mode
 
 
 def greedy_blocked_after(
@@ -593,7 +593,7 @@ def greedy_after_prefix(
     block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
-    batch: int = 32,
+    batch_size: int = 32,
     *,
     repair: bool = True,
 ) -> np.ndarray:
@@ -609,9 +609,9 @@ def greedy_after_prefix(
     if greedy_mode(rest.size, exact_max) == "blocked":
         after = greedy_blocked_after(features, prefix_rows, objective, block, noise, seed)
         local = np.searchsorted(rest, after)
-        return rest[repair_batches(local, sub, batch)[0] if repair else local]
+        return rest[repair_batches(local, sub, batch_size)[0] if repair else local]
     chars = objective.matrix(features)
     prefix = chars.take_rows(np.asarray(prefix_rows, dtype=np.int64))
     state = GreedyState(prefix.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
     picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], chars.targets(features.lengths), state, None, noise, seed)
-    return rest[repair_batches(picked, sub, batch)[0] if repair else picked]
+    return rest[repair_batches(picked, sub, batch_size)[0] if repair else picked]

@@ -17,7 +17,7 @@ def greedy_rows(features, params, seed: int) -> np.ndarray:
     from pipeline.ordering.greedy import greedy_scaled_order
 
     p = params
-    return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.block_size,
+    return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.batch_size,
                                repair=p.greedy_repair)[0]
 
 
@@ -27,12 +27,12 @@ def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
 
     p = params
     return greedy_after_prefix(features, prefix_rows, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed,
-                               p.block_size, repair=p.greedy_repair)
+                               p.batch_size, repair=p.greedy_repair)
 
 
 def greedy_block_shuffle_after(features, prefix_rows, params, seed: int) -> np.ndarray:
     """``greedy_block_shuffle`` after a frozen prefix: the continued greedy, its blocks shuffled (the suffix only)."""
-    return block_shuffle(greedy_after(features, prefix_rows, params, seed), params.block_size, seed)
+    return block_shuffle(greedy_after(features, prefix_rows, params, seed), params.batch_size, seed)
 
 
 def greedy_fast(features, params, seed: int) -> np.ndarray:
@@ -58,9 +58,9 @@ def greedy_block_shuffle(features, params, seed: int) -> np.ndarray:
 def shuffle_greedy_blocks(greedy_order: np.ndarray, params, seed: int) -> np.ndarray:
     """``greedy_block_shuffle``'s order from the greedy order with the same parameters and seed
     (rows or sequence ids): its blocks of ``block_size`` in a seeded random order."""
-    if params.block_size < 1:
-        raise StrataInputError(f"block size {params.block_size} is impossible", fix="use --block-size >= 1")
-    return block_shuffle(greedy_order, params.block_size, seed)
+    if params.batch_size < 1:
+        raise StrataInputError(f"block size {params.batch_size} is impossible", fix="use batch_size >= 1 (strata schedule --batch-size)")
+    return block_shuffle(greedy_order, params.batch_size, seed)
 
 
 def _block_positions(n: int, block_size: int, seed: int) -> np.ndarray:
@@ -99,7 +99,7 @@ def reseed_block_shuffle(order: np.ndarray, params, from_seed: int, to_seed: int
     None when the greedy order beneath depends on the seed (see :func:`greedy_seed_free`)."""
     if not greedy_seed_free(len(order), params):
         return None
-    return block_shuffle(block_unshuffle(order, params.block_size, from_seed), params.block_size, to_seed)
+    return block_shuffle(block_unshuffle(order, params.batch_size, from_seed), params.batch_size, to_seed)
 
 
 def reseed_curriculum(order: np.ndarray, params, from_seed: int, to_seed: int) -> np.ndarray | None:

@@ -42,7 +42,7 @@ def schedule_rows(features, params, seed: int) -> np.ndarray:
         raise StrataInputError("the mixture schedules no sequence", fix="raise mixture_budget_tokens (0 = the corpus's tokens)")
     p = params
     order, _ = greedy_scaled_order(features.take_rows(rows), p.objective_weights(), p.greedy_exact_max, p.greedy_block,
-                                   p.noise, seed, p.block_size, repair=p.greedy_repair)
+                                   p.noise, seed, p.batch_size, repair=p.greedy_repair)
     return rows[order]
 
 
