@@ -134,3 +134,26 @@ def test_calibrate_k_command(tmp_path, capsys):
     bad = parser.parse_args(["calibrate-k", str(tmp_path / "missing.npy")])
     with pytest.raises(StrataInputError):
         bad.func(bad)
+
+
+def test_figures_fit_the_dagster_pop_up(schedules, tmp_path):
+    """The widest figures (ordering bars and prefix errors at 12-13 in; a 20 in figure) are saved at most
+    MAX_WIDTH_PX wide, at a lower dpi rather than cropped; a narrow one keeps the full DPI."""
+    from matplotlib.figure import Figure
+
+    from pipeline.reports.figures import DPI, MAX_WIDTH_PX, save_png
+
+    widths = {}
+    for name, path in (("bars", P.plot_ordering_bars(schedules, tmp_path / "bars.png")),
+                       ("prefix", P.plot_prefix_errors(schedules, tmp_path / "prefix.png"))):
+        with Image.open(path) as im:
+            widths[name] = im.size[0]
+    wide = Figure(figsize=(20, 3))
+    wide.add_subplot().plot([0, 1], [0, 1])
+    narrow = Figure(figsize=(4, 3))
+    narrow.add_subplot().plot([0, 1], [0, 1])
+    for name, fig in (("wide", wide), ("narrow", narrow)):
+        with Image.open(save_png(fig, tmp_path / f"{name}.png", tight=name == "wide")) as im:
+            widths[name] = im.size[0]
+    assert max(widths.values()) <= MAX_WIDTH_PX and widths["wide"] >= MAX_WIDTH_PX - 3, widths
+    assert widths["narrow"] == 4 * DPI, widths

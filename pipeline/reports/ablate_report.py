@@ -9,6 +9,8 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.reports.figures import save_png
+
 
 def plot_campaign(rows: pl.DataFrame, out: Path) -> Path:
     """One panel per strategy: Δ and its anytime-valid interval at each round, ±margin shaded."""
@@ -41,10 +43,8 @@ def plot_campaign(rows: pl.DataFrame, out: Path) -> Path:
     axes[0][0].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    save_png(fig, out, tight=False)  # at most MAX_WIDTH_PX wide: one panel per strategy grows it
     plt.close(fig)
-    tmp.replace(out)
     return out
 
 
