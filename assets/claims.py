@@ -91,7 +91,7 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     sequence's training loss), ``claim_runs_heldout`` (equal tokens: the fixed held-out batch's
     per-document loss after the last step) and ``claim_runs_arms`` (what each run trained on).
     Materialize ``claims`` afterwards to turn them into claim rows."""
-    from assets.training import load_heldout_batch
+    from pipeline.training.stage import load_heldout_batch
     from pipeline.training.loop import TrainSettings
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.data.tokens import open_tokens

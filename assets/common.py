@@ -14,6 +14,7 @@ from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGra
 from dagster_duckdb import DuckDBResource
 
 from pipeline.config import StrataConfig, resolve_config
+from pipeline.stage import Markdown, StageResult
 from pipeline.storage.atomic import file_sha256, write_text
 from pipeline.storage.layout import Layout
 from pipeline.storage.warehouse import data_versions, latest_data_version, write_lineage
@@ -278,3 +279,18 @@ class Recorder:
         meta["cpu_s"] = round(process_cpu_s() - self.c0, 2)
         meta.update(metadata or {})
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version), check_results=check_results or None)
+
+    def finish_stage(self, result: StageResult, metadata: dict[str, Any] | None = None) -> dg.MaterializeResult:
+        """:meth:`finish` with a stage function's result (``pipeline/stage.py``): its outputs, rows,
+        parameters, facts (plus ``metadata``) and checks; its ``deps`` replace the declared ones."""
+        self.deps.update(result.deps)
+        checks = [dg.AssetCheckResult(check_name=c.name, passed=c.passed, metadata=shown(c.metadata), description=c.description,
+                                      severity=dg.AssetCheckSeverity.WARN if c.warn else dg.AssetCheckSeverity.ERROR)
+                  for c in result.checks]
+        return self.finish(result.outputs, result.rows, result.parameters, {**shown(result.facts), **(metadata or {})}, checks)
+
+
+def shown(facts: dict[str, Any]) -> dict[str, Any]:
+    """Facts as Dagster metadata: markdown as markdown, dicts and lists as JSON, the rest as they are."""
+    return {k: dg.MetadataValue.md(v) if isinstance(v, Markdown) else dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+            for k, v in facts.items()}

@@ -7,13 +7,13 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
-from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
-from assets.orderings import frozen_metadata
+from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings, shown
 from pipeline.ordering.strategies import training_time
 from pipeline.reports import diagnostics as D
 from pipeline.reports.markdown import frame_table
 from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
+from pipeline.reports.frozen_boundary import boundary_summary
 from pipeline.represent.embedding_index import open_embeddings
 from pipeline.reports.plots import plot_k_calibration, plot_window_deviation
 from pipeline.reports import stationarity as S
@@ -183,7 +183,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
         replace_rows(con, "ordering_stationarity", stationarity, {"strategy": strategy})
     summary = V.summary_table(metrics)
-    boundary = frozen_metadata(layout, strategy)  # the frozen prefix's boundary, when the stream has one
+    boundary = shown(boundary_summary(layout, strategy) or {})  # the frozen prefix's boundary, when the stream has one
     check = stationarity_check(strategy, stationarity, cfg.stationarity_shuffles)
     return rec.finish([out, out_stat, *window_files], {"metrics": metrics.height, "stationarity": stationarity.height},
                       {"strategy": strategy, "length_bins": cfg.length_bins, "prefix_sequences": prefix,

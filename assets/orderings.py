@@ -2,32 +2,12 @@
 (sequences repeated or left out) for a strategy that realizes a mixture (``greedy_mixture``)."""
 
 
-import json
-from dataclasses import replace
-from functools import partial
-
 import dagster as dg
-import numpy as np
-import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
-from pipeline.data.tokenizer import load_tokenizer
-from pipeline.data.tokens import open_tokens
-from pipeline.errors import StrataInputError
-from pipeline.packing import frozen
-from pipeline.packing.pack import SequenceStore
-from pipeline.storage.atomic import file_sha256, write_parquet
-from pipeline.storage.integrity import verify_ordering_inputs
-from pipeline.storage.layout import Store
-from pipeline.ordering import strategies
-from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, segment_columns
-from pipeline.reports.diagnostics import ordering_ids
-from pipeline.storage.lineage import newest_row
-from pipeline.storage.warehouse import latest_data_version, replace_rows
-from pipeline.segments import warm_kernels
-from pipeline.threads import concurrently
+from pipeline.ordering import stage
 
 PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="orderings", blocking=True,
                                       description="The partition's ordering is a permutation of its sequences.")
@@ -40,100 +20,6 @@ MIXTURE_CHECK = dg.AssetCheckSpec(
     "schedule_realizes_mixture", asset="orderings", blocking=False,
     description="A schedule's realized cluster token shares lie within mixture_tolerance (L1) of the target mixture. "
                 "Warns where the corpus cannot give the mixture under max_repeats.")
-
-
-def order_params(cfg, layout) -> OrderParams:
-    """The ordering knobs of ``cfg``; greedy_mixture's weights default to the mixture stage's
-    ``mixture/weights.parquet`` when ``mixture_weights_file`` is not set."""
-    params = OrderParams.from_config(cfg)
-    if params.mixture_weights is None and layout.mixture_weights.exists():
-        params = replace(params, mixture_weights=str(layout.mixture_weights))
-    return params
-
-
-def base_order(layout, duckdb: DuckDBResource, spec, params: OrderParams, seed: int, code_version: str) -> tuple[np.ndarray, str | None] | None:
-    """The sequence ids of the materialized ordering ``spec.derived`` starts from (``greedy`` for
-    ``greedy_block_shuffle``) and its greedy mode, when its newest lineage row shows it was made by
-    this code version from the sequences materialized now, with the same parameters and seed and
-    no frozen prefix, and its file is unchanged since (SHA-256); else None: run the strategy."""
-    base = spec.derived[0]
-    path = layout.ordering(base)
-    with duckdb.get_connection() as con:
-        row = newest_row(con, "orderings", base)
-        sequences = latest_data_version(con, "sequences")
-    if row is None or not path.is_file() or not sequences:
-        return None
-    wanted = json.loads(json.dumps({"strategy": base, **params.__dict__, "seed": seed, "freeze_prefix": 0}, sort_keys=True, default=str))
-    made_with = {k: v for k, v in row["parameters"].items() if k != "greedy_mode"}
-    if row["code_version"] != code_version or row["input_versions"].get("sequences") != sequences or made_with != wanted:
-        return None
-    try:
-        unchanged = row["outputs"].get(str(path)) == file_sha256(path)
-    except StrataInputError:  # changed on disk since it was written: not a base to reuse (the strategy runs itself)
-        return None
-    return (Store(layout).ordering(base).order, row["parameters"].get("greedy_mode")) if unchanged else None
-
-
-def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float) -> tuple[list, list, dict]:
-    """For a strategy that realizes a mixture: its accounting written beside the order, the DuckDB
-    rows and both checks' results (recomputed from the written files); (outputs, checks, metadata)."""
-    from pipeline.mixture.schedule import accounting, cluster_tokens, l1_distance, schedule_problems
-
-    spec = strategies.spec(strategy)
-    path = layout.ordering_mixture(strategy)
-    if not spec.realizes_mixture:
-        if path.exists():
-            path.unlink()
-        skip = "not a schedule: the permutation check applies"
-        return [], [dg.AssetCheckResult(check_name=c.name, passed=True, description=skip, metadata={"strategy": strategy})
-                    for c in (CAPS_CHECK, MIXTURE_CHECK)], {}
-    written = Store(layout).ordering(strategy)
-    docs = Store(layout).document_clusters([])
-    doc_cluster = np.full(int(docs["doc_id"].max()) + 1, 0, dtype=np.int64)
-    doc_cluster[docs["doc_id"].to_numpy()] = docs["cluster"].to_numpy()
-    pieces = cluster_tokens(written.segments, doc_cluster)
-    target = spec.mixture(params, int(docs["cluster"].max()) + 1)
-    table = accounting(written.order, pieces, target)
-    out = write_parquet(table, path)
-    reread = pl.read_parquet(out)
-    n_seq = int(written.segments["sequence_id"].max()) + 1
-    problems = schedule_problems(written.order, n_seq, reread, params.max_repeats)
-    if not reread.equals(table):
-        problems.append("the written accounting differs from the order's")
-    l1 = l1_distance(reread)
-    shown = reread.select("cluster", "target_share", "realized_share", "scheduled_tokens", "repeated_tokens", "omitted_tokens", "max_copies")
-    meta = {"strategy": strategy, "l1_to_target": l1, "tolerance": tolerance, "positions": int(written.order.size),
-            "sequences": n_seq, "scheduled_tokens": int(reread["scheduled_tokens"].sum()),
-            "omitted_tokens": int(reread["omitted_tokens"].sum()), "repeated_tokens": int(reread["repeated_tokens"].sum()),
-            "budget_tokens": int(params.mixture_budget_tokens or reread["corpus_tokens"].sum()),
-            "per_cluster": dg.MetadataValue.md(shown.to_pandas().to_markdown(index=False))}
-    checks = [
-        dg.AssetCheckResult(check_name=CAPS_CHECK.name, passed=not problems, metadata=meta,
-                            description="; ".join(problems) or f"every sequence at most {params.max_repeats} times; every token accounted for"),
-        dg.AssetCheckResult(check_name=MIXTURE_CHECK.name, passed=l1 <= tolerance, severity=dg.AssetCheckSeverity.WARN, metadata=meta,
-                            description=(f"realized shares within L1 {l1:.4f} of the mixture (tolerance {tolerance})" if l1 <= tolerance else
-                                         f"the corpus gives the mixture only within L1 {l1:.4f} > {tolerance}: raise max_repeats, "
-                                         "lower mixture_budget_tokens, or accept it (mixture_tolerance)")),
-    ]
-    return [out], checks, meta
-
-
-def ordering_documents(layout, params: OrderParams | None = None, strategy: str | None = None) -> pl.DataFrame:
-    """Per-document doc_id, cluster, n_tokens as stream length incl. EOS, the documents columns
-    ``params``' families name (e.g. source) and the ``corpus.parquet`` columns ``strategy`` reads
-    (e.g. content_hash; other strategies never hold the 64-character hashes)."""
-    extra = params.column_families() if params is not None else []
-    have = pl.read_parquet_schema(layout.documents)
-    docs = Store(layout).document_clusters(["n_tokens"] + [c for c in extra if c in have])
-    corpus_cols = strategies.spec(strategy).documents if strategy is not None else ()
-    if corpus_cols:
-        docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left").sort("doc_id")
-    return docs.with_columns(pl.col("n_tokens") + 1)
-
-
-def ordering_inputs(layout, params: OrderParams | None = None, strategy: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """:func:`ordering_documents` and the base segments."""
-    return ordering_documents(layout, params, strategy), pl.read_parquet(layout.segments)
 
 
 OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's parameters (assets/params.py)
@@ -155,117 +41,9 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     With ``freeze_prefix`` P, positions ``[0, P)`` keep the recorded frozen prefix and the strategy
     orders the rest after it; the prefix (``frozen/<strategy>.*``), its version chain and the
     DuckDB table ``ordering_frozen_prefix`` are written, and the metadata shows the boundary.
-    P is the one ``sequences`` packed with (its ``meta.json``)."""
+    P is the one ``sequences`` packed with (its ``meta.json``). One call of
+    ``pipeline.ordering.stage.order_strategy``."""
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    strategy = context.partition_key
-    params = order_params(cfg, layout)
-    # A training-time strategy (odm) picks sequences online from the packing of its spec's
-    # packing_from (cluster_packed: each sequence holds one cluster). Its order here is not trained
-    # on; its diagnostics come from the ids training consumed (training_runs, consumed_metrics).
-    spec = strategies.spec(strategy)
-    verify_ordering_inputs(layout)  # the packing, documents and clusters against their recorded SHA-256: corrupt bytes stop here
-    seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
-    n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
-    previous = frozen.load(layout, strategy) if n_frozen else None
-    prefix = previous.sequence_ids if previous is not None else None
-    # read by run_strategy itself (no reference here): it frees the documents frame once it holds their arrays
-    name = spec.packing_from or strategy
     code_version = context.assets_def.code_versions_by_key.get(context.assets_def.key) or ""
-    base = base_order(layout, duckdb, spec, params, cfg.seed, code_version) if spec.derived and not n_frozen else None
-    if base is not None:  # e.g. greedy_block_shuffle: the greedy partition's order, its blocks shuffled
-        rec.deps["orderings"] = spec.derived[0]
-        result = OrderingResult(order_frame(spec.derived[1](base[0], params, cfg.seed)), None, base[1])
-    else:
-        warm_kernels()  # numba's first load, beside the reading of the documents and segments
-        # contiguous columns: the strategies' NumPy views are not copies beside the frames' chunks
-        result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(),
-                              lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)).rechunk(),
-                              seq_len, params, cfg.seed, prefix=prefix)
-    seg_path = layout.ordering_segments(strategy)
-    if result.segments is not None:  # a repacking's segments written while the order is
-        outputs = concurrently(partial(write_parquet, result.order, layout.ordering(strategy)),
-                               partial(write_parquet, result.segments, seg_path))
-    else:
-        outputs = [write_parquet(result.order, layout.ordering(strategy))]
-        seg_path.unlink(missing_ok=True)
-    n_positions, greedy_mode, repacked = result.order.height, result.greedy_mode, result.segments is not None
-    del result
-    written = Store(layout).ordering(strategy)
-    order, m = written.order, written.n_sequences
-    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, cfg.mixture_tolerance)
-    outputs += more
-    if spec.realizes_mixture:
-        ok = True
-        check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=True, metadata={"strategy": strategy},
-                                    description=f"{strategy} realizes a mixture: a schedule (see schedule_within_caps)")
-        with duckdb.get_connection() as con:
-            replace_rows(con, "mixture_schedule", pl.read_parquet(layout.ordering_mixture(strategy)).with_columns(strategy=pl.lit(strategy)),
-                         {"strategy": strategy})
-    else:
-        ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
-        check = dg.AssetCheckResult(check_name=PERMUTATION_CHECK.name, passed=ok,
-                                    metadata={"strategy": strategy, "positions": int(order.size), "sequences": m})
-    boundary = {}
-    if n_frozen and ok:
-        outputs += freeze(layout, duckdb, strategy, order, written.segments, n_frozen, previous, seq_len, cfg.packing)
-        boundary = frozen_metadata(layout, strategy)
-    summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens", "per_cluster")}
-    return rec.finish(
-        outputs,
-        {"sequences": n_positions},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
-         **({"mixture_weights_sha256": file_sha256(params.mixture_weights)} if spec.realizes_mixture else {})},
-        {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
-         **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},
-        check_results=[check, *mixture_checks],
-    )
-
-
-def freeze(layout, duckdb: DuckDBResource, strategy: str, order: np.ndarray, segments: pl.DataFrame, n_frozen: int,
-           previous: frozen.FrozenPrefix | None, seq_len: int, packing: str) -> list:
-    """Record the first ``n_frozen`` positions of the order just written (continuing ``previous``),
-    extend the version chain, and upsert the strategy's row of ``ordering_frozen_prefix``."""
-    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=load_tokenizer(layout.tokenizer).pad_token_id)  # as sequences writes them
-    rec = frozen.capture(layout, strategy, order, segments, n_frozen, store, tokens.dtype, seq_len, packing, previous)
-    chain = frozen.extend_chain(rec, frozen.chain_entry(layout, order.size, rec.sequences))
-    paths = frozen.save(layout, rec)
-    row = pl.DataFrame({"strategy": [strategy], "frozen_sequences": [rec.sequences], "sequences": [int(order.size)],
-                        "version": [chain[-1]["version"]], "tokens_sha256": [rec.meta["tokens_sha256"]],
-                        "version_chain": [json.dumps(chain, sort_keys=True)]})
-    with duckdb.get_connection() as con:
-        replace_rows(con, "ordering_frozen_prefix", row, {"strategy": strategy})
-    return paths
-
-
-def frozen_metadata(layout, strategy: str) -> dict:
-    """The frozen boundary for the UI (``pipeline.packing.frozen.boundary_summary``)."""
-    summary = frozen.boundary_summary(layout, strategy) or {}
-    return {**summary, "version_chain": dg.MetadataValue.json(summary["version_chain"])} if summary else {}
-
-
-def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
-    """The order (sequence ids) and the segments table it refers to (``Store.ordering``)."""
-    ordering = Store(layout).ordering(strategy)
-    return ordering.order, ordering.segments
-
-
-def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, pl.DataFrame]:
-    """The order training seed ``seed`` trains on: the materialized ordering (``cfg.seed``) for
-    a seed-free strategy or seed == cfg.seed, else the strategy re-run with ``seed`` (same
-    parameters), so seeds vary the shuffle / noise, not only the model init."""
-    from pipeline.ordering.engine import seed_dependent
-
-    params, spec = order_params(cfg, layout), strategies.spec(strategy)
-    if frozen.load(layout, strategy) is not None:
-        return load_ordering(layout, strategy)  # a frozen stream is one stream: every seed trains on it
-    if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
-        return load_ordering(layout, strategy)
-    if spec.reseed is not None:  # e.g. greedy_block_shuffle: the greedy beneath is seed-free, re-shuffle its blocks only
-        order, segments = load_ordering(layout, strategy)
-        if (reseeded := spec.reseed(order, params, cfg.seed, seed)) is not None:
-            return reseeded, segments
-    docs, segments = ordering_inputs(layout, params, strategy)
-    result = run_strategy(strategy, docs, segments, Store(layout).sequences.seq_len, params, seed)
-    return ordering_ids(result.order), (result.segments if result.segments is not None else segments)
+    return rec.finish_stage(stage.order_strategy(layout, cfg, context.partition_key, duckdb.get_connection, code_version))

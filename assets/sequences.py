@@ -28,7 +28,7 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
 
     Writes ``sequences/segments.parquet`` (each sequence's pieces as offsets into the token store:
     no copy of the tokens; readers gather rows through ``SequenceStore``, e.g.
-    ``Store(layout).sequence_store()``) and ``sequences/meta.json`` (seq_len, packing and the
+    ``pipeline.packing.stored.sequence_store(layout)``) and ``sequences/meta.json`` (seq_len, packing and the
     fingerprint of the token store packed: what readers of the sequences need to know).
 
     With ``freeze_prefix`` P (recorded in ``meta.json``, which ``orderings`` follows), the frozen

@@ -393,7 +393,8 @@ def test_cli_export(tmp_path, capsys):
 def test_the_stream_reads_the_token_store_the_sequences_were_packed_from(tmp_path):
     from pipeline.data.token_index import write_single_run
     from pipeline.export import open_stream
-    from pipeline.storage.layout import Layout, Store, tokens_fingerprint
+    from pipeline.packing.stored import packed_tokens, sequence_store
+    from pipeline.storage.layout import Layout, tokens_fingerprint
 
     store, order = _data_root(tmp_path / "root", "padding")
     layout = Layout(tmp_path / "root")
@@ -401,12 +402,12 @@ def test_the_stream_reads_the_token_store_the_sequences_were_packed_from(tmp_pat
     layout.sequences_meta.write_text(json.dumps({**meta, "tokens": tokens_fingerprint(layout)}))
     stream = open_stream(layout, "greedy", eos_id=EOS, pad_id=PAD)
     np.testing.assert_array_equal(stream.read(order), store.batch(order)[0])  # padding and inserted EOS included
-    np.testing.assert_array_equal(Store(layout).sequence_store().rows(order[::-1]), store.batch(order[::-1])[0])
-    tokens, _ = Store(layout).packed_tokens()
+    np.testing.assert_array_equal(sequence_store(layout).rows(order[::-1]), store.batch(order[::-1])[0])
+    tokens, _ = packed_tokens(layout)
     changed = np.asarray(tokens).copy()
     changed[3] += 1
     write_single_run(changed, layout.tokens)  # the tokens asset re-ran on an edited document
     with pytest.raises(StrataInputError, match="token store changed since the sequences were packed"):
         open_stream(layout, "greedy", eos_id=EOS, pad_id=PAD)
     with pytest.raises(StrataInputError, match="rematerialize sequences"):
-        Store(layout).sequence_store()
+        sequence_store(layout)

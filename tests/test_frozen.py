@@ -26,6 +26,7 @@ from pipeline.packing.pack import SequenceStore, conservation, pack
 from pipeline.reports.diagnostics import composition, prefix_errors
 from pipeline.represent.embeddings import default_model_path
 from pipeline.export.numpy_tokens import open_numpy
+from pipeline.packing.stored import sequence_store
 from pipeline.storage.layout import Layout, Store
 
 SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
@@ -66,7 +67,7 @@ def _snapshot(layout: Layout, strategy: str) -> dict:
     """What a trainer that consumed the first P positions read, from every artifact."""
     order = Store(layout).ordering(strategy).order
     L = Store(layout).sequences.seq_len
-    out = {"order": order[:P].copy(), "rows": Store(layout).sequence_store().batch(order[:P])[0]}
+    out = {"order": order[:P].copy(), "rows": sequence_store(layout).batch(order[:P])[0]}
     numpy_dir, meg_dir, hf_dir = (layout.export_dir(strategy, f) for f in FORMATS)
     meta = json.loads((numpy_dir / "meta.json").read_text())
     width = np.dtype(meta["dtype"]).itemsize
@@ -178,7 +179,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     assert "Fix: restore that document" in proc.stdout + proc.stderr
     assert all(p.read_bytes() == b for p, b in packed.items())
     with pytest.raises(StrataInputError, match="token store changed since the sequences were packed"):
-        Store(layout).sequence_store()  # the tokens asset re-ran: the kept segments would read other ids
+        sequence_store(layout)  # the tokens asset re-ran: the kept segments would read other ids
     kept.write_parquet(part)
     # a deleted shard whose documents all lie in the suffix just leaves it
     (shards / "part-4.parquet").unlink()

@@ -16,7 +16,8 @@ import yaml
 
 from helpers import DATA, demo_slice
 from pipeline.reports.diagnostics import batch_deviations, prepare
-from pipeline.storage.layout import Layout, Store
+from pipeline.packing.stored import sequence_store
+from pipeline.storage.layout import Layout
 from pipeline.data.tokens import open_tokens
 
 pytestmark = pytest.mark.integration
@@ -76,8 +77,8 @@ def test_every_token_once_or_reported(run):
     seg = pl.read_parquet(layout.segments)
     L = cfg["seq_len"]
     m = int(seg["sequence_id"].max()) + 1
-    rows = Store(layout).sequence_store().rows(np.arange(m))
-    np.testing.assert_array_equal(rows, Store(layout).sequence_store().batch(np.arange(m))[0])
+    rows = sequence_store(layout).rows(np.arange(m))
+    np.testing.assert_array_equal(rows, sequence_store(layout).batch(np.arange(m))[0])
     covered = np.zeros(tokens.size, dtype=np.int64)
     for s, start, d, dstart, n in seg.select("sequence_id", "seq_token_start", "doc_id", "doc_token_start", "n_tokens").iter_rows():
         src = offsets[d] + dstart
@@ -143,7 +144,7 @@ def test_duckdb_lineage_and_report(run):
     # the exports asset wrote the greedy ordering in training order (numpy is the default format)
     order = pl.read_parquet(layout.ordering("greedy")).sort("position")["sequence_id"].to_numpy()
     exported = np.fromfile(layout.export_dir("greedy", "numpy") / "tokens.bin", dtype=np.uint16).reshape(-1, cfg["seq_len"])
-    np.testing.assert_array_equal(exported, Store(layout).sequence_store().batch(order)[0])
+    np.testing.assert_array_equal(exported, sequence_store(layout).batch(order)[0])
     assert not layout.export_dir("odm", "numpy").exists()
 
 

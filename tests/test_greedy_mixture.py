@@ -169,6 +169,7 @@ def test_orderings_diagnostics_and_export_on_a_data_root(tmp_path):
     import yaml
 
     from helpers import demo_slice
+    from pipeline.packing.stored import sequence_store
     from pipeline.storage.layout import Layout, Store
 
     repo = Path(__file__).resolve().parents[1]
@@ -220,7 +221,7 @@ def test_orderings_diagnostics_and_export_on_a_data_root(tmp_path):
     assert meta["n_sequences"] == ordering.order.size
     seq = Store(layout).sequences
     got = np.fromfile(out / "tokens.bin", dtype=meta["dtype"]).reshape(-1, seq.seq_len)
-    np.testing.assert_array_equal(got, Store(layout).sequence_store().batch(ordering.order)[0])  # repetitions written out, position for position
+    np.testing.assert_array_equal(got, sequence_store(layout).batch(ordering.order)[0])  # repetitions written out, position for position
 
 
 def test_schedule_cli(tmp_path):
@@ -238,7 +239,7 @@ def test_schedule_cli(tmp_path):
 
 
 def test_weights_default_to_the_mixture_stage(tmp_path):
-    from assets.orderings import order_params
+    from pipeline.ordering.stage import order_params
     from pipeline.config import StrataConfig
     from pipeline.storage.layout import Layout
 

@@ -17,7 +17,7 @@ from pipeline.data.shard_docs import ShardDocs, read_shard_docs
 from pipeline.data.token_shards import tokenize_unit
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.embeddings import default_model_path, embed, same_tokenizer, shallow_from_ids
-from pipeline.storage.fingerprints import tokenizer_fingerprint
+from pipeline.data.tokens import tokenizer_fingerprint
 
 
 @pytest.fixture(scope="module")

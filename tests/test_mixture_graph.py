@@ -65,6 +65,7 @@ def test_weights_curriculum_and_ablation_rows(root):
 def test_greedy_mixture_ordering_reads_the_learned_weights_and_is_exported(root):
     """With the mixture stage on, orderings[greedy_mixture] schedules the whole corpus on the learned
     weights (learned before the orderings), and its export is that schedule, repetitions included."""
+    from pipeline.packing.stored import sequence_store
     from pipeline.storage.layout import Layout, Store
 
     layout = Layout(root)
@@ -78,4 +79,4 @@ def test_greedy_mixture_ordering_reads_the_learned_weights_and_is_exported(root)
     assert np.bincount(ordering.order, minlength=m).max() <= 4
     meta = json.loads((layout.export_dir("greedy_mixture", "numpy") / "meta.json").read_text())
     got = np.fromfile(layout.export_dir("greedy_mixture", "numpy") / "tokens.bin", dtype=meta["dtype"]).reshape(-1, meta["seq_len"])
-    np.testing.assert_array_equal(got, Store(layout).sequence_store().batch(ordering.order)[0])
+    np.testing.assert_array_equal(got, sequence_store(layout).batch(ordering.order)[0])

@@ -177,10 +177,10 @@ def test_sampler_without_state_is_refused(corpus, tmp_path):
 KILL_AT = 10  # the process kills itself during step 10, after the checkpoint of step 8
 KILLING_RUN = """
 import os, signal, sys
-import assets.training
+import pipeline.training.loop
 from assets.cli import main
 
-real, kill_odm = assets.training.train, sys.argv[1] == "odm"
+real, kill_odm = pipeline.training.loop.train, sys.argv[1] == "odm"
 
 
 def train(*args, **kwargs):
@@ -190,7 +190,7 @@ def train(*args, **kwargs):
     return real(*args, on_step=on_step, **kwargs)
 
 
-assets.training.train = train
+pipeline.training.loop.train = train  # the training stage (pipeline/training/stage.py) imports it when it runs
 sys.exit(main(["run", "--config", sys.argv[2], "--select", "key:training_runs"]))
 """.format(kill_at=KILL_AT)
 TABLES = ("train_log", "heldout_curve", "consumed_metrics", "stable_rank", "epoch_jumps", "odm_mixture")

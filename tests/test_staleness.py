@@ -167,7 +167,7 @@ def test_launchpad_families_balance_a_documents_column(graph):
     import polars as pl
 
     from pipeline.ordering import OrderParams, run_strategy
-    from assets.orderings import ordering_inputs
+    from pipeline.ordering.stage import ordering_inputs
     from pipeline.storage.layout import Layout
 
     instance, cfg, tmp = graph
@@ -199,7 +199,7 @@ def test_greedy_block_shuffle_reuses_the_greedy_partitions_order(graph):
     when not (other parameters, a changed file): the same bytes either way."""
     import polars as pl
 
-    from assets.orderings import ordering_inputs, order_params
+    from pipeline.ordering.stage import ordering_inputs, order_params
     from pipeline.config import config_from_dict
     from pipeline.ordering import run_strategy
     from pipeline.storage.duck import duck_connection

@@ -41,6 +41,15 @@ def tokenize_documents(tokenizer, texts: list[str], batch: int = 1024, progress:
     return flat, offsets
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Identity of a fast tokenizer: its full serialized pipeline (vocab, merges, normalizers), EOS and id width."""
+    import hashlib
+
+    body = tokenizer.backend_tokenizer.to_str()
+    digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+    return f"tokenizer:{digest}:eos={tokenizer.eos_token_id}:n={len(tokenizer)}:dtype={token_dtype(len(tokenizer)).str}"
+
+
 def token_dtype_of(tokens_path: Path, offsets: np.ndarray) -> np.dtype:
     """The dtype of a raw token file holding ``offsets[-1]`` ids: file size / token count."""
     total = int(offsets[-1])

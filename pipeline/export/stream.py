@@ -21,6 +21,7 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import SequenceStore
+from pipeline.packing.stored import packed_tokens
 from pipeline.storage.layout import Layout, Store
 
 CHUNK_TOKENS = 1 << 23  # rows read per chunk: about 8M tokens (16-32 MB of tokens in memory)
@@ -60,7 +61,7 @@ def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_
         n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
         raise StrataInputError(f"the sequences are {n_seq} x seq_len {packed_len}, not x seq_len {seq_len}", path=store.sequences.segments_path,
                                fix="leave seq_len to the sequences artifact, or rematerialize sequences")
-    tokens, offsets = store.packed_tokens()
+    tokens, offsets = packed_tokens(layout)
     packed = SequenceStore(tokens, offsets, segments, packed_len, pad_id=pad_id)
     return OrderedStream(ordering.order, segments, packed_len, tokens.dtype, eos_id, pad_id, packed.rows)
 

@@ -1,4 +1,5 @@
-"""Fingerprints of what produced an artifact (a tokenizer, an embedding model and its parameters).
+"""Fingerprints of what produced an artifact (an embedding model and its parameters; a tokenizer's
+is ``pipeline.data.tokens.tokenizer_fingerprint``, beside the token ids' width it names).
 
 Per-shard artifacts are named by the shard's documents and the producer's fingerprint
 (:mod:`pipeline.data.shard_docs`): a new tokenizer or model gives new names, so stale
@@ -14,15 +15,6 @@ from pathlib import Path
 def fingerprint_digest(fingerprint: str) -> str:
     """A short file-name-safe digest of a fingerprint."""
     return hashlib.sha256(fingerprint.encode("utf-8")).hexdigest()[:16]
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Identity of a fast tokenizer: its full serialized pipeline (vocab, merges, normalizers), EOS and id width."""
-    from pipeline.data.tokens import token_dtype
-
-    body = tokenizer.backend_tokenizer.to_str()
-    digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
-    return f"tokenizer:{digest}:eos={tokenizer.eos_token_id}:n={len(tokenizer)}:dtype={token_dtype(len(tokenizer)).str}"
 
 
 def embedding_fingerprint(model_path: str, max_tokens: int, **params: object) -> str:

@@ -1,7 +1,8 @@
 """Where every artifact lives under the data root (the on-disk half of the data contract).
 
 ``Layout`` names the paths; ``Store`` reads the artifacts whose reading has a rule: an ordering
-with the segments its ids refer to, the packed sequences with their ``seq_len``.
+with the segments its ids refer to, the packed sequences with their ``seq_len``. Storage imports
+no stage: reading the packed sequences' tokens is the packing's (``pipeline/packing/stored.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from pipeline.errors import StrataInputError
 if TYPE_CHECKING:
     import numpy as np
     import polars as pl
-
-    from pipeline.packing.pack import SequenceStore
 
 
 ROOT_MARKER = ".strata-root"  # written into every data root Strata prepares: corpus discovery never reads below it
@@ -236,32 +235,6 @@ class Store:
                                        "sequences/meta.json existed needs sequences rematerialized")
         meta = json.loads(lay.sequences_meta.read_text(encoding="utf-8"))
         return Sequences(int(meta["seq_len"]), lay.segments, int(meta.get("freeze_prefix", 0)), meta.get("tokens"))
-
-    def packed_tokens(self) -> tuple["np.ndarray", "np.ndarray"]:
-        """``open_tokens`` of the token store the sequences' segments point into; refuses a token
-        store that changed since ``sequences`` packed it (the segments would read other ids)."""
-        from pipeline.data.tokens import open_tokens
-
-        recorded = self.sequences.tokens
-        if recorded is not None and recorded != tokens_fingerprint(self.layout):
-            raise StrataInputError("the token store changed since the sequences were packed: their segments point at other ids",
-                                   path=self.layout.tokens, fix="rematerialize sequences and orderings for the current tokens")
-        return open_tokens(self.layout.tokens, self.layout.doc_offsets)
-
-    def sequence_store(self, pad_id: int | None = None) -> "SequenceStore":
-        """The base packing's sequences read from the token store (``SequenceStore``: rows by
-        sequence id); ``pad_id`` is the tokenizer's when not given."""
-        import polars as pl
-
-        from pipeline.packing.pack import SequenceStore
-
-        seq = self.sequences
-        if pad_id is None:
-            from pipeline.data.tokenizer import load_tokenizer
-
-            pad_id = load_tokenizer(self.layout.tokenizer).pad_token_id
-        tokens, offsets = self.packed_tokens()
-        return SequenceStore(tokens, offsets, pl.read_parquet(seq.segments_path), seq.seq_len, pad_id=pad_id)
 
 
 def tokens_fingerprint(layout: Layout) -> str:

@@ -225,6 +225,8 @@ class ODMSampler:
     ``s.update(ids, per_sequence_losses)``. Same arguments and losses => same batches.
     """
 
+    table = "odm_mixture"  # the DuckDB table (and ``<table>.parquet`` in the run's folder) of :meth:`mixture_rows`
+
     def __init__(
         self,
         seq_cluster: np.ndarray,
@@ -332,3 +334,12 @@ class ODMSampler:
         self.rng.bit_generator.state = state["rng"]
         self.pools._perm, self.pools._cursor = list(state["perm"]), np.asarray(state["cursor"], dtype=np.int64)
         self._mixture, self._served, self._pending = list(state["mixture"]), list(state["served"]), None
+
+
+def odm_sampler(segments: pl.DataFrame, doc_cluster: np.ndarray, n_steps: int, seed: int, cfg) -> ODMSampler:
+    """The ``odm`` strategy's training-time sampler (``StrategySpec.sampler``): Exp3 over the
+    majority clusters of ``segments``' sequences, for a run of ``n_steps`` steps seeded with ``seed``,
+    with the ``odm_*`` keys of ``cfg``."""
+    return ODMSampler(sequence_clusters(segments, doc_cluster), n_steps, seed=seed, smoothing=cfg.odm_smoothing,
+                      warmup_fraction=cfg.odm_warmup_fraction, micro_batches=cfg.odm_micro_batches or None,
+                      clock=cfg.odm_clock, initial_weights=cfg.odm_initial_weights)

@@ -17,7 +17,11 @@ configuration keys it reads and how it runs:
   after a frozen prefix in order, continuing from the prefix (the greedy starts from its running
   counts); without it the rows after the prefix are ordered by ``order`` alone;
 - ``level="training"``: chosen online by a sampler during training (ODM); the orderings asset
-  writes the packing of ``packing_from`` for it, and it has no fixed order to export.
+  writes the packing of ``packing_from`` for it, and it has no fixed order to export. Its spec
+  gives ``sampler(segments, doc_cluster, n_steps, seed, cfg)``: the object training asks for each
+  step's sequences (``next_batch``, ``update``), which afterwards gives the ids it served
+  (``served_ids()``) and its mixture rows (``mixture_rows()``, written to the DuckDB table and
+  run file named by its ``table``); the training stage asks the spec, never the strategy's name.
 
 Everything else derives from the specs: the config's accepted names, the CLI choices, the
 orderings asset's parameters (``assets/params.py``), ``SEED_FREE``, ``SEQUENCE_LEVEL`` /
@@ -57,12 +61,17 @@ class StrategySpec:
     # ``order`` gives, computed from the base strategy's materialized order when that was made
     # from the same sequences, parameters and seed (greedy_block_shuffle from greedy's order)
     derived: tuple[str, Callable[..., Any]] | None = None
+    # training-time: (segments, doc_cluster, n_steps, seed, cfg) -> the sampler training draws each step's
+    # sequences from (see the module docstring); pipeline/training/stage.py asks for it
+    sampler: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):
             raise ValueError(f"strategy {self.name!r}: level must be sequence, document or training")
         if self.level == "training" and self.packing_from is None:
             raise ValueError(f"training-time strategy {self.name!r} names the packing it samples from (packing_from)")
+        if (self.level == "training") != (self.sampler is not None):
+            raise ValueError(f"strategy {self.name!r}: a training-time strategy gives a sampler, and only it")
         if self.level != "training" and (self.order is None) == (self.run is None):
             raise ValueError(f"strategy {self.name!r} gives exactly one of order and run")
 

@@ -7,7 +7,16 @@ sequences each hold one cluster) and training samples from that.
 
 from pipeline.ordering.strategies import StrategySpec
 
+
+def sampler(segments, doc_cluster, n_steps: int, seed: int, cfg):
+    """ODM's Exp3 sampler over the clusters of ``segments``' sequences (``pipeline.training.odm.odm_sampler``)."""
+    from pipeline.training.odm import odm_sampler
+
+    return odm_sampler(segments, doc_cluster, n_steps, seed, cfg)
+
+
 SPECS = (
     StrategySpec("odm", "training", "Online Data Mixing: an Exp3 bandit over the clusters picks each step's sequences during training",
-                 seed_free=False, reads=("odm_smoothing", "odm_warmup_fraction", "odm_clock", "odm_micro_batches", "odm_initial_weights"), packing_from="cluster_packed"),
+                 seed_free=False, reads=("odm_smoothing", "odm_warmup_fraction", "odm_clock", "odm_micro_batches", "odm_initial_weights"),
+                 packing_from="cluster_packed", sampler=sampler),
 )

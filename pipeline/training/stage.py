@@ -1,0 +1,224 @@
+"""The training stage: one model trained on a strategy's stream for one seed (``training_runs``),
+and mixture fidelity at a frozen checkpoint (``gradient_analyses``).
+
+A training-time strategy (ODM) declares its sampler in its spec (``StrategySpec.sampler``): the
+run trains on what the sampler serves instead of an order, and nothing here names a strategy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import polars as pl
+
+from pipeline.stage import Connect, StageResult
+
+FROZEN_FRACTION = 0.2  # the frozen checkpoint of mixture fidelity: a model at 20% of a run's steps
+CLAIM_STRATEGIES = ("greedy", "random")  # their stable ranks are compared by the claims (claims_probe_batches each)
+RUN_INPUTS = (("corpus", None), ("tokens", None), ("clusters", None), ("sequences", None))  # + the run's orderings partition
+
+
+def probe_count(cfg, strategy: str) -> int:
+    """Stable-rank probe batches per checkpoint: ``claims_probe_batches`` for the runs the claims
+    pair (greedy, random), ``probe_batches`` for the others."""
+    return max(cfg.probe_batches, cfg.claims_probe_batches) if strategy in CLAIM_STRATEGIES else cfg.probe_batches
+
+
+def sequence_store(layout, segments: pl.DataFrame, tok):
+    """The sequences of ``segments`` read from the token store, padded with the tokenizer's pad id."""
+    from pipeline.data.tokens import open_tokens
+    from pipeline.packing.pack import SequenceStore
+    from pipeline.storage.layout import Store
+
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    return SequenceStore(tokens, offsets, segments, Store(layout).sequences.seq_len, pad_id=tok.pad_token_id)
+
+
+def load_heldout_batch(layout, cfg, tok):
+    """The fixed held-out batch (same documents for every run), or None without held-out documents."""
+    from evals.paloma import read_paloma_docs
+    from pipeline.storage.layout import Store
+    from pipeline.training.heldout import heldout_batch
+
+    if not layout.heldout.exists() or not any(layout.heldout.rglob("*.jsonl.gz")):
+        return None
+    docs = read_paloma_docs(layout.heldout)  # sources in turn, so a small batch covers every source
+    docs = docs.with_columns(r=pl.int_range(pl.len()).over("source")).sort("r", "source", maintain_order=True)
+    units = [f"{s}/{i}" for s, i in zip(docs["source"].to_list(), docs["id"].to_list())]
+    return heldout_batch(docs["text"].to_list(), units, tok, Store(layout).sequences.seq_len, cfg.heldout_docs)
+
+
+def doc_clusters(layout) -> np.ndarray:
+    """Each document's cluster, indexed by doc_id (``clusters.parquet``)."""
+    return pl.read_parquet(layout.clusters).sort("doc_id")["cluster"].to_numpy()
+
+
+def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoint_params: dict[str, Any],
+              log: Callable[[str], None] = print) -> StageResult:
+    """Train the same model (same budget, optimizer, batch and sequence length for every strategy)
+    on ``strategy``'s stream for ``seed``: its ordering (re-run with ``seed`` when the order depends
+    on it), or what its spec's sampler picks online. Writes ``runs/<strategy>/seed<seed>/`` (model,
+    ``log.parquet``, ``stream.parquet``, ``heldout_curve.parquet``, the sampler's mixture) and the
+    DuckDB tables ``train_log``, ``consumed_metrics``, ``heldout_curve``, ``stable_rank``,
+    ``epoch_jumps`` and the sampler's (``odm_mixture``). ``checkpoint_params`` (with the inputs'
+    data versions) keys the resumable checkpoint ``ckpt.pt``, removed once the outputs are written."""
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.ordering import strategies
+    from pipeline.ordering.stage import seeded_ordering
+    from pipeline.storage.atomic import atomic_dir, write_parquet
+    from pipeline.storage.warehouse import latest_data_version
+    from pipeline.training.checkpoint import Checkpointing
+    from pipeline.training.gradients import gradient_stable_ranks
+    from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
+
+    spec = strategies.spec(strategy)
+    order, segments = seeded_ordering(layout, cfg, strategy, seed)
+    tok = load_tokenizer(layout.tokenizer)
+    held = load_heldout_batch(layout, cfg, tok)
+    curve: list[dict] = []
+
+    def on_heldout(steps_done: int, tokens: int, losses: np.ndarray) -> None:
+        curve.extend({"step": steps_done, "tokens_seen": tokens, "unit": u, "loss": float(v)} for u, v in zip(held.units, losses))
+
+    store = sequence_store(layout, segments, tok)
+    ts = TrainSettings.from_config(cfg, seed)
+    run_dir = layout.run_dir(strategy, seed)
+    n_steps = ts.steps(store.n_sequences if spec.sampler is not None else order.size)
+    sampler = spec.sampler(segments, doc_clusters(layout), n_steps, seed, cfg) if spec.sampler is not None else None
+    probes: list[pl.DataFrame] = []
+
+    def restore(state: dict) -> None:
+        curve[:], probes[:] = state["curve"], state["probes"]
+
+    with connect() as con:
+        inputs = {f"{a}[{p}]" if p else a: latest_data_version(con, a, p) for a, p in (*RUN_INPUTS, ("orderings", strategy))}
+    ckpt = Checkpointing(run_dir / "ckpt.pt", cfg.checkpoint_every, key={"inputs": inputs, "params": checkpoint_params},
+                         state=lambda: {"curve": curve, "probes": probes}, restore=restore, log=log)
+    fractions = {checkpoint_steps(n_steps, [f])[0]: f for f in cfg.probe_fractions}
+    n_probe = probe_count(cfg, strategy)
+
+    def probe(steps_done: int, model) -> None:
+        if sampler is not None:  # a sampler's next batches do not exist yet: its last served batches
+            stream, start, epochs = sampler.served_ids(), max(0, steps_done - n_probe), 0
+        else:  # the batches the schedule serves next (past the end of the run: the ones it would)
+            stream, start, epochs = order, steps_done, cfg.epochs
+        rows = gradient_stable_ranks(model, store, stream, range(start, start + n_probe), cfg.batch_size, cfg.cross_document, epochs,
+                                     matrix=cfg.stable_rank_matrix)
+        probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(fractions[steps_done] * 100)}%")))
+
+    model, log_rows = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
+                            sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe, heldout=held,
+                            on_heldout=on_heldout, checkpointing=ckpt)
+    with atomic_dir(run_dir / "model") as tmp:
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+    key = {"strategy": strategy, "seed": seed}
+    log_df = pl.DataFrame(log_rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    served = sampler.served_ids() if sampler is not None else stream_ids(order, n_steps, cfg.batch_size, cfg.epochs)
+    # tokens_per_s is wall-clock throughput: kept in DuckDB, left out of the (deterministic) artifact
+    outputs = [write_parquet(log_df.drop("tokens_per_s"), run_dir / "log.parquet"),
+               write_parquet(pl.DataFrame({"position": np.arange(served.size), "sequence_id": served}), run_dir / "stream.parquet")]
+    jumps = pl.DataFrame(epoch_boundary_jumps(log_rows), infer_schema_length=None)
+    curve_df = pl.DataFrame(curve, schema={"step": pl.Int64, "tokens_seen": pl.Int64, "unit": pl.String, "loss": pl.Float64})
+    curve_df = curve_df.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    outputs.append(write_parquet(curve_df, run_dir / "heldout_curve.parquet"))
+    outputs += _write_tables(layout, connect, key, log_df, served, segments, cfg.batch_size, curve_df, probes, jumps, sampler, run_dir)
+    ckpt.remove()
+    last = curve_df.filter(pl.col("step") == pl.col("step").max()) if curve_df.height else None
+    return StageResult(
+        [run_dir / "model" / "model.safetensors", *outputs],
+        {"steps": len(log_rows), "tokens": int(log_df["tokens_seen"].max())},
+        {**ts.__dict__, "strategy": strategy},
+        {"heldout_batch_loss": float(last["loss"].mean()) if last is not None else float("nan"),
+         "tokens_per_s": float(log_df["tokens_per_s"].median()), "params": sum(p.numel() for p in model.parameters()),
+         "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0,
+         "resumed_from_step": ckpt.resumed_from if ckpt.resumed_from is not None else 0},
+    )
+
+
+def _write_tables(layout, connect: Connect, key: dict, log_df: pl.DataFrame, served: np.ndarray, segments: pl.DataFrame,
+                  batch_size: int, curve_df: pl.DataFrame, probes: list[pl.DataFrame], jumps: pl.DataFrame, sampler,
+                  run_dir: Path) -> list[Path]:
+    """A run's DuckDB rows (replacing the rows of its strategy and seed) and the sampler's mixture
+    file; returns the files written."""
+    from pipeline.reports.consumed import consumed_diversity
+    from pipeline.storage.atomic import write_parquet
+    from pipeline.storage.warehouse import replace_rows
+
+    def keyed(df: pl.DataFrame) -> pl.DataFrame:
+        return df.with_columns(strategy=pl.lit(key["strategy"]), seed=pl.lit(key["seed"]))
+
+    consumed = pl.DataFrame([{"metric": k, "value": v} for k, v in consumed_diversity(served, segments, doc_clusters(layout), batch_size).items()])
+    outputs = []
+    with connect() as con:
+        replace_rows(con, "train_log", log_df, key)
+        replace_rows(con, "consumed_metrics", keyed(consumed), key)
+        if curve_df.height:
+            replace_rows(con, "heldout_curve", curve_df, key)
+        if probes:
+            replace_rows(con, "stable_rank", keyed(pl.concat(probes)), key)
+        if jumps.height:
+            replace_rows(con, "epoch_jumps", keyed(jumps), key)
+        if sampler is not None:
+            mixture = keyed(sampler.mixture_rows())
+            outputs.append(write_parquet(mixture, run_dir / f"{sampler.table}.parquet"))
+            replace_rows(con, sampler.table, mixture, key)
+    return outputs
+
+
+def gradient_analyses(layout, cfg, connect: Connect) -> StageResult:
+    """Mixture fidelity (TerRIFIC curricula) at one frozen checkpoint trained on non-overlapping
+    data: a model trained on the held-out split (same settings and init as the runs) for 20% of the
+    runs' steps, saved under ``gradients/frozen``; the cosine similarity of the gradients of
+    ``fidelity_chunks`` consecutive chunks of each strategy's stream (``gradients/fidelity.parquet``,
+    DuckDB ``fidelity``). A strategy trained by a sampler has no schedule beyond the stream it served."""
+    from dataclasses import replace
+
+    from evals.paloma import read_paloma_docs
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.errors import StrataInputError
+    from pipeline.ordering import strategies
+    from pipeline.storage.atomic import atomic_dir, write_parquet
+    from pipeline.storage.layout import Store
+    from pipeline.storage.warehouse import replace_rows
+    from pipeline.training.gradients import fidelity_rows, mixture_fidelity
+    from pipeline.training.heldout import heldout_store
+    from pipeline.training.loop import TrainSettings, checkpoint_steps, train
+
+    tok = load_tokenizer(layout.tokenizer)
+    if not layout.heldout.exists() or not any(layout.heldout.rglob("*.jsonl.gz")):
+        raise StrataInputError("no held-out documents to train the frozen checkpoint on", path=layout.heldout,
+                               fix="set heldout_fraction > 0 (mixture fidelity needs a model trained on documents no schedule holds)")
+    held = heldout_store(read_paloma_docs(layout.heldout)["text"].to_list(), tok, Store(layout).sequences.seq_len)
+    frozen_steps = checkpoint_steps(cfg.max_steps, [FROZEN_FRACTION])[0]
+    model, _ = train(held, np.random.default_rng(cfg.seed).permutation(held.n_sequences), len(tok), tok.eos_token_id,
+                     tok.pad_token_id, replace(TrainSettings.from_config(cfg, cfg.seeds[0]), epochs=0), stop_after=frozen_steps)
+    frozen = layout.inside("gradients", "frozen")
+    with atomic_dir(frozen) as tmp:
+        model.save_pretrained(str(tmp))
+    frames, matrices = [], {}
+    for strategy in cfg.strategies:
+        stream_path = layout.run_dir(strategy, cfg.seeds[0]) / "stream.parquet"
+        if not stream_path.exists():
+            continue
+        ordering = Store(layout).ordering(strategy)
+        sampled = strategies.spec(strategy).sampler is not None
+        stream = pl.read_parquet(stream_path).sort("position")["sequence_id"].to_numpy() if sampled else ordering.order
+        n_chunks = min(cfg.fidelity_chunks, stream.size)
+        if n_chunks < 2:
+            continue
+        m = mixture_fidelity(model, sequence_store(layout, ordering.segments, tok), stream, n_chunks=n_chunks,
+                             sequences_per_chunk=min(cfg.fidelity_sequences_per_chunk, max(1, stream.size // n_chunks)),
+                             batch_size=cfg.batch_size, cross_document=cfg.cross_document)
+        matrices[strategy] = m
+        frames.append(fidelity_rows(m).with_columns(strategy=pl.lit(strategy)))
+    table = pl.concat(frames) if frames else pl.DataFrame(schema={"chunk_i": pl.Int64, "chunk_j": pl.Int64, "cosine": pl.Float64, "strategy": pl.String})
+    out = write_parquet(table, layout.inside("gradients", "fidelity.parquet"))
+    with connect() as con:
+        replace_rows(con, "fidelity", table, {})
+    off = {s: float(m[~np.eye(m.shape[0], dtype=bool)].mean()) for s, m in matrices.items()}
+    return StageResult([out, frozen / "model.safetensors"], {"strategies": len(matrices)},
+                       {"chunks": cfg.fidelity_chunks, "frozen_steps": frozen_steps, "frozen_sequences": held.n_sequences},
+                       {"mean_offdiagonal_cosine": off})
