@@ -80,6 +80,9 @@ class StrataSettings(dg.ConfigurableResource):
 
     config_file: str = ""
     data_root: str = ""
+    # JSON {asset: code version} of the definitions the process that launched this run loaded
+    # (a Dagster code server), when they came from an older config file: see assets/loaded.py
+    loaded_versions: str = ""
 
     def config(self) -> StrataConfig:
         return resolve_config(self.config_file or None, self.data_root or None)
@@ -216,6 +219,18 @@ def version_of(paths: list[Path], digests: dict[str, str] | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def column_schema(outputs: list[Path]) -> dg.TableSchema | None:
+    """The columns of the first Parquet table among ``outputs`` (the asset's table; its DuckDB rows
+    have the same columns), as Dagster shows them in the asset's *Columns*; None when there is none."""
+    import pyarrow.parquet as pq
+
+    for p in outputs:
+        if str(p).endswith(".parquet") and Path(p).is_file():
+            schema = pq.read_schema(p)
+            return dg.TableSchema(columns=[dg.TableColumn(name=f.name, type=str(f.type)) for f in schema])
+    return None
+
+
 def process_cpu_s() -> float:
     """CPU seconds this process has used so far, every thread (user + system)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -275,6 +290,9 @@ class Recorder:
         meta = {f"rows/{k}": v for k, v in rows.items()}
         if outputs:  # none: a shard partition with no training documents
             meta["path"] = dg.MetadataValue.path(str(outputs[0]))
+        schema = column_schema(outputs)
+        if schema is not None:
+            meta["dagster/column_schema"] = schema
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
         meta["cpu_s"] = round(process_cpu_s() - self.c0, 2)
         meta.update(metadata or {})

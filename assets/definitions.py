@@ -5,6 +5,9 @@
 :func:`pipeline.config.resolve_config`; ``build_definitions`` builds them for any config.
 """
 
+import hashlib
+import json
+
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
@@ -15,7 +18,7 @@ set_offline()
 set_thread_policy()  # before any asset imports torch
 
 from assets import checks, claims, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
-from assets import mixture  # noqa: E402
+from assets import loaded, mixture, sync  # noqa: E402
 from assets.ablate_job import ablate as ablate_job  # noqa: E402
 from assets.common import StrataSettings, config_source, sync_partitions  # noqa: E402
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
@@ -40,14 +43,31 @@ def config_sensor(config_file: str | None, data_root: str | None, built_from) ->
             note += "; materializations hidden with them are listed in each asset's Events (observation)"
         if changed:
             note += f"; config changed for {changed}: reload the definitions (Deployment > Reload) to update code versions"
+        graph = context.repository_def.asset_graph if context.repository_def else None
+        if graph is not None and any(k.name == sync.CHECK for k in graph.asset_check_keys):
+            # the up_to_date checks, re-evaluated when anything happened since the last tick (assets/sync.py)
+            # (and when the definitions or the partitions changed: a reload, a strategy added)
+            versions = hashlib.sha256(" ".join(sorted(f"{k.to_user_string()}={graph.get(k).code_version}"
+                                                      for k in graph.materializable_asset_keys)).encode()).hexdigest()[:10]
+            state = f"{versions}:{sorted(changes['added'])}:{sorted(changes['removed'])}"
+            if f"{context.instance.event_log_storage.get_maximum_record_id()}:{state}" != context.cursor:
+                reported = sync.report_changes(graph, context.instance, cfg)
+                if reported:
+                    note += f"; up_to_date changed for {reported}"
+                context.update_cursor(f"{context.instance.event_log_storage.get_maximum_record_id()}:{versions}:[]:[]")
         return dg.SkipReason(note)
 
     return strata_config
 
 
-def build_definitions(config_file: str | None = None, data_root: str | None = None) -> dg.Definitions:
+def build_definitions(config_file: str | None = None, data_root: str | None = None,
+                      loaded_versions: dict[str, str] | None = None, sync_checks: bool = False) -> dg.Definitions:
     """The asset graph configured by ``config_file`` (and ``data_root``, which wins over it): code
-    versions cover each asset's parameters under this config (assets/params.py)."""
+    versions cover each asset's parameters under this config (assets/params.py). With
+    ``loaded_versions`` (the code versions the process that launched the run loaded,
+    :mod:`assets.loaded`), an asset whose version differs from it stops with the fix. With
+    ``sync_checks`` (the UI's definitions), each asset gets the ``up_to_date`` check (assets/sync.py);
+    headless runs leave it out, as ``strata status`` says the same."""
     cfg = resolve_config(config_file, data_root)
     assets = with_config_versions(dg.load_assets_from_modules(_MODULES), cfg)
     if cfg.automation == "eager":
@@ -59,14 +79,27 @@ def build_definitions(config_file: str | None = None, data_root: str | None = No
         ]
     return dg.Definitions(
         assets=assets,
-        asset_checks=dg.load_asset_checks_from_modules(_MODULES),
+        asset_checks=[*dg.load_asset_checks_from_modules(_MODULES), *(sync.sync_checks(assets) if sync_checks else [])],
         sensors=[config_sensor(config_file, data_root, cfg)],
         jobs=[ablate_job],
         resources={
-            "settings": StrataSettings(config_file=str(config_file or ""), data_root=str(cfg.root)),
+            "settings": StrataSettings(config_file=str(config_file or ""), data_root=str(cfg.root),
+                                       loaded_versions=json.dumps(loaded_versions, sort_keys=True) if loaded_versions else ""),
             "duckdb": DuckDBResource(database=str(cfg.root / "strata.duckdb")),
         },
     )
 
 
-defs = build_definitions(*config_source())
+def _load() -> dg.Definitions:
+    """The definitions of this process's config source; the first process to load them (a code
+    server) records their code versions for the runs it starts (:mod:`assets.loaded`)."""
+    config_file, data_root = config_source()
+    source = loaded.source_id(config_file, str(resolve_config(config_file, data_root).root))
+    inherited = loaded.inherited_versions(source)
+    out = build_definitions(config_file, data_root, loaded_versions=inherited, sync_checks=True)
+    if inherited is None:
+        loaded.announce(out, source)
+    return out
+
+
+defs = _load()

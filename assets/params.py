@@ -96,28 +96,77 @@ def version_keys(assets: list) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def _propagates(parent, child) -> bool:
+    """Whether a change of ``parent`` reaches each partition of ``child`` through Dagster's own
+    staleness: ``parent`` unpartitioned, partitioned like ``child``, or one dimension of it. A
+    partitioned parent of an unpartitioned child does not count: Dagster skips such dependencies
+    beyond 100 partitions (SKIP_PARTITION_DATA_VERSION_DEPENDENCY_THRESHOLD)."""
+    p, c = parent.partitions_def, child.partitions_def
+    if p is None or p == c:
+        return True
+    return isinstance(c, dg.MultiPartitionsDefinition) and any(d.partitions_def == p for d in c.partitions_defs)
+
+
+def source_deps(assets: list) -> dict[str, dg.AssetKey]:
+    """The assets of ``PARAMS`` that get a direct dependency on the corpus source (``raw_corpus``, or
+    for a per-shard asset its shard's ``raw_shards``): those that reach no source through a parent
+    whose changes propagate (:func:`_propagates`). Every other asset is downstream of one of them,
+    so the graph shows the pipeline's chain, not an edge from the source to every asset."""
+    specs = {spec.key: spec for a in assets if isinstance(a, dg.AssetsDefinition) for spec in a.specs}
+    sources = {RAW_CORPUS, RAW_SHARDS}
+    out: dict[str, dg.AssetKey] = {}
+    seen: dict[dg.AssetKey, bool] = {}
+
+    def carries(key: dg.AssetKey) -> bool:  # reaches a source through propagating edges
+        if key in sources:
+            return True
+        if key not in seen:
+            seen[key] = False  # no cycles in an asset graph; guards the recursion all the same
+            spec = specs.get(key)
+            name = key.to_user_string()
+            direct = spec is not None and any(
+                d.asset_key in sources or (d.asset_key in specs and _propagates(specs[d.asset_key], spec) and carries(d.asset_key))
+                for d in spec.deps)
+            if spec is not None and name in PARAMS and not direct:
+                out[name] = RAW_SHARDS if name in SHARD_ASSETS else RAW_CORPUS
+                direct = True
+            seen[key] = direct
+        return seen[key]
+
+    for key in specs:
+        carries(key)
+    return out
+
+
+def catalog_description(text: str | None) -> str | None:
+    """A docstring as the Dagster catalog shows it (markdown): reStructuredText's ````code```` becomes ```code```."""
+    return text.replace("``", "`") if text else text
+
+
 def with_config_versions(assets: list, cfg: StrataConfig) -> list:
     """The assets with code versions that cover their parameters and their upstream assets'
     parameters under ``cfg`` (so a change marks the whole affected subgraph stale, as Dagster
-    compares code versions asset by asset), listed in the metadata ``parameters``; and with a
-    direct dependency on ``raw_corpus`` (so a corpus edit marks every whole-corpus asset built from
-    it stale), or for a per-shard asset on its own shard's ``raw_shards`` partition (Dagster does
-    not pass staleness down the graph by itself)."""
+    compares code versions asset by asset), listed in the metadata ``parameters``; with a direct
+    dependency on ``raw_corpus`` (or for a per-shard asset its own shard's ``raw_shards`` partition)
+    where no parent leads to it (:func:`source_deps`: a corpus edit reaches every asset downstream;
+    Dagster marks the direct dependents "Unsynced", ``strata status`` and the ``up_to_date`` checks
+    the rest, :mod:`assets.status`); and with descriptions in markdown (:func:`catalog_description`)."""
     keys = version_keys(assets)
+    sources = source_deps(assets)
 
     def version(spec: dg.AssetSpec) -> dg.AssetSpec:
         name = spec.key.to_user_string()
         if name not in PARAMS:
-            return spec
+            return spec.replace_attributes(description=catalog_description(spec.description))
         code = (spec.code_version or "0").split("+")[0]
         deps = list(spec.deps)
-        raw = RAW_SHARDS if name in SHARD_ASSETS else RAW_CORPUS
-        if raw not in {d.asset_key for d in deps}:
-            deps.append(dg.AssetDep(raw))
+        if name in sources and sources[name] not in {d.asset_key for d in deps}:
+            deps.append(dg.AssetDep(sources[name]))
         return spec.replace_attributes(
             code_version=f"{code}+{params_hash(keys[name], cfg)}" if keys[name] else code,
             metadata={**spec.metadata, "parameters": ", ".join(keys[name]) or "none"},
             deps=deps,
+            description=catalog_description(spec.description),
         )
 
     return [a.map_asset_specs(version) if isinstance(a, dg.AssetsDefinition) and a.is_materializable else a for a in assets]
@@ -166,7 +215,10 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
     expected = context.assets_def.code_versions_by_key.get(context.asset_key) or ""
     covered = str(context.assets_def.specs_by_key[context.asset_key].metadata.get("parameters", ""))
     keys = [k for k in covered.split(", ") if k in StrataConfig.model_fields]
-    if keys and expected.partition("+")[2] != params_hash(keys, cfg):
+    launched_from = json.loads(settings.loaded_versions).get(name) if getattr(settings, "loaded_versions", "") else None
+    if (keys and expected.partition("+")[2] != params_hash(keys, cfg)) or (launched_from is not None and launched_from != expected):
+        # the second: this run's process built its versions from the file as it is now, but the UI
+        # that launched it had loaded an older file (assets/loaded.py)
         raise StrataInputError(
             f"the configuration of `{name}` changed since the Dagster definitions were loaded",
             fix="reload the definitions (Dagster UI: Deployment > Reload; `strata run` and `strata status` reload by themselves)",

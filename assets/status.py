@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.definitions.data_version import DATA_VERSION_TAG, CachingStaleStatusResolver, StaleStatus
+from dagster._core.definitions.data_version import (DATA_VERSION_TAG, NULL_DATA_VERSION, CachingStaleStatusResolver, StaleCause,
+                                                     StaleCauseCategory, StaleStatus)
 from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._time import get_current_datetime
@@ -46,11 +47,42 @@ def _observe(instance: dg.DagsterInstance, asset: dg.AssetKey, partition: str | 
         instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset, partition=partition, tags={DATA_VERSION_TAG: version}))
 
 
+class TransitiveStaleResolver(CachingStaleStatusResolver):
+    """Dagster's stale-status resolver, and one more cause: a materialized asset partition is stale
+    when a partition it depends on is stale (``has a stale dependency``, whose root causes are that
+    dependency's). Dagster's own resolver marks only the direct dependents of a changed version, so
+    after a corpus edit or a parameter change only the first assets of the chain say "Unsynced" in
+    the UI; ``strata status``, ``strata run`` and the ``up_to_date`` checks name all of them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._transitive: dict[AssetKeyPartitionKey, list] = {}
+
+    def _get_stale_causes(self, key: AssetKeyPartitionKey):  # Dagster's cached method, extended (not cached twice)
+        if key not in self._transitive:
+            causes = list(super()._get_stale_causes(key=key))
+            asset = self.asset_graph.get(key.asset_key)
+            materialized = not (asset.is_partitioned and not key.partition_key) and not asset.is_external
+            if materialized and self._get_current_data_version(key=key) != NULL_DATA_VERSION:
+                direct = {c.dependency for c in causes if c.dependency is not None}
+                for dep in sorted(self._get_partition_dependencies(key=key)):
+                    if dep not in direct and self._get_status(key=dep) == StaleStatus.STALE:
+                        causes.append(StaleCause(key, StaleCauseCategory.DATA, "has a stale dependency", dep,
+                                                 list(self._get_stale_causes(key=dep))))
+            self._transitive[key] = causes
+        return self._transitive[key]
+
+
 def resolver(defs: dg.Definitions, instance: dg.DagsterInstance) -> CachingStaleStatusResolver:
-    graph = defs.resolve_asset_graph()
+    """The stale-status resolver over ``defs`` and ``instance``: Dagster's, transitive (:class:`TransitiveStaleResolver`)."""
+    return resolver_for(defs.resolve_asset_graph(), instance)
+
+
+def resolver_for(graph, instance: dg.DagsterInstance) -> CachingStaleStatusResolver:
+    """:func:`resolver` over an asset graph (a sensor's or a check's repository's)."""
     view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
                           instance=instance, asset_graph=graph)
-    return CachingStaleStatusResolver(instance=instance, asset_graph=graph, loading_context=view)
+    return TransitiveStaleResolver(instance=instance, asset_graph=graph, loading_context=view)
 
 
 def _partitions(asset: str, partitions_def, cfg: StrataConfig) -> list[str | None]:
@@ -133,9 +165,13 @@ def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConf
     """Every materializable asset and partition of the config, in graph order (the mixture stage only when
     enabled; ``claim_runs`` once materialized or with ``claims_full``). An asset Dagster calls fresh or
     stale whose files this data root does not hold (:class:`OnDisk`) is missing."""
-    res = resolver(defs, instance)
+    return graph_statuses(defs.resolve_asset_graph(), instance, cfg)
+
+
+def graph_statuses(graph, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
+    """:func:`statuses` over an asset graph (a sensor's or a check's repository's)."""
+    res = resolver_for(graph, instance)
     disk = OnDisk(cfg.root)
-    graph = defs.resolve_asset_graph()
     rows = []
     for key in graph.toposorted_asset_keys:
         node = graph.get(key)

@@ -87,6 +87,7 @@ def test_stationarity_table_and_check_ran(graph):
     records = instance.event_log_storage.get_asset_check_execution_history(key, limit=5)
     evaluation = records[0].event.dagster_event.event_specific_data
     assert evaluation.severity == dg.AssetCheckSeverity.WARN and evaluation.metadata["strategy"].value == "random"
+    assert evaluation.partition == "random"  # the check is partitioned like its asset: the UI shows which strategy
 
 
 @pytest.mark.parametrize("key", list(EXPECTED))
@@ -135,6 +136,68 @@ def test_config_edited_after_loading_stops_with_the_fix(graph):
     assert "configuration of `centroids` changed since the Dagster definitions were loaded" in message and "Reload" in message
 
 
+def test_a_run_launched_from_an_older_load_stops_with_the_fix(graph):
+    """The UI's code server loaded k=4; the file now says k=8 and the run's process builds its
+    versions from it (assets/loaded.py): centroids refuses to run instead of using k=8 under k=4's version."""
+    from assets.definitions import build_definitions
+    from assets.loaded import code_versions
+
+    instance, cfg, tmp = graph
+    path = tmp / "ui.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    ui = code_versions(build_definitions(str(path), None))
+    path.write_text(yaml.safe_dump({**cfg, "k": 8}))
+    defs = build_definitions(str(path), None, loaded_versions=ui)
+    assert defs.resources["settings"].loaded_versions and code_versions(defs)["centroids"] != ui["centroids"]
+    result = dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=["centroids"], instance=instance,
+                            resources=defs.resources, raise_on_error=False)
+    assert not result.success
+    message = str(next(e for e in result.all_events if e.is_step_failure).step_failure_data.error)
+    assert "configuration of `centroids` changed since the Dagster definitions were loaded" in message and "Reload" in message
+
+
+def test_up_to_date_checks_show_stale_partitions(graph):
+    """After k changes (definitions reloaded), every asset from centroids down warns with its stale
+    partitions, the partitioned ones included; nothing upstream does. Reported once, not on every tick."""
+    from assets import sync
+    from assets.definitions import build_definitions
+    from pipeline.config import config_from_dict
+
+    instance, cfg, tmp = graph
+    path = tmp / "k8.yaml"
+    path.write_text(yaml.safe_dump({**cfg, "k": 8}))
+    defs = build_definitions(str(path), None, sync_checks=True)
+    graph_ = defs.resolve_asset_graph()
+    assert {k.asset_key.to_user_string() for k in graph_.asset_check_keys if k.name == sync.CHECK} == ALL | {"claim_runs"}
+    config = config_from_dict({**cfg, "k": 8})
+    results = {e.asset_key.to_user_string(): e for e in sync.evaluations(graph_, instance, config)}
+    failed = {a for a, e in results.items() if not e.passed}
+    assert failed == EXPECTED["k"][1], results
+    assert results["orderings"].description.startswith("1 of 1 partitions stale: random")
+    assert results["training_runs"].metadata["stale"].value == "1 of 1" and "config changed: k: 4 -> 8" in results["training_runs"].description
+    assert results["corpus"].passed and results["corpus"].description == "up to date"
+    reported = sync.report_changes(graph_, instance, config)
+    assert set(reported) >= failed and sync.report_changes(graph_, instance, config) == []
+    key = dg.AssetCheckKey(dg.AssetKey("orderings"), sync.CHECK)
+    latest = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)[0]
+    assert latest.event.dagster_event.event_specific_data.passed is False
+
+    # materialized from the UI's definitions (the check runs with its asset, here a partition): it passes under k=4
+    path.write_text(yaml.safe_dump(cfg))
+    defs = build_definitions(str(path), None, sync_checks=True)
+    result = dg.materialize(list(defs.assets) + list(defs.asset_checks), selection=["ordering_diagnostics"], partition_key="random",
+                            instance=instance, resources=defs.resources)
+    evaluation = next(e for e in result.get_asset_check_evaluations() if e.check_name == sync.CHECK)
+    assert evaluation.passed and evaluation.description == "up to date (1 partition of the config)", evaluation
+
+
+def test_tables_carry_their_column_schema(graph):
+    instance, _, _ = graph
+    meta = instance.get_latest_materialization_event(dg.AssetKey("clusters")).asset_materialization.metadata
+    columns = {c.name for c in meta["dagster/column_schema"].schema.columns}
+    assert {"doc_id", "cluster"} <= columns
+
+
 def test_launchpad_override_is_applied_and_recorded(graph):
     """It rematerializes centroids (and clusters) with k=5 from the launchpad (keep it near the end)."""
     import numpy as np
@@ -150,10 +213,14 @@ def test_launchpad_override_is_applied_and_recorded(graph):
     assert meta["launchpad_overrides"].value == {"k": 5} and meta["parameter_values"].value["k"] == 5
     stale, _, rows = _stale(instance, cfg, tmp)
     # centroids' code version still describes the file (k=4): Dagster calls it fresh and status names
-    # the override; its new data makes everything reading it stale (Dagster's data versions).
+    # the override; its new data makes everything reading it stale (Dagster's data versions), and
+    # everything below those stale in turn (assets.status.TransitiveStaleResolver)
     why = {r.asset: (r.status, r.why) for r in rows}
     assert why["centroids"] == ("fresh", "built with launchpad overrides: k: 5 -> 4"), rows
-    assert stale == {"sequences", "diagnostics_report", "claims"}, rows  # they read clusters directly
+    # sequences, diagnostics_report and claims read clusters directly; clusters reads cluster_shards, which
+    # Dagster calls stale (a new centroids version) and status missing (below)
+    assert stale == {"clusters", "sequences", "diagnostics_report", "claims"} | AFTER_ORDERINGS, rows
+    assert "centroids: has a new data version" in why["clusters"][1]
     # cluster_shards' recorded shard was replaced on disk by the k=5 run's: status finds it missing
     # (it reports the data root, not only Dagster's memory), which reruns it as stale would.
     assert why["cluster_shards"][0] == "missing" and "clusters/shards/" in why["cluster_shards"][1], rows

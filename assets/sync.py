@@ -1,0 +1,110 @@
+"""``up_to_date``: one non-blocking check per asset, saying whether it and each partition the config
+names is up to date, and if not, which partitions are stale and why.
+
+Dagster's UI shows "Unsynced" only on an unpartitioned asset with a direct cause (its own code
+version, or a dependency's new data version): a partitioned asset's stale partitions show one at a
+time (its *Partitions* tab), and the assets below a changed one stay green until it is
+rematerialized. This check asks the resolver ``strata status`` uses (Dagster's, transitive:
+:class:`assets.status.TransitiveStaleResolver`) about every partition of the config, so after a
+config edit and *Reload definitions* (or a corpus edit and *Observe sources*) every affected asset,
+orderings and training runs included, shows a warning naming its stale partitions and the root
+cause. The ``strata_config`` sensor reports it whenever the instance changed (:func:`report_changes`);
+*Execute* on the check, or materializing its asset from the UI, evaluates it too.
+"""
+
+
+from collections.abc import Iterable
+
+import dagster as dg
+from dagster_shared.check import CheckError
+
+from assets.common import StrataSettings
+from assets.params import PARAMS
+from pipeline.config import StrataConfig
+
+CHECK = "up_to_date"
+SHOWN = 20  # stale partitions listed in the description; the metadata lists them all
+
+
+def _cause(rows) -> str:
+    """What made ``rows`` (stale) stale, shortest first: the config keys that changed, else the root causes."""
+    changed = sorted({r.why.split(" — config changed: ", 1)[1] for r in rows if " — config changed: " in r.why})
+    if changed:
+        return "config changed: " + "; ".join(changed)
+    roots = sorted({w for r in rows for w in r.why.split(" — ")[0].split("; ") if w})
+    return "root cause: " + "; ".join(roots[:3]) + ("; …" if len(roots) > 3 else "")
+
+
+def evaluation(asset: str, rows) -> dg.AssetCheckEvaluation:
+    """The check's result for ``asset`` from its :class:`assets.status.Row` s (metadata as text, which
+    the UI does not plot)."""
+    stale = [r for r in rows if r.status == "stale"]
+    label = [r.partition if r.partition is not None else asset for r in stale]
+    whole = len(rows) == 1 and rows[0].partition is None
+    if not stale:
+        description = "up to date" + ("" if whole else f" ({len(rows)} partition{'s' * (len(rows) != 1)} of the config)")
+    else:
+        what = "stale" if whole else f"{len(stale)} of {len(rows)} partitions stale: {', '.join(label[:SHOWN])}" + (
+            ", …" if len(label) > SHOWN else "")
+        description = f"{what} ({_cause(stale)}; rematerialize {'it' if whole else 'them'})"
+    metadata = {"stale": f"{len(stale)} of {len(rows)}",
+                "missing": str(sum(r.status == "missing" for r in rows)),
+                "stale_partitions": dg.MetadataValue.md("\n".join(f"- `{p}`: {r.why}" for p, r in zip(label, stale)) or "none")}
+    return dg.AssetCheckEvaluation(asset_key=dg.AssetKey(asset), check_name=CHECK, passed=not stale,
+                                   severity=dg.AssetCheckSeverity.WARN, description=description, metadata=metadata)
+
+
+def evaluations(graph, instance: dg.DagsterInstance, cfg: StrataConfig, assets: Iterable[str] | None = None) -> list[dg.AssetCheckEvaluation]:
+    """The check's result for each asset of ``graph`` that has it (or of ``assets``)."""
+    from assets.status import graph_statuses
+
+    rows = graph_statuses(graph, instance, cfg)
+    wanted = set(assets) if assets is not None else {k.asset_key.to_user_string() for k in graph.asset_check_keys if k.name == CHECK}
+    by_asset: dict[str, list] = {}
+    for r in rows:
+        by_asset.setdefault(r.asset, []).append(r)
+    return [evaluation(a, by_asset[a]) for a in sorted(wanted) if a in by_asset]
+
+
+def _same(ev: dg.AssetCheckEvaluation, instance: dg.DagsterInstance) -> bool:
+    """Whether ``ev`` says what the check's latest evaluation said (then it is not reported again)."""
+    history = instance.event_log_storage.get_asset_check_execution_history(dg.AssetCheckKey(ev.asset_key, CHECK), limit=1)
+    if not history or history[0].event is None or history[0].event.dagster_event is None:
+        return False
+    last = history[0].event.dagster_event.event_specific_data
+    if not isinstance(last, dg.AssetCheckEvaluation):
+        return False
+    return last.passed == ev.passed and last.description == ev.description and last.metadata == ev.metadata
+
+
+def report_changes(graph, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[str]:
+    """Report (as runless check evaluations) each asset's result that differs from its latest one; returns their assets."""
+    out = []
+    for ev in evaluations(graph, instance, cfg):
+        if not _same(ev, instance):
+            instance.report_runless_asset_event(ev)
+            out.append(ev.asset_key.to_user_string())
+    return out
+
+
+def _check(asset: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=asset, name=CHECK, blocking=False,
+                    description="This asset and each partition the config names are up to date: none stale (its code version, "
+                                "its parameters or anything upstream changed); names the stale partitions and the root cause. "
+                                "The strata_config sensor re-evaluates it when the instance changes.")
+    def up_to_date(context: dg.AssetCheckExecutionContext, settings: StrataSettings) -> dg.AssetCheckResult:
+        try:  # a run launched from the UI: its repository's graph
+            graph = context.repository_def.asset_graph
+        except CheckError:  # dg.materialize sets no repository: the job's graph holds every asset it was given
+            graph = context.job_def.asset_layer.asset_graph
+        ev = evaluations(graph, context.instance, settings.config(), [asset])[0]
+        return dg.AssetCheckResult(passed=ev.passed, severity=ev.severity, description=ev.description, metadata=ev.metadata)
+
+    return up_to_date
+
+
+def sync_checks(assets: list) -> list[dg.AssetChecksDefinition]:
+    """An ``up_to_date`` check for each asset of ``assets`` that ``PARAMS`` lists (Strata's own graph)."""
+    names = sorted({spec.key.to_user_string() for a in assets if isinstance(a, dg.AssetsDefinition) and a.is_materializable
+                    for spec in a.specs} & set(PARAMS))
+    return [_check(n) for n in names]
