@@ -65,8 +65,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polars as pl  # noqa: E402
 
-from pipeline.reports.diagnostics import Composition, batch_deviations, composition, prepare  # noqa: E402
-from pipeline.reports.stationarity import out_of_band_summary, stationarity_table  # noqa: E402
 from pipeline.ordering import (  # noqa: E402
     Objective,
     OrderParams,
@@ -80,6 +78,9 @@ from pipeline.ordering.documents import stratified_order  # noqa: E402
 from pipeline.ordering.features import Csr, SequenceFeatures, length_bin_edges  # noqa: E402
 from pipeline.ordering.repair import repair_batches  # noqa: E402
 from pipeline.packing.pack import pack_concat  # noqa: E402
+from pipeline.reports.composition import Composition, composition  # noqa: E402
+from pipeline.reports.diagnostics import batch_deviations, prepare  # noqa: E402
+from pipeline.reports.stationarity import out_of_band_summary, stationarity_table  # noqa: E402
 
 L, K, B, BATCH = 2048, 1000, 100, 32
 CHUNK = 1_000_000  # sequences packed at a time above this size

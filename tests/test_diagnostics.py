@@ -8,9 +8,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.reports import diagnostics as D
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import pack_concat
+from pipeline.reports import diagnostics as D
+from pipeline.reports.composition import composition
 
 # ---------------------------------------------------------------------------------------------
 # The tiny instance, worked out by hand.
@@ -340,7 +341,7 @@ def test_composition_of_docs_any_chunking(shape, threads):
     from pipeline.reports import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
-    want = D.composition(seq, doc_group[doc], tokens, m, g)  # the vectorized form (sort and bincount)
+    want = composition(seq, doc_group[doc], tokens, m, g)  # the vectorized form (sort and bincount)
     for chunks in CHUNKS:
         got = K._composition(seq, doc, tokens, doc_group, g, K.sequence_cuts(seq, chunks))
         assert [a.dtype for a in got] == [np.dtype(np.int32)] * 3
@@ -369,7 +370,7 @@ def test_row_sums_any_chunking(shape, threads):
     from pipeline.reports import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
-    comp = D.composition(seq, doc_group[doc], tokens, m, g)
+    comp = composition(seq, doc_group[doc], tokens, m, g)
     np.testing.assert_array_equal(K.row_pointers(comp.seq, m), np.searchsorted(comp.seq, np.arange(m + 1)))
     t = comp.tokens.astype(np.float64)
     squares = np.bincount(comp.seq, weights=t * t, minlength=m)
@@ -424,7 +425,7 @@ def test_batch_deviations_and_prefix_totals_any_chunking(shape, threads):
     from pipeline.reports import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
-    comp = D.composition(seq, doc_group[doc], tokens, m, g)
+    comp = composition(seq, doc_group[doc], tokens, m, g)
     assert comp.tokens.size
     position = np.random.default_rng(2).permutation(m)
     order = np.argsort(position)

@@ -16,17 +16,18 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
 from helpers import demo_slice
+
 from pipeline.config import config_from_dict
 from pipeline.errors import StrataInputError
+from pipeline.export.numpy_tokens import open_numpy
 from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore, conservation, pack
-from pipeline.reports.diagnostics import composition, prefix_errors
-from pipeline.represent.embeddings import default_model_path
-from pipeline.export.numpy_tokens import open_numpy
 from pipeline.packing.stored import sequence_store
+from pipeline.reports.composition import composition
+from pipeline.reports.diagnostics import prefix_errors
+from pipeline.represent.embeddings import default_model_path
 from pipeline.storage.layout import Layout, Store
 
 SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")

@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 import scipy.stats
 
+from assets.cli.schedule import run_cli
 from pipeline.config import StrataConfig
-from pipeline.reports.diagnostics import batch_deviations, composition, prefix_errors, prepare, window_unique
 from pipeline.errors import StrataInputError
 from pipeline.ordering import (
     STRATEGIES,
@@ -29,13 +29,14 @@ from pipeline.ordering import (
     sequence_order,
     tie_tolerance,
 )
-from assets.cli.schedule import run_cli
 from pipeline.ordering.curriculum import curriculum_greedy_order
-from pipeline.ordering.characteristics import quantile_classes
 from pipeline.ordering.documents import cluster_queues, stratified_order
+from pipeline.ordering.features import quantile_classes
 from pipeline.ordering.strategies.duplicate_separated import duplicate_subsets
 from pipeline.ordering.strategies.greedy import block_shuffle, block_unshuffle, reseed_block_shuffle
 from pipeline.packing.pack import pack_concat
+from pipeline.reports.composition import composition
+from pipeline.reports.diagnostics import batch_deviations, prefix_errors, prepare, window_unique
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 CORPUS = SHARED / "data" / "corpus" / "demo_corpus.jsonl.gz"
@@ -385,8 +386,8 @@ def test_document_arrays_on_every_thread_and_their_errors(monkeypatch):
     same arrays as a plain scatter for ascending, shuffled and gapped doc ids of any integer dtype,
     on 1 and 2 threads with one document a chunk minimum; each bad input refused as before."""
     import numba
-
     from helpers import chunked_threads
+
     from pipeline.ordering.doc_arrays import document_arrays, names_absent
 
     rng = np.random.default_rng(5)

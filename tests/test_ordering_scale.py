@@ -21,7 +21,8 @@ from pipeline.ordering import (
 from pipeline.ordering.features import Csr, SequenceFeatures, packed_sequence_features
 from pipeline.ordering.repair import repair_batches
 from pipeline.packing.pack import pack_concat
-from pipeline.reports.diagnostics import batch_deviations, composition
+from pipeline.reports.composition import composition
+from pipeline.reports.diagnostics import batch_deviations
 
 F3 = Objective.named("f3", 1.0)
 
@@ -170,8 +171,8 @@ def test_orderings_asset_names_the_greedy_mode_in_metadata_and_lineage(tmp_path,
 
     import duckdb
     import yaml
-
     from helpers import demo_slice
+
     from pipeline.storage.layout import Layout
 
     corpus = write_jsonl(demo_slice(200))
@@ -317,8 +318,8 @@ def test_features_in_chunks_on_every_thread_equal_one_pass(monkeypatch):
     every core: with every input split (one chunk per 1 row minimum) and on 1 or 2 threads, the
     features are bit-identical to one chunk's."""
     import numba
-
     from helpers import chunked_threads
+
     from pipeline import segments
     from pipeline.ordering.features import SequenceIds
 

@@ -287,7 +287,7 @@ TOY_FAMILIES = '''
             return Csr(np.searchsorted(r, np.arange(m + 1)).astype(np.int64), g.astype(np.int64), dense[r, g], 2)
 
         def composition(self, schedule):
-            from pipeline.reports.diagnostics import composition
+            from pipeline.reports.composition import composition
 
             c = schedule.clusters
             return composition(c.seq, c.group % 2, c.tokens, c.n_sequences, 2)
@@ -345,6 +345,7 @@ def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config
     from pipeline.ordering.greedy import Objective
     from pipeline.ordering.repair import repair_batches
     from pipeline.reports import diagnostics as D
+    from pipeline.reports.composition import composition
 
     f, seg, cluster, length = _parity_instance()
     parity = FAMILIES.get("toy_parity").tokens(f)
@@ -362,7 +363,7 @@ def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config
     def parity_dev(order: np.ndarray, batch: int = 8) -> np.ndarray:
         position = np.empty_like(order)
         position[order] = np.arange(order.size)
-        comp = D.composition(np.repeat(np.arange(parity.n_rows), np.diff(parity.indptr)), parity.indices, parity.data,
+        comp = composition(np.repeat(np.arange(parity.n_rows), np.diff(parity.indptr)), parity.indices, parity.data,
                              parity.n_rows, 2)
         return D.batch_deviations(comp, position, batch)
 

@@ -36,10 +36,9 @@ import numpy as np
 from numba import njit
 
 from pipeline.errors import StrataInputError
-from pipeline.ordering.features import Csr, SequenceFeatures
-
 from pipeline.names import OBJECTIVES
 from pipeline.ordering import families as registry
+from pipeline.ordering.features import Csr, SequenceFeatures
 
 DEFAULT_CLASSES = 4
 
@@ -154,16 +153,6 @@ def objective_families(objective: str, lam: float, families: Sequence[str | Fami
     return kept
 
 
-def quantile_classes(values: np.ndarray, n_classes: int) -> np.ndarray:
-    """Class 0..n-1 of each value: quantile classes of equal sequence counts (ties merge classes)."""
-    v = np.asarray(values, dtype=np.float64)
-    srt = np.sort(v)
-    q = srt[np.minimum((np.arange(1, n_classes) * v.size) // n_classes, v.size - 1)]
-    edges = np.unique(q)
-    edges = edges[edges < srt[-1]]
-    return np.searchsorted(edges, v, side="left").astype(np.int64)
-
-
 def cluster_norms(features: SequenceFeatures) -> np.ndarray:
     """||c_s||_2 per sequence (tokens)."""
     c = features.clusters
@@ -186,12 +175,6 @@ def concentration(features: SequenceFeatures) -> np.ndarray:
     return cluster_norms(features) / features.lengths
 
 
-def one_hot(classes: np.ndarray, value: float) -> Csr:
-    """One column per class, ``value`` in each row's class column."""
-    m = classes.size
-    return Csr(np.arange(m + 1, dtype=np.int64), classes.astype(np.int64), np.full(m, value), int(classes.max()) + 1)
-
-
 def _scaled(x: Csr, scale: float) -> Csr:
     return x if scale == 1.0 else Csr(x.indptr, x.indices, x.data * scale, x.n_cols)
 
@@ -199,7 +182,7 @@ def _scaled(x: Csr, scale: float) -> Csr:
 def family_matrix(features: SequenceFeatures, family: Family, unit: float) -> Csr:
     """x^f of one family for every row of ``features`` (unscaled by the weight): its registry
     entry's matrix (``pipeline/ordering/families/``), or the documents column of that name."""
-    return family.spec.matrix(features, family, unit)
+    return family.spec.matrix(features, family.classes, unit)
 
 
 def _hstack(parts: Sequence[Csr]) -> Csr:

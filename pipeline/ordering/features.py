@@ -18,7 +18,6 @@ from pipeline.errors import StrataInputError
 from pipeline.segments import as_integers, even_cuts, grouped, insert_sorted, n_chunks
 from pipeline.threads import concurrently
 
-
 COUNTED_MAX = 1 << 22  # lengths up to this are counted (a table of that many entries), not sorted or searched one by one
 
 
@@ -390,3 +389,19 @@ def _lengths_joint_chunks(starts, doc, tokens, doc_cluster, doc_bin, lengths, pa
                 t = tokens[i]
                 lengths[g] += t
                 joint[doc_cluster[doc[i]], doc_bin[doc[i]]] += t
+
+
+def quantile_classes(values: np.ndarray, n_classes: int) -> np.ndarray:
+    """Class 0..n-1 of each value: quantile classes of equal sequence counts (ties merge classes)."""
+    v = np.asarray(values, dtype=np.float64)
+    srt = np.sort(v)
+    q = srt[np.minimum((np.arange(1, n_classes) * v.size) // n_classes, v.size - 1)]
+    edges = np.unique(q)
+    edges = edges[edges < srt[-1]]
+    return np.searchsorted(edges, v, side="left").astype(np.int64)
+
+
+def one_hot(classes: np.ndarray, value: float) -> Csr:
+    """One column per class, ``value`` in each row's class column."""
+    m = classes.size
+    return Csr(np.arange(m + 1, dtype=np.int64), classes.astype(np.int64), np.full(m, value), int(classes.max()) + 1)

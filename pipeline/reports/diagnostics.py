@@ -11,7 +11,7 @@ loops over sequences in Python. Results are tidy rows ``(strategy, metric, setti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -22,7 +22,8 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering.features import length_bin_edges, length_bins
 from pipeline.reports import kernels as K
 from pipeline.reports import windows as W
-from pipeline.segments import as_integers, grouped
+from pipeline.reports.composition import Composition, Schedule, composition_of_docs
+from pipeline.segments import as_integers
 from pipeline.threads import concurrently
 
 METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "value": pl.Float64}
@@ -31,101 +32,10 @@ DEFAULT_BATCH_SIZES = (8, 32, 128)
 Row = tuple[str, str, str, float]
 
 
-# ---------------------------------------------------------------------------------------------
-# Document-length bins (Don't Shuffle, Optimize, f3: "a quantile histogram over document lengths")
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# The sparse composition of sequences and the prepared schedule
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Composition:
-    """Sparse characteristic vectors c_s: one entry per (sequence, group) with tokens > 0.
-
-    Entries are sorted by sequence id, then group; ``tokens[i]`` = c_{seq[i], group[i]}.
-    """
-
-    seq: np.ndarray  # int64, or int32 (built from a packing's segments)
-    group: np.ndarray  # int64, or int32
-    tokens: np.ndarray  # int64, or int32
-    n_sequences: int
-    n_groups: int
-    target: np.ndarray | None = None  # the shares deviations are measured against (a mixture's), else the schedule's own
-
-    def global_share(self) -> np.ndarray:
-        """tau_j (or kappa_b): the group's share of all tokens (Don't Shuffle, Optimize, step 1), or
-        the target shares when the schedule realizes a mixture."""
-        if self.target is not None:
-            return self.target
-        tot = K.group_tokens(self.group, self.tokens, self.n_groups).astype(np.float64)  # exact: a float64 bincount's sums
-        return tot / tot.sum()
-
-    def unique_per_sequence(self) -> np.ndarray:
-        """Number of distinct groups in each sequence (indexed by sequence id)."""
-        return np.bincount(self.seq, minlength=self.n_sequences)
-
-    def l2_norm(self) -> np.ndarray:
-        """||c_s||_2 in tokens (Don't Shuffle, Optimize, f2), indexed by sequence id."""
-        return np.sqrt(K.square_sums(self.seq, self.tokens, self.n_sequences))
-
-
-def _pair_sums(a: np.ndarray, g: np.ndarray, w: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sum ``w`` over equal (a, g) pairs; result sorted by (a, g)."""
-    key = a * n_groups + g
-    uniq, inv = np.unique(key, return_inverse=True)
-    sums = np.bincount(inv, weights=w, minlength=uniq.size).astype(np.int64)
-    return uniq // n_groups, uniq % n_groups, sums
-
-
-def composition(seq: np.ndarray, group: np.ndarray, tokens: np.ndarray, n_sequences: int, n_groups: int) -> Composition:
-    """Aggregate segment rows (sequence, group, tokens) into a :class:`Composition`."""
-    s, g, t = _pair_sums(np.asarray(seq, np.int64), np.asarray(group, np.int64), np.asarray(tokens, np.int64), n_groups)
-    keep = t > 0
-    return Composition(s[keep], g[keep], t[keep], n_sequences, n_groups)
-
-
-def composition_of_docs(seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray, doc_group: np.ndarray, n_sequences: int,
-                         n_groups: int) -> Composition:
-    """:func:`composition` of segments whose group is their document's ``doc_group``: one pass of
-    a kernel over segments grouped by sequence (a packing's order), no per-segment copies."""
-    if not grouped(seq):
-        return composition(seq, doc_group[doc], tokens, n_sequences, n_groups)
-    return Composition(*K.composition_of_docs(seq, doc, tokens, as_integers(doc_group), n_groups), n_sequences, n_groups)
-
-
 def _order_of(position: np.ndarray) -> np.ndarray:
     order = np.empty_like(position)
     order[position] = np.arange(position.size, dtype=position.dtype)
     return order
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """An ordering of packed sequences with everything the metrics need.
-
-    ``order[p]`` is the sequence at position p; ``position[s]`` its inverse. ``clusters`` and
-    ``bins`` are the sparse c_s and l_s; ``seg_*`` the segment rows (for document-level drift and
-    documents per sequence). ``doc_source`` holds dense codes 0..S-1 of a per-document source
-    label (indexed by doc_id) when one was given, else None.
-    """
-
-    order: np.ndarray
-    position: np.ndarray
-    clusters: Composition
-    bins: Composition
-    seg_seq: np.ndarray
-    seg_tokens: np.ndarray
-    seg_doc_length: np.ndarray
-    bin_edges: np.ndarray
-    seg_doc: np.ndarray
-    doc_source: np.ndarray | None = None
-
-    @property
-    def n_sequences(self) -> int:
-        return int(self.order.size)
 
 
 def ordering_ids(ordering: pl.DataFrame | np.ndarray) -> np.ndarray:

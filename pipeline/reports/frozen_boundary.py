@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pipeline.reports.diagnostics import composition, log_spaced_points, prefix_errors
+from pipeline.reports.composition import composition
+from pipeline.reports.diagnostics import log_spaced_points, prefix_errors
 
 
 def boundary_errors(order: np.ndarray, segments: pl.DataFrame, doc_cluster: np.ndarray, n_frozen: int, n_points: int = 64) -> dict[str, float]:

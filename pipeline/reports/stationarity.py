@@ -67,7 +67,7 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.reports import kernels as K
-from pipeline.reports.diagnostics import Composition, Schedule, composition_of_docs
+from pipeline.reports.composition import Composition, Schedule, composition_of_docs
 from pipeline.reports.markdown import table_lines
 from pipeline.segments import docs_per_sequence, grouped
 from pipeline.storage.atomic import write_npy

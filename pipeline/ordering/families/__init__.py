@@ -34,9 +34,8 @@ import numpy as np
 from pipeline.registry import Registry
 
 if TYPE_CHECKING:
-    from pipeline.ordering.characteristics import Family
     from pipeline.ordering.features import Csr, SequenceFeatures
-    from pipeline.reports.diagnostics import Composition, Schedule
+    from pipeline.reports.composition import Composition, Schedule
 
 Level = Literal["tokens", "sequences"]
 
@@ -50,8 +49,9 @@ class FamilySpec:
     repaired: bool = False  # the swap repair scores each batch's share of its groups (token families)
     diagnosed: str | None = None  # the ordering diagnostics' name of its metrics (None: not diagnosed)
 
-    def matrix(self, features: "SequenceFeatures", family: "Family", unit: float) -> "Csr":
-        """x^f for every row of ``features``, unscaled by the family's weight."""
+    def matrix(self, features: "SequenceFeatures", classes: int, unit: float) -> "Csr":
+        """x^f for every row of ``features``, unscaled by the family's weight (``classes``: the
+        objective's quantile classes of a sequence family)."""
         raise NotImplementedError
 
     def composition(self, schedule: "Schedule") -> "Composition | None":
@@ -71,12 +71,12 @@ class TokenFamily(FamilySpec):
         """The (sequences x groups) token counts, columns ascending within a row."""
         raise NotImplementedError
 
-    def matrix(self, features: "SequenceFeatures", family: "Family", unit: float) -> "Csr":
+    def matrix(self, features: "SequenceFeatures", classes: int, unit: float) -> "Csr":
         return self.tokens(features)
 
 
 class SequenceFamily(FamilySpec):
-    """A family of sequence classes: quantile classes of ``values`` (``family.classes`` of them, ties
+    """A family of sequence classes: quantile classes of ``values`` (``classes`` of them, ties
     merge classes), a sequence counting ``unit`` (= mean l_s) in its class column, target = the
     class's share of the sequences."""
 
@@ -86,10 +86,10 @@ class SequenceFamily(FamilySpec):
         """One number per row of ``features``."""
         raise NotImplementedError
 
-    def matrix(self, features: "SequenceFeatures", family: "Family", unit: float) -> "Csr":
-        from pipeline.ordering.characteristics import one_hot, quantile_classes
+    def matrix(self, features: "SequenceFeatures", classes: int, unit: float) -> "Csr":
+        from pipeline.ordering.features import one_hot, quantile_classes
 
-        return one_hot(quantile_classes(self.values(features), family.classes), unit)
+        return one_hot(quantile_classes(self.values(features), classes), unit)
 
 
 class ColumnFamily(TokenFamily):
