@@ -221,6 +221,7 @@ def test_launchpad_override_is_applied_and_recorded(graph):
     # Dagster calls stale (a new centroids version) and status missing (below)
     assert stale == {"clusters", "sequences", "diagnostics_report", "claims"} | AFTER_ORDERINGS, rows
     assert "centroids: has a new data version" in why["clusters"][1]
+    assert "has a stale dependency" not in why["sequences"][1] and "clusters: has a new data version" in why["orderings"][1]
     # cluster_shards' recorded shard was replaced on disk by the k=5 run's: status finds it missing
     # (it reports the data root, not only Dagster's memory), which reruns it as stale would.
     assert why["cluster_shards"][0] == "missing" and "clusters/shards/" in why["cluster_shards"][1], rows

@@ -4,7 +4,10 @@ On a small data root built headless up to the orderings' diagnostics, the README
 (``DAGSTER_HOME=<root>/dagster``, no ``STRATA_CONFIG``: the root's recorded config) start the
 server; the test opens the asset graph, clicks *Materialize* on ``diagnostics_report``, waits for
 the run, and checks that the asset's page shows its metadata table, a rendered figure and its asset
-check. Screenshots are kept under the test's ``tmp_path`` and copied to ``$STRATA_TEST_ARTIFACTS``.
+check, and that its report's figures fit the dialog; then edits ``k`` in the config the UI reads,
+sees a run launched before *Reload definitions* stop with the fix, reloads, and finds ``centroids``
+"Unsynced" and the stale ``orderings`` partitions named by its ``up_to_date`` check. Screenshots
+are kept under the test's ``tmp_path`` and copied to ``$STRATA_TEST_ARTIFACTS``.
 
 Skips when Chromium (``/usr/bin/chromium``, Debian's ``chromium`` package) or the ``playwright``
 package is absent, unless ``STRATA_REQUIRE_BROWSER`` is set (``.ci/run`` sets it): then it fails.
@@ -28,7 +31,9 @@ import dagster as dg
 import pytest
 import yaml
 
+from assets.loaded import LOADED_ENV
 from helpers import demo_slice, small_graph_config
+from pipeline.reports.figures import MAX_WIDTH_PX
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +96,23 @@ def built_root(playwright_api, tmp_path_factory) -> Path:
     return tmp / "root"
 
 
+def _until(page, address: str, find, what: str):
+    """Open ``address`` again until the locator ``find()`` returns is visible (what the sensor or a
+    reload changes shows on a fresh page); fails with ``what`` after :data:`WAIT_S`."""
+    from playwright.sync_api import expect
+
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        page.goto(address, wait_until="networkidle")
+        try:
+            found = find()
+            expect(found).to_be_visible(timeout=10_000)
+            return found
+        except AssertionError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what} within {WAIT_S} s")
+
+
 def _shot(page, shots: Path, name: str) -> Path:
     path = shots / f"{name}.png"
     page.screenshot(path=str(path))
@@ -108,6 +130,7 @@ def test_materialize_from_the_ui_shows_metadata_figure_and_check(playwright_api,
     log = tmp_path / "dagster_dev.log"
     env = {**os.environ, "DAGSTER_HOME": str(built_root / "dagster"), "STRATA_HOME": "", "STRATA_CONFIG": "",
            "PYTHONPATH": str(REPO)}
+    env.pop(LOADED_ENV, None)  # the code server is the first to load the definitions (assets/loaded.py)
     with open(log, "w") as out:
         server = subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port)],
                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -152,6 +175,11 @@ def test_materialize_from_the_ui_shows_metadata_figure_and_check(playwright_api,
                 expect(figures.first).to_be_visible()
                 widths = figures.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
                 assert len(widths) >= 5 and min(widths) > 0, widths  # decoded, not broken images
+                # every figure fits the dialog: none is cut on the right (pipeline/reports/figures.py: MAX_WIDTH_PX)
+                assert max(widths) <= MAX_WIDTH_PX, widths
+                cut = figures.evaluate_all("imgs => imgs.filter(i => i.getBoundingClientRect().right > "
+                                           "i.closest('[role=dialog]').getBoundingClientRect().right - 20).length")
+                assert cut == 0, f"{cut} figures pass the dialog's right edge"
                 expect(dialog.get_by_text("ordering_bars", exact=True)).to_be_visible()
                 figures.first.scroll_into_view_if_needed()
                 _shot(page, shots, "5_figure")
@@ -163,6 +191,35 @@ def test_materialize_from_the_ui_shows_metadata_figure_and_check(playwright_api,
                 # passing means the UI read the recorded config: under the defaults, 5 strategies have no ordering
                 expect(page.get_by_text(re.compile(r"^2 strategies, \d+ figures$"))).to_be_visible()
                 _shot(page, shots, "6_checks")
+
+                # k edited in the config the UI reads: a run launched before Reload definitions stops with the fix
+                recorded = built_root / "strata_config.yaml"
+                edited = yaml.safe_load(recorded.read_text())
+                recorded.write_text(yaml.safe_dump({**edited, "k": edited["k"] + 1}, sort_keys=True))
+                page.goto(f"{url}/assets/centroids", wait_until="networkidle")
+                page.locator("button").filter(has_text=re.compile(r"^\s*Materialize\s*$")).first.click()
+                page.locator("[data-sonner-toast]").filter(has_text="Launched run").get_by_text("View", exact=True).click()
+                page.wait_for_url(re.compile(r"/runs/"))
+                expect(page.get_by_text("RUN_FAILURE", exact=True)).to_be_visible()
+                expect(page.get_by_text(re.compile(r"configuration of `centroids` changed since the Dagster definitions "
+                                                   r"were loaded")).first).to_be_visible()
+                _shot(page, shots, "7_run_before_reload")
+
+                # after Reload definitions: Dagster marks centroids "Unsynced", and the up_to_date check of a
+                # partitioned asset (orderings: 2 strategies) names its stale partitions (the sensor evaluates it)
+                page.goto(f"{url}/asset-groups", wait_until="networkidle")
+                page.get_by_role("button", name="Reload definitions").click()
+                _until(page, f"{url}/assets/centroids", lambda: page.get_by_text(re.compile(r"^Unsynced")).first,
+                       "centroids is not marked Unsynced")
+
+                def up_to_date():
+                    page.get_by_text("up_to_date", exact=True).first.click()
+                    return page.get_by_text(re.compile(r"^2 of 2 partitions stale: random, greedy"))
+
+                stale = _until(page, f"{url}/assets/orderings?view=checks", up_to_date,
+                               "orderings' up_to_date check did not name its stale partitions")
+                expect(stale).to_contain_text("config changed: k:")
+                _shot(page, shots, "8_stale_partitions")
             finally:
                 browser.close()
     finally:
@@ -184,3 +241,7 @@ def test_materialize_from_the_ui_shows_metadata_figure_and_check(playwright_api,
         checks = instance.event_log_storage.get_asset_check_execution_history(
             dg.AssetCheckKey(dg.AssetKey("diagnostics_report"), "report_covers_strategies"), limit=10)
         assert [c.status.value for c in checks] == ["SUCCEEDED"]
+        # and the stale partitions, as the up_to_date check last said
+        checks = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey("orderings"), "up_to_date"), limit=1)
+        assert checks[0].status.value == "FAILED"
