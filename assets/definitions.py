@@ -17,8 +17,22 @@ from pipeline.threads import set_thread_policy
 set_offline()
 set_thread_policy()  # before any asset imports torch
 
-from assets import checks, claims, corpus, diagnostics, embeddings, evaluations, exports, orderings, sequences, tokens, training  # noqa: E402
-from assets import loaded, mixture, sync  # noqa: E402
+from assets import (  # noqa: E402
+    checks,
+    claims,
+    corpus,
+    diagnostics,
+    embeddings,
+    evaluations,
+    exports,
+    loaded,
+    mixture,
+    orderings,
+    sequences,
+    sync,
+    tokens,
+    training,
+)
 from assets.ablate_job import ablate as ablate_job  # noqa: E402
 from assets.common import StrataSettings, config_source, sync_partitions  # noqa: E402
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402

@@ -9,10 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.definitions.data_version import (DATA_VERSION_TAG, NULL_DATA_VERSION, CachingStaleStatusResolver, StaleCause,
-                                                     StaleCauseCategory, StaleStatus)
-from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._core.definitions.data_version import (
+    DATA_VERSION_TAG,
+    NULL_DATA_VERSION,
+    CachingStaleStatusResolver,
+    StaleCause,
+    StaleCauseCategory,
+    StaleStatus,
+)
+from dagster._core.definitions.events import AssetKeyPartitionKey
 from dagster._time import get_current_datetime
 
 from assets.common import SHARD_PARTITIONS

@@ -54,7 +54,8 @@ def evaluation(asset: str, rows) -> dg.AssetCheckEvaluation:
                                    severity=dg.AssetCheckSeverity.WARN, description=description, metadata=metadata)
 
 
-def evaluations(graph, instance: dg.DagsterInstance, cfg: StrataConfig, assets: Iterable[str] | None = None) -> list[dg.AssetCheckEvaluation]:
+def evaluations(graph, instance: dg.DagsterInstance, cfg: StrataConfig,
+                assets: Iterable[str] | None = None) -> list[dg.AssetCheckEvaluation]:
     """The check's result for each asset of ``graph`` that has it (or of ``assets``)."""
     from assets.status import graph_statuses
 

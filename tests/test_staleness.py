@@ -174,7 +174,8 @@ def test_up_to_date_checks_show_stale_partitions(graph):
     failed = {a for a, e in results.items() if not e.passed}
     assert failed == EXPECTED["k"][1], results
     assert results["orderings"].description.startswith("1 of 1 partitions stale: random")
-    assert results["training_runs"].metadata["stale"].value == "1 of 1" and "config changed: k: 4 -> 8" in results["training_runs"].description
+    training = results["training_runs"]
+    assert training.metadata["stale"].value == "1 of 1" and "config changed: k: 4 -> 8" in training.description
     assert results["corpus"].passed and results["corpus"].description == "up to date"
     reported = sync.report_changes(graph_, instance, config)
     assert set(reported) >= failed and sync.report_changes(graph_, instance, config) == []

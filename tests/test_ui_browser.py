@@ -30,9 +30,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from helpers import demo_slice, small_graph_config
 
 from assets.loaded import LOADED_ENV
-from helpers import demo_slice, small_graph_config
 from pipeline.reports.figures import MAX_WIDTH_PX
 
 pytestmark = pytest.mark.integration
