@@ -65,3 +65,20 @@ def test_headless_definitions_leave_the_up_to_date_checks_out():
 
     checks = build_definitions(None, None).resolve_asset_graph().asset_check_keys
     assert checks and not [k for k in checks if k.name == CHECK]
+
+
+def test_the_readme_s_launchpad_example_names_real_fields():
+    """README's *Launchpad* bullet: each `XParams`: `key`, … it names is an asset's config class with those fields."""
+    import re
+    from pathlib import Path
+
+    from assets.params import PARAM_CLASSES
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    bullet = readme[readme.index("- **Launchpad.**"):].split("\n- ")[0]
+    named = re.findall(r"`(\w+Params)`: ((?:`\w+`, )*`\w+`)", bullet)
+    assert len(named) == 3, bullet
+    classes = {cls.__name__: cls for cls in PARAM_CLASSES.values()}
+    for name, fields in named:
+        assert name in classes, name
+        assert set(re.findall(r"`(\w+)`", fields)) <= set(classes[name].model_fields), (name, fields)
