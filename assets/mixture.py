@@ -86,7 +86,8 @@ def meta_context(cfg, layout, log=lambda msg: None):
     return make_context(tokens, offsets, doc_cluster, ttok, toff, tdocs["role"].to_numpy(), tdocs["general"].to_numpy(),
                         vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, seq_len=cfg.seq_len, influence=inf,
                         examples_per_cluster=m.examples_per_cluster, target_examples=m.target_examples, lam=cfg.lam,
-                        bins=cfg.length_bins, noise=cfg.noise, max_repeat=m.max_repeat, step_size=m.step_size, seed=cfg.seed, log=log)
+                        length_bins=cfg.length_bins, noise=cfg.noise, max_cluster_epochs=m.max_cluster_epochs, step_size=m.step_size, seed=cfg.seed,
+                        log=log)
 
 
 def corpus_shares(ctx) -> np.ndarray:

@@ -13,13 +13,13 @@ PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="ordering
                                       description="The partition's ordering is a permutation of its sequences.")
 CAPS_CHECK = dg.AssetCheckSpec(
     "schedule_within_caps", asset="orderings", blocking=True,
-    description="A schedule (a strategy that realizes a mixture) names only packed sequences, none more than max_repeats "
+    description="A schedule (a strategy that realizes a mixture) names only packed sequences, none more than max_sequence_copies "
                 "times, and its accounting (orderings/<strategy>.mixture.parquet) matches the order and loses no token: per "
                 "cluster, corpus = distinct + omitted and scheduled = distinct + repeated tokens.")
 MIXTURE_CHECK = dg.AssetCheckSpec(
     "schedule_realizes_mixture", asset="orderings", blocking=False,
     description="A schedule's realized cluster token shares lie within mixture_tolerance (L1) of the target mixture. "
-                "Warns where the corpus cannot give the mixture under max_repeats.")
+                "Warns where the corpus cannot give the mixture under max_sequence_copies.")
 
 
 OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's parameters (assets/params.py)

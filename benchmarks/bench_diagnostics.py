@@ -50,7 +50,7 @@ def main() -> None:
         return now
 
     t = time.perf_counter()
-    sched = D.prepare(segments, order, clusters, lengths, n_bins=args.bins, n_clusters=args.clusters)
+    sched = D.prepare(segments, order, clusters, lengths, length_bins=args.bins, n_clusters=args.clusters)
     t = lap("prepare (join, bins, sparse c_s and l_s)", t)
     rows = D.diversity_rows("random", sched)
     t = lap("unique clusters per sequence", t)

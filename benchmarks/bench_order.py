@@ -138,7 +138,7 @@ def rss_mb() -> float:
 def warm_up() -> None:
     f = sequence_features(np.array([0, 0, 1, 2]), np.array([0, 1, 1, 0]), np.array([3, 4, 5, 6]), np.array([1, 2, 3, 3]), 2)
     greedy_order(f, Objective.named("f3", 1.0))
-    greedy_blocked_order(f, Objective.named("f3", 1.0), block=2)
+    greedy_blocked_order(f, Objective.named("f3", 1.0), greedy_block=2)
     repair_batches(np.arange(f.n_sequences), f, 1)  # compiles the batch repair
     stratified_order(np.array([0, 1, 0]), np.array([1, 2, 3]))
 
@@ -498,7 +498,7 @@ def carried_blocks_order(f: SequenceFeatures, objective: Objective, block: int, 
     lengths = np.asarray(f.lengths, dtype=np.float64)
     targets = chars.targets(lengths)
     state = GreedyState.empty(chars.n_cols)
-    blocks = tracked_blocks(chars, lengths, targets, state, stream=stratified_stream(f, np.random.default_rng(seed)), block=block)
+    blocks = tracked_blocks(chars, lengths, targets, state, stream=stratified_stream(f, np.random.default_rng(seed)), greedy_block=block)
     parts = []
     while True:
         before = GreedyState(state.X.copy(), state.S, state.n)

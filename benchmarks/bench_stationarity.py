@@ -58,7 +58,7 @@ def main() -> None:
           f"B={args.bins}  ({time.perf_counter() - t0:.1f} s to build)")
 
     t = time.perf_counter()
-    sched = D.prepare(segments, rng.permutation(m), clusters, lengths, n_bins=args.bins, n_clusters=args.clusters,
+    sched = D.prepare(segments, rng.permutation(m), clusters, lengths, length_bins=args.bins, n_clusters=args.clusters,
                       doc_source=sources)
     print(f"  {time.perf_counter() - t:7.2f} s  prepare (incl. source codes)")
     t = time.perf_counter()

@@ -16,23 +16,50 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from pipeline.errors import StrataInputError
 from pipeline.names import EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
 
-__all__ = ["CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "config_from_dict", "load_config", "resolve_config", "validation_error"]
+__all__ = ["ConfigKeyRenamed", "CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "config_default", "config_from_dict",
+           "load_config", "resolve_config", "validation_error"]
 
 
 MAX_VOCAB = 1 << 20  # token ids fit uint32 and the BPE trainer's pair tables stay in memory (1e9 asked for 70 GB)
 MAX_BATCH_TOKENS = 1 << 24  # seq_len x batch_size: 16.8M tokens a step (a 4M-token batch is large pre-training)
 
 
+class ConfigKeyRenamed(FutureWarning):
+    """A config file uses a key's former name: it is read as the new key (``renamed_keys``); rename it."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True)
+    renamed_keys: ClassVar[dict[str, str]] = {}  # former key -> its key now, still read with a ConfigKeyRenamed warning
+    key_prefix: ClassVar[str] = ""  # where the model sits in a config file, e.g. "mixture."
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """A former key is read as its new one, with a warning naming the new key; both given is an error."""
+        if not cls.renamed_keys or not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in cls.renamed_keys.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise PydanticCustomError("renamed_key", "{old} and {new} are both given",
+                                          {"old": cls.key_prefix + old, "new": cls.key_prefix + new})
+            warnings.warn(f"config key {cls.key_prefix + old} is deprecated and read as {cls.key_prefix + new}; "
+                          f"rename it: {new}: {data[old]!r}", ConfigKeyRenamed, stacklevel=2)
+            data[new] = data.pop(old)
+        return data
 
     @field_validator("*")
     @classmethod
@@ -120,7 +147,11 @@ class MixtureConfig(_Model):
     clip: float = Field(0.0, ge=0.0)  # t of clip_t; 0 = the median per-example gradient norm of the measurement
     ridge: float = Field(0.1, gt=0.0)  # R + ridge * (tr R / d) I
     score_clip: float = Field(2.0, gt=0.0)  # clip of the variance-normalized scores
-    max_repeat: float = Field(4.0, ge=1.0)  # a cluster's sequences are used at most this many times (realization)
+    # realization: cluster j gets at most this many passes over its sequences (n_j <= floor(max_cluster_epochs x m_j))
+    max_cluster_epochs: float = Field(4.0, ge=1.0)
+
+    renamed_keys: ClassVar[dict[str, str]] = {"max_repeat": "max_cluster_epochs"}
+    key_prefix: ClassVar[str] = "mixture."
 
 
 class StrataConfig(_Model):
@@ -170,7 +201,7 @@ class StrataConfig(_Model):
     greedy_repair: bool = True  # greedy: swap-repair its worst batches; false = Don't Shuffle, Optimize's greedy as written
     mixture_weights_file: str = ""  # greedy_mixture: JSON/YAML mapping cluster -> weight; "" = mixture/weights.parquet of the mixture stage
     mixture_budget_tokens: int = Field(0, ge=0)  # greedy_mixture: tokens its schedule holds; 0 = the packed corpus's tokens
-    max_repeats: int = Field(4, ge=1)  # greedy_mixture: copies of one sequence at most
+    max_sequence_copies: int = Field(4, ge=1)  # greedy_mixture: copies of one packed sequence its schedule holds at most
     duplicate_order: Literal["greedy", "idea2"] = "greedy"  # duplicate_separated: each subset by the greedy as configured | by Idea 2 (the paper's)
     mixture_tolerance: float = Field(0.05, ge=0.0)  # greedy_mixture's check: L1 distance of realized from target cluster shares it accepts
     # a rerun keeps the first N positions of every strategy's stream byte-identical (docs/reliability.md "Adding data
@@ -233,6 +264,8 @@ class StrataConfig(_Model):
     # scheduling
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+
+    renamed_keys: ClassVar[dict[str, str]] = {"max_repeats": "max_sequence_copies"}
 
     @field_validator("batch_size")
     @classmethod
@@ -444,6 +477,11 @@ def validation_error(exc: ValidationError, where: str = "config") -> StrataInput
         if err["type"] == "extra_forbidden":
             unknown.append(loc)
             continue
+        if err["type"] == "renamed_key":
+            old, new = err["ctx"]["old"], err["ctx"]["new"]
+            problems.append(f"config keys {old} (its former name) and {new} are both given")
+            fixes.append(f"keep only {new} (remove {old})")
+            continue
         value = err.get("input")
         ctx = {k: v for k, v in (err.get("ctx") or {}).items()}
         field = str(err["loc"][-1]) if err["loc"] else loc
@@ -479,6 +517,16 @@ def _unknown_fix(unknown: list[str]) -> str:
         close = difflib.get_close_matches(parts[-1], names, n=1)
         out.append(f"{loc}: did you mean {'.'.join([*parts[:-1], close[0]])!r}?" if close else f"{loc}: use only {names}")
     return "; ".join(out)
+
+
+def config_default(key: str) -> Any:
+    """The default value of the config ``key`` (dotted for nested ones, e.g. ``mixture.max_cluster_epochs``):
+    library functions take their defaults from here, so a knob's default is stated once, in the config."""
+    model: type[BaseModel] = StrataConfig
+    *outer, last = key.split(".")
+    for part in outer:
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
+    return model.model_fields[last].get_default(call_default_factory=True)
 
 
 def config_from_dict(data: dict[str, Any]) -> StrataConfig:
@@ -519,10 +567,15 @@ def load_config(path: str | os.PathLike) -> StrataConfig:
     """Read a YAML or JSON config file (keys as in :class:`StrataConfig`)."""
     path = Path(path)
     data = read_config_data(path)
-    try:
-        return config_from_dict(data)
-    except StrataInputError as err:
-        raise StrataInputError(err.problem, path=path, fix=err.fix) from None
+    with warnings.catch_warnings(record=True) as renamed:
+        warnings.simplefilter("always", ConfigKeyRenamed)
+        try:
+            cfg = config_from_dict(data)
+        except StrataInputError as err:
+            raise StrataInputError(err.problem, path=path, fix=err.fix) from None
+    for w in renamed:  # each former key once more, naming the file it is in (other warnings as they were)
+        warnings.warn(f"{path}: {w.message}" if issubclass(w.category, ConfigKeyRenamed) else w.message, w.category, stacklevel=2)
+    return cfg
 
 
 def resolve_config(config_file: str | os.PathLike | None = None, data_root: str | os.PathLike | None = None,

@@ -44,7 +44,7 @@ def _pure_schedule(order: np.ndarray, n_per_cluster: int, seq_len: int = 10) -> 
     m = 2 * n_per_cluster
     seg = pl.DataFrame({"sequence_id": np.arange(m), "doc_id": np.arange(m), "n_tokens": np.full(m, seq_len)})
     cluster = np.repeat([0, 1], n_per_cluster)
-    return D.prepare(seg, np.asarray(order), cluster, np.full(m, seq_len), n_bins=2)
+    return D.prepare(seg, np.asarray(order), cluster, np.full(m, seq_len), length_bins=2)
 
 
 def _interleaved(n: int) -> np.ndarray:
@@ -490,10 +490,10 @@ def test_stationarity_claim_by_hand(tmp_path):
     segments = pl.DataFrame({"sequence_id": seq, "doc_id": docs, "n_tokens": lengths - 0})
     flat = np.arange(m)  # mixed, single, mixed, ...: flat in every tenth
     by_kind = np.r_[np.arange(m)[mixed], np.arange(m)[~mixed]]
-    randoms = [D.prepare(segments, rng.permutation(m), cluster, lengths, n_bins=2).position for _ in range(20)]
+    randoms = [D.prepare(segments, rng.permutation(m), cluster, lengths, length_bins=2).position for _ in range(20)]
     rows = {}
     for name, order in (("flat", flat), ("by_kind", by_kind)):
-        sched = D.prepare(segments, order, cluster, lengths, n_bins=2)
+        sched = D.prepare(segments, order, cluster, lengths, length_bins=2)
         data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=300, schedule=sched, random_positions=randoms, prefix=40)
         (row,) = C.stationarity_claims(data)
         rows[name] = row

@@ -73,8 +73,8 @@ def test_config_file_error_names_the_file(tmp_path):
 def test_names_declared_for_the_config_match_the_stages():
     """Stages answer to the names pipeline/names.py declares (the config imports no stage)."""
     from pipeline.ordering import STRATEGIES
-    from pipeline.ordering.documents import WITHIN_SORTS
     from pipeline.ordering.characteristics import Family, family_matrix, preset
+    from pipeline.ordering.documents import WITHIN_SORTS
     from pipeline.ordering.features import sequence_features
     from pipeline.packing.pack import PACKING_SPECS, parse_packing
     from pipeline.represent.embeddings import METHODS
@@ -149,3 +149,41 @@ def test_select_uses_dagster_selection_syntax(tmp_path):
     with pytest.raises(StrataInputError, match="selects no asset|cannot resolve"):
         selected_keys(defs, "no_such_asset")
     assert not (tmp_path / "root").exists()  # building definitions writes nothing
+
+
+@pytest.mark.parametrize("old, new, both, old_key, new_key", [
+    ({"max_repeats": 3}, {"max_sequence_copies": 3}, {"max_repeats": 3, "max_sequence_copies": 2},
+     "max_repeats", "max_sequence_copies"),
+    ({"mixture": {"max_repeat": 2.5}}, {"mixture": {"max_cluster_epochs": 2.5}},
+     {"mixture": {"max_repeat": 2.5, "max_cluster_epochs": 2.0}},
+     "mixture.max_repeat", "mixture.max_cluster_epochs"),
+])
+def test_renamed_keys_still_read_with_a_warning(tmp_path, old, new, both, old_key, new_key):
+    """A key's former name gives the config its new key gives, with a warning naming the new key and
+    the file; the former and the new name together are an input error."""
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(old))
+    with pytest.warns(FutureWarning) as caught:
+        cfg = load_config(path)
+    assert cfg == config_from_dict(new) != StrataConfig()
+    text = " ".join(str(w.message) for w in caught)
+    assert str(path) in text and f"config key {old_key} is deprecated and read as {new_key}" in text
+    with pytest.raises(StrataInputError, match=f"{old_key} .*and {new_key} are both given") as err:
+        config_from_dict(both)
+    assert f"keep only {new_key}" in err.value.fix
+
+
+def test_library_defaults_are_the_configs():
+    """OrderParams and the greedy's functions default to the config's values (one source of truth)."""
+    import inspect
+
+    from pipeline.config import config_default
+    from pipeline.ordering.engine import OrderParams
+    from pipeline.ordering.greedy import greedy_scaled_order
+
+    params, cfg = OrderParams(), StrataConfig()
+    assert params == OrderParams.from_config(cfg)
+    sig = inspect.signature(greedy_scaled_order).parameters
+    assert {k: sig[k].default for k in ("greedy_exact_max", "greedy_block", "batch_size", "greedy_repair")} == \
+        {k: getattr(cfg, k) for k in ("greedy_exact_max", "greedy_block", "batch_size", "greedy_repair")}
+    assert config_default("mixture.max_cluster_epochs") == cfg.mixture.max_cluster_epochs

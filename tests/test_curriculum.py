@@ -49,8 +49,8 @@ def test_blocked_within_1_2x_of_exact(seed, objective):
     f = instance(seed, 9000)
     cur = curriculum_from_dict(realizable(f, seed), f.clusters.n_cols)
     obj = Objective.named(objective)
-    exact = curriculum_greedy_order(f, cur, obj, exact_max=f.n_sequences)
-    blocked = curriculum_greedy_order(f, cur, obj, exact_max=100, block=1024)  # pools of 512 sequences
+    exact = curriculum_greedy_order(f, cur, obj, greedy_exact_max=f.n_sequences)
+    blocked = curriculum_greedy_order(f, cur, obj, greedy_exact_max=100, greedy_block=1024)  # pools of 512 sequences
     assert np.array_equal(np.sort(blocked), np.arange(f.n_sequences))
     assert not np.array_equal(blocked, exact)
     d_exact, d_blocked = (curriculum_batch_deviations(f, o, cur, 32).mean() for o in (exact, blocked))
@@ -68,7 +68,7 @@ def test_blocked_follows_a_strong_curriculum_in_time():
                          minlength=f.n_sequences) / f.lengths
     fifths = {}
     for name, order in (("exact", curriculum_exact_order(f, cur, Objective.named("f3"))),
-                        ("blocked", curriculum_blocked_order(f, cur, Objective.named("f3"), block=256))):
+                        ("blocked", curriculum_blocked_order(f, cur, Objective.named("f3"), greedy_block=256))):
         fifths[name] = np.array([share0[part].mean() for part in np.array_split(order, 5)])
     assert fifths["blocked"][0] > 0.9 and fifths["blocked"][0] > fifths["blocked"][-1] + 0.3
     np.testing.assert_allclose(fifths["blocked"], fifths["exact"], atol=0.03)
@@ -80,19 +80,19 @@ def test_exact_path_and_threshold():
     obj = Objective.named("stationary")
     exact = curriculum_exact_order(f, cur, obj)
     assert np.array_equal(curriculum_greedy_order(f, cur, obj), exact)  # the default threshold keeps demo sizes exact
-    assert np.array_equal(curriculum_greedy_order(f, cur, obj, exact_max=f.n_sequences), exact)
-    low = curriculum_greedy_order(f, cur, obj, exact_max=f.n_sequences - 1, block=256)
-    assert np.array_equal(low, curriculum_blocked_order(f, cur, obj, block=256))
+    assert np.array_equal(curriculum_greedy_order(f, cur, obj, greedy_exact_max=f.n_sequences), exact)
+    low = curriculum_greedy_order(f, cur, obj, greedy_exact_max=f.n_sequences - 1, greedy_block=256)
+    assert np.array_equal(low, curriculum_blocked_order(f, cur, obj, greedy_block=256))
     # same seed => same order; another seed deals another queue
-    assert np.array_equal(low, curriculum_greedy_order(f, cur, obj, exact_max=0, block=256))
-    assert not np.array_equal(low, curriculum_greedy_order(f, cur, obj, seed=1, exact_max=0, block=256))
-    noisy = curriculum_blocked_order(f, cur, obj, block=256, noise=1.0, seed=2)
+    assert np.array_equal(low, curriculum_greedy_order(f, cur, obj, greedy_exact_max=0, greedy_block=256))
+    assert not np.array_equal(low, curriculum_greedy_order(f, cur, obj, seed=1, greedy_exact_max=0, greedy_block=256))
+    noisy = curriculum_blocked_order(f, cur, obj, greedy_block=256, noise=1.0, seed=2)
     assert np.array_equal(np.sort(noisy), np.arange(f.n_sequences)) and not np.array_equal(noisy, low)
-    assert np.array_equal(noisy, curriculum_blocked_order(f, cur, obj, block=256, noise=1.0, seed=2))
+    assert np.array_equal(noisy, curriculum_blocked_order(f, cur, obj, greedy_block=256, noise=1.0, seed=2))
     with pytest.raises(StrataInputError, match="greedy_exact_max"):
-        curriculum_greedy_order(f, cur, obj, exact_max=-1)
+        curriculum_greedy_order(f, cur, obj, greedy_exact_max=-1)
     with pytest.raises(StrataInputError, match="too small"):
-        curriculum_blocked_order(f, cur, obj, block=1)
+        curriculum_blocked_order(f, cur, obj, greedy_block=1)
 
 
 def test_seeded_only_where_blocked_or_noisy():
@@ -115,7 +115,7 @@ def test_strategy_reads_greedy_exact_max_and_block(tmp_path):
     cur = curriculum_from_dict(doc, f.clusters.n_cols)
     obj = Objective.named("stationary")
     got = sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots), greedy_exact_max=10, greedy_block=150), 0)
-    assert np.array_equal(got, curriculum_blocked_order(f, cur, obj, block=150))
+    assert np.array_equal(got, curriculum_blocked_order(f, cur, obj, greedy_block=150))
     assert np.array_equal(sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots)), 0), curriculum_exact_order(f, cur, obj))
 
 
@@ -166,7 +166,7 @@ def test_blocked_worst_batch_no_worse_than_random():
     # a cluster the curriculum wants; the stream must not catch up on it later in a burst of one cluster
     f = instance(3, 4000, seq_len=32, k=50)
     cur = curriculum_from_dict(realizable(f, 3, swing=1.0), f.clusters.n_cols)
-    blocked = curriculum_blocked_order(f, cur, Objective.named("stationary"), block=64)
+    blocked = curriculum_blocked_order(f, cur, Objective.named("stationary"), greedy_block=64)
     d_blocked = curriculum_batch_deviations(f, blocked, cur, 32)
     d_random = curriculum_batch_deviations(f, np.random.default_rng(3).permutation(f.n_sequences), cur, 32)
     assert d_blocked.max() <= d_random.max()

@@ -32,7 +32,7 @@ def tiny() -> D.Schedule:
     packing = pack_concat(np.arange(4), LENGTHS, 4)
     assert packing.n_sequences == 3
     ordering = pl.DataFrame({"position": [2, 0, 1], "sequence_id": [1, 2, 0]})  # = ORDER, rows shuffled
-    return D.prepare(packing.segments, ordering, CLUSTERS, LENGTHS, n_bins=2)
+    return D.prepare(packing.segments, ordering, CLUSTERS, LENGTHS, length_bins=2)
 
 
 def test_tiny_unique_clusters(tiny):
@@ -106,12 +106,12 @@ def test_length_bin_edges_by_hand():
     # 3, 4, 10; the cut at the maximum (10) would leave an empty last bin and is dropped
     edges = D.length_bin_edges(np.array([10, 1, 4, 2, 3]), 4)
     np.testing.assert_array_equal(edges, [3, 4])
-    np.testing.assert_array_equal(D.length_bins(np.array([1, 2, 3, 4, 10]), edges), [0, 0, 0, 1, 2])
+    np.testing.assert_array_equal(D.length_bin_of(np.array([1, 2, 3, 4, 10]), edges), [0, 0, 0, 1, 2])
     # one long document holds most tokens: token quantiles give a single bin, document
     # quantiles (half of 5 documents = 2.5 -> third document, length 1) split short vs long
     lengths = np.array([1, 1, 1, 1, 10])
     assert D.length_bin_edges(lengths, 2).size == 0
-    np.testing.assert_array_equal(D.length_bin_edges(lengths, 2, weighting="documents"), [1])
+    np.testing.assert_array_equal(D.length_bin_edges(lengths, 2, length_bin_weighting="documents"), [1])
     with pytest.raises(StrataInputError):
         D.length_bin_edges(np.array([3, 0]), 2)
     with pytest.raises(StrataInputError):
@@ -136,18 +136,18 @@ def test_counted_length_bins_equal_sorted_quantiles_and_binary_search():
                 cut = np.unique(srt[np.searchsorted(mass, np.arange(1, n_bins) / n_bins * mass[-1], side="left")])
                 edges = D.length_bin_edges(lengths, n_bins, weighting)
                 np.testing.assert_array_equal(edges, cut[cut < srt[-1]])
-                np.testing.assert_array_equal(D.length_bins(lengths, edges), np.searchsorted(edges, lengths, side="left"))
+                np.testing.assert_array_equal(D.length_bin_of(lengths, edges), np.searchsorted(edges, lengths, side="left"))
 
 
 def test_bad_orderings_raise():
     packing = pack_concat(np.arange(4), LENGTHS, 4)
     for bad in (np.array([0, 0, 1]), np.array([0, 1, 3]), np.array([], dtype=np.int64)):
         with pytest.raises(StrataInputError):
-            D.prepare(packing.segments, bad, CLUSTERS, LENGTHS, n_bins=2)
+            D.prepare(packing.segments, bad, CLUSTERS, LENGTHS, length_bins=2)
     with pytest.raises(StrataInputError):
         D.prepare(packing.segments, pl.DataFrame({"sequence_id": [0, 1, 2]}), CLUSTERS, LENGTHS)
     with pytest.raises(StrataInputError):
-        D.prepare(packing.segments, ORDER, CLUSTERS[:3], LENGTHS, n_bins=2)
+        D.prepare(packing.segments, ORDER, CLUSTERS[:3], LENGTHS, length_bins=2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,9 +211,9 @@ def test_matches_brute_force(seed):
         pytest.skip("instance too small to fill a sequence")
     order = rng.permutation(m)
     n_bins = int(rng.integers(1, 8))
-    sched = D.prepare(packing.segments, order, clusters, lengths, n_bins=n_bins, n_clusters=k)
+    sched = D.prepare(packing.segments, order, clusters, lengths, length_bins=n_bins, n_clusters=k)
     batch_sizes = (1, 2, 3, 5)
-    doc_bin = D.length_bins(lengths, sched.bin_edges)
+    doc_bin = D.length_bin_of(lengths, sched.bin_edges)
     for comp, groups, n_groups in ((sched.clusters, clusters, k), (sched.bins, doc_bin, sched.bin_edges.size + 1)):
         unique, batches, prefix, drift_len, drift_norm = brute(
             packing.segments, list(order), groups, lengths, n_groups, batch_sizes, 10
@@ -239,7 +239,7 @@ def test_ordering_diagnostics_frame_and_determinism():
     target = np.full((2, 12), 1 / 12)
     frames = [
         D.ordering_diagnostics(
-            "random", D.prepare(packing.segments, order, clusters, lengths, n_bins=10), curriculum=(at, target)
+            "random", D.prepare(packing.segments, order, clusters, lengths, length_bins=10), curriculum=(at, target)
         )
         for _ in range(2)
     ]
@@ -292,8 +292,8 @@ def test_label_codes_are_the_dense_ranks_of_the_labels(tmp_path):
     rows = {"sequence_id": [0, 0, 1], "doc_id": [0, 1, 2], "n_tokens": [3, 2, 5]}
     seg = pl.DataFrame(rows)
     cluster, length = np.array([0, 1, 1]), np.array([3, 2, 5])
-    by_text = D.prepare(seg, np.array([1, 0]), cluster, length, n_bins=2, doc_source=np.array(["b", "a", "b"]))
-    by_code = D.prepare(seg, np.array([1, 0]), cluster, length, n_bins=2, doc_source=np.array([7, 3, 7]))
+    by_text = D.prepare(seg, np.array([1, 0]), cluster, length, length_bins=2, doc_source=np.array(["b", "a", "b"]))
+    by_code = D.prepare(seg, np.array([1, 0]), cluster, length, length_bins=2, doc_source=np.array([7, 3, 7]))
     assert np.array_equal(by_text.doc_source, [1, 0, 1]) and np.array_equal(by_code.doc_source, [1, 0, 1])
 
 

@@ -76,7 +76,8 @@ def _mixture_data(tmp: Path):
     lengths = np.diff(offsets)
     docs = pl.DataFrame({"doc_id": np.arange(lengths.size), "cluster": np.arange(lengths.size) % 3, "n_tokens": lengths})
     (tmp / "weights.json").write_text('{"0": 0.6, "1": 0.3, "2": 0.1}')
-    params = OrderParams(length_bins=8, mixture_weights=str(tmp / "weights.json"), max_repeats=3, mixture_budget_tokens=200 * L)
+    params = OrderParams(length_bins=8, mixture_weights_file=str(tmp / "weights.json"), max_sequence_copies=3,
+                         mixture_budget_tokens=200 * L)
     order = run_strategy("greedy_mixture", docs, stream.segments, L, params, 0).order["sequence_id"].to_numpy()
     assert np.bincount(order).max() > 1 and order.size != store.n_sequences
     return stream_from_arrays(tokens, offsets, stream.segments, order, L, eos_id=EOS, pad_id=PAD), store, order

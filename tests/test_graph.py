@@ -13,12 +13,12 @@ import numpy as np
 import polars as pl
 import pytest
 import yaml
-
 from helpers import DATA, demo_slice
-from pipeline.reports.diagnostics import batch_deviations, prepare
-from pipeline.packing.stored import sequence_store
-from pipeline.storage.layout import Layout
+
 from pipeline.data.tokens import open_tokens
+from pipeline.packing.stored import sequence_store
+from pipeline.reports.diagnostics import batch_deviations, prepare
+from pipeline.storage.layout import Layout
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +98,8 @@ def test_greedy_batches_closer_to_global_shares_than_random(run):
     seg = pl.read_parquet(layout.segments)
     dev = {}
     for s in STRATEGIES:
-        sched = prepare(seg, pl.read_parquet(layout.ordering(s)), docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy() + 1, n_bins=8)
+        sched = prepare(seg, pl.read_parquet(layout.ordering(s)), docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy() + 1,
+                        length_bins=8)
         dev[s] = batch_deviations(sched.clusters, sched.position, cfg["batch_size"])
     assert dev["greedy"].max() < dev["random"].max()
     assert dev["greedy"].mean() < dev["random"].mean()

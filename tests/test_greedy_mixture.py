@@ -11,7 +11,13 @@ import pytest
 
 from pipeline.errors import StrataInputError
 from pipeline.mixture.schedule import (
-    accounting, cluster_tokens, l1_distance, load_weights, repeat_counts, schedule_problems, sequence_rates,
+    accounting,
+    cluster_tokens,
+    l1_distance,
+    load_weights,
+    repeat_counts,
+    schedule_problems,
+    sequence_rates,
 )
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderParams, run_strategy
@@ -37,7 +43,7 @@ def weights_file(tmp_path, weights: dict, name: str = "w.json"):
 
 def schedule(docs, seg, params, seed=0):
     order = run_strategy("greedy_mixture", docs, seg, L, params, seed).order["sequence_id"].to_numpy()
-    target = load_weights(params.mixture_weights, K)
+    target = load_weights(params.mixture_weights_file, K)
     return order, accounting(order, cluster_tokens(seg, docs["cluster"].to_numpy()), target)
 
 
@@ -59,7 +65,7 @@ def test_weights_files(tmp_path):
 def test_feasible_mixture_is_realized_within_caps(tmp_path):
     docs, seg = corpus()
     want = {0: 0.05, 1: 0.35, 2: 0.1, 3: 0.3, 4: 0.15, 5: 0.05}
-    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, want), max_repeats=3)
+    params = OrderParams(length_bins=8, mixture_weights_file=weights_file(tmp_path, want), max_sequence_copies=3)
     order, table = schedule(docs, seg, params)
     m = int(seg["sequence_id"].max()) + 1
     corpus_share = table["corpus_tokens"].to_numpy() / table["corpus_tokens"].sum()
@@ -75,7 +81,8 @@ def test_feasible_mixture_is_realized_within_caps(tmp_path):
 
 def test_budget_sets_the_schedule_size(tmp_path):
     docs, seg = corpus(1)
-    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, {j: 1.0 for j in range(K)}), mixture_budget_tokens=40_000)
+    weights = weights_file(tmp_path, {j: 1.0 for j in range(K)})
+    params = OrderParams(length_bins=8, mixture_weights_file=weights, mixture_budget_tokens=40_000)
     _, table = schedule(docs, seg, params)
     assert abs(int(table["scheduled_tokens"].sum()) - 40_000) < 2 * L
     assert l1_distance(table) < 0.05  # a small budget: the rounding of ~300 sequences shows (mixture_tolerance)
@@ -83,7 +90,7 @@ def test_budget_sets_the_schedule_size(tmp_path):
 
 def test_infeasible_mixture_gets_as_close_as_it_can_and_says_how_close(tmp_path):
     docs, seg = corpus(2)
-    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, {0: 0.9, 1: 0.1}), max_repeats=1)
+    params = OrderParams(length_bins=8, mixture_weights_file=weights_file(tmp_path, {0: 0.9, 1: 0.1}), max_sequence_copies=1)
     order, table = schedule(docs, seg, params)
     target = table["target_share"].to_numpy()
     corpus_share = table["corpus_tokens"].to_numpy() / table["corpus_tokens"].sum()
@@ -119,7 +126,7 @@ def test_problems_are_found():
     assert table["omitted_tokens"].to_list() == [8, 0] and table["repeated_tokens"].to_list() == [3, 5]
     assert table["scheduled_tokens"].to_list() == [6, 18] and table["max_copies"].to_list() == [2, 2]
     assert schedule_problems(np.array([0, 0, 1]), 3, table, 2) == []
-    assert "more than max_repeats=1" in schedule_problems(np.array([0, 0, 1]), 3, table, 1)[0]
+    assert "more than max_sequence_copies=1" in schedule_problems(np.array([0, 0, 1]), 3, table, 1)[0]
     assert "outside 0..2" in schedule_problems(np.array([0, 5]), 3, table, 2)[0]
     lost = table.with_columns(omitted_tokens=pl.col("omitted_tokens") + 1)
     assert schedule_problems(np.array([0, 0, 1]), 3, lost, 2) == ["corpus tokens != distinct + omitted tokens for some cluster"]
@@ -127,21 +134,21 @@ def test_problems_are_found():
 
 def test_diagnostics_measure_against_the_mixture(tmp_path):
     docs, seg = corpus(4)
-    params = OrderParams(length_bins=8, mixture_weights=weights_file(tmp_path, {0: 0.5, 1: 0.3, 2: 0.2}))
+    params = OrderParams(length_bins=8, mixture_weights_file=weights_file(tmp_path, {0: 0.5, 1: 0.3, 2: 0.2}))
     order, table = schedule(docs, seg, params)
     cluster, length = docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy() + 1
     target = table["target_share"].to_numpy()
-    sched = D.prepare(seg, order, cluster, length, n_bins=8, target_share=target)
+    sched = D.prepare(seg, order, cluster, length, length_bins=8, target_share=target)
     assert sched.n_sequences == order.size  # one unrolled sequence per position
     end = D.prefix_errors(sched.clusters, sched.position, np.array([order.size]))[0]
     realized = table["realized_share"].to_numpy()
     assert end == pytest.approx(np.linalg.norm(realized - target), rel=1e-9)  # the whole schedule against the target
-    corpus_sched = D.prepare(seg, np.unique(seg["sequence_id"].to_numpy()), cluster, length, n_bins=8)
+    corpus_sched = D.prepare(seg, np.unique(seg["sequence_id"].to_numpy()), cluster, length, length_bins=8)
     assert D.batch_deviations(sched.clusters, sched.position, 32).mean() < 0.5 * D.batch_deviations(
-        D.prepare(seg, np.unique(seg["sequence_id"].to_numpy()), cluster, length, n_bins=8, target_share=target).clusters,
+        D.prepare(seg, np.unique(seg["sequence_id"].to_numpy()), cluster, length, length_bins=8, target_share=target).clusters,
         corpus_sched.position, 32).mean()  # the corpus in packing order is far from the mixture, the schedule is not
     with pytest.raises(StrataInputError, match="with its target_share"):
-        D.prepare(seg, order, cluster, length, n_bins=8)  # a schedule without its targets is refused as before
+        D.prepare(seg, order, cluster, length, length_bins=8)  # a schedule without its targets is refused as before
 
 
 def test_registered_with_its_config_keys():
@@ -149,10 +156,10 @@ def test_registered_with_its_config_keys():
 
     spec = strategies.spec("greedy_mixture")
     assert spec.realizes_mixture and spec.level == "sequence" and "greedy_mixture" in strategies.SEQUENCE_LEVEL
-    assert {"mixture_weights_file", "mixture_budget_tokens", "max_repeats", "mixture_tolerance"} <= set(spec.reads)
-    cfg = StrataConfig(strategies=["random", "greedy_mixture"], max_repeats=2, mixture_weights_file="w.json")
+    assert {"mixture_weights_file", "mixture_budget_tokens", "max_sequence_copies", "mixture_tolerance"} <= set(spec.reads)
+    cfg = StrataConfig(strategies=["random", "greedy_mixture"], max_sequence_copies=2, mixture_weights_file="w.json")
     p = OrderParams.from_config(cfg)
-    assert (p.max_repeats, p.mixture_weights, p.mixture_budget_tokens) == (2, "w.json", 0)
+    assert (p.max_sequence_copies, p.mixture_weights_file, p.mixture_budget_tokens) == (2, "w.json", 0)
     with pytest.raises(StrataInputError, match="needs mixture weights"):
         run_strategy("greedy_mixture", *corpus(5, n=200), L, OrderParams(), 0)
 
@@ -167,8 +174,8 @@ def test_orderings_diagnostics_and_export_on_a_data_root(tmp_path):
 
     import duckdb
     import yaml
-
     from helpers import demo_slice
+
     from pipeline.packing.stored import sequence_store
     from pipeline.storage.layout import Layout, Store
 
@@ -179,7 +186,7 @@ def test_orderings_diagnostics_and_export_on_a_data_root(tmp_path):
     cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(corpus_path), "source_field": "domain"},
            "heldout_fraction": 0.0, "vocab_size": 300, "k": 3, "seq_len": 64, "length_bins": 4, "batch_size": 4,
            "embed_method": "shallow", "embed_max_tokens": 32, "strategies": ["random", "greedy_mixture"],
-           "mixture_weights_file": str(weights), "max_repeats": 3, "stationarity_shuffles": 5}
+           "mixture_weights_file": str(weights), "max_sequence_copies": 3, "stationarity_shuffles": 5}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(repo)}
     cli = [sys.executable, "-m", "assets.cli"]
@@ -239,15 +246,15 @@ def test_schedule_cli(tmp_path):
 
 
 def test_weights_default_to_the_mixture_stage(tmp_path):
-    from pipeline.ordering.stage import order_params
     from pipeline.config import StrataConfig
+    from pipeline.ordering.stage import order_params
     from pipeline.storage.layout import Layout
 
     layout = Layout(tmp_path)
     cfg = StrataConfig(strategies=["greedy_mixture"])
-    assert order_params(cfg, layout).mixture_weights is None  # no stage output, no file: greedy_mixture stops with the fix
+    assert order_params(cfg, layout).mixture_weights_file is None  # no stage output, no file: greedy_mixture stops with the fix
     layout.mixture_weights.parent.mkdir(parents=True)
     pl.DataFrame({"iteration": [0, 0], "cluster": [0, 1], "weight": [0.5, 0.5]}).write_parquet(layout.mixture_weights)
-    assert order_params(cfg, layout).mixture_weights == str(layout.mixture_weights)
+    assert order_params(cfg, layout).mixture_weights_file == str(layout.mixture_weights)
     mine = weights_file(tmp_path, {0: 1.0})
-    assert order_params(cfg.model_copy(update={"mixture_weights_file": mine}), layout).mixture_weights == mine
+    assert order_params(cfg.model_copy(update={"mixture_weights_file": mine}), layout).mixture_weights_file == mine

@@ -54,7 +54,7 @@ def _synthetic_context(target_cluster: int, seed: int = 0):
         tokens, offsets, clusters, ttok, toff, role, role == 1, vocab_size=V + 2, eos_id=EOS, pad_id=PAD,
         train_settings=TrainSettings(preset="tiny", batch_size=8, max_steps=20, lr=3e-3, warmup_steps=2, seed=seed), seq_len=64,
         influence=InfluenceSettings(dim=256, nnz=2, batch=8, seed=seed), examples_per_cluster=6, target_examples=8,
-        bins=8, max_repeat=8.0, step_size=1.0, seed=seed,
+        length_bins=8, max_cluster_epochs=8.0, step_size=1.0, seed=seed,
     )
     return ctx
 
@@ -149,10 +149,10 @@ def test_curriculum_interpolation_matches_hand_values_with_clamping():
 
 def test_allocation_caps_repetition_and_water_fills():
     # cluster 0 wants 80 of 100 but holds 10 sequences: capped at 2 x 10 = 20; 80 - 20 go to 1 and 2 pro rata
-    n = allocate(np.array([0.8, 0.15, 0.05]), np.array([10, 100, 100]), 100, max_repeat=2.0)
+    n = allocate(np.array([0.8, 0.15, 0.05]), np.array([10, 100, 100]), 100, max_cluster_epochs=2.0)
     assert n.tolist() == [20, 60, 20]
     assert allocate(np.array([0.5, 0.5]), np.array([7, 7]), 10, 1.0).tolist() == [5, 5]
-    with pytest.raises(Exception, match="max_repeat"):
+    with pytest.raises(Exception, match="max_cluster_epochs"):
         allocate(np.array([0.5, 0.5]), np.array([3, 3]), 10, 1.5)
     seq_cluster = np.array([0] * 10 + [1] * 100 + [2] * 100)
     real = realize(seq_cluster, np.array([0.8, 0.15, 0.05]), 100, 2.0, seed=0)

@@ -175,7 +175,7 @@ def test_every_strategy_returns_a_permutation(tmp_path):
     knots.write_text("knots:\n  - tokens: 1000\n    logits: {0: 2.0}\n  - tokens: 100000\n    logits: {5: 2.0}\n")
     weights = tmp_path / "weights.json"
     weights.write_text('{"0": 0.4, "3": 0.6}')
-    params = OrderParams(length_bins=16, curriculum=str(knots), mixture_weights=str(weights))
+    params = OrderParams(length_bins=16, curriculum=str(knots), mixture_weights_file=str(weights))
     for name, strategy in STRATEGIES.items():
         res = run_strategy(name, docs, seg, 128, params, seed=1)
         assert res.order.columns == ["position", "sequence_id"]
@@ -191,9 +191,9 @@ def test_every_strategy_returns_a_permutation(tmp_path):
             assert kept["doc_id"].n_unique() >= len(docs) - 4 * parts  # duplicate_separated packs each subset on its own
             assert int(packing["n_tokens"].sum()) > int(docs["n_tokens"].sum()) - 128 * parts
         ids = np.unique(packing["sequence_id"].to_numpy())
-        if strategy.realizes_mixture:  # a schedule: packed ids, each at most max_repeats times
+        if strategy.realizes_mixture:  # a schedule: packed ids, each at most max_sequence_copies times
             counts = np.bincount(res.order["sequence_id"].to_numpy())
-            assert counts.size <= ids.size and counts.max() <= params.max_repeats, name
+            assert counts.size <= ids.size and counts.max() <= params.max_sequence_copies, name
             continue
         assert np.array_equal(np.sort(res.order["sequence_id"].to_numpy()), ids), name
     again = run_strategy("greedy_block_shuffle", docs, seg, 128, params, seed=1)

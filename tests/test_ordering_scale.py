@@ -27,7 +27,7 @@ from pipeline.reports.diagnostics import batch_deviations
 F3 = Objective.named("f3", 1.0)
 
 
-def bench_instance(m: int, seed: int = 0, k: int = 1000, n_bins: int = 100, seq_len: int = 2048) -> SequenceFeatures:
+def bench_instance(m: int, seed: int = 0, k: int = 1000, length_bins: int = 100, seq_len: int = 2048) -> SequenceFeatures:
     """benchmarks/bench_order.py's instance: Zipf(1) clusters, log-normal lengths, random packing."""
     rng = np.random.default_rng(seed)
     n_docs = int(m * seq_len / 500 * 1.08)
@@ -36,7 +36,7 @@ def bench_instance(m: int, seed: int = 0, k: int = 1000, n_bins: int = 100, seq_
     length = np.clip(rng.lognormal(5.5, 1.2, n_docs), 1, 200_000).astype(np.int64)
     seg = pack_concat(rng.permutation(n_docs), length, seq_len).segments.filter(pl.col("sequence_id") < m)
     d = seg["doc_id"].to_numpy()
-    return sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), n_bins, d)
+    return sequence_features(seg["sequence_id"].to_numpy(), cluster[d], length[d], seg["n_tokens"].to_numpy(), length_bins, d)
 
 
 def deviations(f: SequenceFeatures, rows: np.ndarray, batch: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -56,12 +56,12 @@ def big():
 
 
 def test_blocked_is_a_deterministic_permutation(big):
-    rows = greedy_blocked_order(big, F3, block=4096, seed=3)
+    rows = greedy_blocked_order(big, F3, greedy_block=4096, seed=3)
     assert np.array_equal(np.sort(rows), np.arange(big.n_sequences))
-    assert np.array_equal(rows, greedy_blocked_order(big, F3, block=4096, seed=3))
-    assert not np.array_equal(rows, greedy_blocked_order(big, F3, block=4096, seed=4))  # the seed deals the blocks
-    noisy = greedy_blocked_order(big, F3, block=4096, seed=3, noise=0.1)
-    assert np.array_equal(noisy, greedy_blocked_order(big, F3, block=4096, seed=3, noise=0.1))
+    assert np.array_equal(rows, greedy_blocked_order(big, F3, greedy_block=4096, seed=3))
+    assert not np.array_equal(rows, greedy_blocked_order(big, F3, greedy_block=4096, seed=4))  # the seed deals the blocks
+    noisy = greedy_blocked_order(big, F3, greedy_block=4096, seed=3, noise=0.1)
+    assert np.array_equal(noisy, greedy_blocked_order(big, F3, greedy_block=4096, seed=3, noise=0.1))
     assert np.array_equal(np.sort(noisy), np.arange(big.n_sequences))
 
 
@@ -69,7 +69,7 @@ def test_blocked_stays_within_its_bound_of_exact_greedy(big):
     """docs/ordering.md: mean per-batch max deviation within 1.10x exact greedy's (clusters and
     length bins); worst batch no worse than random's median batch. M=20k, K=1000, B=100."""
     ec, eb = deviations(big, greedy_order(big, F3))
-    bc, bb = deviations(big, greedy_blocked_order(big, F3, block=4096))
+    bc, bb = deviations(big, greedy_blocked_order(big, F3, greedy_block=4096))
     rc, rb = deviations(big, np.random.default_rng(0).permutation(big.n_sequences))
     assert bc.mean() <= 1.10 * ec.mean() and bb.mean() <= 1.10 * eb.mean()
     assert bc.max() <= np.median(rc) and bb.max() <= np.median(rb)
@@ -93,24 +93,24 @@ def test_batch_repair_lowers_the_worst_batches_and_moves_few_sequences(big):
 
 
 def test_one_block_is_the_exact_greedy():
-    f = bench_instance(600, seed=2, k=40, n_bins=10)
+    f = bench_instance(600, seed=2, k=40, length_bins=10)
     for obj in (F3, Objective.named("f1", 1.0), Objective.named("f2", 0.5), Objective.named("stationary")):
-        assert np.array_equal(greedy_blocked_order(f, obj, block=f.n_sequences, seed=5), greedy_order(f, obj))
+        assert np.array_equal(greedy_blocked_order(f, obj, greedy_block=f.n_sequences, seed=5), greedy_order(f, obj))
 
 
 def test_threshold_switches_modes_and_names_them():
-    f = bench_instance(600, seed=1, k=40, n_bins=10)
+    f = bench_instance(600, seed=1, k=40, length_bins=10)
     m = f.n_sequences
     assert greedy_mode(m, m) == "exact" and greedy_mode(m, m - 1) == "blocked"
-    rows, mode = greedy_scaled_order(f, F3, exact_max=m)  # then the swap repair of the worst batches
+    rows, mode = greedy_scaled_order(f, F3, greedy_exact_max=m)  # then the swap repair of the worst batches
     assert mode == "exact" and np.array_equal(rows, repair_batches(greedy_order(f, F3), f, 32)[0])
-    rows, mode = greedy_scaled_order(f, F3, exact_max=m - 1, block=128, seed=7)
-    assert mode == "blocked" and np.array_equal(rows, repair_batches(greedy_blocked_order(f, F3, block=128, seed=7), f, 32)[0])
+    rows, mode = greedy_scaled_order(f, F3, greedy_exact_max=m - 1, greedy_block=128, seed=7)
+    assert mode == "blocked" and np.array_equal(rows, repair_batches(greedy_blocked_order(f, F3, greedy_block=128, seed=7), f, 32)[0])
     assert not np.array_equal(rows, greedy_order(f, F3))
     with pytest.raises(StrataInputError):
-        greedy_scaled_order(f, F3, exact_max=-1)
+        greedy_scaled_order(f, F3, greedy_exact_max=-1)
     with pytest.raises(StrataInputError):
-        greedy_blocked_order(f, F3, block=0)
+        greedy_blocked_order(f, F3, greedy_block=0)
 
 
 def _tables(rng, n=900, k=6, seq_len=128):
@@ -281,7 +281,7 @@ def _sequential_repair(order: np.ndarray, f: SequenceFeatures, batch: int, n_fix
     return order
 
 
-def _uneven_instance(m: int, seed: int, k: int, n_bins: int) -> SequenceFeatures:
+def _uneven_instance(m: int, seed: int, k: int, length_bins: int) -> SequenceFeatures:
     """Sequences of uneven lengths (a padded packing's), each split over up to 5 clusters and 3 length bins."""
     rng = np.random.default_rng(seed)
     lengths = np.where(rng.random(m) < 0.3, 256, rng.integers(20, 256, m))
@@ -296,7 +296,7 @@ def _uneven_instance(m: int, seed: int, k: int, n_bins: int) -> SequenceFeatures
             indptr.append(len(indices))
         return Csr(np.array(indptr), np.array(indices), np.array(data), n_cols)
 
-    return SequenceFeatures(np.arange(m), split(k, 5), split(n_bins, 3), lengths.astype(float), np.arange(n_bins - 1), np.zeros((k, n_bins)))
+    return SequenceFeatures(np.arange(m), split(k, 5), split(length_bins, 3), lengths.astype(float), np.arange(length_bins - 1), np.zeros((k, length_bins)))
 
 
 def test_parallel_swap_scoring_picks_what_a_sequential_scan_picks():
@@ -304,8 +304,8 @@ def test_parallel_swap_scoring_picks_what_a_sequential_scan_picks():
     at the first term past the batch's deviation: the repair still takes the swaps a plain scan
     summing every swapped batch takes (full sequences, and sequences of uneven lengths), with the
     batches scored in waves of far-apart batches (200 batches, 40 repaired: many waves hold several)."""
-    cases = ((bench_instance(160, seed=4, k=12, n_bins=6, seq_len=256), 4), (_uneven_instance(150, 3, 9, 5), 5),
-             (bench_instance(800, seed=5, k=12, n_bins=6, seq_len=256), 4))
+    cases = ((bench_instance(160, seed=4, k=12, length_bins=6, seq_len=256), 4), (_uneven_instance(150, 3, 9, 5), 5),
+             (bench_instance(800, seed=5, k=12, length_bins=6, seq_len=256), 4))
     for f, batch in cases:
         order = np.random.default_rng(0).permutation(f.n_sequences)
         fixed, swaps = repair_batches(order, f, batch, fraction=0.2, passes=1)
@@ -395,7 +395,7 @@ def test_blocked_greedy_keeps_every_prefix_on_target_where_independent_blocks_dr
     f = bench_instance(20_000, seed=4, k=100, seq_len=256)
     obj = Objective.named("stationary")
     old = below_random(f, independent_blocks_order(f, obj, 500))
-    new = below_random(f, greedy_blocked_order(f, obj, block=500))
+    new = below_random(f, greedy_blocked_order(f, obj, greedy_block=500))
     for kind in ("clusters", "length_bins"):
         assert old[kind][1] < 0.8, old
         assert new[kind][0] >= 0.97 and new[kind][1] >= 0.98, new
@@ -404,14 +404,14 @@ def test_blocked_greedy_keeps_every_prefix_on_target_where_independent_blocks_dr
 def test_greedy_repair_false_is_the_papers_greedy():
     """``greedy_repair: false``: `greedy` in exact mode is the exact greedy's order, untouched; with
     the repair (the default) the worst batches get swaps, so the orders differ on this instance."""
-    f = bench_instance(3_000, seed=6, k=50, n_bins=20)
+    f = bench_instance(3_000, seed=6, k=50, length_bins=20)
     plain = greedy_order(f, F3)
     off = run_strategy_rows(f, OrderParams(objective="f3", length_bins=20, greedy_repair=False))
     on = run_strategy_rows(f, OrderParams(objective="f3", length_bins=20))
     assert np.array_equal(off, plain)
     assert not np.array_equal(on, plain)
-    blocked = greedy_scaled_order(f, F3, exact_max=0, block=500, repair=False)[0]
-    assert np.array_equal(blocked, greedy_blocked_order(f, F3, block=500))
+    blocked = greedy_scaled_order(f, F3, greedy_exact_max=0, greedy_block=500, greedy_repair=False)[0]
+    assert np.array_equal(blocked, greedy_blocked_order(f, F3, greedy_block=500))
     assert StrataConfig(greedy_repair=False).greedy_repair is False
     assert OrderParams.from_config(StrataConfig(greedy_repair=False)).greedy_repair is False
 

@@ -376,7 +376,7 @@ def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config
     assert np.array_equal(repair_batches(shuffled, f, 8)[0], repair_batches(shuffled, f, 8, families=[*both, FAMILIES.get("toy_parity")])[0])
     # the diagnostics score it, as the deviations of its composition
     ids = f.sequence_ids[shuffled]
-    schedule = D.prepare(seg, ids, cluster, length, n_bins=8)
+    schedule = D.prepare(seg, ids, cluster, length, length_bins=8)
     got = {(m, s): v for _, m, s, v in D.batch_rows("x", schedule, (8,)) + D.prefix_rows("x", schedule)}
     assert got[("batch_dev_toy_parity_max", "batch=8")] == pytest.approx(parity_dev(shuffled).max())
     assert ("batch_dev_clusters_max", "batch=8") in got and any(m == "prefix_error_toy_parity" for m, _ in got)
@@ -420,7 +420,7 @@ def test_the_architecture_pages_family_example_runs(tmp_path, monkeypatch):
         totals = f.bins.column_totals()
         top = np.arange(totals.size) >= (3 * totals.size) // 4
         assert hi - lo == 2 and np.array_equal(chars.column_totals()[lo:hi], [totals[~top].sum(), totals[top].sum()])
-        schedule = D.prepare(seg, f.sequence_ids, cluster, length, n_bins=8)
+        schedule = D.prepare(seg, f.sequence_ids, cluster, length, length_bins=8)
         assert any(m == "batch_dev_long_docs_max" for _, m, _, _ in D.batch_rows("x", schedule, (8,)))
     finally:
         monkeypatch.delenv("STRATA_PLUGINS")

@@ -107,7 +107,7 @@ def corpus():
     clusters = rng.integers(0, k, n)
     sources = np.where(rng.random(n) < 0.3, "code", "web")
     packing = pack_concat(rng.permutation(n), lengths, 256)
-    sched = D.prepare(packing.segments, np.arange(packing.n_sequences), clusters, lengths, n_bins=10, doc_source=sources)
+    sched = D.prepare(packing.segments, np.arange(packing.n_sequences), clusters, lengths, length_bins=10, doc_source=sources)
     return sched
 
 
@@ -172,7 +172,7 @@ def test_a_balanced_order_is_inside_below_the_band():
     clusters = np.repeat(np.arange(8), 100)
     lengths = np.full(800, 64)
     packing = pack_concat(np.arange(800), lengths, 64)  # one document per sequence
-    base = D.prepare(packing.segments, np.arange(800), clusters, lengths, n_bins=1)
+    base = D.prepare(packing.segments, np.arange(800), clusters, lengths, length_bins=1)
     round_robin = np.arange(800).reshape(8, 100).T.ravel()
     good = S.stationarity_table(_reordered(base, round_robin), prefix=80).filter(pl.col("characteristic") == "cluster_share_dev")
     assert np.allclose(good["value"], 0) and ((good["band_lo"] + good["band_hi"]) / 2 > 0).all() and good["inside"].all()

@@ -60,8 +60,8 @@ def test_worst_windows_match_brute_force(seed):
     seg, clusters, lengths, seq_of_doc, k = _uneven(seed, n_clusters_used=int(np.random.default_rng(seed).integers(1, 9)))
     m = int(seg["sequence_id"].max()) + 1
     order = np.random.default_rng(100 + seed).permutation(m)
-    sched = D.prepare(seg, order, clusters, lengths, n_bins=3, n_clusters=k)
-    doc_bin = D.length_bins(lengths, sched.bin_edges)
+    sched = D.prepare(seg, order, clusters, lengths, length_bins=3, n_clusters=k)
+    doc_bin = D.length_bin_of(lengths, sched.bin_edges)
     target = np.random.default_rng(seed).dirichlet(np.ones(k))  # a mixture's shares, some groups never present
     cases = [(sched.clusters, clusters, k, None), (sched.bins, doc_bin, sched.bin_edges.size + 1, None),
              (replace(sched.clusters, target=target), clusters, k, target)]
@@ -87,7 +87,7 @@ def test_w_equals_batch_is_exactly_the_worst_batch():
     lengths = np.maximum(2, rng.lognormal(3.5, 1.0, n)).astype(np.int64)
     clusters = rng.choice(k, n, p=rng.dirichlet(np.ones(k) * 0.4))
     packing = pack_concat(rng.permutation(n), lengths, 64)
-    sched = D.prepare(packing.segments, rng.permutation(packing.n_sequences), clusters, lengths, n_bins=12)
+    sched = D.prepare(packing.segments, rng.permutation(packing.n_sequences), clusters, lengths, length_bins=12)
     target = rng.dirichlet(np.ones(k))
     for comp in (sched.clusters, sched.bins, replace(sched.clusters, target=target)):
         for batch in (1, 3, 8, 16):
@@ -101,7 +101,7 @@ def _pure(order: np.ndarray, cluster_of_seq: np.ndarray, seq_len: int = 16) -> D
     """One document a sequence, all of seq_len tokens: sequence s holds only cluster_of_seq[s]."""
     m = cluster_of_seq.size
     seg = pl.DataFrame({"sequence_id": np.arange(m), "doc_id": np.arange(m), "n_tokens": np.full(m, seq_len)})
-    return D.prepare(seg, order, cluster_of_seq, np.full(m, seq_len), n_bins=2)
+    return D.prepare(seg, order, cluster_of_seq, np.full(m, seq_len), length_bins=2)
 
 
 def _by(rows: list, metric: str) -> dict[int, float]:
@@ -134,7 +134,7 @@ def test_window_rows_in_ordering_diagnostics_and_the_band_cache(tmp_path):
     lengths = rng.integers(1, 300, 2000)
     clusters = rng.integers(0, 9, 2000)
     packing = pack_concat(np.arange(2000), lengths, 128)
-    sched = D.prepare(packing.segments, rng.permutation(packing.n_sequences), clusters, lengths, n_bins=6)
+    sched = D.prepare(packing.segments, rng.permutation(packing.n_sequences), clusters, lengths, length_bins=6)
     m = sched.n_sequences
     frames = [D.ordering_diagnostics("s", sched, window_batch=4, seed=3) for _ in range(2)]
     assert frames[0].equals(frames[1]) and frames[0].schema == pl.Schema(D.METRIC_SCHEMA)

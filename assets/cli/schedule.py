@@ -16,13 +16,13 @@ import polars as pl
 
 from pipeline.config import StrataConfig
 from pipeline.errors import StrataInputError
-from pipeline.storage.atomic import write_parquet
-from pipeline.ordering.documents import WITHIN_SORTS
-from pipeline.ordering.features import sequence_features
 from pipeline.names import OBJECTIVES
-from pipeline.ordering.greedy import greedy_mode
 from pipeline.ordering import strategies
+from pipeline.ordering.documents import WITHIN_SORTS
 from pipeline.ordering.engine import OrderParams, document_order, sequence_order
+from pipeline.ordering.features import sequence_features
+from pipeline.ordering.greedy import greedy_mode
+from pipeline.storage.atomic import write_parquet
 
 SEGMENT_COLUMNS = ("sequence_id", "doc_id", "cluster", "doc_length", "n_tokens")
 DOCUMENT_COLUMNS = ("doc_id", "cluster", "n_tokens")
@@ -72,7 +72,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         extra[name] = seg[name].rank("dense").to_numpy().astype(np.int64) - 1
     f = sequence_features(
         seg["sequence_id"].to_numpy(), seg["cluster"].to_numpy(), seg["doc_length"].to_numpy(),
-        seg["n_tokens"].to_numpy(), params.length_bins, seg["doc_id"].to_numpy(), seg_columns=extra, weighting=params.length_bin_weighting,
+        seg["n_tokens"].to_numpy(), params.length_bins, seg["doc_id"].to_numpy(), seg_columns=extra, length_bin_weighting=params.length_bin_weighting,
     )  # fmt: skip
     rows = sequence_order(args.strategy, f, params, args.seed)
     ids = f.sequence_ids[rows]
@@ -127,11 +127,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"sequences per block of the blocked greedy (default {DEFAULTS.greedy_block})")
     p.add_argument("--no-greedy-repair", dest="greedy_repair", action="store_false",
                    help="no swap repair of the greedy's worst batches (Don't Shuffle, Optimize's greedy as written)")
-    p.add_argument("--mixture-weights", default=None, help="greedy_mixture: JSON/YAML mapping cluster -> weight")
+    p.add_argument("--mixture-weights-file", "--mixture-weights", dest="mixture_weights_file", default=None,
+                   help="greedy_mixture: JSON/YAML mapping cluster -> weight")
     p.add_argument("--mixture-budget-tokens", type=int, default=DEFAULTS.mixture_budget_tokens,
                    help="greedy_mixture: tokens the schedule holds (default 0: all)")
-    p.add_argument("--max-repeats", type=int, default=DEFAULTS.max_repeats,
-                   help=f"greedy_mixture: copies of one sequence at most (default {DEFAULTS.max_repeats})")
+    p.add_argument("--max-sequence-copies", "--max-repeats", dest="max_sequence_copies", type=int, default=DEFAULTS.max_sequence_copies,
+                   help=f"greedy_mixture: copies of one sequence at most (default {DEFAULTS.max_sequence_copies})")
     p.set_defaults(func=cmd_schedule)
     d = subparsers.add_parser("schedule-docs", help="order documents before packing (stratified, ...)")
     d.add_argument("documents", help="parquet: doc_id, cluster, n_tokens")

@@ -112,9 +112,9 @@ class MetaContext:
     train: TrainSettings
     influence: InfluenceSettings
     lam: float = 1.0
-    bins: int = 100
+    length_bins: int = 100
     noise: float = 0.0
-    max_repeat: float = 4.0
+    max_cluster_epochs: float = 4.0
     step_size: float = 1.0
     progress: bool = False
     log: Callable[[str], None] = field(default=lambda msg: None)
@@ -166,8 +166,8 @@ def mean_token_loss(model, store: SequenceStore, ids: np.ndarray, batch_size: in
 
 def static_order(ctx: MetaContext, weights: np.ndarray, seed: int) -> tuple[np.ndarray, Realization]:
     """Realize ``weights`` on the pool and order the multiset with the greedy (f3); pool sequence ids in order."""
-    real = realize(ctx.seq_cluster, weights, ctx.budget_sequences, ctx.max_repeat, seed)
-    f = multiset_features(ctx.pool_segments, ctx.doc_cluster, ctx.doc_length, real.sequence_ids, ctx.n_clusters, ctx.bins)
+    real = realize(ctx.seq_cluster, weights, ctx.budget_sequences, ctx.max_cluster_epochs, seed)
+    f = multiset_features(ctx.pool_segments, ctx.doc_cluster, ctx.doc_length, real.sequence_ids, ctx.n_clusters, ctx.length_bins)
     rows = greedy_order(f, Objective.named("f3", ctx.lam), ctx.noise, seed)
     return real.sequence_ids[rows], real
 
@@ -175,8 +175,8 @@ def static_order(ctx: MetaContext, weights: np.ndarray, seed: int) -> tuple[np.n
 def curriculum_order(ctx: MetaContext, cur: Curriculum, seed: int) -> tuple[np.ndarray, Realization]:
     """Realize the curriculum's total E(T)/T on the pool and order it with the curriculum greedy."""
     weights = cur.cumulative(np.array([ctx.budget_tokens]))[0] / ctx.budget_tokens
-    real = realize(ctx.seq_cluster, weights, ctx.budget_sequences, ctx.max_repeat, seed)
-    f = multiset_features(ctx.pool_segments, ctx.doc_cluster, ctx.doc_length, real.sequence_ids, ctx.n_clusters, ctx.bins)
+    real = realize(ctx.seq_cluster, weights, ctx.budget_sequences, ctx.max_cluster_epochs, seed)
+    f = multiset_features(ctx.pool_segments, ctx.doc_cluster, ctx.doc_length, real.sequence_ids, ctx.n_clusters, ctx.length_bins)
     rows = curriculum_greedy_order(f, cur, Objective.named("f3", ctx.lam), ctx.noise, seed)
     return real.sequence_ids[rows], real
 
@@ -315,9 +315,9 @@ def make_context(
     examples_per_cluster: int = 8,
     target_examples: int = 32,
     lam: float = 1.0,
-    bins: int = 100,
+    length_bins: int = 100,
     noise: float = 0.0,
-    max_repeat: float = 4.0,
+    max_cluster_epochs: float = 4.0,
     step_size: float = 1.0,
     seed: int = 0,
     progress: bool = False,
@@ -353,5 +353,6 @@ def make_context(
         target=target, target_fit=np.sort(rng.permutation(fit)[:target_examples]),
         target_eval=np.flatnonzero(t_group // 2 == 1), heldout_eval=np.flatnonzero(t_group % 2 == 1),
         vocab_size=vocab_size, eos_id=eos_id, pad_id=pad_id, train=train_settings, influence=influence,
-        lam=lam, bins=bins, noise=noise, max_repeat=max_repeat, step_size=step_size, progress=progress, log=log,
+        lam=lam, length_bins=length_bins, noise=noise, max_cluster_epochs=max_cluster_epochs, step_size=step_size,
+        progress=progress, log=log,
     )

@@ -8,10 +8,10 @@ batch_size sequences cannot be met by one pass over the corpus. We define it thi
    cluster's last sequence keeps its tail (padded), so every sequence holds exactly one cluster
    and no token is dropped. Cluster j has m_j sequences.
 2. **Allocation** (:func:`allocate`). n_j = p_j M sequences, rounded by largest remainder, with a
-   repetition cap n_j <= floor(max_repeat * m_j). Budget a capped cluster cannot absorb is
+   repetition cap n_j <= floor(max_cluster_epochs * m_j). Budget a capped cluster cannot absorb is
    handed to the uncapped clusters in proportion to p (water-filling), so sum_j n_j = M whenever
-   floor(max_repeat * m_j) summed over clusters is >= M; otherwise it is an error (raise
-   ``mixture.max_repeat`` or lower the budget).
+   floor(max_cluster_epochs * m_j) summed over clusters is >= M; otherwise it is an error (raise
+   ``mixture.max_cluster_epochs`` or lower the budget).
 3. **Selection** (:func:`realize`). Cluster j's n_j sequences are floor(n_j / m_j) full passes
    over its sequences plus a seeded subsample (without replacement) of the remainder, so no
    sequence is used twice before every sequence of its cluster is used once.
@@ -74,18 +74,18 @@ def cluster_pure_segments(doc_ids: np.ndarray, doc_cluster: np.ndarray, stream_l
     return segments, seq_cluster
 
 
-def allocate(weights: np.ndarray, supply: np.ndarray, total: int, max_repeat: float) -> np.ndarray:
-    """Sequences per cluster: n_j ~ p_j * total, capped at floor(max_repeat * m_j), summing to ``total``."""
+def allocate(weights: np.ndarray, supply: np.ndarray, total: int, max_cluster_epochs: float) -> np.ndarray:
+    """Sequences per cluster: n_j ~ p_j * total, capped at floor(max_cluster_epochs * m_j), summing to ``total``."""
     p = np.asarray(weights, dtype=np.float64)
     m = np.asarray(supply, dtype=np.int64)
     if p.shape != m.shape or p.min() < 0 or not p.sum() > 0:
         raise StrataInputError("mixture weights must be nonnegative, one per cluster, not all zero", fix="pass softmax(logits)")
-    cap = np.floor(max_repeat * m + 1e-9).astype(np.int64)
+    cap = np.floor(max_cluster_epochs * m + 1e-9).astype(np.int64)
     cap[p <= 0] = 0
     if cap.sum() < total:
         raise StrataInputError(
-            f"the corpus cannot give {total} sequences under max_repeat={max_repeat} (at most {int(cap.sum())})",
-            fix="raise mixture.max_repeat, or lower max_steps x batch_size",
+            f"the corpus cannot give {total} sequences under mixture.max_cluster_epochs={max_cluster_epochs} (at most {int(cap.sum())})",
+            fix="raise mixture.max_cluster_epochs, or lower max_steps x batch_size",
         )
     n = np.zeros_like(m)
     free = cap > 0
@@ -123,14 +123,14 @@ class Realization:
         return float(1.0 - np.unique(ids).size / ids.size) if ids.size else 0.0
 
 
-def realize(seq_cluster: np.ndarray, weights: np.ndarray, total: int, max_repeat: float, seed: int) -> Realization:
+def realize(seq_cluster: np.ndarray, weights: np.ndarray, total: int, max_cluster_epochs: float, seed: int) -> Realization:
     """Select ``total`` pool sequences following ``weights`` (see module doc, steps 2-3)."""
     seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
     k = np.asarray(weights).size
     if seq_cluster.size and seq_cluster.max() >= k:
         raise StrataInputError(f"the pool has cluster {int(seq_cluster.max())} but the mixture {k} weights", fix="learn the mixture on the same clusters")
     supply = np.bincount(seq_cluster, minlength=k)
-    n = allocate(weights, supply, total, max_repeat)
+    n = allocate(weights, supply, total, max_cluster_epochs)
     rng = np.random.default_rng(seed)
     parts, copies = [], np.zeros(k, dtype=np.int64)
     for j in np.flatnonzero(n):
@@ -147,7 +147,7 @@ def realize(seq_cluster: np.ndarray, weights: np.ndarray, total: int, max_repeat
     return Realization(ids.astype(np.int64), table)
 
 
-def multiset_features(pool_segments: pl.DataFrame, doc_cluster: np.ndarray, doc_length: np.ndarray, sequence_ids: np.ndarray, n_clusters: int, bins: int) -> SequenceFeatures:
+def multiset_features(pool_segments: pl.DataFrame, doc_cluster: np.ndarray, doc_length: np.ndarray, sequence_ids: np.ndarray, n_clusters: int, length_bins: int) -> SequenceFeatures:
     """Features of a multiset of pool sequences: row r is copy ``sequence_ids[r]`` (copies are separate rows).
 
     ``doc_cluster``/``doc_length`` are indexed by doc_id; the cluster matrix always has
@@ -162,7 +162,7 @@ def multiset_features(pool_segments: pl.DataFrame, doc_cluster: np.ndarray, doc_
     sel = np.repeat(lo, cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
     row = np.repeat(np.arange(ids.size), cnt)
     d = seg["doc_id"].to_numpy()[sel]
-    f = sequence_features(row, doc_cluster[d], doc_length[d], seg["n_tokens"].to_numpy()[sel], bins, d)
+    f = sequence_features(row, doc_cluster[d], doc_length[d], seg["n_tokens"].to_numpy()[sel], length_bins, d)
     k = f.clusters.n_cols
     if k < n_clusters:
         joint = np.vstack([f.cluster_bin_tokens, np.zeros((n_clusters - k, f.cluster_bin_tokens.shape[1]))])

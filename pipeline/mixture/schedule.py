@@ -1,7 +1,7 @@
 """A learned mixture realized over the whole corpus: per-sequence repeat counts, and their accounting.
 
 ``greedy_mixture`` trains on a *schedule*, not a permutation: sequence s of the base packing appears
-r_s times, 0 <= r_s <= R (``max_repeats``), so that the schedule's tokens per cluster approach
+r_s times, 0 <= r_s <= R (``max_sequence_copies``), so that the schedule's tokens per cluster approach
 w_j x B (weights w, token budget B). Packed sequences hold several clusters, so the repeat decision
 cannot be made per cluster alone. The rule (:func:`repeat_counts`):
 
@@ -84,7 +84,7 @@ def load_weights(path: str | Path, n_clusters: int) -> np.ndarray:
     return w / w.sum()
 
 
-def _solve_rates(C, inv_l: np.ndarray, want: np.ndarray, max_repeats: int) -> np.ndarray:
+def _solve_rates(C, inv_l: np.ndarray, want: np.ndarray, max_sequence_copies: int) -> np.ndarray:
     """r_s = clip(sum_j c_sj lambda_j / l_s, 0, R) with cluster tokens C^T r as near ``want`` as
     damped Newton steps on lambda (from the pure-sequence rates want_j / C_j) get."""
     from scipy import sparse
@@ -94,14 +94,14 @@ def _solve_rates(C, inv_l: np.ndarray, want: np.ndarray, max_repeats: int) -> np
     lam = np.where(corpus > 0, want / np.maximum(corpus, 1e-300), 0.0)
 
     def rates(lam: np.ndarray) -> np.ndarray:
-        return np.clip(C @ lam * inv_l, 0.0, max_repeats)
+        return np.clip(C @ lam * inv_l, 0.0, max_sequence_copies)
 
     r = rates(lam)
     res = want - C.T @ r
     for _ in range(RATE_ITERATIONS):
         if np.abs(res).max() <= 1e-9 * max(want.sum(), 1.0):
             break
-        active = (r > 0) & (r < max_repeats)
+        active = (r > 0) & (r < max_sequence_copies)
         J = (C.T @ sparse.diags(active * inv_l) @ C).toarray()
         step = np.linalg.solve(J + (1e-9 * max(np.trace(J), 1e-300) / k + 1e-12) * np.eye(k), res)
         t, before = 1.0, np.linalg.norm(res)
@@ -123,7 +123,7 @@ def _share_l1(C, r: np.ndarray, weights: np.ndarray) -> float:
     return float(np.abs(got / max(got.sum(), 1e-300) - weights).sum()) if got.sum() > 0 else 2.0
 
 
-def sequence_rates(f: SequenceFeatures, weights: np.ndarray, budget: float, max_repeats: int) -> np.ndarray:
+def sequence_rates(f: SequenceFeatures, weights: np.ndarray, budget: float, max_sequence_copies: int) -> np.ndarray:
     """Continuous repeat counts r_s in [0, R] (step 1 of the module docstring).
 
     When the corpus cannot give the mixture at ``budget`` (the cap binds, or mixed sequences carry
@@ -138,24 +138,24 @@ def sequence_rates(f: SequenceFeatures, weights: np.ndarray, budget: float, max_
     w = np.zeros(k)
     w[: weights.size] = weights
     inv_l = 1.0 / f.lengths
-    r = _solve_rates(C, inv_l, w * budget, max_repeats)
+    r = _solve_rates(C, inv_l, w * budget, max_sequence_copies)
     if _share_l1(C, r, w) <= 1e-6:
         return r
     tried = [(r, _share_l1(C, r, w))]
     for i in range(1, BUDGET_STEPS + 1):
-        r_i = _solve_rates(C, inv_l, w * budget * 2.0 ** (-i / 2), max_repeats)
+        r_i = _solve_rates(C, inv_l, w * budget * 2.0 ** (-i / 2), max_sequence_copies)
         tried.append((r_i, _share_l1(C, r_i, w)))
     best = min(err for _, err in tried)
     return next(r_i for r_i, err in tried if err <= best + 1e-3)
 
 
-def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_repeats: int, seed: int) -> np.ndarray:
+def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_sequence_copies: int, seed: int) -> np.ndarray:
     """Integer copies r_s in 0..R of every row of ``f`` (the module docstring's rule), seeded."""
-    if max_repeats < 1:
-        raise StrataInputError(f"max_repeats={max_repeats} is impossible", fix="use max_repeats >= 1 (default 4)")
+    if max_sequence_copies < 1:
+        raise StrataInputError(f"max_sequence_copies={max_sequence_copies} is impossible", fix="use max_sequence_copies >= 1 (default 4)")
     if not budget > 0:
         raise StrataInputError(f"the token budget {budget} is impossible", fix="use mixture_budget_tokens > 0 (0 = the corpus's tokens)")
-    r = sequence_rates(f, np.asarray(weights, dtype=np.float64), float(budget), int(max_repeats))
+    r = sequence_rates(f, np.asarray(weights, dtype=np.float64), float(budget), int(max_sequence_copies))
     base = np.floor(r).astype(np.int64)
     frac = r - base
     rng = np.random.default_rng(seed)
@@ -171,7 +171,7 @@ def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_r
     extra = np.floor(within) - np.floor(within - fr)
     counts = base.copy()
     counts[order] += extra.astype(np.int64)
-    return np.minimum(counts, int(max_repeats))
+    return np.minimum(counts, int(max_sequence_copies))
 
 
 def accounting(order: np.ndarray, seq_cluster_tokens: pl.DataFrame, target: np.ndarray) -> pl.DataFrame:
@@ -212,9 +212,9 @@ def l1_distance(table: pl.DataFrame) -> float:
     return float((table["realized_share"] - table["target_share"]).abs().sum())
 
 
-def schedule_problems(order: np.ndarray, n_sequences: int, table: pl.DataFrame, max_repeats: int) -> list[str]:
+def schedule_problems(order: np.ndarray, n_sequences: int, table: pl.DataFrame, max_sequence_copies: int) -> list[str]:
     """What is wrong with a schedule over ``n_sequences`` packed sequences and its accounting
-    ``table`` (empty when nothing): ids outside the packing, a sequence over ``max_repeats``
+    ``table`` (empty when nothing): ids outside the packing, a sequence over ``max_sequence_copies``
     copies, or tokens the accounting loses (corpus != distinct + omitted, scheduled != distinct +
     repeated, a negative count)."""
     order = np.asarray(order, dtype=np.int64)
@@ -225,8 +225,8 @@ def schedule_problems(order: np.ndarray, n_sequences: int, table: pl.DataFrame, 
         out.append(f"sequence ids outside 0..{n_sequences - 1}")
     else:
         most = int(np.bincount(order, minlength=n_sequences).max())
-        if most > max_repeats:
-            out.append(f"a sequence appears {most} times, more than max_repeats={max_repeats}")
+        if most > max_sequence_copies:
+            out.append(f"a sequence appears {most} times, more than max_sequence_copies={max_sequence_copies}")
     t = {c: table[c].to_numpy() for c in ACCOUNTING_SCHEMA}
     if (t["corpus_tokens"] != t["distinct_tokens"] + t["omitted_tokens"]).any():
         out.append("corpus tokens != distinct + omitted tokens for some cluster")

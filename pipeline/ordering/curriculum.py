@@ -164,19 +164,19 @@ def curriculum_greedy_order(
     noise: float = 0.0,
     seed: int = 0,
     *,
-    exact_max: int = EXACT_MAX,
-    block: int = BLOCK,
+    greedy_exact_max: int = EXACT_MAX,
+    greedy_block: int = BLOCK,
 ) -> np.ndarray:
-    """``greedy_curriculum``: the exact curriculum greedy up to ``exact_max`` sequences
+    """``greedy_curriculum``: the exact curriculum greedy up to ``greedy_exact_max`` sequences
     (:func:`curriculum_exact_order`), the blocked one above (:func:`curriculum_blocked_order`) with
-    pools of ``block`` sequences; rows in order. A pool is one ``greedy`` block so that both cost
+    pools of ``greedy_block`` sequences; rows in order. A pool is one ``greedy`` block so that both cost
     about the same per sequence: a round scans 3/4 of its pool per pick on average, ``greedy``'s deal
     about one block (its pool of 1.5 blocks shrinking to half a block) and its block order half of one."""
-    if exact_max < 0:
-        raise StrataInputError(f"greedy_exact_max={exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
-    if features.n_sequences <= exact_max:
+    if greedy_exact_max < 0:
+        raise StrataInputError(f"greedy_exact_max={greedy_exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
+    if features.n_sequences <= greedy_exact_max:
         return curriculum_exact_order(features, curriculum, objective, noise, seed)
-    return curriculum_blocked_order(features, curriculum, objective, max(2, block), noise, seed)
+    return curriculum_blocked_order(features, curriculum, objective, max(2, greedy_block), noise, seed)
 
 
 class _Targets:
@@ -208,22 +208,22 @@ def curriculum_blocked_order(
     features: SequenceFeatures,
     curriculum: Curriculum,
     objective: Objective,
-    block: int = BLOCK,
+    greedy_block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
-    """Scalable curriculum greedy: rounds of the exact greedy kernel on pools of ``block`` sequences,
-    each against the curriculum's targets over the span it fills; O(M * block).
+    """Scalable curriculum greedy: rounds of the exact greedy kernel on pools of ``greedy_block`` sequences,
+    each against the curriculum's targets over the span it fills; O(M * greedy_block).
 
     The sequences wait in a ring queue in the order of a stratified shuffle (``stratified_stream``).
-    Each round takes the first ``block`` of them as its pool and runs the exact greedy
+    Each round takes the first ``greedy_block`` of them as its pool and runs the exact greedy
     (``greedy_rows``, ``greedy``'s kernel) from the stream's running totals to pick n of them:
 
-    - n = block / 2, halved (down to 16) until no p_j(N) changes by more than 0.002 across the
+    - n = greedy_block / 2, halved (down to 16) until no p_j(N) changes by more than 0.002 across the
       round's span [S, S + n Lbar] (Lbar = mean sequence length);
     - and at most half the pool's share of the cluster the pool is shortest of: when the
       curriculum wants pbar_j > q_j + 0.005 (q_j = cluster j's token share in the pool),
-      n <= block * min_j (q_j / pbar_j) / 2, so the picks can follow the curriculum where it asks
+      n <= greedy_block * min_j (q_j / pbar_j) / 2, so the picks can follow the curriculum where it asks
       for several times a cluster's corpus share (without this bound the greedy falls behind on
       that cluster and later catches up in a burst: one batch of 89% one cluster, measured).
 
@@ -248,8 +248,8 @@ def curriculum_blocked_order(
     per-batch deviation from the curriculum 1.6x this scheme's). Noise: round r draws its eps_s
     with seed ``seed + r``.
     """
-    if block < 2:
-        raise StrataInputError(f"greedy block={block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK})")
+    if greedy_block < 2:
+        raise StrataInputError(f"greedy_block={greedy_block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK})")
     weights = _check(features, curriculum, objective)
     m = features.n_sequences
     chars = objective.matrix(features)
@@ -267,7 +267,7 @@ def curriculum_blocked_order(
     out = np.empty(m, dtype=np.int64)
     done, rnd = 0, 0
     while count:
-        size = min(block, count)
+        size = min(greedy_block, count)
         pool = np.sort(queue[(head + np.arange(size)) % m])
         head, count = (head + size) % m, count - size
         sub = chars.take_rows(pool)

@@ -14,54 +14,63 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
-from pipeline.config import StrataConfig
+from pipeline.config import config_default
 from pipeline.errors import StrataInputError
 from pipeline.names import WITHIN_SORTS
 from pipeline.ordering import strategies
-from pipeline.ordering.families import ColumnFamily
 from pipeline.ordering.doc_arrays import document_arrays, names_absent
+from pipeline.ordering.families import ColumnFamily
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
-from pipeline.ordering.greedy import BLOCK, EXACT_MAX, Objective, greedy_mode
+from pipeline.ordering.greedy import Objective, greedy_mode
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
 from pipeline.segments import as_integers
 
+_PATHS = ("curriculum", "mixture_weights_file")  # "" in the config, None here: no file
 
-_DEFAULTS = {name: field.default for name, field in StrataConfig.model_fields.items()}
+
+def _default(key: str) -> Any:
+    """The config's default of ``key`` as :class:`OrderParams` holds it: a list as a tuple, no file as None."""
+    value = config_default(key)
+    if key in _PATHS:
+        return value or None
+    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclass(frozen=True)
 class OrderParams:
     """Knobs of all strategies (each uses the ones it names in its description); each field is
-    named as its key of :class:`pipeline.config.StrataConfig` (``from_config``)."""
+    named as its key of :class:`pipeline.config.StrataConfig` (``from_config``), and defaults to
+    that key's default."""
 
-    objective: str = "stationary"  # greedy objective: stationary | f1 | f2 | f3 | custom (pipeline.ordering.characteristics)
-    families: tuple[str, ...] = ()  # objective custom: the families, "name[:weight[:classes]]"
-    length_bins: int = _DEFAULTS["length_bins"]  # B quantile length bins (f3)
-    length_bin_weighting: str = _DEFAULTS["length_bin_weighting"]  # quantiles of the length bins: tokens | documents (pipeline.ordering.features.length_bin_edges)
-    lam: float = 1.0  # lambda: weight of the length term (f3) or the L2-norm term (f2)
-    noise: float = 0.0  # sigma_sched, in units of Lbar^2 (0 = deterministic)
-    batch_size: int = 32  # one training batch, in sequences: greedy_block_shuffle's block, the greedy's repair
-    curriculum: str | None = None  # knots file (JSON/YAML) for greedy_curriculum
-    within: str = "original"  # within-cluster sort of the document-level strategies
-    window: int = 4096  # candidate pool of greedy_fast
-    greedy_exact_max: int = EXACT_MAX  # greedy family: exact greedy up to this many sequences, blocked above
-    greedy_block: int = BLOCK  # sequences per block of the blocked greedy
-    greedy_repair: bool = True  # greedy family: swap-repair the worst batches after the greedy
-    mixture_weights: str | None = None  # greedy_mixture: JSON/YAML cluster -> weight, or mixture/weights.parquet
-    mixture_budget_tokens: int = 0  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
-    max_repeats: int = 4  # greedy_mixture: copies of a sequence at most
-    duplicate_order: str = "greedy"  # duplicate_separated: each subset by the greedy (greedy) or by Idea 2 (idea2)
+    objective: str = _default("objective")  # greedy objective: stationary | f1 | f2 | f3 | custom (pipeline.ordering.characteristics)
+    families: tuple[str, ...] = _default("families")  # objective custom: the families, "name[:weight[:classes]]"
+    length_bins: int = _default("length_bins")  # B quantile length bins (f3)
+    length_bin_weighting: str = _default("length_bin_weighting")  # quantiles of the length bins: tokens | documents (features.length_bin_edges)
+    lam: float = _default("lam")  # lambda: weight of the length term (f3) or the L2-norm term (f2)
+    noise: float = _default("noise")  # sigma_sched, in units of Lbar^2 (0 = deterministic)
+    batch_size: int = _default("batch_size")  # one training batch, in sequences: greedy_block_shuffle's block, the greedy's repair
+    curriculum: str | None = _default("curriculum")  # knots file (JSON/YAML) for greedy_curriculum
+    within: str = _default("within")  # within-cluster sort of the document-level strategies
+    window: int = _default("window")  # candidate pool of greedy_fast
+    greedy_exact_max: int = _default("greedy_exact_max")  # greedy family: exact greedy up to this many sequences, blocked above
+    greedy_block: int = _default("greedy_block")  # sequences per block of the blocked greedy
+    greedy_repair: bool = _default("greedy_repair")  # greedy family: swap-repair the worst batches after the greedy
+    mixture_weights_file: str | None = _default("mixture_weights_file")  # greedy_mixture: JSON/YAML cluster -> weight, or the stage's weights
+    mixture_budget_tokens: int = _default("mixture_budget_tokens")  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
+    max_sequence_copies: int = _default("max_sequence_copies")  # greedy_mixture: copies of a sequence at most
+    duplicate_order: str = _default("duplicate_order")  # duplicate_separated: each subset by the greedy (greedy) or by Idea 2 (idea2)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OrderParams":
         """The ordering knobs of a :class:`pipeline.config.StrataConfig`."""
         return cls(
-            objective=cfg.objective, families=tuple(cfg.families), length_bins=cfg.length_bins, length_bin_weighting=cfg.length_bin_weighting,
-            lam=cfg.lam, noise=cfg.noise, batch_size=cfg.batch_size, curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
+            objective=cfg.objective, families=tuple(cfg.families), length_bins=cfg.length_bins,
+            length_bin_weighting=cfg.length_bin_weighting, lam=cfg.lam, noise=cfg.noise, batch_size=cfg.batch_size,
+            curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
             greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block, greedy_repair=cfg.greedy_repair,
-            mixture_weights=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
-            max_repeats=cfg.max_repeats, duplicate_order=cfg.duplicate_order,
+            mixture_weights_file=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
+            max_sequence_copies=cfg.max_sequence_copies, duplicate_order=cfg.duplicate_order,
         )
 
     def objective_weights(self) -> Objective:
@@ -100,7 +109,7 @@ class Inputs:
         seg = self.segments if segments is None else segments
         return packed_sequence_features(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(),
                                         self.cluster, self.length, self.params.length_bins, self.columns,
-                                        weighting=self.params.length_bin_weighting)
+                                        length_bin_weighting=self.params.length_bin_weighting)
 
 
 def order_frame(sequence_ids: np.ndarray) -> pl.DataFrame:

@@ -22,46 +22,46 @@ COUNTED_MAX = 1 << 22  # lengths up to this are counted (a table of that many en
 
 
 def length_bin_edges(
-    doc_lengths: np.ndarray, n_bins: int, weighting: Literal["tokens", "documents"] = "tokens"
+    doc_lengths: np.ndarray, length_bins: int, length_bin_weighting: Literal["tokens", "documents"] = "tokens"
 ) -> np.ndarray:
-    """Interior cut points of ``n_bins`` quantile bins over document lengths.
+    """Interior cut points of ``length_bins`` quantile bins over document lengths.
 
     Don't Shuffle, Optimize asks for "a quantile histogram over document lengths" without saying quantiles of
-    what. The default, ``weighting="tokens"``, puts the cuts at token-weighted quantiles: each bin
+    what. The default, ``length_bin_weighting="tokens"``, puts the cuts at token-weighted quantiles: each bin
     then holds about 1/B of all *tokens*, so every kappa_b (the bin's global token share) is
     about 1/B and every term of f3's length sum, and every bin of the deviation metrics, weighs
     the same. Document quantiles (``"documents"``) would spend most bins on the many short
     documents that hold few tokens (the demo corpus: 82% of documents, a small share of tokens).
 
-    Returns sorted, unique edges ``e`` (at most ``n_bins - 1``); bin ``b`` holds lengths in
-    ``(e[b-1], e[b]]`` (see :func:`length_bins`). Ties among lengths can merge bins, so the
-    number of bins is ``len(e) + 1 <= n_bins``; no bin is empty of documents.
+    Returns sorted, unique edges ``e`` (at most ``length_bins - 1``); bin ``b`` holds lengths in
+    ``(e[b-1], e[b]]`` (see :func:`length_bin_of`). Ties among lengths can merge bins, so the
+    number of bins is ``len(e) + 1 <= length_bins``; no bin is empty of documents.
     """
     lengths = as_integers(doc_lengths)  # int32 lengths are not copied to int64 (10M documents: 80 MB)
     if lengths.ndim != 1 or lengths.size == 0:
         raise StrataInputError("document lengths must be a non-empty 1-D array", fix="pass one length per doc_id")
     if lengths.min() <= 0:
         raise StrataInputError("a document length is <= 0", fix="pass stream lengths (n_tokens + 1), all positive")
-    if not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise StrataInputError(f"number of length bins B={n_bins!r} is impossible", fix="set B to an integer >= 1")
-    if weighting not in ("tokens", "documents"):
-        raise StrataInputError(f"unknown bin weighting {weighting!r}", fix="use 'tokens' or 'documents'")
+    if not isinstance(length_bins, (int, np.integer)) or length_bins < 1:
+        raise StrataInputError(f"number of length bins B={length_bins!r} is impossible", fix="set B to an integer >= 1")
+    if length_bin_weighting not in ("tokens", "documents"):
+        raise StrataInputError(f"unknown length_bin_weighting {length_bin_weighting!r}", fix="use 'tokens' or 'documents'")
     if lengths.max() <= COUNTED_MAX:  # the distinct lengths and their counts: O(N), no sort of N lengths
         count = np.bincount(lengths)
         srt = np.flatnonzero(count)
         count = count[srt]
-        mass = np.cumsum(srt * count if weighting == "tokens" else count)
+        mass = np.cumsum(srt * count if length_bin_weighting == "tokens" else count)
     else:
         srt = np.sort(lengths.astype(np.int64))
-        mass = np.cumsum(srt if weighting == "tokens" else np.ones_like(srt))
-    q = np.arange(1, n_bins, dtype=np.float64) / n_bins * mass[-1]
+        mass = np.cumsum(srt if length_bin_weighting == "tokens" else np.ones_like(srt))
+    q = np.arange(1, length_bins, dtype=np.float64) / length_bins * mass[-1]
     # smallest length x such that documents of length <= x hold at least q of the mass (the same x
     # from the mass summed per distinct length as from the mass document by document)
     edges = np.unique(srt[np.searchsorted(mass, q, side="left")])
     return edges[edges < srt[-1]]
 
 
-def length_bins(doc_lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
+def length_bin_of(doc_lengths: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Bin id (int64, 0..len(edges)) of each document length: bin b holds ``(edges[b-1], edges[b]]``.
     Many lengths read their bin from a table of every length up to the longest (a gather instead of
     a binary search each)."""
@@ -192,11 +192,11 @@ def sequence_features(
     seg_cluster: np.ndarray,
     seg_doc_length: np.ndarray,
     seg_tokens: np.ndarray,
-    n_bins: int,
+    length_bins: int,
     seg_doc: np.ndarray | None = None,
     bin_edges: np.ndarray | None = None,
     seg_columns: Mapping[str, np.ndarray] | None = None,
-    weighting: Literal["tokens", "documents"] = "tokens",
+    length_bin_weighting: Literal["tokens", "documents"] = "tokens",
 ) -> SequenceFeatures:
     """Build c_s and l_{s,b} from one row per document span placed in a sequence (vectorized).
 
@@ -207,7 +207,7 @@ def sequence_features(
     documents when ``seg_doc`` is given, else over spans. Given ``bin_edges`` are used as they are
     (e.g. edges of a whole corpus whose sequences are built part by part). ``seg_columns`` maps a
     documents column (e.g. ``source``) to each span's integer category; each becomes a token
-    family (tokens per category) the greedy can balance. ``weighting`` picks the quantiles of the
+    family (tokens per category) the greedy can balance. ``length_bin_weighting`` picks the quantiles of the
     bins (:func:`length_bin_edges`: ``tokens``, the default, or ``documents``).
     """
     seg_sequence = np.asarray(seg_sequence, dtype=np.int64)
@@ -223,13 +223,13 @@ def sequence_features(
     if bin_edges is not None:
         edges = np.asarray(bin_edges, dtype=np.int64)
     elif seg_doc is not None:  # one length per distinct document (the edges do not depend on their order)
-        edges = length_bin_edges(seg_doc_length[_first_of_each(np.asarray(seg_doc, dtype=np.int64))], n_bins, weighting)
+        edges = length_bin_edges(seg_doc_length[_first_of_each(np.asarray(seg_doc, dtype=np.int64))], length_bins, length_bin_weighting)
     else:
-        edges = length_bin_edges(seg_doc_length, n_bins, weighting)
+        edges = length_bin_edges(seg_doc_length, length_bins, length_bin_weighting)
     seq_ids, rows = _dense_rows(seg_sequence)
     m = seq_ids.size
     k = int(seg_cluster.max()) + 1
-    bin_of = length_bins(seg_doc_length, edges)
+    bin_of = length_bin_of(seg_doc_length, edges)
     clusters = _csr_from_pairs(rows, seg_cluster, seg_tokens, m, k)
     bins = _csr_from_pairs(rows, bin_of, seg_tokens, m, edges.size + 1)
     lengths = np.bincount(rows, weights=seg_tokens, minlength=m)
@@ -251,9 +251,9 @@ def packed_sequence_features(
     seg_tokens: np.ndarray,
     doc_cluster: np.ndarray,
     doc_length: np.ndarray,
-    n_bins: int,
+    length_bins: int,
     doc_columns: Mapping[str, np.ndarray] | None = None,
-    weighting: Literal["tokens", "documents"] = "tokens",
+    length_bin_weighting: Literal["tokens", "documents"] = "tokens",
 ) -> SequenceFeatures:
     """:func:`sequence_features` of a packing's segments, the documents' cluster, stream length and
     column codes given per document (indexed by doc_id): the same result, built group by group
@@ -265,16 +265,17 @@ def packed_sequence_features(
     tokens = np.asarray(seg_tokens)
     doc_columns = doc_columns or {}
     if seq.size == 0 or not grouped(seq):
-        return sequence_features(seq, np.asarray(doc_cluster)[doc], np.asarray(doc_length)[doc], tokens, n_bins, doc,
-                                 seg_columns={k: np.asarray(v)[doc] for k, v in doc_columns.items()}, weighting=weighting)
+        return sequence_features(seq, np.asarray(doc_cluster)[doc], np.asarray(doc_length)[doc], tokens, length_bins, doc,
+                                 seg_columns={k: np.asarray(v)[doc] for k, v in doc_columns.items()},
+                                 length_bin_weighting=length_bin_weighting)
     if tokens.min() <= 0:
         raise StrataInputError("a segment has no tokens", fix="drop empty spans (n_tokens must be > 0)")
     doc_cluster = np.asarray(doc_cluster).astype(np.int64, copy=False)
 
     def binned() -> tuple[np.ndarray, np.ndarray]:  # one pass on one core: beside the clusters' matrix
         first = _first_of_each(doc)  # one length per distinct document (the edges do not depend on their order)
-        edges = length_bin_edges(np.asarray(doc_length)[doc[first]], n_bins, weighting)
-        return edges, length_bins(doc_length, edges).astype(np.int32)
+        edges = length_bin_edges(np.asarray(doc_length)[doc[first]], length_bins, length_bin_weighting)
+        return edges, length_bin_of(doc_length, edges).astype(np.int32)
 
     def by_cluster() -> tuple[np.ndarray, Csr]:
         starts = np.append(np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]]), seq.size)

@@ -31,14 +31,15 @@ sequence per step is added to f(s); sigma is therefore in units of Lbar^2 square
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numba
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.config import config_default
 from pipeline.errors import StrataInputError
 from pipeline.ordering.characteristics import Characteristics, Family, characteristics, objective_families
 from pipeline.ordering.features import Csr, SequenceFeatures
@@ -341,21 +342,23 @@ def greedy_windowed_order(
     return np.concatenate(picked)
 
 
-EXACT_MAX = 100_000  # default `greedy_exact_max`: largest M ordered by the exact greedy (O(M^2))
-BLOCK = 4_096  # default `greedy_block`: sequences per block of the blocked mode
+EXACT_MAX: int = config_default("greedy_exact_max")  # largest M ordered by the exact greedy (O(M^2))
+BLOCK: int = config_default("greedy_block")  # sequences per block of the blocked mode
+BATCH_SIZE: int = config_default("batch_size")  # sequences per training batch: the repair's batches
+REPAIR: bool = config_default("greedy_repair")
 POOL_SLACK = 0.5  # the blocked mode's deal picks a block from a pool of (1 + POOL_SLACK) blocks
 HEAD_POOL = 16  # ... and its first block, in the order picked, from a pool of this many blocks
 CARRY = 64  # sequences each block's order leaves to the next block's (two batches of 32)
 
 
-def greedy_mode(n_sequences: int, exact_max: int = EXACT_MAX) -> str:
-    """Which greedy ``greedy_scaled_order`` runs on ``n_sequences`` rows: exact up to ``exact_max``."""
-    return "exact" if n_sequences <= exact_max else "blocked"
+def greedy_mode(n_sequences: int, greedy_exact_max: int = EXACT_MAX) -> str:
+    """Which greedy ``greedy_scaled_order`` runs on ``n_sequences`` rows: exact up to ``greedy_exact_max``."""
+    return "exact" if n_sequences <= greedy_exact_max else "blocked"
 
 
-def block_sizes(n_rows: int, block: int) -> np.ndarray:
-    """ceil(n_rows / block) block sizes differing by at most 1."""
-    n_blocks = max(1, -(-n_rows // int(block)))
+def block_sizes(n_rows: int, greedy_block: int) -> np.ndarray:
+    """ceil(n_rows / greedy_block) block sizes differing by at most 1."""
+    n_blocks = max(1, -(-n_rows // int(greedy_block)))
     return np.diff(np.linspace(0, n_rows, n_blocks + 1).round().astype(np.int64))
 
 
@@ -365,7 +368,7 @@ def tracked_blocks(
     targets: np.ndarray,
     state: GreedyState,
     stream: np.ndarray,
-    block: int,
+    greedy_block: int,
     noise: float = 0.0,
     seed: int = 0,
 ) -> Iterator[tuple[np.ndarray, bool]]:
@@ -389,17 +392,17 @@ def tracked_blocks(
     tail to balance. The rest of that pool goes back to the head of the stream.
     """
     n = lengths.size
-    sizes = block_sizes(n, block)
+    sizes = block_sizes(n, greedy_block)
     if sizes.size == 1:
         yield np.sort(stream), False
         return
-    head = np.sort(stream[: min(n, int(HEAD_POOL * int(block)))])
+    head = np.sort(stream[: min(n, int(HEAD_POOL * int(greedy_block)))])
     first = greedy_rows(chars.take_rows(head), lengths[head], targets, state, int(sizes[0]), noise, seed)
     yield head[first], True
     taken = np.zeros(n, dtype=bool)
     taken[head[first]] = True
     stream = stream[~taken[stream]]  # the head pool's rest, back in stream order
-    extra = int(round(POOL_SLACK * int(block)))
+    extra = int(round(POOL_SLACK * int(greedy_block)))
     pool = np.sort(stream[: sizes[1] + extra])
     nxt = pool.size
     for i in range(1, sizes.size):
@@ -465,30 +468,30 @@ def tracked_blocked_rows(
     targets: np.ndarray,
     state: GreedyState,
     stream: np.ndarray,
-    block: int = BLOCK,
+    greedy_block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
     """The blocked greedy on these rows from ``state`` against ``targets``: :func:`tracked_blocks`,
     each block then ordered on its own targets; rows in schedule order."""
-    if block < 1:
-        raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
+    if greedy_block < 1:
+        raise StrataInputError(f"greedy_block={greedy_block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
     lengths = np.asarray(lengths, dtype=np.float64)
     if lengths.size == 0:
         return np.zeros(0, dtype=np.int64)
-    blocks = tracked_blocks(chars, lengths, targets, state, stream, block, noise, seed)
-    return _blocks_in_order(chars, lengths, blocks, block_sizes(lengths.size, block).size, noise, seed)
+    blocks = tracked_blocks(chars, lengths, targets, state, stream, greedy_block, noise, seed)
+    return _blocks_in_order(chars, lengths, blocks, block_sizes(lengths.size, greedy_block).size, noise, seed)
 
 
 def greedy_blocked_order(
     features: SequenceFeatures,
     objective: Objective,
-    block: int = BLOCK,
+    greedy_block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
-    """Scalable greedy: a tracked deal into ceil(M / block) blocks, each ordered by the exact greedy
-    on its own targets; O(M * block) instead of O(M^2), memory O(M) plus a pool and a block.
+    """Scalable greedy: a tracked deal into ceil(M / greedy_block) blocks, each ordered by the exact greedy
+    on its own targets; O(M * greedy_block) instead of O(M^2), memory O(M) plus a pool and a block.
 
     1. The deal (:func:`tracked_blocks`): blocks picked in turn by the exact greedy from a pool of
        1.5 blocks fed by a seeded stratified stream (``stratified_stream``), from the running
@@ -515,31 +518,31 @@ def greedy_blocked_order(
     block to the exact greedy whole; the rows the deal passes over are not lost, only moved to a
     later block.
 
-    With ``block`` >= M there is one block and the order equals ``greedy_order``'s. Noise: the deal's
+    With ``greedy_block`` >= M there is one block and the order equals ``greedy_order``'s. Noise: the deal's
     round i draws its eps_s with seed ``seed + i``, block i's ordering with ``seed + n_blocks + i``.
     """
-    if block < 1:
-        raise StrataInputError(f"greedy block={block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
+    if greedy_block < 1:
+        raise StrataInputError(f"greedy_block={greedy_block} is too small", fix=f"use blocks of at least 1 sequence (default {BLOCK})")
     chars, stream = concurrently(lambda: objective.matrix(features),
                                  lambda: stratified_stream(features, np.random.default_rng(seed)))
     lengths = np.asarray(features.lengths, dtype=np.float64)
     state = GreedyState.empty(chars.n_cols)
-    return tracked_blocked_rows(chars, lengths, chars.targets(lengths), state, stream, block, noise, seed)
+    return tracked_blocked_rows(chars, lengths, chars.targets(lengths), state, stream, greedy_block, noise, seed)
 
 
 def greedy_scaled_order(
     features: SequenceFeatures,
     objective: Objective,
-    exact_max: int = EXACT_MAX,
-    block: int = BLOCK,
+    greedy_exact_max: int = EXACT_MAX,
+    greedy_block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
-    batch_size: int = 32,
+    batch_size: int = BATCH_SIZE,
     *,
-    repair: bool = True,
+    greedy_repair: bool = REPAIR,
 ) -> tuple[np.ndarray, str]:
-    """``greedy``: the exact greedy up to ``exact_max`` sequences, the blocked greedy above, then
-    (``repair``, config ``greedy_repair``) the swap repair of its worst training batches of
+    """``greedy``: the exact greedy up to ``greedy_exact_max`` sequences, the blocked greedy above, then
+    (``greedy_repair``) the swap repair of its worst training batches of
     ``batch_size`` sequences (4 passes over the worst 2%, ``pipeline.ordering.repair``); (rows, mode).
     Without the repair, in exact mode, with objective f1, f2 or f3, it is Don't Shuffle, Optimize's
     greedy as written.
@@ -549,21 +552,21 @@ def greedy_scaled_order(
     sequence family holds a class at its share), and one swap with a nearby batch removes such
     rare batches without moving the mean or the stream's composition.
     """
-    if exact_max < 0:
-        raise StrataInputError(f"greedy_exact_max={exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
-    mode = greedy_mode(features.n_sequences, exact_max)
+    if greedy_exact_max < 0:
+        raise StrataInputError(f"greedy_exact_max={greedy_exact_max} is impossible", fix=f"use an integer >= 0 (default {EXACT_MAX})")
+    mode = greedy_mode(features.n_sequences, greedy_exact_max)
     if mode == "exact":
         order = greedy_order(features, objective, noise, seed)
     else:
-        order = greedy_blocked_order(features, objective, block, noise, seed)
-    return (repair_batches(order, features, batch_size)[0] if repair else order), mode
+        order = greedy_blocked_order(features, objective, greedy_block, noise, seed)
+    return (repair_batches(order, features, batch_size)[0] if greedy_repair else order), mode
 
 
 def greedy_blocked_after(
     features: SequenceFeatures,
     prefix_rows: np.ndarray,
     objective: Objective,
-    block: int = BLOCK,
+    greedy_block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
 ) -> np.ndarray:
@@ -581,7 +584,7 @@ def greedy_blocked_after(
     lengths = np.asarray(features.lengths, dtype=np.float64)
     state = GreedyState(chars.take_rows(prefix_rows).column_totals().astype(np.float64), float(lengths[prefix_rows].sum()),
                         int(prefix_rows.size))
-    rows = tracked_blocked_rows(chars.take_rows(rest), lengths[rest], chars.targets(lengths), state, stream, block, noise, seed)
+    rows = tracked_blocked_rows(chars.take_rows(rest), lengths[rest], chars.targets(lengths), state, stream, greedy_block, noise, seed)
     return rest[rows]
 
 
@@ -589,29 +592,29 @@ def greedy_after_prefix(
     features: SequenceFeatures,
     prefix_rows: np.ndarray,
     objective: Objective,
-    exact_max: int = EXACT_MAX,
-    block: int = BLOCK,
+    greedy_exact_max: int = EXACT_MAX,
+    greedy_block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
-    batch_size: int = 32,
+    batch_size: int = BATCH_SIZE,
     *,
-    repair: bool = True,
+    greedy_repair: bool = REPAIR,
 ) -> np.ndarray:
     """The rows not in ``prefix_rows`` in ``greedy`` order after a frozen prefix: the greedy starts
     from the prefix's running counts (X, S, n) with the targets of *all* rows, so the whole stream's
     cumulative error returns toward zero as fast as the greedy allows; then the swap repair of the
-    suffix's batches (``repair``). Up to ``exact_max`` suffix rows the exact greedy continues from the prefix;
+    suffix's batches (``greedy_repair``). Up to ``greedy_exact_max`` suffix rows the exact greedy continues from the prefix;
     above, :func:`greedy_blocked_after` (a catch-up phase from the prefix's counts, then blocks)."""
     rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
     if rest.size == 0:
         return rest
     sub = features.take_rows(rest)
-    if greedy_mode(rest.size, exact_max) == "blocked":
-        after = greedy_blocked_after(features, prefix_rows, objective, block, noise, seed)
+    if greedy_mode(rest.size, greedy_exact_max) == "blocked":
+        after = greedy_blocked_after(features, prefix_rows, objective, greedy_block, noise, seed)
         local = np.searchsorted(rest, after)
-        return rest[repair_batches(local, sub, batch_size)[0] if repair else local]
+        return rest[repair_batches(local, sub, batch_size)[0] if greedy_repair else local]
     chars = objective.matrix(features)
     prefix = chars.take_rows(np.asarray(prefix_rows, dtype=np.int64))
     state = GreedyState(prefix.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
     picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], chars.targets(features.lengths), state, None, noise, seed)
-    return rest[repair_batches(picked, sub, batch_size)[0] if repair else picked]
+    return rest[repair_batches(picked, sub, batch_size)[0] if greedy_repair else picked]

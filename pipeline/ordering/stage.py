@@ -28,8 +28,8 @@ def order_params(cfg, layout) -> OrderParams:
     """The ordering knobs of ``cfg``; greedy_mixture's weights default to the mixture stage's
     ``mixture/weights.parquet`` when ``mixture_weights_file`` is not set."""
     params = OrderParams.from_config(cfg)
-    if params.mixture_weights is None and layout.mixture_weights.exists():
-        params = replace(params, mixture_weights=str(layout.mixture_weights))
+    if params.mixture_weights_file is None and layout.mixture_weights.exists():
+        params = replace(params, mixture_weights_file=str(layout.mixture_weights))
     return params
 
 
@@ -84,7 +84,7 @@ def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float
     out = write_parquet(table, path)
     reread = pl.read_parquet(out)
     n_seq = int(written.segments["sequence_id"].max()) + 1
-    problems = schedule_problems(written.order, n_seq, reread, params.max_repeats)
+    problems = schedule_problems(written.order, n_seq, reread, params.max_sequence_copies)
     if not reread.equals(table):
         problems.append("the written accounting differs from the order's")
     l1 = l1_distance(reread)
@@ -95,10 +95,10 @@ def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float
             "budget_tokens": int(params.mixture_budget_tokens or reread["corpus_tokens"].sum()),
             "per_cluster": Markdown(shown.to_pandas().to_markdown(index=False))}
     checks = [
-        CheckFact(CAPS_CHECK, not problems, meta, "; ".join(problems) or f"every sequence at most {params.max_repeats} times; every token accounted for"),
+        CheckFact(CAPS_CHECK, not problems, meta, "; ".join(problems) or f"every sequence at most {params.max_sequence_copies} times; every token accounted for"),
         CheckFact(MIXTURE_CHECK, l1 <= tolerance, meta, warn=True,
                   description=(f"realized shares within L1 {l1:.4f} of the mixture (tolerance {tolerance})" if l1 <= tolerance else
-                               f"the corpus gives the mixture only within L1 {l1:.4f} > {tolerance}: raise max_repeats, "
+                               f"the corpus gives the mixture only within L1 {l1:.4f} > {tolerance}: raise max_sequence_copies, "
                                "lower mixture_budget_tokens, or accept it (mixture_tolerance)")),
     ]
     return [out], checks, meta
@@ -187,7 +187,7 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
         outputs,
         {"sequences": n_positions},
         {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
-         **({"mixture_weights_sha256": file_sha256(params.mixture_weights)} if spec.realizes_mixture else {})},
+         **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.realizes_mixture else {})},
         {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
          **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},
         checks=[check, *mixture_checks],

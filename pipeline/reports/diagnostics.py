@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.ordering.features import length_bin_edges, length_bins
+from pipeline.ordering.features import length_bin_edges, length_bin_of
 from pipeline.reports import kernels as K
 from pipeline.reports import windows as W
 from pipeline.reports.composition import Composition, Schedule, composition_of_docs
@@ -68,7 +68,7 @@ def prepare(
     doc_length: np.ndarray,
     *,
     bin_edges: np.ndarray | None = None,
-    n_bins: int = 100,
+    length_bins: int = 100,
     n_clusters: int | None = None,
     doc_source: np.ndarray | pl.Series | None = None,
     target_share: np.ndarray | None = None,
@@ -120,8 +120,8 @@ def prepare(
             raise StrataInputError("a sequence of the ordering holds no tokens", fix="drop empty sequences before ordering")
 
     def by_length() -> tuple[np.ndarray, Composition]:
-        edges = length_bin_edges(doc_length, n_bins) if bin_edges is None else np.asarray(bin_edges)
-        return edges, composition_of_docs(seg_seq, seg_doc, seg_tok, length_bins(doc_length, edges), m, edges.size + 1)
+        edges = length_bin_edges(doc_length, length_bins) if bin_edges is None else np.asarray(bin_edges)
+        return edges, composition_of_docs(seg_seq, seg_doc, seg_tok, length_bin_of(doc_length, edges), m, edges.size + 1)
 
     # independent passes at once: the one-core ones (checks, bins, gathers) beside the compositions' parallel ones
     _, clusters, (edges, bins), seg_doc_length, source = concurrently(

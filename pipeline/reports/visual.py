@@ -71,20 +71,20 @@ def int_values(array) -> np.ndarray:
     return np.frombuffer(array.buffers()[1], f"<i{width}", len(array), array.offset * width)
 
 
-def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, n_bins: int) -> D.Schedule:
+def load_schedule(layout: Layout, strategy: str, docs: pl.DataFrame, length_bins: int) -> D.Schedule:
     """Join a strategy's ordering with its segments; length-bin edges shared by all strategies;
     the documents' ``source`` label when ``docs`` has one; a schedule realizing a mixture unrolled,
     its cluster deviations against the mixture's target shares."""
-    return _schedule(docs, *_ordering_segments(layout, strategy), n_bins)
+    return _schedule(docs, *_ordering_segments(layout, strategy), length_bins)
 
 
-def strategy_schedule(layout: Layout, strategy: str, n_bins: int) -> D.Schedule:
+def strategy_schedule(layout: Layout, strategy: str, length_bins: int) -> D.Schedule:
     """:func:`load_schedule` of one strategy over :func:`document_features` with source codes, the
     documents read while its ordering and segments are."""
     # contiguous columns (NumPy views, not copies beside the frame's chunks); doc_id is the row index
     docs, (ordering, segments) = concurrently(lambda: document_features(layout, source_codes=True).drop("doc_id").rechunk(),
                                               lambda: _ordering_segments(layout, strategy, rechunk=True))
-    return _schedule(docs, ordering, segments, n_bins)
+    return _schedule(docs, ordering, segments, length_bins)
 
 
 def _ordering_segments(layout: Layout, strategy: str, rechunk: bool = False) -> tuple:
@@ -95,9 +95,9 @@ def _ordering_segments(layout: Layout, strategy: str, rechunk: bool = False) -> 
     return ordering, segments.rechunk() if rechunk else segments
 
 
-def _schedule(docs: pl.DataFrame, ordering, segments: pl.DataFrame, n_bins: int) -> D.Schedule:
+def _schedule(docs: pl.DataFrame, ordering, segments: pl.DataFrame, length_bins: int) -> D.Schedule:
     # the length bins' edges are the quantiles of every document's length (D.prepare's default), for any strategy
-    return D.prepare(segments, ordering.order, docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), n_bins=n_bins,
+    return D.prepare(segments, ordering.order, docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), length_bins=length_bins,
                      doc_source=docs["source"] if "source" in docs.columns else None, target_share=ordering.target_share)
 
 

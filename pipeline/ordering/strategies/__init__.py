@@ -77,7 +77,7 @@ class StrategySpec:
 
     @property
     def realizes_mixture(self) -> bool:
-        """Realizes a mixture: its order may repeat sequences (up to ``max_repeats`` copies) or leave
+        """Realizes a mixture: its order may repeat sequences (up to ``max_sequence_copies`` copies) or leave
         some out, and its checks and diagnostics hold it to the mixture's shares."""
         return self.mixture is not None
 

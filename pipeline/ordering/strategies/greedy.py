@@ -18,7 +18,7 @@ def greedy_rows(features, params, seed: int) -> np.ndarray:
 
     p = params
     return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.batch_size,
-                               repair=p.greedy_repair)[0]
+                               greedy_repair=p.greedy_repair)[0]
 
 
 def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
@@ -27,7 +27,7 @@ def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
 
     p = params
     return greedy_after_prefix(features, prefix_rows, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed,
-                               p.batch_size, repair=p.greedy_repair)
+                               p.batch_size, greedy_repair=p.greedy_repair)
 
 
 def greedy_block_shuffle_after(features, prefix_rows, params, seed: int) -> np.ndarray:
@@ -48,7 +48,7 @@ def greedy_curriculum(features, params, seed: int) -> np.ndarray:
         raise StrataInputError("greedy_curriculum needs a curriculum", fix="pass --curriculum KNOTS.json (or .yaml)")
     cur = load_curriculum(params.curriculum, features.clusters.n_cols)
     return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed,
-                                   exact_max=params.greedy_exact_max, block=params.greedy_block)
+                                   greedy_exact_max=params.greedy_exact_max, greedy_block=params.greedy_block)
 
 
 def greedy_block_shuffle(features, params, seed: int) -> np.ndarray:

@@ -15,40 +15,40 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.ordering.strategies.greedy import GREEDY
 
-MIXTURE = ("mixture_weights_file", "mixture_budget_tokens", "max_repeats", "mixture_tolerance")
+MIXTURE = ("mixture_weights_file", "mixture_budget_tokens", "max_sequence_copies", "mixture_tolerance")
 
 
 def mixture_targets(params, n_clusters: int) -> np.ndarray:
     """The mixture's token share per cluster (the weights file, normalized)."""
     from pipeline.mixture.schedule import load_weights
 
-    if not params.mixture_weights:
+    if not params.mixture_weights_file:
         raise StrataInputError("greedy_mixture needs mixture weights",
                                fix="turn the mixture stage on (mixture.enabled: true) and materialize mixture_weights, "
                                    "or set mixture_weights_file to a JSON/YAML mapping cluster -> weight")
-    return load_weights(params.mixture_weights, n_clusters)
+    return load_weights(params.mixture_weights_file, n_clusters)
 
 
 def schedule_rows(features, params, seed: int) -> np.ndarray:
-    """Rows of ``features`` in schedule order, row s repeated r_s times (0 <= r_s <= max_repeats)."""
+    """Rows of ``features`` in schedule order, row s repeated r_s times (0 <= r_s <= max_sequence_copies)."""
     from pipeline.mixture.schedule import repeat_counts
     from pipeline.ordering.greedy import greedy_scaled_order
 
     weights = mixture_targets(params, features.clusters.n_cols)
     budget = params.mixture_budget_tokens or float(features.lengths.sum())
-    counts = repeat_counts(features, weights, budget, params.max_repeats, seed)
+    counts = repeat_counts(features, weights, budget, params.max_sequence_copies, seed)
     rows = np.repeat(np.arange(features.n_sequences, dtype=np.int64), counts)
     if rows.size == 0:
         raise StrataInputError("the mixture schedules no sequence", fix="raise mixture_budget_tokens (0 = the corpus's tokens)")
     p = params
     order, _ = greedy_scaled_order(features.take_rows(rows), p.objective_weights(), p.greedy_exact_max, p.greedy_block,
-                                   p.noise, seed, p.batch_size, repair=p.greedy_repair)
+                                   p.noise, seed, p.batch_size, greedy_repair=p.greedy_repair)
     return rows[order]
 
 
 SPECS = (
     StrategySpec("greedy_mixture", "sequence",
-                 "learned mixture (mixture_weights or mixture_weights_file) realized over the corpus with up to max_repeats copies "
-                 "per sequence within mixture_budget_tokens, ordered by the greedy (TerRIFIC curricula)",
+                 "learned mixture (mixture_weights_file, or the mixture stage's mixture_weights) realized over the corpus "
+                 "with up to max_sequence_copies copies per sequence within mixture_budget_tokens, ordered by the greedy (TerRIFIC curricula)",
                  seed_free=False, reads=(*GREEDY, *MIXTURE), greedy_based=True, order=schedule_rows, mixture=mixture_targets),
 )
