@@ -102,7 +102,8 @@ def parse_budget(text: str) -> tuple[float | None, int | None]:
                         return value, None
     except ValueError:
         pass
-    raise StrataInputError(f"cannot read budget {text!r}", fix="write a wall time (90s, 60m, 2h) or training tokens (5M tokens, 500k tokens)")
+    raise StrataInputError(f"cannot read budget {text!r}",
+                           fix="write a wall time (90s, 60m, 2h) or training tokens (5M tokens, 500k tokens)")
 
 
 def seed_list(config_seeds: list[int], n: int) -> list[int]:
@@ -269,14 +270,16 @@ class Campaign:
         tok = load_tokenizer(layout.tokenizer)
         every = load_heldout_batch(layout, self.cfg.model_copy(update={"heldout_docs": 10 ** 9}), tok)
         if every is None:
-            raise StrataInputError("no held-out documents to score", path=layout.heldout, fix="set heldout_fraction > 0 and rerun strata run")
+            raise StrataInputError("no held-out documents to score", path=layout.heldout,
+                                   fix="set heldout_fraction > 0 and rerun strata run")
         n = min(n_units, every.n_docs)
         batch = replace(every, tokens=every.tokens[:n], filled=every.filled[:n], units=every.units[:n])
         frames, fresh, spent = [], [], 0.0
         with self._con() as con:
             have = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
             cached = con.sql(f"SELECT * FROM {UNITS_TABLE}").pl() if UNITS_TABLE in have else pl.DataFrame()
-            versions = {(s, seed): latest_data_version(con, "training_runs", f"{seed}|{s}") for s, seeds in wanted.items() for seed in seeds}
+            versions = {(s, seed): latest_data_version(con, "training_runs", f"{seed}|{s}") for s,
+                        seeds in wanted.items() for seed in seeds}
         for (strategy, seed), version in versions.items():
             mine = cached.filter((pl.col("strategy") == strategy) & (pl.col("seed") == seed) & (pl.col("version") == version)
                                  & pl.col("unit").is_in(batch.units)) if cached.height else cached
@@ -289,7 +292,8 @@ class Campaign:
             values = score_heldout(model, batch, dev)
             spent += time.perf_counter() - t0
             df = pl.DataFrame({"strategy": strategy, "seed": seed, "unit": batch.units, "value": values, "version": version},
-                              schema={"strategy": pl.String, "seed": pl.Int64, "unit": pl.String, "value": pl.Float64, "version": pl.String})
+                              schema={"strategy": pl.String, "seed": pl.Int64, "unit": pl.String, "value": pl.Float64,
+                                      "version": pl.String})
             fresh.append(((strategy, seed), df))
             frames.append(df)
         if fresh:
@@ -501,7 +505,8 @@ def demo_sentence(power: pl.DataFrame, tokens_per_run: int, run_seconds: float |
     t = Q.target_grid(vc.clipped(), dsg, r["n_seeds"], r["n_units"], r["max_units"])
     if not t.feasible:
         return (f"`strata ablate --strategies greedy` cannot resolve ±{r['target_rel']:.1%} on this corpus at any budget: the "
-                f"document-to-document spread needs ≥ {t.units_floor} held-out documents and {r['max_units']} exist (raise heldout_fraction).")
+                f"document-to-document spread needs ≥ {t.units_floor} held-out documents and {r['max_units']} exist (raise "
+                "heldout_fraction).")
     runs = (t.seeds - r["n_seeds"]) * (strategies + 1)
     if run_seconds:
         need = f"--budget {_m.ceil(runs * run_seconds / 60)}m"

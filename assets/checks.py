@@ -11,7 +11,8 @@ from pipeline.packing.frozen import load_all
 from pipeline.packing.pack import conservation
 
 
-@dg.asset_check(asset="sequences", blocking=True, description="Every token of every document appears exactly once in the sequences, except the reported dropped tail.")
+@dg.asset_check(asset="sequences", blocking=True,
+                description="Every token of every document appears exactly once in the sequences, except the reported dropped tail.")
 def token_conservation(settings: StrataSettings, duckdb: DuckDBResource) -> dg.AssetCheckResult:
     layout, cfg = settings.layout(), settings.config()
     stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
@@ -48,4 +49,5 @@ def embeddings_normalized(settings: StrataSettings) -> dg.AssetCheckResult:
         total, recorded = total.merge(norms), recorded + from_record
     lo, hi = total.min_norm, total.max_norm
     ok = total.finite and abs(lo - 1.0) <= 1e-3 and abs(hi - 1.0) <= 1e-3
-    return dg.AssetCheckResult(passed=bool(ok), metadata={"min_norm": lo, "max_norm": hi, "shard_rows": total.rows, "shards_from_records": recorded})
+    return dg.AssetCheckResult(passed=bool(ok), metadata={"min_norm": lo, "max_norm": hi, "shard_rows": total.rows,
+                                                          "shards_from_records": recorded})

@@ -6,9 +6,9 @@ Library code: ``pipeline/mixture/`` (terrific.py, loop.py, realize.py, target.py
 """
 
 
+import dagster as dg
 import numpy as np
 import polars as pl
-import dagster as dg
 import yaml
 from dagster_duckdb import DuckDBResource
 
@@ -84,9 +84,11 @@ def meta_context(cfg, layout, log=lambda msg: None):
     inf = InfluenceSettings(dim=m.projection_dim, nnz=m.projection_nnz, clip=m.clip, ridge=m.ridge, score_clip=m.score_clip,
                             batch=min(8, cfg.batch_size), seed=cfg.seed)
     return make_context(tokens, offsets, doc_cluster, ttok, toff, tdocs["role"].to_numpy(), tdocs["general"].to_numpy(),
-                        vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, seq_len=cfg.seq_len, influence=inf,
+                        vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, seq_len=cfg.seq_len,
+                        influence=inf,
                         examples_per_cluster=m.examples_per_cluster, target_examples=m.target_examples, lam=cfg.lam,
-                        length_bins=cfg.length_bins, noise=cfg.noise, max_cluster_epochs=m.max_cluster_epochs, step_size=m.step_size, seed=cfg.seed,
+                        length_bins=cfg.length_bins, noise=cfg.noise, max_cluster_epochs=m.max_cluster_epochs, step_size=m.step_size,
+                        seed=cfg.seed,
                         log=log)
 
 
@@ -100,7 +102,8 @@ def _iteration_file(layout, i: int):
     return _dir(layout, "iterations", f"{i}.parquet")
 
 
-@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"], partitions_def=ITERATION_PARTITIONS, code_version="1", kinds={"pytorch"})
+@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"],
+          partitions_def=ITERATION_PARTITIONS, code_version="1", kinds={"pytorch"})
 def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Static TerRIFIC iteration i: Train (fresh model on the realized mixture softmax(l_i), greedy
     order) -> Measure (Delta l at the final checkpoint; with ``mixture.static_method: terrific_avg``
@@ -124,7 +127,8 @@ def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettin
     else:
         prev = _iteration_file(layout, i - 1)
         if not prev.exists():
-            raise StrataInputError(f"iteration {i} needs iteration {i - 1}", fix=f"materialize mixture_iterations[{i - 1}] first (partitions run in order)")
+            raise StrataInputError(f"iteration {i} needs iteration {i - 1}",
+                                   fix=f"materialize mixture_iterations[{i - 1}] first (partitions run in order)")
         logits = pl.read_parquet(prev).sort("cluster")["next_logit"].to_numpy()
     it = static_iteration(ctx, logits, seed=cfg.seed, method=cfg.mixture.static_method, avg_checkpoints=cfg.mixture.avg_checkpoints)
     rows = pl.DataFrame({
@@ -159,7 +163,8 @@ def mixture_weights(context: dg.AssetExecutionContext, settings: StrataSettings,
     n = cfg.mixture.iterations
     missing = [i for i in range(n) if not _iteration_file(layout, i).exists()]
     if missing:
-        raise StrataInputError(f"mixture iterations {missing} are not materialized", fix="materialize every mixture_iterations partition, in order")
+        raise StrataInputError(f"mixture iterations {missing} are not materialized",
+                               fix="materialize every mixture_iterations partition, in order")
     its = pl.concat([pl.read_parquet(_iteration_file(layout, i)) for i in range(n)]).sort("iteration", "cluster")
     last = its.filter(pl.col("iteration") == n - 1)
     final = pl.DataFrame({"iteration": np.full(last.height, n, dtype=np.int64), "cluster": last["cluster"],
@@ -177,7 +182,8 @@ def mixture_weights(context: dg.AssetExecutionContext, settings: StrataSettings,
                        "figure": dg.MetadataValue.md(f"![weights]({fig})")})
 
 
-@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"], code_version="1", kinds={"pytorch"})
+@dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"], code_version="1",
+          kinds={"pytorch"})
 def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """TerRIFIC curricula (Algorithm 1): ``mixture.curriculum_iterations`` meta-iterations from
     f_0 = log corpus shares, each training on the curriculum-greedy order of f_t with
@@ -200,7 +206,8 @@ def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettin
     def knots(t: int, c) -> None:
         for q, (s, row) in enumerate(zip(c.log_tokens, c.logits)):
             p = np.exp(row - row.max())
-            knot_rows.append(pl.DataFrame({"meta_iteration": t, "knot": q, "tokens": float(np.exp(s)), "cluster": np.arange(row.size, dtype=np.int64),
+            knot_rows.append(pl.DataFrame({"meta_iteration": t, "knot": q, "tokens": float(np.exp(s)),
+                                           "cluster": np.arange(row.size, dtype=np.int64),
                                            "logit": row, "weight": p / p.sum()}))
 
     knots(0, cur)
@@ -208,7 +215,8 @@ def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettin
         it = curriculum_iteration(ctx, cur, t, m.checkpoints, m.min_fraction, cfg.seed)
         for b, (s, step) in enumerate(zip(it.s_b, it.steps)):
             step_rows.append(pl.DataFrame({"meta_iteration": t, "checkpoint": b, "tokens": float(np.exp(s)), "step": int(step),
-                                           "cluster": np.arange(ctx.n_clusters, dtype=np.int64), "score": it.scores_at[b], "delta": it.deltas[b]}))
+                                           "cluster": np.arange(ctx.n_clusters, dtype=np.int64), "score": it.scores_at[b],
+                                           "delta": it.deltas[b]}))
         score_rows += [{"meta_iteration": t, "metric": k, "value": float(v)} for k, v in it.scores.items()]
         score_rows.append({"meta_iteration": t, "metric": "repeated_fraction", "value": it.realization.repeated_fraction})
         cur = it.next_curriculum
@@ -229,7 +237,8 @@ def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettin
                       {"figure": dg.MetadataValue.md(f"![curriculum]({out[-1]})")})
 
 
-@dg.asset(group_name="mixture", tags={"strata/order": "last"}, deps=["mixture_weights", "mixture_curriculum"], partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"pytorch"})
+@dg.asset(group_name="mixture", tags={"strata/order": "last"}, deps=["mixture_weights", "mixture_curriculum"],
+          partitions_def=STRATEGY_PARTITIONS, code_version="1", kinds={"pytorch"})
 def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Train on the learned mixture, for every training seed: ``greedy_mixture`` realizes the final
     static weights (greedy order), ``greedy_curriculum`` the learned curriculum (curriculum-greedy
@@ -260,7 +269,8 @@ def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, du
 
     tok = load_tokenizer(layout.tokenizer)
     out = [write_parquet(ctx.pool_segments, _dir(layout, "pool_segments.parquet")),
-           write_parquet(pl.DataFrame({"position": np.arange(order.size, dtype=np.int64), "sequence_id": order}), _dir(layout, "orderings", f"{strategy}.parquet")),
+           write_parquet(pl.DataFrame({"position": np.arange(order.size, dtype=np.int64), "sequence_id": order}),
+                         _dir(layout, "orderings", f"{strategy}.parquet")),
            write_parquet(real.table, _dir(layout, "realization", f"{strategy}.parquet"))]
     finals = {}
     for seed in cfg.seeds:
@@ -290,8 +300,8 @@ def mixture_ablation(context: dg.AssetExecutionContext, settings: StrataSettings
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.mixture.loop import evaluate
     from pipeline.devices import device
+    from pipeline.mixture.loop import evaluate
 
     rec = Recorder(context, duckdb, {"mixture_runs": "*", "training_runs": "*"})
     cfg, layout = settings.config(), settings.layout()

@@ -5,8 +5,8 @@
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.params import PARAM_CLASSES, asset_config
 from assets.common import STRATEGY_PARTITIONS, Recorder, StrataSettings
+from assets.params import PARAM_CLASSES, asset_config
 from pipeline.ordering import stage
 
 PERMUTATION_CHECK = dg.AssetCheckSpec("ordering_is_permutation", asset="orderings", blocking=True,

@@ -48,7 +48,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "clusters": (),
     "sequences": ("seq_len", "packing", "seed", "freeze_prefix"),
     "orderings": ("seq_len", "seed", *strategies.reads("sequence", "document")),
-    "exports": tuple(dict.fromkeys(("export_formats", "export_global_batch", "export_world_size", "export_workers", "export_dir", "batch_size",
+    "exports": tuple(dict.fromkeys(("export_formats", "export_global_batch", "export_world_size", "export_workers", "export_dir",
+                                    "batch_size",
                                     "seq_len", *formats.reads()))),
     "ordering_diagnostics": ("length_bins", "max_steps", "batch_size", "seed", "stationarity_shuffles"),  # prefix = max_steps x batch_size
     "diagnostics_report": ("length_bins", "seed"),

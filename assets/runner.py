@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 import socket
+import time
 from pathlib import Path
 
 import dagster as dg

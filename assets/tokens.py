@@ -5,15 +5,14 @@ import dagster as dg
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from assets.corpus import gathered_shards, partition_docs
+from assets.params import PARAM_CLASSES, asset_config
+from pipeline.data.shard_docs import chosen_texts, prune
 from pipeline.data.token_shards import gather_tokens, token_files, tokenize_shards, tokenizer_key
 from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
 from pipeline.data.tokens import token_dtype
-from pipeline.data.shard_docs import chosen_texts, prune
 from pipeline.storage.atomic import atomic_dir
-
 
 TokenizerParams = PARAM_CLASSES["tokenizer"]  # launchpad: this asset's parameters (assets/params.py)
 

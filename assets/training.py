@@ -3,9 +3,9 @@
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.params import PARAM_CLASSES, PARAMS, asset_config
 from assets.common import RUN_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key
 from assets.on_ray import run_on_ray
+from assets.params import PARAM_CLASSES, PARAMS, asset_config
 from pipeline.training import stage
 
 load_heldout_batch = stage.load_heldout_batch  # assets/ablate.py imports it from here

@@ -179,7 +179,8 @@ def read_paloma_docs(root: str | Path, split: str = "val", docs_per_subdomain: i
     """
     root = Path(root)
     if not root.is_dir():
-        raise StrataInputError("Paloma-style directory not found", fix="pass a directory laid out as <source>/<split>/*.jsonl.gz", path=root)
+        raise StrataInputError("Paloma-style directory not found", fix="pass a directory laid out as <source>/<split>/*.jsonl.gz",
+                               path=root)
     files = sorted(p for p in root.glob(f"*/{split}/*") if p.name.endswith((".jsonl", ".jsonl.gz")))
     if not files:
         raise StrataInputError(f"no <source>/{split}/*.jsonl[.gz] files", fix="check the directory and the split name", path=root)

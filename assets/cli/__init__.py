@@ -125,7 +125,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     root = Path(args.data_root).resolve() if args.data_root else cfg.root
     layout = Layout(root)
     if not layout.duckdb.exists():
-        raise StrataInputError("no strata.duckdb in the data root", path=root, fix="run `strata demo` or `strata run` first, or pass --data-root")
+        raise StrataInputError("no strata.duckdb in the data root", path=root,
+                               fix="run `strata demo` or `strata run` first, or pass --data-root")
     from pipeline.ordering.strategies import training_time
 
     strategies = sorted(p.name.removesuffix(".parquet") for p in (root / "orderings").glob("*.parquet")
@@ -162,6 +163,7 @@ def cmd_claims(args: argparse.Namespace) -> int:
     """Measure each paper's claim on this data root (materialize ``claims``; with ``--full`` first the
     claims' own runs, ``claim_runs``) and print one row per claim with its verdict."""
     import json
+    from pathlib import Path
 
     import duckdb
     from rich.console import Console
@@ -169,8 +171,6 @@ def cmd_claims(args: argparse.Namespace) -> int:
 
     from assets.runner import materialize_all, prepare_environment
     from pipeline.storage.layout import Layout
-
-    from pathlib import Path
 
     t0 = time.perf_counter()
     config = args.config or os.environ.get("STRATA_CONFIG") or None
@@ -184,7 +184,8 @@ def cmd_claims(args: argparse.Namespace) -> int:
                                fix="run `strata demo` or `strata run` first (the claims read its orderings and runs), or pass --data-root")
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         has_report = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
-    select = " or ".join(f"key:{a}" for a in (["claim_runs"] if args.full else []) + ["claims"] + (["ablation_report"] if has_report else []))
+    select = " or ".join(f"key:{a}" for a in (["claim_runs"] if args.full else []) + ["claims"]
+                                              + (["ablation_report"] if has_report else []))
     materialize_all(config, str(cfg.root), select=select, log=(lambda m: print(m, file=sys.stderr)) if args.json else print)
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         rows = con.sql("SELECT * FROM claims").pl()
@@ -222,7 +223,8 @@ def registry_rows(family: str) -> list[tuple[str, str, str, str]]:
     if family == "families":
         from pipeline.ordering.families import REGISTRY as families
 
-        return [(f.name, f"{f.level} family" + (", repaired" if f.repaired else "") + (f", diagnosed as {f.diagnosed}" if f.diagnosed else ""),
+        return [(f.name, f"{f.level} family" + (", repaired" if f.repaired else "")
+                 + (f", diagnosed as {f.diagnosed}" if f.diagnosed else ""),
                  "", f.description) for f in families.entries().values()]
     from evals.suites import ordered
 

@@ -37,9 +37,11 @@ def register(sub) -> None:
     p.add_argument("--baseline", default="random", help="the baseline strategy (default: random)")
     p.add_argument("--metric", default=HELDOUT_METRIC,
                    help=f"metric (default {HELDOUT_METRIC}: held-out documents can be added; an evaluation metric keeps its documents)")
-    p.add_argument("--effect", type=float, default=TARGET_EFFECT, help="effect of interest and equivalence margin, a fraction of the baseline (0.005)")
+    p.add_argument("--effect", type=float, default=TARGET_EFFECT,
+                   help="effect of interest and equivalence margin, a fraction of the baseline (0.005)")
     p.add_argument("--budget", required=True, help="wall time (90s, 60m, 2h) or training tokens ('5M tokens')")
     p.add_argument("--pilot-seeds", type=int, default=3, help="seeds of the pilot (default 3)")
-    p.add_argument("--config", default=None, help="YAML/JSON config (default: $STRATA_CONFIG, the data root's demo_config.yaml, or its recorded config)")
+    p.add_argument("--config", default=None,
+                   help="YAML/JSON config (default: $STRATA_CONFIG, the data root's demo_config.yaml, or its recorded config)")
     p.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
     p.set_defaults(func=cmd_ablate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+
 from pipeline.export.formats import REGISTRY as FORMATS
 
 
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the training run (the mds layout depends on it)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--data-root", default=None, help="data root (default: the config's data_root, else $STRATA_HOME, else ./.strata)")
-    p.add_argument("--config", default=None, help="YAML/JSON config: the data root, the default global batch (export_global_batch, else batch_size); "
+    p.add_argument("--config", default=None,
+                   help="YAML/JSON config: the data root, the default global batch (export_global_batch, else batch_size); "
                         "a seq_len it sets is checked against the sequences' own")
     p.set_defaults(func=cmd_export)

@@ -68,18 +68,21 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     extra = {}
     for name in params.column_families():
         if name not in seg.columns:
-            raise StrataInputError(f"the family {name!r} names no column", fix=f"add an integer column {name!r} (one category per span)", path=args.segments)
+            raise StrataInputError(f"the family {name!r} names no column", fix=f"add an integer column {name!r} (one category per span)",
+                                   path=args.segments)
         extra[name] = seg[name].rank("dense").to_numpy().astype(np.int64) - 1
     f = sequence_features(
         seg["sequence_id"].to_numpy(), seg["cluster"].to_numpy(), seg["doc_length"].to_numpy(),
-        seg["n_tokens"].to_numpy(), params.length_bins, seg["doc_id"].to_numpy(), seg_columns=extra, length_bin_weighting=params.length_bin_weighting,
+        seg["n_tokens"].to_numpy(), params.length_bins, seg["doc_id"].to_numpy(), seg_columns=extra,
+        length_bin_weighting=params.length_bin_weighting,
     )  # fmt: skip
     rows = sequence_order(args.strategy, f, params, args.seed)
     ids = f.sequence_ids[rows]
     out = pl.DataFrame({"position": np.arange(ids.size, dtype=np.int64), "sequence_id": ids.astype(np.int64)})
     write_parquet(out, args.out)
     mode = f" ({greedy_mode(ids.size, params.greedy_exact_max)} greedy)" if strategies.spec(args.strategy).greedy_based else ""
-    print(f"{args.strategy}{mode}: ordered {ids.size} {'positions' if strategies.spec(args.strategy).realizes_mixture else 'sequences'} -> {args.out}")
+    print(f"{args.strategy}{mode}: ordered {ids.size} {'positions' if strategies.spec(args.strategy).realizes_mixture else 'sequences'} -> "
+          f"{args.out}")
     return 0
 
 
@@ -118,7 +121,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--noise", type=float, default=DEFAULTS.noise, help=f"sigma_sched in units of Lbar^2 (default {DEFAULTS.noise:g})")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--batch-size", "--block-size", dest="batch_size", type=int, default=DEFAULTS.batch_size,
-                   help=f"sequences per training batch: greedy_block_shuffle's block, the greedy's repaired batches (default {DEFAULTS.batch_size})")
+                   help="sequences per training batch: greedy_block_shuffle's block, the greedy's repaired batches (default "
+                        f"{DEFAULTS.batch_size})")
     p.add_argument("--curriculum", default=None, help="knots file (JSON/YAML) for greedy_curriculum")
     p.add_argument("--window", type=int, default=DEFAULTS.window, help="candidate pool of greedy_fast")
     p.add_argument("--greedy-exact-max", type=int, default=DEFAULTS.greedy_exact_max,

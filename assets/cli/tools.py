@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import StrataInputError
+from pipeline.reports.compare_runs import DEFAULT_METRICS, compare_runs
 from pipeline.represent.agreement import compare, load_labels
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
-from pipeline.reports.compare_runs import DEFAULT_METRICS, compare_runs
 from pipeline.storage.lineage import lineage_of
 
 
