@@ -63,7 +63,8 @@ def main() -> None:
     sizes = np.bincount(assign, minlength=args.k)
     r = label_agreement(assign, truth)
     print(f"k-means total (PCA + train + assign all): {dt:.1f} s = {dt / 60:.1f} min")
-    print(f"non-empty clusters {int((sizes > 0).sum()):,}/{args.k:,}; sizes min {sizes.min()} median {int(np.median(sizes))} max {sizes.max()}")
+    print(f"non-empty clusters {int((sizes > 0).sum()):,}/{args.k:,}; sizes min {sizes.min()} median {int(np.median(sizes))} max "
+          f"{sizes.max()}")
     print(f"agreement with the generating mixture: ARI {r['ari']:.3f}, NMI {r['nmi']:.3f}")
 
 

@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from pipeline.reports import diagnostics as D
 from pipeline.packing.pack import pack_concat
+from pipeline.reports import diagnostics as D
 
 
 def main() -> None:

@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_train import synthetic_store  # noqa: E402
-from pipeline.mixture.terrific import SparseProjection, per_example_grads  # noqa: E402
 from pipeline.devices import device  # noqa: E402
+from pipeline.mixture.terrific import SparseProjection, per_example_grads  # noqa: E402
 from pipeline.training.model import batch_tensors, build_model  # noqa: E402
 
 
@@ -100,7 +100,8 @@ def main() -> None:
     print(f"{'preset':8} {'params':>10} {'grad s':>8} {'proj s':>8} {'examples/s':>11} {'ex/CPU-s':>9}")
     for p in a.presets:
         r = bench_preset(p, a.seq_len, a.vocab, a.examples, a.dim, a.nnz, a.batch)
-        print(f"{r['preset']:8} {r['params']:>10,} {r['grad_s']:>8.2f} {r['proj_s']:>8.2f} {r['examples_per_s']:>11.2f} {r['examples_per_cpu_s']:>9.2f}")
+        print(f"{r['preset']:8} {r['params']:>10,} {r['grad_s']:>8.2f} {r['proj_s']:>8.2f} {r['examples_per_s']:>11.2f} "
+              f"{r['examples_per_cpu_s']:>9.2f}")
     if a.meta_root:
         bench_meta(a.meta_root, a.config)
 

@@ -57,8 +57,8 @@ def long_text(n_bytes: int) -> str:
 def write_corpus(path: Path, n_bytes: int) -> int:
     """The demo slice plus one long record (in the training split); returns its length in characters."""
     import polars as pl
-
     from helpers import demo_slice
+
     from pipeline.data.corpus import content_hashes, heldout_mask
 
     text = long_text(n_bytes)

@@ -7,8 +7,8 @@ packed into L=2048-token sequences, B=100 length bins. Above 1M sequences the in
 memory of building it. Each case runs in a fresh process so its peak RSS is its own (it includes
 building the instance). Printed per case: wall seconds of the ordering alone (numba compilation
 excluded) and its CPU seconds (the ordering is single-threaded, so on a shared, loaded machine the
-CPU time is the better estimate of the time on one free core), peak RSS, the mean, median and worst per-batch max deviation of cluster shares and of
-length-bin shares, batch = 32 sequences (`pipeline.reports.diagnostics.batch_deviations`: full
+CPU time is the better estimate of the time on one free core), peak RSS, the mean, median and worst per-batch max deviation of cluster
+shares and of length-bin shares, batch = 32 sequences (`pipeline.reports.diagnostics.batch_deviations`: full
 batches only), and the same for a `random` order of the same instance.
 
 Modes: `greedy_exact` (exact greedy at any size), `greedy_blocked` (the blocked greedy at any
@@ -365,7 +365,8 @@ def main() -> None:
     ap.add_argument("--drift", action="store_true", help="only the drift table of every objective")
     ap.add_argument("--1m", dest="one_m", action="store_true", help="with --drift: also the blocked greedy at M=1M")
     ap.add_argument("--objective", default=OBJECTIVE, help="objective of the speed cases (default stationary)")
-    ap.add_argument("--curriculum", action="store_true", help="only greedy_curriculum: exact vs blocked at M=20k, then M=1M (10M with --10m)")
+    ap.add_argument("--curriculum", action="store_true",
+                    help="only greedy_curriculum: exact vs blocked at M=20k, then M=1M (10M with --10m)")
     ap.add_argument("--prefix", action="store_true", help="only the prefix table (issue 41): exact, independent blocks and greedy "
                     "at 300k and 1M (10M with --10m); writes benchmarks/results/order_prefix.json")
     ap.add_argument("--design", action="store_true", help="with --prefix: the design alternatives at 300k instead")
@@ -584,7 +585,8 @@ def _machine() -> dict:
 
     model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "loadavg_at_start": os.getloadavg()[0]}
 
 
@@ -691,7 +693,8 @@ def drift_blocked(m: int) -> None:
 
 def drift_table(scale: int) -> None:
     """Per objective: clusters and documents per sequence by tenth, what leaves random's band, batch deviations."""
-    print(f"-- drift: every objective's `greedy` (exact) and random; batch {BATCH}; ratios to f3's exact greedy before the repair", flush=True)
+    print(f"-- drift: every objective's `greedy` (exact) and random; batch {BATCH}; ratios to f3's exact greedy before the repair",
+          flush=True)
     for i, (k, seq_len, m) in enumerate(DRIFT_INSTANCES):
         f, seg, cluster, length = drift_instance(k, seq_len, m // scale, 9000 + i)
         orders = {obj: sequence_order("greedy", f, OrderParams(objective=obj, length_bins=B), 0) for obj in DRIFT_OBJECTIVES}

@@ -36,12 +36,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config import RayConfig, StrataConfig  # noqa: E402
-from pipeline.distributed.local_cluster import local_cluster  # noqa: E402
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs  # noqa: E402
 from pipeline.data.token_shards import tokenize_unit  # noqa: E402
+from pipeline.distributed.local_cluster import local_cluster  # noqa: E402
 from pipeline.distributed.units import load_unit, map_corpus_shards  # noqa: E402
-from pipeline.represent.embedding_shards import embed_unit  # noqa: E402
 from pipeline.offline import set_offline  # noqa: E402
+from pipeline.represent.embedding_shards import embed_unit  # noqa: E402
 from pipeline.represent.embeddings import default_model_path  # noqa: E402
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))

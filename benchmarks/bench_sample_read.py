@@ -41,7 +41,8 @@ def main() -> None:
     emb = open_embeddings(args.root / "embeddings" / "runs.parquet")
     rows = _sample_rows(emb.shape[0], args.k * args.max_points_per_centroid, args.seed)
     mb = len(rows) * emb.shape[1] * emb.dtype.itemsize / 1e6
-    print(f"{len(rows):,} of {emb.shape[0]:,} rows ({mb:.0f} MB) from {len(emb.runs.paths)} shard files, page cache dropped before each read")
+    print(f"{len(rows):,} of {emb.shape[0]:,} rows ({mb:.0f} MB) from {len(emb.runs.paths)} shard files, page cache dropped before each "
+          "read")
     for _ in range(args.repeats):
         for readers in args.readers:
             npy_rows.READERS = readers

@@ -30,8 +30,8 @@ tokenizes), after ``corpus_shards`` pyarrow's own zstd write of the validated sh
 nothing to compute, after ``centroids`` the libraries' own k-means on its sample (``library_kmeans``), and
 after ``cluster_shards`` faiss's own search of the embedding rows against the
 centroids (``library_search``) and the stage's partitions run again with every file there (what
-Dagster's run of a partition and the asset's bookkeeping cost with nothing to compute). Each stage's bytes written (the kernel's I/O accounting) and, at the end, the data
-root's size are printed. ``--strata-run`` runs the same path as one ``strata run --select
+Dagster's run of a partition and the asset's bookkeeping cost with nothing to compute). Each stage's bytes written (the kernel's I/O
+accounting) and, at the end, the data root's size are printed. ``--strata-run`` runs the same path as one ``strata run --select
 '*ordering_diagnostics'`` process instead (Dagster's run storage included). ``--keep`` keeps the
 generated corpus, ``--reuse`` runs on it again. Figures are printed, never asserted.
 
@@ -297,7 +297,8 @@ def library_write(root: Path, env: dict) -> tuple[int, float, int, int]:
     return int(n), float(wall), int(same), int(files)
 
 
-def library_train(root: Path, env: dict, budget_chars: int = 50_000_000, vocab_size: int = 8192) -> tuple[int, int, float, float, float, bool]:
+def library_train(root: Path, env: dict, budget_chars: int = 50_000_000,
+                  vocab_size: int = 8192) -> tuple[int, int, float, float, float, bool]:
     """The tokenizers library's own BPE training (``train_from_iterator`` of a ``BpeTrainer`` set as
     ``train_bpe`` sets it, every core) on the sample ``tokenizer`` trains on, held in memory (its
     reading timed apart): ``(texts, characters, read seconds, train seconds, train CPU/wall, whether
@@ -411,7 +412,8 @@ def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reu
         t0 = time.perf_counter()
         info = generate(n_docs, base / "shards", shard_docs)
         done.write_text(json.dumps({"docs": n_docs, "shard_docs": shard_docs}))
-        print(f"generated {info['docs']:,} documents in {info['shards']} shards ({info['chars'] / 1e6:.0f}M chars) in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"generated {info['docs']:,} documents in {info['shards']} shards ({info['chars'] / 1e6:.0f}M chars) in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
     cfg = {
         "data_root": str(base / "root"), "corpus": {"path": str(base / "shards"), "source_field": "domain"},
         "embed_method": "shallow", "k": 1000, "seq_len": 2048, "strategies": strategies, "batch_size": 32, **(options or {}),
@@ -458,7 +460,8 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
     sizes = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir()}
     print(f"\nstrata run --select '*ordering_diagnostics', {n_docs:,} documents: {wall:.1f} s wall, {cpu:.1f} CPU-s "
           f"(CPU/wall {cpu / wall:.2f}), peak anon {peak / 2**30:.2f} GB, wrote {written / 2**30:.2f} GB; load average "
-          f"{os.getloadavg()[0]:.1f}\ndata root {whole / 2**30:.2f} GB (" + ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in sizes.items()) + ")")
+          f"{os.getloadavg()[0]:.1f}\ndata root {whole / 2**30:.2f} GB (" + ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in sizes.items())
+          + ")")
     return {"wall_s": wall, "cpu_s": cpu, "peak_anon_gb": peak / 2**30, "written_gb": written / 2**30, "root_gb": whole / 2**30}
 
 
@@ -503,13 +506,16 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
                 print(f"    [{' '.join(part)}]: {full:.1f} s ({inner:.1f} s in the asset), {cpu:.1f} CPU-s, peak anon {peak / 2**30:.2f} GB", flush=True)
         written[stage] = _children_written() - w0
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
-              f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}; in the asset {inner_cpus[stage] / max(spans[stage][1], 1e-9):.2f}), peak anon {peaks[stage] / 2**30:.2f} GB, "
+              f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}; in the asset {inner_cpus[stage] / max(spans[stage][1], 1e-9):.2f}), peak "
+              f"anon {peaks[stage] / 2**30:.2f} GB, "
               f"wrote {written[stage] / 2**30:.2f} GB", flush=True)
         if bodies[stage] is not None and runs[stage]:
             bw, bc = bodies[stage]
             around, around_cpu = spans[stage][1] - bw, inner_cpus[stage] - bc
-            print(f"    its asset function{'s' if runs[stage] > 1 else ''}: {bw:.1f} s, {bc:.1f} CPU-s (CPU/wall {bc / max(bw, 1e-9):.2f}); "
-                  f"Dagster's {runs[stage]} run{'s' if runs[stage] > 1 else ''} around {'them' if runs[stage] > 1 else 'it'}: {around:.1f} s, "
+            print(f"    its asset function{'s' if runs[stage] > 1 else ''}: {bw:.1f} s, {bc:.1f} CPU-s (CPU/wall "
+                  f"{bc / max(bw, 1e-9):.2f}); "
+                  f"Dagster's {runs[stage]} run{'s' if runs[stage] > 1 else ''} around {'them' if runs[stage] > 1 else 'it'}: {around:.1f} "
+                  "s, "
                   f"{around_cpu:.1f} CPU-s; the stage's bound with those runs as they are, {around:.1f} + {bc:.1f} / {CORES} = "
                   f"{around + bc / CORES:.1f} s: the stage takes {spans[stage][1] / (around + bc / CORES):.2f}x", flush=True)
         if stage == "token_shards" and baselines:
@@ -532,7 +538,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
         if stage == "corpus_shards" and baselines:
             write = library_write(base / "root", env)
             print(f"  pyarrow's ParquetWriter (zstd level 3) on the validated shards' row groups: {write[0] / write[1]:,.0f} rows/s "
-                  f"({write[0]:,} rows in {write[1]:.1f} s; {write[2]} of {write[3]} files byte-identical to the validated shards)", flush=True)
+                  f"({write[0]:,} rows in {write[1]:.1f} s; {write[2]} of {write[3]} files byte-identical to the validated shards)",
+                  flush=True)
         if stage == "cluster_shards" and baselines:
             search = library_search(base / "root", env)
             print(f"  faiss IndexFlatIP search on every core: {search[0] / search[1]:,.0f} rows/s "
@@ -541,7 +548,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
             # the same partitions again, each file there: Dagster's run of each partition and the asset's bookkeeping alone
             out, _, _ = run_child([sys.executable, "-c", CHILD, str(base / "cfg.json"), stage, *parts[0]], env, base / f"{stage}.log")
             bookkeeping[stage] = float(out.split()[-3])
-            print(f"  {stage} again with nothing to compute ({len(parts[0])} partitions): {bookkeeping[stage]:.1f} s in the asset", flush=True)
+            print(f"  {stage} again with nothing to compute ({len(parts[0])} partitions): {bookkeeping[stage]:.1f} s in the asset",
+                  flush=True)
     root = base / "root"
     offsets = root / "tokens" / "doc_offsets.npy"
     tokens = int(np.load(offsets, mmap_mode="r")[-1]) if offsets.is_file() else 0
@@ -558,7 +566,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
                  "asset_cpu_per_wall": sum(inner_cpus.values()) / max(sum(inner for _, inner in spans.values()), 1e-9),
                  "peak_anon_gb": max(peaks.values()) / 2**30, "docs_per_s": docs / wall, "tokens_per_s": tokens / wall,
                  "written_gb": sum(written.values()) / 2**30})
-    print(f"\n{n_docs:,} documents ({docs:,} training), {tokens / 1e6:.1f}M tokens, shards of {shard_docs:,}; load average {os.getloadavg()[0]:.1f}")
+    print(f"\n{n_docs:,} documents ({docs:,} training), {tokens / 1e6:.1f}M tokens, shards of {shard_docs:,}; load average "
+          f"{os.getloadavg()[0]:.1f}")
     print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'in asset':>10}{'peak anon GB':>14}{'written GB':>12}{'docs/s':>12}{'tokens/s':>14}")
     for r in rows:
         print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['asset_cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
@@ -591,7 +600,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     corpus_in = _du(base / "shards")
     print(f"data root {sum(sizes.values()) / 2**30:.2f} GB outside dagster/ and work/ ("
           + ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in sizes.items()) + f"); input shards {corpus_in / 2**20:,.0f} MB; "
-          f"written by the stages {sum(written.values()) / 2**30:.2f} GB = {sum(written.values()) / max(1, sizes.get('tokens', 0) + sizes.get('embeddings', 0)):.2f}x "
+          f"written by the stages {sum(written.values()) / 2**30:.2f} GB = "
+          f"{sum(written.values()) / max(1, sizes.get('tokens', 0) + sizes.get('embeddings', 0)):.2f}x "
           f"the token store + embeddings ({(sizes.get('tokens', 0) + sizes.get('embeddings', 0)) / 2**30:.2f} GB)")
     return rows
 
@@ -605,12 +615,15 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and data root")
     ap.add_argument("--strata-run", action="store_true", help="run the path as one `strata run` instead of stage by stage")
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
-    ap.add_argument("--no-baselines", action="store_true", help="skip the tokenizers library's own throughput beside the two tokenizing stages")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="skip the tokenizers library's own throughput beside the two tokenizing stages")
     ap.add_argument("--until", choices=STAGES, default=STAGES[-1], help="stop after this stage")
     ap.add_argument("--from", dest="first", choices=STAGES, default=None,
-                    help="with --reuse: keep the data root of an earlier run and run from this stage on (its kept artifacts removed, so it recomputes)")
+                    help="with --reuse: keep the data root of an earlier run and run from this stage on (its kept artifacts removed, so it "
+                         "recomputes)")
     ap.add_argument("--partition-workers", type=int, default=0,
-                    help="the config's partition_workers: corpus_shards / cluster_shards partitions at once (0 = one a core, 1 = one after another)")
+                    help="the config's partition_workers: corpus_shards / cluster_shards partitions at once (0 = one a core, 1 = one after "
+                         "another)")
     args = ap.parse_args()
     options = {"partition_workers": args.partition_workers}
     peaks = {}

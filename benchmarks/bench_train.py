@@ -20,10 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.training.model import preset_parameters  # noqa: E402
-from pipeline.packing.pack import SequenceStore, pack_concat  # noqa: E402
 from pipeline.devices import device  # noqa: E402
+from pipeline.packing.pack import SequenceStore, pack_concat  # noqa: E402
 from pipeline.training.loop import TrainSettings, train  # noqa: E402
+from pipeline.training.model import preset_parameters  # noqa: E402
 
 EOS, PAD = 0, 1
 
