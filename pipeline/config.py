@@ -160,13 +160,15 @@ class StrataConfig(_Model):
     engine: Literal["local", "ray"] = "local"  # ray: per-shard work and ablation runs on a Ray cluster (docs/distributed.md)
     ray: RayConfig = Field(default_factory=RayConfig)
     shard_docs: int = Field(4096, ge=1)  # documents per work shard of tokens/embeddings (both engines: fixes batch composition)
-    partition_workers: int = Field(0, ge=0)  # corpus_shards / cluster_shards partitions strata run runs at once (0 = one a core; cluster_shards 2 at most)
+    # corpus_shards / cluster_shards partitions strata run runs at once (0 = one a core; cluster_shards 2 at most)
+    partition_workers: int = Field(0, ge=0)
     automation: Literal["manual", "eager"] = "manual"  # eager: Dagster declarative automation reruns stale assets
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     heldout_fraction: float = Field(0.02, ge=0.0, lt=0.5)  # seeded split of documents excluded from training
     # tokenizer
     tokenizer: str = ""  # "" = train a byte-level BPE on the corpus; else HF dir/name or tokenizer.json
-    vocab_size: int = Field(8192, ge=260, le=MAX_VOCAB)  # 256 byte symbols + special tokens; beyond MAX_VOCAB the BPE trainer's tables do not fit
+    # 256 byte symbols + special tokens; beyond MAX_VOCAB the BPE trainer's tables do not fit
+    vocab_size: int = Field(8192, ge=260, le=MAX_VOCAB)
     tokenizer_sample_chars: int = Field(50_000_000, ge=0)  # BPE trains on a seeded sample of about this many characters (0 = all)
     # embeddings
     embed_method: Literal[EMBED_METHODS] = "sentence"  # type: ignore[valid-type]
@@ -186,7 +188,8 @@ class StrataConfig(_Model):
     # orderings
     strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed", "odm", "cluster_sorted"], min_length=1)  # cluster_sorted: the positive control
     objective: Literal[OBJECTIVES] = "stationary"  # type: ignore[valid-type]  # greedy objective: stationary | f1 | f2 | f3 | custom (docs/ordering.md)
-    families: list[str] = Field(default_factory=list, validate_default=True)  # objective custom: "name[:weight[:classes]]", e.g. [cluster, length_bin:1, concentration:0.5:16, source:0.5]
+    # objective custom: "name[:weight[:classes]]", e.g. [cluster, length_bin:1, concentration:0.5:16, source:0.5]
+    families: list[str] = Field(default_factory=list, validate_default=True)
     length_bins: int = Field(100, ge=1)
     # quantiles of the greedy's length bins: tokens (each bin ~1/B of the tokens) | documents (each bin ~1/B of the
     # documents: Don't Shuffle, Optimize's "quantile histogram over document lengths" read literally)
@@ -202,18 +205,22 @@ class StrataConfig(_Model):
     mixture_weights_file: str = ""  # greedy_mixture: JSON/YAML mapping cluster -> weight; "" = mixture/weights.parquet of the mixture stage
     mixture_budget_tokens: int = Field(0, ge=0)  # greedy_mixture: tokens its schedule holds; 0 = the packed corpus's tokens
     max_sequence_copies: int = Field(4, ge=1)  # greedy_mixture: copies of one packed sequence its schedule holds at most
-    duplicate_order: Literal["greedy", "idea2"] = "greedy"  # duplicate_separated: each subset by the greedy as configured | by Idea 2 (the paper's)
+    # duplicate_separated: each subset by the greedy as configured | by Idea 2 (the paper's)
+    duplicate_order: Literal["greedy", "idea2"] = "greedy"
     mixture_tolerance: float = Field(0.05, ge=0.0)  # greedy_mixture's check: L1 distance of realized from target cluster shares it accepts
     # a rerun keeps the first N positions of every strategy's stream byte-identical (docs/reliability.md "Adding data
     # while training"): N sequences, "consumed:STEPSxGLOBAL_BATCH" or "consumed:<run dir or its stream.parquet>"; 0 = off
     freeze_prefix: int | str = 0
     batch_size: int = Field(16, ge=1, le=MAX_BATCH_TOKENS // 2)  # sequences per optimizer step (also the diagnostics batch)
-    stationarity_shuffles: int = Field(50, ge=1)  # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
+    # R: uniform shuffles that span random's band in the stationarity diagnostics (docs/diagnostics.md)
+    stationarity_shuffles: int = Field(50, ge=1)
     # training
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)  # training seeds: model init + every seeded strategy's shuffle/noise/sampler; one run per strategy x seed (strata demo: [0, 1, 2])
+    # training seeds: model init + every seeded strategy's shuffle/noise/sampler; one run per strategy x seed (strata demo: [0, 1, 2])
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     model_preset: Literal[MODEL_PRESETS] = "tiny"  # type: ignore[valid-type]
     max_steps: int = Field(60, ge=1)
-    epochs: int = Field(0, ge=0)  # 0: max_steps steps; N >= 1: N passes over each stream (floor(M / batch_size) steps each), replacing max_steps
+    # 0: max_steps steps; N >= 1: N passes over each stream (floor(M / batch_size) steps each), replacing max_steps
+    epochs: int = Field(0, ge=0)
     lr: float = Field(3e-3, gt=0.0)
     warmup_steps: int = Field(6, ge=0)
     weight_decay: float = Field(0.1, ge=0.0)
@@ -222,16 +229,19 @@ class StrataConfig(_Model):
     odm_warmup_fraction: float = 0.01  # ODM: fraction of the steps at the prior policy, in [0, 1)
     odm_clock: Literal["draw", "step"] = "draw"  # ODM's exploration clock t: micro-batch draws (Strata's) | steps (the paper's Alg. 1)
     odm_micro_batches: int = Field(0, ge=0)  # ODM's G: cluster draws per step, a divisor of batch_size; 0 = batch_size (the paper: 8)
-    odm_initial_weights: Literal["warmup", "exp3"] = "warmup"  # ODM's prior: the warm-up's policy only (the paper's: Alg. 1 starts R = 0) | also the Gibbs weights (Strata's variant)
+    # ODM's prior: the warm-up's policy only (the paper's: Alg. 1 starts R = 0) | also the Gibbs weights (Strata's variant)
+    odm_initial_weights: Literal["warmup", "exp3"] = "warmup"
     attention: Literal["auto", "dense", "flex"] = "auto"  # document masking: auto = FlexAttention block masks on CUDA, dense mask on CPU
     compile: bool = False  # torch.compile the decoder (GPU runs)
     heldout_docs: int = Field(64, ge=1)  # fixed held-out batch: first N held-out documents (first seq_len tokens each)
     heldout_every: int = Field(10, ge=0)  # score the held-out batch every N steps (0 = at the end only)
-    checkpoint_every: int = Field(200, ge=0)  # training_runs: write runs/<strategy>/seed<n>/ckpt.pt every N steps; a killed run resumes from it (0 = never)
+    # training_runs: write runs/<strategy>/seed<n>/ckpt.pt every N steps; a killed run resumes from it (0 = never)
+    checkpoint_every: int = Field(200, ge=0)
     bootstrap_samples: int = Field(2000, ge=100)  # paired bootstrap replicates of the report's intervals
     probe_fractions: list[float] = Field(default_factory=lambda: [0.2, 1.0])  # stable-rank checkpoints
     probe_batches: int = Field(2, ge=1)  # batches probed per checkpoint
-    stable_rank_matrix: Literal["weights", "activations"] = "weights"  # srank of dLoss/dW (out x in) | of M in R^{T x d}, dLoss/d(layer output) per token (TerRIFIC curricula's)
+    # srank of dLoss/dW (out x in) | of M in R^{T x d}, dLoss/d(layer output) per token (TerRIFIC curricula's)
+    stable_rank_matrix: Literal["weights", "activations"] = "weights"
     fidelity_chunks: int = Field(10, ge=2)  # mixture fidelity: chunks of each schedule
     fidelity_sequences_per_chunk: int = Field(32, ge=1)
     # exports (strata export / the exports asset): the ordered stream for other trainers (docs/export.md)
@@ -249,7 +259,8 @@ class StrataConfig(_Model):
     # claims (pipeline/reports/claims.py, `strata claims`): each paper's measurable claim on this corpus
     claims_k: int = Field(30, ge=0)  # clusters of Diversity-ordered training's table (the paper's k=30); 0 = k
     claims_shuffles: int = Field(20, ge=2)  # random shuffles greedy is compared with (prefix error, worst vs best batch)
-    claims_probe_batches: int = Field(32, ge=1)  # greedy and random runs: stable-rank probe batches per checkpoint (paired by seed and index)
+    # greedy and random runs: stable-rank probe batches per checkpoint (paired by seed and index)
+    claims_probe_batches: int = Field(32, ge=1)
     claims_full: bool = False  # `strata run` / `strata demo` also train the claims' own runs (as `strata claims --full`)
     claims_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)  # seeds of the claims' own runs
     claims_epochs: int = Field(3, ge=2)  # epoch-boundary runs: passes over their stream
@@ -316,7 +327,8 @@ class StrataConfig(_Model):
         if value == 0:
             return value
         entries = REGISTRY.entries()
-        repacking = [s for s in info.data.get("strategies", []) if s in entries and (entries[s].level != "sequence" or entries[s].order is None)]
+        repacking = [s for s in info.data.get("strategies", [])
+                     if s in entries and (entries[s].level != "sequence" or entries[s].order is None)]
         if repacking:
             raise ValueError(f"strategies {repacking} repack documents and cannot keep a frozen prefix of the base packing; "
                              "list only sequence-level strategies (strata list strategies), or set freeze_prefix: 0")
@@ -343,7 +355,8 @@ class StrataConfig(_Model):
         if objective == "custom" and not value:
             raise ValueError("objective custom needs families; list them, e.g. families: [cluster, length_bin:1, source:0.5]")
         if value and objective != "custom":
-            raise ValueError(f"families are set but objective is {objective!r}; set objective: custom to balance your own families, or remove families to use the preset")
+            raise ValueError(f"families are set but objective is {objective!r}; set objective: custom to balance your own families, or "
+                             "remove families to use the preset")
         for text in value:
             parts = str(text).split(":")
             try:
@@ -351,7 +364,8 @@ class StrataConfig(_Model):
             except ValueError:
                 ok = False
             if not ok:
-                raise ValueError(f"cannot read the family {text!r}; write name[:weight[:classes]] with weight >= 0 and classes >= 2, e.g. 'concentration:0.5:16' or 'source:0.5'")
+                raise ValueError(f"cannot read the family {text!r}; write name[:weight[:classes]] with weight >= 0 and classes >= 2, e.g. "
+                                 "'concentration:0.5:16' or 'source:0.5'")
             if len(parts) == 3:
                 from pipeline.ordering.families import names as family_names
 
@@ -395,7 +409,8 @@ class StrataConfig(_Model):
     def _odm_unit_interval(cls, value: float, info: ValidationInfo) -> float:
         if not 0.0 <= value < 1.0:  # also NaN
             raise ValueError({
-                "odm_smoothing": "use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays uniform)",
+                "odm_smoothing": "use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays "
+                                 "uniform)",
                 "odm_warmup_fraction": "use a fraction of the steps in [0, 1), e.g. 0.01 (the paper's 1%)",
             }[info.field_name])
         return value

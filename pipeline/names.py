@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 EMBED_METHODS = ("sentence", "shallow", "deep")
-OBJECTIVES = ("stationary", "f1", "f2", "f3", "custom")  # greedy objectives: Don't Shuffle, Optimize's f1-f3, Strata's default, your own families
+# greedy objectives: Don't Shuffle, Optimize's f1-f3, Strata's default, your own families
+OBJECTIVES = ("stationary", "f1", "f2", "f3", "custom")
 WITHIN_SORTS = ("original", "length-asc", "length-desc", "length-riffle")
 POSITIVE_CONTROL = "cluster_sorted"  # the deliberately harmful order every ablation report checks first
 PACKING_VARIANTS = ("concat", "padding", "best_fit")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
-from contextlib import closing, contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing, contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")

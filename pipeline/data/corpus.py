@@ -16,11 +16,10 @@ shards. Memory: one batch of documents plus about 10 bytes a document.
 
 from __future__ import annotations
 
-import logging
-
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -32,11 +31,18 @@ import numpy as np
 import polars as pl
 
 from pipeline.config import CorpusConfig
+from pipeline.data.shards import (
+    BATCH_ROWS,
+    SHARD_COLUMNS,
+    ShardReport,
+    discover_shards,
+    is_shard,
+    read_records,
+    read_shard,
+    shard_fingerprint,
+)
 from pipeline.distributed.engine import map_shards
 from pipeline.distributed.shards import Shard
-from pipeline.data.shards import (
-    BATCH_ROWS, SHARD_COLUMNS, ShardReport, discover_shards, is_shard, read_records, read_shard, shard_fingerprint,
-)
 from pipeline.errors import StrataInputError
 from pipeline.threads import ahead, behind, cores, parallel_map, prefetch
 
@@ -329,7 +335,8 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     with atomic_writer(out) as sink:
         writer = None
         try:
-            tables = map(partial(_shard_table, heldout_fraction=heldout_fraction, seed=seed), read_unit(unit, cfg, sr, batch_rows, fingerprint))
+            tables = map(partial(_shard_table, heldout_fraction=heldout_fraction, seed=seed),
+                         read_unit(unit, cfg, sr, batch_rows, fingerprint))
             for table in prefetch(tables):
                 if writer is None:
                     writer = pq.ParquetWriter(sink, table.schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False)
@@ -343,7 +350,8 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     info = {"unit": unit, "n_read": sr.n_read, "skipped": [[int(line), reason] for line, reason in sr.skipped]}
     if sr.surrogates_replaced:  # lone UTF-16 surrogates (half an emoji) replaced by U+FFFD: counted, logged
         info["surrogates_replaced"] = sr.surrogates_replaced
-        logging.getLogger(__name__).warning("%s: %d record(s) held lone UTF-16 surrogates, replaced by U+FFFD", unit, sr.surrogates_replaced)
+        logging.getLogger(__name__).warning("%s: %d record(s) held lone UTF-16 surrogates, replaced by U+FFFD", unit,
+                                            sr.surrogates_replaced)
     write_json(info, out.with_suffix(".json"))
     return info
 
@@ -455,7 +463,8 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
             reused += 1
         else:
             out.unlink(missing_ok=True)
-            todo.append(Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fps[unit]), (out, out.with_suffix(".json"))))
+            todo.append(Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fps[unit]),
+                              (out, out.with_suffix(".json"))))
     remote = engine == "ray"
     map_shards(validate_unit_remote if remote else validate_unit, todo, _save_validated if remote else _saved,
                engine=engine if remote else "local", ray_cfg=ray_cfg, progress=(lambda s: log(f"validated {s.name}")) if log else None)
@@ -560,5 +569,6 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
         raise StrataInputError("the corpus has no training documents left after the held-out split", path=report.path,
                                fix="add documents or lower heldout_fraction")
     stat = (pl.concat(stats).with_columns(split=pl.when(pl.col("heldout")).then(pl.lit("heldout")).otherwise(pl.lit("train")))
-            .group_by("source", "split").agg(pl.col("n_docs").sum().cast(pl.Int64), pl.col("n_chars").sum().cast(pl.Int64)).sort("source", "split"))
+            .group_by("source", "split").agg(pl.col("n_docs").sum().cast(pl.Int64), pl.col("n_chars").sum().cast(pl.Int64))
+            .sort("source", "split"))
     return CorpusBuild(pl.DataFrame(rows, schema=MANIFEST_SCHEMA), n_heldout, stat, report, reused, len(units) - reused)

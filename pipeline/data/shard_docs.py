@@ -22,7 +22,6 @@ import numpy as np
 import polars as pl
 
 
-
 @dataclass(frozen=True)
 class ShardDocs:
     """The training rows of one validated corpus shard: what the per-shard stages compute."""

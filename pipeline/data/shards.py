@@ -3,8 +3,8 @@
 ``corpus.path`` names a file, a directory (every shard file below it), a glob (``data/*.parquet``)
 or a list of these, each a local path or an object-store URL (``s3://bucket/prefix/``,
 ``s3://bucket/data/*.jsonl.gz``, ``gs://…``: every object is a shard like a file; reading and
-listing go through :mod:`pipeline.storage.remote`, the one layer that knows about URLs). Shard formats: Parquet (read by row-group batches with pyarrow), and JSONL
-(``.jsonl``/``.json``/``.ndjson``), plain or compressed with gzip (``.gz``) or Zstandard (``.zst``),
+listing go through :mod:`pipeline.storage.remote`, the one layer that knows about URLs). Shard formats: Parquet (read by row-group batches
+with pyarrow), and JSONL (``.jsonl``/``.json``/``.ndjson``), plain or compressed with gzip (``.gz``) or Zstandard (``.zst``),
 decompressed by pyarrow's streams and read line by line so every error names its line. Shards are
 read in sorted path order; a shard's documents keep their file order.
 
@@ -171,7 +171,8 @@ def _discover_remote(entry: str) -> list[str]:
         rx = re.compile(_translate("/".join(parts[wild:])))
         files = [u for r, u in rel.items() if kept(r) and rx.fullmatch(r)]
         if not files:
-            raise StrataInputError(f"no corpus objects match the pattern {entry!r}", path=base, fix=f"point corpus.path at {FORMATS} objects")
+            raise StrataInputError(f"no corpus objects match the pattern {entry!r}", path=base,
+                                   fix=f"point corpus.path at {FORMATS} objects")
     else:
         files = [u for r, u in rel.items() if kept(r)]
         if not files:
@@ -204,7 +205,8 @@ def discover_shards(spec: str | Sequence[str]) -> list[Path | str]:
                 files = []
             else:
                 rx = re.compile(_translate(pattern))
-                files = [p for p in _walk(base, entry) if is_shard(p) and not p.name.startswith(".") and rx.fullmatch(p.relative_to(base).as_posix())]
+                files = [p for p in _walk(base, entry) if is_shard(p) and not p.name.startswith(".")
+                         and rx.fullmatch(p.relative_to(base).as_posix())]
             if not files:
                 raise StrataInputError(f"no corpus shards match the pattern {entry!r}", path=path.parent,
                                        fix=f"point corpus.path at {FORMATS} files")
@@ -223,7 +225,8 @@ def discover_shards(spec: str | Sequence[str]) -> list[Path | str]:
                                        path=path, fix="point corpus.path at the corpus itself, outside the data root")
             files = [path]
         else:
-            raise StrataInputError("corpus file not found", path=path, fix=f"set corpus.path to an existing file, directory or glob of {FORMATS} shards")
+            raise StrataInputError("corpus file not found", path=path,
+                                   fix=f"set corpus.path to an existing file, directory or glob of {FORMATS} shards")
         found += files
     seen: set[Path] = set()
     out = []
@@ -311,7 +314,8 @@ def check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -
             path=where, line=line, fix="store the document text as a JSON string",
         )
     if not text.strip():
-        raise StrataInputError("document text is empty or whitespace", path=where, line=line, fix="remove the record or set corpus.on_error: skip")
+        raise StrataInputError("document text is empty or whitespace", path=where, line=line,
+                               fix="remove the record or set corpus.on_error: skip")
     doc_id = rec.get(cfg.id_field, line)
     source = rec.get(cfg.source_field, "corpus")
     subdomain = rec.get("subdomain", source)
@@ -438,7 +442,8 @@ def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardRepo
         for batch in batches:
             batch, bad_utf8 = _valid_utf8(batch)
             if bad_utf8 is not None and cfg.on_error == "fail":
-                raise StrataInputError(f"invalid UTF-8 in the string column {bad_utf8[1]!r}", path=path, line=row + int(np.flatnonzero(bad_utf8[0])[0]) + 1,
+                raise StrataInputError(f"invalid UTF-8 in the string column {bad_utf8[1]!r}", path=path,
+                                       line=row + int(np.flatnonzero(bad_utf8[0])[0]) + 1,
                                        fix="re-encode the strings as UTF-8, or set corpus.on_error: skip (the line is the 1-based row)")
             df = pl.from_arrow(batch)
             assert isinstance(df, pl.DataFrame)

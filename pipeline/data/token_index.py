@@ -6,8 +6,8 @@ A shard the corpus kept whole is one run; a shard with dropped documents is one 
 of consecutive kept rows. :func:`pipeline.data.token_shards.gather_tokens` writes them
 (:func:`write_token_runs`, ``tokens/runs.parquet``) and :func:`open_token_runs` reads them.
 :class:`ShardedTokens` reads the store through the runs from the shards' memory-mapped files
-and indexes like a memory-mapped flat array of the ids (an int, a slice, an integer array), so a reader of the store (packed sequences, training batches, exports) gets
-the values a gathered copy would hold. The embedding matrix is indexed by the same runs, counted
+and indexes like a memory-mapped flat array of the ids (an int, a slice, an integer array), so a reader of the store (packed sequences,
+training batches, exports) gets the values a gathered copy would hold. The embedding matrix is indexed by the same runs, counted
 in rows (:mod:`pipeline.represent.embedding_index`).
 """
 
@@ -57,7 +57,8 @@ def write_runs(runs: TokenRuns, path: Path, **constants: str | int) -> Path:
     frame = pl.DataFrame({"start": runs.start[:-1], "end": runs.start[1:], "path": [rel[f] for f in runs.file], "local": runs.local,
                           "sha256": [digests[f] for f in runs.file]},
                          schema={"start": pl.Int64, "end": pl.Int64, "path": pl.String, "local": pl.Int64, "sha256": pl.String})
-    return write_parquet(frame.with_columns(**{k: pl.lit(v, pl.Int64 if isinstance(v, int) else pl.String) for k, v in constants.items()}), path)
+    return write_parquet(frame.with_columns(**{k: pl.lit(v, pl.Int64 if isinstance(v, int) else pl.String) for k, v in constants.items()}),
+                         path)
 
 
 def write_token_runs(runs: TokenRuns, dtype: np.dtype, path: Path) -> Path:

@@ -20,9 +20,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.data.tokens import token_dtype, tokenizer_fingerprint
 from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard_docs
 from pipeline.data.text_pieces import PIECE_CHARS, pieces, splits_cleanly
+from pipeline.data.tokens import token_dtype, tokenizer_fingerprint
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.storage.atomic import atomic_writer, write_npy, write_parquet
 from pipeline.storage.fingerprints import fingerprint_digest
@@ -82,7 +82,8 @@ def tokenize_unit(tokenizer_json: str, eos_id: int, dtype: str, texts: list[str]
     backend = _backend(tokenizer_json)
     step = task_size(len(texts), 1024)
     split = splits_cleanly(tokenizer_json) and any(len(t) > PIECE_CHARS for t in texts)
-    parts = parallel_map(partial(_encode_block, backend, eos_id, dt, split=split), [texts[i : i + step] for i in range(0, len(texts), step)])
+    parts = parallel_map(partial(_encode_block, backend, eos_id, dt, split=split),
+                         [texts[i : i + step] for i in range(0, len(texts), step)])
     flat = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, dt)
     n_tokens = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
     s = pl.Series(texts, dtype=pl.String)
@@ -177,5 +178,6 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
     offsets = np.zeros(n_tokens.size + 1, dtype=np.int64)
     np.cumsum(n_tokens + 1, out=offsets[1:])
     write_npy(offsets, offsets_path)
-    write_token_runs(TokenRuns(paths, np.append(np.concatenate(starts), at), np.concatenate(files), np.concatenate(locals_)), dtype, runs_path)
+    write_token_runs(TokenRuns(paths, np.append(np.concatenate(starts), at), np.concatenate(files), np.concatenate(locals_)), dtype,
+                     runs_path)
     return n_tokens

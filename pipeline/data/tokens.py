@@ -69,6 +69,7 @@ def open_tokens(tokens_path, offsets_path) -> tuple[np.ndarray, np.ndarray]:
 
         store = open_token_runs(tokens_path)
         if store.size != int(offsets[-1]):
-            raise ValueError(f"{tokens_path}: {store.size} tokens, not the {int(offsets[-1])} of {offsets_path}; rematerialize the tokens asset")
+            raise ValueError(f"{tokens_path}: {store.size} tokens, not the {int(offsets[-1])} of {offsets_path}; rematerialize the tokens "
+                             "asset")
         return store, offsets
     return np.memmap(tokens_path, dtype=token_dtype_of(tokens_path, offsets), mode="r"), offsets

@@ -59,7 +59,8 @@ def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_
     packed_len = store.sequences.seq_len
     if seq_len is not None and seq_len != packed_len:
         n_seq = int(segments["sequence_id"].max()) + 1 if segments.height else 0
-        raise StrataInputError(f"the sequences are {n_seq} x seq_len {packed_len}, not x seq_len {seq_len}", path=store.sequences.segments_path,
+        raise StrataInputError(f"the sequences are {n_seq} x seq_len {packed_len}, not x seq_len {seq_len}",
+                               path=store.sequences.segments_path,
                                fix="leave seq_len to the sequences artifact, or rematerialize sequences")
     tokens, offsets = packed_tokens(layout)
     packed = SequenceStore(tokens, offsets, segments, packed_len, pad_id=pad_id)

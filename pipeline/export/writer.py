@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from pipeline.errors import StrataInputError
 from pipeline.export.batches import check_batching
 from pipeline.export.extend import link_identical, previous_export
 from pipeline.export.formats import REGISTRY
 from pipeline.export.stream import OrderedStream, open_stream
-from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import atomic_dir
 
 EXPORT_MARKER = ".strata-export"  # in every export directory Strata writes: only such a directory is replaced without --force
@@ -160,7 +160,8 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
     from pipeline.packing.frozen import load as load_frozen
 
     if (rec := load_frozen(layout, strategy)) is not None:
-        meta["frozen"] = {"sequences": rec.sequences, "tokens_sha256": rec.meta.get("tokens_sha256"), "version_chain": rec.meta.get("chain", [])}
+        meta["frozen"] = {"sequences": rec.sequences, "tokens_sha256": rec.meta.get("tokens_sha256"),
+                          "version_chain": rec.meta.get("chain", [])}
     return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
                          meta=meta, progress=progress, data_root=layout.root, force=force)
 

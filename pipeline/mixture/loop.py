@@ -235,14 +235,17 @@ def static_checkpoints(method: str, max_steps: int, tokens_per_step: int, avg_ch
     from pipeline.errors import StrataInputError
 
     if method not in STATIC_METHODS:
-        raise StrataInputError(f"unknown static TerRIFIC method {method!r}", fix=f"set mixture.static_method to one of {', '.join(STATIC_METHODS)}")
+        raise StrataInputError(f"unknown static TerRIFIC method {method!r}",
+                               fix=f"set mixture.static_method to one of {', '.join(STATIC_METHODS)}")
     if method == "terrific":
         return [max_steps]
     n_max = float(max_steps) * tokens_per_step
     steps = [checkpoint_step(n_max / 2**k, tokens_per_step, max_steps) for k in range(avg_checkpoints - 1, -1, -1)]
     if len(set(steps)) < len(steps):
-        raise StrataInputError(f"TerRIFIC-AVG's {avg_checkpoints} checkpoints N_max/2^k fall on the steps {steps} of a {max_steps}-step run, "
-                               "so some coincide", fix=f"raise max_steps to at least {2 ** (avg_checkpoints - 1)} or lower mixture.avg_checkpoints")
+        raise StrataInputError(f"TerRIFIC-AVG's {avg_checkpoints} checkpoints N_max/2^k fall on the steps {steps} of a {max_steps}-step "
+                               "run, "
+                               "so some coincide",
+                               fix=f"raise max_steps to at least {2 ** (avg_checkpoints - 1)} or lower mixture.avg_checkpoints")
     return steps
 
 

@@ -47,7 +47,8 @@ def cluster_pure_segments(doc_ids: np.ndarray, doc_cluster: np.ndarray, stream_l
     cl = np.asarray(doc_cluster, dtype=np.int64)
     n = np.asarray(stream_lengths, dtype=np.int64)
     if doc_ids.size == 0 or n.min() <= 0 or cl.min() < 0:
-        raise StrataInputError("cannot pack: no documents, a non-positive length or a negative cluster", fix="pass documents with clusters 0..K-1 and lengths >= 1")
+        raise StrataInputError("cannot pack: no documents, a non-positive length or a negative cluster",
+                               fix="pass documents with clusters 0..K-1 and lengths >= 1")
     L = int(seq_len)
     order = np.lexsort((np.random.default_rng(seed).permutation(doc_ids.size), cl))
     d, c, ln = doc_ids[order], cl[order], n[order]
@@ -128,7 +129,8 @@ def realize(seq_cluster: np.ndarray, weights: np.ndarray, total: int, max_cluste
     seq_cluster = np.asarray(seq_cluster, dtype=np.int64)
     k = np.asarray(weights).size
     if seq_cluster.size and seq_cluster.max() >= k:
-        raise StrataInputError(f"the pool has cluster {int(seq_cluster.max())} but the mixture {k} weights", fix="learn the mixture on the same clusters")
+        raise StrataInputError(f"the pool has cluster {int(seq_cluster.max())} but the mixture {k} weights",
+                               fix="learn the mixture on the same clusters")
     supply = np.bincount(seq_cluster, minlength=k)
     n = allocate(weights, supply, total, max_cluster_epochs)
     rng = np.random.default_rng(seed)
@@ -166,5 +168,6 @@ def multiset_features(pool_segments: pl.DataFrame, doc_cluster: np.ndarray, doc_
     k = f.clusters.n_cols
     if k < n_clusters:
         joint = np.vstack([f.cluster_bin_tokens, np.zeros((n_clusters - k, f.cluster_bin_tokens.shape[1]))])
-        f = SequenceFeatures(f.sequence_ids, Csr(f.clusters.indptr, f.clusters.indices, f.clusters.data, n_clusters), f.bins, f.lengths, f.bin_edges, joint)
+        f = SequenceFeatures(f.sequence_ids, Csr(f.clusters.indptr, f.clusters.indices, f.clusters.data, n_clusters), f.bins, f.lengths,
+                             f.bin_edges, joint)
     return f

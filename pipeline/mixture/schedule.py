@@ -75,7 +75,8 @@ def load_weights(path: str | Path, n_clusters: int) -> np.ndarray:
         except (TypeError, ValueError):
             raise StrataInputError(f"cannot read the entry {key!r}: {value!r}", path=path, fix=fix) from None
         if not 0 <= j < n_clusters:
-            raise StrataInputError(f"cluster {j} is outside 0..{n_clusters - 1}", path=path, fix="name clusters of this corpus's clustering")
+            raise StrataInputError(f"cluster {j} is outside 0..{n_clusters - 1}", path=path,
+                                   fix="name clusters of this corpus's clustering")
         if not (np.isfinite(v) and v >= 0):
             raise StrataInputError(f"cluster {j} has weight {v}", path=path, fix=fix)
         w[j] = v

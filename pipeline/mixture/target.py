@@ -57,7 +57,8 @@ def pick_source(heldout: pl.DataFrame, source: str) -> str:
     sources = sorted(heldout["source"].unique().to_list())
     if source:
         if source not in sources:
-            raise StrataInputError(f"mixture.target_source {source!r} has no held-out documents", fix=f"use one of {sources} or set mixture.target_path")
+            raise StrataInputError(f"mixture.target_source {source!r} has no held-out documents",
+                                   fix=f"use one of {sources} or set mixture.target_path")
         return source
     size = heldout.group_by("source").agg(n=pl.col("text").str.len_chars().sum()).sort(["n", "source"], descending=[True, False])
     return str(size["source"][0])
@@ -72,14 +73,16 @@ def target_documents(heldout: pl.DataFrame, target: pl.DataFrame | None, source:
     held = heldout.select("text", "id", "source")
     if target is None:
         if held.height == 0:
-            raise StrataInputError("there are no held-out documents to take a target from", fix="set heldout_fraction > 0 or mixture.target_path")
+            raise StrataInputError("there are no held-out documents to take a target from",
+                                   fix="set heldout_fraction > 0 or mixture.target_path")
         name = pick_source(held, source)
         is_t = (held["source"] == name).to_numpy()
         tgt, rest = held.filter(pl.Series(is_t)), held.filter(pl.Series(~is_t))
     else:
         tgt, rest = target.select("text", "id", "source"), held
     if tgt.height < 2:
-        raise StrataInputError(f"the target set has {tgt.height} document(s)", fix="give at least 2 target documents (one half measures, the other scores)")
+        raise StrataInputError(f"the target set has {tgt.height} document(s)",
+                               fix="give at least 2 target documents (one half measures, the other scores)")
     perm = np.random.default_rng(seed).permutation(tgt.height)
     role = np.empty(tgt.height, dtype=np.int64)
     role[perm] = np.where(np.arange(tgt.height) < -(-tgt.height // 2), ROLES["fit"], ROLES["eval"])

@@ -128,7 +128,8 @@ def per_example_grads(model, batch: dict) -> dict[str, object]:
         )
 
 
-def project_examples(model, make_batch, ids: np.ndarray, proj: SparseProjection, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def project_examples(model, make_batch, ids: np.ndarray, proj: SparseProjection,
+                     batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(P g (n, d), ||g|| (n,), loss (n,))`` of the examples ``ids``; ``make_batch(ids)`` gives model inputs."""
     import torch
 
@@ -162,7 +163,8 @@ def whitening(x: np.ndarray, ridge: float) -> np.ndarray:
     return (v / np.sqrt(w)) @ v.T
 
 
-def cluster_scores(mg_target: np.ndarray, mg_clusters: np.ndarray, example_cluster: np.ndarray, n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
+def cluster_scores(mg_target: np.ndarray, mg_clusters: np.ndarray, example_cluster: np.ndarray,
+                   n_clusters: int) -> tuple[np.ndarray, np.ndarray]:
     """(I_j = <g_j, v> per cluster, and which clusters had examples); v and g_j are plain means."""
     v = mg_target.mean(axis=0)
     counts = np.bincount(example_cluster, minlength=n_clusters)
@@ -222,4 +224,5 @@ def measure(
     xc = pc * clip_scale(nc, t)[:, None]
     w = whitening(xc, settings.ridge)
     scores, present = cluster_scores(xt @ w, xc @ w, np.asarray(cluster_of_example, dtype=np.int64), n_clusters)
-    return Measurement(scores, stabilize(scores, settings.score_clip, present), present, t, float(lt.mean()), len(target_ids) + len(cluster_ids))
+    return Measurement(scores, stabilize(scores, settings.score_clip, present), present, t, float(lt.mean()),
+                       len(target_ids) + len(cluster_ids))

@@ -138,7 +138,8 @@ def objective_families(objective: str, lam: float, families: Sequence[str | Fami
                 fix="set objective: custom to use your own families, or drop `families` to use the preset",
             )
         if not families:
-            raise StrataInputError("objective `custom` needs `families`", fix="list them, e.g. families: [cluster:1, length_bin:1, source:0.5]")
+            raise StrataInputError("objective `custom` needs `families`",
+                                   fix="list them, e.g. families: [cluster:1, length_bin:1, source:0.5]")
         fams = tuple(f if isinstance(f, Family) else Family.parse(f) for f in families)
     else:
         fams = preset(objective, lam)
@@ -202,7 +203,8 @@ def _hstack(parts: Sequence[Csr]) -> Csr:
     fill = indptr[:-1].copy()
     for p, o in zip(parts, offsets):
         if not _append_rows(p.indptr, p.indices, np.asarray(p.data, np.float64), int(o), fill, cols, data):
-            raise StrataInputError("a characteristic matrix has unsorted columns within a row", fix="build it with pipeline.ordering.features")
+            raise StrataInputError("a characteristic matrix has unsorted columns within a row",
+                                   fix="build it with pipeline.ordering.features")
     return Csr(indptr, cols, data, int(offsets[-1]))
 
 

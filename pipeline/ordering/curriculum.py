@@ -67,7 +67,8 @@ class Curriculum:
             lo = n0
         if hi <= lo:
             return total
-        cuts = np.concatenate([[np.log(lo)], self.log_tokens[(self.log_tokens > np.log(lo)) & (self.log_tokens < np.log(hi))], [np.log(hi)]])
+        cuts = np.concatenate([[np.log(lo)], self.log_tokens[(self.log_tokens > np.log(lo)) & (self.log_tokens < np.log(hi))],
+                               [np.log(hi)]])
         for u0, u1 in zip(cuts[:-1], cuts[1:]):
             u = 0.5 * (u1 - u0) * _GL_X + 0.5 * (u1 + u0)
             total += 0.5 * (u1 - u0) * (_GL_W * np.exp(u)) @ self.probabilities(u)

@@ -10,7 +10,6 @@ import numba
 import numpy as np
 
 from pipeline.errors import StrataInputError
-
 from pipeline.names import WITHIN_SORTS  # declared for the config
 
 

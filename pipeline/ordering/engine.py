@@ -46,7 +46,8 @@ class OrderParams:
     objective: str = _default("objective")  # greedy objective: stationary | f1 | f2 | f3 | custom (pipeline.ordering.characteristics)
     families: tuple[str, ...] = _default("families")  # objective custom: the families, "name[:weight[:classes]]"
     length_bins: int = _default("length_bins")  # B quantile length bins (f3)
-    length_bin_weighting: str = _default("length_bin_weighting")  # quantiles of the length bins: tokens | documents (features.length_bin_edges)
+    # quantiles of the length bins: tokens | documents (features.length_bin_edges)
+    length_bin_weighting: str = _default("length_bin_weighting")
     lam: float = _default("lam")  # lambda: weight of the length term (f3) or the L2-norm term (f2)
     noise: float = _default("noise")  # sigma_sched, in units of Lbar^2 (0 = deterministic)
     batch_size: int = _default("batch_size")  # one training batch, in sequences: greedy_block_shuffle's block, the greedy's repair
@@ -56,7 +57,8 @@ class OrderParams:
     greedy_exact_max: int = _default("greedy_exact_max")  # greedy family: exact greedy up to this many sequences, blocked above
     greedy_block: int = _default("greedy_block")  # sequences per block of the blocked greedy
     greedy_repair: bool = _default("greedy_repair")  # greedy family: swap-repair the worst batches after the greedy
-    mixture_weights_file: str | None = _default("mixture_weights_file")  # greedy_mixture: JSON/YAML cluster -> weight, or the stage's weights
+    # greedy_mixture: JSON/YAML cluster -> weight, or the stage's weights
+    mixture_weights_file: str | None = _default("mixture_weights_file")
     mixture_budget_tokens: int = _default("mixture_budget_tokens")  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
     max_sequence_copies: int = _default("max_sequence_copies")  # greedy_mixture: copies of a sequence at most
     duplicate_order: str = _default("duplicate_order")  # duplicate_separated: each subset by the greedy (greedy) or by Idea 2 (idea2)
@@ -169,7 +171,8 @@ def _run_frozen(spec: StrategySpec, inp: Inputs, prefix: np.ndarray) -> Ordering
     f = inp.features()
     rows = np.searchsorted(f.sequence_ids, prefix)
     if prefix.size and (rows.max() >= f.n_sequences or not np.array_equal(f.sequence_ids[rows], prefix)):
-        raise StrataInputError("a frozen sequence is missing from the packing", fix="re-materialize sequences (it keeps the frozen sequences)")
+        raise StrataInputError("a frozen sequence is missing from the packing",
+                               fix="re-materialize sequences (it keeps the frozen sequences)")
     rest = np.setdiff1d(np.arange(f.n_sequences), rows)
     if spec.order_after is not None:
         after = spec.order_after(f, rows, inp.params, inp.seed)
@@ -249,14 +252,16 @@ def run_strategy(
         content_hash[doc_id] = docs["content_hash"].rank("dense").to_numpy().astype(np.int64)
     for c in ("sequence_id", "doc_id", "n_tokens"):
         _column(segments, c, "segments")
-    segments = segments.select("sequence_id", "doc_id", "n_tokens")  # what the strategies read (the other columns are freed when the caller kept no reference)
+    # what the strategies read (the other columns are freed when the caller kept no reference)
+    segments = segments.select("sequence_id", "doc_id", "n_tokens")
     if names_absent(segments["doc_id"].to_numpy(), cluster):
         raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
     columns = {}
     for col in params.column_families():
         if col not in docs.columns:
             raise StrataInputError(
-                f"the family {col!r} names no column of the documents", fix=f"use one of the documents columns {docs.columns} or a built-in family"
+                f"the family {col!r} names no column of the documents",
+                fix=f"use one of the documents columns {docs.columns} or a built-in family"
             )
         columns[col] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
         columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1

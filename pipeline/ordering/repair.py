@@ -229,7 +229,8 @@ def _wave_best(order, batch, wave, reach, dev, ptr, ind, dat, lengths, share, so
             s0, s1 = soff[f], soff[f + 1]
             tokens, hits, present = np.zeros(s1 - s0), np.zeros(s1 - s0, np.int64), np.empty(s1 - s0, np.int64)
             hot[t, f], devs[f] = _worst_group(rows_a, ptr[f], ind, dat, lengths, share[s0:s1], by_share[s0:s1], tokens, hits, present)
-        fam_order[t] = np.argsort(-devs, kind="mergesort")  # the family whose worst group makes a's deviation drops most swaps: it goes first
+        # the family whose worst group makes a's deviation drops most swaps: it goes first
+        fam_order[t] = np.argsort(-devs, kind="mergesort")
     task_score, task_k = np.full(n_wave * batch, np.inf), np.full(n_wave * batch, -1, np.int64)
     for task in numba.prange(n_wave * batch):
         t, i = task // batch, task % batch

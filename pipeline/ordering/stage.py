@@ -88,14 +88,16 @@ def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float
     if not reread.equals(table):
         problems.append("the written accounting differs from the order's")
     l1 = l1_distance(reread)
-    shown = reread.select("cluster", "target_share", "realized_share", "scheduled_tokens", "repeated_tokens", "omitted_tokens", "max_copies")
+    shown = reread.select("cluster", "target_share", "realized_share", "scheduled_tokens", "repeated_tokens", "omitted_tokens",
+                          "max_copies")
     meta = {"strategy": strategy, "l1_to_target": l1, "tolerance": tolerance, "positions": int(written.order.size),
             "sequences": n_seq, "scheduled_tokens": int(reread["scheduled_tokens"].sum()),
             "omitted_tokens": int(reread["omitted_tokens"].sum()), "repeated_tokens": int(reread["repeated_tokens"].sum()),
             "budget_tokens": int(params.mixture_budget_tokens or reread["corpus_tokens"].sum()),
             "per_cluster": Markdown(shown.to_pandas().to_markdown(index=False))}
     checks = [
-        CheckFact(CAPS_CHECK, not problems, meta, "; ".join(problems) or f"every sequence at most {params.max_sequence_copies} times; every token accounted for"),
+        CheckFact(CAPS_CHECK, not problems, meta,
+                  "; ".join(problems) or f"every sequence at most {params.max_sequence_copies} times; every token accounted for"),
         CheckFact(MIXTURE_CHECK, l1 <= tolerance, meta, warn=True,
                   description=(f"realized shares within L1 {l1:.4f} of the mixture (tolerance {tolerance})" if l1 <= tolerance else
                                f"the corpus gives the mixture only within L1 {l1:.4f} > {tolerance}: raise max_sequence_copies, "
@@ -169,9 +171,11 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
     outputs += more
     if spec.realizes_mixture:
         ok = True
-        check = CheckFact(PERMUTATION_CHECK, True, {"strategy": strategy}, f"{strategy} realizes a mixture: a schedule (see schedule_within_caps)")
+        check = CheckFact(PERMUTATION_CHECK, True, {"strategy": strategy},
+                          f"{strategy} realizes a mixture: a schedule (see schedule_within_caps)")
         with connect() as con:
-            replace_rows(con, "mixture_schedule", pl.read_parquet(layout.ordering_mixture(strategy)).with_columns(strategy=pl.lit(strategy)),
+            replace_rows(con, "mixture_schedule",
+                         pl.read_parquet(layout.ordering_mixture(strategy)).with_columns(strategy=pl.lit(strategy)),
                          {"strategy": strategy})
     else:
         ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
@@ -182,7 +186,8 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
 
         outputs += freeze(layout, connect, strategy, order, written.segments, n_frozen, previous, seq_len, cfg.packing)
         boundary = boundary_summary(layout, strategy) or {}
-    summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens", "per_cluster")}
+    summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens",
+                                                              "per_cluster")}
     return StageResult(
         outputs,
         {"sequences": n_positions},
@@ -207,7 +212,8 @@ def freeze(layout, connect: Connect, strategy: str, order: np.ndarray, segments:
     from pipeline.storage.warehouse import replace_rows
 
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=load_tokenizer(layout.tokenizer).pad_token_id)  # as sequences writes them
+    # as sequences writes them
+    store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=load_tokenizer(layout.tokenizer).pad_token_id)
     rec = frozen.capture(layout, strategy, order, segments, n_frozen, store, tokens.dtype, seq_len, packing, previous)
     chain = frozen.extend_chain(rec, frozen.chain_entry(layout, order.size, rec.sequences))
     paths = frozen.save(layout, rec)

@@ -39,7 +39,8 @@ import polars as pl
 from numba import njit, prange
 
 from pipeline.errors import StrataInputError
-from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, PACKING_VARIANTS as VARIANTS, packing_name  # declared for the config
+from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, packing_name  # declared for the config
+from pipeline.names import PACKING_VARIANTS as VARIANTS
 from pipeline.segments import docs_per_sequence, even_cuts, grouped, n_chunks
 from pipeline.threads import parallel_map, task_size
 
@@ -144,7 +145,8 @@ def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.n
     all_lengths = np.asarray(stream_lengths)
     order = np.asarray(doc_order)
     if order.ndim != 1 or all_lengths.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
-        raise StrataInputError("doc_order and stream_lengths must be 1-D integer arrays", fix="pass doc ids and per-document stream lengths")
+        raise StrataInputError("doc_order and stream_lengths must be 1-D integer arrays",
+                               fix="pass doc ids and per-document stream lengths")
     order = order.astype(np.int64, copy=False)
     all_lengths = all_lengths.astype(np.int64, copy=False)
     outside, repeated, total, smallest = _scan_order(order, all_lengths)
@@ -189,7 +191,8 @@ def _atom_size(variant: str, atom_multiple: float, L: int) -> int:
     if not fits or (variant == "padding" and atom < 2):
         raise StrataInputError(
             f"atom size {atom_multiple!r} x seq_len {L} = {a:g} tokens does not tile the sequence length",
-            fix=f"choose atom_multiple so the atom is an integer >= 2 dividing or multiple of {L} (Packing & shuffling: {list(ATOM_MULTIPLES)})",
+            fix=f"choose atom_multiple so the atom is an integer >= 2 dividing or multiple of {L} (Packing & shuffling: "
+                f"{list(ATOM_MULTIPLES)})",
         )
     return atom
 

@@ -17,8 +17,8 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from pipeline.reports.stats import offdiagonal
 from pipeline.reports.figures import save_png
+from pipeline.reports.stats import offdiagonal
 
 GREEDY, RANDOM, OTHER = "#1f77b4", "#d62728", "#7f7f7f"
 
@@ -45,7 +45,8 @@ def plot_prefix_claim(t: np.ndarray, curves: Mapping[str, tuple[np.ndarray, np.n
         if (every <= 0).any():
             ax.axhline(floor, color=OTHER, lw=0.8, ls=":", label="error 0 (drawn at this floor)")
         for i, curve in enumerate(r):
-            ax.plot(t, np.maximum(curve, floor), color=RANDOM, lw=0.7, alpha=0.35, label=f"random: each of {r.shape[0]} shuffles" if i == 0 else None)
+            ax.plot(t, np.maximum(curve, floor), color=RANDOM, lw=0.7, alpha=0.35, label=f"random: each of {r.shape[0]} shuffles" if i == 0
+                    else None)
         ax.plot(t, np.maximum(np.median(r, axis=0), floor), color=RANDOM, lw=1.4, ls="--", label="random: median")
         ax.plot(t, np.maximum(g, floor), color=GREEDY, lw=2.0, label="greedy")
         lost = (g[None, :] >= r).any(axis=0)
@@ -82,7 +83,8 @@ def plot_worst_best_claim(devs: Mapping[str, tuple[np.ndarray, list[np.ndarray]]
         best = np.array([d.min() for d in r])
         ax.axvline(max(g.max(), floor), color=GREEDY, lw=2, label=f"greedy's worst {g.max():.3f}")
         for i, b in enumerate(best):
-            ax.axvline(max(b, floor), color=RANDOM, lw=0.8, ls=":", label=f"each shuffle's best (median {np.median(best):.3f})" if i == 0 else None)
+            ax.axvline(max(b, floor), color=RANDOM, lw=0.8, ls=":", label=f"each shuffle's best (median {np.median(best):.3f})" if i == 0
+                       else None)
         _log_x(ax)
         ax.set_xlabel(f"max share deviation of a batch of {batch_size} sequences")
         ax.set_ylabel("share of batches")
@@ -222,7 +224,8 @@ def plot_packing_claim(units: pl.DataFrame, path: str | os.PathLike) -> Path:
     for i, arm in enumerate(arms):
         v = per_seed.filter(pl.col("arm") == arm)["loss"].to_numpy()
         ax.scatter(np.full(v.size, i), v, color=OTHER, s=20, zorder=3)
-        ax.hlines(v.mean(), i - 0.3, i + 0.3, color=GREEDY if arm == "concat-x1" else RANDOM if arm.startswith("padding") else "black", lw=2)
+        ax.hlines(v.mean(), i - 0.3, i + 0.3, color=GREEDY if arm == "concat-x1" else RANDOM if arm.startswith("padding") else "black",
+                  lw=2)
         ax.text(i, v.mean(), f" ppl {np.exp(v.mean()):.1f}", va="bottom", fontsize=8)
     ax.set_xticks(np.arange(len(arms)), arms)
     ax.set_ylabel("held-out loss (nats/token): seeds and their mean")

@@ -436,7 +436,8 @@ def log_srank_cube(rows: pl.DataFrame, checkpoint: str, block: str, a: str = "gr
     if j.height == 0:
         return np.zeros((0, 0, 0)), np.zeros((0, 0, 0))
     seeds, probes, names = (sorted(set(j[c])) for c in keys)
-    full = pl.DataFrame({"seed": seeds}).join(pl.DataFrame({"probe": probes}), how="cross").join(pl.DataFrame({"layer_name": names}), how="cross")
+    full = (pl.DataFrame({"seed": seeds}).join(pl.DataFrame({"probe": probes}), how="cross")
+            .join(pl.DataFrame({"layer_name": names}), how="cross"))
     cube = full.join(j, on=keys, how="left").sort(keys)
     shape = (len(seeds), len(probes), len(names))
     ga, gb = (cube[c].to_numpy().astype(np.float64).reshape(shape) for c in ("la", "lb"))
@@ -581,9 +582,11 @@ def diversity_claims(data: ClaimData) -> list[Claim]:
         key="dot.diversity.stratified_vs_original",
         claim=f"the stratified order raises mean distinct clusters per sequence over the original order (k={data.diversity_k})",
         paper_figure="28.6 / 17.5 = 1.63x (\"nearly doubles mean diversity (17.5 → 28.6 out of 30 clusters)\")",
-        value=mean, ci_low=lo, ci_high=hi, interval=f"bootstrap over sequences ({n_seq['stratified']} stratified, {n_seq['original']} original)",
+        value=mean, ci_low=lo, ci_high=hi,
+        interval=f"bootstrap over sequences ({n_seq['stratified']} stratified, {n_seq['original']} original)",
         n=n_seq["stratified"] + n_seq["original"],
-        detail=f"mean {strat['clusters_per_seq_mean']:.3f} vs {orig['clusters_per_seq_mean']:.3f}, min {strat['clusters_per_seq_min']:.0f} vs "
+        detail=f"mean {strat['clusters_per_seq_mean']:.3f} vs {orig['clusters_per_seq_mean']:.3f}, min {strat['clusters_per_seq_min']:.0f} "
+               "vs "
                f"{orig['clusters_per_seq_min']:.0f}, std {strat['clusters_per_seq_std']:.3f} vs {orig['clusters_per_seq_std']:.3f}",
         **common,
     )]
@@ -674,7 +677,8 @@ def fidelity_claims(data: ClaimData) -> list[Claim]:
     path = plot_fidelity_claim(g, r, data.figure("claim_fidelity"))
     p_lo, p_hi = FIDELITY_PAPER_RANGE
     common = dict(paper=TERRIFIC, figure=str(path),
-                  paper_source="The Merits of Our Scheduler › Mixture Fidelity, Figure 5 (frozen checkpoint trained on non-overlapping data)")
+                  paper_source="The Merits of Our Scheduler › Mixture Fidelity, Figure 5 (frozen checkpoint trained on non-overlapping "
+                               "data)")
     width, w_lo, w_hi = range_bootstrap(g, data.n_boot, data.seed)
     return [Claim(
         key="terrific.fidelity.greedy_vs_random",
@@ -779,7 +783,8 @@ def epoch_boundary_claims(data: ClaimData) -> list[Claim]:
                    f"{epochs} epochs of {int(a['steps'][0]) // epochs} steps")
     common = dict(paper=DOT, paper_source="the epoch-boundary anomaly (observed while fine-tuning)", figure=path)
     quotes = {"grad_norm": "≈4x (\"The gradient norm spikes to nearly 4x its normal value\")",
-              "loss": "a jump (\"The loss drops sharply near the end of the first epoch ..., then spikes when it sees the beginning again\")"}
+              "loss": "a jump (\"The loss drops sharply near the end of the first epoch ..., then spikes when it sees the beginning "
+                      "again\")"}
     out = []
     for metric, label in (("grad_norm", "gradient norm"), ("loss", "loss")):
         m = ratio_matrix(jumps, "topical", metric)
@@ -849,7 +854,8 @@ def packing_claims(data: ClaimData) -> list[Claim]:
     note = ""
     if arms is not None and arms.height:
         doc, seq_len = float(arms["mean_doc_tokens"][0]), int(arms["seq_len"][0])
-        note = f"; mean document {doc:.0f} tokens vs seq_len {seq_len}" + ("" if doc > seq_len else " (the claim's condition does not hold)")
+        note = f"; mean document {doc:.0f} tokens vs seq_len {seq_len}" + ("" if doc > seq_len
+                                                                           else " (the claim's condition does not hold)")
     steps = dict(arms.group_by("arm").agg(pl.col("steps").first()).iter_rows()) if arms is not None and arms.height else {}
     out = []
     specs = [("padding-x1", "concat-x1", "padding reaches a lower perplexity than concat at equal tokens",
@@ -946,7 +952,8 @@ def packing_protocol_claims(data: ClaimData) -> list[Claim]:
     present = set(lp["arm"])
     concat = sorted((a for a in present if a.startswith("concat-x")), key=lambda a: float(a.split("-x")[1]))
     ranks = mean_ranks(lp, concat)
-    rank_note = "; mean rank among " + ", ".join(f"{a.split('-x')[1]}x {ranks[a]:.2f}" + (f" [paper {PACKING_RANKS[a]:.2f}]" if a in PACKING_RANKS else "")
+    rank_note = "; mean rank among " + ", ".join(f"{a.split('-x')[1]}x {ranks[a]:.2f}"
+                                                 + (f" [paper {PACKING_RANKS[a]:.2f}]" if a in PACKING_RANKS else "")
                                                  for a in concat)
     specs = [("padding-x1", "concat-x1", "padding reaches a lower final perplexity than concat (atom = MSL)",
               "lower by 5-24% (Table 3; MSL 64: 99.79 vs 110.45)", "Table 3; Appendix A.6 (final perplexity, 2 epochs)")]
@@ -963,7 +970,8 @@ def packing_protocol_claims(data: ClaimData) -> list[Claim]:
         mean, lo, hi = interval_2way(final, data.n_boot, data.seed)
         ppl = f"final perplexity {math.exp(ma[:, -1].mean()):.1f} vs {math.exp(mb[:, -1].mean()):.1f} (geometric mean over seeds)"
         out.append(Claim(
-            key=f"packing.paper.final.{a}_vs_{b}", paper=PACKING, claim=f"{text}: final perplexity, last 1% of epoch {int(seqs['epoch'].max()) + 1}",
+            key=f"packing.paper.final.{a}_vs_{b}", paper=PACKING,
+            claim=f"{text}: final perplexity, last 1% of epoch {int(seqs['epoch'].max()) + 1}",
             paper_figure=f"final perplexity {quote}", paper_source=source, value=mean, ci_low=lo, ci_high=hi, threshold=0.0, side="<",
             interval=f"bootstrap over {len(sa)} seeds", n=len(sa),
             detail=f"log perplexity of the last slice (0.99-1.00 of the last epoch), {a} minus {b}; {ppl}{note}", figure=path,
@@ -976,7 +984,8 @@ def packing_protocol_claims(data: ClaimData) -> list[Claim]:
                           else "lower final perplexity (Figure 3: padding below concat through the last epoch)"),
             paper_source=source, value=mean, ci_low=lo, ci_high=hi, threshold=0.5, side=">",
             interval=f"two-way bootstrap over {len(sa)} seeds x {ma.shape[1]} slices", n=int(below.size),
-            detail=f"fraction of (seed, slice) cells with {a}'s slice perplexity below {b}'s{rank_note if a.startswith('concat') else ''}{note}",
+            detail=f"fraction of (seed, slice) cells with {a}'s slice perplexity below "
+                   f"{b}'s{rank_note if a.startswith('concat') else ''}{note}",
             figure=path,
         ))
     if not out:
@@ -1029,9 +1038,12 @@ def claims_section(claims: pl.DataFrame | None, diversity: pl.DataFrame | None =
         ]
         rows = []
         for r in diversity.iter_rows(named=True):
-            p = (f" [{r['paper_mean']:g}]", f" [{r['paper_min']:g}]", f" [{r['paper_std']:g}]") if r["paper_mean"] is not None else ("", "", "")
-            rows.append([r["strategy"], str(r["sequences"]), f"{r['clusters_per_seq_mean']:.3f}{p[0]}", f"{r['clusters_per_seq_min']:.0f}{p[1]}",
-                         f"{r['clusters_per_seq_std']:.3f}{p[2]}", f"{r['batch_token_share_dev_mean']:.4f}", f"{r['batch_token_share_dev_max']:.4f}"])
+            p = (f" [{r['paper_mean']:g}]", f" [{r['paper_min']:g}]", f" [{r['paper_std']:g}]") \
+                if r["paper_mean"] is not None else ("", "", "")
+            rows.append([r["strategy"], str(r["sequences"]), f"{r['clusters_per_seq_mean']:.3f}{p[0]}",
+                         f"{r['clusters_per_seq_min']:.0f}{p[1]}",
+                         f"{r['clusters_per_seq_std']:.3f}{p[2]}", f"{r['batch_token_share_dev_mean']:.4f}",
+                         f"{r['batch_token_share_dev_max']:.4f}"])
         lines += table_lines(["strategy", "sequences", "mean", "min", "std", "batch token-share dev. (mean)", "(max)"], rows, "lrrrrrr")
     if jumps is not None and jumps.height:
         lines += ["", "### Epoch-boundary jump ratio per order (mean over seeds x boundaries, 95% interval)", ""]

@@ -31,7 +31,8 @@ def compare_runs(roots: list[Path], metrics: tuple[str, ...] = DEFAULT_METRICS) 
         with duck_connection(db, read_only=True) as con:
             stats = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
             packing = con.execute(
-                "SELECT json_extract_string(parameters, '$.packing') FROM lineage WHERE asset = 'sequences' ORDER BY created_at DESC LIMIT 1"
+                "SELECT json_extract_string(parameters, '$.packing') FROM lineage WHERE asset = 'sequences' ORDER BY created_at DESC LIMIT "
+                "1"
             ).fetchall()
             ablation = con.sql("SELECT strategy, metric, mean FROM ablation").pl()
         for strategy in ablation["strategy"].unique().sort():

@@ -11,7 +11,8 @@ from pipeline.reports.composition import composition
 from pipeline.reports.diagnostics import log_spaced_points, prefix_errors
 
 
-def boundary_errors(order: np.ndarray, segments: pl.DataFrame, doc_cluster: np.ndarray, n_frozen: int, n_points: int = 64) -> dict[str, float]:
+def boundary_errors(order: np.ndarray, segments: pl.DataFrame, doc_cluster: np.ndarray, n_frozen: int,
+                    n_points: int = 64) -> dict[str, float]:
     """The stream's cumulative cluster error ||T(t) - tau S(t)|| / S(t) (tau: the whole stream's
     shares) at the frozen boundary, and its mean over log-spaced prefixes before and after it."""
     m = int(order.size)

@@ -10,8 +10,8 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from pipeline.ordering.curriculum import Curriculum
-from pipeline.reports.plots import cluster_colors
 from pipeline.reports.figures import save_png
+from pipeline.reports.plots import cluster_colors
 from pipeline.reports.training_plots import _need
 
 

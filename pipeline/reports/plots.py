@@ -18,12 +18,11 @@ from matplotlib.colors import hsv_to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
+from pipeline.errors import StrataInputError
 from pipeline.reports import diagnostics as D
 from pipeline.reports import stationarity as S
-from pipeline.errors import StrataInputError
 from pipeline.reports.figures import save_png
 from pipeline.storage.atomic import atomic_path
-
 
 
 def _check(schedules: Mapping[str, D.Schedule]) -> None:

@@ -17,9 +17,9 @@ import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from pipeline.reports.figures import DPI, save_png
 from pipeline.reports.plots import cluster_colors
 from pipeline.reports.stats import POOLED, Z_MDE
-from pipeline.reports.figures import DPI, save_png
 
 
 def _mde_rel(r: dict, seeds: np.ndarray, units: int) -> np.ndarray:

@@ -22,7 +22,6 @@ from pipeline.reports.figures import save_png
 from pipeline.reports.plots import cluster_colors
 
 
-
 def _need(df: pl.DataFrame, cols: tuple[str, ...], what: str) -> None:
     if df.height == 0:
         raise StrataInputError(f"no rows to plot for {what}", fix="run the training/analysis first")
@@ -170,7 +169,8 @@ def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
                 o = np.argsort(x)
                 ax.plot(x[o], d[col].to_numpy()[o], "o-", ms=3, lw=1.2, color=color, label=s)
             ax.set_xticks(range(len(order)))
-            ax.set_xticklabels([n.replace("layers.", "L").replace(".attention.", " ").replace(".mlp.", " ") for n in order], rotation=90, fontsize=7)
+            ax.set_xticklabels([n.replace("layers.", "L").replace(".attention.", " ").replace(".mlp.", " ") for n in order], rotation=90,
+                               fontsize=7)
             ax.set_ylabel("stable rank")
             ax.set_title(f"{label} stable rank of batch gradients — checkpoint {ck}", fontsize=9)
             ax.grid(alpha=0.3)

@@ -42,7 +42,6 @@ from pipeline.reports.markdown import table_lines
 from pipeline.storage.atomic import write_npy
 
 
-
 class Composition(Protocol):
     """What this module reads of :class:`pipeline.reports.diagnostics.Composition` (typed here,
     not imported: diagnostics imports this module)."""

@@ -23,7 +23,8 @@ def _agreement(a: np.ndarray, b: np.ndarray) -> dict:
 
     a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
     if a.size != b.size or a.size == 0:
-        raise StrataInputError(f"the labelings cover {a.size} and {b.size} documents", fix="compare two non-empty labelings of the same documents")
+        raise StrataInputError(f"the labelings cover {a.size} and {b.size} documents",
+                               fix="compare two non-empty labelings of the same documents")
     return {
         "ari": float(adjusted_rand_score(a, b)),
         "nmi": float(normalized_mutual_info_score(a, b)),
@@ -66,15 +67,18 @@ def load_labels(path: str | os.PathLike) -> np.ndarray:
         except ValueError as exc:
             raise StrataInputError(f"not a plain .npy array ({exc})", path=path, fix="save labels with np.save of an integer array") from exc
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise StrataInputError(f"expected a 1-D integer label array, got {arr.dtype} {arr.shape}", path=path, fix="save one integer cluster per document")
+            raise StrataInputError(f"expected a 1-D integer label array, got {arr.dtype} {arr.shape}", path=path,
+                                   fix="save one integer cluster per document")
         return arr.astype(np.int64)
     if path.suffix != ".parquet":
         raise StrataInputError("unknown clustering file type", path=path, fix="use .parquet (doc_id, cluster) or .npy")
     df = pl.read_parquet(path)
     missing = {"doc_id", "cluster"} - set(df.columns)
     if missing:
-        raise StrataInputError(f"missing column(s) {sorted(missing)}", path=path, fix="use the clusters asset's clusters.parquet (doc_id, cluster)")
+        raise StrataInputError(f"missing column(s) {sorted(missing)}", path=path,
+                               fix="use the clusters asset's clusters.parquet (doc_id, cluster)")
     df = df.sort("doc_id")
     if not np.array_equal(df["doc_id"].to_numpy(), np.arange(df.height)):
-        raise StrataInputError("doc_id is not 0..N-1 without gaps or repeats", path=path, fix="write one row per document with dense doc_id")
+        raise StrataInputError("doc_id is not 0..N-1 without gaps or repeats", path=path,
+                               fix="write one row per document with dense doc_id")
     return df["cluster"].to_numpy()

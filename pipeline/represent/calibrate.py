@@ -86,7 +86,8 @@ def calibrate_k(
     import faiss
     from sklearn.metrics import silhouette_score
 
-    x = embeddings if hasattr(embeddings, "shape") else np.asarray(embeddings)  # a memory map or the sharded matrix: only the sample is read
+    # a memory map or the sharded matrix: only the sample is read
+    x = embeddings if hasattr(embeddings, "shape") else np.asarray(embeddings)
     if x.ndim != 2 or x.shape[0] < 3:
         raise StrataInputError(f"embeddings have shape {x.shape}", fix="pass an (N, d) array with N >= 3")
     rng = np.random.default_rng(seed)

@@ -55,7 +55,8 @@ def pca_fit(x: np.ndarray, n_components: int, seed: int = 0) -> tuple[np.ndarray
 
     n, d = x.shape
     if not 1 <= n_components <= d:
-        raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible", fix=f"use 0 (no PCA) or 1..{d}")
+        raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible",
+                               fix=f"use 0 (no PCA) or 1..{d}")
     if n < n_components:
         raise StrataInputError(f"pca={n_components} components from {n} embeddings is impossible", fix=f"use 0 (no PCA) or 1..{n}")
     fit = np.asarray(x) if n <= PCA_FIT_MAX else np.asarray(x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))])
@@ -148,7 +149,8 @@ def train_kmeans(
             fix=f"set k between 1 and {n} (the number of training documents)",
         )
     if niter < 1 or max_points_per_centroid < 1:
-        raise StrataInputError(f"niter={niter}, max_points_per_centroid={max_points_per_centroid} are impossible", fix="use positive integers")
+        raise StrataInputError(f"niter={niter}, max_points_per_centroid={max_points_per_centroid} are impossible",
+                               fix="use positive integers")
     if backend not in BACKENDS:
         raise StrataInputError(f"unknown k-means backend {backend!r}", fix=f"use one of {list(BACKENDS)}")
     pca_params = None

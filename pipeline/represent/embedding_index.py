@@ -94,7 +94,8 @@ class ShardedRows:
         if f not in self._files:
             rows = NpyRows(self.runs.paths[f])
             if rows.shape[1] != self.shape[1] or rows.dtype != self.dtype:
-                raise StrataInputError(f"embedding shard of shape {rows.shape} {rows.dtype}, the index says (*, {self.shape[1]}) {self.dtype}",
+                raise StrataInputError(f"embedding shard of shape {rows.shape} {rows.dtype}, the index says (*, {self.shape[1]}) "
+                                       f"{self.dtype}",
                                        path=self.runs.paths[f], fix=FIX)
             self._files[f] = rows
         return self._files[f]

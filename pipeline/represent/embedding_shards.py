@@ -18,8 +18,8 @@ from typing import Iterator
 import numpy as np
 import polars as pl
 
-from pipeline.data.tokens import token_dtype_of
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs
+from pipeline.data.tokens import token_dtype_of
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.embedding_norms import NormRange, record_norms
 from pipeline.represent.embeddings import IMPLEMENTATION, embed, shallow_from_ids

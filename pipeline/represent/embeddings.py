@@ -26,7 +26,6 @@ checkpoint, which is deleted once the run completes.
 from __future__ import annotations
 
 import functools
-from typing import Any
 import hashlib
 import json
 import os
@@ -34,16 +33,17 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
+from pipeline.names import EMBED_METHODS as METHODS  # declared for the config
 from pipeline.storage.atomic import atomic_path
 from pipeline.threads import parallel_map, rayon_on, task_size
 
-from pipeline.names import EMBED_METHODS as METHODS  # declared for the config
 # Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
 IMPLEMENTATION = 2
 _CHECKPOINT_SECONDS = 30.0
@@ -177,7 +177,8 @@ def find_embedding_tensor(model_dir: str | os.PathLike) -> EmbeddingTensor:
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise StrataInputError("no safetensors checkpoint in the model directory", path=path, fix="save the model with save_pretrained(safe_serialization=True)")
+        raise StrataInputError("no safetensors checkpoint in the model directory", path=path,
+                               fix="save the model with save_pretrained(safe_serialization=True)")
     vocab = _vocab_size(json.loads((path / "config.json").read_text()))
     candidates = []
     for f in files:
@@ -225,12 +226,15 @@ def _sentence_layout(path: Path) -> tuple[Path, str, int]:
             module_dir = path / module.get("path", "")
         elif kind == "Pooling":
             cfg = json.loads((path / module["path"] / "config.json").read_text())
-            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken") if cfg.get(f"pooling_mode_{m}")]
+            modes = [m for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken")
+                     if cfg.get(f"pooling_mode_{m}")]
             if len(modes) != 1:
-                raise StrataInputError(f"pooling modes {modes} are not supported", path=path, fix="use a model with exactly one pooling mode")
+                raise StrataInputError(f"pooling modes {modes} are not supported", path=path,
+                                       fix="use a model with exactly one pooling mode")
             pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max", "mean_sqrt_len_tokens": "mean", "lasttoken": "lasttoken"}[modes[0]]
         elif kind != "Normalize":
-            raise StrataInputError(f"sentence-transformers module {kind} is not supported", path=path, fix="use a model made of Transformer, Pooling and Normalize modules, or method 'deep'")
+            raise StrataInputError(f"sentence-transformers module {kind} is not supported", path=path,
+                                   fix="use a model made of Transformer, Pooling and Normalize modules, or method 'deep'")
     st_config = module_dir / "sentence_bert_config.json"
     limit = int(json.loads(st_config.read_text()).get("max_seq_length") or 0) if st_config.is_file() else 0
     return module_dir, pooling, limit

@@ -121,7 +121,8 @@ def _filesystem(proto: str, _state: str, _pid: int):
     try:
         return fsspec.filesystem(proto, skip_instance_cache=True)
     except (ImportError, ValueError) as exc:
-        raise StrataInputError(f"no filesystem for {proto}:// URLs ({exc})", fix=f"install fsspec's package for {proto}:// (e.g. gcsfs for gs://)") from None
+        raise StrataInputError(f"no filesystem for {proto}:// URLs ({exc})",
+                               fix=f"install fsspec's package for {proto}:// (e.g. gcsfs for gs://)") from None
 
 
 # --------------------------------------------------------------------------- errors
@@ -166,7 +167,8 @@ def translate(exc: BaseException, url: str, doing: str) -> StrataInputError | No
         what = f" ({code})" if code else ""
         need = "s3:ListBucket and s3:GetObject" if doing.startswith(("read", "list")) else "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject"
         return StrataInputError(f"the object store denied the request to {doing}{what}{where}", path=url,
-                                fix=f"grant {need} on the bucket to the credentials in use, or check the key id and secret ({CREDENTIALS_FIX})")
+                                fix=f"grant {need} on the bucket to the credentials in use, or check the key id and secret "
+                                    f"({CREDENTIALS_FIX})")
     if code in ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable", "InternalError",
                 "RequestTimeout", "500", "502", "503", "504"):
         return StrataInputError(f"the object store kept failing ({code}) to {doing}{where}, after {_attempts()} attempts with backoff",
@@ -423,7 +425,8 @@ def publish(local_dir, url: str, *, last: tuple[str, ...], marker: str) -> dict:
             todo = []
             for rel in files:
                 old = before.get(rel)
-                if rel == marker or (old is not None and old.md5 is not None and rel not in last and old.md5 == _local_md5(local_dir / rel)):
+                if rel == marker or (old is not None and old.md5 is not None and rel not in last
+                                     and old.md5 == _local_md5(local_dir / rel)):
                     kept += rel != marker
                     continue
                 todo.append(rel)

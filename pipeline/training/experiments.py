@@ -40,8 +40,8 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.ordering.documents import stratified_order
 from pipeline.names import packing_name
+from pipeline.ordering.documents import stratified_order
 from pipeline.packing.pack import pack
 from pipeline.training.loop import TrainSettings
 

@@ -28,9 +28,9 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.training.model import batch_tensors, mask_mode_of, token_losses
 from pipeline.packing.pack import SequenceStore
 from pipeline.training.loop import autocast, batch_positions
+from pipeline.training.model import batch_tensors, mask_mode_of, token_losses
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")

@@ -7,8 +7,8 @@ budget exceeds the stream), or, for a training-time strategy such as ODM (``pipe
 ids a sampler returns. With ``epochs = N`` the run is N passes over the stream instead: each
 epoch is the same ``floor(M / B)`` batches in the same order (an incomplete last batch is dropped,
 as a data loader with ``drop_last`` does), so every epoch boundary is a clean restart of the
-stream — the setting of Diversity-ordered training's epoch-boundary anomaly. Loss is next-token cross-entropy within documents only. On a CUDA device the
-forward pass runs under bf16 autocast and document masking goes through FlexAttention block masks
+stream — the setting of Diversity-ordered training's epoch-boundary anomaly. Loss is next-token cross-entropy within documents only. On a
+CUDA device the forward pass runs under bf16 autocast and document masking goes through FlexAttention block masks
 (``attention="auto"``); on a CPU through a dense mask and SDPA. A fixed held-out batch
 (``pipeline.training.heldout``) is scored every ``heldout_every`` steps. With a
 :class:`~pipeline.training.checkpoint.Checkpointing` the run writes a checkpoint every
@@ -29,10 +29,10 @@ from tqdm import tqdm
 
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
+from pipeline.packing.pack import SequenceStore
 from pipeline.training.checkpoint import Checkpointing, rng_state, set_rng_state
 from pipeline.training.heldout import HeldoutBatch, score_heldout, score_steps
 from pipeline.training.model import MASK_MODES, batch_tensors, build_model, token_losses
-from pipeline.packing.pack import SequenceStore
 
 
 @dataclass(frozen=True)

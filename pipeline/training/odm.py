@@ -295,7 +295,8 @@ class ODMSampler:
         served, arms, pi = self._pending
         ids, losses = np.asarray(ids), np.asarray(losses, dtype=np.float64)
         if ids.shape != served.shape or not np.array_equal(ids, served) or losses.shape != ids.shape:
-            raise StrataInputError("ODM update got other ids than the last batch", fix="pass the ids next_batch returned and one loss per id")
+            raise StrataInputError("ODM update got other ids than the last batch",
+                                   fix="pass the ids next_batch returned and one loss per id")
         self._pending = None
         mb_loss = losses.reshape(arms.size, -1).mean(axis=1)  # L(f, x, y) of each micro-batch
         self.state.record(arms, mb_loss, pi, self.state.step)
@@ -328,7 +329,8 @@ class ODMSampler:
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` of a sampler built with the same arguments."""
         if len(state["perm"]) != self.k or any(p.size != q.size for p, q in zip(state["perm"], self.pools.members)):
-            raise StrataInputError("ODM state of other cluster pools", fix="resume with the sequences and clusters the state was taken with")
+            raise StrataInputError("ODM state of other cluster pools",
+                                   fix="resume with the sequences and clusters the state was taken with")
         self.state.rewards = np.asarray(state["rewards"], dtype=np.float64)
         self.state.t, self.state.step = int(state["t"]), int(state["step"])
         self.rng.bit_generator.state = state["rng"]

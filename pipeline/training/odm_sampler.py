@@ -65,9 +65,11 @@ def export_clusters(export_dir: str | Path, data_root: str | Path) -> tuple[np.n
     for key in ("ordering", "segments"):
         path = root / lineage[key]
         if not path.is_file():
-            raise StrataInputError(f"the export's {key} {lineage[key]} is not in the data root", fix="give the data root the export was written from", path=path)
+            raise StrataInputError(f"the export's {key} {lineage[key]} is not in the data root",
+                                   fix="give the data root the export was written from", path=path)
         if file_sha256(path) != lineage[f"{key}_sha256"]:
-            raise StrataInputError(f"the {key} changed since the export was written", fix="export again (strata export) before training on it", path=path)
+            raise StrataInputError(f"the {key} changed since the export was written",
+                                   fix="export again (strata export) before training on it", path=path)
         paths[key] = path
     order = pl.read_parquet(paths["ordering"]).sort("position")["sequence_id"].to_numpy().astype(np.int64)
     if order.size != int(meta["n_sequences"]):
@@ -154,7 +156,8 @@ class ODMBatchSampler(Sampler[list[int]]):
         """The mean training loss of the oldest served micro-batch whose loss is not known yet (Alg. 1, line 8);
         the step's rewards are updated when its last micro-batch is observed (lines 11-12)."""
         if not self._open:
-            raise StrataInputError("ODM observed a loss but served no batch without one", fix="call observe(loss) once per micro-batch served")
+            raise StrataInputError("ODM observed a loss but served no batch without one",
+                                   fix="call observe(loss) once per micro-batch served")
         step, _ = self._open.popleft()
         arms, pi, losses = self._steps[step]
         losses.append(float(loss))
@@ -167,7 +170,8 @@ class ODMBatchSampler(Sampler[list[int]]):
         """The policy of every step served: ``step`` (0-based), ``cluster``, ``prob``."""
         n, k = len(self._policies), self.policy.k
         probs = np.asarray(self._policies).reshape(n, k)
-        return pl.DataFrame({"step": np.repeat(np.arange(n, dtype=np.int64), k), "cluster": np.tile(self.clusters, n), "prob": probs.ravel()})
+        return pl.DataFrame({"step": np.repeat(np.arange(n, dtype=np.int64), k), "cluster": np.tile(self.clusters, n),
+                             "prob": probs.ravel()})
 
     def served_rows(self) -> pl.DataFrame:
         """Every position served, in serving order (the columns of the module docstring's served log)."""

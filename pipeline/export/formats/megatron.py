@@ -11,4 +11,5 @@ def write(stream, out, meta, *, global_batch, world_size, progress=None, previou
     return export_megatron(stream, out, meta, progress=progress, previous=previous)
 
 
-SPECS = (ExportFormat("megatron", "Megatron-LM indexed dataset (.bin/.idx) and the GPTDataset index cache that keeps the order", write, extends=True),)
+SPECS = (ExportFormat("megatron", "Megatron-LM indexed dataset (.bin/.idx) and the GPTDataset index cache that keeps the order", write,
+                      extends=True),)

@@ -11,4 +11,5 @@ def write(stream, out, meta, *, global_batch, world_size, progress=None, previou
     return export_numpy(stream, out, meta, progress=progress, previous=previous)
 
 
-SPECS = (ExportFormat("numpy", "raw flat tokens, seq_len per sequence in training order (nanoGPT, OLMo-core, torch_dataset)", write, extends=True),)
+SPECS = (ExportFormat("numpy", "raw flat tokens, seq_len per sequence in training order (nanoGPT, OLMo-core, torch_dataset)", write,
+                      extends=True),)

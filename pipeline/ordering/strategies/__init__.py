@@ -54,7 +54,8 @@ class StrategySpec:
     packing_from: str | None = None  # training-time: the ordering strategy whose packing it samples from
     reseed: Callable[..., Any] | None = None  # (order, params, from_seed, to_seed) -> its order for to_seed, or None: re-run it
     mixture: Callable[..., Any] | None = None  # (params, n_clusters) -> target token share per cluster: its order is a schedule
-    order_after: Callable[..., Any] | None = None  # (features, prefix_rows, params, seed) -> the other rows in order, continuing a frozen prefix (default: ``order`` on them alone)
+    # (features, prefix_rows, params, seed) -> the other rows in order, continuing a frozen prefix (default: ``order`` on them alone)
+    order_after: Callable[..., Any] | None = None
     features: bool = True  # its order reads the sequences' features (False: only their ids, e.g. random)
     documents: tuple[str, ...] = ()  # corpus.parquet columns its run reads beyond doc_id, cluster and n_tokens (e.g. content_hash)
     # (base strategy, (base order's sequence ids, params, seed) -> its order): the same order as

@@ -33,11 +33,14 @@ def bin_packing(cluster, length, seq_len: int, params):
 
 
 SPECS = (
-    StrategySpec("stratified", "document", "Diversity-ordered training stratified greedy on document counts (within-cluster sort `within`), repacked",
+    StrategySpec("stratified", "document",
+                 "Diversity-ordered training stratified greedy on document counts (within-cluster sort `within`), repacked",
                  seed_free=True, reads=("within",), order=stratified),
-    StrategySpec("token_weighted", "document", "Don't Shuffle, Optimize Idea 1: the argmin of the token deviation over all remaining documents, repacked",
+    StrategySpec("token_weighted", "document",
+                 "Don't Shuffle, Optimize Idea 1: the argmin of the token deviation over all remaining documents, repacked",
                  seed_free=True, reads=("within",), order=token_weighted),
-    StrategySpec("round_robin", "document", "one document per cluster in turn, repacked", seed_free=True, reads=("within",), order=round_robin),
+    StrategySpec("round_robin", "document", "one document per cluster in turn, repacked", seed_free=True, reads=("within",),
+                 order=round_robin),
     StrategySpec("bin_packing", "document", "worst-fit packing of round-robin documents into sequence-sized bins, repacked",
                  seed_free=True, reads=("within",), order=bin_packing),
 )

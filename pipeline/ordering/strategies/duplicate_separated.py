@@ -62,7 +62,8 @@ def run(inp):
         raise StrataInputError("duplicate_separated needs a content_hash per document", fix="add a content_hash column to the documents")
     mode = inp.params.duplicate_order
     if mode not in ("greedy", "idea2"):
-        raise StrataInputError(f"unknown duplicate_order {mode!r}", fix="set duplicate_order: greedy (the configured objective) or idea2 (the paper's)")
+        raise StrataInputError(f"unknown duplicate_order {mode!r}",
+                               fix="set duplicate_order: greedy (the configured objective) or idea2 (the paper's)")
     params = idea2_params(inp.params) if mode == "idea2" else inp.params
     docs = inp.present
     subset = duplicate_subsets(inp.content_hash[docs], inp.cluster[docs], inp.seed)
@@ -85,6 +86,8 @@ def run(inp):
 
 
 SPECS = (
-    StrategySpec("duplicate_separated", "document", "Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each packed on its own and greedy-ordered (duplicate_order), concatenated",
+    StrategySpec("duplicate_separated", "document",
+                 "Don't Shuffle, Optimize Idea 3: duplicate-free subsets, each packed on its own and greedy-ordered (duplicate_order), "
+                 "concatenated",
                  seed_free=False, reads=(*GREEDY, "duplicate_order"), greedy_based=True, run=run, documents=("content_hash",)),
 )

@@ -111,7 +111,8 @@ def reseed_curriculum(order: np.ndarray, params, from_seed: int, to_seed: int) -
 
 SPECS = (
     StrategySpec("greedy", "sequence", "greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise): "
-                 "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True, order=greedy_rows, order_after=greedy_after),
+                 "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True,
+                 order=greedy_rows, order_after=greedy_after),
     StrategySpec("greedy_fast", "sequence", "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
                  seed_free=False, reads=(*OBJECTIVE, "window"), order=greedy_fast),
     StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula): "

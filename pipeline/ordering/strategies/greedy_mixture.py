@@ -49,6 +49,7 @@ def schedule_rows(features, params, seed: int) -> np.ndarray:
 SPECS = (
     StrategySpec("greedy_mixture", "sequence",
                  "learned mixture (mixture_weights_file, or the mixture stage's mixture_weights) realized over the corpus "
-                 "with up to max_sequence_copies copies per sequence within mixture_budget_tokens, ordered by the greedy (TerRIFIC curricula)",
+                 "with up to max_sequence_copies copies per sequence within mixture_budget_tokens, ordered by the greedy (TerRIFIC "
+                 "curricula)",
                  seed_free=False, reads=(*GREEDY, *MIXTURE), greedy_based=True, order=schedule_rows, mixture=mixture_targets),
 )
