@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pipeline.packing.pack import SequenceStore, pack
 from pipeline.data.token_index import write_single_run
+from pipeline.packing.pack import SequenceStore, pack
 from pipeline.storage.layout import Layout
 
 PAD, EOS, VOCAB = 0, 1, 64
@@ -26,7 +26,8 @@ def cluster_tokens(rng: np.random.Generator, cluster: int, n: int) -> np.ndarray
     return np.resize(pattern, n)
 
 
-def build_root(root: Path, seq_len: int, n_clusters: int = 3, docs_per_cluster: int = 30, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame, SequenceStore]:
+def build_root(root: Path, seq_len: int, n_clusters: int = 3, docs_per_cluster: int = 30,
+               seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame, SequenceStore]:
     """Write the data root; returns (documents table doc_id/cluster/n_tokens, segments, the store)."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast

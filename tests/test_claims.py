@@ -15,8 +15,15 @@ from pipeline.packing.pack import SequenceStore, pack_concat
 from pipeline.reports import claims as C
 from pipeline.reports import diagnostics as D
 from pipeline.reports.claim_inputs import diversity_schedules
-from pipeline.training.experiments import (epoch_boundary_arms, packing_arms, padding_steps, paper_packing_arms, protocol_seq_len,
-                                           sequence_loss_rows, topic_groups)
+from pipeline.training.experiments import (
+    epoch_boundary_arms,
+    packing_arms,
+    padding_steps,
+    paper_packing_arms,
+    protocol_seq_len,
+    sequence_loss_rows,
+    topic_groups,
+)
 from pipeline.training.loop import TrainSettings, stream_ids, train
 
 VOCAB, EOS, PAD = 48, 1, 0
@@ -405,7 +412,8 @@ def _protocol_rows(per_token: dict[str, float], last_slice: dict[str, float] | N
                 if epoch and last_slice:
                     per[epoch_size * 99 // 100:] = last_slice[arm]
                 rows.append(pl.DataFrame({"experiment": "packing_epochs", "arm": arm, "seed": seed, "epoch": epoch,
-                                          "index": np.arange(epoch_size), "epoch_size": epoch_size, "loss_sum": per * tokens, "tokens": tokens}))
+                                          "index": np.arange(epoch_size), "epoch_size": epoch_size, "loss_sum": per * tokens,
+                                          "tokens": tokens}))
     return pl.concat(rows)
 
 

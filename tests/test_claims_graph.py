@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 import pytest
 import yaml
-
 from helpers import demo_slice
+
 from pipeline.reports.claims import VERDICTS
 
 pytestmark = pytest.mark.integration

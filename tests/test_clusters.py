@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from assets.cli import tools
+from pipeline.errors import StrataInputError
 from pipeline.represent.agreement import compare, label_agreement, load_labels
 from pipeline.represent.clusters import kmeans, pca_reduce
-from pipeline.errors import StrataInputError
 
 
 def _directional_blobs(n_per: int = 200, k: int = 4, d: int = 32, seed: int = 0):

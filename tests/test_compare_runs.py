@@ -17,7 +17,8 @@ def _root(tmp_path, name: str, packing: str, padding: float, loss: dict[str, flo
         stats = {"sequences": 10.0, "tokens_kept": 1000.0, "padding_fraction": padding, "docs_cut": 3.0}
         replace_rows(con, "packing_stats", pl.DataFrame({"metric": list(stats), "value": list(stats.values())}), {})
         replace_rows(con, "ablation", pl.DataFrame({"strategy": list(loss), "metric": ["train/final_loss"] * len(loss),
-                                                     "mean": list(loss.values()), "std": [None] * len(loss), "n_seeds": [1] * len(loss)}), {})
+                                                     "mean": list(loss.values()), "std": [None] * len(loss), "n_seeds": [1] * len(loss)}),
+                     {})
         write_lineage(con, asset="sequences", partition=None, run_id="r", code_version="1", data_version="v",
                       input_versions={}, outputs={}, row_counts={}, parameters={"packing": packing}, wall_s=0.1)
     return root

@@ -11,11 +11,17 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from helpers import built_corpus
 
 from pipeline.config import CorpusConfig, config_from_dict
-from helpers import built_corpus
 from pipeline.data.corpus import (
-    SHARD_FILE_COLUMNS, ZSTD_LEVEL, content_hashes, heldout_keys, heldout_mask, read_unit, validate_unit,
+    SHARD_FILE_COLUMNS,
+    ZSTD_LEVEL,
+    content_hashes,
+    heldout_keys,
+    heldout_mask,
+    read_unit,
+    validate_unit,
 )
 from pipeline.data.shards import ShardReport
 from pipeline.errors import StrataInputError

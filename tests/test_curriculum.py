@@ -64,7 +64,8 @@ def test_blocked_follows_a_strong_curriculum_in_time():
     f = instance(7, 5000, k=2)
     total = float(f.lengths.sum())
     cur = curriculum_from_dict({"knots": [{"tokens": total * 0.4, "logits": [2, -2]}, {"tokens": total * 0.6, "logits": [-2, 2]}]}, 2)
-    share0 = np.bincount(np.repeat(np.arange(f.n_sequences), np.diff(f.clusters.indptr)), weights=f.clusters.data * (f.clusters.indices == 0),
+    share0 = np.bincount(np.repeat(np.arange(f.n_sequences), np.diff(f.clusters.indptr)),
+                         weights=f.clusters.data * (f.clusters.indices == 0),
                          minlength=f.n_sequences) / f.lengths
     fifths = {}
     for name, order in (("exact", curriculum_exact_order(f, cur, Objective.named("f3"))),
@@ -116,7 +117,8 @@ def test_strategy_reads_greedy_exact_max_and_block(tmp_path):
     obj = Objective.named("stationary")
     got = sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots), greedy_exact_max=10, greedy_block=150), 0)
     assert np.array_equal(got, curriculum_blocked_order(f, cur, obj, greedy_block=150))
-    assert np.array_equal(sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots)), 0), curriculum_exact_order(f, cur, obj))
+    assert np.array_equal(sequence_order("greedy_curriculum", f, OrderParams(curriculum=str(knots)), 0),
+                          curriculum_exact_order(f, cur, obj))
 
 
 def test_batch_deviation_by_hand():
@@ -132,8 +134,9 @@ def test_export_greedy_curriculum_position_for_position(tmp_path):
     """`strata export --strategy greedy_curriculum` on a data root with a curriculum configured: the
     numpy and hf exports read back (raw memmap, the torch dataset, `datasets`) give the ordering's
     sequences at every position."""
-    from assets.cli import main
     from export_root import build_root, write_ordering
+
+    from assets.cli import main
     from pipeline.export.torch_dataset import OrderedSequences
     from pipeline.ordering.engine import run_strategy
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from helpers import DATA
 
 from assets.cli.demo import eval_paths, write_demo_config
-from helpers import DATA
 from pipeline.config import StrataConfig, load_config
 from pipeline.errors import StrataInputError
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from helpers import demo_slice
 
 pytestmark = pytest.mark.integration

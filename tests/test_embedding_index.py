@@ -67,7 +67,8 @@ def test_index_reads_the_gathered_rows_and_gives_the_same_clusters(tmp_path, max
     mask = rng.random(n) < 0.3
     np.testing.assert_array_equal(reader[mask], x[mask])
     starts = reader.runs.start
-    for a, b, step in [(0, n, 1), (int(starts[1]) - 2, int(starts[-2]) + 3, 1), (7, 7, 1), (n - 1, n + 5, 1), (5, n - 3, 4), (n - 1, 0, -3)]:
+    for a, b, step in [(0, n, 1), (int(starts[1]) - 2, int(starts[-2]) + 3, 1), (7, 7, 1), (n - 1, n + 5, 1), (5, n - 3, 4),
+                       (n - 1, 0, -3)]:
         np.testing.assert_array_equal(reader[a:b:step], x[a:b:step])
     np.testing.assert_array_equal(reader[-1], x[-1])
     np.testing.assert_array_equal(reader[17], x[17])

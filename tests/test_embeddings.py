@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.represent import embeddings as E
 from pipeline.errors import StrataInputError
+from pipeline.represent import embeddings as E
 
 TEXTS = [
     "The cat sat on the mat.",
@@ -37,7 +37,8 @@ def _tokenizer(kind: str):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
@@ -51,8 +52,11 @@ def models(tmp_path_factory):
     out = {}
     wp, bpe = _tokenizer("wordpiece"), _tokenizer("bpe")
     specs = {
-        "bert": (wp, lambda v: BertModel(BertConfig(vocab_size=v, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, max_position_embeddings=64))),
-        "llama": (bpe, lambda v: LlamaForCausalLM(LlamaConfig(vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False))),
+        "bert": (wp, lambda v: BertModel(BertConfig(vocab_size=v, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                    intermediate_size=32, max_position_embeddings=64))),
+        "llama": (bpe, lambda v: LlamaForCausalLM(LlamaConfig(vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                                                              tie_word_embeddings=False))),
         "gpt2": (bpe, lambda v: GPT2LMHeadModel(GPT2Config(vocab_size=v, n_embd=16, n_layer=1, n_head=2, n_positions=128))),
     }
     for name, (tok, build) in specs.items():

@@ -144,7 +144,8 @@ def test_numpy_flat_file_and_torch_dataset(tmp_path, concat):
         got = np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(len(per_rank[0]))])
         np.testing.assert_array_equal(got, want)
     # resumable: starting at step 3 continues exactly where step 2 ended
-    resumed = [b["input_ids"].numpy() for b in DataLoader(ds, batch_sampler=GlobalBatchSampler(len(ds), G, 0, 1, start_step=3), collate_fn=collate_packed)]
+    resumed = [b["input_ids"].numpy() for b in DataLoader(ds, batch_sampler=GlobalBatchSampler(len(ds), G, 0, 1, start_step=3),
+                                                          collate_fn=collate_packed)]
     np.testing.assert_array_equal(np.stack(resumed), want[3:])
 
 
@@ -333,7 +334,8 @@ def test_hf_parquet_with_trainer(tmp_path, concat):
             per_rank = [[b["input_ids"].numpy() for b in trainer.get_train_dataloader()]]
         else:  # the dataloader each of the `world` processes gets from accelerate
             base = trainer.get_train_dataloader().base_dataloader
-            per_rank = [[b["input_ids"].numpy() for b in prepare_data_loader(base, num_processes=world, process_index=r, put_on_device=False)]
+            per_rank = [[b["input_ids"].numpy() for b in prepare_data_loader(base, num_processes=world, process_index=r,
+                                                                             put_on_device=False)]
                         for r in range(world)]
         got = np.stack([np.concatenate([per_rank[r][s] for r in range(world)]) for s in range(len(per_rank[0]))])
         np.testing.assert_array_equal(got, want)

@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_export import EOS, PAD, VOCAB, G, L, megatron_from_recipe, run_recipe
 
 from pipeline.export import export_stream, stream_from_arrays
 from pipeline.export.stream import sequence_pieces
 from pipeline.packing.pack import SequenceStore, pack
 from pipeline.training.model import batch_tensors, build_model, token_losses
-from test_export import EOS, G, L, PAD, VOCAB, megatron_from_recipe, run_recipe
 
 pytestmark = pytest.mark.integration  # end to end through three trainers' code; small and fast
 

@@ -187,7 +187,8 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     _materialize(cfg_path, root)
     for s in cfg["strategies"]:
         now = _snapshot(layout, s)
-        assert all(np.array_equal(np.asarray(now[k]), np.asarray(first[s][k])) for k in ("order", "rows", "hf", "megatron_reader", "numpy_reader"))
+        assert all(np.array_equal(np.asarray(now[k]), np.asarray(first[s][k]))
+                   for k in ("order", "rows", "hf", "megatron_reader", "numpy_reader"))
         assert now["numpy"] == first[s]["numpy"] and now["megatron"] == first[s]["megatron"]
     assert Store(layout).ordering("greedy").order.size < sizes[-1]
     # freeze_prefix 0 unfreezes: the records and their rows are gone, the stream is re-packed from scratch
@@ -260,7 +261,8 @@ def test_edits_inside_the_prefix_are_refused_and_suffix_deletions_leave(tmp_path
 def test_freeze_prefix_config(tmp_path):
     ok = config_from_dict({"freeze_prefix": "consumed:30x4", "strategies": ["greedy"], "tokenizer": "gpt2"})
     assert frozen.frozen_count(ok.freeze_prefix) == 120
-    assert config_from_dict({"freeze_prefix": "24", "strategies": ["greedy"], "tokenizer": "gpt2"}).freeze_prefix == 24  # the launchpad's string
+    # the launchpad's string
+    assert config_from_dict({"freeze_prefix": "24", "strategies": ["greedy"], "tokenizer": "gpt2"}).freeze_prefix == 24
     from assets.params import PARAM_CLASSES
 
     assert PARAM_CLASSES["sequences"].model_fields["freeze_prefix"].annotation == str | None  # on the sequences launchpad

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline.errors import StrataInputError
+from pipeline.packing.pack import SequenceStore, pack_concat
 from pipeline.training.gradients import (
     fidelity_rows,
     gradient_stable_ranks,
@@ -16,7 +17,6 @@ from pipeline.training.gradients import (
     summarize_stable_ranks,
 )
 from pipeline.training.model import build_model
-from pipeline.packing.pack import SequenceStore, pack_concat
 
 VOCAB, EOS, PAD, L = 48, 1, 0, 32
 
@@ -77,7 +77,8 @@ def test_mixture_fidelity_is_flat_for_a_shuffle_and_drifts_for_a_sorted_stream(t
     assert drifting[0, 1] > drifting[0, 9]
     rows = fidelity_rows(drifting)
     assert rows.height == 100 and rows.filter((rows["chunk_i"] == 0) & (rows["chunk_j"] == 9))["cosine"][0] == drifting[0, 9]
-    mlp_only = mixture_fidelity(model, store, np.arange(n), n_chunks=3, sequences_per_chunk=4, batch_size=4, param_filter=lambda s: ".mlp." in s)
+    mlp_only = mixture_fidelity(model, store, np.arange(n), n_chunks=3, sequences_per_chunk=4, batch_size=4,
+                                param_filter=lambda s: ".mlp." in s)
     assert mlp_only.shape == (3, 3)
     with pytest.raises(StrataInputError):
         mixture_fidelity(model, store, np.arange(5), n_chunks=10)

@@ -73,7 +73,8 @@ def test_feasible_mixture_is_realized_within_caps(tmp_path):
     assert l1_distance(table) < 0.02  # the schedule is not
     assert np.bincount(order, minlength=m).max() <= 3
     assert table["repeated_tokens"].sum() > 0 and table["omitted_tokens"].sum() > 0  # it repeats some sequences and leaves out others
-    assert abs(int(table["scheduled_tokens"].sum()) - int(seg["n_tokens"].sum())) < 0.02 * int(seg["n_tokens"].sum())  # the budget: the corpus's tokens
+    # the budget: the corpus's tokens
+    assert abs(int(table["scheduled_tokens"].sum()) - int(seg["n_tokens"].sum())) < 0.02 * int(seg["n_tokens"].sum())
     assert schedule_problems(order, m, table, 3) == []
     again, _ = schedule(docs, seg, params)
     np.testing.assert_array_equal(order, again)  # same seed, same schedule

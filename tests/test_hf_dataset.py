@@ -13,8 +13,8 @@ import duckdb
 import polars as pl
 import pytest
 import yaml
-
 from helpers import demo_slice
+
 from pipeline.config import CorpusConfig
 from pipeline.data.corpus import build_corpus, corpus_units, shard_key, unit_fingerprints
 from pipeline.data.hf_hub import unpinned

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from export_root import build_root, write_ordering
+
 from pipeline.errors import StrataInputError
 
 L = 32
@@ -309,6 +309,7 @@ def test_a_reused_shard_artifact_is_rehashed_and_a_changed_one_rebuilt(tmp_path,
     import logging
 
     from helpers import three_shard_corpus
+
     from pipeline.config import config_from_dict
     from pipeline.data.shard_docs import manifest_shards
     from pipeline.data.token_shards import token_files, tokenize_shards, tokenizer_key

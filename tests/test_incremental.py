@@ -8,16 +8,15 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
-
 from helpers import demo_slice
+
 from pipeline.config import RayConfig
-from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
-from pipeline.data.tokens import tokenize_documents
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs
 from pipeline.data.token_shards import tokenize_unit
+from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
+from pipeline.data.tokens import tokenize_documents, tokenizer_fingerprint
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.represent.embeddings import default_model_path, embed, same_tokenizer, shallow_from_ids
-from pipeline.data.tokens import tokenizer_fingerprint
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import demo_slice
+
 from pipeline.data import token_shards
 from pipeline.data.text_pieces import pieces, splits_cleanly
 from pipeline.data.token_shards import tokenize_unit

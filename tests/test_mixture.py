@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.mixture.loop import (
     constant_curriculum,
+    initial_logits,
     interpolate,
     knots_document,
     logits_at,
@@ -14,7 +15,6 @@ from pipeline.mixture.loop import (
     softmax,
     static_iteration,
     update_curriculum,
-    initial_logits,
 )
 from pipeline.mixture.realize import allocate, cluster_pure_segments, realize
 from pipeline.mixture.terrific import InfluenceSettings, SparseProjection, per_example_grads, stabilize

@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 import pytest
 import yaml
-
 from helpers import demo_slice
+
 from pipeline.ordering.curriculum import load_curriculum
 
 pytestmark = pytest.mark.integration

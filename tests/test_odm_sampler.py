@@ -4,13 +4,12 @@ root where one cluster (random tokens) stays hard and the others (a repeated pat
 
 from __future__ import annotations
 
-
 import numpy as np
 import polars as pl
 import pytest
 import torch
-
 from export_root import VOCAB, build_root, write_ordering
+
 from pipeline.errors import StrataInputError
 from pipeline.training.odm import sequence_clusters
 from pipeline.training.odm_sampler import ODMBatchSampler, ODMCallback, ODMStream, export_clusters

@@ -409,7 +409,8 @@ def test_document_arrays_on_every_thread_and_their_errors(monkeypatch):
                     assert names_absent(np.flatnonzero(want_c < 0)[:1], got_c)
             one, ten = np.ones(10, np.int64), np.arange(10)
             for bad, message in (((ten[:0], ten[:0], ten[:0]), "no documents"), ((ten[::-1] - 1, one, one), "negative or repeated"),
-                                 ((np.r_[ten[:9], 3], one, one), "negative or repeated"), ((ten[::-1] % 9, one, one), "negative or repeated"),
+                                 ((np.r_[ten[:9], 3], one, one), "negative or repeated"),
+                                 ((ten[::-1] % 9, one, one), "negative or repeated"),
                                  ((ten, one - 2, one), "cluster id is negative"), ((ten, one, one - 1), "n_tokens <= 0")):
                 with pytest.raises(StrataInputError, match=message):
                     document_arrays(*bad)
@@ -564,7 +565,8 @@ def test_demo_stratified_beats_original_on_clusters_per_sequence(demo):
 
     def clusters_per_sequence(packing: pl.DataFrame) -> np.ndarray:
         seq = packing["sequence_id"].to_numpy()
-        comp = composition(seq, cluster[packing["doc_id"].to_numpy()], packing["n_tokens"].to_numpy(), int(seq.max()) + 1, int(cluster.max()) + 1)
+        comp = composition(seq, cluster[packing["doc_id"].to_numpy()], packing["n_tokens"].to_numpy(), int(seq.max()) + 1,
+                           int(cluster.max()) + 1)
         return comp.unique_per_sequence()
 
     orig, strat = clusters_per_sequence(seg), clusters_per_sequence(res.segments)
@@ -588,7 +590,8 @@ def test_cli_schedule_and_schedule_docs(tmp_path, capsys):
     argv = ["schedule", str(tmp_path / "seg.parquet"), "--strategy", "greedy", "--out", str(out), "--length-bins", "16"]
     assert run_cli(argv + ["--lambda", "0.5", "--seed", "3"]) == 0
     order = pl.read_parquet(out)
-    expected = run_strategy("greedy", docs, seg, 128, replace(OrderParams.from_config(StrataConfig()), length_bins=16, lam=0.5), 3).order  # the CLI's defaults are the config's
+    # the CLI's defaults are the config's
+    expected = run_strategy("greedy", docs, seg, 128, replace(OrderParams.from_config(StrataConfig()), length_bins=16, lam=0.5), 3).order
     assert order.equals(expected)
     source = pl.Series("source", np.arange(500) % 3)[seg["doc_id"].to_numpy()]
     table.with_columns(source).write_parquet(tmp_path / "seg_src.parquet")

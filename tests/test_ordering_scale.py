@@ -296,7 +296,8 @@ def _uneven_instance(m: int, seed: int, k: int, length_bins: int) -> SequenceFea
             indptr.append(len(indices))
         return Csr(np.array(indptr), np.array(indices), np.array(data), n_cols)
 
-    return SequenceFeatures(np.arange(m), split(k, 5), split(length_bins, 3), lengths.astype(float), np.arange(length_bins - 1), np.zeros((k, length_bins)))
+    return SequenceFeatures(np.arange(m), split(k, 5), split(length_bins, 3), lengths.astype(float), np.arange(length_bins - 1),
+                            np.zeros((k, length_bins)))
 
 
 def test_parallel_swap_scoring_picks_what_a_sequential_scan_picks():

@@ -370,8 +370,8 @@ def test_concat_in_chunks_on_every_thread_gives_the_reference_rows(monkeypatch):
     piece from the chunks before it): with one document a chunk minimum, on 1 or 2 threads, the
     rows are the reference's, and a bad order is refused as before."""
     import numba
-
     from helpers import chunked_threads
+
     from pipeline import segments
 
     lengths, _, _, order = corpus(300, seed=6, hi=400)
@@ -392,8 +392,8 @@ def test_ids_by_key_is_a_stable_sort_on_every_thread(monkeypatch):
     """``ids_by_key`` (cluster_packed's order of the documents): the indices with a key, stably
     sorted by key, on 1 and 2 threads with one index a chunk minimum; empty and keyless inputs too."""
     import numba
-
     from helpers import chunked_threads
+
     from pipeline import segments
 
     rng = np.random.default_rng(11)

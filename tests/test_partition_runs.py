@@ -12,9 +12,9 @@ import dagster as dg
 import duckdb
 import pytest
 import yaml
+from helpers import demo_slice
 
 from assets.partition_runs import side_by_side_workers
-from helpers import demo_slice
 from pipeline.errors import StrataInputError
 
 pytestmark = pytest.mark.integration

@@ -10,11 +10,11 @@ import pytest
 from PIL import Image
 
 from assets.cli import tools
-from pipeline.represent import calibrate as C
-from pipeline.reports import diagnostics as D
-from pipeline.reports import plots as P
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import pack_concat
+from pipeline.reports import diagnostics as D
+from pipeline.reports import plots as P
+from pipeline.represent import calibrate as C
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import demo_slice, small_graph_config
+
 from pipeline.config import config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]

@@ -341,7 +341,8 @@ def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config
     import numpy as np
 
     from pipeline.ordering.engine import OrderParams, sequence_order
-    from pipeline.ordering.families import REGISTRY as FAMILIES, repaired
+    from pipeline.ordering.families import REGISTRY as FAMILIES
+    from pipeline.ordering.families import repaired
     from pipeline.ordering.greedy import Objective
     from pipeline.ordering.repair import repair_batches
     from pipeline.reports import diagnostics as D
@@ -373,7 +374,8 @@ def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config
     fixed, swaps = repair_batches(shuffled, f, 8, families=[FAMILIES.get("toy_parity")])
     assert swaps > 0 and parity_dev(fixed).max() < parity_dev(shuffled).max()
     both = [FAMILIES.get("cluster"), FAMILIES.get("length_bin")]
-    assert np.array_equal(repair_batches(shuffled, f, 8)[0], repair_batches(shuffled, f, 8, families=[*both, FAMILIES.get("toy_parity")])[0])
+    assert np.array_equal(repair_batches(shuffled, f, 8)[0],
+                          repair_batches(shuffled, f, 8, families=[*both, FAMILIES.get("toy_parity")])[0])
     # the diagnostics score it, as the deviations of its composition
     ids = f.sequence_ids[shuffled]
     schedule = D.prepare(seg, ids, cluster, length, length_bins=8)
@@ -387,7 +389,8 @@ def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config
 
 
 def test_without_the_plugin_a_toy_family_is_a_documents_column():
-    from pipeline.ordering.families import REGISTRY as FAMILIES, ColumnFamily, spec_of
+    from pipeline.ordering.families import REGISTRY as FAMILIES
+    from pipeline.ordering.families import ColumnFamily, spec_of
 
     assert "toy_top" not in FAMILIES.names() and isinstance(spec_of("toy_top"), ColumnFamily)
     with pytest.raises(StrataInputError, match="token family 'toy_top' takes no classes"):

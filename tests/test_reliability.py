@@ -22,8 +22,8 @@ import duckdb
 import polars as pl
 import pytest
 import yaml
-
 from helpers import demo_slice
+
 from pipeline.data.corpus import content_hashes, heldout_mask
 from pipeline.errors import StrataInputError
 from pipeline.storage.layout import Layout
@@ -387,7 +387,8 @@ def test_replace_rows_replaces_the_key_or_the_whole_table_and_adds_new_columns()
 def test_plain_connect_conflicts_while_another_process_writes(tmp_path):
     """Why connect_with_retry exists: DuckDB refuses a second process while one holds the file."""
     db = tmp_path / "x.duckdb"
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(db)!r}); print('held', flush=True); time.sleep(3)"],
+    holder = subprocess.Popen([sys.executable, "-c",
+                               f"import duckdb,time; c=duckdb.connect({str(db)!r}); print('held', flush=True); time.sleep(3)"],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(duckdb.IOException, match="[Ll]ock"):

@@ -15,8 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-
 from helpers import demo_slice
+
 from pipeline.storage.layout import Layout
 
 pytestmark = pytest.mark.integration

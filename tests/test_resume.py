@@ -27,8 +27,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-
 from helpers import demo_slice
+from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
+
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.layout import Layout
@@ -36,7 +37,6 @@ from pipeline.training.checkpoint import Checkpointing, decode, encode
 from pipeline.training.heldout import HeldoutBatch
 from pipeline.training.loop import TrainSettings, train
 from pipeline.training.odm import ODMSampler, sequence_clusters
-from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN = 32

@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
-
 from helpers import demo_slice
+
 from pipeline.config import CorpusConfig
 from pipeline.data.corpus import build_corpus, corpus_units, shard_key, unit_fingerprints, validate_unit
 from pipeline.data.shards import discover_shards

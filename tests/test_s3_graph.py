@@ -17,7 +17,6 @@ import duckdb
 import numpy as np
 import pytest
 import yaml
-
 from helpers import demo_slice, small_graph_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import demo_slice
 from s3_server import Bucket, start_server
 
@@ -123,7 +122,8 @@ def test_a_server_killed_mid_shard_fails_cleanly_and_the_rerun_is_identical(s3_b
         rerun = _strata("run", "--config", str(cfg), "--select", "*corpus")
         assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
 
-        reference = _strata("run", "--config", str(_config(tmp_path / "reference.yaml", tmp_path / "reference", url)), "--select", "*corpus")
+        reference = _strata("run", "--config", str(_config(tmp_path / "reference.yaml", tmp_path / "reference", url)), "--select",
+                            "*corpus")
         assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
         want, got = _artifacts(tmp_path / "reference"), _artifacts(root)
         assert "corpus.parquet" in want and len([k for k in want if k.startswith("corpus/shards/")]) == 4

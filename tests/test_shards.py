@@ -12,12 +12,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import built_corpus, demo_slice
+
 from pipeline.config import CorpusConfig, config_from_dict
 from pipeline.data.corpus import build_corpus
-from pipeline.data.shards import discover_shards
 from pipeline.data.shard_docs import read_docs
+from pipeline.data.shards import discover_shards
 from pipeline.errors import StrataInputError
 
 
@@ -98,7 +98,8 @@ def test_skip_counts_per_shard_and_duplicates_across_shards(tmp_path, tmp_path_f
     dup.mkdir()
     _write(dup / "s1.jsonl", [{"id": "a", "text": "one"}, {"id": "b", "text": "two"}], "plain")
     _write(dup / "s2.parquet", [{"id": "c", "text": "three"}, {"id": "a", "text": "again"}], "parquet")
-    with pytest.raises(StrataInputError, match=r"s2\.parquet: duplicate document id 'a' \(records \[s1.jsonl line 1, s2.parquet line 2\]\)"):
+    with pytest.raises(StrataInputError,
+                       match=r"s2\.parquet: duplicate document id 'a' \(records \[s1.jsonl line 1, s2.parquet line 2\]\)"):
         built_corpus(CorpusConfig(path=str(dup / "s*")), tmp_path)
     with pytest.raises(StrataInputError, match=r"s2\.parquet: duplicate document id 'a'"):
         build_corpus(CorpusConfig(path=str(dup)), 0, 0.0, tmp_path / "work", tmp_path / "corpus.parquet")

@@ -16,11 +16,11 @@ import numpy as np
 import polars as pl
 import pytest
 import yaml
-
 from helpers import demo_slice
+
+from pipeline.data.shard_docs import corpus_texts, kept_rows, manifest_shards
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens, tokenize_documents
-from pipeline.data.shard_docs import corpus_texts, kept_rows, manifest_shards
 from pipeline.represent.clusters import assign_transformed, load_model
 from pipeline.represent.embedding_index import open_embeddings
 from pipeline.represent.embeddings import default_model_path, embed
@@ -110,7 +110,8 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     # The reused + recomputed stores equal tokenizing and embedding the final corpus from scratch.
     texts = pl.concat(list(corpus_texts(layout.corpus, pl.read_parquet(layout.shards), layout.shard_dir("corpus")))).to_list()
     assert dup["text"] not in texts
-    dropped = [kept_rows(layout.corpus, row, shard) is not None for row, shard in manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))]
+    dropped = [kept_rows(layout.corpus, row, shard) is not None
+               for row, shard in manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))]
     assert dropped == [False, False, True, False]  # the gathers took part-2's kept rows only
     flat, off = tokenize_documents(load_tokenizer(default_model_path()), texts, progress=False)
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)

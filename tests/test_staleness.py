@@ -13,7 +13,6 @@ import json
 import dagster as dg
 import pytest
 import yaml
-
 from helpers import demo_slice
 
 pytestmark = pytest.mark.integration
@@ -27,7 +26,8 @@ TRAINING = {"training_runs", "gradient_analyses", "claims", "evaluations", "abla
 EXPECTED = {
     "k": (8, {"centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
     "seq_len": (48, {"sequences"} | AFTER_ORDERINGS),
-    "embed_method": ("sentence", {"embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
+    "embed_method": ("sentence",
+                     {"embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
     "lam": (0.5, AFTER_ORDERINGS),
     "model_preset": ("small", TRAINING),
 }
@@ -268,9 +268,9 @@ def test_greedy_block_shuffle_reuses_the_greedy_partitions_order(graph):
     when not (other parameters, a changed file): the same bytes either way."""
     import polars as pl
 
-    from pipeline.ordering.stage import ordering_inputs, order_params
     from pipeline.config import config_from_dict
     from pipeline.ordering import run_strategy
+    from pipeline.ordering.stage import order_params, ordering_inputs
     from pipeline.storage.duck import duck_connection
     from pipeline.storage.layout import Layout
     from pipeline.storage.lineage import newest_row

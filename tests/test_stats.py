@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import astuple
 
 import numpy as np
 import polars as pl
 import pytest
 
 from pipeline.reports.consumed import consumed_diversity
-from dataclasses import astuple
-
 from pipeline.reports.stats import (
     POOLED,
     Z_MDE,
@@ -208,7 +207,8 @@ def _units(effect: dict[str, float], n_docs: int = 40, seeds=(0, 1, 2), noise: f
     for s in seeds:
         for strat, eff in effect.items():
             v = doc + eff + rng.normal(0, noise, n_docs)
-            rows += [{"strategy": strat, "seed": s, "metric": "heldout_batch/loss", "unit": str(u), "value": float(x)} for u, x in enumerate(v)]
+            rows += [{"strategy": strat, "seed": s, "metric": "heldout_batch/loss", "unit": str(u), "value": float(x)} for u,
+                     x in enumerate(v)]
     return pl.DataFrame(rows)
 
 

@@ -7,8 +7,8 @@ import hashlib
 import numpy as np
 import polars as pl
 import pytest
-
 from helpers import three_shard_corpus
+
 from pipeline.config import config_from_dict
 from pipeline.data.shard_docs import chosen_texts, corpus_texts, manifest_shards
 from pipeline.data.token_index import ShardedTokens
@@ -40,8 +40,8 @@ def _store(tmp_path, max_docs: int):
 
 @pytest.mark.parametrize("max_docs", [0, 70])  # every document; a sample (corpus.parquet keeps some rows of each shard)
 def test_chosen_texts_reads_the_chosen_documents_in_order(tmp_path, max_docs):
-    from pipeline.data.corpus import build_corpus
     from pipeline.config import CorpusConfig
+    from pipeline.data.corpus import build_corpus
 
     _, out, by_id = three_shard_corpus(tmp_path, max_docs)
     build = build_corpus(CorpusConfig(path=str(tmp_path / f"src{max_docs}"), max_docs=max_docs), 0, 0.0, out / "small",

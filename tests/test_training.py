@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from pipeline.errors import StrataInputError
+from pipeline.packing.pack import SequenceStore, pack_concat
+from pipeline.reports import training_plots as TP
+from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
 from pipeline.training.model import PRESETS, batch_tensors, build_model, preset_parameters, token_losses
 from pipeline.training.odm import ODMSampler, sequence_clusters
-from pipeline.packing.pack import SequenceStore, pack_concat
-from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
-from pipeline.reports import training_plots as TP
 
 VOCAB, EOS, PAD = 48, 1, 0
 
@@ -124,7 +124,8 @@ def test_epochs_wrap_and_checkpoints_are_probed(corpus):
     order = np.arange(20)  # 20 sequences, batch 8: epoch 1 starts at step 3 (sequence 24)
     seen = []
     s = TrainSettings(**{**SMALL.__dict__, "max_steps": 10})
-    _, log = train(store, order, VOCAB, EOS, PAD, s, progress=False, checkpoints=checkpoint_steps(10), on_checkpoint=lambda k, m: seen.append((k, m.training)))
+    _, log = train(store, order, VOCAB, EOS, PAD, s, progress=False, checkpoints=checkpoint_steps(10), on_checkpoint=lambda k,
+                   m: seen.append((k, m.training)))
     assert [r["epoch"] for r in log] == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3]
     assert seen == [(2, True), (10, True)]
     assert checkpoint_steps(60) == [12, 60]
