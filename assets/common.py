@@ -19,7 +19,6 @@ from pipeline.storage.atomic import file_sha256, write_text
 from pipeline.storage.layout import Layout
 from pipeline.storage.warehouse import data_versions, latest_data_version, write_lineage
 
-
 # Every `strata run` / `strata demo` writes the configuration it ran with here, under the data root,
 # so the Dagster UI and `strata status` started without a config file show what the root was built with.
 RECORDED_CONFIG = "strata_config.yaml"
@@ -300,12 +299,13 @@ class Recorder:
 
     def finish_stage(self, result: StageResult, metadata: dict[str, Any] | None = None) -> dg.MaterializeResult:
         """:meth:`finish` with a stage function's result (``pipeline/stage.py``): its outputs, rows,
-        parameters, facts (plus ``metadata``) and checks; its ``deps`` replace the declared ones."""
+        parameters, facts (plus ``metadata``), checks and digests; its ``deps`` replace the declared ones."""
         self.deps.update(result.deps)
         checks = [dg.AssetCheckResult(check_name=c.name, passed=c.passed, metadata=shown(c.metadata), description=c.description,
                                       severity=dg.AssetCheckSeverity.WARN if c.warn else dg.AssetCheckSeverity.ERROR)
                   for c in result.checks]
-        return self.finish(result.outputs, result.rows, result.parameters, {**shown(result.facts), **(metadata or {})}, checks)
+        return self.finish(result.outputs, result.rows, result.parameters, {**shown(result.facts), **(metadata or {})}, checks,
+                           digests=result.digests or None)
 
 
 def shown(facts: dict[str, Any]) -> dict[str, Any]:

@@ -5,26 +5,25 @@ import dagster as dg
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
+from assets.params import PARAM_CLASSES, asset_config
 from pipeline.config import StrataConfig
-from pipeline.data.corpus import build_corpus, corpus_fingerprint, shard_key, shard_version, shard_versions, validate_shard
+from pipeline.data import stage
+from pipeline.data.corpus import corpus_fingerprint, shard_key, shard_version, shard_versions, validate_shard
 from pipeline.data.shard_docs import ShardDocs, manifest_shards
-from pipeline.reports.markdown import frame_table
-from pipeline.storage.layout import Layout
 from pipeline.errors import StrataInputError
-from evals.paloma import PalomaWriter
-from pipeline.storage.atomic import atomic_dir, write_parquet
-from pipeline.storage.warehouse import replace_rows
+from pipeline.storage.layout import Layout
 
 
-@dg.observable_source_asset(group_name="data", description="The raw corpus (shards, dataset or built-in); its data version is a hash of every shard's content and the reading options.")
+@dg.observable_source_asset(group_name="data", description="The raw corpus (shards, dataset or built-in); its data version is a hash of "
+                                                          "every shard's content and the reading options.")
 def raw_corpus(settings: StrataSettings) -> dg.DataVersion:
     return dg.DataVersion(corpus_fingerprint(settings.config().corpus))
 
 
 @dg.observable_source_asset(group_name="data", partitions_def=SHARD_PARTITIONS,
-                            description="One corpus shard per partition; its data version is a hash of the shard's bytes and the reading options.")
+                            description="One corpus shard per partition; its data version is a hash of the shard's bytes and the "
+                                        "reading options.")
 def raw_shards(context: dg.AssetExecutionContext, settings: StrataSettings) -> dg.DataVersionsByPartition:
     versions = shard_versions(settings.config().corpus)
     return dg.DataVersionsByPartition({k: dg.DataVersion(fp) for k, (_, fp) in versions.items()})
@@ -90,28 +89,8 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     under ``corpus/shards/`` by content fingerprint) and validates any shard still missing, so an
     unchanged shard is not read again. With ``engine: ray`` the shards are read
     and validated as Ray tasks (workers need read access to the raw shards).
+    One call of ``pipeline.data.stage.build_stage``.
     """
     rec = Recorder(context, duckdb, {})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    with atomic_dir(layout.heldout) as tmp, PalomaWriter(tmp) as held:  # the held-out documents written as they are read
-        built = build_corpus(cfg.corpus, cfg.seed, cfg.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=context.log.info,
-                             engine=cfg.engine, ray_cfg=cfg.ray, heldout=held.add)
-    write_parquet(built.manifest, layout.shards)
-    rec.deps["corpus_shards"] = [shard_key(u) for u in built.manifest["path"]]
-    held_files = sorted(layout.heldout.rglob("*.jsonl.gz"))
-    with duckdb.get_connection() as con:
-        replace_rows(con, "corpus_stats", built.stats, {})
-    report = built.report
-    if report.skipped:
-        per_shard = {k: v for k, v in report.skipped_by_shard.items() if v}
-        context.log.warning(f"skipped {len(report.skipped)} bad records (per shard: {per_shard}); first: {report.skipped[:5]}")
-    n_train = int(built.manifest["n_docs"].sum())
-    return rec.finish(
-        [layout.corpus, layout.shards, *held_files],
-        {"train_docs": n_train, "heldout_docs": built.n_heldout, "skipped": len(report.skipped), "shards": built.manifest.height},
-        {"corpus": cfg.corpus.path or cfg.corpus.hf_dataset or "builtin", "heldout_fraction": cfg.heldout_fraction, "seed": cfg.seed,
-         "engine": cfg.engine},
-        {"sources": dg.MetadataValue.md(frame_table(built.stats)),
-         "shards_validated": built.validated, "shards_reused": built.reused,
-         "skipped_by_shard": dg.MetadataValue.json(report.skipped_by_shard)},
-    )
+    return rec.finish_stage(stage.build_stage(layout, cfg, duckdb.get_connection, log=context.log.info, warn=context.log.warning))

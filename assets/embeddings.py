@@ -6,21 +6,21 @@ import numpy as np
 import polars as pl
 from dagster_duckdb import DuckDBResource
 
-from assets.params import PARAM_CLASSES, asset_config
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
 from assets.corpus import gathered_shards, partition_docs
+from assets.params import PARAM_CLASSES, asset_config
+from pipeline.data.shard_docs import ShardDocs, kept_rows, prune
 from pipeline.data.token_shards import token_files, tokenizer_key
 from pipeline.data.tokenizer import load_tokenizer
-from pipeline.data.shard_docs import ShardDocs, kept_rows, prune
+from pipeline.represent import stage
 from pipeline.represent.cluster_shards import assign_shards, assignment_file
-from pipeline.represent.clusters import keeps, load_model, save_model, train_kmeans
+from pipeline.represent.clusters import load_model
 from pipeline.represent.embedding_index import open_embeddings, write_embedding_runs
 from pipeline.represent.embedding_norms import norms_file
-from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key
-from pipeline.represent.embeddings import default_model_path, same_tokenizer
-from pipeline.storage.atomic import write_npy, write_parquet
+from pipeline.represent.embedding_shards import embed_shards, embedding_file
+from pipeline.represent.embeddings import same_tokenizer
+from pipeline.storage.atomic import write_parquet
 from pipeline.storage.warehouse import replace_rows
-
 
 EmbeddingShardsParams = PARAM_CLASSES["embedding_shards"]  # launchpad: this asset's parameters (assets/params.py)
 
@@ -35,14 +35,8 @@ def _token_store(layout, model: str):
     return lambda shard: token_files(layout.shard_dir("tokens"), shard, key)
 
 
-def _embed_key(cfg) -> tuple[str, str]:
-    """(embedding model path, the key naming its shard files)."""
-    model = cfg.embed_model or default_model_path()
-    return model, embedding_key(model, cfg.embed_max_tokens, cfg.embed_method)
-
-
 def _embed(cfg, layout, shards: list[ShardDocs]) -> tuple[dict, str]:
-    model, key = _embed_key(cfg)
+    model, key = stage.embed_key(cfg)
     run = embed_shards(shards, cfg, model, layout.shard_dir("embeddings"), layout.inside("work", "embeddings"),
                        token_files=_token_store(layout, model) if cfg.embed_method == "shallow" else None)
     return run, key
@@ -86,7 +80,8 @@ def embeddings(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     shards = gathered_shards(layout, rec, "embedding_shards")
     run, key = _embed(cfg, layout, [s for _, s in shards])
     shard_dir = layout.shard_dir("embeddings")
-    prune(shard_dir, {f.name for _, s in shards for f in (embedding_file(shard_dir, s, key), norms_file(embedding_file(shard_dir, s, key)))})
+    files = [embedding_file(shard_dir, s, key) for _, s in shards]
+    prune(shard_dir, {f.name for e in files for f in (e, norms_file(e))})
     parts = [(embedding_file(shard_dir, s, key), kept_rows(layout.corpus, row, s)) for row, s in shards if int(row["n_docs"])]
     n = write_embedding_runs(parts, layout.embeddings)
     return rec.finish(
@@ -111,35 +106,10 @@ def centroids(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     When the corpus was only appended to (every shard the model was trained on is still there,
     unchanged) and the parameters are the same, the model is kept (``keep_centroids``, default on):
     its files, and so its data version, do not change, and no old ``cluster_shards`` partition is
-    stale. ``keep_centroids: false`` retrains."""
+    stale. ``keep_centroids: false`` retrains. One call of ``pipeline.represent.stage.train_centroids``."""
     rec = Recorder(context, duckdb, {"embeddings": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    emb = open_embeddings(layout)
-    live = [row["docs_digest"] for row in pl.read_parquet(layout.shards).to_dicts() if int(row["n_docs"])]
-    params = {"k": cfg.k, "seed": cfg.seed, "iters": cfg.kmeans_iters, "pca": cfg.pca_components, "spherical": cfg.kmeans_spherical,
-              "max_points_per_centroid": cfg.kmeans_max_points_per_centroid, "embeddings": _embed_key(cfg)[1]}
-    model_dir = layout.inside("clusters", "model")
-    saved = load_model(model_dir) if cfg.keep_centroids else None
-    kept = saved is not None and keeps(saved[2], params, set(live)) and layout.centroids.is_file()
-    if kept:
-        meta = saved[2]
-    else:
-        cents, transform, backend = train_kmeans(
-            emb, cfg.k, cfg.seed, cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
-            max_points_per_centroid=cfg.kmeans_max_points_per_centroid,
-        )
-        meta = {"params": params, "trained_shards": live, "backend": backend,
-                "trained_on": int(min(emb.shape[0], cfg.k * cfg.kmeans_max_points_per_centroid))}
-        meta["key"] = save_model(model_dir, cents, transform, meta)
-        write_npy(cents, layout.centroids)
-    files = sorted(p for p in model_dir.iterdir() if p.is_file())
-    return rec.finish(
-        [layout.centroids, *files],
-        {"clusters": int(np.load(layout.centroids, mmap_mode="r").shape[0]), "trained_on": meta["trained_on"]},
-        {"k": cfg.k, "seed": cfg.seed, "iters": cfg.kmeans_iters, "pca": cfg.pca_components, "spherical": cfg.kmeans_spherical,
-         "keep_centroids": cfg.keep_centroids},
-        {"backend": meta["backend"], "trained_on": meta["trained_on"], "centroids": "kept" if kept else "trained", "model": meta["key"]},
-    )
+    return rec.finish_stage(stage.train_centroids(layout, cfg))
 
 
 def _assign(layout, cfg, shards: list[ShardDocs]) -> tuple[dict, str]:
@@ -147,7 +117,7 @@ def _assign(layout, cfg, shards: list[ShardDocs]) -> tuple[dict, str]:
     if saved is None:
         raise RuntimeError(f"no k-means model under {layout.inside('clusters', 'model')}: materialize `centroids` first")
     cents, transform, meta = saved
-    _, key = _embed_key(cfg)
+    _, key = stage.embed_key(cfg)
     emb_dir = layout.shard_dir("embeddings")
     run = assign_shards(shards, cents, transform, meta["key"], lambda s: embedding_file(emb_dir, s, key), layout.shard_dir("clusters"),
                         layout.inside("work", "clusters"), cfg)

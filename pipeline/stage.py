@@ -39,7 +39,9 @@ class StageResult:
     """One materialization's result: ``outputs`` (hashed into its data version), ``rows`` (row
     counts), ``parameters`` (what the result depends on, recorded in the lineage), ``facts``
     (metadata shown in the UI), ``checks`` and ``deps`` (upstream partitions to record instead of
-    the asset's declared ones, e.g. the ordering an order was derived from)."""
+    the asset's declared ones, e.g. the ordering an order was derived from) and ``digests`` (the
+    SHA-256 of outputs that are not local files, e.g. objects written to an object store, taken
+    while they were written)."""
 
     outputs: list[Path]
     rows: dict[str, int]
@@ -47,3 +49,4 @@ class StageResult:
     facts: dict[str, Any] = field(default_factory=dict)
     checks: list[CheckFact] = field(default_factory=list)
     deps: dict[str, Any] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)

@@ -189,9 +189,9 @@ def test_window_figure(tmp_path):
 def test_asset_window_band_cache_and_metadata(tmp_path):
     from types import SimpleNamespace
 
-    import dagster as dg
-
-    from assets.diagnostics import window_band_cache, window_metadata
+    from pipeline.reports.band_cache import window_band_cache
+    from pipeline.reports.stage import window_metadata
+    from pipeline.stage import Markdown
     from pipeline.storage.layout import Layout
 
     layout = Layout(tmp_path)
@@ -211,6 +211,6 @@ def test_asset_window_band_cache_and_metadata(tmp_path):
     metrics = D.ordering_diagnostics("sorted", _pure(np.argsort(cluster_of_seq, kind="stable"), cluster_of_seq), window_batch=8)
     files, meta = window_metadata(layout, "sorted", metrics)
     assert files == [layout.inside("diagnostics", "sorted.windows.png")] and files[0].stat().st_size > 20_000
-    assert isinstance(meta["worst_window"], dg.MetadataValue.md("").__class__) and "data:image/png;base64," in meta["worst_window"].value
+    assert isinstance(meta["worst_window"], Markdown) and "data:image/png;base64," in meta["worst_window"]
     assert meta["worst_window_above_random"].startswith("clusters: w = 8, 16")
     assert window_metadata(layout, "none", metrics) == ([], {})

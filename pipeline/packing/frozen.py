@@ -79,15 +79,15 @@ def save(layout, rec: FrozenPrefix) -> list[Path]:
             write_json({**rec.meta, "strategy": rec.strategy, "frozen_sequences": rec.sequences}, meta_path)]
 
 
-def unfreeze(layout, duckdb=None) -> None:
-    """``freeze_prefix: 0``: forget every frozen prefix (the records and, given a DuckDB resource,
-    the rows of ``ordering_frozen_prefix``)."""
+def unfreeze(layout, connect=None) -> None:
+    """``freeze_prefix: 0``: forget every frozen prefix (the records and, given a warehouse
+    connection (``pipeline.stage.Connect``), the rows of ``ordering_frozen_prefix``)."""
     folder = layout.root / "frozen"
     if not folder.is_dir():
         return
     shutil.rmtree(folder)
-    if duckdb is not None:
-        with duckdb.get_connection() as con:
+    if connect is not None:
+        with connect() as con:
             if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ordering_frozen_prefix'").fetchone()[0]:
                 con.execute("DELETE FROM ordering_frozen_prefix")
 
@@ -206,7 +206,8 @@ def pack_frozen(records: list[FrozenPrefix], keys: pl.DataFrame, stream_lengths:
         v = s["doc_id"].to_numpy()
         parts.append(s.with_columns(sequence_id=pl.Series(new_ids[s["sequence_id"].to_numpy()]), doc_id=pl.Series(v_doc[v]),
                                     doc_token_start=pl.Series(v_start[v] + s["doc_token_start"].to_numpy())))
-    segments = pl.concat([p.select(list(PACKED_SEGMENT_SCHEMA)).cast(PACKED_SEGMENT_SCHEMA) for p in parts]).sort("sequence_id", "seq_token_start")
+    segments = pl.concat([p.select(list(PACKED_SEGMENT_SCHEMA)).cast(PACKED_SEGMENT_SCHEMA) for p in parts])
+    segments = segments.sort("sequence_id", "seq_token_start")
     n_seq = int(old_ids.size + n_new)
     kept = int(segments["n_tokens"].cast(pl.Int64).sum() or 0)  # Int32 sums wrap past 2^31 tokens
     eos = int(segments["eos_added"].sum() or 0)
@@ -238,7 +239,8 @@ def frozen_count(value: int | str) -> int:
     path = path / "stream.parquet" if path.is_dir() else path
     if not path.is_file():
         raise StrataInputError(f"freeze_prefix {value!r}: no training stream at {path}", path=path,
-                               fix="name a training run's folder (runs/<strategy>/seed<k>) or its stream.parquet, or use consumed:STEPSxGLOBAL_BATCH")
+                               fix="name a training run's folder (runs/<strategy>/seed<k>) or its stream.parquet, "
+                                   "or use consumed:STEPSxGLOBAL_BATCH")
     try:
         return pl.read_parquet(path, columns=["position"]).height
     except Exception as exc:  # not Parquet, or no position column

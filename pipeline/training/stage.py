@@ -1,5 +1,6 @@
 """The training stage: one model trained on a strategy's stream for one seed (``training_runs``),
-and mixture fidelity at a frozen checkpoint (``gradient_analyses``).
+mixture fidelity at a frozen checkpoint (``gradient_analyses``), the evaluations of a trained
+model (``evaluations``) and the training runs only the claims need (``claim_runs``).
 
 A training-time strategy (ODM) declares its sampler in its spec (``StrategySpec.sampler``): the
 run trains on what the sampler serves instead of an order, and nothing here names a strategy.
@@ -150,7 +151,8 @@ def _write_tables(layout, connect: Connect, key: dict, log_df: pl.DataFrame, ser
     def keyed(df: pl.DataFrame) -> pl.DataFrame:
         return df.with_columns(strategy=pl.lit(key["strategy"]), seed=pl.lit(key["seed"]))
 
-    consumed = pl.DataFrame([{"metric": k, "value": v} for k, v in consumed_diversity(served, segments, doc_clusters(layout), batch_size).items()])
+    diversity = consumed_diversity(served, segments, doc_clusters(layout), batch_size)
+    consumed = pl.DataFrame([{"metric": k, "value": v} for k, v in diversity.items()])
     outputs = []
     with connect() as con:
         replace_rows(con, "train_log", log_df, key)
@@ -214,7 +216,8 @@ def gradient_analyses(layout, cfg, connect: Connect) -> StageResult:
                              batch_size=cfg.batch_size, cross_document=cfg.cross_document)
         matrices[strategy] = m
         frames.append(fidelity_rows(m).with_columns(strategy=pl.lit(strategy)))
-    table = pl.concat(frames) if frames else pl.DataFrame(schema={"chunk_i": pl.Int64, "chunk_j": pl.Int64, "cosine": pl.Float64, "strategy": pl.String})
+    empty = {"chunk_i": pl.Int64, "chunk_j": pl.Int64, "cosine": pl.Float64, "strategy": pl.String}
+    table = pl.concat(frames) if frames else pl.DataFrame(schema=empty)
     out = write_parquet(table, layout.inside("gradients", "fidelity.parquet"))
     with connect() as con:
         replace_rows(con, "fidelity", table, {})
@@ -222,3 +225,133 @@ def gradient_analyses(layout, cfg, connect: Connect) -> StageResult:
     return StageResult([out, frozen / "model.safetensors"], {"strategies": len(matrices)},
                        {"chunks": cfg.fidelity_chunks, "frozen_steps": frozen_steps, "frozen_sequences": held.n_sequences},
                        {"mean_offdiagonal_cosine": off})
+
+
+def evaluate_run(layout, cfg, strategy: str, seed: int, connect: Connect) -> StageResult:
+    """Evaluate the model of ``strategy`` x ``seed`` on every eval suite whose input is there
+    (``evals/suites/``): rows to ``evals/<strategy>.parquet`` (DuckDB ``eval_results``), the
+    per-document values beside it (``.units.parquet``, DuckDB ``eval_units``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evals.run import evaluate
+    from evals.suites import ordered
+    from pipeline.devices import device
+    from pipeline.reports.markdown import frame_table
+    from pipeline.stage import Markdown
+    from pipeline.storage.atomic import write_parquet
+    from pipeline.storage.warehouse import replace_rows
+
+    model_dir = layout.run_dir(strategy, seed) / "model"
+    dev = device()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(dev).eval()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    units: list[dict] = []
+    suites = ordered()
+    rows = evaluate(model, tok, {s.name: s.input(cfg, layout) for s in suites}, limit=cfg.eval_limit, device=dev,
+                    work_dir=layout.root / "lm_eval", seed=cfg.seed, units=units,
+                    options=cfg.subset(sorted({k for s in suites for k in s.reads})))
+    df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    out = write_parquet(df, layout.eval_file(strategy, seed))
+    per_doc = pl.DataFrame(units, schema={"metric": pl.String, "unit": pl.String, "value": pl.Float64})
+    per_doc = per_doc.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
+    out_units = write_parquet(per_doc, layout.eval_file(strategy, seed).with_suffix(".units.parquet"))
+    with connect() as con:
+        replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
+        if per_doc.height:
+            replace_rows(con, "eval_units", per_doc, {"strategy": strategy, "seed": seed})
+    return StageResult([out, out_units], {"results": df.height, "units": per_doc.height},
+                       {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
+                       {"results": Markdown(frame_table(df.select("suite", "task", "metric", "value")))})
+
+
+def train_claim_runs(layout, cfg, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
+    """The training runs only the claims need (``pipeline/training/experiments.py``): multi-epoch
+    runs of a corpus sample in a topical and in the stratified order (the epoch-boundary anomaly)
+    and runs per packing (each atom size of ``claims_atoms`` and padding, in the paper's protocol
+    or at equal tokens), for every seed of ``claims_seeds``. Writes ``claim_runs/log.parquet``,
+    ``arms.parquet`` and, where measured, ``heldout.parquet`` and ``sequences.parquet``, and the
+    DuckDB tables ``claim_runs_log``, ``claim_runs_arms``, ``claim_runs_heldout`` and ``claim_runs_sequences``."""
+    import time
+
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.data.tokens import open_tokens
+    from pipeline.packing.pack import SequenceStore
+    from pipeline.reports.claim_inputs import diversity_clusters
+    from pipeline.reports.markdown import frame_table
+    from pipeline.reports.visual import document_features
+    from pipeline.stage import Markdown
+    from pipeline.storage.atomic import write_parquet
+    from pipeline.storage.warehouse import replace_rows
+    from pipeline.training.experiments import epoch_boundary_arms, packing_arms, paper_packing_arms, sequence_loss_rows, topic_groups
+    from pipeline.training.loop import TrainSettings, train
+
+    docs = document_features(layout)
+    lengths = docs["stream_length"].to_numpy()
+    cluster, k = diversity_clusters(layout, cfg, docs)
+    base = TrainSettings.from_config(cfg, cfg.seed)
+    topic, kind = topic_groups(docs["source"].to_numpy(), cluster)
+    if cfg.claims_packing_protocol == "paper":
+        packing = paper_packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base, cfg.claims_packing_sequences,
+                                     cfg.claims_packing_epochs, cfg.claims_packing_seq_len)
+    else:
+        packing = packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base)
+    arms = epoch_boundary_arms(lengths, cluster, topic, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds,
+                               base, kind) + packing
+    tok = load_tokenizer(layout.tokenizer)
+    held = load_heldout_batch(layout, cfg, tok)
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    total = sum(a.steps for a in arms)
+
+    def run_arm(arm) -> tuple[list[dict], dict[int, np.ndarray], list[dict]]:
+        """One arm trained: its log, the held-out batch's losses by step (packing arms), its
+        per-sequence losses (the paper's packing protocol)."""
+        store = SequenceStore(tokens, offsets, arm.segments, arm.seq_len or cfg.seq_len, pad_id=tok.pad_token_id)
+        final: dict[int, np.ndarray] = {}
+        scored = held if arm.experiment == "packing" else None
+        per_seq: list[dict] = []
+        per_epoch = arm.order.size // arm.settings.batch_size
+        keep = (lambda step, _ids, sums, n: per_seq.append(sequence_loss_rows(step, arm.settings.batch_size, per_epoch, sums, n))
+                ) if arm.experiment == "packing_epochs" else None
+        _, run_log = train(store, arm.order, len(tok), tok.eos_token_id, tok.pad_token_id, arm.settings, heldout=scored,
+                           on_heldout=lambda step, _tokens, losses: final.update({step: losses}), on_losses=keep)
+        return run_log, final, per_seq
+
+    logs, units, info, seq_losses = [], [], [], []
+    done, t0 = 0, time.perf_counter()
+    for i, arm in enumerate(arms):
+        eta = f", about {(time.perf_counter() - t0) / done * (total - done) / 60:.1f} min left" if done else ""
+        log(f"claim run {i + 1}/{len(arms)}: {arm.experiment} {arm.arm} seed {arm.seed}, {arm.steps} steps "
+            f"({done}/{total} steps done{eta})")
+        run_log, final, per_seq = run_arm(arm)
+        done += len(run_log)
+        key = {"experiment": arm.experiment, "arm": arm.arm, "seed": arm.seed}
+        if per_seq:
+            seq_losses.append(pl.concat([pl.DataFrame(r) for r in per_seq]).with_columns(**{c: pl.lit(v) for c, v in key.items()}))
+        logs.append(pl.DataFrame(run_log).drop("tokens_per_s").with_columns(**{c: pl.lit(v) for c, v in key.items()}))
+        if final:
+            last = max(final)
+            units.append(pl.DataFrame({"unit": held.units, "loss": final[last]}).with_columns(
+                step=pl.lit(last), **{c: pl.lit(v) for c, v in key.items()}))
+        info.append({**key, "steps": len(run_log), "tokens": int(run_log[-1]["tokens_seen"]), "k": k, **arm.info})
+    log_df, arms_df = pl.concat(logs), pl.DataFrame(info, infer_schema_length=None)
+    out_dir = layout.inside("claim_runs")
+    outputs = [write_parquet(log_df, out_dir / "log.parquet"), write_parquet(arms_df, out_dir / "arms.parquet")]
+    with connect() as con:
+        replace_rows(con, "claim_runs_log", log_df, {})
+        replace_rows(con, "claim_runs_arms", arms_df, {})
+        if units:
+            heldout = pl.concat(units)
+            replace_rows(con, "claim_runs_heldout", heldout, {})
+            outputs.append(write_parquet(heldout, out_dir / "heldout.parquet"))
+        else:
+            con.execute("DROP TABLE IF EXISTS claim_runs_heldout")
+        if seq_losses:
+            sequences = pl.concat(seq_losses)
+            replace_rows(con, "claim_runs_sequences", sequences, {})
+            outputs.append(write_parquet(sequences, out_dir / "sequences.parquet"))
+        else:
+            con.execute("DROP TABLE IF EXISTS claim_runs_sequences")
+    return StageResult(outputs, {"runs": len(arms), "steps": total},
+                       {"claims_seeds": cfg.claims_seeds, "claims_epochs": cfg.claims_epochs, "claims_atoms": cfg.claims_atoms,
+                        "claims_packing_protocol": cfg.claims_packing_protocol},
+                       {"runs": Markdown(frame_table(arms_df)), "minutes": round((time.perf_counter() - t0) / 60, 2)})

@@ -1,0 +1,58 @@
+"""The packing stage: the documents packed into ``seq_len``-token sequences (``sequences``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pipeline.stage import Connect, StageResult
+
+
+def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
+    """Pack the documents (seeded shuffle) into ``seq_len``-token sequences with ``packing``:
+    ``sequences/segments.parquet`` (each sequence's pieces as offsets into the token store),
+    ``sequences/meta.json`` (seq_len, packing, freeze_prefix and the token store's fingerprint) and
+    DuckDB ``packing_stats``. With ``freeze_prefix`` P the frozen prefixes recorded under
+    ``frozen/`` keep their sequences and only the other tokens are packed
+    (``pipeline/packing/frozen.py``); ``freeze_prefix: 0`` forgets every frozen prefix."""
+    from pipeline.data.tokenizer import load_tokenizer
+    from pipeline.data.tokens import open_tokens
+    from pipeline.packing import frozen
+    from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing
+    from pipeline.storage.atomic import write_json, write_parquet
+    from pipeline.storage.layout import tokens_fingerprint
+    from pipeline.storage.warehouse import replace_rows
+
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    stream = np.diff(offsets)
+    variant, atom = parse_packing(cfg.packing)
+    n_frozen = frozen.frozen_count(cfg.freeze_prefix)
+    if not n_frozen:
+        frozen.unfreeze(layout, connect)
+    records = frozen.load_all(layout)
+    if records:
+        packed, records = frozen.pack_frozen(records, frozen.doc_keys(layout), stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed)
+    else:
+        order = np.random.default_rng(cfg.seed).permutation(stream.size)
+        packed = pack(variant, order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
+    if records:  # before anything is overwritten
+        pad_id = load_tokenizer(layout.tokenizer).pad_token_id
+        frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id), tokens.dtype)
+    del tokens, offsets, stream  # per-document arrays: not held while the segments are written
+    write_parquet(packed.segments, layout.segments)
+    saved = [path for record in records for path in frozen.save(layout, record)]
+    kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
+    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout)},
+               layout.sequences_meta)
+    numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
+    stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
+    with connect() as con:
+        replace_rows(con, "packing_stats", stats, {})
+    return StageResult(
+        [layout.segments, layout.sequences_meta, *saved],
+        {"sequences": packed.n_sequences, "segments": packed.segments.height},
+        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": n_frozen},
+        {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
+         "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
+         "frozen_sequences_kept": kept},
+    )
