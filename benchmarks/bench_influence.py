@@ -50,11 +50,14 @@ def bench_preset(preset: str, seq_len: int, vocab: int, n: int, dim: int, nnz: i
     c0 = time.process_time()
     for start in range(batch, batch + n, batch):
         b = batch_tensors(store, np.arange(start, start + batch), False, dev)
-        sync(); t0 = time.perf_counter()
+        sync()
+        t0 = time.perf_counter()
         g = per_example_grads(model, b)
-        sync(); t1 = time.perf_counter()
+        sync()
+        t1 = time.perf_counter()
         proj(g)
-        sync(); t2 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
         t_grad += t1 - t0
         t_proj += t2 - t1
     cpu = time.process_time() - c0

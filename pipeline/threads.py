@@ -121,7 +121,7 @@ def concurrently(*calls: Callable[[], object]) -> list:
             first = calls[0]()
         finally:
             done = [f.exception() for f in others]  # wait for every call before anything is raised
-        for f, exc in zip(others, done):
+        for exc in done:
             if exc is not None:
                 raise exc
         return [first] + [f.result() for f in others]

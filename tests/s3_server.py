@@ -62,7 +62,7 @@ def start_server(log: Path, port: int | None = None) -> S3Server:
         except OSError:
             if time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError(f"moto server did not answer on {endpoint}: {log.read_text()[-2000:]}")
+                raise RuntimeError(f"moto server did not answer on {endpoint}: {log.read_text()[-2000:]}") from None
             time.sleep(0.1)
     return S3Server(endpoint, proc, log)
 

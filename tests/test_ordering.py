@@ -89,7 +89,7 @@ def brute_force_greedy(f, obj: Objective) -> np.ndarray:
         s = idx[np.flatnonzero(score <= score.min() + tol)[0]]
         out.append(s)
         live[s] = False
-        for wt, x, w, t, X, W in fams:
+        for _wt, x, w, _t, X, W in fams:
             X += x[s]
             W[0] += w[s]
     return np.array(out)
@@ -341,7 +341,7 @@ def test_stratified_matches_reference_rule_by_hand_and_loop():
     ref = []
     from fractions import Fraction
     for t in range(400):
-        def deficit(j):
+        def deficit(j, t=t):
             picked = Fraction(placed[j], t) if t else Fraction(0)
             return (Fraction(n[j] - placed[j], 400 - t) - picked, -j)
         j = max((j for j in range(5) if placed[j] < n[j]), key=deficit)

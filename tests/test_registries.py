@@ -322,7 +322,6 @@ def toy_families(tmp_path, monkeypatch):
 
 def _parity_instance():
     import numpy as np
-    import polars as pl
 
     from pipeline.ordering.features import sequence_features
     from pipeline.packing.pack import pack_concat

@@ -112,7 +112,7 @@ def test_a_large_object_streams_in_bounded_ranges(s3_bucket, tmp_path, monkeypat
     info = validate_unit(url, CorpusConfig(path=url), 0.0, 0, tmp_path / "v.parquet", 100,
                          unit_fingerprints(CorpusConfig(path=url))[url])
     assert info["n_read"] == 600
-    gets = [l for l in log.read_text().splitlines()[-400:] if "GET /" + s3_bucket.name + "/big/big.jsonl" in l]
+    gets = [line for line in log.read_text().splitlines()[-400:] if "GET /" + s3_bucket.name + "/big/big.jsonl" in line]
     assert len(gets) >= 2 and all(" 206 " in g for g in gets), gets[:3]  # ranges, never the whole object at once
     assert start < log.stat().st_size
 

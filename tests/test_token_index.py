@@ -56,7 +56,7 @@ def test_chosen_texts_reads_the_chosen_documents_in_order(tmp_path, max_docs):
         every = iter(range(len(sizes)))
         assert list(chosen_texts(out / "corpus.parquet", build.manifest, out / "small", lambda n: None, read_rows)) == texts
         chosen = list(chosen_texts(out / "corpus.parquet", build.manifest, out / "small",
-                                   lambda n: picks[next(every)] if n else None, read_rows))
+                                   lambda n, every=every: picks[next(every)] if n else None, read_rows))
         assert chosen == want and 0 < len(chosen) < len(texts)
     none = list(chosen_texts(out / "corpus.parquet", build.manifest, out / "small", lambda n: np.zeros(0, np.int64)))
     assert none == []

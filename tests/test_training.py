@@ -196,9 +196,9 @@ def test_training_figures(tmp_path, corpus):
         ids = sampler.next_batch(8)
         sampler.update(ids, 1.0 + (ids % 4 == 2))
     sr = pl.DataFrame([
-        {"strategy": s, "checkpoint": ck, "layer_name": f"layers.{l}.{b}.{m}", "layer": l, "block": b, "matrix": m,
-         "min_stable_rank": 1.5 + l + (s == "greedy"), "mean_stable_rank": 2.5 + l}
-        for s in ("random", "greedy") for ck in (20, 100) for l in range(2) for b, m in (("attention", "q"), ("mlp", "up"))
+        {"strategy": s, "checkpoint": ck, "layer_name": f"layers.{layer}.{b}.{m}", "layer": layer, "block": b, "matrix": m,
+         "min_stable_rank": 1.5 + layer + (s == "greedy"), "mean_stable_rank": 2.5 + layer}
+        for s in ("random", "greedy") for ck in (20, 100) for layer in range(2) for b, m in (("attention", "q"), ("mlp", "up"))
     ])
     fid = {"random": 0.95 + 0.01 * np.eye(10) * 5, "greedy": np.clip(0.9 + 0.1 * np.eye(10), 0, 1)}
     paths = [

@@ -499,7 +499,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
         chosen = np.zeros(total, bool)
         chosen[max_docs_sample(total, cfg.max_docs, seed)] = True
         at = 0
-        for u, v in enumerate(valid):
+        for v in valid:
             idx = np.flatnonzero(v)
             v[idx[~chosen[at : at + idx.size]]] = False
             at += idx.size

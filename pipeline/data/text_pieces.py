@@ -43,7 +43,7 @@ def pieces(text: str, limit: int = PIECE_CHARS) -> Iterator[str]:
         while cut is None:
             lo = max(start + 1, end - width)
             found = None
-            for found in _CUT.finditer(text, lo, end + 1):
+            for found in _CUT.finditer(text, lo, end + 1):  # noqa: B007 (the last match is the one wanted)
                 pass
             if found is not None:
                 cut = found.start()

@@ -80,7 +80,7 @@ def map_corpus_shards(
     todo = list({s.name: s for s in shards if s.n_docs and not done(s)}.values())
     units: dict[str, list[Shard]] = {
         s.name: [Shard(f"{stage}[{s.unit}:{a}]", (), (work_dir / f"{stage}-{s.name}-{key}-{a}.npz",),
-                       load=lambda s=s, a=a, b=min(a + n, s.n_docs): unit_args(s, a, b))
+                       load=lambda s=s, a=a, b=min(a + n, s.n_docs): unit_args(s, a, b))  # noqa: B008 (binds this unit's end)
                  for a in range(0, s.n_docs, n)]
         for s in todo
     }

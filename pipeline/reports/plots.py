@@ -172,7 +172,7 @@ def embed_2d(embeddings: np.ndarray, method: str = "auto", seed: int = 0) -> tup
             import umap  # type: ignore[import-not-found]
         except ImportError:
             if method == "umap":
-                raise StrataInputError("umap-learn is not installed", fix="pip install umap-learn, or use method='pca'")
+                raise StrataInputError("umap-learn is not installed", fix="pip install umap-learn, or use method='pca'") from None
         else:
             u, s, _ = np.linalg.svd(x, full_matrices=False)
             reduced = u[:, :50] * s[:50]

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # polars is only needed by callers that hand in a frame
 
 
 _UMASK = os.umask(0o022)
+_FLOAT32 = np.dtype(np.float32)  # write_rows's default row dtype
 os.umask(_UMASK)
 
 
@@ -173,7 +174,7 @@ def write_npy(arr: np.ndarray, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def write_rows(blocks: Iterable[np.ndarray], n_rows: int, path: str | os.PathLike, dtype: np.dtype = np.dtype(np.float32)) -> Path:
+def write_rows(blocks: Iterable[np.ndarray], n_rows: int, path: str | os.PathLike, dtype: np.dtype = _FLOAT32) -> Path:
     """Write ``n_rows`` rows, given as consecutive 2-D blocks, atomically as one ``.npy``, the bytes
     ``np.save`` writes (memory: one block)."""
     from numpy.lib import format as npy

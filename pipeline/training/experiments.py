@@ -97,7 +97,7 @@ def epoch_boundary_arms(lengths: np.ndarray, cluster: np.ndarray, topic: np.ndar
             raise StrataInputError(f"the corpus fills {n} sequences of {seq_len} tokens, less than one batch",
                                    fix="lower batch_size or claims_epoch_sequences, or use a larger corpus")
         info = {"sequences": n, "documents": int(docs.size), "topic": topic_kind, "topic_groups": int(np.unique(topic[docs]).size)}
-        for arm, o in orders.items():
+        for arm in orders:
             out.append(Arm("epoch_boundary", arm, seed, np.arange(n), packed[arm].filter(pl.col("sequence_id") < n),
                            replace(base, seed=seed, epochs=epochs, heldout_every=0), info))
     return out
