@@ -233,7 +233,8 @@ def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettin
         if score_rows:
             replace_rows(con, "mixture_curriculum_scores", pl.DataFrame(score_rows), {})
     return rec.finish(out, {"knots": int(cur.log_tokens.size), "meta_iterations": m.curriculum_iterations},
-                      {k: getattr(m, k) for k in ("curriculum_iterations", "checkpoints", "min_fraction", "step_size")} | {"seed": cfg.seed},
+                      {k: getattr(m, k) for k in ("curriculum_iterations", "checkpoints", "min_fraction", "step_size")}
+                      | {"seed": cfg.seed},
                       {"figure": dg.MetadataValue.md(f"![curriculum]({out[-1]})")})
 
 
@@ -260,7 +261,8 @@ def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, du
     cfg, layout = settings.config(), settings.layout()
     ctx = meta_context(cfg, layout, context.log.info)
     if strategy == "greedy_mixture":
-        w = pl.read_parquet(_dir(layout, "weights.parquet")).filter(pl.col("iteration") == cfg.mixture.iterations).sort("cluster")["weight"].to_numpy()
+        w = (pl.read_parquet(_dir(layout, "weights.parquet"))
+             .filter(pl.col("iteration") == cfg.mixture.iterations).sort("cluster")["weight"].to_numpy())
         order, real = static_order(ctx, w, cfg.seed)
     else:
         cur = load_curriculum(_dir(layout, "curriculum.yaml"), ctx.n_clusters)

@@ -97,7 +97,8 @@ def main() -> None:
     ap.add_argument("--config", default=None)
     a = ap.parse_args()
     dev = device()
-    name = torch.cuda.get_device_name() if dev == "cuda" else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    name = (torch.cuda.get_device_name() if dev == "cuda"
+            else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
     print(f"device: {dev} ({name}); seq_len {a.seq_len}, vocab {a.vocab}, d={a.dim}, s={a.nnz}, vmap batch {a.batch}")
     print("wall seconds; examples per CPU-second (all threads) beside them, for a shared machine")
     print(f"{'preset':8} {'params':>10} {'grad s':>8} {'proj s':>8} {'examples/s':>11} {'ex/CPU-s':>9}")

@@ -485,7 +485,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
     shard_keys = [shard_key(str(p)) for p in discover_shards(str(base / "shards"))]
     for stage in stages:  # one process per stage and per strategy partition, as Dagster's multiprocess executor runs steps
         # a per-shard stage runs its partitions in one process (and its workers), as `strata run` does
-        parts = [[s] for s in strategies] if stage in ("orderings", "ordering_diagnostics") else [shard_keys] if stage in SHARD_STAGES else [[]]
+        parts = ([[s] for s in strategies] if stage in ("orderings", "ordering_diagnostics")
+                 else [shard_keys] if stage in SHARD_STAGES else [[]])
         spans[stage], cpus[stage], inner_cpus[stage], peaks[stage] = (0.0, 0.0), 0.0, 0.0, 0
         bodies[stage], runs[stage] = (0.0, 0.0), 0
         w0 = _children_written()
@@ -503,7 +504,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
                 bodies[stage] = (bodies[stage][0] + body_wall, bodies[stage][1] + body_cpu)
             peaks[stage] = max(peaks[stage], peak)
             if len(parts) > 1:
-                print(f"    [{' '.join(part)}]: {full:.1f} s ({inner:.1f} s in the asset), {cpu:.1f} CPU-s, peak anon {peak / 2**30:.2f} GB", flush=True)
+                print(f"    [{' '.join(part)}]: {full:.1f} s ({inner:.1f} s in the asset), {cpu:.1f} CPU-s, "
+                      f"peak anon {peak / 2**30:.2f} GB", flush=True)
         written[stage] = _children_written() - w0
         print(f"  {stage}: {spans[stage][0]:.0f} s ({spans[stage][1]:.0f} s in the asset), {cpus[stage]:.0f} CPU-s "
               f"(CPU/wall {cpus[stage] / spans[stage][0]:.2f}; in the asset {inner_cpus[stage] / max(spans[stage][1], 1e-9):.2f}), peak "
@@ -568,7 +570,8 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
                  "written_gb": sum(written.values()) / 2**30})
     print(f"\n{n_docs:,} documents ({docs:,} training), {tokens / 1e6:.1f}M tokens, shards of {shard_docs:,}; load average "
           f"{os.getloadavg()[0]:.1f}")
-    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'in asset':>10}{'peak anon GB':>14}{'written GB':>12}{'docs/s':>12}{'tokens/s':>14}")
+    print(f"{'stage':<22}{'wall s':>9}{'CPU s':>9}{'CPU/wall':>10}{'in asset':>10}{'peak anon GB':>14}{'written GB':>12}"
+          f"{'docs/s':>12}{'tokens/s':>14}")
     for r in rows:
         print(f"{r['stage']:<22}{r['wall_s']:>9.1f}{r['cpu_s']:>9.1f}{r['cpu_per_wall']:>10.2f}{r['asset_cpu_per_wall']:>10.2f}{r['peak_anon_gb']:>14.2f}"
               f"{r['written_gb']:>12.2f}{r['docs_per_s']:>12,.0f}{r['tokens_per_s']:>14,.0f}")

@@ -185,8 +185,9 @@ class StrataConfig(_Model):
     # sequences
     seq_len: int = Field(256, ge=2, le=MAX_BATCH_TOKENS)
     packing: str = "concat"  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
-    # orderings
-    strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed", "odm", "cluster_sorted"], min_length=1)  # cluster_sorted: the positive control
+    # orderings (cluster_sorted: the positive control)
+    strategies: list[str] = Field(default_factory=lambda: ["random", "greedy", "greedy_block_shuffle", "stratified", "cluster_packed",
+                                                           "odm", "cluster_sorted"], min_length=1)
     objective: Literal[OBJECTIVES] = "stationary"  # type: ignore[valid-type]  # greedy objective: stationary | f1 | f2 | f3 | custom (docs/ordering.md)
     # objective custom: "name[:weight[:classes]]", e.g. [cluster, length_bin:1, concentration:0.5:16, source:0.5]
     families: list[str] = Field(default_factory=list, validate_default=True)
@@ -527,7 +528,8 @@ def _unknown_fix(unknown: list[str]) -> str:
         model: type[BaseModel] = StrataConfig
         for p in parts[:-1]:
             ann = model.model_fields.get(p)
-            model = ann.annotation if ann is not None and isinstance(ann.annotation, type) and issubclass(ann.annotation, BaseModel) else model
+            nested = ann is not None and isinstance(ann.annotation, type) and issubclass(ann.annotation, BaseModel)
+            model = ann.annotation if nested else model
         names = sorted(model.model_fields)
         close = difflib.get_close_matches(parts[-1], names, n=1)
         out.append(f"{loc}: did you mean {'.'.join([*parts[:-1], close[0]])!r}?" if close else f"{loc}: use only {names}")
@@ -570,7 +572,8 @@ def read_config_data(path: str | os.PathLike) -> dict[str, Any]:
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise StrataInputError(f"config is not valid YAML/JSON ({exc})", path=path, fix="correct the syntax") from None
     except (RecursionError, ValueError) as exc:
-        raise StrataInputError(f"config cannot be read ({type(exc).__name__})", path=path, fix="write a flat mapping of keys to values") from None
+        raise StrataInputError(f"config cannot be read ({type(exc).__name__})", path=path,
+                               fix="write a flat mapping of keys to values") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

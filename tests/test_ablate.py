@@ -119,8 +119,8 @@ def test_the_ablate_job_is_in_the_definitions_and_the_demo_sentence_follows_the_
     t = Q.target_grid((0.0223 ** 2, 0.0884 ** 2, 0.1127 ** 2), Q.design(0.0349), 3, 64, 400)
     s = demo_sentence(power(400), 122_880, 50.0)
     assert f"{t.seeds} seeds × {t.units} held-out documents" in s and f"--budget {-(-(t.seeds - 3) * 2 * 50 // 60)}m" in s
-    assert "cannot resolve ±0.5%" in demo_sentence(power(71), 122_880, 50.0) \
-        and "raise heldout_fraction" in demo_sentence(power(71), 0, None)
+    assert ("cannot resolve ±0.5%" in demo_sentence(power(71), 122_880, 50.0)
+            and "raise heldout_fraction" in demo_sentence(power(71), 0, None))
 
 
 def test_the_ablate_job_runs_the_cli_and_its_bad_input_fails_the_run(tmp_path):

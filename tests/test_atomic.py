@@ -42,7 +42,8 @@ def test_writers_give_the_bytes_of_the_library_writers_and_their_digest_without_
     write_npy(np.asfortranarray(x), tmp_path / "a_f.npy")
     write_rows([x[:300], x[300:301], x[301:]], 1000, tmp_path / "rows.npy")
     write_parquet(frame, tmp_path / "a.parquet")
-    with atomic_writer(tmp_path / "pa.parquet") as sink, pq.ParquetWriter(sink, table.schema, compression="zstd", write_statistics=False) as w:
+    with (atomic_writer(tmp_path / "pa.parquet") as sink,
+          pq.ParquetWriter(sink, table.schema, compression="zstd", write_statistics=False) as w):
         w.write_table(table, row_group_size=1500)
     write_bin(x[:, 2], tmp_path / "col.bin")
     write_json({"b": 1, "a": [1, 2]}, tmp_path / "a.json")

@@ -555,7 +555,8 @@ def test_claim_data_reads_the_whole_greedy_ordering(tmp_path):
     (layout.root / "orderings").mkdir()
     packing = pack_concat(np.arange(n_docs), lengths, seq_len)
     m = packing.n_sequences
-    pl.DataFrame({"doc_id": np.arange(n_docs), "n_tokens": lengths - 1, "source": rng.choice(["a", "b"], n_docs)}).write_parquet(layout.documents)
+    pl.DataFrame({"doc_id": np.arange(n_docs), "n_tokens": lengths - 1,
+                  "source": rng.choice(["a", "b"], n_docs)}).write_parquet(layout.documents)
     pl.DataFrame({"doc_id": np.arange(n_docs), "cluster": rng.integers(0, 5, n_docs)}).write_parquet(layout.clusters)
     packing.segments.write_parquet(layout.segments)
     greedy = rng.permutation(m)

@@ -57,7 +57,8 @@ def test_strata_claims_full(tmp_path, request):
     assert {r["key"] for r in rows} == KEYS
     for r in rows:
         assert not Path(r["figure"]).is_absolute()  # relative to the data root: the same bytes wherever it lies
-        assert r["verdict"] in VERDICTS and r["paper_figure"] and r["interval"] and (Path(cfg["data_root"]) / r["figure"]).stat().st_size > 5_000
+        assert r["verdict"] in VERDICTS and r["paper_figure"] and r["interval"]
+        assert (Path(cfg["data_root"]) / r["figure"]).stat().st_size > 5_000
         assert math.isfinite(r["value"]) and r["ci_low"] <= r["ci_high"], r
     db = Path(cfg["data_root"]) / "strata.duckdb"
     with duckdb.connect(str(db), read_only=True) as con:

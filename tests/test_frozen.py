@@ -173,10 +173,12 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     victim = rec.segments.row(0, named=True)
     part = shards / victim["shard"]
     kept = pl.read_parquet(part)
-    edited = kept.with_columns(pl.when(pl.col("id") == victim["id"]).then(pl.lit("edited. ") + pl.col("text")).otherwise(pl.col("text")).alias("text"))
+    edited = kept.with_columns(
+        pl.when(pl.col("id") == victim["id"]).then(pl.lit("edited. ") + pl.col("text")).otherwise(pl.col("text")).alias("text"))
     edited.write_parquet(part)
     proc = _materialize(cfg_path, root, expect_ok=False)
-    assert proc.returncode != 0 and f"shard {victim['shard']}: document '{victim['id']}' is edited but lies in the frozen prefix" in proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"shard {victim['shard']}: document '{victim['id']}' is edited but lies in the frozen prefix" in proc.stdout + proc.stderr
     assert "Fix: restore that document" in proc.stdout + proc.stderr
     assert all(p.read_bytes() == b for p, b in packed.items())
     with pytest.raises(StrataInputError, match="token store changed since the sequences were packed"):
@@ -193,7 +195,8 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     assert Store(layout).ordering("greedy").order.size < sizes[-1]
     # freeze_prefix 0 unfreezes: the records and their rows are gone, the stream is re-packed from scratch
     _materialize(cfg_path, root, freeze=0)
-    assert not (layout.root / "frozen").exists() and "frozen" not in json.loads((layout.export_dir("greedy", "numpy") / "meta.json").read_text())
+    assert not (layout.root / "frozen").exists()
+    assert "frozen" not in json.loads((layout.export_dir("greedy", "numpy") / "meta.json").read_text())
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM ordering_frozen_prefix").fetchone()[0] == 0
     stream = np.diff(np.load(layout.doc_offsets))
@@ -230,7 +233,8 @@ def test_pack_frozen_keeps_frozen_sequences_and_packs_the_rest(tmp_path, variant
     assert np.array_equal(updated.sequence_ids, [5, 0, 7, 2])  # ids kept after an append
     tokens = np.arange(int(more.sum()))
     offsets = np.r_[0, np.cumsum(more)]
-    before = SequenceStore(tokens[: lengths.sum()], offsets[: lengths.size + 1], packed.segments, 16, pad_id=-1).batch(np.array([5, 0, 7, 2]))[0]
+    before = SequenceStore(tokens[: lengths.sum()], offsets[: lengths.size + 1], packed.segments, 16,
+                           pad_id=-1).batch(np.array([5, 0, 7, 2]))[0]
     after = SequenceStore(tokens, offsets, out.segments, 16, pad_id=-1).batch(updated.sequence_ids)[0]
     np.testing.assert_array_equal(before, after)
     assert np.array_equal(np.unique(out.segments["sequence_id"]), np.arange(out.n_sequences))
@@ -242,7 +246,8 @@ def test_edits_inside_the_prefix_are_refused_and_suffix_deletions_leave(tmp_path
     rec, keys, lengths, _ = _records_of(tmp_path)
     inside = set(rec.segments["id"].to_list())
     victim = sorted(inside)[0]
-    edited = keys.with_columns(pl.when(pl.col("id") == victim).then(pl.lit("changed")).otherwise(pl.col("content_hash")).alias("content_hash"))
+    edited = keys.with_columns(
+        pl.when(pl.col("id") == victim).then(pl.lit("changed")).otherwise(pl.col("content_hash")).alias("content_hash"))
     with pytest.raises(StrataInputError, match=rf"shard .*document '{victim}' is edited but lies in the frozen prefix.*Fix: restore"):
         frozen.pack_frozen([rec], edited, lengths, "concat", None, 16, "concat", 0)
     outside = [i for i in range(30) if f"d{i}" not in inside]

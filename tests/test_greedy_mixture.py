@@ -237,7 +237,8 @@ def test_schedule_cli(tmp_path):
 
     docs, seg = corpus(6, n=400)
     d = seg["doc_id"].to_numpy()
-    seg.with_columns(cluster=pl.Series(docs["cluster"].to_numpy()[d]), doc_length=pl.Series(docs["n_tokens"].to_numpy()[d])).write_parquet(tmp_path / "seg.parquet")
+    seg.with_columns(cluster=pl.Series(docs["cluster"].to_numpy()[d]),
+                     doc_length=pl.Series(docs["n_tokens"].to_numpy()[d])).write_parquet(tmp_path / "seg.parquet")
     w = weights_file(tmp_path, {0: 0.7, 1: 0.3})
     assert run_cli(["schedule", str(tmp_path / "seg.parquet"), "--strategy", "greedy_mixture", "--mixture-weights", w,
                     "--max-repeats", "2", "--length-bins", "8", "--out", str(tmp_path / "o.parquet")]) == 0

@@ -61,7 +61,8 @@ def test_the_hub_layouts_resolve_to_one_shard_per_data_file(tmp_path):
     _write(plain / "data" / "test-00000-of-00001.parquet", recs[40:])
     files = [str((plain / "data" / f"train-0000{i}-of-00002.parquet").resolve()) for i in range(2)]
     assert corpus_units(CorpusConfig(hf_dataset=str(plain))) == files
-    assert corpus_units(CorpusConfig(hf_dataset=str(plain), hf_split="test")) == [str((plain / "data" / "test-00000-of-00001.parquet").resolve())]
+    assert corpus_units(CorpusConfig(hf_dataset=str(plain), hf_split="test")) == [
+        str((plain / "data" / "test-00000-of-00001.parquet").resolve())]
 
     carded = tmp_path / "carded"  # README.md's YAML configs name the files
     (carded).mkdir()

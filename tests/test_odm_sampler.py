@@ -67,7 +67,8 @@ def test_odm_with_the_hf_trainer(tmp_path):
 
     root, out, order, _, _, store = exported(tmp_path, "hf")
     sampler = ODMBatchSampler.from_export(out, root, batch_size=B, total_steps=STEPS, seed=0)
-    rows = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache")).select_columns(["input_ids"]).with_format("torch")
+    rows = (datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))
+            .select_columns(["input_ids"]).with_format("torch"))
     seen = []
 
     def collate(batch):

@@ -232,7 +232,8 @@ def test_conservation_detects_lost_and_overlapping_tokens():
     seg = pack("padding", order, lengths, L, atom_multiple=0.5).segments
     assert conservation(seg, lengths, L)["ok"]
     assert not conservation(seg.filter(pl.int_range(pl.len()) != 5), lengths, L)["ok"]
-    moved = seg.with_columns(seq_token_start=pl.when(pl.int_range(pl.len()) == 1).then(pl.col("seq_token_start") - 1).otherwise(pl.col("seq_token_start")))
+    moved = seg.with_columns(
+        seq_token_start=pl.when(pl.int_range(pl.len()) == 1).then(pl.col("seq_token_start") - 1).otherwise(pl.col("seq_token_start")))
     assert not conservation(moved, lengths, L)["ok"]
 
 

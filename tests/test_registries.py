@@ -413,7 +413,8 @@ def test_the_architecture_pages_family_example_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "long_docs.py"))
     FAMILIES.reload()
     try:
-        assert config_from_dict({"objective": "custom", "families": ["cluster", "length_bin", "long_docs:0.5"]}).families[2] == "long_docs:0.5"
+        custom = config_from_dict({"objective": "custom", "families": ["cluster", "length_bin", "long_docs:0.5"]})
+        assert custom.families[2] == "long_docs:0.5"
         with pytest.raises(StrataInputError, match="takes no classes"):
             config_from_dict({"objective": "custom", "families": ["cluster", "long_docs:0.5:4"]})
         f, seg, cluster, length = _parity_instance()

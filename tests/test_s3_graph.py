@@ -55,7 +55,8 @@ def test_corpus_and_exports_on_s3_end_to_end(s3_bucket, tmp_path, monkeypatch):
     second = _strata("run", "--config", str(path), "--select", "corpus_shards")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     with duckdb.connect(str(root / "strata.duckdb"), read_only=True) as con:
-        runs = con.sql("SELECT partition, count(*) FROM lineage WHERE asset = 'corpus_shards' GROUP BY partition ORDER BY partition").fetchall()
+        runs = con.sql("SELECT partition, count(*) FROM lineage WHERE asset = 'corpus_shards' "
+                       "GROUP BY partition ORDER BY partition").fetchall()
     assert [(p.split("@")[0], n) for p, n in runs] == [("part-0.jsonl", 1), ("part-1.jsonl.gz", 1), ("part-2.jsonl", 1)]
 
     G = cfg["batch_size"]

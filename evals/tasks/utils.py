@@ -25,7 +25,8 @@ def load_paloma(strata_paloma_dir: str, strata_split: str = "val", strata_docs_p
                 **_: Any) -> datasets.DatasetDict:
     """Documents of a Paloma-layout directory (``<source>/<split>/*.jsonl.gz``)."""
     df = read_paloma_docs(strata_paloma_dir, split=strata_split, docs_per_subdomain=strata_docs_per_subdomain)
-    return datasets.DatasetDict({"test": datasets.Dataset.from_dict(df.select("text", "id", "source", "subdomain").to_dict(as_series=False))})
+    rows = df.select("text", "id", "source", "subdomain").to_dict(as_series=False)
+    return datasets.DatasetDict({"test": datasets.Dataset.from_dict(rows)})
 
 
 def doc_text(doc: dict[str, Any]) -> str:

@@ -52,7 +52,8 @@ def data_files(name: str, split: str) -> list[str]:
     found = builder.config.data_files
     if not found:
         raise StrataInputError(f"the dataset {name!r} lists no data files (a loading script or an empty folder)", path=key,
-                               fix="point corpus.hf_dataset at a dataset of data files (Parquet, JSONL, CSV …), or corpus.path at its files")
+                               fix="point corpus.hf_dataset at a dataset of data files (Parquet, JSONL, CSV …), "
+                                   "or corpus.path at its files")
     splits = {str(k): list(v) for k, v in found.items()}
     if split not in splits:
         raise StrataInputError(f"the dataset {name!r} has no split {split!r} (splits: {sorted(splits)})", path="corpus.hf_split",

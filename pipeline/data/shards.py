@@ -380,7 +380,8 @@ def _read_jsonl(path: Path | str, cfg: CorpusConfig, report: ShardReport, batch_
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise StrataInputError(f"invalid UTF-8 at byte {exc.start}", path=path, line=line_no, fix="re-encode the file as UTF-8") from None
+            raise StrataInputError(f"invalid UTF-8 at byte {exc.start}", path=path, line=line_no,
+                                   fix="re-encode the file as UTF-8") from None
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
@@ -390,7 +391,8 @@ def _read_jsonl(path: Path | str, cfg: CorpusConfig, report: ShardReport, batch_
             ) from None
         except RecursionError:
             raise StrataInputError("JSON nested too deeply to read", path=path, line=line_no,
-                                   fix="flatten the record (a document is an object with a text string), or set corpus.on_error: skip") from None
+                                   fix="flatten the record (a document is an object with a text string), "
+                                       "or set corpus.on_error: skip") from None
         except ValueError as exc:  # e.g. an integer of more than 4,300 digits
             raise StrataInputError(f"unreadable JSON value ({str(exc).split(':')[0]})", path=path, line=line_no,
                                    fix="write huge numbers (ids) as strings, or set corpus.on_error: skip") from None
@@ -466,8 +468,10 @@ def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardRepo
                 bad = bad | bad_utf8[0]
             doc_id = df[cfg.id_field].cast(pl.String) if cfg.id_field in df.columns else line.cast(pl.String)
             doc_id = doc_id.fill_null(line.cast(pl.String))
-            source = (df[cfg.source_field].cast(pl.String) if cfg.source_field in df.columns else pl.Series([None] * n, dtype=pl.String)).fill_null("corpus")
-            sub = (df["subdomain"].cast(pl.String) if "subdomain" in df.columns else pl.Series([None] * n, dtype=pl.String)).fill_null(source)
+            source = (df[cfg.source_field].cast(pl.String) if cfg.source_field in df.columns
+                      else pl.Series([None] * n, dtype=pl.String)).fill_null("corpus")
+            sub = (df["subdomain"].cast(pl.String) if "subdomain" in df.columns
+                   else pl.Series([None] * n, dtype=pl.String)).fill_null(source)
             out = pl.DataFrame({"id": doc_id, "text": text, "source": source, "subdomain": sub, "line": line})
             row += n
             if not bad.all():  # a batch of skipped rows only yields nothing (an empty batch is no row group)
@@ -477,7 +481,8 @@ def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardRepo
     except Exception as exc:
         if (err := _storage_error(exc, path)) is not None:
             raise err from None
-        raise StrataInputError(f"cannot read Parquet after row {row} ({exc})", path=path, fix="check the file is a complete Parquet file") from exc
+        raise StrataInputError(f"cannot read Parquet after row {row} ({exc})", path=path,
+                               fix="check the file is a complete Parquet file") from exc
 
 
 def _valid_utf8(batch):

@@ -287,7 +287,8 @@ class CurriculumIteration:
     scores: dict[str, float]
 
 
-def curriculum_iteration(ctx: MetaContext, cur: Curriculum, t: int, n_checkpoints: int, min_fraction: float, seed: int) -> CurriculumIteration:
+def curriculum_iteration(ctx: MetaContext, cur: Curriculum, t: int, n_checkpoints: int, min_fraction: float,
+                         seed: int) -> CurriculumIteration:
     """Meta-iteration t of Algorithm 1 (see module doc)."""
     n_max = ctx.budget_tokens
     s_b = sample_log_locations(np.log(min_fraction * n_max), np.log(n_max), n_checkpoints, seed * 1_000_003 + t)

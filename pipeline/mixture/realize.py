@@ -37,7 +37,8 @@ from pipeline.ordering.features import Csr, SequenceFeatures, sequence_features
 from pipeline.packing.pack import SEGMENT_SCHEMA
 
 
-def cluster_pure_segments(doc_ids: np.ndarray, doc_cluster: np.ndarray, stream_lengths: np.ndarray, seq_len: int, seed: int) -> tuple[pl.DataFrame, np.ndarray]:
+def cluster_pure_segments(doc_ids: np.ndarray, doc_cluster: np.ndarray, stream_lengths: np.ndarray, seq_len: int,
+                          seed: int) -> tuple[pl.DataFrame, np.ndarray]:
     """Pack documents cluster by cluster (seeded order within a cluster); ``(segments, cluster of each sequence)``.
 
     ``doc_ids``/``doc_cluster``/``stream_lengths`` are aligned per document (length incl. EOS).
@@ -149,7 +150,8 @@ def realize(seq_cluster: np.ndarray, weights: np.ndarray, total: int, max_cluste
     return Realization(ids.astype(np.int64), table)
 
 
-def multiset_features(pool_segments: pl.DataFrame, doc_cluster: np.ndarray, doc_length: np.ndarray, sequence_ids: np.ndarray, n_clusters: int, length_bins: int) -> SequenceFeatures:
+def multiset_features(pool_segments: pl.DataFrame, doc_cluster: np.ndarray, doc_length: np.ndarray, sequence_ids: np.ndarray,
+                      n_clusters: int, length_bins: int) -> SequenceFeatures:
     """Features of a multiset of pool sequences: row r is copy ``sequence_ids[r]`` (copies are separate rows).
 
     ``doc_cluster``/``doc_length`` are indexed by doc_id; the cluster matrix always has

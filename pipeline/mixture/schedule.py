@@ -53,7 +53,8 @@ def load_weights(path: str | Path, n_clusters: int) -> np.ndarray:
     fix = "write a JSON/YAML mapping cluster id -> weight (>= 0, not all 0), e.g. {0: 0.5, 3: 0.5}"
     if not path.is_file():
         raise StrataInputError("the mixture weights file does not exist", path=path,
-                               fix="set mixture_weights_file to a JSON/YAML mapping, or materialize mixture_weights (mixture.enabled: true)")
+                               fix="set mixture_weights_file to a JSON/YAML mapping, "
+                                   "or materialize mixture_weights (mixture.enabled: true)")
     if path.suffix == ".parquet":
         t = pl.read_parquet(path)
         if not {"iteration", "cluster", "weight"} <= set(t.columns):

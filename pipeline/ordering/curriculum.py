@@ -92,9 +92,11 @@ def load_curriculum(path: str | Path, n_clusters: int) -> Curriculum:
     """Read a knots file (JSON or YAML, see module docstring) for ``n_clusters`` clusters."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) if path.suffix in (".yaml", ".yml") else json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise StrataInputError(f"cannot read the curriculum file ({exc})", fix="give a readable JSON or YAML knots file", path=path) from None
+        raise StrataInputError(f"cannot read the curriculum file ({exc})", fix="give a readable JSON or YAML knots file",
+                               path=path) from None
     return curriculum_from_dict(raw, n_clusters, path)
 
 

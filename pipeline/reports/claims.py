@@ -263,7 +263,8 @@ def prefix_error_claims(data: ClaimData) -> list[Claim]:
         mean, lo, hi = interval_2way(ind, data.n_boot, data.seed)
         curves[kind] = (g, r)
         lost = t[ind.mean(axis=0) < 1.0]
-        where = f"; greedy not below at t = {', '.join(map(str, lost[:6]))}{' …' if lost.size > 6 else ''} of {sched.n_sequences}" if lost.size else ""
+        where = (f"; greedy not below at t = {', '.join(map(str, lost[:6]))}{' …' if lost.size > 6 else ''} of {sched.n_sequences}"
+                 if lost.size else "")
         out.append(Claim(
             key=f"dso.prefix_error.{kind}", paper=DSO,
             claim=f"greedy's prefix error ({label} shares) is below random's at every prefix",
@@ -404,7 +405,8 @@ def stable_rank_claims(data: ClaimData) -> list[Claim]:
             d = log_ratio_matrix(rows, cp, block)
             if d.size == 0:
                 continue
-            mats[(cp, block)] = (sorted(set(rows.filter(pl.col("strategy") == "greedy")["seed"]) & set(rows.filter(pl.col("strategy") == "random")["seed"])), d)
+            mats[(cp, block)] = (sorted(set(rows.filter(pl.col("strategy") == "greedy")["seed"])
+                                        & set(rows.filter(pl.col("strategy") == "random")["seed"])), d)
             mean, lo, hi = interval_2way(d, data.n_boot, data.seed)
             out.append(Claim(
                 key=f"dso.stable_rank.{block}.{cp}", paper=DSO,
@@ -732,7 +734,8 @@ def ratio_matrix(jumps: pl.DataFrame, arm: str, metric: str) -> np.ndarray:
     sel = jumps.filter((pl.col("arm") == arm) & (pl.col("metric") == metric))
     if sel.height == 0:
         return np.zeros((0, 0))
-    return sel.sort("seed", "boundary").pivot(on="boundary", index="seed", values="ratio").sort("seed").drop("seed").to_numpy().astype(np.float64)
+    return (sel.sort("seed", "boundary").pivot(on="boundary", index="seed", values="ratio")
+            .sort("seed").drop("seed").to_numpy().astype(np.float64))
 
 
 def jump_table(jumps: pl.DataFrame, n_boot: int, seed: int) -> pl.DataFrame:
@@ -807,7 +810,8 @@ def epoch_boundary_claims(data: ClaimData) -> list[Claim]:
                              "diversity eliminates epoch-boundary anomalies\"",
                 value=mean, ci_low=lo, ci_high=hi, threshold=0.0, side=">",
                 interval=f"two-way bootstrap over {m.shape[0]} seeds x {m.shape[1]} boundaries (paired)", n=int(m.size),
-                detail=f"jump ratio topical minus stratified; stratified's own ratio {float(s.mean()):.3f}, topical's {float(m.mean()):.3f}",
+                detail=f"jump ratio topical minus stratified; stratified's own ratio {float(s.mean()):.3f}, "
+                       f"topical's {float(m.mean()):.3f}",
                 **common,
             ))
     return out
@@ -847,7 +851,8 @@ def packing_claims(data: ClaimData) -> list[Claim]:
     if units is None or units.filter(pl.col("experiment") == "packing").height == 0:
         if data.claim_sequences is not None and data.claim_sequences.filter(pl.col("experiment") == "packing_epochs").height:
             return []  # the packing runs are in the paper's protocol (packing_paper_protocol's rows)
-        raise MissingData("needs the claims' packing runs at equal tokens (strata claims --full with claims_packing_protocol: equal_tokens)")
+        raise MissingData("needs the claims' packing runs at equal tokens "
+                          "(strata claims --full with claims_packing_protocol: equal_tokens)")
     units = units.filter(pl.col("experiment") == "packing")
     arms = data.claim_arms.filter(pl.col("experiment") == "packing") if data.claim_arms is not None else None
     path = str(plot_packing_claim(units, data.figure("claim_packing")))
@@ -1038,8 +1043,8 @@ def claims_section(claims: pl.DataFrame | None, diversity: pl.DataFrame | None =
         ]
         rows = []
         for r in diversity.iter_rows(named=True):
-            p = (f" [{r['paper_mean']:g}]", f" [{r['paper_min']:g}]", f" [{r['paper_std']:g}]") \
-                if r["paper_mean"] is not None else ("", "", "")
+            p = ((f" [{r['paper_mean']:g}]", f" [{r['paper_min']:g}]", f" [{r['paper_std']:g}]")
+                 if r["paper_mean"] is not None else ("", "", ""))
             rows.append([r["strategy"], str(r["sequences"]), f"{r['clusters_per_seq_mean']:.3f}{p[0]}",
                          f"{r['clusters_per_seq_min']:.0f}{p[1]}",
                          f"{r['clusters_per_seq_std']:.3f}{p[2]}", f"{r['batch_token_share_dev_mean']:.4f}",

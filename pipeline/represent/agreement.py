@@ -65,7 +65,8 @@ def load_labels(path: str | os.PathLike) -> np.ndarray:
         try:
             arr = np.load(path, allow_pickle=False)
         except ValueError as exc:
-            raise StrataInputError(f"not a plain .npy array ({exc})", path=path, fix="save labels with np.save of an integer array") from exc
+            raise StrataInputError(f"not a plain .npy array ({exc})", path=path,
+                                   fix="save labels with np.save of an integer array") from exc
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
             raise StrataInputError(f"expected a 1-D integer label array, got {arr.dtype} {arr.shape}", path=path,
                                    fix="save one integer cluster per document")

@@ -231,7 +231,8 @@ def _sentence_layout(path: Path) -> tuple[Path, str, int]:
             if len(modes) != 1:
                 raise StrataInputError(f"pooling modes {modes} are not supported", path=path,
                                        fix="use a model with exactly one pooling mode")
-            pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max", "mean_sqrt_len_tokens": "mean", "lasttoken": "lasttoken"}[modes[0]]
+            pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max", "mean_sqrt_len_tokens": "mean",
+                       "lasttoken": "lasttoken"}[modes[0]]
         elif kind != "Normalize":
             raise StrataInputError(f"sentence-transformers module {kind} is not supported", path=path,
                                    fix="use a model made of Transformer, Pooling and Normalize modules, or method 'deep'")

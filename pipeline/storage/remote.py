@@ -165,7 +165,8 @@ def translate(exc: BaseException, url: str, doing: str) -> StrataInputError | No
     if isinstance(exc, PermissionError) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
                                                      "ExpiredToken", "InvalidToken", "AllAccessDisabled"):
         what = f" ({code})" if code else ""
-        need = "s3:ListBucket and s3:GetObject" if doing.startswith(("read", "list")) else "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject"
+        need = ("s3:ListBucket and s3:GetObject" if doing.startswith(("read", "list"))
+                else "s3:ListBucket, s3:GetObject, s3:PutObject and s3:DeleteObject")
         return StrataInputError(f"the object store denied the request to {doing}{what}{where}", path=url,
                                 fix=f"grant {need} on the bucket to the credentials in use, or check the key id and secret "
                                     f"({CREDENTIALS_FIX})")

@@ -56,7 +56,8 @@ def export_clusters(export_dir: str | Path, data_root: str | Path) -> tuple[np.n
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise StrataInputError(f"cannot read the export's meta.json ({exc})", fix="give the directory `strata export` wrote", path=meta_path) from None
+        raise StrataInputError(f"cannot read the export's meta.json ({exc})", fix="give the directory `strata export` wrote",
+                               path=meta_path) from None
     lineage = meta.get("lineage")
     if not isinstance(lineage, dict):
         raise StrataInputError("the export records no lineage", fix="export with `strata export` from the data root", path=meta_path)
