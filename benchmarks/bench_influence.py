@@ -66,9 +66,9 @@ def bench_preset(preset: str, seq_len: int, vocab: int, n: int, dim: int, nnz: i
 
 
 def bench_meta(root: str, config: str | None) -> None:
-    from assets.mixture import corpus_shares, meta_context
     from pipeline.config import resolve_config
     from pipeline.mixture.loop import initial_logits, static_iteration
+    from pipeline.mixture.stage import corpus_shares, meta_context
     from pipeline.storage.layout import Layout
 
     cfg = resolve_config(config, root)
