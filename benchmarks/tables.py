@@ -103,12 +103,33 @@ def ablate_simulation(results: Path) -> str:
     return "\n".join(lines)
 
 
+def ablate_campaign(results: Path) -> str:
+    """A finished ``strata ablate`` campaign (``record_campaign.py``): each round's grid, Δ, interval
+    and verdict per strategy, then the compute it took."""
+    doc = _load(results, "ablate_campaign")
+    lines = ["| round | strategy | seeds × documents | Δ (nats) | anytime-valid 95% interval | verdict | spent (min) |",
+             "|---:|---|---|---:|---|---|---:|"]
+    for r in doc["rounds"]:
+        lines.append(f"| {r['round']} | {r['strategy']} | {r['n_seeds']} × {r['n_units']} | {r['delta']:+.4f} |"
+                     f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] | {r['verdict']} | {r['spent_s'] / 60:.1f} |")
+    last = doc["rounds"][-1]
+    proc = doc["process"]
+    lines.append("")
+    lines.append(f"Margin ±{last['margin']:.4f} nats ({last['effect_rel']:.1%} of {last['baseline']}'s"
+                 f" {last['baseline_mean']:.4f}); budget {last['budget_s'] / 60:.0f} min;"
+                 f" {last['spent_tokens']:,} training tokens. The process: {proc['wall_s'] / 60:.1f} min wall,"
+                 f" {proc['cpu_s'] / 60:.1f} min CPU, peak RSS {proc['peak_rss_mb']:,.0f} MB."
+                 f" `strata ablate` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}. {doc.get('note', '')}")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
     "order_prefix": lambda results: order_prefix_markdown(_load(results, "order_prefix")),
     "order_prefix_design": lambda results: order_prefix_markdown(_load(results, "order_prefix_design")),
     "ablate_simulation": ablate_simulation,
+    "ablate_campaign": ablate_campaign,
 }
 
 

@@ -28,17 +28,25 @@ def plot_campaign(rows: pl.DataFrame, out: Path) -> Path:
         m = float(r["margin"][0])
         ax.axhspan(-m, m, color="0.9", label=f"±margin ({m:.4g})")
         ax.axhline(0, color="0.4", lw=0.8)
-        finite = [(a, b) for a, b in zip(lo, hi) if math.isfinite(a) and math.isfinite(b)]
-        ax.vlines(x, [a if math.isfinite(a) else float("nan") for a in lo], [b if math.isfinite(b) else float("nan") for b in hi],
-                  color="C0", lw=2)
+        ylo, yhi = _limits(lo, hi, d, m)
+        ax.set_ylim(ylo, yhi)
+        # an early round's interval (the pilot's, on few degrees of freedom) can be far wider than
+        # the last: it is drawn to the panel's edge with an arrowhead, so the narrowing stays visible
+        top = [min(b, yhi) if math.isfinite(b) else yhi for b in hi]
+        bottom = [max(a, ylo) if math.isfinite(a) else ylo for a in lo]
+        ax.vlines(x, bottom, top, color="C0", lw=2)
+        for xi, a, b in zip(x, lo, hi):
+            if not (math.isfinite(b) and b <= yhi):
+                ax.plot(xi, yhi, "^", color="C0", ms=6, clip_on=False)
+            if not (math.isfinite(a) and a >= ylo):
+                ax.plot(xi, ylo, "v", color="C0", ms=6, clip_on=False)
         ax.plot(x, d, "o", color="C1", label="Δ")
         for xi, n_s, n_u in zip(x, r["n_seeds"], r["n_units"]):
-            ax.annotate(f"{n_s}×{n_u}", (xi, ax.get_ylim()[0]), fontsize=7, ha="center", va="bottom", color="0.3")
+            ax.annotate(f"{n_s}×{n_u}", (xi, ylo), xytext=(0, 3), textcoords="offset points", fontsize=7, ha="center",
+                        va="bottom", color="0.3")
         ax.set_title(f"{s}: {r['verdict'][-1]}")
         ax.set_xlabel("round (0 = pilot); seeds × documents")
         ax.set_xticks(x)
-        if finite:
-            ax.set_ylim(min(min(a for a, _ in finite), -m) * 1.15, max(max(b for _, b in finite), m) * 1.15)
     axes[0][0].set_ylabel(f"Δ vs {rows['baseline'][0]} ({rows['metric'][0]})")
     axes[0][0].legend(fontsize=7, loc="upper right")
     fig.tight_layout()
@@ -46,6 +54,16 @@ def plot_campaign(rows: pl.DataFrame, out: Path) -> Path:
     save_png(fig, out, tight=False)  # at most MAX_WIDTH_PX wide: one panel per strategy grows it
     plt.close(fig)
     return out
+
+
+def _limits(lo, hi, d, margin: float) -> tuple[float, float]:
+    """The y range of one panel: ±margin, every Δ and the last round's interval, padded by half
+    that span (wider intervals of earlier rounds are cut at the edge)."""
+    vals = [-margin, margin, *(v for v in d if math.isfinite(v))]
+    vals += [v for v in (lo[-1], hi[-1]) if math.isfinite(v)]
+    low, high = min(vals), max(vals)
+    pad = 0.5 * (high - low)
+    return low - pad, high + pad
 
 
 def campaign_markdown(rows: pl.DataFrame, figure: str | None = "ablation_campaign.png") -> str:
