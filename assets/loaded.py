@@ -32,7 +32,7 @@ def _ancestors() -> set[int] | None:
     if not Path("/proc/self/stat").is_file():
         return None
     out, pid = set(), os.getppid()
-    while pid > 1 and pid not in out:
+    while pid > 0 and pid not in out:  # pid 1 too: in a container the UI itself may be pid 1
         out.add(pid)
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()

@@ -102,9 +102,9 @@ def test_threshold_switches_modes_and_names_them():
     f = bench_instance(600, seed=1, k=40, length_bins=10)
     m = f.n_sequences
     assert greedy_mode(m, m) == "exact" and greedy_mode(m, m - 1) == "blocked"
-    rows, mode = greedy_scaled_order(f, F3, greedy_exact_max=m)  # then the swap repair of the worst batches
+    rows, mode = greedy_scaled_order(f, F3, greedy_exact_max=m, batch_size=32)  # then the swap repair of the worst batches
     assert mode == "exact" and np.array_equal(rows, repair_batches(greedy_order(f, F3), f, 32)[0])
-    rows, mode = greedy_scaled_order(f, F3, greedy_exact_max=m - 1, greedy_block=128, seed=7)
+    rows, mode = greedy_scaled_order(f, F3, greedy_exact_max=m - 1, greedy_block=128, seed=7, batch_size=32)
     assert mode == "blocked" and np.array_equal(rows, repair_batches(greedy_blocked_order(f, F3, greedy_block=128, seed=7), f, 32)[0])
     assert not np.array_equal(rows, greedy_order(f, F3))
     with pytest.raises(StrataInputError):
