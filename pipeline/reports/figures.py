@@ -11,9 +11,10 @@ from pipeline.storage.atomic import atomic_path
 
 DPI = 110
 # The widest figure the Dagster UI's metadata pop-up shows uncut: the dialog is at most 1,280 px
-# wide with 20 px of padding each side, and a markdown report's images are drawn at their pixel
-# width. A wider figure is saved at a lower dpi, not cropped.
-MAX_WIDTH_PX = 1240
+# wide with 20 px of padding each side, less its vertical scrollbar when the report is long, and a
+# markdown report's images are drawn at their pixel width. A wider figure is saved at a lower dpi,
+# not cropped.
+MAX_WIDTH_PX = 1200
 PAD_INCHES = 0.1  # matplotlib's default pad around a tight bounding box
 
 
