@@ -429,3 +429,90 @@ def test_the_architecture_pages_family_example_runs(tmp_path, monkeypatch):
         monkeypatch.delenv("STRATA_PLUGINS")
         FAMILIES.reload()
     assert "long_docs" not in FAMILIES.names()
+
+
+def _page_block(heading: str) -> str:
+    """The first python block under ``## <heading>`` of docs/architecture.md."""
+    import re
+
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    found = re.search(rf"## {re.escape(heading)}\n.*?```python\n(.*?)```", page, flags=re.S)
+    assert found, f"docs/architecture.md has no python block under {heading!r}"
+    return found.group(1)
+
+
+def test_the_architecture_pages_export_format_example_runs(tmp_path, monkeypatch, capsys):
+    """docs/architecture.md's example format, as written there, is one file that the config and
+    ``strata export`` take; its array, read back with ``np.load``, holds the ordering's sequences
+    position for position, as the built-in ``numpy`` export does."""
+    import numpy as np
+    from export_root import build_root, write_ordering
+
+    from assets.cli import build_parser, main
+    from pipeline.export.numpy_tokens import open_numpy
+
+    (tmp_path / "npy.py").write_text(_page_block("Worked example: adding an export format"))
+    monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "npy.py"))
+    FORMATS.reload()
+    try:
+        assert config_from_dict({"export_formats": ["numpy", "npy"]}).export_formats == ["numpy", "npy"]
+        sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+        assert "npy" in next(a for a in sub["export"]._actions if a.dest == "format").choices
+        _, _, store = build_root(tmp_path / "root", seq_len=32)
+        order = np.random.default_rng(5).permutation(store.n_sequences)
+        write_ordering(tmp_path / "root", "greedy", order)
+        (tmp_path / "cfg.yaml").write_text("seq_len: 32\nbatch_size: 4\n")
+        base = ["export", "--data-root", str(tmp_path / "root"), "--config", str(tmp_path / "cfg.yaml"), "--strategy", "greedy"]
+        assert main([*base, "--format", "npy", "--out", str(tmp_path / "npy")]) == 0, capsys.readouterr().err
+        assert main([*base, "--format", "numpy", "--out", str(tmp_path / "numpy")]) == 0, capsys.readouterr().err
+        got = np.load(tmp_path / "npy" / "tokens.npy", mmap_mode="r")
+        meta = json.loads((tmp_path / "npy" / "meta.json").read_text())
+        assert got.shape == (order.size, 32) and meta["format"] == "npy" and meta["strategy"] == "greedy" and meta["global_batch"] == 4
+        np.testing.assert_array_equal(got, store.batch(order)[0])  # position p holds the ordering's p-th sequence
+        np.testing.assert_array_equal(got, open_numpy(tmp_path / "numpy")[0])
+        assert (tmp_path / "npy" / ".strata-export").is_file() and not (tmp_path / "npy" / "tokens.bin").exists()
+    finally:
+        monkeypatch.delenv("STRATA_PLUGINS")
+        FORMATS.reload()
+    assert "npy" not in FORMATS.names()
+
+
+def test_the_architecture_pages_sampler_example_runs(tmp_path, monkeypatch):
+    """docs/architecture.md's example training-time sampler, as written there, is one file: the
+    config takes it and ``train_run`` on a small data root draws every batch through it, the
+    first from its uniform start, the later ones weighted by the losses training fed back."""
+    import duckdb
+    import numpy as np
+    import polars as pl
+    from export_root import build_root, write_ordering
+
+    from pipeline.ordering.strategies import scheduled, training_time
+    from pipeline.storage.layout import Layout
+    from pipeline.training.stage import train_run
+
+    (tmp_path / "loss_priority.py").write_text(_page_block("Worked example: adding a training-time sampler"))
+    monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "loss_priority.py"))
+    STRATEGIES.reload()
+    try:
+        steps, batch, seed = 4, 4, 3
+        cfg = config_from_dict({"strategies": ["random", "loss_priority"], "seq_len": 32, "batch_size": batch, "max_steps": steps,
+                                "warmup_steps": 1, "checkpoint_every": 2, "probe_batches": 1, "probe_fractions": [1.0], "attention": "dense"})
+        assert "loss_priority" in training_time() and "loss_priority" not in scheduled()
+        _, segments, store = build_root(tmp_path / "root", seq_len=32)
+        write_ordering(tmp_path / "root", "loss_priority", np.arange(store.n_sequences))  # as orderings writes original's order
+        layout = Layout(tmp_path / "root")
+        result = train_run(layout, cfg, "loss_priority", seed, lambda: duckdb.connect(str(tmp_path / "w.duckdb")), {}, log=lambda _: None)
+        assert result.rows["steps"] == steps
+        served = pl.read_parquet(layout.run_dir("loss_priority", seed) / "stream.parquet").sort("position")["sequence_id"].to_numpy()
+        assert served.shape == (steps * batch,) and all(np.unique(b).size == batch for b in served.reshape(steps, batch))
+        rng, m = np.random.default_rng(seed), store.n_sequences
+        uniform = np.concatenate([rng.choice(m, size=batch, replace=False, p=np.ones(m) / m) for _ in range(steps)])
+        assert np.array_equal(served[:batch], uniform[:batch])  # nothing seen yet: every sequence weighs the same
+        assert not np.array_equal(served, uniform)  # after it, the fed-back losses weigh the draws
+        with duckdb.connect(str(tmp_path / "w.duckdb")) as con:
+            assert con.execute("SELECT count(*) FROM train_log WHERE strategy = 'loss_priority'").fetchone()[0] == steps
+        assert not (layout.run_dir("loss_priority", seed) / "ckpt.pt").exists()
+    finally:
+        monkeypatch.delenv("STRATA_PLUGINS")
+        STRATEGIES.reload()
+    assert "loss_priority" not in STRATEGIES.names()

@@ -83,7 +83,10 @@ class TrainSettings:
 
 
 class BatchSampler(Protocol):
-    """A training-time strategy: chooses each step's sequences and learns from their losses."""
+    """A training-time strategy: chooses each step's sequences and learns from their losses.
+
+    The training stage also reads ``served_ids()`` (every id served, in order: the run's stream)
+    and, from a sampler that names a DuckDB ``table``, ``mixture_rows()`` (ODM's policy per step)."""
 
     def next_batch(self, batch_size: int) -> np.ndarray: ...
 

@@ -61,10 +61,11 @@ def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoin
     """Train the same model (same budget, optimizer, batch and sequence length for every strategy)
     on ``strategy``'s stream for ``seed``: its ordering (re-run with ``seed`` when the order depends
     on it), or what its spec's sampler picks online. Writes ``runs/<strategy>/seed<seed>/`` (model,
-    ``log.parquet``, ``stream.parquet``, ``heldout_curve.parquet``, the sampler's mixture) and the
+    ``log.parquet``, ``stream.parquet``, ``heldout_curve.parquet``, a sampler's mixture) and the
     DuckDB tables ``train_log``, ``consumed_metrics``, ``heldout_curve``, ``stable_rank``,
-    ``epoch_jumps`` and the sampler's (``odm_mixture``). ``checkpoint_params`` (with the inputs'
-    data versions) keys the resumable checkpoint ``ckpt.pt``, removed once the outputs are written."""
+    ``epoch_jumps`` and a sampler's mixture table, if it names one (ODM's ``odm_mixture``).
+    ``checkpoint_params`` (with the inputs' data versions) keys the resumable checkpoint
+    ``ckpt.pt``, removed once the outputs are written."""
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.ordering import strategies
     from pipeline.ordering.stage import seeded_ordering
@@ -142,8 +143,8 @@ def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoin
 def _write_tables(layout, connect: Connect, key: dict, log_df: pl.DataFrame, served: np.ndarray, segments: pl.DataFrame,
                   batch_size: int, curve_df: pl.DataFrame, probes: list[pl.DataFrame], jumps: pl.DataFrame, sampler,
                   run_dir: Path) -> list[Path]:
-    """A run's DuckDB rows (replacing the rows of its strategy and seed) and the sampler's mixture
-    file; returns the files written."""
+    """A run's DuckDB rows (replacing the rows of its strategy and seed) and, for a sampler that
+    names a ``table``, its ``mixture_rows()`` there and in ``<table>.parquet``; returns the files written."""
     from pipeline.reports.consumed import consumed_diversity
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.warehouse import replace_rows
@@ -163,7 +164,7 @@ def _write_tables(layout, connect: Connect, key: dict, log_df: pl.DataFrame, ser
             replace_rows(con, "stable_rank", keyed(pl.concat(probes)), key)
         if jumps.height:
             replace_rows(con, "epoch_jumps", keyed(jumps), key)
-        if sampler is not None:
+        if getattr(sampler, "table", None):  # a sampler that logs a mixture per step (ODM's odm_mixture)
             mixture = keyed(sampler.mixture_rows())
             outputs.append(write_parquet(mixture, run_dir / f"{sampler.table}.parquet"))
             replace_rows(con, sampler.table, mixture, key)
