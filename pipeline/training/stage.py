@@ -340,18 +340,13 @@ def train_claim_runs(layout, cfg, connect: Connect, log: Callable[[str], None] =
     with connect() as con:
         replace_rows(con, "claim_runs_log", log_df, {})
         replace_rows(con, "claim_runs_arms", arms_df, {})
-        if units:
-            heldout = pl.concat(units)
-            replace_rows(con, "claim_runs_heldout", heldout, {})
-            outputs.append(write_parquet(heldout, out_dir / "heldout.parquet"))
-        else:
-            con.execute("DROP TABLE IF EXISTS claim_runs_heldout")
-        if seq_losses:
-            sequences = pl.concat(seq_losses)
-            replace_rows(con, "claim_runs_sequences", sequences, {})
-            outputs.append(write_parquet(sequences, out_dir / "sequences.parquet"))
-        else:
-            con.execute("DROP TABLE IF EXISTS claim_runs_sequences")
+        for name, frames in (("heldout", units), ("sequences", seq_losses)):  # measured by some arms only: else no stale table
+            if frames:
+                table = pl.concat(frames)
+                replace_rows(con, f"claim_runs_{name}", table, {})
+                outputs.append(write_parquet(table, out_dir / f"{name}.parquet"))
+            else:
+                con.execute(f"DROP TABLE IF EXISTS claim_runs_{name}")
     return StageResult(outputs, {"runs": len(arms), "steps": total},
                        {"claims_seeds": cfg.claims_seeds, "claims_epochs": cfg.claims_epochs, "claims_atoms": cfg.claims_atoms,
                         "claims_packing_protocol": cfg.claims_packing_protocol},
