@@ -174,3 +174,50 @@ def test_blocked_worst_batch_no_worse_than_random():
     d_random = curriculum_batch_deviations(f, np.random.default_rng(3).permutation(f.n_sequences), cur, 32)
     assert d_blocked.max() <= d_random.max()
     assert d_blocked.mean() < 0.5 * d_random.mean()
+
+
+def test_greedy_curriculum_reads_the_mixture_stage_curriculum(tmp_path):
+    """With the mixture stage on, greedy_curriculum's curriculum defaults to the stage's learned
+    ``mixture/curriculum.yaml`` (one ``strata run``); ``curriculum:`` still wins; without either the
+    error names the config keys, never a CLI flag."""
+    from pipeline.config import StrataConfig
+    from pipeline.ordering.stage import order_params
+    from pipeline.storage.layout import Layout
+
+    layout = Layout(tmp_path / "root")
+    on = StrataConfig(strategies=["greedy_curriculum"], mixture={"enabled": True})
+    assert order_params(on, layout).curriculum is None  # nothing learned yet
+    layout.mixture_curriculum.parent.mkdir(parents=True)
+    layout.mixture_curriculum.write_text("knots:\n  - tokens: 100\n    logits: [0.0, 1.0]\n")
+    assert order_params(on, layout).curriculum == str(layout.mixture_curriculum)
+    assert order_params(on.model_copy(update={"mixture": on.mixture.model_copy(update={"enabled": False})}), layout).curriculum is None
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("knots:\n  - tokens: 100\n    logits: [1.0, 0.0]\n")
+    assert order_params(on.model_copy(update={"curriculum": str(mine)}), layout).curriculum == str(mine)
+    f = instance(0, 200, k=2)
+    with pytest.raises(StrataInputError) as err:
+        sequence_order("greedy_curriculum", f, OrderParams(), 0)
+    assert "curriculum:" in err.value.fix and "mixture.enabled" in err.value.fix and "--" not in err.value.fix
+    got = sequence_order("greedy_curriculum", f, order_params(on, layout), 0)
+    assert np.array_equal(np.sort(got), np.arange(f.n_sequences))
+
+
+def test_no_error_names_a_cli_flag_as_the_fix_for_a_config_key():
+    """Every StrataInputError raised in the library whose fix names a config key names no ``--flag``
+    (the CLI's own argument errors may name their flags)."""
+    import re
+    from pathlib import Path
+
+    from pipeline.config import StrataConfig
+
+    keys = set(StrataConfig.model_fields)
+    repo = Path(__file__).resolve().parents[1]
+    bad = []
+    for path in sorted((repo / "pipeline").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"fix=(f?\"[^\"]*\"(?:\s*f?\"[^\"]*\")*)", text):
+            fix = m.group(1)
+            words = set(re.findall(r"[a-z_][a-z0-9_.]*", fix))
+            if "--" in fix and words & keys:
+                bad.append(f"{path.relative_to(repo)}: {fix}")
+    assert not bad, bad

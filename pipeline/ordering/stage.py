@@ -26,10 +26,14 @@ PERMUTATION_CHECK, CAPS_CHECK, MIXTURE_CHECK = "ordering_is_permutation", "sched
 
 def order_params(cfg, layout) -> OrderParams:
     """The ordering knobs of ``cfg``; greedy_mixture's weights default to the mixture stage's
-    ``mixture/weights.parquet`` when ``mixture_weights_file`` is not set."""
+    ``mixture/weights.parquet`` when ``mixture_weights_file`` is not set, and with the mixture
+    stage on (``mixture.enabled``) greedy_curriculum's curriculum to its learned
+    ``mixture/curriculum.yaml`` when ``curriculum`` is not set: one ``strata run`` learns and uses it."""
     params = OrderParams.from_config(cfg)
     if params.mixture_weights_file is None and layout.mixture_weights.exists():
         params = replace(params, mixture_weights_file=str(layout.mixture_weights))
+    if params.curriculum is None and cfg.mixture.enabled and layout.mixture_curriculum.exists():
+        params = replace(params, curriculum=str(layout.mixture_curriculum))
     return params
 
 
@@ -109,14 +113,17 @@ def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float
 def ordering_documents(layout, params: OrderParams | None = None, strategy: str | None = None) -> pl.DataFrame:
     """Per-document doc_id, cluster, n_tokens as stream length incl. EOS, the documents columns
     ``params``' families name (e.g. source) and the ``corpus.parquet`` columns ``strategy`` reads
-    (e.g. content_hash; other strategies never hold the 64-character hashes)."""
+    (e.g. content_hash; other strategies never hold the 64-character hashes); without the documents
+    the clean stage removed, content_hash equal within each duplicate group (docs/cleaning.md)."""
     extra = params.column_families() if params is not None else []
     have = pl.read_parquet_schema(layout.documents)
     docs = Store(layout).document_clusters(["n_tokens"] + [c for c in extra if c in have])
     corpus_cols = strategies.spec(strategy).documents if strategy is not None else ()
     if corpus_cols:
         docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left").sort("doc_id")
-    return docs.with_columns(pl.col("n_tokens") + 1)
+    from pipeline.clean.stage import training_documents
+
+    return training_documents(layout, docs.with_columns(pl.col("n_tokens") + 1))
 
 
 def ordering_inputs(layout, params: OrderParams | None = None, strategy: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -192,7 +199,8 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
         outputs,
         {"sequences": n_positions},
         {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
-         **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.realizes_mixture else {})},
+         **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.realizes_mixture else {}),
+         **({"curriculum_sha256": file_sha256(params.curriculum)} if "curriculum" in spec.reads and params.curriculum else {})},
         {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
          **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},
         checks=[check, *mixture_checks],

@@ -36,7 +36,7 @@ def check_data_root(root: Path, *, write: bool = True) -> Path:
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise StrataInputError("the data root is a file, not a directory", path=root,
-                               fix="set data_root (or --data-root / STRATA_HOME) to a directory; Strata creates it if missing")
+                               fix="set data_root (or STRATA_HOME) to a directory; Strata creates it if missing")
     if not write:
         return root
     try:
@@ -49,7 +49,7 @@ def check_data_root(root: Path, *, write: bool = True) -> Path:
             marker.write_text("This folder is a Strata data root; Strata never reads it as corpus.\n", encoding="utf-8")
     except OSError as exc:
         raise StrataInputError(f"the data root cannot be written ({exc.strerror or exc})", path=root,
-                               fix="make it writable (chmod u+w) or choose another data_root / --data-root") from None
+                               fix="make it writable (chmod u+w) or set data_root to another directory") from None
     return root
 
 
@@ -134,6 +134,11 @@ class Layout:
     @property
     def mixture_weights(self) -> Path:
         return self.inside("mixture", "weights.parquet")
+
+    @property
+    def mixture_curriculum(self) -> Path:
+        """The mixture stage's learned curriculum (knots format), which ``greedy_curriculum`` reads by default."""
+        return self.inside("mixture", "curriculum.yaml")
 
     def run_dir(self, strategy: str, seed: int) -> Path:
         return self.inside("runs", strategy, f"seed{seed}")

@@ -45,7 +45,9 @@ def greedy_curriculum(features, params, seed: int) -> np.ndarray:
     from pipeline.ordering.curriculum import curriculum_greedy_order, load_curriculum
 
     if params.curriculum is None:
-        raise StrataInputError("greedy_curriculum needs a curriculum", fix="pass --curriculum KNOTS.json (or .yaml)")
+        raise StrataInputError("greedy_curriculum needs a curriculum",
+                               fix="set curriculum: to a knots file (JSON/YAML), or turn the mixture stage on "
+                                   "(mixture.enabled: true): greedy_curriculum then reads its mixture/curriculum.yaml")
     cur = load_curriculum(params.curriculum, features.clusters.n_cols)
     return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed,
                                    greedy_exact_max=params.greedy_exact_max, greedy_block=params.greedy_block)
@@ -59,7 +61,7 @@ def shuffle_greedy_blocks(greedy_order: np.ndarray, params, seed: int) -> np.nda
     """``greedy_block_shuffle``'s order from the greedy order with the same parameters and seed
     (rows or sequence ids): its blocks of ``block_size`` in a seeded random order."""
     if params.batch_size < 1:
-        raise StrataInputError(f"block size {params.batch_size} is impossible", fix="use batch_size >= 1 (strata schedule --batch-size)")
+        raise StrataInputError(f"block size {params.batch_size} is impossible", fix="set batch_size to an integer >= 1")
     return block_shuffle(greedy_order, params.batch_size, seed)
 
 
