@@ -26,7 +26,8 @@ from pydantic_core import PydanticCustomError
 from pipeline.errors import StrataInputError
 from pipeline.names import EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
 
-__all__ = ["ConfigKeyRenamed", "CorpusConfig", "MixtureConfig", "RayConfig", "StrataConfig", "config_default", "config_from_dict",
+__all__ = ["ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "MixtureConfig", "RayConfig", "StrataConfig",
+           "config_default", "config_from_dict",
            "load_config", "resolve_config", "validation_error"]
 
 
@@ -154,6 +155,36 @@ class MixtureConfig(_Model):
     key_prefix: ClassVar[str] = "mixture."
 
 
+class DedupConfig(_Model):
+    """Exact, near and semantic duplicates of the training documents (pipeline/clean/, docs/cleaning.md)."""
+
+    enabled: bool = True  # false: no duplicate is looked for (the clean stage still decontaminates)
+    # keep_one: one document of each duplicate group trains (the lowest doc_id) | drop: no member of a group trains |
+    # separate: every member trains, and duplicate_separated spreads each group's members over its subsets
+    action: Literal["keep_one", "drop", "separate"] = "keep_one"
+    exact: bool = True  # normalized-text hash (lowercase, whitespace collapsed)
+    near: bool = True  # MinHash + LSH (datasketch) over word n-grams
+    near_ngram: int = Field(5, ge=1)  # words per shingle of the MinHash
+    near_threshold: float = Field(0.8, gt=0.0, le=1.0)  # Jaccard similarity of the shingle sets a near pair reaches
+    near_num_perm: int = Field(64, ge=16, le=1024)  # MinHash permutations (more: a closer estimate, slower)
+    semantic: bool = True  # SemDeDup: within each k-means cluster, pairs of embeddings above semantic_threshold (faiss)
+    semantic_threshold: float = Field(0.95, gt=0.0, le=1.0)  # cosine similarity of a semantic pair (SemDeDup's 1 - eps)
+
+    key_prefix: ClassVar[str] = "dedup."
+
+
+class DecontamConfig(_Model):
+    """Training documents that share n-grams with an evaluation set (pipeline/clean/decontam.py, docs/cleaning.md)."""
+
+    enabled: bool = True  # checked against wikitext_path, paloma_dir, dclm_dir (those set) and the held-out split
+    ngram: int = Field(13, ge=1)  # words per n-gram (lm-eval's janitor and GPT-3's 13)
+    min_overlap: int = Field(1, ge=1)  # shared n-grams that flag a document
+    heldout: bool = True  # also check against the corpus's own held-out split
+    action: Literal["drop", "flag"] = "drop"  # drop: a flagged document leaves training | flag: reported only
+
+    key_prefix: ClassVar[str] = "decontam."
+
+
 class StrataConfig(_Model):
     data_root: str = ".strata"
     seed: int = Field(0, ge=0)
@@ -276,6 +307,8 @@ class StrataConfig(_Model):
     # scheduling
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)  # the clean stage's duplicates (docs/cleaning.md)
+    decontam: DecontamConfig = Field(default_factory=DecontamConfig)  # the clean stage's contamination check (docs/cleaning.md)
 
     renamed_keys: ClassVar[dict[str, str]] = {"max_repeats": "max_sequence_copies"}
 

@@ -1,0 +1,35 @@
+"""Semantic duplicates (SemDeDup, Abbas et al. 2023): within each k-means cluster, the pairs of
+documents whose embeddings' cosine similarity exceeds a threshold, by a faiss range search over
+that cluster's rows alone: the work is the sum of the clusters' squared sizes, the memory one
+cluster's rows and its pairs, never all pairs of the corpus."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def semantic_pairs(take, cluster: np.ndarray, docs: np.ndarray, threshold: float, chunk: int = 4096) -> tuple[np.ndarray, int]:
+    """(k, 2) pairs (lower doc id, higher) of the documents ``docs`` (sorted doc ids) with cosine
+    similarity above ``threshold`` and the same ``cluster[doc]``; ``take(ids)`` gives the unit-norm
+    embeddings of sorted doc ids. Also the largest cluster searched (rows)."""
+    import faiss
+
+    docs = np.asarray(docs, np.int64)
+    by = np.argsort(np.asarray(cluster)[docs], kind="stable")
+    labels = np.asarray(cluster)[docs][by]
+    cuts = np.flatnonzero(np.diff(labels)) + 1
+    found, largest = [], 0
+    for ids in np.split(docs[by], cuts):
+        if ids.size < 2:
+            continue
+        largest = max(largest, int(ids.size))
+        x = np.ascontiguousarray(take(ids), dtype=np.float32)
+        index = faiss.IndexFlatIP(x.shape[1])
+        index.add(x)
+        for a in range(0, ids.size, chunk):
+            lims, _, hit = index.range_search(x[a:a + chunk], float(threshold))
+            query = np.repeat(np.arange(a, min(a + chunk, ids.size)), np.diff(lims).astype(np.int64))
+            hit = hit.astype(np.int64)
+            later = hit > query  # each pair once, never a row with itself
+            found.append(np.stack([ids[query[later]], ids[hit[later]]], axis=1))
+    return (np.concatenate(found) if found else np.zeros((0, 2), np.int64)), largest

@@ -1,0 +1,107 @@
+"""The clean stage's library (pipeline/clean/): exact, near and semantic duplicates and n-gram
+decontamination on planted cases, the actions, and the config's refusals."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from helpers import DATA, demo_slice
+
+from pipeline.clean.decontam import EvalNgrams
+from pipeline.clean.exact import exact_representatives, text_hashes
+from pipeline.clean.near import near_pairs
+from pipeline.clean.plan import duplicate_groups, plan
+from pipeline.clean.semantic import semantic_pairs
+
+WIKITEXT = DATA / "eval" / "wikitext" / "wiki.test.raw"
+
+
+def _long_texts(n: int, words: int = 80) -> list[str]:
+    """``n`` distinct texts of at least ``words`` words, each demo-corpus documents joined in turn."""
+    out, cur = [], []
+    for d in demo_slice(3000, stride=7):
+        cur.append(d["text"])
+        if len(" ".join(cur).split()) >= words:
+            out.append(" ".join(cur))
+            cur = []
+            if len(out) == n:
+                return out
+    pytest.skip("the shared demo corpus is too short")
+
+
+def _wiki_paragraph() -> str:
+    from evals.wikitext import read_articles
+
+    if not WIKITEXT.is_file():
+        pytest.skip(f"WikiText-2 raw test file not found at {WIKITEXT}")
+    return max(read_articles(WIKITEXT)[5].split("\n"), key=len).strip()
+
+
+def test_exact_duplicates_ignore_case_and_spacing_only():
+    texts = ["The cat sat.\n\nOn the mat.", "  the CAT sat. on   the mat.", "The cat sat on the mat.", "Another text entirely."]
+    assert exact_representatives(text_hashes(texts)).tolist() == [0, 0, 2, 3]
+
+
+def test_near_duplicates_by_edits_reorderings_and_boilerplate_and_not_distinct_texts():
+    base = _long_texts(12, words=250)
+    edited = base[0].split()
+    for i in (10, 90, 170):
+        edited[i] = "zzedit"
+    paragraphs = base[1].split()
+    reordered = " ".join(paragraphs[len(paragraphs) // 2:] + paragraphs[:len(paragraphs) // 2])  # two halves swapped
+    boiler = base[2] + " Subscribe to our newsletter. Cookie policy. All rights reserved."
+    texts = base + [" ".join(edited), reordered, boiler]
+    pairs, _ = near_pairs([(list(range(len(texts))), texts)], threshold=0.8, num_perm=128, ngram=5)
+    found = {tuple(p) for p in pairs.tolist()}
+    assert {(0, 12), (1, 13), (2, 14)} <= found
+    assert not {p for p in found if p[1] < 12}, found  # the distinct documents are not paired with each other
+
+
+def test_semantic_pairs_stay_within_a_cluster():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 16)).astype(np.float32)
+    x[1] = x[0] + 0.01 * rng.normal(size=16)  # a near copy in the same cluster
+    x[3] = x[2]  # the same vector in another cluster
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    cluster = np.array([0, 0, 1, 2, 1, 2])
+    pairs, largest = semantic_pairs(lambda ids: x[ids], cluster, np.arange(6), threshold=0.95)
+    assert pairs.tolist() == [[0, 1]] and largest == 2
+
+
+def test_a_planted_wikitext_paragraph_is_caught_and_only_it():
+    para = _wiki_paragraph()
+    clean = _long_texts(3)
+    evals = EvalNgrams.build({"wikitext": lambda: [WIKITEXT.read_text(encoding="utf-8")]}, 13)
+    texts = clean + [clean[0][:300] + " " + para + " " + clean[1][:200]]
+    counts = evals.overlaps(texts)[:, 0]
+    assert counts[:3].tolist() == [0, 0, 0] and counts[3] >= len(re.findall(r"\w+", para)) - 12
+
+
+def test_groups_kinds_and_actions():
+    # 0 = 1 exactly, 2 nearly duplicates 0, 3 semantically duplicates 2's group, 4 contaminated, 5 clean
+    exact_rep, near, sem = np.array([0, 0, 2, 3, 4, 5]), np.array([[0, 2]]), np.array([[0, 3]])
+    group, kind, lost = duplicate_groups(6, exact_rep, near, sem)
+    assert group.tolist() == [0, 0, 0, 0, -1, -1] and kind.tolist() == [0, 0, 1, 2, -1, -1] and lost.tolist() == [-1, 0, 1, 2, -1, -1]
+    flags = np.array([[0], [0], [0], [0], [1], [0]], bool)
+    keep = plan(6, exact_rep, near, sem, flags, ("wikitext",), "keep_one", True)
+    assert keep["removed"].to_list() == [None, "exact", "near", "semantic", "contaminated", None]
+    assert keep["contaminated"].to_list() == [None, None, None, None, "wikitext", None]
+    assert plan(6, exact_rep, near, sem, flags, ("wikitext",), "drop", False)["removed"].to_list() == ["exact"] * 2 + ["near", "semantic",
+                                                                                                                          None, None]
+    assert plan(6, exact_rep, near, sem, flags, ("wikitext",), "separate", False)["removed"].null_count() == 6
+
+
+def test_a_bad_clean_key_exits_2_naming_the_key_and_the_fix(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml.safe_dump({"data_root": str(tmp_path / "root"), "dedup": {"near_threshold": 1.5}}))
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "dedup.near_threshold" in proc.stderr and "Fix:" in proc.stderr and "Traceback" not in proc.stderr
+    cfg.write_text(yaml.safe_dump({"data_root": str(tmp_path / "root"), "dedup": {"action": "delete"}}))
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "dedup.action" in proc.stderr and "keep_one" in proc.stderr, proc.stderr[-2000:]
