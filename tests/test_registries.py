@@ -496,7 +496,8 @@ def test_the_architecture_pages_sampler_example_runs(tmp_path, monkeypatch):
     try:
         steps, batch, seed = 4, 4, 3
         cfg = config_from_dict({"strategies": ["random", "loss_priority"], "seq_len": 32, "batch_size": batch, "max_steps": steps,
-                                "warmup_steps": 1, "checkpoint_every": 2, "probe_batches": 1, "probe_fractions": [1.0], "attention": "dense"})
+                                "warmup_steps": 1, "checkpoint_every": 2, "probe_batches": 1, "probe_fractions": [1.0],
+                                "attention": "dense"})
         assert "loss_priority" in training_time() and "loss_priority" not in scheduled()
         _, segments, store = build_root(tmp_path / "root", seq_len=32)
         write_ordering(tmp_path / "root", "loss_priority", np.arange(store.n_sequences))  # as orderings writes original's order
