@@ -410,7 +410,8 @@ def publish(local_dir, url: str, *, last: tuple[str, ...], marker: str) -> dict:
     (an object byte-identical to the one already there — same MD5 — is not rewritten), the
     ``marker`` object written, the ``last`` files copied in the order given (``meta.json`` last of
     all: the commit), objects of the previous export that the new one lacks deleted, and the
-    temporary prefix removed. Returns ``{"uploaded", "kept", "deleted"}`` counts."""
+    temporary prefix removed, with those an interrupted earlier publish left there. Returns
+    ``{"uploaded", "kept", "deleted"}`` counts."""
     from pathlib import Path
 
     local_dir = Path(local_dir)
@@ -418,8 +419,9 @@ def publish(local_dir, url: str, *, last: tuple[str, ...], marker: str) -> dict:
     base = strip(url).rstrip("/")
     tmp = f"{base}/.strata-tmp-{uuid.uuid4().hex[:12]}"
     files = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
-    before = {strip(i.url)[len(base) + 1:]: i for i in prefix_contents(url)}
-    before = {k: v for k, v in before.items() if not k.startswith(".strata-tmp-")}
+    listed = {strip(i.url)[len(base) + 1:]: i for i in prefix_contents(url)}
+    before = {k: v for k, v in listed.items() if not k.startswith(".strata-tmp-")}
+    orphans = [f"{base}/{k}" for k in listed if k.startswith(".strata-tmp-")]  # a killed publish's uploads
     kept = uploaded = 0
     with errors(url, "write the export"):
         try:
@@ -441,8 +443,8 @@ def publish(local_dir, url: str, *, last: tuple[str, ...], marker: str) -> dict:
                 fs.copy(f"{tmp}/{rel}", f"{base}/{rel}")
                 uploaded += 1
             stale = [f"{base}/{k}" for k in before if k not in set(files)]
-            if stale:
-                fs.rm(stale)
+            if stale or orphans:
+                fs.rm(stale + orphans)
         finally:
             with contextlib.suppress(Exception):
                 leftovers = fs.find(tmp + "/")
