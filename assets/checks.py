@@ -7,21 +7,26 @@ import polars as pl
 from dagster_duckdb import DuckDBResource
 
 from assets.common import StrataSettings
+from pipeline.clean.stage import packed_stream
 from pipeline.packing.frozen import load_all
 from pipeline.packing.pack import conservation
 
 
 @dg.asset_check(asset="sequences", blocking=True,
-                description="Every token of every document appears exactly once in the sequences, except the reported dropped tail.")
+                description="Every token of every document appears exactly once in the sequences, except the reported dropped tail "
+                            "and the documents the clean stage removed (their tokens by reason).")
 def token_conservation(settings: StrataSettings, duckdb: DuckDBResource) -> dg.AssetCheckResult:
     layout, cfg = settings.layout(), settings.config()
-    stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
+    corpus_stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
+    stream, removed = packed_stream(layout, corpus_stream)  # the clean stage's removals, by reason (docs/cleaning.md)
     # around a frozen prefix, dropped tails may lie mid-document (pipeline/packing/frozen.py)
     result = conservation(pl.read_parquet(layout.segments), stream, cfg.seq_len, gaps=bool(load_all(layout)))
     with duckdb.get_connection() as con:
         reported = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
-    passed = bool(result["ok"]) and result["tokens_dropped"] == reported.get("tokens_dropped")
-    meta = {k: v for k, v in result.items() if k != "ok"} | {"reported_dropped": reported.get("tokens_dropped")}
+    passed = (bool(result["ok"]) and result["tokens_dropped"] == reported.get("tokens_dropped")
+              and all(t == reported.get(f"tokens_removed_{r}", 0) for r, t in removed.items()))
+    meta = ({k: v for k, v in result.items() if k != "ok"} | {"reported_dropped": reported.get("tokens_dropped")}
+            | {"tokens_in_corpus": int(corpus_stream.sum())} | {f"tokens_removed_{r}": t for r, t in removed.items()})
     return dg.AssetCheckResult(passed=passed, metadata=meta)
 
 

@@ -20,6 +20,7 @@ set_thread_policy()  # before any asset imports torch
 from assets import (  # noqa: E402
     checks,
     claims,
+    clean,
     corpus,
     diagnostics,
     embeddings,
@@ -38,7 +39,7 @@ from assets.common import StrataSettings, config_source, sync_partitions  # noqa
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
 
-_MODULES = [corpus, tokens, embeddings, sequences, orderings, exports, diagnostics, training, evaluations, claims, checks, mixture]
+_MODULES = [corpus, tokens, embeddings, clean, sequences, orderings, exports, diagnostics, training, evaluations, claims, checks, mixture]
 
 
 def config_sensor(config_file: str | None, data_root: str | None, built_from) -> dg.SensorDefinition:

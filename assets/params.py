@@ -19,7 +19,7 @@ import typing
 from typing import Any, Optional
 
 import dagster as dg
-from pydantic import ValidationError, create_model
+from pydantic import BaseModel, ValidationError, create_model
 
 from evals import suites
 from pipeline.config import StrataConfig, validation_error
@@ -46,6 +46,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
                   "keep_centroids"),
     "cluster_shards": (),
     "clusters": (),
+    "clean": ("dedup", "decontam", "wikitext_path", "paloma_dir", "dclm_dir", "seed"),
     "sequences": ("seq_len", "packing", "seed", "freeze_prefix"),
     "orderings": ("seq_len", "seed", *strategies.reads("sequence", "document")),
     "exports": tuple(dict.fromkeys(("export_formats", "export_global_batch", "export_world_size", "export_workers", "export_dir",
@@ -184,10 +185,16 @@ def _launchpad_type(annotation: Any) -> Any:
     return annotation
 
 
-# Keys several assets read (and the corpus, which raw_corpus observes) are set in the config file
-# only: overriding e.g. seq_len for one asset would disagree with the others.
+def _nested(key: str) -> bool:
+    """Whether ``key`` is a nested section of the config (corpus, dedup, mixture, ...): no launchpad field takes one."""
+    annotation = StrataConfig.model_fields[key].annotation
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+# Keys several assets read (and the nested sections, e.g. the corpus, which raw_corpus observes) are set in the config
+# file only: overriding e.g. seq_len for one asset would disagree with the others.
 SHARED = {key for key in {k for keys in PARAMS.values() for k in keys}
-          if key == "corpus" or sum(key in keys for keys in PARAMS.values()) > 1}
+          if _nested(key) or sum(key in keys for keys in PARAMS.values()) > 1}
 
 
 def _config_class(asset: str) -> type[dg.Config]:

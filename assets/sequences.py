@@ -11,7 +11,7 @@ from pipeline.packing import stage
 SequencesParams = PARAM_CLASSES["sequences"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="data", deps=["tokens", "clusters"], code_version="1", kinds={"parquet"})
+@dg.asset(group_name="data", deps=["tokens", "clusters", "clean"], code_version="1", kinds={"parquet"})
 def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
               config: SequencesParams) -> dg.MaterializeResult:
     """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured
@@ -28,6 +28,6 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     (``pipeline/packing/frozen.py``). ``freeze_prefix: 0`` forgets every frozen prefix.
     One call of ``pipeline.packing.stage.pack_sequences``.
     """
-    rec = Recorder(context, duckdb, {"tokens": None, "clusters": None})
+    rec = Recorder(context, duckdb, {"tokens": None, "clusters": None, "clean": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     return rec.finish_stage(stage.pack_sequences(layout, cfg, duckdb.get_connection))

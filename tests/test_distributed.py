@@ -20,7 +20,7 @@ from helpers import demo_slice
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray", reason="install the ray extra: pip install -e '.[ray]'")
 
-UPSTREAM = ["corpus", "tokenizer", "tokens", "embeddings", "centroids", "clusters", "sequences"]
+UPSTREAM = ["corpus", "tokenizer", "tokens", "embeddings", "centroids", "clusters", "clean", "sequences"]
 STRATEGIES = ["random", "greedy"]
 N_DOCS, SHARD_DOCS = 120, 40  # three shards
 

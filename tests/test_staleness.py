@@ -18,16 +18,17 @@ from helpers import demo_slice
 pytestmark = pytest.mark.integration
 
 ALL = {"corpus_shards", "corpus", "tokenizer", "token_shards", "tokens", "embedding_shards", "embeddings", "centroids", "cluster_shards",
-       "clusters", "sequences", "orderings", "exports", "ordering_diagnostics",
+       "clusters", "clean", "sequences", "orderings", "exports", "ordering_diagnostics",
        "diagnostics_report", "training_runs", "gradient_analyses", "claims", "evaluations", "ablation_report"}
 AFTER_ORDERINGS = {"orderings", "exports", "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses",
                    "claims", "evaluations", "ablation_report"}
 TRAINING = {"training_runs", "gradient_analyses", "claims", "evaluations", "ablation_report"}
 EXPECTED = {
-    "k": (8, {"centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
+    "k": (8, {"centroids", "cluster_shards", "clusters", "clean", "sequences"} | AFTER_ORDERINGS),
     "seq_len": (48, {"sequences"} | AFTER_ORDERINGS),
     "embed_method": ("sentence",
-                     {"embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters", "sequences"} | AFTER_ORDERINGS),
+                     {"embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters", "clean", "sequences"}
+                     | AFTER_ORDERINGS),
     "lam": (0.5, AFTER_ORDERINGS),
     "model_preset": ("small", TRAINING),
 }
@@ -220,7 +221,7 @@ def test_launchpad_override_is_applied_and_recorded(graph):
     assert why["centroids"] == ("fresh", "built with launchpad overrides: k: 5 -> 4"), rows
     # sequences, diagnostics_report and claims read clusters directly; clusters reads cluster_shards, which
     # Dagster calls stale (a new centroids version) and status missing (below)
-    assert stale == {"clusters", "sequences", "diagnostics_report", "claims"} | AFTER_ORDERINGS, rows
+    assert stale == {"clusters", "clean", "sequences", "diagnostics_report", "claims"} | AFTER_ORDERINGS, rows
     assert "centroids: has a new data version" in why["clusters"][1]
     assert "has a stale dependency" not in why["sequences"][1] and "clusters: has a new data version" in why["orderings"][1]
     # cluster_shards' recorded shard was replaced on disk by the k=5 run's: status finds it missing

@@ -39,6 +39,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     root = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").resolve()
     code = _materialize(str(write_demo_config(root, args.config, args.evals)), str(root))
+    from pipeline.clean.report import read_tables, summary_line
+    from pipeline.storage.duck import duck_connection
+
+    if (root / "strata.duckdb").is_file() and (line := summary_line(read_tables(lambda: duck_connection(root / "strata.duckdb")))):
+        print(line)  # duplicates of each kind and the decontamination against the evals the demo runs
     from assets.ablate import demo_ablate_sentence
 
     if sentence := demo_ablate_sentence(root):  # what a sequential campaign would need to answer the question

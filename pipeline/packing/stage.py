@@ -12,9 +12,11 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
     """Pack the documents (seeded shuffle) into ``seq_len``-token sequences with ``packing``:
     ``sequences/segments.parquet`` (each sequence's pieces as offsets into the token store),
     ``sequences/meta.json`` (seq_len, packing, freeze_prefix and the token store's fingerprint) and
-    DuckDB ``packing_stats``. With ``freeze_prefix`` P the frozen prefixes recorded under
+    DuckDB ``packing_stats`` (with the tokens the clean stage removed, by reason: those documents
+    are not packed; docs/cleaning.md). With ``freeze_prefix`` P the frozen prefixes recorded under
     ``frozen/`` keep their sequences and only the other tokens are packed
     (``pipeline/packing/frozen.py``); ``freeze_prefix: 0`` forgets every frozen prefix."""
+    from pipeline.clean.stage import removed_mask, removed_tokens
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.data.tokens import open_tokens
     from pipeline.packing import frozen
@@ -30,21 +32,28 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
     if not n_frozen:
         frozen.unfreeze(layout, connect)
     records = frozen.load_all(layout)
+    gone = None
     if records:
         packed, records = frozen.pack_frozen(records, frozen.doc_keys(layout), stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed)
     else:
         order = np.random.default_rng(cfg.seed).permutation(stream.size)
+        gone = removed_mask(layout, stream.size)  # the clean stage's removals (docs/cleaning.md): the rest keep their order
+        if gone is not None:
+            order = order[~gone[order]]
         packed = pack(variant, order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
     if records:  # before anything is overwritten
         pad_id = load_tokenizer(layout.tokenizer).pad_token_id
         frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id), tokens.dtype)
+    # a frozen prefix's packing keeps every document (its sequences never change)
+    removed = removed_tokens(layout, stream) if gone is not None else {}
     del tokens, offsets, stream  # per-document arrays: not held while the segments are written
     write_parquet(packed.segments, layout.segments)
     saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
-    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout)},
-               layout.sequences_meta)
+    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout),
+                **({"cleaned": True} if gone is not None else {})}, layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
+    numbers.update({f"tokens_removed_{reason}": float(t) for reason, t in removed.items()})
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with connect() as con:
         replace_rows(con, "packing_stats", stats, {})
@@ -54,5 +63,5 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
         {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": n_frozen},
         {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
          "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
-         "frozen_sequences_kept": kept},
+         "frozen_sequences_kept": kept, **{f"tokens_removed_{reason}": t for reason, t in removed.items()}},
     )

@@ -187,9 +187,12 @@ def ablation_report(layout, cfg, connect: Connect) -> StageResult:
     """Strategy x metric table (the fixed held-out batch's final loss and every evaluation metric,
     mean ± std over seeds; DuckDB ``ablation``), every strategy's difference to ``random`` with a
     paired-bootstrap interval (``ablation_delta``), the power of the run (``ablation_power``), and
-    ``report.md`` with its figures under ``report/`` (the claims' section and the latest
+    ``report.md`` with its figures under ``report/`` (the cleaning section, the claims' section and the latest
     ``strata ablate`` campaign included where their tables exist)."""
     from evals.paloma import read_paloma_docs
+    from pipeline.clean.decontam import eval_sets
+    from pipeline.clean.report import clean_section, plot_clean
+    from pipeline.clean.report import read_tables as read_clean_tables
     from pipeline.names import POSITIVE_CONTROL
     from pipeline.reports.claims import CLAIM_TABLES, claims_report_section
     from pipeline.reports.markdown import frame_table
@@ -228,11 +231,15 @@ def ablation_report(layout, cfg, connect: Connect) -> StageResult:
         checkpoints = mde_by_checkpoint(mine["heldout_curve"]) if "heldout_curve" in mine else pl.DataFrame()
         figures["power"] = plot_power(power, checkpoints, layout.inside("report", "power.png"))
     figures |= training_figures(mine, layout.inside("report"), cfg.seeds[0])
+    cleaned = read_clean_tables(connect)  # the clean stage's removals (docs/cleaning.md)
+    if cleaned:
+        figures["clean"] = plot_clean(cleaned, layout.inside("report", "clean.png"))
     jumps = mine.get("epoch_jumps")
     flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
     extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
     if flagged is not None and flagged.height:
         extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + frame_table(flagged) + "\n"
+    extra += "\n" + clean_section(cleaned, ", ".join(eval_sets(cfg, layout.heldout))) if cleaned else ""
     claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
     if "ablation_campaign" in tables:  # the latest `strata ablate` campaign: verdicts and its intervals round by round
         from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
