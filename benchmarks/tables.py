@@ -123,6 +123,28 @@ def ablate_campaign(results: Path) -> str:
     return "\n".join(lines)
 
 
+def clean_planted(results: Path) -> str:
+    """``bench_clean.py``: recall per planted kind, precision per detector, and the near pass's speed
+    against datasketch alone."""
+    doc = _load(results, "clean_planted")
+    lines = ["| planted kind | planted | found | recall |", "|---|---:|---:|---:|"]
+    for kind, r in doc["recall"].items():
+        lines.append(f"| {kind} | {r['planted']:,} | {r['found']:,} | {r['recall']:.3f} |")
+    lines += ["", "| detector | flagged | correct | precision |", "|---|---:|---:|---:|"]
+    contam = doc["recall"]["contamination"]
+    for name, r in [*doc["precision"].items(), ("contamination (13-grams)", {**contam, "correct": contam["found"]})]:
+        p = f"{r['precision']:.3f}" if r["precision"] is not None else "–"
+        lines.append(f"| {name} | {r['flagged']:,} | {r['correct']:,} | {p} |")
+    sec = doc["seconds"]
+    lines.append("")
+    lines.append(f"Near pass over {doc['near_docs']:,} documents: {doc['near_docs_per_s']:,.0f} docs/s against datasketch alone"
+                 f" {doc['datasketch_docs_per_s']:,.0f} docs/s (**{doc['ratio_vs_datasketch']:.2f}×**); exact {sec['exact']:.1f} s,"
+                 f" decontamination {sec['decontam']:.1f} s (+ {sec['eval_ngrams_build']:.1f} s for {doc['eval_ngrams']:,} eval n-grams);"
+                 f" peak RSS {doc['peak_rss_mb']:,.0f} MB. `{doc['benchmark']} --docs {doc['base_docs']}` ({doc['docs']:,} documents)"
+                 f" at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -130,6 +152,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "order_prefix_design": lambda results: order_prefix_markdown(_load(results, "order_prefix_design")),
     "ablate_simulation": ablate_simulation,
     "ablate_campaign": ablate_campaign,
+    "clean_planted": clean_planted,
 }
 
 
