@@ -176,8 +176,66 @@ def concentration(features: SequenceFeatures) -> np.ndarray:
     return cluster_norms(features) / features.lengths
 
 
-def _scaled(x: Csr, scale: float) -> Csr:
-    return x if scale == 1.0 else Csr(x.indptr, x.indices, x.data * scale, x.n_cols)
+def _scaled(x: "Csr | RowEntries", scale: float) -> "Csr | RowEntries":
+    if scale == 1.0:
+        return x
+    if isinstance(x, RowEntries):
+        return RowEntries(x.cols, x.values * scale, x.n_cols)
+    return Csr(x.indptr, x.indices, x.data * scale, x.n_cols)
+
+
+@dataclass(frozen=True)
+class RowEntries:
+    """A matrix with exactly one entry per row, held compactly: each row's column (the smallest
+    integer type that holds them) and its value (one float for all rows, or one per row).
+
+    A sequence family's classes and the ``norm`` column are such matrices; as a :class:`Csr` they
+    take 24 bytes a sequence (index pointer, column, value), held here in 1-10, so the blocked
+    greedies hold the objective's matrix for 10M sequences in about 130 MB and build each pool's
+    rows as a :class:`Csr` (``take_rows``) with the very values the full matrix would hold."""
+
+    cols: np.ndarray  # (M,) column of each row
+    values: "np.ndarray | float"  # (M,) value of each row, or one value for every row
+    n_cols: int
+
+    @staticmethod
+    def compact(x: Csr) -> "Csr | RowEntries":
+        """``x`` as :class:`RowEntries` when every row holds exactly one entry, else ``x``."""
+        m = x.n_rows
+        if x.indices.size != m or not np.array_equal(x.indptr, np.arange(m + 1)):
+            return x
+        dtype = np.min_scalar_type(max(x.n_cols - 1, 0))
+        constant = m > 0 and x.data.dtype == np.float64 and bool(np.all(x.data == x.data[0]))
+        return RowEntries(x.indices.astype(dtype), float(x.data[0]) if constant else x.data, x.n_cols)
+
+    @property
+    def n_rows(self) -> int:
+        return self.cols.size
+
+    def _values(self, rows: "np.ndarray | None" = None) -> np.ndarray:
+        n = self.cols.size if rows is None else rows.size
+        if isinstance(self.values, float):
+            return np.full(n, self.values)
+        return self.values if rows is None else self.values[rows]
+
+    def take_rows(self, rows: np.ndarray) -> Csr:
+        rows = np.asarray(rows, dtype=np.int64)
+        return Csr(np.arange(rows.size + 1, dtype=np.int64), self.cols[rows].astype(np.int64), self._values(rows), self.n_cols)
+
+    def column_totals(self) -> np.ndarray:
+        return np.bincount(self.cols, weights=self._values(), minlength=self.n_cols)
+
+    @property
+    def indptr(self) -> np.ndarray:
+        return np.arange(self.cols.size + 1, dtype=np.int64)
+
+    @property
+    def indices(self) -> np.ndarray:
+        return self.cols.astype(np.int64)
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._values()
 
 
 def family_matrix(features: SequenceFeatures, family: Family, unit: float) -> Csr:
@@ -234,7 +292,7 @@ class Characteristics:
     blocked greedy takes each block's rows of the parts and joins only those, so the whole
     matrix is never built (the cluster and length-bin parts are the features' own arrays)."""
 
-    parts: tuple[Csr, ...]  # each family's matrix, scaled, in column order
+    parts: tuple["Csr | RowEntries", ...]  # each family's matrix, scaled, in column order (one entry a row: RowEntries)
     n_token_cols: int
     unit: float
     total_weight: float
@@ -271,7 +329,7 @@ def characteristics(features: SequenceFeatures, families: Sequence[Family]) -> C
     ordered = [f for f in families if f.level == "tokens"] + [f for f in families if f.level == "sequences"]
     parts, spans, start = [], {}, 0
     for fam in ordered:
-        x = _scaled(family_matrix(features, fam, unit), float(np.sqrt(fam.weight)))
+        x = _scaled(RowEntries.compact(family_matrix(features, fam, unit)), float(np.sqrt(fam.weight)))
         parts.append(x)
         spans[fam.name] = (start, start + x.n_cols)
         start += x.n_cols
