@@ -189,6 +189,26 @@ def test_torch_dataset_masks_documents_and_padding(tmp_path):
     assert batch["cu_seqlens"][-1] == 2 * L and batch["cu_seqlens"].dtype == torch.int32
 
 
+@pytest.mark.parametrize("variant", ["padding", "concat", "best_fit"])
+def test_torch_dataset_masked_batch_equals_the_stores(tmp_path, variant):
+    """Strata's loop trains on a numpy export (benchmarks/gpu_check.py does): the reader's batches,
+    segment starts and padding equal the sequence store's for the same sequences."""
+    stream, store, order = _data(variant, seed=2)
+    export_stream(stream, "numpy", tmp_path / "np", global_batch=G)
+    from pipeline.export.torch_dataset import OrderedSequences
+
+    ds = OrderedSequences(tmp_path / "np")
+    assert (ds.n_sequences, ds.seq_len) == (order.size, L)
+    positions = np.r_[np.arange(order.size)[::-1], 5]  # every sequence, out of order, one twice
+    got, want = ds.masked_batch(positions), store.masked_batch(order[positions])
+    if variant != "padding":  # (padding packs one document piece per sequence)
+        assert want[1].size > positions.size  # several documents per sequence: the starts are tested
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    if variant != "concat":
+        assert not want[3].all()  # padding is there, and marked alike
+
+
 def test_megatron_indexed_and_gpt_dataset(tmp_path, concat):
     pytest.importorskip("megatron.core")
     from megatron.core.datasets import helpers

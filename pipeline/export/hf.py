@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.export.numpy_tokens import DocumentCheck, meta_of
-from pipeline.export.stream import OrderedStream, positions_in_pieces
+from pipeline.export.pieces import positions_in_pieces
+from pipeline.export.stream import OrderedStream
 from pipeline.storage.atomic import write_json
 
 SHARD_TOKENS = 1 << 27  # about 134M tokens per shard

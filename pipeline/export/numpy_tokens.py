@@ -15,18 +15,25 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.export.extend import Previous, copy_prefix
-from pipeline.export.stream import OrderedStream, sequence_pieces
+from pipeline.export.pieces import sequence_pieces
 from pipeline.storage.atomic import write_json, write_parquet
+
+if TYPE_CHECKING:  # the writers need polars and the data root; open_numpy (the reader) needs numpy only
+    import polars as pl
+
+    from pipeline.export.stream import OrderedStream
 
 
 def ordered_segments(stream: OrderedStream) -> pl.DataFrame:
     """The segments table keyed by position instead of sequence id, in training order."""
+    import polars as pl
+
     seg = stream.segments
     n = seg["n_tokens"].cast(pl.Int32)
     if "eos_added" in seg.columns:

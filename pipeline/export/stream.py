@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.export.pieces import Pieces, positions_in_pieces, sequence_pieces  # noqa: F401 (their home before pieces.py)
 from pipeline.packing.pack import SequenceStore
 from pipeline.packing.stored import packed_tokens
 from pipeline.storage.layout import Layout, Store
@@ -73,49 +74,3 @@ def stream_from_arrays(tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl
     store = SequenceStore(tokens, doc_offsets, segments, seq_len, pad_id=pad_id)
     dtype = np.dtype(tokens.dtype)
     return OrderedStream(np.asarray(order, np.int64), segments, seq_len, dtype, eos_id, pad_id, store.rows)
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """Document pieces of every sequence: sequence s spans ``length[ptr[s]:ptr[s+1]]`` (summing to
-    L), each piece one document span (with its inserted EOS) or a run of padding (``is_doc`` false)."""
-
-    ptr: np.ndarray  # (n_sequences + 1,) int64, by sequence id
-    length: np.ndarray  # int32
-    is_doc: np.ndarray  # bool
-
-    def of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(counts per sequence, lengths, is_doc)`` of the pieces of ``ids``, concatenated in order."""
-        ids = np.asarray(ids, np.int64)
-        lo, hi = self.ptr[ids], self.ptr[ids + 1]
-        counts = hi - lo
-        sel = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
-        return counts, self.length[sel], self.is_doc[sel]
-
-
-def sequence_pieces(segments: pl.DataFrame, seq_len: int) -> Pieces:
-    """Cut every sequence at its document boundaries (segment starts and ends) and at padding."""
-    sid = segments["sequence_id"].to_numpy().astype(np.int64)
-    start = segments["seq_token_start"].to_numpy().astype(np.int64)
-    ext = segments["n_tokens"].to_numpy().astype(np.int64)
-    if "eos_added" in segments.columns:
-        ext = ext + segments["eos_added"].to_numpy().astype(np.int64)
-    m = int(sid.max()) + 1 if sid.size else 0
-    width = seq_len + 1
-    every = np.arange(m, dtype=np.int64) * width
-    keys = np.unique(np.concatenate([every, every + seq_len, sid * width + start, sid * width + start + ext]))
-    s, b = keys // width, keys % width
-    same = s[1:] == s[:-1]
-    owner, begin = s[:-1][same], b[:-1][same]
-    length = (b[1:] - b[:-1])[same]
-    doc_starts = np.unique(sid * width + start)
-    is_doc = np.isin(owner * width + begin, doc_starts)
-    ptr = np.searchsorted(owner, np.arange(m + 1))
-    return Pieces(ptr.astype(np.int64), length.astype(np.int32), is_doc)
-
-
-def positions_in_pieces(lengths: np.ndarray) -> np.ndarray:
-    """Position ids restarting at 0 at the start of every piece (flat, ``lengths.sum()`` long)."""
-    total = int(lengths.sum())
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return (np.arange(total, dtype=np.int64) - starts).astype(np.int32)

@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import polars as pl
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, Sampler
 
 from pipeline.export.batches import check_batching, rank_positions
 from pipeline.export.numpy_tokens import open_numpy
-from pipeline.export.stream import positions_in_pieces, sequence_pieces
+from pipeline.export.pieces import positions_in_pieces, sequence_pieces
 
 
 class OrderedSequences(Dataset):
@@ -30,11 +30,32 @@ class OrderedSequences(Dataset):
 
     def __init__(self, export_dir: str | Path):
         self.tokens, self.meta = open_numpy(export_dir)
-        seg = pl.read_parquet(Path(export_dir) / "segments.parquet").rename({"position": "sequence_id"})
-        self.pieces = sequence_pieces(seg, self.meta["seq_len"])  # positions play the role of sequence ids
+        table = pq.read_table(Path(export_dir) / "segments.parquet")
+        seg = {name: table[name].to_numpy() for name in table.column_names}
+        seg["sequence_id"] = seg.pop("position")  # positions play the role of sequence ids
+        self.pieces = sequence_pieces(seg, self.meta["seq_len"])
 
     def __len__(self) -> int:
         return int(self.meta["n_sequences"])
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.meta["seq_len"])
+
+    def masked_batch(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens (B, L) int64, segment_row (S,), segment_start (S,), filled (B, L) bool)`` of the
+        sequences at ``positions``, as ``SequenceStore.masked_batch`` gives them for the same
+        sequences, so Strata's own loop (``pipeline.training.loop.train``) trains on an export."""
+        pos = np.asarray(positions, dtype=np.int64)
+        counts, lengths, is_doc = self.pieces.of(pos)
+        row = np.repeat(np.arange(pos.size), counts)
+        start = (np.cumsum(lengths) - lengths) - row * self.seq_len
+        filled = np.repeat(is_doc, lengths).reshape(pos.size, self.seq_len)
+        return np.asarray(self.tokens[pos], dtype=np.int64), row[is_doc], start[is_doc], filled
 
     def __getitem__(self, p: int) -> dict[str, torch.Tensor]:
         ids = torch.from_numpy(np.asarray(self.tokens[p], dtype=np.int64))

@@ -18,12 +18,12 @@ from __future__ import annotations
 import io
 import json
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import polars as pl
 
 from pipeline.storage.atomic import atomic_path
 
@@ -42,7 +42,8 @@ def encode(obj: Any) -> Any:
         if obj.dtype.hasobject:
             raise TypeError("object arrays cannot be checkpointed")
         return {"__ndarray__": _bytes_tensor(np.ascontiguousarray(obj).tobytes()), "dtype": obj.dtype.str, "shape": list(obj.shape)}
-    if isinstance(obj, pl.DataFrame):
+    pl = sys.modules.get("polars")  # a frame exists only where polars is loaded (the loop runs without it)
+    if pl is not None and isinstance(obj, pl.DataFrame):
         buf = io.BytesIO()
         obj.write_ipc(buf)
         return {"__frame__": _bytes_tensor(buf.getvalue())}
@@ -62,6 +63,8 @@ def decode(obj: Any) -> Any:
             raw = obj["__ndarray__"].numpy().tobytes()
             return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
         if "__frame__" in obj:
+            import polars as pl
+
             return pl.read_ipc(io.BytesIO(obj["__frame__"].numpy().tobytes()))
         return {k: decode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -22,17 +22,19 @@ import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 import numpy as np
 from tqdm import tqdm
 
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
-from pipeline.packing.pack import SequenceStore
 from pipeline.training.checkpoint import Checkpointing, rng_state, set_rng_state
 from pipeline.training.heldout import HeldoutBatch, score_heldout, score_steps
 from pipeline.training.model import MASK_MODES, batch_tensors, build_model, token_losses
+
+if TYPE_CHECKING:  # any store with masked_batch / seq_len / n_sequences trains (a numpy export's OrderedSequences too)
+    from pipeline.packing.pack import SequenceStore
 
 
 @dataclass(frozen=True)
