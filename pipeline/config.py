@@ -126,8 +126,31 @@ class RayConfig(_Model):
         return value
 
 
+class MixtureStage(_Model):
+    """One stage of a blend (``mixture.stages``): its weights hold up to ``until_tokens``."""
+
+    # where the stage ends: a fraction of the schedule's tokens (<= 1), the last stage 1.0
+    until_tokens: float = Field(1.0, gt=0.0, le=1.0)
+    weights: dict[str | int, float] = Field(default_factory=dict)  # group -> weight (normalized); unlisted groups get 0
+
+    key_prefix: ClassVar[str] = "mixture.stages[]."
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, value: dict) -> dict:
+        return _blend_weights(value)
+
+
+def _blend_weights(value: dict) -> dict:
+    """Weights of a blend: each >= 0, not all 0 (an empty mapping: no blend)."""
+    if value and (any(not (w >= 0) for w in value.values()) or not sum(value.values()) > 0):
+        raise ValueError("give each group a weight >= 0, not all 0, e.g. {web: 0.5, code: 0.3, books: 0.2}")
+    return value
+
+
 class MixtureConfig(_Model):
-    """TerRIFIC mixture and curriculum learning (pipeline/mixture/, assets/mixture.py)."""
+    """TerRIFIC mixture and curriculum learning (pipeline/mixture/, assets/mixture.py), and the
+    blend that ``greedy_blend`` realizes: weights over a documents column (docs/mixture.md, "Blends")."""
 
     enabled: bool = False  # `strata run` / `strata demo` also materialize the mixture assets
     target_path: str = ""  # JSONL/Parquet of target documents (`text` field); "" = held-out split of target_source
@@ -151,8 +174,55 @@ class MixtureConfig(_Model):
     # realization: cluster j gets at most this many passes over its sequences (n_j <= floor(max_cluster_epochs x m_j))
     max_cluster_epochs: float = Field(4.0, ge=1.0)
 
+    # greedy_blend (docs/mixture.md, "Blends"): token weights over the groups of a documents column
+    column: str = "source"  # the documents column whose values are the groups (source, subdomain, a score, ...)
+    bins: int = Field(0, ge=0)  # 0: the column's values are the groups; n >= 2: a numeric column cut into n token quantiles "0".."n-1"
+    weights: dict[str | int, float] = Field(default_factory=dict)  # group -> weight, one stage over the whole schedule
+    stages: list[MixtureStage] = Field(default_factory=list)  # instead of weights: piecewise-constant weights by tokens
+    max_repetition: dict[str | int, float] = Field(default_factory=dict)  # group -> most uses of its tokens / its tokens (default 1.0)
+    max_fraction: dict[str | int, float] = Field(default_factory=dict)  # group -> largest fraction of its distinct tokens used (1.0)
+
     renamed_keys: ClassVar[dict[str, str]] = {"max_repeat": "max_cluster_epochs"}
     key_prefix: ClassVar[str] = "mixture."
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, value: dict) -> dict:
+        return _blend_weights(value)
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, value: list) -> list:
+        ends = [s.until_tokens for s in value]
+        if value and (any(b <= a for a, b in zip(ends, ends[1:])) or ends[-1] != 1.0):
+            raise ValueError(f"give each stage's until_tokens as a fraction of the schedule's tokens, ascending, the last 1.0 "
+                             f"(got {ends}), e.g. [{{until_tokens: 0.9, weights: {{...}}}}, {{weights: {{...}}}}]")
+        if any(not s.weights for s in value):
+            raise ValueError("give every stage its weights, e.g. {until_tokens: 0.9, weights: {web: 0.7, code: 0.3}}")
+        return value
+
+    @field_validator("max_repetition")
+    @classmethod
+    def _max_repetition(cls, value: dict) -> dict:
+        if any(not (r >= 1.0) for r in value.values()):
+            raise ValueError("give each group a ratio >= 1 (1 = each token used at most once; "
+                             "to use less of a group set mixture.max_fraction)")
+        return value
+
+    @field_validator("max_fraction")
+    @classmethod
+    def _max_fraction(cls, value: dict) -> dict:
+        if any(not (0.0 < f <= 1.0) for f in value.values()):
+            raise ValueError("give each group a fraction in (0, 1] of its distinct tokens")
+        return value
+
+    @model_validator(mode="after")
+    def _one_blend(self) -> "MixtureConfig":
+        if self.weights and self.stages:
+            raise ValueError("give either mixture.weights (one stage) or mixture.stages, not both")
+        if self.bins == 1:
+            raise ValueError("set mixture.bins to 0 (the column's values are the groups) or to >= 2 quantile bins")
+        return self
 
 
 class DedupConfig(_Model):

@@ -94,3 +94,19 @@ def chunked_threads(monkeypatch) -> Iterator[list[int]]:
         yield sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)})
     finally:
         numba.set_num_threads(before)
+
+
+def demo_domains(domains: tuple[str, ...], per_domain: int) -> list[dict]:
+    """The first ``per_domain`` documents of each of ``domains`` in the demo corpus (its domains as named sources)."""
+    if not DEMO_CORPUS.exists():
+        pytest.skip(f"shared data not found at {DEMO_CORPUS} (set STRATA_SHARED)")
+    got: dict[str, list[dict]] = {d: [] for d in domains}
+    with gzip.open(DEMO_CORPUS, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            if any(f'"domain": "{d}"' in line for d in domains):
+                rec = json.loads(line)
+                if rec["domain"] in got and len(got[rec["domain"]]) < per_domain:
+                    got[rec["domain"]].append(rec)
+                    if all(len(v) == per_domain for v in got.values()):
+                        break
+    return [r for d in domains for r in got[d]]

@@ -175,7 +175,10 @@ def test_every_strategy_returns_a_permutation(tmp_path):
     knots.write_text("knots:\n  - tokens: 1000\n    logits: {0: 2.0}\n  - tokens: 100000\n    logits: {5: 2.0}\n")
     weights = tmp_path / "weights.json"
     weights.write_text('{"0": 0.4, "3": 0.6}')
-    params = OrderParams(length_bins=16, curriculum=str(knots), mixture_weights_file=str(weights))
+    from pipeline.mixture.blend import Blend
+
+    blend = Blend("cluster", 0, (1.0,), ((("0", 0.4), ("3", 0.6)),))  # greedy_blend over the documents' cluster column
+    params = OrderParams(length_bins=16, curriculum=str(knots), mixture_weights_file=str(weights), blend=blend)
     for name, strategy in STRATEGIES.items():
         res = run_strategy(name, docs, seg, 128, params, seed=1)
         assert res.order.columns == ["position", "sequence_id"]

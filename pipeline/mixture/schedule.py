@@ -151,13 +151,16 @@ def sequence_rates(f: SequenceFeatures, weights: np.ndarray, budget: float, max_
     return next(r_i for r_i, err in tried if err <= best + 1e-3)
 
 
-def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_sequence_copies: int, seed: int) -> np.ndarray:
-    """Integer copies r_s in 0..R of every row of ``f`` (the module docstring's rule), seeded."""
+def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_sequence_copies: int, seed: int,
+                  caps: np.ndarray | None = None) -> np.ndarray:
+    """Integer copies r_s in 0..R of every row of ``f`` (the module docstring's rule), seeded;
+    ``caps``: a cap of each row's own, at most R (a blend's per-group repetition caps)."""
     if max_sequence_copies < 1:
         raise StrataInputError(f"max_sequence_copies={max_sequence_copies} is impossible", fix="use max_sequence_copies >= 1 (default 4)")
     if not budget > 0:
         raise StrataInputError(f"the token budget {budget} is impossible", fix="use mixture_budget_tokens > 0 (0 = the corpus's tokens)")
-    r = sequence_rates(f, np.asarray(weights, dtype=np.float64), float(budget), int(max_sequence_copies))
+    cap = int(max_sequence_copies) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), int(max_sequence_copies))
+    r = sequence_rates(f, np.asarray(weights, dtype=np.float64), float(budget), cap)
     base = np.floor(r).astype(np.int64)
     frac = r - base
     rng = np.random.default_rng(seed)
@@ -173,7 +176,7 @@ def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_s
     extra = np.floor(within) - np.floor(within - fr)
     counts = base.copy()
     counts[order] += extra.astype(np.int64)
-    return np.minimum(counts, int(max_sequence_copies))
+    return np.minimum(counts, cap)
 
 
 def accounting(order: np.ndarray, seq_cluster_tokens: pl.DataFrame, target: np.ndarray) -> pl.DataFrame:

@@ -254,15 +254,30 @@ def curriculum_blocked_order(
     if greedy_block < 2:
         raise StrataInputError(f"greedy_block={greedy_block} is too small", fix=f"use pools of at least 2 sequences (default {BLOCK})")
     weights = _check(features, curriculum, objective)
+    joint = features.cluster_bin_tokens
+    targets = _Targets(curriculum, joint / np.maximum(joint.sum(axis=1, keepdims=True), 1e-300))
+    return targets_blocked_order(features, targets, objective, weights, greedy_block, noise, seed)
+
+
+def targets_blocked_order(features: SequenceFeatures, targets, objective: Objective, weights: dict[str, float],
+                          greedy_block: int = BLOCK, noise: float = 0.0, seed: int = 0, drain_in_rounds: bool = False,
+                          targeted: str = "cluster") -> np.ndarray:
+    """The rounds of :func:`curriculum_blocked_order` against any cumulative targets of the
+    ``cluster`` columns: ``targets(S)`` gives E(S) per column of ``features.clusters`` (summing to
+    S), ``targets.rate_change(lo, hi)`` the largest change of a target rate across [lo, hi], and
+    ``targets.kappa`` the length bins' shares per column (None: the length bins, like every other
+    family, keep their shares of ``features``' tokens or sequences); ``targets.kappas`` (optional)
+    maps other token families to their shares per column likewise. ``drain_in_rounds``: the last
+    pool too is picked in rounds bounded by the rate change (a blend's stage may end inside it).
+    ``targeted``: the token family the targets are for (its columns are ``features.clusters``'
+    for ``cluster``; a blend targets its groups' family and holds the clusters at their share)."""
     m = features.n_sequences
     chars = objective.matrix(features)
     lengths = np.asarray(features.lengths, dtype=np.float64)
     t_glob = chars.targets(lengths)
-    joint = features.cluster_bin_tokens
-    targets = _Targets(curriculum, joint / np.maximum(joint.sum(axis=1, keepdims=True), 1e-300))
-    cl = chars.family_columns["cluster"]
+    cl = chars.family_columns[targeted]
     lb = chars.family_columns.get("length_bin")
-    sc, sl = float(np.sqrt(weights["cluster"])), float(np.sqrt(weights.get("length_bin", 0.0)))
+    sc, sl = float(np.sqrt(weights[targeted])), float(np.sqrt(weights.get("length_bin", 0.0)))
     lbar = float(lengths.mean())
     state = GreedyState.empty(chars.n_cols)
     queue = stratified_stream(features, np.random.default_rng(seed))  # a ring: head, count
@@ -274,7 +289,7 @@ def curriculum_blocked_order(
         pool = np.sort(queue[(head + np.arange(size)) % m])
         head, count = (head + size) % m, count - size
         sub = chars.take_rows(pool)
-        n_pick = size if count == 0 else max(1, size // 2)
+        n_pick = size if count == 0 and not (drain_in_rounds and size > MIN_ROUND) else max(1, size // 2)
         s0 = state.S
         while n_pick > MIN_ROUND and targets.rate_change(s0 + 1.0, s0 + 1.0 + n_pick * lbar) > CURRICULUM_RTOL:
             n_pick //= 2
@@ -300,9 +315,15 @@ def curriculum_blocked_order(
         off = np.zeros_like(t)
         t[cl[0] : cl[1]] = sc * slope
         off[cl[0] : cl[1]] = sc * (start - slope * s0)
-        if lb is not None:
+        if lb is not None and targets.kappa is not None:
             t[lb[0] : lb[1]] = sl * (pbar @ targets.kappa)
             off[lb[0] : lb[1]] = sl * ((e0 - pbar * s0) @ targets.kappa)
+        for name, kappa in getattr(targets, "kappas", {}).items():  # a family held at its share within each target column
+            if name in chars.family_columns:
+                a, b = chars.family_columns[name]
+                sf = float(np.sqrt(weights[name]))
+                t[a:b] = sf * (pbar @ kappa)
+                off[a:b] = sf * ((e0 - pbar * s0) @ kappa)
         state.X -= off
         picked = greedy_rows(sub, lengths[pool], t, state, n_pick, noise, seed + rnd)
         state.X += off

@@ -62,6 +62,7 @@ class OrderParams:
     mixture_budget_tokens: int = _default("mixture_budget_tokens")  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
     max_sequence_copies: int = _default("max_sequence_copies")  # greedy_mixture: copies of a sequence at most
     duplicate_order: str = _default("duplicate_order")  # duplicate_separated: each subset by the greedy (greedy) or by Idea 2 (idea2)
+    blend: Any = None  # greedy_blend: the pipeline.mixture.blend.Blend of mixture.weights / mixture.stages (None: no blend)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OrderParams":
@@ -72,8 +73,12 @@ class OrderParams:
             curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
             greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block, greedy_repair=cfg.greedy_repair,
             mixture_weights_file=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
-            max_sequence_copies=cfg.max_sequence_copies, duplicate_order=cfg.duplicate_order,
+            max_sequence_copies=cfg.max_sequence_copies, duplicate_order=cfg.duplicate_order, blend=_blend(cfg),
         )
+
+    def recorded(self) -> dict[str, Any]:
+        """The knobs as a lineage row records them (the blend only when one is configured)."""
+        return {k: v for k, v in self.__dict__.items() if not (k == "blend" and v is None)}
 
     def objective_weights(self) -> Objective:
         return Objective.named(self.objective, self.lam, self.families)
@@ -81,6 +86,16 @@ class OrderParams:
     def column_families(self) -> list[str]:
         """Families that name a documents column (e.g. ``source``): the inputs must carry it."""
         return [f.name for f in self.objective_weights().families if isinstance(f.spec, ColumnFamily)]
+
+
+def _blend(cfg: Any) -> Any:
+    """The blend of ``cfg.mixture`` (``pipeline.mixture.blend.Blend``), None without weights or stages."""
+    m = getattr(cfg, "mixture", None)
+    if m is None or not (m.weights or m.stages):
+        return None
+    from pipeline.mixture.blend import Blend
+
+    return Blend.from_config(m)
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,7 @@ class Inputs:
     params: OrderParams
     seed: int
     columns: dict[str, np.ndarray]  # per doc_id: dense category codes of the documents columns the families name
+    blend_groups: tuple[np.ndarray, list[str]] | None = None  # per doc_id: its group of the blend's column, and the group names
 
     def sequence_ids(self) -> SequenceIds:
         return SequenceIds.of_segments(self.segments["sequence_id"].to_numpy())
@@ -162,12 +178,12 @@ def _run(spec: StrategySpec, inp: Inputs) -> OrderingResult:
 def _run_frozen(spec: StrategySpec, inp: Inputs, prefix: np.ndarray) -> OrderingResult:
     """Positions ``[0, P)`` hold the frozen ``prefix`` (sequence ids); the other sequences follow in
     the strategy's order, continuing from the prefix (``StrategySpec.order_after``)."""
+    if spec.realizes_mixture:
+        raise StrataInputError(f"{spec.name!r} realizes a mixture (a schedule with repeats), which a frozen prefix does not extend",
+                               fix="freeze permutation strategies only, or set freeze_prefix: 0")
     if spec.level != "sequence" or spec.order is None:
         raise StrataInputError(f"{spec.name!r} repacks documents, so it cannot keep a frozen prefix of the base packing",
                                fix="freeze sequence-level strategies only (strata list strategies), or set freeze_prefix: 0")
-    if spec.mixture is not None:
-        raise StrataInputError(f"{spec.name!r} realizes a mixture (a schedule with repeats), which a frozen prefix does not extend",
-                               fix="freeze permutation strategies only, or set freeze_prefix: 0")
     f = inp.features()
     rows = np.searchsorted(f.sequence_ids, prefix)
     if prefix.size and (rows.max() >= f.n_sequences or not np.array_equal(f.sequence_ids[rows], prefix)):
@@ -265,9 +281,16 @@ def run_strategy(
             )
         columns[col] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
         columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
+    blend_groups = None
+    if params.blend is not None and "mixture" in spec.reads:  # greedy_blend: each document's group of the blend's column
+        from pipeline.mixture.blend import document_groups
+
+        codes, names = document_groups(docs, params.blend)
+        blend_groups = (np.full(n, -1, dtype=np.int64), names)
+        blend_groups[0][doc_id] = codes
     del docs, doc_id, clus, ntok  # per-document frame: the arrays above hold what the strategies read
     present = np.flatnonzero(cluster >= 0)  # the doc ids present, ascending
-    inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns)
+    inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns, blend_groups)
     del cluster, length, present, content_hash, segments, columns  # held by ``inp`` alone
     if prefix is not None:
         return _run_frozen(spec, inp, np.asarray(prefix, dtype=np.int64))

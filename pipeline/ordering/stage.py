@@ -54,7 +54,7 @@ def base_order(layout, connect: Connect, spec, params: OrderParams, seed: int, c
         sequences = latest_data_version(con, "sequences")
     if row is None or not path.is_file() or not sequences:
         return None
-    wanted = json.loads(json.dumps({"strategy": base, **params.__dict__, "seed": seed, "freeze_prefix": 0}, sort_keys=True, default=str))
+    wanted = json.loads(json.dumps({"strategy": base, **params.recorded(), "seed": seed, "freeze_prefix": 0}, sort_keys=True, default=str))
     made_with = {k: v for k, v in row["parameters"].items() if k != "greedy_mode"}
     if row["code_version"] != code_version or row["input_versions"].get("sequences") != sequences or made_with != wanted:
         return None
@@ -65,7 +65,7 @@ def base_order(layout, connect: Connect, spec, params: OrderParams, seed: int, c
     return (Store(layout).ordering(base).order, row["parameters"].get("greedy_mode")) if unchanged else None
 
 
-def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float) -> tuple[list, list[CheckFact], dict]:
+def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float, seed: int = 0) -> tuple[list, list[CheckFact], dict]:
     """For a strategy that realizes a mixture: its accounting written beside the order and both
     checks' facts (recomputed from the written files); (outputs, checks, metadata)."""
     from pipeline.mixture.schedule import accounting, cluster_tokens, l1_distance, schedule_problems
@@ -73,6 +73,8 @@ def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float
 
     spec = strategies.spec(strategy)
     path = layout.ordering_mixture(strategy)
+    if spec.accounting is not None:  # a schedule with its own accounting (greedy_blend)
+        return spec.accounting(layout, params, strategy, tolerance, seed)
     if not spec.realizes_mixture:
         if path.exists():
             path.unlink()
@@ -116,9 +118,13 @@ def ordering_documents(layout, params: OrderParams | None = None, strategy: str 
     (e.g. content_hash; other strategies never hold the 64-character hashes); without the documents
     the clean stage removed, content_hash equal within each duplicate group (docs/cleaning.md)."""
     extra = params.column_families() if params is not None else []
+    blend = params.blend.column if params is not None and params.blend is not None and strategy is not None \
+        and "mixture" in strategies.spec(strategy).reads else None  # greedy_blend's column
     have = pl.read_parquet_schema(layout.documents)
-    docs = Store(layout).document_clusters(["n_tokens"] + [c for c in extra if c in have])
+    docs = Store(layout).document_clusters(["n_tokens"] + [c for c in dict.fromkeys([*extra, *([blend] if blend else [])]) if c in have])
     corpus_cols = strategies.spec(strategy).documents if strategy is not None else ()
+    if blend and blend not in have and blend in pl.read_parquet_schema(layout.corpus):
+        corpus_cols = (*corpus_cols, blend)
     if corpus_cols:
         docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left").sort("doc_id")
     from pipeline.clean.stage import training_documents
@@ -174,7 +180,8 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
     del result
     written = Store(layout).ordering(strategy)
     order, m = written.order, written.n_sequences
-    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, cfg.mixture_tolerance)
+    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, cfg.mixture_tolerance, cfg.seed)
+    tables = mixture_meta.pop("tables", {})  # a schedule's own DuckDB tables (greedy_blend)
     outputs += more
     if spec.realizes_mixture:
         ok = True
@@ -184,6 +191,8 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
             replace_rows(con, "mixture_schedule",
                          pl.read_parquet(layout.ordering_mixture(strategy)).with_columns(strategy=pl.lit(strategy)),
                          {"strategy": strategy})
+            for table, rows in tables.items():
+                replace_rows(con, table, rows.with_columns(strategy=pl.lit(strategy)), {"strategy": strategy})
     else:
         ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
         check = CheckFact(PERMUTATION_CHECK, ok, {"strategy": strategy, "positions": int(order.size), "sequences": m})
@@ -198,8 +207,8 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
     return StageResult(
         outputs,
         {"sequences": n_positions},
-        {"strategy": strategy, **params.__dict__, "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
-         **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.realizes_mixture else {}),
+        {"strategy": strategy, **params.recorded(), "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
+         **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.mixture is not None else {}),
          **({"curriculum_sha256": file_sha256(params.curriculum)} if "curriculum" in spec.reads and params.curriculum else {})},
         {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
          **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},

@@ -65,6 +65,11 @@ class StrategySpec:
     # training-time: (segments, doc_cluster, n_steps, seed, cfg) -> the sampler training draws each step's
     # sequences from (see the module docstring); pipeline/training/stage.py asks for it
     sampler: Callable[..., Any] | None = None
+    # a schedule's own accounting and checks, instead of the cluster mixture's (greedy_blend):
+    # (layout, params, strategy, tolerance, seed) -> (outputs, checks, metadata); it writes
+    # orderings/<strategy>.mixture.parquet (per cluster, as a mixture's) and its own files; metadata["tables"]:
+    # DuckDB table -> rows (the stage writes them with a strategy column)
+    accounting: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):
@@ -80,7 +85,7 @@ class StrategySpec:
     def realizes_mixture(self) -> bool:
         """Realizes a mixture: its order may repeat sequences (up to ``max_sequence_copies`` copies) or leave
         some out, and its checks and diagnostics hold it to the mixture's shares."""
-        return self.mixture is not None
+        return self.mixture is not None or self.accounting is not None
 
     @property
     def ids_only(self) -> bool:

@@ -1,0 +1,208 @@
+"""``greedy_blend`` (pipeline/mixture/blend.py): the demo corpus's domains as named sources with
+weights by stage, realized by repetition / subsampling and ordered by the greedy; every use of
+every document counted; bad blends stop with the key and the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from helpers import demo_domains
+
+from pipeline.config import StrataConfig
+from pipeline.errors import StrataInputError
+from pipeline.mixture.blend import Blend, blend_accounting, document_uses, group_tokens, planned_counts, stage_l1
+from pipeline.ordering.engine import OrderParams, run_strategy
+from pipeline.ordering.features import packed_sequence_features
+from pipeline.packing.pack import pack_concat
+
+L = 256
+TOLERANCE = 0.05  # L1 distance of each stage's realized source shares from its weights (docs/mixture.md, "Blends")
+SOURCES = ["code", "religious_text", "web"]  # sorted: the groups' order
+STAGES = [{"until_tokens": 0.7, "weights": {"web": 0.5, "code": 0.3, "religious_text": 0.2}},
+          {"weights": {"web": 0.2, "code": 0.2, "religious_text": 0.6}}]  # the anneal: religious_text in the last 30%
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """200 demo documents of three domains (their domain as ``source``), about a third of the
+    tokens each, packed in a random order (sequences mix sources) into 256-token sequences."""
+    recs = demo_domains(("web", "code", "religious_text"), 120)
+    pick = ([r for r in recs if r["domain"] == "web"] + [r for r in recs if r["domain"] == "code"][:30]
+            + [r for r in recs if r["domain"] == "religious_text"][:50])
+    n = len(pick)
+    ntok = np.array([max(1, len(r["text"].split())) for r in pick]) + 1
+    docs = pl.DataFrame({"doc_id": np.arange(n), "cluster": np.arange(n) % 4, "n_tokens": ntok,
+                         "source": [r["domain"] for r in pick], "score": np.random.default_rng(1).random(n)})
+    seg = pack_concat(np.random.default_rng(0).permutation(n), ntok, L).segments
+    return docs, seg
+
+
+def params(**mixture) -> OrderParams:
+    return OrderParams.from_config(StrataConfig(length_bins=8, mixture=mixture))
+
+
+def group_matrix(docs: pl.DataFrame, seg: pl.DataFrame, column: str = "source") -> np.ndarray:
+    """(sequences x sources) tokens, computed here from the segments."""
+    names = sorted(set(docs[column].to_list()))
+    src = docs[column].to_numpy()[seg["doc_id"].to_numpy()]
+    g = np.zeros((int(seg["sequence_id"].max()) + 1, len(names)))
+    np.add.at(g, (seg["sequence_id"].to_numpy(), np.searchsorted(names, src)), seg["n_tokens"].to_numpy())
+    return g
+
+
+def stage_shares(order: np.ndarray, g: np.ndarray, ends: list[float]) -> np.ndarray:
+    """Realized source shares per stage, each position in the stage its first token falls in (computed here)."""
+    tok = g[order]
+    start = np.r_[0, np.cumsum(tok.sum(axis=1))[:-1]]
+    stage = np.minimum(np.searchsorted(np.array(ends) * tok.sum(), start, side="right"), len(ends) - 1)
+    return np.array([tok[stage == k].sum(axis=0) / tok[stage == k].sum() for k in range(len(ends))])
+
+
+def test_demo_domains_as_sources_per_stage(corpus):
+    docs, seg = corpus
+    p = params(stages=STAGES, max_repetition={"religious_text": 2.0})
+    order = run_strategy("greedy_blend", docs, seg, L, p, seed=0).order["sequence_id"].to_numpy()
+    g = group_matrix(docs, seg)
+    got = stage_shares(order, g, [0.7, 1.0])
+    want = np.array([[STAGES[k]["weights"][s] for s in SOURCES] for k in range(2)])
+    l1 = np.abs(got - want).sum(axis=1)
+    assert l1.max() <= TOLERANCE, (got, l1)
+    # the shares differ from the corpus's and from a shuffle of the same schedule: the greedy did it
+    shuffled = stage_shares(np.random.default_rng(0).permutation(order), g, [0.7, 1.0])
+    assert np.abs(shuffled - want).sum(axis=1).max() > 2 * TOLERANCE
+    # caps: religious_text used at most twice its tokens, the others at most once; no sequence beyond 2 copies
+    copies = np.bincount(order, minlength=g.shape[0])
+    used = (g * copies[:, None]).sum(axis=0) / g.sum(axis=0)
+    assert used[SOURCES.index("religious_text")] <= 2.0 + 0.05 and copies.max() <= 2
+    assert used[SOURCES.index("web")] <= 1.0 + 1e-9 and used[SOURCES.index("code")] <= 1.0 + 1e-9
+    assert copies.max() == 2  # the anneal needs repetition of religious_text: it happened, within its cap
+
+
+def test_every_use_is_counted(corpus):
+    """The accounting rows: each document piece's planned uses (the solver's copies) equal its
+    realized uses in the order, and the per-stage table measures the order."""
+    docs, seg = corpus
+    p = params(stages=STAGES, max_repetition={"religious_text": 2.0})
+    order = run_strategy("greedy_blend", docs, seg, L, p, seed=3).order["sequence_id"].to_numpy()
+    codes = np.searchsorted(SOURCES, docs["source"].to_numpy())
+    sid, did = seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy()
+    f = packed_sequence_features(sid, did, seg["n_tokens"].to_numpy(), docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy(), 8, {})
+    groups = group_tokens(np.searchsorted(f.sequence_ids, sid), codes[did], seg["n_tokens"].to_numpy().astype(float), f.n_sequences, 3)
+    planned, weights = planned_counts(f, groups, p.blend, SOURCES, float(f.lengths.sum()), p.max_sequence_copies, 3)
+    uses = document_uses(seg, dict(zip(range(docs.height), docs["source"].to_list())), planned, order)
+    assert uses.height == seg.height and (uses["planned_uses"] == uses["realized_uses"]).all()
+    assert int((uses["n_tokens"] * uses["realized_uses"]).sum()) == int(group_matrix(docs, seg)[order].sum())
+    assert uses["realized_uses"].max() == 2 and (uses["realized_uses"] == 0).any()  # repeated and left out, both counted
+    g = group_matrix(docs, seg)
+    table = blend_accounting(order, g, weights, p.blend.ends, SOURCES, np.array([1.0, 2.0, 1.0]), np.ones(3))
+    got = stage_shares(order, g, [0.7, 1.0])
+    for k in range(2):
+        np.testing.assert_allclose(table.filter(pl.col("stage") == k).sort("group")["realized_share"].to_numpy(), got[k])
+    assert max(stage_l1(table).values()) <= TOLERANCE
+
+
+def test_one_stage_max_fraction_and_a_binned_column(corpus):
+    docs, seg = corpus
+    p = params(weights={"web": 1, "code": 1, "religious_text": 1}, max_fraction={"code": 0.5})
+    order = run_strategy("greedy_blend", docs, seg, L, p, seed=0).order["sequence_id"].to_numpy()
+    g = group_matrix(docs, seg)
+    distinct = g[np.unique(order)].sum(axis=0) / g.sum(axis=0)
+    assert distinct[SOURCES.index("code")] <= 0.5 + 1e-9  # a subsample: at most half of code's distinct tokens
+    assert np.abs(stage_shares(order, g, [1.0])[0] - 1 / 3).sum() <= TOLERANCE
+    # a numeric column in 2 token quantiles, the top one annealed in the last half
+    q = params(column="score", bins=2, stages=[{"until_tokens": 0.5, "weights": {0: 0.8, 1: 0.2}}, {"weights": {0: 0.2, 1: 0.8}}],
+               max_repetition={0: 2, 1: 2})
+    order = run_strategy("greedy_blend", docs, seg, L, q, seed=0).order["sequence_id"].to_numpy()
+    binned = docs.with_columns(score=(pl.col("score") > docs.sort("score").with_columns(c=pl.col("n_tokens").cum_sum())
+                                      .filter(pl.col("c") >= pl.col("n_tokens").sum() / 2)["score"][0]).cast(pl.Int64))
+    got = stage_shares(order, group_matrix(binned, seg, "score"), [0.5, 1.0])
+    assert got[0][0] > 0.6 and got[1][1] > 0.6, got  # random packing mixes the bins inside sequences: the direction holds
+
+
+def test_bad_blends_name_the_key(corpus, tmp_path):
+    docs, seg = corpus
+    with pytest.raises(StrataInputError) as err:
+        run_strategy("greedy_blend", docs, seg, L, params(weights={"wbe": 1.0}), seed=0)
+    assert "mixture.weights" in str(err.value) and "web" in err.value.fix
+    with pytest.raises(StrataInputError) as err:
+        run_strategy("greedy_blend", docs, seg, L, params(column="domain", weights={"web": 1.0}), seed=0)
+    assert "mixture.column" in err.value.fix and "source" in err.value.fix
+    with pytest.raises(StrataInputError) as err:
+        run_strategy("greedy_blend", docs, seg, L, OrderParams(), seed=0)
+    assert "mixture.weights" in err.value.fix and "--" not in err.value.fix
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(repo)}
+    for text, key in [
+        ("mixture:\n  stages:\n    - {until_tokens: 0.5, weights: {web: 1}}\n    - {until_tokens: 0.4, weights: {code: 1}}\n",
+         "mixture.stages"),
+        ("mixture:\n  weights: {web: 1}\n  stages:\n    - {weights: {code: 1}}\n", "mixture.weights"),
+        ("mixture:\n  weights: {web: -1, code: 1}\n", "mixture.weights"),
+        ("mixture:\n  weights: {web: 1}\n  max_repetition: {web: 0.5}\n", "mixture.max_repetition"),
+        ("mixture:\n  stages:\n    - {until_tokens: 0.5, weigths: {web: 1}}\n", "weigths"),
+    ]:
+        (tmp_path / "bad.yaml").write_text(f"data_root: {tmp_path / 'root'}\n{text}")
+        proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(tmp_path / "bad.yaml")],
+                              capture_output=True, text=True, env=env, cwd=repo, timeout=120)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert key in proc.stderr and "Fix:" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_default_config_has_no_blend():
+    """Without mixture.weights or mixture.stages nothing changes: no blend, no new lineage key."""
+    p = OrderParams.from_config(StrataConfig())
+    assert p.blend is None and "blend" not in p.recorded()
+    assert Blend.from_config(StrataConfig(mixture={"weights": {"web": 1}}).mixture).ends == (1.0,)
+
+
+@pytest.mark.integration
+def test_strata_run_realizes_the_blend_and_counts_every_use(tmp_path):
+    """``strata run`` to the orderings with ``mixture.stages`` over the demo domains as sources:
+    the blend's accounting files and DuckDB rows, the checks, and ``strata export`` of the schedule."""
+    import json
+
+    import duckdb
+    import yaml
+
+    from pipeline.storage.layout import Layout, Store
+
+    repo = Path(__file__).resolve().parents[1]
+    recs = demo_domains(("web", "code", "religious_text"), 40)
+    recs = [r for r in recs if r["domain"] != "code"] + [r for r in recs if r["domain"] == "code"][:12]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(tmp_path / "corpus.jsonl"), "source_field": "domain"},
+           "heldout_fraction": 0.0, "vocab_size": 300, "k": 3, "seq_len": 64, "length_bins": 4, "batch_size": 4,
+           "embed_method": "shallow", "embed_max_tokens": 32, "strategies": ["random", "greedy_blend"], "stationarity_shuffles": 5,
+           "mixture_tolerance": 0.1,
+           "mixture": {"stages": [{"until_tokens": 0.7, "weights": {"web": 0.5, "code": 0.3, "religious_text": 0.2}},
+                                  {"weights": {"web": 0.2, "code": 0.2, "religious_text": 0.6}}],
+                       "max_repetition": {"religious_text": 2}}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(repo)}
+    cli = [sys.executable, "-m", "assets.cli"]
+    proc = subprocess.run([*cli, "run", "--config", str(tmp_path / "cfg.yaml"), "--select", "*orderings"],
+                          capture_output=True, text=True, env=env, cwd=repo, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    layout = Layout(tmp_path / "root")
+    ordering = Store(layout).ordering("greedy_blend")
+    stages = pl.read_parquet(layout.inside("orderings", "greedy_blend.blend.parquet"))
+    uses = pl.read_parquet(layout.inside("orderings", "greedy_blend.uses.parquet"))
+    assert (uses["planned_uses"] == uses["realized_uses"]).all() and uses["realized_uses"].sum() >= ordering.order.size
+    assert max(stage_l1(stages).values()) <= 0.1, stages  # mixture_tolerance of this small corpus
+    con = duckdb.connect(str(layout.duckdb), read_only=True)
+    rows = con.sql("SELECT * FROM blend_document_uses WHERE strategy = 'greedy_blend'").pl()
+    assert rows.height == uses.height and rows["realized_uses"].sum() == uses["realized_uses"].sum()
+    checks = con.sql("SELECT * FROM blend_stages WHERE strategy = 'greedy_blend'").pl()
+    assert checks.height == stages.height
+    con.close()
+    out = tmp_path / "export"
+    exp = subprocess.run([*cli, "export", "--data-root", str(layout.root), "--config", str(tmp_path / "cfg.yaml"),
+                          "--strategy", "greedy_blend", "--format", "numpy", "--out", str(out)],
+                         capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+    assert exp.returncode == 0, exp.stdout[-2000:] + exp.stderr[-3000:]
+    assert json.loads((out / "meta.json").read_text())["n_sequences"] == ordering.order.size
