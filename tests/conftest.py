@@ -12,6 +12,18 @@ from pipeline.offline import set_offline
 set_offline()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files holding an integration test first, each file's tests kept together and in order: with
+    two xdist workers taking a file at a time (pyproject.toml), the long files start early and the
+    short ones fill the gaps, so neither worker idles at the end behind one long file."""
+    files = {}
+    for item in items:
+        slow = files.get(item.path, False) or item.get_closest_marker("integration") is not None
+        files[item.path] = slow
+    rank = {path: (not slow, i) for i, (path, slow) in enumerate(files.items())}
+    items.sort(key=lambda item: rank[item.path])
+
+
 @pytest.fixture
 def write_jsonl(tmp_path):
     def _write(records: list, name: str = "corpus.jsonl") -> Path:

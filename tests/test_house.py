@@ -129,10 +129,10 @@ def test_changed_figure_fails_check_and_rewrite_fixes_it(tmp_path):
     (results / "s3_vs_disk.json").write_text(json.dumps(doc))
     check = _tables("--check", *args)
     assert check.returncode == 1
-    assert "scale.md" in check.stdout and "out of sync" in check.stdout
-    assert "61.2" not in (root / "docs" / "scale.md").read_text()  # --check writes nothing
+    assert "object_storage.md" in check.stdout and "out of sync" in check.stdout
+    assert "61.2" not in (root / "docs" / "object_storage.md").read_text()  # --check writes nothing
     assert _tables(*args).returncode == 0
-    assert "| 61.2 |" in (root / "docs" / "scale.md").read_text()
+    assert "| 61.2 |" in (root / "docs" / "object_storage.md").read_text()
     assert _tables("--check", *args).returncode == 0
 
 
