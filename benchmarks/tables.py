@@ -145,6 +145,49 @@ def clean_planted(results: Path) -> str:
     return "\n".join(lines)
 
 
+def mixture_anchors(results: Path) -> str:
+    """``bench_mixture_anchors.py``: the same named sources and weights through megatron-core's
+    ``BlendedDataset``, OLMo-core's source mixture and shuffle, and ``greedy_blend``."""
+    doc = _load(results, "mixture_anchors")
+    methods = list(doc["methods"])
+    head = ("| batch | scheduler | sources: batch L1 mean / worst | clusters | length bins | sequences (distinct) | max copies |"
+            " build s |")
+    lines = [head, "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for b in doc["batches"]:
+        for name in methods:
+            r = doc["methods"][name]
+            m = r["per_batch"][str(b)]
+            lines.append(f"| {b} | {name} | {m['source_dev_mean']:.4f} / {m['source_dev_max']:.4f} |"
+                         f" {m['cluster_dev_mean']:.4f} / {m['cluster_dev_max']:.4f} | {m['bin_dev_mean']:.4f} / {m['bin_dev_max']:.4f} |"
+                         f" {r['positions']:,} ({r['distinct_sequences']:,}) | {r['max_copies']} | {r['build_seconds']:.2f} |")
+    strata = next(n for n in methods if n.startswith("Strata"))
+    anchors = [n for n in methods if n != strata]
+    lines.append("")
+    for b in doc["batches"]:
+        got = {n: doc["methods"][n]["per_batch"][str(b)] for n in methods}
+        parts = []
+        for key, label in (("source", "sources"), ("cluster", "clusters"), ("bin", "length bins")):
+            best = min(anchors, key=lambda n: got[n][f"{key}_dev_mean"])
+            mine, theirs = got[strata][f"{key}_dev_mean"], got[best][f"{key}_dev_mean"]
+            verdict = ("equal to" if abs(mine - theirs) < 5e-5 else
+                       f"{theirs / mine:.2f}x lower than" if mine < theirs else f"**worse** ({mine / theirs:.2f}x) than")
+            parts.append(f"{label} {verdict} the best anchor's ({best.split()[0]})")
+        lines.append(f"Batch {b}: Strata's mean per-batch L1 — " + "; ".join(parts)
+                     + f"; the floor for sources at this batch is {doc['source_floor'][str(b)]:.4f}.")
+    fastest = min(anchors, key=lambda n: doc["methods"][n]["build_seconds"])
+    build, theirs = doc["methods"][strata]["build_seconds"], doc["methods"][fastest]["build_seconds"]
+    lines.append(f"Build: Strata {build:.2f} s, " + ("**slower**" if build > theirs else "faster")
+                 + f" than {fastest.split()[0]} ({theirs:.2f} s).")
+    src = ", ".join(f"{n} {v['weight']:.2f} (corpus {v['corpus_share']:.2f}, {v['documents']:,} docs)" for n, v in doc["sources"].items())
+    lines.append("")
+    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}; {doc['documents']:,} demo-corpus"
+                 f" documents packed per source into {doc['sequences']:,} sequences of {doc['seq_len']}; weights {src};"
+                 f" schedule {doc['schedule_tokens']:,} tokens, max_repetition {doc['max_repetition']:g}; k-means k={doc['k']},"
+                 f" {doc['length_bins']} length bins; megatron-core {doc['versions']['megatron-core']},"
+                 f" ai2-olmo-core {doc['versions']['ai2-olmo-core']}.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -153,6 +196,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "ablate_simulation": ablate_simulation,
     "ablate_campaign": ablate_campaign,
     "clean_planted": clean_planted,
+    "mixture_anchors": mixture_anchors,
 }
 
 
