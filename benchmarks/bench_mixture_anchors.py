@@ -281,7 +281,7 @@ def source_floor(weights: np.ndarray, batch: int) -> float:
 
 def measure(order: np.ndarray, c: Corpus, weights: np.ndarray, batches: list[int], seconds: float) -> dict:
     """The row of one scheduler: per batch size the per-batch deviations; whole-stream source
-    shares, repetition, time to build."""
+    shares; per source its sequences, positions, distinct and repeated sequences; time to build."""
     total = c.by_source[order].sum(axis=0)
     per_batch = {}
     for b in batches:
@@ -289,8 +289,12 @@ def measure(order: np.ndarray, c: Corpus, weights: np.ndarray, batches: list[int
                          batch_deviation(order, c.by_bin, b))
         per_batch[str(b)] = {"batches": int(order.size // b), "source_dev_mean": src[0], "source_dev_max": src[1],
                              "cluster_dev_mean": cl[0], "cluster_dev_max": cl[1], "bin_dev_mean": bins[0], "bin_dev_max": bins[1]}
+    copies = np.bincount(order, minlength=c.seq_source.size)
+    uses = {n: {"sequences": int((c.seq_source == g).sum()), "positions": int(copies[c.seq_source == g].sum()),
+                "distinct": int((copies[c.seq_source == g] > 0).sum()), "repeated": int((copies[c.seq_source == g] > 1).sum())}
+            for g, n in enumerate(c.names)}
     return {"positions": int(order.size), "tokens": int(total.sum()), "distinct_sequences": int(np.unique(order).size),
-            "max_copies": int(np.bincount(order).max()),
+            "max_copies": int(copies.max()), "uses_by_source": uses,
             "stream_source_shares": dict(zip(c.names, (total / total.sum()).round(5).tolist())),
             "build_seconds": seconds, "per_batch": per_batch}
 
