@@ -431,8 +431,7 @@ class StrataConfig(_Model):
         if value == 0:
             return value
         entries = REGISTRY.entries()
-        repacking = [s for s in info.data.get("strategies", [])
-                     if s in entries and (entries[s].level != "sequence" or entries[s].order is None)]
+        repacking = [s for s in info.data.get("strategies", []) if s in entries and not entries[s].freezable]
         if repacking:
             raise ValueError(f"strategies {repacking} repack documents and cannot keep a frozen prefix of the base packing; "
                              "list only sequence-level strategies (strata list strategies), or set freeze_prefix: 0")

@@ -206,3 +206,140 @@ def test_strata_run_realizes_the_blend_and_counts_every_use(tmp_path):
                          capture_output=True, text=True, env=env, cwd=repo, timeout=600)
     assert exp.returncode == 0, exp.stdout[-2000:] + exp.stderr[-3000:]
     assert json.loads((out / "meta.json").read_text())["n_sequences"] == ordering.order.size
+
+
+NEW_STAGES = [{"until_tokens": 0.6, "weights": {"web": 0.5, "code": 0.3, "religious_text": 0.2}},
+              {"weights": {"web": 0.2, "code": 0.0, "religious_text": 0.8}}]  # a stage appended: no more code from 60%
+
+
+def test_new_stage_after_a_frozen_prefix(corpus):
+    """The mix changed mid-run: the consumed prefix of the old one-stage blend stays, the rest
+    follows the new stages counted from the prefix's end, and every use is planned, within caps."""
+    from pipeline.mixture.blend import FrozenPlan, document_plan, frozen_document_uses, planned_after
+
+    docs, seg = corpus
+    old = params(weights=STAGES[0]["weights"], max_repetition={"religious_text": 2.0})
+    first = run_strategy("greedy_blend", docs, seg, L, old, seed=0).order["sequence_id"].to_numpy()
+    n_prefix = first.size // 3
+    new = params(stages=NEW_STAGES, max_repetition={"religious_text": 2.0})
+    order = run_strategy("greedy_blend", docs, seg, L, new, seed=0, prefix=first[:n_prefix]).order["sequence_id"].to_numpy()
+    assert np.array_equal(order[:n_prefix], first[:n_prefix])  # the consumed steps, unchanged
+    g = group_matrix(docs, seg)
+    tok = g[order]
+    start = np.r_[0, np.cumsum(tok.sum(axis=1))[:-1]]
+    total = tok.sum()
+    for k, (lo, hi) in enumerate([(start[n_prefix], 0.6 * total), (0.6 * total, total)]):  # after the prefix, by stage
+        got = tok[(start >= lo) & (start < hi) & (np.arange(order.size) >= n_prefix)].sum(axis=0)
+        want = np.array([NEW_STAGES[k]["weights"][s] for s in SOURCES])
+        assert np.abs(got / got.sum() - want).sum() <= TOLERANCE, (k, got / got.sum())
+    # the plan, solved again: prefix uses + planned uses after it = every sequence's occurrences, within its cap
+    codes = np.searchsorted(SOURCES, docs["source"].to_numpy())
+    sid, did = seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy()
+    f = packed_sequence_features(sid, did, seg["n_tokens"].to_numpy(), docs["cluster"].to_numpy(), docs["n_tokens"].to_numpy(), 8, {})
+    groups = group_tokens(np.searchsorted(f.sequence_ids, sid), codes[did], seg["n_tokens"].to_numpy().astype(float), f.n_sequences, 3)
+    plan = planned_after(f, groups, new.blend, SOURCES, float(f.lengths.sum()), new.max_sequence_copies, 0,
+                         np.searchsorted(f.sequence_ids, first[:n_prefix]))
+    realized = np.bincount(order, minlength=f.n_sequences)[f.sequence_ids]
+    assert np.array_equal(plan.prefix + plan.suffix, realized) and (realized <= plan.cap).all()
+    assert plan.prefix.sum() == n_prefix and realized.max() == 2  # religious_text repeated for the new stage, within its cap
+    doc_group = dict(zip(range(docs.height), docs["source"].to_list()))
+    uses = frozen_document_uses(seg, doc_group, plan, f.sequence_ids, order, n_prefix)
+    assert (uses["planned_uses"] == uses["prefix_planned"] + uses["suffix_planned"]).all()
+    assert (uses["planned_uses"] == uses["realized_uses"]).all() and (uses["realized_uses"] <= uses["cap"]).all()
+    assert (uses["prefix_realized"] == uses["prefix_planned"]).all() and uses["prefix_realized"].sum() > 0
+    # a hand-corrupted order (one position after the prefix names another sequence) breaks the equality
+    bad = order.copy()
+    bad[-1] = next(s for s in f.sequence_ids if s != order[-1])
+    broken = frozen_document_uses(seg, doc_group, plan, f.sequence_ids, bad, n_prefix)
+    assert (broken["planned_uses"] != broken["realized_uses"]).sum() >= 2
+    # the documents the old plan used and the new one does not: reported as dropped (code among them: no more from 60%)
+    keys = pl.DataFrame({"doc_id": np.arange(docs.height), "id": [f"d{i}" for i in range(docs.height)], "content_hash": "h"})
+    before = frozen_document_uses(seg, doc_group, FrozenPlan(np.zeros(f.n_sequences, np.int64), np.bincount(first, minlength=f.n_sequences)
+                                                             [f.sequence_ids], plan.cap, plan.weights, 0.0), f.sequence_ids, first, 0)
+    previous = document_plan(before, keys, None)
+    table = document_plan(uses, keys, previous)
+    dropped = table.filter(pl.col("status") == "dropped")
+    assert "code" in set(dropped["group"]) and "religious_text" not in set(dropped["group"]), dropped
+    assert (dropped["previous_planned_token_uses"] > 0).all() and (dropped["realized_token_uses"] == 0).all()
+    assert document_plan(uses, keys, table).equals(table)  # the same plan again keeps reporting the drop
+
+
+@pytest.mark.integration
+def test_strata_run_changes_the_mix_after_a_frozen_prefix(tmp_path):
+    """``strata run --freeze-prefix P`` with one blend, then with a stage appended: the prefix's
+    positions stay, DuckDB holds every piece's prefix / suffix uses and every document's plan
+    against the replaced one, and the uses check passes on the order and fails on a corrupted one."""
+    import json
+
+    import duckdb
+    import yaml
+
+    from pipeline.config import load_config
+    from pipeline.ordering.stage import order_params
+    from pipeline.ordering.strategies.greedy_blend import USES_CHECK, accounting
+    from pipeline.represent.embeddings import default_model_path
+    from pipeline.storage.layout import Layout, Store
+
+    repo = Path(__file__).resolve().parents[1]
+    recs = demo_domains(("web", "code", "religious_text"), 40)
+    recs = [r for r in recs if r["domain"] != "code"] + [r for r in recs if r["domain"] == "code"][:12]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(tmp_path / "corpus.jsonl"), "source_field": "domain"},
+           "heldout_fraction": 0.0, "tokenizer": default_model_path(), "k": 3, "seq_len": 64, "length_bins": 4, "batch_size": 4,
+           "embed_method": "shallow", "embed_max_tokens": 32, "strategies": ["greedy_blend"], "mixture_tolerance": 0.1,
+           "mixture": {"weights": NEW_STAGES[0]["weights"], "max_repetition": {"religious_text": 2}}}
+    env = {**os.environ, "DAGSTER_HOME": "", "STRATA_HOME": "", "STRATA_CONFIG": "", "PYTHONPATH": str(repo)}
+    layout, n_prefix = Layout(tmp_path / "root"), 40
+
+    def run() -> None:
+        (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+        proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(tmp_path / "cfg.yaml"), "--select",
+                               "*orderings", "--freeze-prefix", str(n_prefix)],
+                              capture_output=True, text=True, env=env, cwd=repo, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+    run()
+    first = Store(layout).ordering("greedy_blend").order.copy()
+    stages = [NEW_STAGES[0], {"weights": {"web": 0.6, "code": 0.4}}]  # the mix edited mid-run: no more religious_text from 60%
+    cfg["mixture"] = {"stages": stages, "max_repetition": {"religious_text": 2}}
+    run()
+    order = Store(layout).ordering("greedy_blend").order
+    assert np.array_equal(order[:n_prefix], first[:n_prefix]) and not np.array_equal(order, first)
+    con = duckdb.connect(str(layout.duckdb), read_only=True)
+    uses = con.sql("SELECT * FROM blend_document_uses WHERE strategy = 'greedy_blend'").pl()
+    plan = con.sql("SELECT * FROM blend_document_plan WHERE strategy = 'greedy_blend'").pl()
+    con.close()
+    assert (uses["planned_uses"] == uses["prefix_planned"] + uses["suffix_planned"]).all()
+    assert (uses["realized_uses"] == uses["prefix_realized"] + uses["suffix_realized"]).all()
+    assert (uses["planned_uses"] == uses["realized_uses"]).all() and (uses["realized_uses"] <= uses["cap"]).all()
+    by_seq = uses.group_by("sequence_id").agg(pl.col("prefix_realized").first())
+    assert by_seq["prefix_realized"].sum() == n_prefix  # every consumed position counted once
+    assert plan["previous_planned_token_uses"].null_count() == 0  # every document against the plan it replaced
+    assert (plan.filter(pl.col("status") == "dropped")["planned_token_uses"] == 0).all()
+    assert plan.filter(pl.col("status") == "dropped").height > 0 and plan["realized_token_uses"].sum() > 0
+    params = order_params(load_config(layout.root / "run_config.yaml"), layout)
+
+    def uses_check():
+        return next(c for c in accounting(layout, params, "greedy_blend", 0.1, 0)[1] if c.name == USES_CHECK)
+
+    assert uses_check().passed
+    path = layout.ordering("greedy_blend")
+    written = pl.read_parquet(path)
+    ids = written["sequence_id"].to_numpy().copy()
+    ids[-1] = next(s for s in np.unique(ids) if s != ids[-1])  # one position after the prefix names another sequence
+    written.with_columns(sequence_id=pl.Series(ids)).write_parquet(path)
+    failed = uses_check()
+    assert not failed.passed and "used other than planned" in failed.description, failed.description
+    ids[0] = ids[1] if ids[1] != ids[0] else ids[2]  # and the prefix itself edited
+    written.with_columns(sequence_id=pl.Series(ids)).write_parquet(path)
+    assert "does not start with its frozen prefix" in uses_check().description
+
+
+def test_freeze_prefix_accepts_greedy_blend_only_among_schedules():
+    from pipeline.config import config_from_dict
+
+    blend = {"weights": {"web": 1.0}}
+    assert config_from_dict({"freeze_prefix": 8, "strategies": ["greedy_blend"], "tokenizer": "gpt2", "mixture": blend}).freeze_prefix == 8
+    with pytest.raises(StrataInputError) as err:
+        config_from_dict({"freeze_prefix": 8, "strategies": ["greedy_mixture"], "tokenizer": "gpt2"})
+    assert "greedy_mixture" in str(err.value)

@@ -159,7 +159,6 @@ def planned_counts(features: SequenceFeatures, groups: Csr, blend: Blend, names:
                    max_sequence_copies: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Step 1 of the module docstring: the copies r_s of every row and the (stages x groups) weights."""
     from pipeline.mixture.schedule import repeat_counts
-    from pipeline.ordering.greedy import _dominant
 
     w = blend.matrix(names)
     share = np.diff(np.r_[0.0, blend.ends]) @ w  # each group's share of the whole schedule
@@ -170,16 +169,88 @@ def planned_counts(features: SequenceFeatures, groups: Csr, blend: Blend, names:
     if not budget > 0:
         raise StrataInputError("the blend gives weight to a group this corpus holds no tokens of",
                                fix=f"give weight to groups among {[n for n, c in zip(names, corpus) if c > 0]}")
+    cap = row_caps(features, groups, max_rep, max_frac, max_sequence_copies, seed)
+    counts = repeat_counts(replace(features, clusters=groups), share, budget, int(max_sequence_copies), seed, caps=cap)
+    return balance_counts(groups, counts, cap, share), w
+
+
+def row_caps(features: SequenceFeatures, groups: Csr, max_rep: np.ndarray, max_frac: np.ndarray, max_sequence_copies: int,
+             seed: int, used: np.ndarray | None = None) -> np.ndarray:
+    """Uses each row may have in the whole schedule: ceil(``max_repetition``) of the group it mostly
+    holds, at most ``max_sequence_copies``, and 0 for the rows beyond ``max_fraction`` of their
+    group's distinct tokens (a seeded subsample; the rows ``used`` > 0, a frozen prefix's, first)."""
+    from pipeline.ordering.greedy import _dominant
+
     dom = _dominant(groups)
     cap = np.minimum(int(max_sequence_copies), np.ceil(max_rep[dom] - 1e-9)).astype(np.int64)
     rng = np.random.default_rng(seed)
     for g in np.flatnonzero(max_frac < 1.0):  # a seeded subsample of the group's sequences holds its max_fraction
         rows = np.flatnonzero(dom == g)
         rows = rows[rng.permutation(rows.size)]
+        if used is not None:  # the rows a frozen prefix already used stay in the subsample
+            rows = rows[np.argsort(used[rows] == 0, kind="stable")]
         kept = np.cumsum(features.lengths[rows]) <= max_frac[g] * features.lengths[rows].sum() + 1e-9
         cap[rows[~kept]] = 0
-    counts = repeat_counts(replace(features, clusters=groups), share, budget, int(max_sequence_copies), seed, caps=cap)
-    return balance_counts(groups, counts, cap, share), w
+    return cap
+
+
+@dataclass(frozen=True)
+class FrozenPlan:
+    """A blend's plan after a frozen prefix, per row of the packing: its uses in the prefix, its
+    planned uses after it, and its cap on all uses; the (stages x groups) weights and the prefix's tokens."""
+
+    prefix: np.ndarray
+    suffix: np.ndarray
+    cap: np.ndarray
+    weights: np.ndarray
+    prefix_tokens: float
+
+
+def suffix_need(blend_ends: tuple[float, ...], weights: np.ndarray, prefix_tokens: float, total: float) -> np.ndarray:
+    """Each group's tokens the stages ask for between the prefix's end and ``total`` (stage k from
+    ``ends[k-1]`` x total to ``ends[k]`` x total, as fractions of the whole schedule)."""
+    ends = np.asarray(blend_ends, dtype=np.float64) * total
+    starts = np.r_[0.0, ends[:-1]]
+    ends[-1] = max(ends[-1], total)
+    overlap = np.maximum(np.minimum(ends, total) - np.maximum(starts, prefix_tokens), 0.0)
+    return overlap @ weights
+
+
+def planned_after(features: SequenceFeatures, groups: Csr, blend: Blend, names: list[str], budget: float,
+                  max_sequence_copies: int, seed: int, prefix_rows: np.ndarray) -> FrozenPlan:
+    """The plan of a blend continuing a frozen prefix (rows of ``features``, repeating): the
+    schedule is the prefix followed by copies of the rows chosen as in :func:`planned_counts`,
+    the stages (fractions of the whole schedule's tokens) asked of the tokens after the prefix
+    alone, each group's caps lowered by what the prefix used of it, each row's copies by its
+    uses in the prefix. The whole schedule's tokens T <= ``budget`` are the most for which every
+    group fits its remaining caps (bisection: a group's need grows with T)."""
+    from pipeline.mixture.schedule import repeat_counts
+
+    w = blend.matrix(names)
+    n = features.n_sequences
+    used = np.bincount(np.asarray(prefix_rows, dtype=np.int64), minlength=n)
+    lengths = features.lengths.astype(np.float64)
+    t_p = float(lengths @ used)
+    max_rep, max_frac = blend.caps(names, "max_repetition", 1.0), blend.caps(names, "max_fraction", 1.0)
+    dense = np.zeros((n, groups.n_cols))
+    dense[np.repeat(np.arange(n), np.diff(groups.indptr)), groups.indices] = groups.data
+    room = max_rep * max_frac * groups.column_totals() - used @ dense + 1e-6  # tokens each group may still give
+    cap = row_caps(features, groups, max_rep, max_frac, max_sequence_copies, seed, used)
+    suffix = np.zeros(n, dtype=np.int64)
+    total = max(float(budget), t_p)
+    if (suffix_need(blend.ends, w, t_p, total) > room).any():
+        lo, hi = t_p, total
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if (suffix_need(blend.ends, w, t_p, mid) <= room).all() else (lo, mid)
+        total = lo
+    rest = cap - np.minimum(cap, used)
+    if total - t_p >= 1.0 and rest.any():
+        need = suffix_need(blend.ends, w, t_p, total)
+        share = need / need.sum()
+        counts = repeat_counts(replace(features, clusters=groups), share, total - t_p, int(max_sequence_copies), seed, caps=rest)
+        suffix = balance_counts(groups, counts, rest, share)
+    return FrozenPlan(used, suffix, cap, w, t_p)
 
 
 def balance_counts(groups: Csr, counts: np.ndarray, cap: np.ndarray, share: np.ndarray, steps_per_group: int = 20) -> np.ndarray:
@@ -213,8 +284,11 @@ def balance_counts(groups: Csr, counts: np.ndarray, cap: np.ndarray, share: np.n
 
 
 def blend_order(features: SequenceFeatures, groups: Csr, counts: np.ndarray, weights: np.ndarray, ends: tuple[float, ...],
-                objective, greedy_block: int, noise: float, seed: int) -> np.ndarray:
-    """Step 2: the rows of the schedule (row s ``counts[s]`` times) in order."""
+                objective, greedy_block: int, noise: float, seed: int, prefix_tokens: float = 0.0) -> np.ndarray:
+    """Step 2: the rows of the schedule (row s ``counts[s]`` times) in order. After a frozen prefix
+    of ``prefix_tokens`` tokens the stages' ends stay fractions of the whole schedule (prefix
+    included) and the targets are counted from the prefix's end: the rows follow the stages'
+    weights from there on, and what the prefix realized (under an earlier mix) is not made up for."""
     from pipeline.ordering.characteristics import Family
     from pipeline.ordering.curriculum import targets_blocked_order
     from pipeline.ordering.greedy import Objective
@@ -229,7 +303,7 @@ def blend_order(features: SequenceFeatures, groups: Csr, counts: np.ndarray, wei
     total = float(sched.lengths.sum())
     kappas = {"cluster": within_groups(sched.columns[GROUP_FAMILY], sched.clusters, sched.lengths),
               "length_bin": within_groups(sched.columns[GROUP_FAMILY], sched.bins, sched.lengths)}
-    targets = StageTargets(np.asarray(ends) * total, weights, kappas)
+    targets = StageTargets(np.maximum(np.asarray(ends) * (total + prefix_tokens) - prefix_tokens, 0.0), weights, kappas)
     weights_by = {f.name: f.weight for f in obj.families}
     order = targets_blocked_order(sched, targets, obj, weights_by, greedy_block, noise, seed, drain_in_rounds=True,
                                   targeted=GROUP_FAMILY)
@@ -257,12 +331,26 @@ def stage_of(order_lengths: np.ndarray, ends: tuple[float, ...]) -> np.ndarray:
 
 
 def blend_accounting(order: np.ndarray, seq_group_tokens: np.ndarray, weights: np.ndarray, ends: tuple[float, ...], names: list[str],
-                     max_rep: np.ndarray, max_frac: np.ndarray) -> pl.DataFrame:
+                     max_rep: np.ndarray, max_frac: np.ndarray, frozen: int = 0) -> pl.DataFrame:
     """Per stage and group: target and realized token shares of the written order, and per group
     its repetition (scheduled / corpus tokens) and the fraction of its distinct tokens used.
-    ``seq_group_tokens``: (sequences x groups) tokens of the packing the order's ids index."""
+    ``seq_group_tokens``: (sequences x groups) tokens of the packing the order's ids index. With
+    a ``frozen`` prefix (its positions), the stages' realized shares are those of the positions
+    after it (the prefix was realized under the mix it was consumed with); column
+    ``frozen_tokens`` holds each stage's and group's tokens inside the prefix."""
     tokens = seq_group_tokens[order]
     stage = stage_of(tokens.sum(axis=1), ends)
+    if frozen:
+        inside = np.zeros(order.size, dtype=bool)
+        inside[:frozen] = True
+        held = np.array([tokens[(stage == k) & inside].sum(axis=0) for k in range(len(ends))])
+        table = blend_accounting(order, seq_group_tokens, weights, ends, names, max_rep, max_frac)  # repetition: the whole schedule's
+        suffix = tokens.copy()
+        suffix[:frozen] = 0
+        after = np.array([suffix[stage == k].sum(axis=0) for k in range(len(ends))])
+        share = after / np.maximum(after.sum(axis=1, keepdims=True), 1.0)
+        return table.with_columns(realized_share=pl.Series(share.ravel()), realized_tokens=pl.Series(after.ravel().astype(np.int64)),
+                                  frozen_tokens=pl.Series(held.ravel().astype(np.int64)))
     corpus = seq_group_tokens.sum(axis=0)
     scheduled = tokens.sum(axis=0)
     distinct = seq_group_tokens[np.unique(order)].sum(axis=0)
@@ -300,3 +388,58 @@ def document_uses(segments: pl.DataFrame, doc_group: dict[int, str], planned: np
         "group": pl.Series([doc_group[int(d)] for d in segments["doc_id"].to_list()], dtype=pl.String),
         "planned_uses": pl.Series(planned[sid].astype(np.int64)), "realized_uses": pl.Series(realized[sid].astype(np.int64)),
     })
+
+
+def frozen_document_uses(segments: pl.DataFrame, doc_group: dict[int, str], plan: FrozenPlan, sequence_ids: np.ndarray,
+                         order: np.ndarray, frozen: int) -> pl.DataFrame:
+    """:func:`document_uses` after a frozen prefix of ``frozen`` positions, split: per document piece
+    its planned uses in the prefix (the frozen record's) and after it (the plan's), the same
+    realized in the written order's positions before and after ``frozen``, and its cap on all uses
+    (``plan`` rows are ``sequence_ids``' rows). planned_uses and realized_uses are the sums."""
+    n = int(max(int(segments["sequence_id"].max()), int(sequence_ids.max()))) + 1
+
+    def by_id(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(n, dtype=np.int64)
+        out[sequence_ids] = values
+        return out
+
+    pre, post, cap = by_id(plan.prefix), by_id(plan.suffix), by_id(plan.cap)
+    got_pre = np.bincount(order[:frozen], minlength=n)
+    got_post = np.bincount(order[frozen:], minlength=n)
+    sid = segments["sequence_id"].to_numpy()
+    base = document_uses(segments, doc_group, pre + post, order)
+    return base.with_columns(
+        prefix_planned=pl.Series(pre[sid]), suffix_planned=pl.Series(post[sid]), prefix_realized=pl.Series(got_pre[sid].astype(np.int64)),
+        suffix_realized=pl.Series(got_post[sid].astype(np.int64)), cap=pl.Series(cap[sid]))
+
+
+PLAN_SCHEMA = {"doc_id": pl.Int64, "id": pl.String, "content_hash": pl.String, "group": pl.String, "n_tokens": pl.Int64,
+               "prefix_token_uses": pl.Int64, "planned_token_uses": pl.Int64, "realized_token_uses": pl.Int64,
+               "previous_planned_token_uses": pl.Int64, "status": pl.String}
+
+
+def document_plan(uses: pl.DataFrame, keys: pl.DataFrame, previous: pl.DataFrame | None) -> pl.DataFrame:
+    """One row per document (``PLAN_SCHEMA``): its tokens, its token uses in the frozen prefix,
+    planned and realized in the whole schedule, and planned by the plan this one replaced
+    (``previous``, matched by corpus id and content hash; null without one; when ``previous`` is
+    this very plan, materialized again, the plan *it* replaced). status: ``dropped``
+    when the replaced plan used it and this one does not (reported, not lost unseen),
+    ``unused`` when neither does, ``planned`` otherwise."""
+    per = (uses.group_by("doc_id").agg(pl.col("group").first(), pl.col("n_tokens").sum(),
+                                       (pl.col("n_tokens") * pl.col("prefix_realized")).sum().alias("prefix_token_uses"),
+                                       (pl.col("n_tokens") * pl.col("planned_uses")).sum().alias("planned_token_uses"),
+                                       (pl.col("n_tokens") * pl.col("realized_uses")).sum().alias("realized_token_uses"))
+           .join(keys.select("doc_id", "id", "content_hash"), on="doc_id", how="left"))
+    if previous is not None:
+        prev = previous.select("id", "content_hash", pl.col("planned_token_uses").alias("_prev"),
+                               pl.col("previous_planned_token_uses").alias("_prev_base"))
+        per = per.join(prev, on=["id", "content_hash"], how="left")
+        # the same plan materialized again keeps the plan it replaced: a drop stays reported until the mix changes again
+        same = previous.height == per.height and bool((per["_prev"] == per["planned_token_uses"]).fill_null(False).all())
+        per = per.with_columns(previous_planned_token_uses=pl.col("_prev_base" if same else "_prev")).drop("_prev", "_prev_base")
+    else:
+        per = per.with_columns(previous_planned_token_uses=pl.lit(None, dtype=pl.Int64))
+    was_used = pl.col("previous_planned_token_uses").fill_null(0) > 0
+    status = (pl.when((pl.col("planned_token_uses") == 0) & was_used).then(pl.lit("dropped"))
+              .when(pl.col("planned_token_uses") == 0).then(pl.lit("unused")).otherwise(pl.lit("planned")))
+    return per.with_columns(status=status).select(list(PLAN_SCHEMA)).cast(PLAN_SCHEMA).sort("doc_id")

@@ -177,7 +177,10 @@ def _run(spec: StrategySpec, inp: Inputs) -> OrderingResult:
 
 def _run_frozen(spec: StrategySpec, inp: Inputs, prefix: np.ndarray) -> OrderingResult:
     """Positions ``[0, P)`` hold the frozen ``prefix`` (sequence ids); the other sequences follow in
-    the strategy's order, continuing from the prefix (``StrategySpec.order_after``)."""
+    the strategy's order, continuing from the prefix (``StrategySpec.order_after``), or a ``run``
+    strategy's ``run_after`` gives the whole result (``greedy_blend``)."""
+    if spec.run_after is not None:
+        return spec.run_after(inp, prefix)
     if spec.realizes_mixture:
         raise StrataInputError(f"{spec.name!r} realizes a mixture (a schedule with repeats), which a frozen prefix does not extend",
                                fix="freeze permutation strategies only, or set freeze_prefix: 0")

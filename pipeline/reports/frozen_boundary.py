@@ -14,8 +14,14 @@ from pipeline.reports.diagnostics import log_spaced_points, prefix_errors
 def boundary_errors(order: np.ndarray, segments: pl.DataFrame, doc_cluster: np.ndarray, n_frozen: int,
                     n_points: int = 64) -> dict[str, float]:
     """The stream's cumulative cluster error ||T(t) - tau S(t)|| / S(t) (tau: the whole stream's
-    shares) at the frozen boundary, and its mean over log-spaced prefixes before and after it."""
+    shares) at the frozen boundary, and its mean over log-spaced prefixes before and after it. A
+    schedule (ids repeating or left out, ``greedy_blend``) is unrolled: position p is its own sequence."""
     m = int(order.size)
+    if m != segments["sequence_id"].n_unique() or np.unique(order).size != m:
+        pos = pl.DataFrame({"_position": np.arange(m, dtype=np.int64), "sequence_id": np.asarray(order, dtype=np.int64)})
+        segments = pos.join(segments.with_columns(pl.col("sequence_id").cast(pl.Int64)), on="sequence_id").drop("sequence_id") \
+            .rename({"_position": "sequence_id"})
+        order = np.arange(m, dtype=np.int64)
     seq = segments["sequence_id"].to_numpy()
     comp = composition(seq, doc_cluster[segments["doc_id"].to_numpy()], segments["n_tokens"].to_numpy(), m, int(doc_cluster.max()) + 1)
     position = np.empty(m, np.int64)

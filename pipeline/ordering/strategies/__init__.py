@@ -16,6 +16,9 @@ configuration keys it reads and how it runs:
 - a sequence-level spec may give ``order_after(features, prefix_rows, params, seed)``: the rows
   after a frozen prefix in order, continuing from the prefix (the greedy starts from its running
   counts); without it the rows after the prefix are ordered by ``order`` alone;
+- a ``run`` spec may give ``run_after(inputs, prefix_ids)``: its whole result with the frozen
+  prefix first (``greedy_blend``: the blend's plan after the prefix, its uses counted); a ``run``
+  spec without it refuses ``freeze_prefix``;
 - ``level="training"``: chosen online by a sampler during training (ODM); the orderings asset
   writes the packing of ``packing_from`` for it, and it has no fixed order to export. Its spec
   gives ``sampler(segments, doc_cluster, n_steps, seed, cfg)``: the object training asks for each
@@ -65,6 +68,9 @@ class StrategySpec:
     # training-time: (segments, doc_cluster, n_steps, seed, cfg) -> the sampler training draws each step's
     # sequences from (see the module docstring); pipeline/training/stage.py asks for it
     sampler: Callable[..., Any] | None = None
+    # (Inputs, prefix sequence ids) -> OrderingResult: a ``run`` strategy's order continuing a frozen prefix, the
+    # prefix's positions first (greedy_blend: a schedule with the prefix's uses counted); without it, ``run`` refuses freeze_prefix
+    run_after: Callable[..., Any] | None = None
     # a schedule's own accounting and checks, instead of the cluster mixture's (greedy_blend):
     # (layout, params, strategy, tolerance, seed) -> (outputs, checks, metadata); it writes
     # orderings/<strategy>.mixture.parquet (per cluster, as a mixture's) and its own files; metadata["tables"]:
@@ -86,6 +92,11 @@ class StrategySpec:
         """Realizes a mixture: its order may repeat sequences (up to ``max_sequence_copies`` copies) or leave
         some out, and its checks and diagnostics hold it to the mixture's shares."""
         return self.mixture is not None or self.accounting is not None
+
+    @property
+    def freezable(self) -> bool:
+        """Can keep a frozen prefix of the base packing: a sequence-level ``order``, or a ``run_after``."""
+        return self.level == "sequence" and (self.order is not None or self.run_after is not None)
 
     @property
     def ids_only(self) -> bool:

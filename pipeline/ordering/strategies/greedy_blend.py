@@ -30,20 +30,59 @@ def _need_blend(params):
     return params.blend
 
 
-def _schedule(inp):
-    """(features, group tokens, names, planned copies, stage weights) of the inputs' packing."""
-    from pipeline.mixture.blend import group_tokens, planned_counts
+def _groups(inp):
+    """(features, (rows x groups) tokens, group names) of the inputs' packing."""
+    from pipeline.mixture.blend import group_tokens
 
-    p = inp.params
-    blend = _need_blend(p)
     f = inp.features()
     doc_group, names = inp.blend_groups
     seg_rows = np.searchsorted(f.sequence_ids, inp.segments["sequence_id"].to_numpy())
     doc = inp.segments["doc_id"].to_numpy()
     groups = group_tokens(seg_rows, doc_group[doc], inp.segments["n_tokens"].to_numpy().astype(np.float64), f.n_sequences, len(names))
+    return f, groups, names
+
+
+def _schedule(inp):
+    """(features, group tokens, names, planned copies, stage weights) of the inputs' packing."""
+    from pipeline.mixture.blend import planned_counts
+
+    p = inp.params
+    blend = _need_blend(p)
+    f, groups, names = _groups(inp)
     budget = p.mixture_budget_tokens or float(f.lengths.sum())
     counts, weights = planned_counts(f, groups, blend, names, budget, p.max_sequence_copies, inp.seed)
     return f, groups, names, counts, weights
+
+
+def _frozen_schedule(inp, prefix: np.ndarray):
+    """(features, group tokens, names, ``FrozenPlan``) of a blend continuing the frozen ``prefix``
+    (sequence ids, repeating): ``pipeline.mixture.blend.planned_after``."""
+    from pipeline.mixture.blend import planned_after
+
+    p = inp.params
+    blend = _need_blend(p)
+    f, groups, names = _groups(inp)
+    rows = np.searchsorted(f.sequence_ids, prefix)
+    if prefix.size and (rows.max() >= f.n_sequences or not np.array_equal(f.sequence_ids[np.minimum(rows, f.n_sequences - 1)], prefix)):
+        raise StrataInputError("a frozen sequence is missing from the packing",
+                               fix="re-materialize sequences (it keeps the frozen sequences)")
+    budget = p.mixture_budget_tokens or float(f.lengths.sum())
+    return f, groups, names, planned_after(f, groups, blend, names, budget, p.max_sequence_copies, inp.seed, rows)
+
+
+def run_after(inp, prefix: np.ndarray):
+    """The frozen ``prefix`` (its sequence ids, as consumed), then the blend's plan after it
+    (``_frozen_schedule``) in greedy order against the stages' targets counted from the prefix's end."""
+    from pipeline.mixture.blend import blend_order
+    from pipeline.ordering.engine import OrderingResult, order_frame
+
+    f, groups, _, plan = _frozen_schedule(inp, np.asarray(prefix, dtype=np.int64))
+    p = inp.params
+    after = np.zeros(0, dtype=np.int64)
+    if plan.suffix.sum():
+        after = blend_order(f, groups, plan.suffix, plan.weights, p.blend.ends, p.objective_weights(), max(2, p.greedy_block), p.noise,
+                            inp.seed, prefix_tokens=plan.prefix_tokens)
+    return OrderingResult(order_frame(np.concatenate([np.asarray(prefix, dtype=np.int64), f.sequence_ids[after]])), None, "blocked")
 
 
 def run(inp):
@@ -62,15 +101,30 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     target and realized shares (``<strategy>.blend.parquet``, DuckDB-bound), per document piece its
     planned and realized uses (``<strategy>.uses.parquet``), and per cluster the schedule's
     tokens (``<strategy>.mixture.parquet``, the clusters' target being their share of the
-    schedule). Planned uses are the solver's copies solved again from the same inputs."""
+    schedule). Planned uses are the solver's copies solved again from the same inputs.
+
+    Under ``freeze_prefix`` the uses are split into the frozen prefix's (the record's positions)
+    and the rest's (the plan after it, ``_frozen_schedule``), each piece carries its cap, and
+    ``<strategy>.plan.parquet`` (DuckDB ``blend_document_plan``) holds per document its token uses
+    against the plan it replaced: a document that plan used and this one does not is ``dropped``."""
     import polars as pl
 
-    from pipeline.mixture.blend import blend_accounting, document_groups, document_uses, stage_l1
+    from pipeline.mixture.blend import (
+        FrozenPlan,
+        blend_accounting,
+        document_groups,
+        document_plan,
+        document_uses,
+        frozen_document_uses,
+        row_caps,
+        stage_l1,
+    )
     from pipeline.mixture.schedule import accounting as cluster_accounting
     from pipeline.mixture.schedule import cluster_tokens
     from pipeline.ordering.doc_arrays import document_arrays
     from pipeline.ordering.engine import Inputs
     from pipeline.ordering.stage import ordering_documents
+    from pipeline.packing import frozen
     from pipeline.stage import CheckFact, Markdown
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.layout import Store
@@ -86,7 +140,19 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     by_doc[doc_id] = codes
     inp = Inputs(cluster, length, np.flatnonzero(cluster >= 0), None, seg, Store(layout).sequences.seq_len, params, seed, {},
                  (by_doc, names))
-    f, groups, _, planned, weights = _schedule(inp)
+    n_frozen = Store(layout).sequences.freeze_prefix
+    rec = frozen.load(layout, strategy) if n_frozen else None
+    plan = None
+    if rec is not None:  # the order continued this frozen prefix (the record is replaced after these checks)
+        f, groups, _, plan = _frozen_schedule(inp, rec.sequence_ids)
+        planned, weights = plan.prefix + plan.suffix, plan.weights
+    else:
+        f, groups, _, planned, weights = _schedule(inp)
+        if n_frozen:  # frozen from this order on: the split, with an empty prefix
+            caps = row_caps(f, groups, blend.caps(names, "max_repetition", 1.0), blend.caps(names, "max_fraction", 1.0),
+                            params.max_sequence_copies, seed)
+            plan = FrozenPlan(np.zeros_like(planned), planned, caps, weights, 0.0)
+    n_prefix = rec.sequences if rec is not None else 0
     dense = np.zeros((f.n_sequences, len(names)))
     rows = np.repeat(np.arange(groups.n_rows), np.diff(groups.indptr))
     dense[rows, groups.indices] = groups.data
@@ -96,8 +162,10 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     planned_by_id = np.zeros(n_seq, dtype=np.int64)
     planned_by_id[f.sequence_ids] = planned
     table = blend_accounting(written.order, seq_groups, weights, blend.ends, names, blend.caps(names, "max_repetition", 1.0),
-                             blend.caps(names, "max_fraction", 1.0))
-    uses = document_uses(seg, dict(zip(doc_id.tolist(), [names[c] for c in codes])), planned_by_id, written.order)
+                             blend.caps(names, "max_fraction", 1.0), frozen=n_prefix)
+    doc_groups = dict(zip(doc_id.tolist(), [names[c] for c in codes]))
+    uses = (document_uses(seg, doc_groups, planned_by_id, written.order) if plan is None else
+            frozen_document_uses(seg, doc_groups, plan, f.sequence_ids, written.order, n_prefix))
     doc_cluster = np.zeros(cluster.size, dtype=np.int64)
     doc_cluster[doc_id] = docs["cluster"].to_numpy()
     pieces = cluster_tokens(written.segments, doc_cluster)
@@ -107,8 +175,21 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     outs = [write_parquet(table, layout.inside("orderings", f"{strategy}.blend.parquet")),
             write_parquet(uses, layout.inside("orderings", f"{strategy}.uses.parquet")),
             write_parquet(clusters, layout.ordering_mixture(strategy))]
+    tables = {}
+    if plan is not None:
+        plan_path = layout.inside("orderings", f"{strategy}.plan.parquet")
+        previous = pl.read_parquet(plan_path) if plan_path.exists() else None  # the plan this order replaces
+        outs.append(write_parquet(document_plan(uses, frozen.doc_keys(layout), previous), plan_path))
+        tables["blend_document_plan"] = pl.read_parquet(plan_path)
     back, back_uses = pl.read_parquet(outs[0]), pl.read_parquet(outs[1])
     problems = []
+    if plan is not None:
+        if n_prefix and not np.array_equal(written.order[:n_prefix], rec.sequence_ids):
+            problems.append(f"the order does not start with its frozen prefix of {n_prefix} positions")
+        over = back_uses.filter(pl.col("realized_uses") > pl.col("cap"))
+        if over.height:
+            problems.append(f"{over.height} document pieces used beyond their cap, e.g. doc {over['doc_id'][0]}: "
+                            f"{over['realized_uses'][0]} uses > cap {over['cap'][0]} ({over['prefix_realized'][0]} in the frozen prefix)")
     if not back.equals(table) or not back_uses.equals(uses):
         problems.append("the written accounting differs from the order's")
     differ = back_uses.filter(pl.col("planned_uses") != pl.col("realized_uses"))
@@ -126,16 +207,22 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     over = per_group.filter(pl.col("distinct_fraction") > pl.col("max_fraction") + 1e-9)
     if over.height:
         problems.append(f"groups {over['group'].to_list()} use more of their distinct tokens than mixture.max_fraction")
-    l1 = stage_l1(back)
-    worst = max(l1.values())
+    # after a frozen prefix, the stages the rest reaches (a stage inside the prefix was realized under its own mix)
+    l1 = stage_l1(back.filter(pl.col("realized_tokens").sum().over("stage") > 0) if n_prefix else back)
+    worst = max(l1.values(), default=0.0)
+    dropped = tables["blend_document_plan"].filter(pl.col("status") == "dropped") if plan is not None else None
     meta = {"strategy": strategy, "column": blend.column, "stages": len(blend.ends), "l1_per_stage": {str(k): v for k, v in l1.items()},
             "tolerance": tolerance, "positions": int(written.order.size), "repeated_positions": int(written.order.size
                                                                                                   - np.unique(written.order).size),
             "per_stage": Markdown(back.select("stage", "group", "target_share", "realized_share", "repetition", "distinct_fraction")
-                                  .to_pandas().to_markdown(index=False))}
+                                  .to_pandas().to_markdown(index=False)),
+            **({"frozen_positions": n_prefix, "documents_dropped": dropped.height} if plan is not None else {})}
+    kept = ("every document piece used as planned (DuckDB blend_document_uses); within max_sequence_copies and mixture.max_fraction"
+            + ("" if plan is None else f"; frozen prefix of {n_prefix} positions kept, every piece within its cap"
+               + (f"; {dropped.height} documents the replaced plan used are planned 0 times now (blend_document_plan "
+                  "status dropped)" if dropped.height else "")))
     checks = [
-        CheckFact(USES_CHECK, not problems, meta, "; ".join(problems) or
-                  "every document piece used as planned (DuckDB blend_document_uses); within max_sequence_copies and mixture.max_fraction"),
+        CheckFact(USES_CHECK, not problems, meta, "; ".join(problems) or kept),
         CheckFact(STAGES_CHECK, worst <= tolerance, meta, warn=True,
                   description=(f"every stage's group shares within L1 {worst:.4f} of the blend (tolerance {tolerance})"
                                if worst <= tolerance else
@@ -143,7 +230,7 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
                                "mixture.max_repetition or max_sequence_copies, lower mixture_budget_tokens, or accept it "
                                "(mixture_tolerance)")),
     ]
-    return outs, checks, {"l1_to_target": worst, **meta, "tables": {"blend_stages": back, "blend_document_uses": back_uses}}
+    return outs, checks, {"l1_to_target": worst, **meta, "tables": {"blend_stages": back, "blend_document_uses": back_uses, **tables}}
 
 
 SPECS = (
@@ -151,5 +238,6 @@ SPECS = (
                  "a blend of groups of a documents column (mixture.column, default source: mixture.weights or mixture.stages, "
                  "max_repetition, max_fraction) realized over the corpus and ordered by the greedy against its stages, the "
                  "clusters and length bins held at their share",
-                 seed_free=False, reads=(*GREEDY, *BLEND_KEYS), greedy_based=True, run=run, accounting=accounting),
+                 seed_free=False, reads=(*GREEDY, *BLEND_KEYS), greedy_based=True, run=run, accounting=accounting,
+                 run_after=run_after),
 )
