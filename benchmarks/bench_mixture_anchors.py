@@ -201,6 +201,8 @@ def megatron_order(c: Corpus, weights: np.ndarray, n_samples: int, seq_len: int,
     PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="a")), pad_token="<pad>",
                             eos_token="<eos>").save_pretrained(str(tok_dir))
     tokenizer = MegatronTokenizer.from_pretrained(str(tok_dir), metadata_path={"library": "huggingface"})
+    # no path_to_cache: BlendedDataset's cached build asks torch.distributed for the rank, and this
+    # process has no process group; without it the same indices are built in memory
     config = GPTDatasetConfig(random_seed=seed, sequence_length=seq_len, blend=(prefixes, [float(w) for w in weights]),
                               split="100,0,0", path_to_cache=None, tokenizer=tokenizer,
                               create_attention_mask=False, reset_position_ids=False, reset_attention_mask=False,
