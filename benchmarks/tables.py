@@ -123,25 +123,73 @@ def ablate_campaign(results: Path) -> str:
     return "\n".join(lines)
 
 
+def _share(x: float | None) -> str:
+    return f"{x:.3f}" if x is not None else "–"
+
+
 def clean_planted(results: Path) -> str:
-    """``bench_clean.py``: recall per planted kind, precision per detector, and the near pass's speed
-    against datasketch alone."""
+    """``bench_clean.py``: recall per planted kind, precision per detector (contamination per
+    evaluation set), the near and semantic threshold sweeps, and the near pass's speed against
+    datasketch alone."""
     doc = _load(results, "clean_planted")
-    lines = ["| planted kind | planted | found | recall |", "|---|---:|---:|---:|"]
+    th = doc["params"]["threshold"]
+    sem = doc.get("semantic")
+    detector = {"exact": "exact (normalized hash)", **{k: f"near (MinHash, J ≥ {th:g})" for k in doc["recall"] if k != "exact"}}
+    lines = ["| planted kind | detector | planted | found | recall |", "|---|---|---:|---:|---:|"]
     for kind, r in doc["recall"].items():
-        lines.append(f"| {kind} | {r['planted']:,} | {r['found']:,} | {r['recall']:.3f} |")
+        lines.append(f"| {kind} | {detector[kind]} | {r['planted']:,} | {r['found']:,} | {_share(r['recall'])} |")
+    if sem:
+        at = sem["by_threshold"][f"{sem['threshold']:g}"]
+        for kind, r in at["recall"].items():
+            lines.append(f"| {kind} | semantic (cosine > {sem['threshold']:g}); near alone {sem['found_by_near'][kind]} |"
+                         f" {r['planted']:,} | {r['found']:,} | {_share(r['recall'])} |")
+    for name, r in doc["contamination"].items():
+        lines.append(f"| contamination: {name} | 13-grams | {r['planted']:,} | {r['found']:,} | {_share(r['recall'])} |")
     lines += ["", "| detector | flagged | correct | precision |", "|---|---:|---:|---:|"]
-    contam = doc["recall"]["contamination"]
-    for name, r in [*doc["precision"].items(), ("contamination (13-grams)", {**contam, "correct": contam["found"]})]:
-        p = f"{r['precision']:.3f}" if r["precision"] is not None else "–"
-        lines.append(f"| {name} | {r['flagged']:,} | {r['correct']:,} | {p} |")
+    rows = [(k, r) for k, r in doc["precision"].items()]
+    if sem:
+        rows.append((f"semantic (negatives: {sem['same_topic_negatives']['pairs_same_topic_same_cluster']:,} same-topic pairs"
+                     " in a cluster)", at["semantic"]))
+    rows += [(f"contamination: {name} ({r['natural_overlap']:,} by natural overlap)", r) for name, r in doc["contamination"].items()]
+    for name, r in rows:
+        lines.append(f"| {name} | {r['flagged']:,} | {r['correct']:,} | {_share(r['precision'])} |")
+    sweep = doc["threshold_sweep"]
+    kinds = [k for k in doc["recall"] if k != "exact"]
+    lines += ["", "| near_threshold | " + " | ".join(kinds) + " | precision | pairs with true J < threshold | LSH candidates | near s |",
+              "|---:|" + "---:|" * (len(kinds) + 4)]
+    for t, r in sweep.items():
+        lines.append(f"| {t} | " + " | ".join(_share(r["recall"][k]) for k in kinds) + f" | {_share(r['near']['precision'])} |"
+                     f" {r['true_jaccard_below_threshold']:,} | {r['lsh_candidates']:,} | {r['near_s']:.1f} |")
+    if sem:
+        sk = list(at["recall"])
+        lines += ["", "| semantic_threshold | " + " | ".join(sk) + " | precision | wrong pairs (same topic) |",
+                  "|---:|" + "---:|" * (len(sk) + 2)]
+        for t, r in sem["by_threshold"].items():
+            cells = " | ".join(_share(r["recall"][k]["recall"]) for k in sk)
+            wrong = f"{r['wrong_pairs']:,} ({r['wrong_pairs_same_topic']:,})"
+            lines.append(f"| {t} | {cells} | {_share(r['semantic']['precision'])} | {wrong} |")
     sec = doc["seconds"]
     lines.append("")
     lines.append(f"Near pass over {doc['near_docs']:,} documents: {doc['near_docs_per_s']:,.0f} docs/s against datasketch alone"
                  f" {doc['datasketch_docs_per_s']:,.0f} docs/s (**{doc['ratio_vs_datasketch']:.2f}×**); exact {sec['exact']:.1f} s,"
-                 f" decontamination {sec['decontam']:.1f} s (+ {sec['eval_ngrams_build']:.1f} s for {doc['eval_ngrams']:,} eval n-grams);"
-                 f" peak RSS {doc['peak_rss_mb']:,.0f} MB. `{doc['benchmark']} --docs {doc['base_docs']}` ({doc['docs']:,} documents)"
-                 f" at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}.")
+                 f" decontamination {sec['decontam']:.1f} s (+ {sec['eval_ngrams_build']:.1f} s for"
+                 f" {sum(r['eval_ngrams'] for r in doc['contamination'].values()):,} eval n-grams); resident memory"
+                 f" {doc['rss_mb']['text_pass_start']:,.0f} MB at the start of the text pass (the texts, the evaluation n-grams),"
+                 f" {doc['rss_mb']['text_pass_end']:,.0f} MB at its end (the LSH index and signatures held).")
+    if sem:
+        e, neg = sem["embedding"], sem["same_topic_negatives"]
+        lines.append(f"Semantic corpus: a subset of {sem['docs']:,} documents ({sem['base_docs']:,} base over {sem['topics']} topics,"
+                     f" {sem['per_kind']} copies a kind; paraphrases replace {sem['synonym_share']['mean_replaced']:.0%} of the words),"
+                     f" embedded with {e['model']} ({e['method']}, {e['max_tokens']} tokens) in {sem['seconds']['embed']:.0f} s,"
+                     f" k-means k = {e['k']} in {sem['seconds']['kmeans']:.1f} s; {sem['copies_in_original_cluster']} of"
+                     f" {sem['per_kind'] * len(sk)} copies share their original's cluster. Cosine of a copy with its original"
+                     " (median, 10th percentile): " + ", ".join(f"{k.removeprefix('semantic_')} {q['median']:.3f}, {q['p10']:.3f}"
+                                                                for k, q in sem["copy_cosine"].items()) +
+                     f"; of a base document with the closest other document of its topic in its cluster: median"
+                     f" {neg['best_same_topic_cosine']['median']:.3f}, 90th percentile {neg['best_same_topic_cosine']['p90']:.3f},"
+                     f" {neg['above_0.9']} above 0.9.")
+    lines.append(f"`{doc['benchmark']} --docs {doc['base_docs']}` ({doc['docs']:,} documents) at {doc['commit'][:12]}, {doc['date']},"
+                 f" {_machine(doc)}; {doc['wall_s'] / 60:.1f} min wall, peak RSS {doc['peak_rss_mb_total']:,.0f} MB.")
     return "\n".join(lines)
 
 
