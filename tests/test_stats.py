@@ -282,3 +282,14 @@ def test_one_seed_has_no_power_statement_and_the_figure_renders(tmp_path):
     curve = units.select("strategy", "seed", step=pl.lit(10), tokens_seen=pl.lit(1000), unit="unit", loss="value")
     out = plot_power(power_table(units, control="cluster_sorted", max_units=200), mde_by_checkpoint(curve), tmp_path / "power.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_ablation_table_has_the_same_bits_whatever_the_row_order():
+    """DuckDB returns a table's rows in no set order: the means and stds must not depend on it."""
+    rng = np.random.default_rng(0)
+    n = 400
+    units = pl.DataFrame({"strategy": rng.choice(["a", "b"], n), "seed": rng.integers(0, 5, n), "metric": rng.choice(["m1", "m2"], n),
+                          "unit": [str(i) for i in range(n)], "value": rng.random(n) * 1e3})
+    want = ablation_table(units)
+    for seed in range(5):
+        assert ablation_table(units.sample(fraction=1.0, shuffle=True, seed=seed)).equals(want)

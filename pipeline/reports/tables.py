@@ -61,10 +61,12 @@ def run_units(heldout_curve: pl.DataFrame | None, evals: pl.DataFrame | None, ev
 
 def ablation_table(units: pl.DataFrame) -> pl.DataFrame:
     """Long table (strategy, metric, mean, std, n_seeds): a run's value is the mean over its
-    units; mean and sample std over the training seeds."""
-    per_run = units.group_by("strategy", "seed", "metric").agg(pl.col("value").mean())
+    units; mean and sample std over the training seeds. Summed in a fixed order (units and runs
+    sorted), so the same runs give the same bits whatever order DuckDB returned their rows in."""
+    per_run = (units.sort("strategy", "seed", "metric", "unit").group_by("strategy", "seed", "metric", maintain_order=True)
+               .agg(pl.col("value").mean()).sort("strategy", "metric", "seed"))
     return (
-        per_run.group_by("strategy", "metric")
+        per_run.group_by("strategy", "metric", maintain_order=True)
         .agg(mean=pl.col("value").mean(), std=pl.col("value").std(), n_seeds=pl.col("seed").n_unique())
         .sort("metric", "strategy")
     )
