@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.export_root import EOS, PAD, VOCAB, build_root, cluster_tokens, write_ordering
+from export_root import EOS, PAD, VOCAB, build_root, cluster_tokens, write_ordering
 
 REPO = Path(__file__).resolve().parents[1]
 STRATEGIES = ("random", "greedy", "cluster_sorted")

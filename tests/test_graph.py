@@ -88,8 +88,11 @@ def test_every_token_once_or_reported(run):
     dropped = int((covered == 0).sum())
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         reported = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
-    assert dropped == reported["tokens_dropped"] < L
-    assert reported["tokens_in"] == tokens.size
+    # the clean stage's removals (here a document holding a DCLM-core passage) are in no sequence
+    # either, accounted by reason
+    removed = int(sum(v for k, v in reported.items() if k.startswith("tokens_removed_")))
+    assert dropped == reported["tokens_dropped"] + removed and reported["tokens_dropped"] < L
+    assert reported["tokens_in"] + removed == tokens.size
 
 
 def test_greedy_batches_closer_to_global_shares_than_random(run):

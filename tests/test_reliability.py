@@ -52,6 +52,10 @@ def _cfg(root: Path, corpus_path: Path, **extra) -> dict:
         "warmup_steps": 1,
         "eval_limit": 1,
         "embed_max_tokens": 32,
+        # the 2 MB document is other documents' texts repeated: the clean stage would rightly take it
+        # out (held-out overlap, a semantic duplicate); here it must reach the packing
+        "dedup": {"enabled": False},
+        "decontam": {"enabled": False},
     }
     for key, value in extra.items():
         if key == "corpus":
