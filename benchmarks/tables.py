@@ -127,11 +127,11 @@ def _share(x: float | None) -> str:
     return f"{x:.3f}" if x is not None else "–"
 
 
-def clean_planted(results: Path) -> str:
+def clean_planted(results: Path, name: str = "clean_planted") -> str:
     """``bench_clean.py``: recall per planted kind, precision per detector (contamination per
     evaluation set), the near and semantic threshold sweeps, and the near pass's speed against
-    datasketch alone."""
-    doc = _load(results, "clean_planted")
+    datasketch alone (``name``: the results file, one a corpus size)."""
+    doc = _load(results, name)
     th = doc["params"]["threshold"]
     sem = doc.get("semantic")
     detector = {"exact": "exact (normalized hash)", **{k: f"near (MinHash, J ≥ {th:g})" for k in doc["recall"] if k != "exact"}}
@@ -246,6 +246,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "ablate_campaign": ablate_campaign,
     "clean_planted": clean_planted,
     "mixture_anchors": mixture_anchors,
+    "clean_1m": lambda results: clean_planted(results, "clean_1m"),
 }
 
 
