@@ -249,6 +249,9 @@ class DecontamConfig(_Model):
     enabled: bool = True  # checked against wikitext_path, paloma_dir, dclm_dir (those set) and the held-out split
     ngram: int = Field(13, ge=1)  # words per n-gram (lm-eval's janitor and GPT-3's 13)
     min_overlap: int = Field(1, ge=1)  # shared n-grams that flag a document
+    # an n-gram in more than this share of an evaluation set's units (and more than 3) is its boilerplate and
+    # never flags; 1.0: every n-gram counts (the plain 13-gram overlap)
+    common_share: float = Field(0.01, ge=0.0, le=1.0)
     heldout: bool = True  # also check against the corpus's own held-out split
     action: Literal["drop", "flag"] = "drop"  # drop: a flagged document leaves training | flag: reported only
 

@@ -82,6 +82,45 @@ def test_a_planted_wikitext_paragraph_is_caught_and_only_it():
     assert counts[:3].tolist() == [0, 0, 0] and counts[3] >= len(re.findall(r"\w+", para)) - 12
 
 
+def test_an_evaluation_sets_boilerplate_never_flags_but_its_passages_do():
+    """Man pages share a license footer: in the held-out split it is boilerplate, not a passage."""
+    footer = ("This is free software; see the source for copying conditions. There is NO warranty; not even for "
+              "MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.")
+    docs = _long_texts(12)
+    heldout = [d[:400] + " " + footer for d in docs[:10]]  # ten held-out documents carry the footer
+    training = [docs[10][:300] + " " + footer, docs[11][:300] + " " + docs[3][:400], docs[10][300:600]]
+    plain = EvalNgrams.build({"heldout": lambda: heldout}, 13)
+    assert plain.overlaps(training)[:, 0].astype(bool).tolist() == [True, True, False]
+    cleaned = EvalNgrams.build({"heldout": lambda: heldout}, 13, common_share=0.01)
+    assert cleaned.common[0] > 0  # the footer's n-grams, in 10 of 10 units
+    # the footer alone flags nothing; a held-out document's own text still does
+    assert cleaned.overlaps(training)[:, 0].astype(bool).tolist() == [False, True, False]
+    # a unit is every text one row shows a model: a query repeated with each choice is one unit
+    rows = [[docs[i][:300], docs[i][:300] + " choice A", docs[i][:300] + " choice B", docs[i][:300] + " choice C"] for i in range(2)]
+    per_row = EvalNgrams.build({"dclm": lambda: rows}, 13, common_share=0.01)
+    assert per_row.common[0] == 0 and per_row.overlaps([docs[0][:300]])[0, 0] > 0
+
+
+def test_boilerplate_many_training_documents_share_never_flags():
+    """Two held-out man pages carry the footer (too few for the held-out side to call it common), forty
+    training documents too: the footer is boilerplate; a held-out page's own text still flags."""
+    from pipeline.clean.decontam import common_grams
+
+    footer = ("This is free software; see the source for copying conditions. There is NO warranty; not even for "
+              "MERCHANTABILITY or FITNESS FOR A PARTICULAR PURPOSE.")
+    docs = _long_texts(44, words=40)
+    heldout = [docs[0] + " " + footer, docs[1] + " " + footer]
+    training = [d + " " + footer for d in docs[2:42]] + [docs[42] + " " + docs[0], docs[43]]
+    evals = EvalNgrams.build({"heldout": lambda: heldout}, 13, common_share=0.01)
+    assert evals.common == (0,)
+    found = evals.hits(training)[0]
+    assert len(np.unique(found[:, 0])) == 41  # every footer carrier and the copied passage
+    for share, flagged in ((1.0, set(range(41))), (0.01, {40})):
+        boiler = common_grams(found, evals.hashes[0].size, len(training), share)
+        kept = found[~boiler[found[:, 1]]]
+        assert set(np.unique(kept[:, 0]).tolist()) == flagged
+
+
 def test_groups_kinds_and_actions():
     # 0 = 1 exactly, 2 nearly duplicates 0, 3 semantically duplicates 2's group, 4 contaminated, 5 clean
     exact_rep, near, sem = np.array([0, 0, 2, 3, 4, 5]), np.array([[0, 2]]), np.array([[0, 3]])

@@ -1,6 +1,13 @@
 """Benchmark decontamination: training documents that share word n-grams (13 by default, as
 lm-eval's janitor and the GPT-3 paper count them) with an evaluation set. Each set's n-grams are
-hashed once into a sorted array; training documents stream past it in batches."""
+hashed once into a sorted array; training documents stream past it in batches.
+
+An n-gram found in many units of one set (documents, DCLM-core rows, WikiText articles) is that
+set's boilerplate — a license header, a task template — not a passage a model could have
+memorized; so is an evaluation n-gram found in many training documents (the footer man pages
+share, when a few man pages are held out). An n-gram in more than ``decontam.common_share`` of a
+set's units, or of the training documents, and in more than ``COMMON_MIN`` of them never flags
+(:func:`common_grams`; ``common_share: 1.0`` counts every n-gram, the plain 13-gram overlap)."""
 
 from __future__ import annotations
 
@@ -12,9 +19,11 @@ import numpy as np
 
 from pipeline.clean.ngrams import text_ngrams
 
+COMMON_MIN = 3  # an n-gram in at most this many units of a set is always kept, however small the set
 
-def _batched(texts: Iterable[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
+
+def _batched(texts: Iterable, size: int) -> Iterator[list]:
+    batch: list = []
     for t in texts:
         batch.append(t)
         if len(batch) == size:
@@ -31,17 +40,46 @@ class EvalNgrams:
     names: tuple[str, ...]
     hashes: tuple[np.ndarray, ...]
     n: int
+    common: tuple[int, ...] = ()  # n-grams left out of each set as its boilerplate
 
     @classmethod
-    def build(cls, sets: dict[str, Callable[[], Iterable[str]]], n: int, batch: int = 4096) -> "EvalNgrams":
-        """The n-grams of every text of each set (``name -> a function giving its texts``); a text
-        shorter than ``n`` words adds none."""
-        names, hashes = [], []
-        for name, texts in sets.items():
-            parts = [text_ngrams(b, n)[0] for b in _batched(texts(), batch)]
+    def build(cls, sets: dict[str, Callable[[], Iterable[str | Sequence[str]]]], n: int, batch: int = 4096,
+              common_share: float = 1.0) -> "EvalNgrams":
+        """The n-grams of every unit of each set (``name -> a function giving its units``: a unit is
+        a text or the list of texts one document or row shows a model); a text shorter than ``n``
+        words adds none. An n-gram in more than ``common_share`` of a set's units and more than
+        :data:`COMMON_MIN` of them is left out (the set's boilerplate); ``common`` counts them."""
+        names, hashes, common = [], [], []
+        for name, units in sets.items():
+            per_unit, n_units = [], 0
+            for b in _batched(units(), batch):
+                texts = [t for u in b for t in ([u] if isinstance(u, str) else u)]
+                unit_of = np.repeat(np.arange(len(b)), [1 if isinstance(u, str) else len(u) for u in b])
+                flat, offsets = text_ngrams(texts, n)
+                per_unit.append(_unique_per_unit(flat, unit_of[np.repeat(np.arange(len(texts)), np.diff(offsets))]))
+                n_units += len(b)
+            grams, units_with = np.unique(np.concatenate(per_unit), return_counts=True) if per_unit else (np.zeros(0, np.uint64),) * 2
+            keep = units_with <= max(COMMON_MIN, int(common_share * n_units)) if common_share < 1.0 else np.ones(grams.size, bool)
             names.append(name)
-            hashes.append(np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64))
-        return cls(tuple(names), tuple(hashes), int(n))
+            hashes.append(grams[keep].astype(np.uint64))
+            common.append(int((~keep).sum()))
+        return cls(tuple(names), tuple(hashes), int(n), tuple(common))
+
+    def hits(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Per set, the (k, 2) int64 pairs (text index, index of the n-gram in that set's array) of
+        the set's n-grams each text holds, each pair once."""
+        flat, offsets = text_ngrams(texts, self.n)
+        text_of = np.repeat(np.arange(len(texts)), np.diff(offsets))
+        out = []
+        for h in self.hashes:
+            if not (h.size and flat.size):
+                out.append(np.zeros((0, 2), np.int64))
+                continue
+            at = np.minimum(np.searchsorted(h, flat), h.size - 1)
+            hit = h[at] == flat
+            pairs = np.unique(np.stack([text_of[hit], at[hit]], axis=1), axis=0) if hit.any() else np.zeros((0, 2), np.int64)
+            out.append(pairs.astype(np.int64))
+        return out
 
     def overlaps(self, texts: Sequence[str]) -> np.ndarray:
         """(len(texts), sets) int64: each text's n-grams found in each set (positions, so a repeated
@@ -60,26 +98,55 @@ class EvalNgrams:
         return out
 
 
-def _dclm_texts(dclm_dir: str) -> Iterator[str]:
-    """Every text of the DCLM-core tasks' rows: each string field, each list element, and each
-    query or context joined with each of its choices or continuation (what a model is shown)."""
+def common_grams(pairs: np.ndarray, n_grams: int, n_docs: int, share: float) -> np.ndarray:
+    """Boolean per n-gram of one set: found in more than ``share`` of the ``n_docs`` training
+    documents and in more than :data:`COMMON_MIN` of them (``pairs``: (document, n-gram) hits, each
+    once); none when ``share`` is 1."""
+    if share >= 1.0:
+        return np.zeros(n_grams, bool)
+    return np.bincount(pairs[:, 1], minlength=n_grams) > max(COMMON_MIN, int(share * n_docs))
+
+
+def _unique_per_unit(grams: np.ndarray, unit: np.ndarray) -> np.ndarray:
+    """``grams`` with each (unit, gram) pair once: what a count of units per n-gram needs."""
+    order = np.lexsort((grams, unit))
+    g, u = grams[order], unit[order]
+    first = np.ones(g.size, bool)
+    first[1:] = (g[1:] != g[:-1]) | (u[1:] != u[:-1])
+    return g[first]
+
+
+def _dclm_units(dclm_dir: str) -> Iterator[list[str]]:
+    """The texts of each DCLM-core row together (:func:`_dclm_texts`, row by row)."""
     from evals.dclm import TASK_FILES, core_tasks, read_jsonl, task_file
 
     files = dict.fromkeys(task_file(Path(dclm_dir), t) for t in core_tasks(Path(dclm_dir)) if t in TASK_FILES)
     for path in files:
         for row in read_jsonl(path):
-            head = str(row.get("query") or row.get("context") or "")
-            tail = row.get("continuation")
-            for value in row.values():
-                if isinstance(value, str):
-                    yield value
-                elif isinstance(value, list):
-                    for item in value:
-                        if isinstance(item, str):
-                            yield item
-                            yield f"{head} {item}" if head else f"{item} {tail or ''}"
-            if head and isinstance(tail, str):
-                yield f"{head} {tail}"
+            yield list(_row_texts(row))
+
+
+def _dclm_texts(dclm_dir: str) -> Iterator[str]:
+    """Every text of the DCLM-core tasks' rows (:func:`_row_texts`)."""
+    for unit in _dclm_units(dclm_dir):
+        yield from unit
+
+
+def _row_texts(row: dict) -> Iterator[str]:
+    """Each string field, each list element, and each query or context joined with each of its
+    choices or continuation (what a model is shown)."""
+    head = str(row.get("query") or row.get("context") or "")
+    tail = row.get("continuation")
+    for value in row.values():
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, str):
+                    yield item
+                    yield f"{head} {item}" if head else f"{item} {tail or ''}"
+    if head and isinstance(tail, str):
+        yield f"{head} {tail}"
 
 
 def _paloma_texts(root: str | Path) -> Iterator[str]:
@@ -107,7 +174,7 @@ def eval_sets(cfg, heldout_dir: Path | None) -> dict[str, Callable[[], Iterable[
     if cfg.paloma_dir:
         sets["paloma"] = lambda: _paloma_texts(cfg.paloma_dir)
     if cfg.dclm_dir:
-        sets["dclm"] = lambda: _dclm_texts(cfg.dclm_dir)
+        sets["dclm"] = lambda: _dclm_units(cfg.dclm_dir)
     if cfg.decontam.heldout and heldout_dir is not None and any(heldout_dir.glob("*/val/*.jsonl*")):
         sets["heldout"] = lambda: _paloma_texts(heldout_dir)
     return sets

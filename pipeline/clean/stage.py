@@ -38,19 +38,21 @@ def _text_batches(layout) -> Iterator[tuple[np.ndarray, list[str]]]:
         yield np.arange(start, start + len(batch), dtype=np.int64), batch
 
 
-def scan_texts(layout, cfg, sets: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple[str, ...]]:
+def scan_texts(layout, cfg, sets: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple[str, ...], tuple[int, ...]]:
     """One pass over the texts: each document's exact representative (the first document with its
     normalized text), the near pairs among the representatives, the contamination counts
-    (documents x sets) and the LSH candidates checked; the set names."""
-    from pipeline.clean.decontam import EvalNgrams
+    (documents x sets: distinct n-grams shared, boilerplate left out) and the LSH candidates
+    checked; the set names and the n-grams left out of each as boilerplate."""
+    from pipeline.clean.decontam import EvalNgrams, common_grams
     from pipeline.clean.exact import text_hashes
     from pipeline.clean.near import NearIndex
 
     d = cfg.dedup
-    evals = EvalNgrams.build(sets, cfg.decontam.ngram) if cfg.decontam.enabled and sets else None
+    evals = EvalNgrams.build(sets, cfg.decontam.ngram, common_share=cfg.decontam.common_share) \
+        if cfg.decontam.enabled and sets else None
     near = NearIndex(d.near_threshold, d.near_num_perm, d.near_ngram, seed=cfg.seed + 1) if d.enabled and d.near else None
     seen: dict[int, int] = {}
-    reps, pairs, counts = [], [], []
+    reps, pairs, hits = [], [], {}
     for ids, texts in _text_batches(layout):
         rep = ids.copy()
         if d.enabled and d.exact:
@@ -61,13 +63,21 @@ def scan_texts(layout, cfg, sets: dict) -> tuple[np.ndarray, np.ndarray, np.ndar
             first = np.flatnonzero(rep == ids)
             pairs.append(near.add(ids[first].tolist(), [texts[i] for i in first]))
         if evals is not None:
-            counts.append(evals.overlaps(texts))
+            for j, found in enumerate(evals.hits(texts)):
+                found[:, 0] = ids[found[:, 0]]
+                hits.setdefault(j, []).append(found)
     n = int(sum(r.size for r in reps))
     names = evals.names if evals is not None else ()
+    counts, common = np.zeros((n, len(names)), np.int64), list(evals.common if evals is not None else ())
+    for j in range(len(names)):
+        found = np.concatenate(hits[j]) if hits.get(j) else np.zeros((0, 2), np.int64)
+        boiler = common_grams(found, evals.hashes[j].size, n, cfg.decontam.common_share)
+        common[j] += int(boiler.sum())
+        kept = found[~boiler[found[:, 1]]]
+        counts[:, j] = np.bincount(kept[:, 0], minlength=n)  # distinct shared n-grams per document
     return (np.concatenate(reps) if reps else np.zeros(0, np.int64),
             np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64),
-            np.concatenate(counts) if counts else np.zeros((n, 0), np.int64),
-            near.candidates if near is not None else 0, names)
+            counts, near.candidates if near is not None else 0, names, tuple(common))
 
 
 def semantic_candidates(layout, cfg, survivors: np.ndarray) -> tuple[np.ndarray, int]:
@@ -94,7 +104,7 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
     from pipeline.storage.warehouse import replace_rows
 
     sets = eval_sets(cfg, layout.heldout)
-    exact_rep, near, counts, candidates, names = scan_texts(layout, cfg, sets)
+    exact_rep, near, counts, candidates, names, common = scan_texts(layout, cfg, sets)
     n = exact_rep.size
     semantic, largest = np.zeros((0, 2), np.int64), 0
     if cfg.dedup.enabled and cfg.dedup.semantic and n:
@@ -131,6 +141,7 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
         {"dedup": cfg.dedup.model_dump(), "decontam": cfg.decontam.model_dump(), "seed": cfg.seed, "eval_sets": list(names)},
         {**{f"{k}_duplicates": int(kinds.get(k, 0)) for k in ("exact", "near", "semantic")},
          **{f"contaminated_{s}": int(per_set.get(s, 0)) for s in names},
+         **{f"boilerplate_ngrams_{s}": c for s, c in zip(names, common)},
          **{f"tokens_removed_{r}": int(gone.get(r, 0)) for r in REASONS},
          "checked_against": ", ".join(names) or "none", "lsh_candidates": candidates, "largest_cluster_searched": largest,
          "removed": Markdown(frame_table(removed))},
