@@ -20,7 +20,7 @@ from export_root import EOS, PAD, VOCAB, build_root, cluster_tokens, write_order
 
 REPO = Path(__file__).resolve().parents[1]
 STRATEGIES = ("random", "greedy", "cluster_sorted")
-BLOCKED = ("dagster", "polars", "duckdb", "faiss")
+BLOCKED = ("dagster", "polars", "duckdb", "faiss", "scipy", "sklearn", "pydantic")  # absent from the GPU image
 SEQ_LEN = 64
 
 
