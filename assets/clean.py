@@ -1,23 +1,38 @@
-"""clean: exact, near and semantic duplicates and benchmark contamination of the training documents."""
+"""clean_shards and clean: exact, near and semantic duplicates and benchmark contamination of the
+training documents, scanned per corpus shard and gathered across shards."""
 
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings
+from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
+from assets.corpus import gathered_shards, partition_docs
 from assets.params import asset_config
 from pipeline.clean import stage
 
 
-@dg.asset(group_name="data", deps=["corpus", "tokens", "embeddings", "clusters"], code_version="1", kinds={"parquet", "duckdb"})
+@dg.asset(group_name="data", deps=["corpus_shards"], partitions_def=SHARD_PARTITIONS, code_version="1", kinds={"numpy"})
+def clean_shards(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
+    """One corpus shard's training documents scanned for the clean stage: normalized-text hashes,
+    MinHash signatures (datasketch) and n-gram hits against WikiText, Paloma and DCLM-core, under
+    ``clean/shards/`` (docs/cleaning.md). An unchanged shard is not read again; an appended shard is
+    the only partition to run. One call of ``pipeline.clean.stage.scan_shard``."""
+    rec = Recorder(context, duckdb, {"corpus_shards": context.partition_key})
+    cfg, layout = asset_config(context, settings), settings.layout()
+    return rec.finish_stage(stage.scan_shard(layout, cfg, partition_docs(context.partition_key, cfg, layout)))
+
+
+@dg.asset(group_name="data", deps=["corpus", "clean_shards", "tokens", "embeddings", "clusters"], code_version="2",
+          kinds={"parquet", "duckdb"})
 def clean(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Each training document's duplicate group and kind (exact: normalized-text hash; near: MinHash +
-    LSH over word n-grams, datasketch; semantic: SemDeDup within each k-means cluster, faiss) and
-    its n-gram overlap (``decontam.ngram``, 13) with WikiText, Paloma, DCLM-core and the held-out
-    split: ``clean/documents.parquet`` and DuckDB ``duplicates``, ``contamination``, ``clean_removed``.
-    ``dedup.action`` and ``decontam.action`` decide which documents ``sequences`` and the
-    document-level orderings leave out (docs/cleaning.md). One stage over the whole corpus (a
-    duplicate crosses shards). One call of ``pipeline.clean.stage.clean_documents``."""
+    LSH, datasketch; semantic: SemDeDup within each k-means cluster, faiss), each against every
+    earlier document whichever shard holds it, and its n-gram overlap (``decontam.ngram``, 13) with
+    WikiText, Paloma, DCLM-core and the held-out split: ``clean/documents.parquet`` and DuckDB
+    ``duplicates``, ``contamination``, ``clean_removed``. ``dedup.action`` and ``decontam.action``
+    decide which documents ``sequences`` and the document-level orderings leave out
+    (docs/cleaning.md). One call of ``pipeline.clean.stage.clean_documents``."""
     rec = Recorder(context, duckdb, {"corpus": None, "tokens": None, "embeddings": None, "clusters": None})
     cfg, layout = asset_config(context, settings), settings.layout()
+    gathered_shards(layout, rec, "clean_shards")
     return rec.finish_stage(stage.clean_documents(layout, cfg, duckdb.get_connection))

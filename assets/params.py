@@ -30,7 +30,7 @@ from pipeline.ordering import strategies
 RAW_CORPUS = dg.AssetKey("raw_corpus")
 RAW_SHARDS = dg.AssetKey("raw_shards")
 # Partitioned by corpus shard: each follows its own shard (corpus_shards[p] <- raw_shards[p]), not the whole corpus.
-SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
+SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards", "clean_shards")
 # asset -> the StrataConfig keys its output depends on (beyond its upstream assets' data).
 # Left out on purpose: speed knobs (embed_batch_size), checkpoint_every (a resumed run's outputs are
 # byte-identical) and keys that only name files of other assets.
@@ -46,6 +46,9 @@ PARAMS: dict[str, tuple[str, ...]] = {
                   "keep_centroids"),
     "cluster_shards": (),
     "clusters": (),
+    # clean_shards' files are named by the keys their bytes depend on: a change of another (dedup.action)
+    # reruns its partitions without reading a text
+    "clean_shards": ("dedup", "decontam", "wikitext_path", "paloma_dir", "dclm_dir", "seed"),
     "clean": ("dedup", "decontam", "wikitext_path", "paloma_dir", "dclm_dir", "seed"),
     "sequences": ("seq_len", "packing", "seed", "freeze_prefix"),
     "orderings": ("seq_len", "seed", *strategies.reads("sequence", "document")),

@@ -36,7 +36,7 @@ def _materialize(cfg_path, cwd) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards")
+SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards", "clean_shards")
 
 
 def _shards_run(instance: dg.DagsterInstance, after: int) -> tuple[dict[str, list[str]], int]:
@@ -69,7 +69,7 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     _write_shard(shards / "part-2.parquet", recs[100:125] + [dup] + recs[125:150])  # dropped by `corpus` (on_error: skip)
     cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(shards), "source_field": "domain", "on_error": "skip"},
            "tokenizer": default_model_path(), "embed_method": "shallow", "embed_max_tokens": 32,
-           "k": 4, "seq_len": 128, "heldout_fraction": 0.05, "strategies": ["random"]}
+           "k": 4, "seq_len": 128, "heldout_fraction": 0.05, "strategies": ["random"], "dedup": {"semantic": False}}
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     root = request.config.rootpath
@@ -88,10 +88,20 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     assert _latest(instance, "corpus")["rows/skipped"] == 1
     first_centroids = np.load(layout.centroids)
 
-    _write_shard(shards / "part-3.parquet", recs[150:])  # append a fourth shard
+    longest = max(range(60, 100), key=lambda i: len(recs[i]["text"][:3000]))
+    words = recs[longest]["text"][:3000].split()
+    words[len(words) // 2] = "zzedited"
+    copies = [{**recs[3], "id": "copy-exact", "text": "  " + recs[3]["text"][:3000].upper()},  # of a document of part-0
+              {**recs[longest], "id": "copy-near", "text": " ".join(words)}]  # of part-1, one word edited
+    _write_shard(shards / "part-3.parquet", recs[150:175] + copies + recs[175:])  # append a fourth shard
     _materialize(cfg_path, root)
     ran, mark = _shards_run(instance, mark)
     assert ran == {a: ["part-3.parquet"] for a in SHARD_ASSETS}, ran  # only the new shard's partitions ran; centroids kept
+    assert _latest(instance, "clean")["shards_scanned_here"] == 0  # the gather read the partitions' scans
+    ids = pl.read_parquet(layout.corpus, columns=["doc_id", "id"])
+    table = pl.read_parquet(layout.inside("clean", "documents.parquet")).join(ids, on="doc_id")
+    kinds = dict(table.filter(pl.col("id").str.starts_with("copy-")).select("id", "dup_kind").iter_rows())
+    assert kinds == {"copy-exact": "exact", "copy-near": "near"}, kinds  # duplicates across shards are found
     assert _latest(instance, "centroids")["centroids"] == "kept"
     for asset in ("corpus", "tokens", "embeddings"):
         meta = _latest(instance, asset)
@@ -103,7 +113,8 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     _write_shard(shards / "part-1.parquet", edited)  # edit shard 2
     _materialize(cfg_path, root)
     ran, mark = _shards_run(instance, mark)
-    assert {a: ran[a] for a in SHARD_ASSETS[:3]} == {a: ["part-1.parquet"] for a in SHARD_ASSETS[:3]}, ran
+    for a in (*SHARD_ASSETS[:3], "clean_shards"):
+        assert ran[a] == ["part-1.parquet"], ran
     assert _latest(instance, "centroids")["centroids"] == "trained"  # a shard it was trained on changed: retrained
     assert ran["cluster_shards"] == names, ran  # a new model: every shard reassigned
 
@@ -127,3 +138,29 @@ def test_append_and_edit_recompute_only_that_shard(tmp_path, request):
     assign = assign_transformed(cents, transform.spherical, transform(np.array(open_embeddings(layout))))
     np.testing.assert_array_equal(pl.read_parquet(layout.clusters)["cluster"].to_numpy(), assign)
     assert _latest(instance, "sequences")["rows/sequences"] > 0  # token_conservation passed in every run (SCRIPT)
+    _same_clean_as_one_pass(layout, texts)
+
+
+def _same_clean_as_one_pass(layout: Layout, texts: list[str]) -> None:
+    """The clean table gathered from reused and recomputed per-shard scans equals one pass of the
+    library over the final corpus's texts (exact hashes, near pairs, the held-out n-grams)."""
+    from pipeline.clean.decontam import EvalNgrams, common_grams, eval_sets
+    from pipeline.clean.exact import exact_representatives, text_hashes
+    from pipeline.clean.near import near_pairs
+    from pipeline.clean.plan import plan
+    from pipeline.config import resolve_config
+
+    cfg = resolve_config(None, str(layout.root))
+    rep = exact_representatives(text_hashes(texts))
+    firsts = np.flatnonzero(rep == np.arange(len(texts)))
+    d = cfg.dedup
+    near, _ = near_pairs([(firsts.tolist(), [texts[i] for i in firsts])], d.near_threshold, d.near_num_perm, d.near_ngram, cfg.seed + 1)
+    evals = EvalNgrams.build(eval_sets(cfg, layout.heldout), cfg.decontam.ngram, common_share=cfg.decontam.common_share)
+    assert evals.names == ("heldout",)
+    found = evals.hits(texts)[0]
+    found = found[~common_grams(found, evals.hashes[0].size, len(texts), cfg.decontam.common_share)[found[:, 1]]]
+    flags = (np.bincount(found[:, 0], minlength=len(texts)) >= cfg.decontam.min_overlap)[:, None]
+    expected = plan(len(texts), rep, near, np.zeros((0, 2), np.int64), flags, evals.names, d.action, True)
+    got = pl.read_parquet(layout.inside("clean", "documents.parquet"))
+    assert got.equals(expected), (got.filter(pl.col("dup_group") >= 0), expected.filter(pl.col("dup_group") >= 0))
+    assert expected["dup_group"].max() >= 0  # the comparison has duplicates to find

@@ -35,12 +35,15 @@ def _batched(texts: Iterable, size: int) -> Iterator[list]:
 
 @dataclass(frozen=True)
 class EvalNgrams:
-    """The hashed n-grams of each evaluation set (sorted, unique)."""
+    """The hashed n-grams of each evaluation set (sorted, unique), with the number of the set's units
+    holding each one (what :meth:`boilerplate` reads) and the set's number of units."""
 
     names: tuple[str, ...]
     hashes: tuple[np.ndarray, ...]
     n: int
     common: tuple[int, ...] = ()  # n-grams left out of each set as its boilerplate
+    units_with: tuple[np.ndarray, ...] = ()  # per set, per n-gram: the units holding it
+    n_units: tuple[int, ...] = ()
 
     @classmethod
     def build(cls, sets: dict[str, Callable[[], Iterable[str | Sequence[str]]]], n: int, batch: int = 4096,
@@ -49,7 +52,7 @@ class EvalNgrams:
         a text or the list of texts one document or row shows a model); a text shorter than ``n``
         words adds none. An n-gram in more than ``common_share`` of a set's units and more than
         :data:`COMMON_MIN` of them is left out (the set's boilerplate); ``common`` counts them."""
-        names, hashes, common = [], [], []
+        names, hashes, common, units_of, sizes = [], [], [], [], []
         for name, units in sets.items():
             per_unit, n_units = [], 0
             for b in _batched(units(), batch):
@@ -59,11 +62,43 @@ class EvalNgrams:
                 per_unit.append(_unique_per_unit(flat, unit_of[np.repeat(np.arange(len(texts)), np.diff(offsets))]))
                 n_units += len(b)
             grams, units_with = np.unique(np.concatenate(per_unit), return_counts=True) if per_unit else (np.zeros(0, np.uint64),) * 2
-            keep = units_with <= max(COMMON_MIN, int(common_share * n_units)) if common_share < 1.0 else np.ones(grams.size, bool)
+            keep = ~_over(units_with, n_units, common_share)
             names.append(name)
             hashes.append(grams[keep].astype(np.uint64))
+            units_of.append(units_with[keep].astype(np.int64))
+            sizes.append(n_units)
             common.append(int((~keep).sum()))
-        return cls(tuple(names), tuple(hashes), int(n), tuple(common))
+        return cls(tuple(names), tuple(hashes), int(n), tuple(common), tuple(units_of), tuple(sizes))
+
+    def boilerplate(self, share: float) -> list[np.ndarray]:
+        """Per set, boolean per n-gram: in more than ``share`` of the set's units and more than
+        :data:`COMMON_MIN` of them (none when ``share`` is 1)."""
+        return [_over(u, k, share) for u, k in zip(self.units_with, self.n_units)]
+
+    def save(self, path: Path) -> Path:
+        """Write the n-grams to ``path`` (a folder: one ``.npy`` a set and array, and ``sets.json``), atomically."""
+        import json
+
+        from pipeline.storage.atomic import atomic_dir
+
+        with atomic_dir(path) as tmp:
+            for j, name in enumerate(self.names):
+                np.save(tmp / f"{j}.hashes.npy", self.hashes[j], allow_pickle=False)
+                np.save(tmp / f"{j}.units.npy", self.units_with[j], allow_pickle=False)
+            (tmp / "sets.json").write_text(json.dumps({"names": self.names, "n": self.n, "common": self.common,
+                                                       "n_units": self.n_units}), encoding="utf-8")
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "EvalNgrams":
+        """The n-grams :meth:`save` wrote to ``path`` (the arrays memory-mapped)."""
+        import json
+
+        meta = json.loads((Path(path) / "sets.json").read_text(encoding="utf-8"))
+        k = range(len(meta["names"]))
+        return cls(tuple(meta["names"]), tuple(np.load(Path(path) / f"{j}.hashes.npy", mmap_mode="r") for j in k), int(meta["n"]),
+                   tuple(meta["common"]), tuple(np.load(Path(path) / f"{j}.units.npy", mmap_mode="r") for j in k),
+                   tuple(meta["n_units"]))
 
     def hits(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Per set, the (k, 2) int64 pairs (text index, index of the n-gram in that set's array) of
@@ -98,13 +133,18 @@ class EvalNgrams:
         return out
 
 
+def _over(units_with: np.ndarray, n_units: int, share: float) -> np.ndarray:
+    """Boolean per n-gram: found in more than ``share`` of ``n_units`` and more than :data:`COMMON_MIN`."""
+    if share >= 1.0:
+        return np.zeros(np.asarray(units_with).size, bool)
+    return np.asarray(units_with) > max(COMMON_MIN, int(share * n_units))
+
+
 def common_grams(pairs: np.ndarray, n_grams: int, n_docs: int, share: float) -> np.ndarray:
     """Boolean per n-gram of one set: found in more than ``share`` of the ``n_docs`` training
     documents and in more than :data:`COMMON_MIN` of them (``pairs``: (document, n-gram) hits, each
     once); none when ``share`` is 1."""
-    if share >= 1.0:
-        return np.zeros(n_grams, bool)
-    return np.bincount(pairs[:, 1], minlength=n_grams) > max(COMMON_MIN, int(share * n_docs))
+    return _over(np.bincount(pairs[:, 1], minlength=n_grams), n_docs, share)
 
 
 def _unique_per_unit(grams: np.ndarray, unit: np.ndarray) -> np.ndarray:
@@ -164,17 +204,45 @@ def _wikitext_texts(path: str) -> Iterator[str]:
     yield from read_articles(path)
 
 
-def eval_sets(cfg, heldout_dir: Path | None) -> dict[str, Callable[[], Iterable[str]]]:
+_READERS: dict[str, Callable[[Path], Iterable]] = {
+    "wikitext": lambda p: _wikitext_texts(str(p)), "paloma": _paloma_texts, "dclm": lambda p: _dclm_units(str(p)),
+    "heldout": _paloma_texts,
+}
+
+
+def eval_sources(cfg, heldout_dir: Path | None) -> dict[str, Path]:
     """The evaluation sets ``cfg`` names (``wikitext_path``, ``paloma_dir``, ``dclm_dir``) and, with
-    ``decontam.heldout``, the corpus's held-out split (``heldout_dir``, Paloma layout), as
-    ``name -> a function giving its texts``."""
-    sets: dict[str, Callable[[], Iterable[str]]] = {}
+    ``decontam.heldout``, the corpus's held-out split (``heldout_dir``, Paloma layout): ``name -> its
+    file or folder``."""
+    out: dict[str, Path] = {}
     if cfg.wikitext_path:
-        sets["wikitext"] = lambda: _wikitext_texts(cfg.wikitext_path)
+        out["wikitext"] = Path(cfg.wikitext_path)
     if cfg.paloma_dir:
-        sets["paloma"] = lambda: _paloma_texts(cfg.paloma_dir)
+        out["paloma"] = Path(cfg.paloma_dir)
     if cfg.dclm_dir:
-        sets["dclm"] = lambda: _dclm_units(cfg.dclm_dir)
-    if cfg.decontam.heldout and heldout_dir is not None and any(heldout_dir.glob("*/val/*.jsonl*")):
-        sets["heldout"] = lambda: _paloma_texts(heldout_dir)
-    return sets
+        out["dclm"] = Path(cfg.dclm_dir)
+    if cfg.decontam.heldout and heldout_dir is not None and any(Path(heldout_dir).glob("*/val/*.jsonl*")):
+        out["heldout"] = Path(heldout_dir)
+    return out
+
+
+def eval_sets(cfg, heldout_dir: Path | None) -> dict[str, Callable[[], Iterable[str]]]:
+    """:func:`eval_sources` as ``name -> a function giving its units``."""
+    return {name: (lambda name=name, path=path: _READERS[name](path)) for name, path in eval_sources(cfg, heldout_dir).items()}
+
+
+def sources_fingerprint(sources: dict[str, Path]) -> str:
+    """A hash of the sets' names and every byte of their files (folders: every file under them,
+    by relative path): equal fingerprints, equal n-grams."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, path in sorted(sources.items()):
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        h.update(f"{name}\0".encode())
+        for f in files:
+            h.update(f"{f.relative_to(path) if path.is_dir() else f.name}\0".encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()

@@ -5,7 +5,7 @@ inserted, so memory is the LSH index plus one signature a document, never all pa
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -19,44 +19,63 @@ def _identity(value: int) -> int:
     return value
 
 
+def signature_rows(texts: Sequence[str], num_perm: int, ngram: int, seed: int = 1) -> np.ndarray:
+    """(len(texts), num_perm) uint32: the datasketch MinHash of each text's shingles (hashed word
+    n-grams; a text shorter than ``ngram`` words is one shingle; an empty text's row is all
+    ``EMPTY``, datasketch's empty signature)."""
+    from datasketch import MinHash
+
+    flat, offsets = text_ngrams(texts, ngram, short=True)
+    low = (flat & _LOW32).tolist()
+    sets = (low[offsets[i]:offsets[i + 1]] for i in range(len(texts)))
+    out = np.empty((len(texts), int(num_perm)), np.uint32)
+    for i, mh in enumerate(MinHash.bulk(sets, num_perm=int(num_perm), seed=int(seed), hashfunc=_identity)):
+        out[i] = mh.hashvalues
+    return out
+
+
+EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's hash range maximum: every value of an empty signature
+
+
 class NearIndex:
     """An LSH index of MinHash signatures that reports, as documents are added, the earlier
-    documents each one nearly duplicates."""
+    documents each one nearly duplicates. ``lookup(key)`` gives an added document's signature
+    back (for signatures stored elsewhere, e.g. memory-mapped files); without it the index keeps
+    a copy of each."""
 
-    def __init__(self, threshold: float, num_perm: int, ngram: int, seed: int = 1):
-        from datasketch import MinHashLSH
+    def __init__(self, threshold: float, num_perm: int, ngram: int, seed: int = 1,
+                 lookup: Callable[[int], np.ndarray] | None = None):
+        from datasketch import MinHash, MinHashLSH
 
         self.threshold, self.num_perm, self.ngram, self.seed = float(threshold), int(num_perm), int(ngram), int(seed)
         self.lsh = MinHashLSH(threshold=self.threshold, num_perm=self.num_perm)
-        self._signatures: list[np.ndarray] = []  # one (num_perm,) uint32 row an added document
-        self._row: dict[int, int] = {}
+        self._lookup = lookup
+        self._scheme = MinHash(num_perm=1, seed=self.seed).scheme  # what signature_rows' MinHash.bulk computes
+        self._signatures: dict[int, np.ndarray] = {}
         self.candidates = 0  # LSH candidate pairs looked at
 
-    def signatures(self, texts: Sequence[str]) -> list:
-        """The datasketch MinHash of each text's shingles (hashed word n-grams; a text shorter than
-        ``ngram`` words is one shingle)."""
-        from datasketch import MinHash
-
-        flat, offsets = text_ngrams(texts, self.ngram, short=True)
-        low = (flat & _LOW32).tolist()
-        sets = (low[offsets[i]:offsets[i + 1]] for i in range(len(texts)))
-        return MinHash.bulk(sets, num_perm=self.num_perm, seed=self.seed, hashfunc=_identity)
-
     def add(self, keys: Sequence[int], texts: Sequence[str]) -> np.ndarray:
-        """Add documents ``keys`` (ints, unique) with their ``texts``; the (k, 2) pairs (earlier
-        key, key) whose estimated Jaccard similarity reaches the threshold. Empty texts are skipped."""
+        """Add documents ``keys`` (ints, unique) with their ``texts``: :meth:`add_signatures`."""
+        return self.add_signatures(keys, signature_rows(texts, self.num_perm, self.ngram, self.seed))
+
+    def add_signatures(self, keys: Sequence[int], signatures: np.ndarray) -> np.ndarray:
+        """Add documents ``keys`` with their :func:`signature_rows`; the (k, 2) pairs (earlier key,
+        key) whose estimated Jaccard similarity reaches the threshold. Empty signatures are skipped."""
+        from datasketch import LeanMinHash
+
         pairs: list[tuple[int, int]] = []
-        for key, mh in zip(keys, self.signatures(texts)):
-            if mh.is_empty():
+        for key, sig in zip(keys, np.asarray(signatures, np.uint32)):
+            if (sig == EMPTY).all():
                 continue
-            sig = mh.hashvalues.astype(np.uint32)
+            mh = LeanMinHash(seed=self.seed, hashvalues=sig.astype(np.uint64), scheme=self._scheme)
             for other in self.lsh.query(mh):
                 self.candidates += 1
-                if np.mean(self._signatures[self._row[other]] == sig) >= self.threshold:
+                theirs = self._lookup(other) if self._lookup is not None else self._signatures[other]
+                if np.mean(theirs == sig) >= self.threshold:
                     pairs.append((int(other), int(key)))
             self.lsh.insert(int(key), mh, check_duplication=False)
-            self._row[int(key)] = len(self._signatures)
-            self._signatures.append(sig)
+            if self._lookup is None:
+                self._signatures[int(key)] = sig.copy()
         return np.asarray(pairs, np.int64).reshape(-1, 2)
 
 

@@ -1,21 +1,22 @@
-"""The clean stage (``clean``): every training document checked for exact, near and semantic
-duplicates and for n-gram overlap with the evaluation sets, in one pass over the texts in doc_id
-order (cross-shard by construction: a document is a duplicate of any earlier one, whichever shard
-holds it), then SemDeDup over the clusters. Writes ``clean/documents.parquet`` (what
-:func:`removed_documents` reads for the packing and the orderings) and DuckDB ``duplicates``,
-``contamination`` and ``clean_removed``."""
+"""The clean stage: each corpus shard scanned on its own (``clean_shards``: normalized-text hashes,
+MinHash signatures, n-gram hits against the fixed evaluation sets, :mod:`pipeline.clean.shards`),
+then the gather (``clean``) across shards, in doc_id order: a document is an exact or near
+duplicate of any earlier one, whichever shard holds it; the held-out split's n-grams; SemDeDup
+over the clusters. Writes ``clean/documents.parquet`` (what :func:`removed_documents` reads for the
+packing and the orderings) and DuckDB ``duplicates``, ``contamination`` and ``clean_removed``."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import polars as pl
 
+from pipeline.data.shard_docs import ShardDocs
 from pipeline.stage import Connect, Markdown, StageResult
 
-BATCH = 4096  # documents a batch of the text pass
+BATCH = 4096  # documents added to the LSH index at a time
 
 
 def clean_file(layout) -> Path:
@@ -23,61 +24,119 @@ def clean_file(layout) -> Path:
     return layout.inside("clean", "documents.parquet")
 
 
-def _text_batches(layout) -> Iterator[tuple[np.ndarray, list[str]]]:
-    """(doc ids, texts) of every training document in doc_id order, BATCH at a time."""
-    from pipeline.data.shard_docs import chosen_texts
+def _specs(layout, cfg) -> tuple:
+    """The partitions' scan (exact, near, the fixed evaluation sets) and the gather's held-out scan
+    (None without a held-out set), with the evaluation sets' names in the order the tables use."""
+    from pipeline.clean.decontam import eval_sources
+    from pipeline.clean.shards import eval_cache, scan_spec
 
-    texts = chosen_texts(layout.corpus, pl.read_parquet(layout.shards), layout.shard_dir("corpus"), lambda n: None)
-    start, batch = 0, []
-    for text in texts:
-        batch.append(text)
-        if len(batch) == BATCH:
-            yield np.arange(start, start + len(batch), dtype=np.int64), batch
-            start, batch = start + len(batch), []
-    if batch:
-        yield np.arange(start, start + len(batch), dtype=np.int64), batch
+    sources = eval_sources(cfg, layout.heldout) if cfg.decontam.enabled else {}
+    fixed = {k: v for k, v in sources.items() if k != "heldout"}
+    main = scan_spec(cfg, eval_cache(layout, fixed, cfg.decontam.ngram))
+    held = None
+    if "heldout" in sources:
+        held = scan_spec(cfg, eval_cache(layout, {"heldout": sources["heldout"]}, cfg.decontam.ngram), dedup=False)
+    return main, held, tuple(sources)
 
 
-def scan_texts(layout, cfg, sets: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple[str, ...], tuple[int, ...]]:
-    """One pass over the texts: each document's exact representative (the first document with its
-    normalized text), the near pairs among the representatives, the contamination counts
-    (documents x sets: distinct n-grams shared, boilerplate left out) and the LSH candidates
-    checked; the set names and the n-grams left out of each as boilerplate."""
-    from pipeline.clean.decontam import EvalNgrams, common_grams
-    from pipeline.clean.exact import text_hashes
+def scan_shard(layout, cfg, shard: ShardDocs) -> StageResult:
+    """One corpus shard's ``clean_shards`` partition: its documents' normalized-text hashes, MinHash
+    signatures and n-gram hits against WikiText, Paloma and DCLM-core (those configured), under
+    ``clean/shards/`` (:mod:`pipeline.clean.shards`); a shard already scanned with the same
+    parameters and evaluation files is not read again."""
+    from pipeline.clean.decontam import EvalNgrams
+    from pipeline.clean.shards import scan_shards
+
+    main, _, _ = _specs(layout, cfg)
+    run = scan_shards([shard], main, layout.shard_dir("clean"), layout.inside("work", "clean"), cfg)
+    files = main.files(layout.shard_dir("clean"), shard) if shard.n_docs else {}
+    facts: dict = {"validated": shard.name, "key": main.key, "reused": run["shards_reused"] > 0 or not shard.n_docs,
+                   "units": run["units"]}
+    if "hashes" in files:
+        facts["exact_duplicates_in_shard"] = int(shard.n_docs - np.unique(np.load(files["hashes"])).size)
+    if "hits" in files:
+        hits, names = np.load(files["hits"]), EvalNgrams.load(Path(main.evals)).names
+        facts.update({f"documents_sharing_ngrams_{s}": int(np.unique(hits[hits[:, 1] == j, 0]).size) for j, s in enumerate(names)})
+    return StageResult(list(files.values()), {"documents": shard.n_docs},
+                       {"shard": shard.unit, "dedup": cfg.dedup.model_dump(), "decontam": cfg.decontam.model_dump(), "seed": cfg.seed},
+                       facts)
+
+
+def _gather(layout, cfg) -> tuple[list, tuple, list, tuple[str, ...], dict[str, int]]:
+    """Every shard of the corpus scanned (the partitions' files, a missing one scanned here) as
+    :class:`~pipeline.clean.shards.ShardScan` objects in doc_id order; the two scan specs; the
+    held-out scans; the evaluation sets' names; what the scans of the main spec reused."""
+    from pipeline.clean.shards import ShardScan, scan_shards
+    from pipeline.data.shard_docs import kept_rows, manifest_shards, prune
+
+    main, held, names = _specs(layout, cfg)
+    shards = manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
+    shard_dir, work = layout.shard_dir("clean"), layout.inside("work", "clean")
+    run = scan_shards([s for _, s in shards], main, shard_dir, work, cfg)
+    if held is not None:
+        scan_shards([s for _, s in shards], held, shard_dir, work, cfg)
+    keep = {f.name for _, s in shards for spec in (main, held) if spec is not None for f in spec.files(shard_dir, s).values()}
+    prune(shard_dir, keep)
+    for old in layout.inside("clean", "evals").glob("*") if layout.inside("clean", "evals").is_dir() else ():
+        if old.name not in {Path(spec.evals).name for spec in (main, held) if spec is not None and spec.evals}:
+            shutil.rmtree(old, ignore_errors=True)
+    scans, held_scans, start = [], [], 0
+    for row, shard in shards:
+        n = int(row["n_docs"])
+        if not n:
+            continue
+        rows = kept_rows(layout.corpus, row, shard)
+        scans.append(ShardScan(start, n, rows, main.files(shard_dir, shard)))
+        if held is not None:
+            held_scans.append(ShardScan(start, n, rows, held.files(shard_dir, shard)))
+        start += n
+    return scans, (main, held), held_scans, names, run
+
+
+def _near_pairs(cfg, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, int]:
+    """Near pairs among the exact representatives, each queried against every earlier one (across
+    shards) in doc_id order, from the stored signatures (memory-mapped: the index holds no copy)."""
     from pipeline.clean.near import NearIndex
 
     d = cfg.dedup
-    evals = EvalNgrams.build(sets, cfg.decontam.ngram, common_share=cfg.decontam.common_share) \
-        if cfg.decontam.enabled and sets else None
-    near = NearIndex(d.near_threshold, d.near_num_perm, d.near_ngram, seed=cfg.seed + 1) if d.enabled and d.near else None
-    seen: dict[int, int] = {}
-    reps, pairs, hits = [], [], {}
-    for ids, texts in _text_batches(layout):
-        rep = ids.copy()
-        if d.enabled and d.exact:
-            for i, h in enumerate(text_hashes(texts).tolist()):
-                rep[i] = seen.setdefault(h, int(ids[i]))
-        reps.append(rep)
-        if near is not None:
-            first = np.flatnonzero(rep == ids)
-            pairs.append(near.add(ids[first].tolist(), [texts[i] for i in first]))
-        if evals is not None:
-            for j, found in enumerate(evals.hits(texts)):
-                found[:, 0] = ids[found[:, 0]]
-                hits.setdefault(j, []).append(found)
-    n = int(sum(r.size for r in reps))
-    names = evals.names if evals is not None else ()
-    counts, common = np.zeros((n, len(names)), np.int64), list(evals.common if evals is not None else ())
-    for j in range(len(names)):
-        found = np.concatenate(hits[j]) if hits.get(j) else np.zeros((0, 2), np.int64)
-        boiler = common_grams(found, evals.hashes[j].size, n, cfg.decontam.common_share)
-        common[j] += int(boiler.sum())
-        kept = found[~boiler[found[:, 1]]]
-        counts[:, j] = np.bincount(kept[:, 0], minlength=n)  # distinct shared n-grams per document
-    return (np.concatenate(reps) if reps else np.zeros(0, np.int64),
-            np.concatenate(pairs) if pairs else np.zeros((0, 2), np.int64),
-            counts, near.candidates if near is not None else 0, names, tuple(common))
+    starts = np.array([s.start for s in scans], np.int64)
+
+    def lookup(doc: int) -> np.ndarray:
+        return scans[int(np.searchsorted(starts, doc, side="right")) - 1].signature(doc)
+
+    index = NearIndex(d.near_threshold, d.near_num_perm, d.near_ngram, seed=cfg.seed + 1, lookup=lookup)
+    found = []
+    for scan in scans:
+        ids = np.arange(scan.start, scan.start + scan.n, dtype=np.int64)
+        local = np.flatnonzero(exact_rep[ids] == ids)
+        for a in range(0, local.size, BATCH):
+            part = local[a:a + BATCH]
+            found.append(index.add_signatures((scan.start + part).tolist(), scan.signatures(part)))
+    return (np.concatenate(found) if found else np.zeros((0, 2), np.int64)), index.candidates
+
+
+def _contamination(cfg, n: int, names: tuple[str, ...], parts: list[tuple[object, list]]) -> tuple[np.ndarray, list[int]]:
+    """(n, sets) distinct shared n-grams per document and set, the boilerplate left out (an n-gram
+    in more than ``decontam.common_share`` of its set's units or of the training documents, and in
+    more than 3 of them), and the n-grams left out of each set. ``parts``: (scan spec, its shard scans)."""
+    from pipeline.clean.decontam import EvalNgrams, common_grams
+
+    share = cfg.decontam.common_share
+    counts, common = np.zeros((n, len(names)), np.int64), [0] * len(names)
+    for spec, scans in parts:
+        if spec is None or not spec.evals:
+            continue
+        evals = EvalNgrams.load(Path(spec.evals))
+        hits = np.concatenate([s.hits() for s in scans]) if scans else np.zeros((0, 3), np.int64)
+        for local, (name, boiler) in enumerate(zip(evals.names, evals.boilerplate(share))):
+            j = names.index(name)
+            found = hits[hits[:, 1] == local][:, [0, 2]]
+            found = found[~boiler[found[:, 1]]]
+            trained = common_grams(found, evals.hashes[local].size, n, share)
+            common[j] = int(boiler.sum()) + int(trained.sum())
+            kept = found[~trained[found[:, 1]]]
+            counts[:, j] = np.bincount(kept[:, 0], minlength=n)  # distinct shared n-grams per document
+    return counts, common
 
 
 def semantic_candidates(layout, cfg, survivors: np.ndarray) -> tuple[np.ndarray, int]:
@@ -91,21 +150,28 @@ def semantic_candidates(layout, cfg, survivors: np.ndarray) -> tuple[np.ndarray,
 
 
 def clean_documents(layout, cfg, connect: Connect) -> StageResult:
-    """Exact (normalized-text hash), near (MinHash + LSH over word ``dedup.near_ngram``-grams,
-    ``dedup.near_threshold``) and semantic (within each cluster, cosine above
-    ``dedup.semantic_threshold``) duplicates, each level over the previous level's representatives;
+    """The gather across shards: exact (normalized-text hash), near (MinHash + LSH over word
+    ``dedup.near_ngram``-grams, ``dedup.near_threshold``) and semantic (within each cluster, cosine
+    above ``dedup.semantic_threshold``) duplicates, each level over the previous level's
+    representatives, each document against every earlier one whichever shard holds it;
     ``decontam.ngram``-gram overlap with every configured evaluation set and the held-out split.
-    ``dedup.action`` and ``decontam.action`` decide who leaves training (``removed``)."""
-    from pipeline.clean.decontam import eval_sets
+    Reads the ``clean_shards`` files (scans a shard whose files are missing). ``dedup.action`` and
+    ``decontam.action`` decide who leaves training (``removed``)."""
     from pipeline.clean.groups import components
     from pipeline.clean.plan import REASONS, plan
     from pipeline.reports.markdown import frame_table
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.warehouse import replace_rows
 
-    sets = eval_sets(cfg, layout.heldout)
-    exact_rep, near, counts, candidates, names, common = scan_texts(layout, cfg, sets)
-    n = exact_rep.size
+    scans, (main, held), held_scans, names, run = _gather(layout, cfg)
+    n = sum(s.n for s in scans)
+    exact_rep = np.arange(n, dtype=np.int64)
+    if main.exact and n:
+        from pipeline.clean.exact import exact_representatives
+
+        exact_rep = exact_representatives(np.concatenate([np.asarray(s.take("hashes")) for s in scans]))
+    near, candidates = _near_pairs(cfg, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
+    counts, common = _contamination(cfg, n, names, [(main, scans), (held, held_scans)])
     semantic, largest = np.zeros((0, 2), np.int64), 0
     if cfg.dedup.enabled and cfg.dedup.semantic and n:
         near_rep = components(n, near)[exact_rep]
@@ -144,6 +210,7 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
          **{f"boilerplate_ngrams_{s}": c for s, c in zip(names, common)},
          **{f"tokens_removed_{r}": int(gone.get(r, 0)) for r in REASONS},
          "checked_against": ", ".join(names) or "none", "lsh_candidates": candidates, "largest_cluster_searched": largest,
+         "shards_scanned_here": run["shards_computed"], "shards_reused": run["shards_reused"],
          "removed": Markdown(frame_table(removed))},
     )
 
