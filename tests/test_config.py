@@ -143,8 +143,8 @@ def test_select_uses_dagster_selection_syntax(tmp_path):
 
     defs = build_definitions(None, str(tmp_path / "root"))
     assert selected_keys(defs, "*orderings") == {"raw_corpus", "corpus_shards", "corpus", "tokenizer", "token_shards", "tokens",
-                                                 "embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters", "clean",
-                                                 "sequences", "orderings"}
+                                                 "embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters",
+                                                 "clean_shards", "clean", "sequences", "orderings"}
     assert selected_keys(defs, "evaluations+") == {"evaluations", "ablation_report"}
     with pytest.raises(StrataInputError, match="selects no asset|cannot resolve"):
         selected_keys(defs, "no_such_asset")

@@ -118,7 +118,7 @@ def test_duckdb_lineage_and_report(run):
         ablation = con.execute("SELECT DISTINCT strategy FROM ablation ORDER BY 1").fetchall()
         outputs = con.execute("SELECT outputs FROM lineage WHERE asset = 'sequences'").fetchone()[0]
     assert assets == {"corpus_shards", "corpus", "tokenizer", "token_shards", "tokens", "embedding_shards", "embeddings", "centroids",
-                      "cluster_shards", "clusters", "clean", "sequences", "orderings", "exports",
+                      "cluster_shards", "clusters", "clean_shards", "clean", "sequences", "orderings", "exports",
                       "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses", "claims", "evaluations",
                       "ablation_report"}
     assert steps == [(s, cfg["max_steps"]) for s in sorted(STRATEGIES)]

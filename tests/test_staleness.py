@@ -18,7 +18,7 @@ from helpers import demo_slice
 pytestmark = pytest.mark.integration
 
 ALL = {"corpus_shards", "corpus", "tokenizer", "token_shards", "tokens", "embedding_shards", "embeddings", "centroids", "cluster_shards",
-       "clusters", "clean", "sequences", "orderings", "exports", "ordering_diagnostics",
+       "clusters", "clean_shards", "clean", "sequences", "orderings", "exports", "ordering_diagnostics",
        "diagnostics_report", "training_runs", "gradient_analyses", "claims", "evaluations", "ablation_report"}
 AFTER_ORDERINGS = {"orderings", "exports", "ordering_diagnostics", "diagnostics_report", "training_runs", "gradient_analyses",
                    "claims", "evaluations", "ablation_report"}

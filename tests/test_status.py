@@ -84,9 +84,9 @@ def test_status_of_a_fresh_root_lists_every_partition_missing(tmp_path):
     assert {r["status"] for r in rows} == {"missing"}
     parts = {(r["asset"], r["partition"]) for r in rows}
     assert ("orderings", "greedy") in parts and ("training_runs", "1|random") in parts and ("corpus", None) in parts
-    # 12 unpartitioned assets (clean among them), 4 per corpus shard, 3 per strategy, 2 per strategy x seed; the
+    # 12 unpartitioned assets (clean among them), 5 per corpus shard, 3 per strategy, 2 per strategy x seed; the
     # mixture stage is off by default, and so are the claims' own runs (claim_runs: listed once materialized or with claims_full)
     assets = {r["asset"] for r in rows}
-    assert len(rows) == 12 + 4 + 3 * 2 + 2 * 4 and {"clean", "claims"} <= assets and "claim_runs" not in assets
+    assert len(rows) == 12 + 5 + 3 * 2 + 2 * 4 and {"clean", "claims"} <= assets and "claim_runs" not in assets
     assert [r["partition"].split("@")[0] for r in rows if r["asset"] == "corpus_shards"] == ["c.jsonl"]
     assert not any(r["asset"].startswith("mixture") for r in rows)

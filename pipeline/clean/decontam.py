@@ -82,7 +82,7 @@ class EvalNgrams:
         from pipeline.storage.atomic import atomic_dir
 
         with atomic_dir(path) as tmp:
-            for j, name in enumerate(self.names):
+            for j in range(len(self.names)):
                 np.save(tmp / f"{j}.hashes.npy", self.hashes[j], allow_pickle=False)
                 np.save(tmp / f"{j}.units.npy", self.units_with[j], allow_pickle=False)
             (tmp / "sets.json").write_text(json.dumps({"names": self.names, "n": self.n, "common": self.common,

@@ -73,8 +73,7 @@ def _gather(layout, cfg) -> tuple[list, tuple, list, tuple[str, ...], dict[str, 
     shards = manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
     shard_dir, work = layout.shard_dir("clean"), layout.inside("work", "clean")
     run = scan_shards([s for _, s in shards], main, shard_dir, work, cfg)
-    if held is not None:
-        scan_shards([s for _, s in shards], held, shard_dir, work, cfg)
+    run["heldout_shards_computed"] = scan_shards([s for _, s in shards], held, shard_dir, work, cfg)["shards_computed"] if held else 0
     keep = {f.name for _, s in shards for spec in (main, held) if spec is not None for f in spec.files(shard_dir, s).values()}
     prune(shard_dir, keep)
     for old in layout.inside("clean", "evals").glob("*") if layout.inside("clean", "evals").is_dir() else ():
@@ -211,6 +210,7 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
          **{f"tokens_removed_{r}": int(gone.get(r, 0)) for r in REASONS},
          "checked_against": ", ".join(names) or "none", "lsh_candidates": candidates, "largest_cluster_searched": largest,
          "shards_scanned_here": run["shards_computed"], "shards_reused": run["shards_reused"],
+         "heldout_shards_scanned": run["heldout_shards_computed"],
          "removed": Markdown(frame_table(removed))},
     )
 
