@@ -11,24 +11,17 @@ differ. Exit 0 always: the listing is the result.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import sys
 from pathlib import Path
 
 import duckdb
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.storage.layout import artifact_digests  # noqa: E402
+
 SKIP_COLUMNS = ("wall", "cpu", "time", "_at", "_s", "date", "run_id", "started", "finished", "pid", "host", "seconds",
                 "elapsed", "tokens_per", "rss", "mem")
-
-
-def artifacts(root: Path) -> dict[str, str]:
-    """SHA-256 of each artifact file, by path relative to ``root``."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if p.is_file() and rel.parts[0] not in ("strata.duckdb", "strata.duckdb.wal", "dagster") \
-                and not any(part.startswith(".") for part in rel.parts):
-            out[rel.as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -84,7 +77,7 @@ def main() -> None:
     ap.add_argument("before", type=Path)
     ap.add_argument("after", type=Path)
     args = ap.parse_args()
-    fa, fb = artifacts(args.before), artifacts(args.after)
+    fa, fb = artifact_digests(args.before), artifact_digests(args.after)
     differ = [k for k in fa if k in fb and fa[k] != fb[k]]
     print(f"files: {len(fa)} vs {len(fb)}; identical {sum(fb.get(k) == v for k, v in fa.items())}; differ {len(differ)}; "
           f"only before {len(set(fa) - set(fb))}; only after {len(set(fb) - set(fa))}")

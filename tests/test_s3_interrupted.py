@@ -6,7 +6,6 @@ artifacts equal byte for byte those of a run never interrupted."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -20,6 +19,8 @@ import pytest
 import yaml
 from helpers import demo_slice
 from s3_server import Bucket, start_server
+
+from pipeline.storage.layout import artifact_digests
 
 REPO = Path(__file__).resolve().parents[1]
 BIG_BYTES = 20 << 20  # the shard read when the server dies: three of remote.BLOCK_SIZE's ranged reads
@@ -51,18 +52,6 @@ def _config(path: Path, root: Path, url: str) -> Path:
     cfg = {"data_root": str(root), "corpus": {"path": url, "source_field": "domain"}, "heldout_fraction": 0.05}
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def _artifacts(root: Path) -> dict[str, str]:
-    """SHA-256 of every file the run wrote, by path in the data root (not the run's bookkeeping:
-    DuckDB, Dagster's storage, hidden logs and markers)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if p.is_file() and rel.parts[0] not in ("strata.duckdb", "strata.duckdb.wal", "dagster") \
-                and not any(part.startswith(".") for part in rel.parts):
-            out[rel.as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 def _kill_after_first_range(server, key: str, done: threading.Event) -> None:
@@ -125,7 +114,7 @@ def test_a_server_killed_mid_shard_fails_cleanly_and_the_rerun_is_identical(s3_b
         reference = _strata("run", "--config", str(_config(tmp_path / "reference.yaml", tmp_path / "reference", url)), "--select",
                             "*corpus")
         assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
-        want, got = _artifacts(tmp_path / "reference"), _artifacts(root)
+        want, got = artifact_digests(tmp_path / "reference"), artifact_digests(root)
         assert "corpus.parquet" in want and len([k for k in want if k.startswith("corpus/shards/")]) == 4
         assert got == want
     finally:

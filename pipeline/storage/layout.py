@@ -21,6 +21,21 @@ if TYPE_CHECKING:
 
 
 ROOT_MARKER = ".strata-root"  # written into every data root Strata prepares: corpus discovery never reads below it
+BOOKKEEPING = ("strata.duckdb", "strata.duckdb.wal", "dagster")  # the runs' records, not artifacts
+
+
+def artifact_digests(root: Path) -> dict[str, str]:
+    """SHA-256 of every artifact file under the data root ``root``, by relative path: not the runs'
+    bookkeeping (DuckDB, Dagster's storage) nor hidden files (logs, markers, temporaries). Two roots
+    built from the same inputs and seed give equal digests (the data contract)."""
+    import hashlib
+
+    out = {}
+    for p in sorted(Path(root).rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and rel.parts[0] not in BOOKKEEPING and not any(part.startswith(".") for part in rel.parts):
+            out[rel.as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
 
 
 def is_data_root(directory: Path) -> bool:
