@@ -13,8 +13,13 @@ false``, so the appended root's k-means, and with it SemDeDup's clusters, is the
    the appended root's ``clean/documents.parquet`` must equal byte for byte.
 
 For each run: the ``clean_shards`` partitions that ran and the sum of their asset functions' wall
-seconds (``wall_s`` of each materialization), the ``clean`` gather's wall seconds and the shards it
-scanned itself, and the whole process's wall time (every stage of ``*clean``). Figures are
+seconds (``wall_s`` of each materialization), the ``clean`` gather's wall seconds, the shards it
+scanned itself and its parts (``scan_s``: shards no partition scanned, ``heldout_scan_s``, ``exact_s``,
+``near_s``: the LSH over the stored signatures, ``decontam_s``, ``semantic_s``), and the whole
+process's wall time (every stage of ``*clean``); then ``clean`` alone again in a process of its own
+(every scan there: the gather's work), for its resident memory high-water mark (``clean_alone_peak_rss_mb``)
+and wall time. The generator cuts passages of the demo corpus's text, so
+many documents overlap each other and the held-out split: the counts are the generator's, not a crawl's. Figures are
 printed and written to ``benchmarks/results/clean_shards.json``, never asserted.
 
     python benchmarks/bench_clean_shards.py --docs 200000 --shard-docs 20000 [--work /tmp/bench_clean_shards]
@@ -39,6 +44,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_scale import generate  # noqa: E402
 
 SHARED = Path(os.environ.get("STRATA_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+# runs its arguments as a child process; prints the child's resident memory high-water mark (KB) and wall seconds
+PEAK = "import resource, subprocess, sys, time; t = time.time(); rc = subprocess.run(sys.argv[1:]).returncode; " \
+       "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, time.time() - t); sys.exit(rc)"
 
 
 def config(corpus: Path, root: Path) -> dict:
@@ -70,13 +80,20 @@ def run(cfg: dict, work: Path, name: str) -> dict:
 
     parts = made("clean_shards")
     gather = made("clean")[0].asset_materialization.metadata
+    alone = subprocess.run([sys.executable, "-c", PEAK, sys.executable, "-m", "assets.cli", "run", "--config", str(path), "--select",
+                            "clean"], cwd=ROOT, env=env, capture_output=True, text=True)
+    if alone.returncode:
+        sys.exit(alone.stderr[-4000:])
+    peak_kb, alone_wall = alone.stdout.split()[-2:]
     return {"run": name, "process_wall_s": round(wall, 1),
             "clean_shards_partitions": len(parts),
             "clean_shards_wall_s": round(sum(float(r.asset_materialization.metadata["wall_s"].value) for r in parts), 1),
             "clean_wall_s": round(float(gather["wall_s"].value), 1),
             "clean_shards_scanned_by_gather": int(gather["shards_scanned_here"].value),
             "heldout_shards_scanned_by_gather": int(gather["heldout_shards_scanned"].value),
+            "clean_parts_s": {k: float(gather[f"{k}_s"].value) for k in ("scan", "heldout_scan", "exact", "near", "decontam", "semantic")},
             "documents": int(gather["rows/documents"].value) if "rows/documents" in gather else None,
+            "clean_alone_wall_s": round(float(alone_wall), 1), "clean_alone_peak_rss_mb": round(int(peak_kb) / 1024),
             "duplicate_docs": int(gather["rows/duplicate_docs"].value) if "rows/duplicate_docs" in gather else None,
             "contaminated_docs": int(gather["rows/contaminated_docs"].value) if "rows/contaminated_docs" in gather else None}
 

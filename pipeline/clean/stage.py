@@ -8,6 +8,7 @@ packing and the orderings) and DuckDB ``duplicates``, ``contamination`` and ``cl
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +73,11 @@ def _gather(layout, cfg) -> tuple[list, tuple, list, tuple[str, ...], dict[str, 
     main, held, names = _specs(layout, cfg)
     shards = manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
     shard_dir, work = layout.shard_dir("clean"), layout.inside("work", "clean")
+    t0 = time.perf_counter()
     run = scan_shards([s for _, s in shards], main, shard_dir, work, cfg)
+    t1 = time.perf_counter()
     run["heldout_shards_computed"] = scan_shards([s for _, s in shards], held, shard_dir, work, cfg)["shards_computed"] if held else 0
+    run["scan_s"], run["heldout_scan_s"] = round(t1 - t0, 2), round(time.perf_counter() - t1, 2)
     keep = {f.name for _, s in shards for spec in (main, held) if spec is not None for f in spec.files(shard_dir, s).values()}
     prune(shard_dir, keep)
     for old in layout.inside("clean", "evals").glob("*") if layout.inside("clean", "evals").is_dir() else ():
@@ -163,18 +167,22 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
     from pipeline.storage.warehouse import replace_rows
 
     scans, (main, held), held_scans, names, run = _gather(layout, cfg)
-    n = sum(s.n for s in scans)
+    n, t0 = sum(s.n for s in scans), time.perf_counter()
     exact_rep = np.arange(n, dtype=np.int64)
     if main.exact and n:
         from pipeline.clean.exact import exact_representatives
 
         exact_rep = exact_representatives(np.concatenate([np.asarray(s.take("hashes")) for s in scans]))
+    t1 = time.perf_counter()
     near, candidates = _near_pairs(cfg, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
+    t2 = time.perf_counter()
     counts, common = _contamination(cfg, n, names, [(main, scans), (held, held_scans)])
+    t3 = time.perf_counter()
     semantic, largest = np.zeros((0, 2), np.int64), 0
     if cfg.dedup.enabled and cfg.dedup.semantic and n:
         near_rep = components(n, near)[exact_rep]
         semantic, largest = semantic_candidates(layout, cfg, np.flatnonzero(near_rep == np.arange(n)))
+    t4 = time.perf_counter()
     flags = counts >= cfg.decontam.min_overlap
     table = plan(n, exact_rep, near, semantic, flags, names, cfg.dedup.action, cfg.decontam.action == "drop")
     docs = pl.read_parquet(layout.documents, columns=["doc_id", "source"]).sort("doc_id")
@@ -211,6 +219,9 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
          "checked_against": ", ".join(names) or "none", "lsh_candidates": candidates, "largest_cluster_searched": largest,
          "shards_scanned_here": run["shards_computed"], "shards_reused": run["shards_reused"],
          "heldout_shards_scanned": run["heldout_shards_computed"],
+         # where the gather's time went (the whole asset's is its wall_s)
+         **{f"{k}_s": round(v, 2) for k, v in (("scan", run["scan_s"]), ("heldout_scan", run["heldout_scan_s"]), ("exact", t1 - t0),
+                                                ("near", t2 - t1), ("decontam", t3 - t2), ("semantic", t4 - t3))},
          "removed": Markdown(frame_table(removed))},
     )
 
