@@ -144,3 +144,62 @@ def test_a_bad_clean_key_exits_2_naming_the_key_and_the_fix(tmp_path):
     cfg.write_text(yaml.safe_dump({"data_root": str(tmp_path / "root"), "dedup": {"action": "delete"}}))
     proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "dedup.action" in proc.stderr and "keep_one" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_stored_signatures_give_the_pairs_the_texts_give():
+    """The gather's path (signatures computed per shard, read back through ``lookup``) finds the
+    pairs the text path finds, in two batches as two shards would give them."""
+    from pipeline.clean.near import NearIndex, signature_rows
+
+    base = _long_texts(6, words=200)
+    edited = base[0].split()
+    edited[40] = "zzedit"
+    texts = base + [" ".join(edited), base[3].upper(), ""]
+    want, _ = near_pairs([(list(range(len(texts))), texts)], threshold=0.8, num_perm=64, ngram=5, seed=3)
+    sigs = signature_rows(texts, 64, 5, seed=3)
+    index = NearIndex(0.8, 64, 5, seed=3, lookup=lambda doc: sigs[doc])
+    got = np.concatenate([index.add_signatures(range(0, 4), sigs[:4]), index.add_signatures(range(4, 9), sigs[4:])])
+    assert got.tolist() == want.tolist() and {tuple(p) for p in got.tolist()} >= {(0, 6)}
+
+
+def test_evaluation_ngrams_saved_and_loaded_keep_the_boilerplate_rule(tmp_path):
+    """The cache the per-shard scans read (every n-gram, with the units holding each) gives the
+    boilerplate that building with ``common_share`` leaves out."""
+    units = [f"unit {i} " + " ".join(f"w{i}x{j}" for j in range(20)) + " the same licence footer of every unit in this set ok"
+             for i in range(10)]
+    full = EvalNgrams.build({"heldout": lambda: units}, 5)
+    back = EvalNgrams.load(full.save(tmp_path / "cache"))
+    assert back.names == full.names and back.n == 5 and back.n_units == (10,)
+    np.testing.assert_array_equal(back.hashes[0], full.hashes[0])
+    cleaned = EvalNgrams.build({"heldout": lambda: units}, 5, common_share=0.01)
+    boiler = back.boilerplate(0.01)[0]
+    assert boiler.sum() == cleaned.common[0] > 0
+    np.testing.assert_array_equal(np.asarray(back.hashes[0])[~boiler], cleaned.hashes[0])
+    assert not back.boilerplate(1.0)[0].any()
+
+
+def test_a_shards_hits_map_to_the_doc_ids_of_the_rows_the_corpus_kept(tmp_path):
+    from pipeline.clean.shards import ShardScan
+
+    hits = np.array([[0, 0, 5], [2, 1, 7], [3, 0, 9], [5, 0, 1]], np.int64)  # (training row, set, n-gram)
+    np.save(tmp_path / "h.npy", hits)
+    every = ShardScan(start=10, n=6, rows=None, files={"hits": tmp_path / "h.npy"}).hits()
+    assert every.tolist() == [[10, 0, 5], [12, 1, 7], [13, 0, 9], [15, 0, 1]]
+    kept = ShardScan(start=10, n=3, rows=np.array([0, 3, 4]), files={"hits": tmp_path / "h.npy"}).hits()
+    assert kept.tolist() == [[10, 0, 5], [11, 0, 9]]  # rows 2 and 5 were dropped by the corpus; row 3 is its 2nd document
+
+
+def test_a_scan_is_named_by_what_its_bytes_depend_on():
+    """dedup.action or a threshold (the gather's) keeps a shard's scan; the MinHash size, the seed or
+    the evaluation files make a new one."""
+    from pipeline.clean.shards import scan_spec
+    from pipeline.config import StrataConfig
+
+    def key(**over) -> str:
+        return scan_spec(StrataConfig.model_validate(over), "/x/clean/evals/abc").key
+
+    base = key()
+    assert key(dedup={"action": "drop", "near_threshold": 0.7, "semantic_threshold": 0.9}) == base
+    assert key(decontam={"common_share": 1.0, "min_overlap": 3}) == base
+    assert len({base, key(dedup={"near_num_perm": 128}), key(seed=1), key(dedup={"exact": False})}) == 4
+    assert scan_spec(StrataConfig.model_validate({}), "/x/clean/evals/def").key != base
