@@ -237,6 +237,26 @@ def mixture_anchors(results: Path) -> str:
     return "\n".join(lines)
 
 
+def clean_shards(results: Path, name: str = "clean_shards_1m") -> str:
+    """``bench_clean_shards.py``: the clean stage from scratch, after an appended shard, and a scratch
+    root over the appended corpus."""
+    doc = _load(results, name)
+    lines = ["| run | `clean_shards` partitions run | their s | `clean` s | held-out rescan s | near (LSH) s | semantic s |"
+             " `clean` alone: s, peak RSS MB | `*clean` process s |", "|---" + "|---:" * 8 + "|"]
+    for r in doc["runs"]:
+        parts = r["clean_parts_s"]
+        lines.append(f"| {r['run']} ({r['documents']:,} documents) | {r['clean_shards_partitions']} | {r['clean_shards_wall_s']:.1f} |"
+                     f" {r['clean_wall_s']:.1f} | {parts['heldout_scan']:.1f} | {parts['near']:.1f} | {parts['semantic']:.1f} |"
+                     f" {r['clean_alone_wall_s']:.1f}, {r['clean_alone_peak_rss_mb']:,} | {r['process_wall_s']:.1f} |")
+    m = doc["machine"]
+    lines.append("")
+    lines.append(f"`bench_clean_shards.py --docs {doc['docs']} --shard-docs {doc['shard_docs']}` at {doc['commit'][:12]}, {doc['date']},"
+                 f" {m['cpu']}, {m['cores']} cores (load average {m['load_average_at_start']:.1f} at the start);"
+                 f" the appended root's `clean/documents.parquet` equals the scratch root's byte for byte:"
+                 f" **{'yes' if doc['append_equals_scratch'] else 'no'}**. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -247,6 +267,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "clean_planted": clean_planted,
     "mixture_anchors": mixture_anchors,
     "clean_1m": lambda results: clean_planted(results, "clean_1m"),
+    "clean_shards_1m": clean_shards,
 }
 
 

@@ -38,8 +38,12 @@ def _counts(tables: dict[str, pl.DataFrame], by: str) -> pl.DataFrame:
     return pl.concat(parts).group_by(by, "kind").agg(documents=pl.len()).sort(by, "kind")
 
 
+MAX_CLUSTERS = 30  # bars of the cluster panel: the clusters with the most flagged documents
+
+
 def plot_clean(tables: dict[str, pl.DataFrame], path: str | os.PathLike) -> Path:
-    """Stacked bars of duplicate and contaminated documents by source (left) and by cluster (right)."""
+    """Stacked bars of duplicate and contaminated documents by source (left) and by cluster (right:
+    the :data:`MAX_CLUSTERS` clusters with the most, when there are more)."""
     from matplotlib.figure import Figure
 
     from pipeline.reports.figures import DPI, save_png
@@ -48,6 +52,12 @@ def plot_clean(tables: dict[str, pl.DataFrame], path: str | os.PathLike) -> Path
     for ax, by in zip(fig.subplots(1, 2), ("source", "cluster")):
         counts = _counts(tables, by)
         keys = sorted(counts[by].unique().to_list(), key=lambda k: (len(k), k)) if counts.height else []
+        title = f"duplicates and contamination by {by}"
+        if by == "cluster" and len(keys) > MAX_CLUSTERS:
+            totals = dict(counts.group_by(by).agg(pl.col("documents").sum()).iter_rows())
+            top = set(sorted(keys, key=lambda k: -totals[k])[:MAX_CLUSTERS])
+            title += f"\n(the {MAX_CLUSTERS} of {len(keys)} clusters with the most)"
+            keys = [k for k in keys if k in top]
         bottom = [0] * len(keys)
         for kind, color in _COLORS.items():
             got = dict(counts.filter(pl.col("kind") == kind).select(by, "documents").iter_rows())
@@ -55,12 +65,12 @@ def plot_clean(tables: dict[str, pl.DataFrame], path: str | os.PathLike) -> Path
             if any(heights):
                 ax.bar(range(len(keys)), heights, bottom=bottom, color=color, label=kind)
                 bottom = [b + h for b, h in zip(bottom, heights)]
-        ax.set_xticks(range(len(keys)), keys, rotation=45 if by == "source" else 0, ha="right" if by == "source" else "center",
-                      fontsize=8)
+        ax.set_xticks(range(len(keys)), keys, rotation=45 if by == "source" else (90 if len(keys) > 15 else 0),
+                      ha="right" if by == "source" else "center", fontsize=8)
         ax.set_xlabel(by)
         ax.yaxis.get_major_locator().set_params(integer=True)  # whole documents
         ax.set_ylabel("documents")
-        ax.set_title(f"duplicates and contamination by {by}")
+        ax.set_title(title, fontsize=10)
         if not keys:
             ax.text(0.5, 0.5, "nothing flagged", ha="center", va="center", transform=ax.transAxes)
         elif by == "source":

@@ -162,7 +162,9 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
     ``decontam.action`` decide who leaves training (``removed``)."""
     from pipeline.clean.groups import components
     from pipeline.clean.plan import REASONS, plan
+    from pipeline.clean.report import plot_clean
     from pipeline.reports.markdown import frame_table
+    from pipeline.reports.visual import image_markdown
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.warehouse import replace_rows
 
@@ -204,11 +206,12 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
         replace_rows(con, "duplicates", dups, {})
         replace_rows(con, "contamination", contam, {})
         replace_rows(con, "clean_removed", removed, {})
+    png = plot_clean({"duplicates": dups, "contamination": contam}, layout.inside("clean", "clean.png"))
     kinds = dict(dups.group_by("dup_kind").len().iter_rows())
     per_set = dict(contam.group_by("eval_set").len().iter_rows())
     gone = dict(zip(removed["reason"], removed["tokens"]))
     return StageResult(
-        [out],
+        [out, png],
         {"documents": n, "duplicate_docs": dups.height, "contaminated_docs": int(flags.any(axis=1).sum()),
          "removed_docs": int(removed["documents"].sum())},
         {"dedup": cfg.dedup.model_dump(), "decontam": cfg.decontam.model_dump(), "seed": cfg.seed, "eval_sets": list(names)},
@@ -222,7 +225,8 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
          # where the gather's time went (the whole asset's is its wall_s)
          **{f"{k}_s": round(v, 2) for k, v in (("scan", run["scan_s"]), ("heldout_scan", run["heldout_scan_s"]), ("exact", t1 - t0),
                                                 ("near", t2 - t1), ("decontam", t3 - t2), ("semantic", t4 - t3))},
-         "removed": Markdown(frame_table(removed))},
+         "removed": Markdown(frame_table(removed)),
+         "by_source_and_cluster": Markdown(image_markdown(png, "duplicates and contamination by source and by cluster"))},
     )
 
 
