@@ -18,6 +18,7 @@ import pytest
 import yaml
 from helpers import demo_slice
 
+from pipeline.clean.stage import applied_removals, packed_stream, removed_documents
 from pipeline.config import config_from_dict
 from pipeline.errors import StrataInputError
 from pipeline.export.numpy_tokens import open_numpy
@@ -119,7 +120,8 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     sizes = [Store(layout).ordering("greedy").order.size]
 
     for new in (3, 4):  # append a shard, twice
-        _write_shard(shards / f"part-{new}.parquet", recs[new * 50 : (new + 1) * 50])
+        copy = [{**recs[1], "id": f"copy-{new}", "text": recs[1]["text"].upper()}]  # an exact duplicate: the clean stage removes it
+        _write_shard(shards / f"part-{new}.parquet", recs[new * 50 : (new + 1) * 50] + copy)
         _materialize(cfg_path, root)
         for a in SHARD_ASSETS:  # only the new shard's partitions ran
             ran, marks[a] = _ran(instance, a, marks[a])
@@ -140,13 +142,16 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
             exported = _latest(instance, "exports", s)
             assert all(exported[f"{f}/kept_sequences"] == P for f in FORMATS), exported  # extended, not rewritten
         sizes.append(Store(layout).ordering("greedy").order.size)
+        _removals_spare_the_prefix(layout)
     assert sizes[0] < sizes[1] < sizes[2]
 
     # every token placed once or reported dropped, and only tails (< seq_len per packed run) dropped
     segments = pl.read_parquet(layout.segments)
     stream = np.diff(np.load(layout.doc_offsets))
-    acc = conservation(segments, stream, 128, gaps=True)
-    assert acc["ok"] and acc["tokens_kept"] + acc["tokens_dropped"] == int(stream.sum())
+    kept, removed = packed_stream(layout, stream)  # the planted copies left training
+    acc = conservation(segments, kept, 128, gaps=True)
+    assert acc["ok"] and acc["tokens_kept"] + acc["tokens_dropped"] + sum(removed.values()) == int(stream.sum())
+    assert removed["exact"] > 0
     assert acc["tokens_dropped"] == _latest(instance, "sequences")["tokens_dropped"] == 0  # best_fit drops nothing
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         rows = con.execute("SELECT strategy, frozen_sequences, version FROM ordering_frozen_prefix ORDER BY strategy").fetchall()
@@ -200,8 +205,22 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM ordering_frozen_prefix").fetchone()[0] == 0
     stream = np.diff(np.load(layout.doc_offsets))
-    fresh = pack("best_fit", np.random.default_rng(0).permutation(stream.size), stream, 128).segments
+    order = np.random.default_rng(0).permutation(stream.size)
+    gone = set(applied_removals(layout)["doc_id"].to_list())  # the planted copies, no prefix sparing them now
+    assert gone == set(removed_documents(layout)["doc_id"].to_list())
+    fresh = pack("best_fit", np.array([d for d in order if d not in gone]), stream, 128).segments
     assert pl.read_parquet(layout.segments).equals(fresh)
+
+
+def _removals_spare_the_prefix(layout: Layout) -> None:
+    """The packing left out every document the clean stage removed but those a frozen prefix holds."""
+    removed = removed_documents(layout)
+    assert removed is not None  # the planted copies
+    held = set(frozen.frozen_docs(frozen.load_all(layout), frozen.doc_keys(layout)).tolist())
+    applied = applied_removals(layout)
+    applied_ids = set(applied["doc_id"].to_list()) if applied is not None else set()
+    assert applied_ids == set(removed["doc_id"].to_list()) - held
+    assert not applied_ids & set(pl.read_parquet(layout.segments)["doc_id"].to_list())
 
 
 def _records_of(tmp_path, n_docs: int = 30, seq_len: int = 16, variant: str = "concat", atom: float | None = None, name: str = "concat"):
@@ -240,6 +259,30 @@ def test_pack_frozen_keeps_frozen_sequences_and_packs_the_rest(tmp_path, variant
     assert np.array_equal(np.unique(out.segments["sequence_id"]), np.arange(out.n_sequences))
     again, _ = frozen.pack_frozen([rec], keys2, more, variant, atom, 16, name, 0)
     assert again.segments.equals(out.segments)  # seeded: the same inputs give the same packing
+
+
+def test_removed_documents_outside_the_prefix_leave_and_inside_it_are_refused(tmp_path):
+    """The clean stage's removals with a frozen prefix: a document no frozen sequence holds is not
+    packed (its tokens accounted as removed), the frozen sequences keep their rows; one a frozen
+    sequence holds cannot be left out (the packing keeps it: pipeline/packing/stage.py)."""
+    rec, keys, lengths, packed = _records_of(tmp_path)
+    held = frozen.frozen_docs([rec], keys)
+    assert held.size and np.array_equal(held, np.unique(rec.segments.join(keys, on=["id", "content_hash"])["doc_id"]))
+    outside = np.setdiff1d(np.arange(30), held)[:4]
+    leave = np.zeros(30, bool)
+    leave[outside] = True
+    out, (updated,) = frozen.pack_frozen([rec], keys, lengths, "concat", None, 16, "concat", 0, leave_out=leave)
+    assert not set(out.segments["doc_id"].to_list()) & set(outside.tolist())
+    kept = np.where(leave, 0, lengths)
+    acc = conservation(out.segments, kept, 16, gaps=True)
+    assert acc["ok"] and acc["tokens_kept"] + acc["tokens_dropped"] == int(lengths.sum() - lengths[outside].sum())
+    assert out.tokens_in == int(kept.sum()) and out.tokens_dropped == acc["tokens_dropped"]
+    tokens, offsets = np.arange(int(lengths.sum())), np.r_[0, np.cumsum(lengths)]
+    before = SequenceStore(tokens, offsets, packed.segments, 16).batch(np.array([5, 0, 7, 2]))[0]
+    np.testing.assert_array_equal(before, SequenceStore(tokens, offsets, out.segments, 16).batch(updated.sequence_ids)[0])
+    leave[held[0]] = True
+    with pytest.raises(ValueError, match="lies in a frozen prefix"):
+        frozen.pack_frozen([rec], keys, lengths, "concat", None, 16, "concat", 0, leave_out=leave)
 
 
 def test_edits_inside_the_prefix_are_refused_and_suffix_deletions_leave(tmp_path):

@@ -240,21 +240,30 @@ def removed_documents(layout) -> pl.DataFrame | None:
     return gone if gone.height else None
 
 
-def removed_mask(layout, n_docs: int) -> np.ndarray | None:
-    """Boolean per doc_id: the document leaves training (None: none does)."""
-    gone = removed_documents(layout)
-    if gone is None:
+def applied_file(layout) -> Path:
+    """The removals the packing applied (doc_id, removed): the clean stage's, less the documents a
+    frozen prefix holds."""
+    return layout.inside("sequences", "removed.parquet")
+
+
+def applied_removals(layout) -> pl.DataFrame | None:
+    """doc_id and removed of the documents the packing left out (``sequences/meta.json`` says
+    whether it applied the clean stage's removals; a data root packed before ``removed.parquet``
+    existed applied the clean table as it is), or None when it left none out."""
+    import json
+
+    meta = json.loads(layout.sequences_meta.read_text(encoding="utf-8")) if layout.sequences_meta.is_file() else {}
+    if not meta.get("cleaned"):
         return None
-    mask = np.zeros(n_docs, bool)
-    mask[gone["doc_id"].to_numpy()] = True
-    return mask
+    gone = pl.read_parquet(applied_file(layout)) if applied_file(layout).is_file() else removed_documents(layout)
+    return gone if gone is not None and gone.height else None
 
 
-def removed_tokens(layout, stream: np.ndarray) -> dict[str, int]:
-    """Stream tokens (ids and EOS) of the removed documents by reason (every reason, 0 where none)."""
+def tokens_by_reason(gone: pl.DataFrame | None, stream: np.ndarray) -> dict[str, int]:
+    """Stream tokens (ids and EOS) of the documents ``gone`` (doc_id, removed) by reason (every
+    reason, 0 where none)."""
     from pipeline.clean.plan import REASONS
 
-    gone = removed_documents(layout)
     out = dict.fromkeys(REASONS, 0)
     if gone is not None:
         tok = np.asarray(stream, np.int64)[gone["doc_id"].to_numpy()]
@@ -272,32 +281,24 @@ def group_keys(layout) -> pl.DataFrame | None:
 
 
 def packed_stream(layout, stream: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
-    """The stream lengths the packing had to hold (the documents the clean stage removed at 0, when
-    ``sequences/meta.json`` says the packing left them out) and their tokens by reason: what the
-    token-conservation check accounts every token of the corpus with."""
-    import json
-
-    from pipeline.clean.plan import REASONS
-
-    meta = json.loads(layout.sequences_meta.read_text(encoding="utf-8")) if layout.sequences_meta.is_file() else {}
-    gone = removed_documents(layout) if meta.get("cleaned") else None
+    """The stream lengths the packing had to hold (the documents it left out, :func:`applied_removals`,
+    at 0) and their tokens by reason: what the token-conservation check accounts every token of the
+    corpus with."""
+    gone = applied_removals(layout)
     if gone is None:
-        return stream, dict.fromkeys(REASONS, 0)
+        return stream, tokens_by_reason(None, stream)
     kept = np.array(stream, np.int64, copy=True)
-    by_reason = removed_tokens(layout, kept)
+    by_reason = tokens_by_reason(gone, kept)
     kept[gone["doc_id"].to_numpy()] = 0
     return kept, by_reason
 
 
 def training_documents(layout, docs: pl.DataFrame) -> pl.DataFrame:
-    """The ordering's documents table without the documents the packing left out (the clean
-    stage's removals, when ``sequences/meta.json`` says it applied them), and with a
-    ``content_hash`` column (when it has one) equal within each duplicate group, so
-    ``duplicate_separated`` separates near and semantic duplicates as it does exact ones."""
-    import json
-
-    meta = json.loads(layout.sequences_meta.read_text(encoding="utf-8")) if layout.sequences_meta.is_file() else {}
-    gone = removed_documents(layout) if meta.get("cleaned") else None
+    """The ordering's documents table without the documents the packing left out
+    (:func:`applied_removals`), and with a ``content_hash`` column (when it has one) equal within
+    each duplicate group, so ``duplicate_separated`` separates near and semantic duplicates as it
+    does exact ones."""
+    gone = applied_removals(layout)
     if gone is not None:
         docs = docs.filter(~pl.col("doc_id").is_in(gone["doc_id"].implode()))
     groups = group_keys(layout) if "content_hash" in docs.columns else None

@@ -170,10 +170,17 @@ def _ids(frozen_ids: np.ndarray, n_new: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(frozen_ids.size, dtype=np.int64), np.arange(frozen_ids.size, total, dtype=np.int64)
 
 
+def frozen_docs(records: list[FrozenPrefix], keys: pl.DataFrame) -> np.ndarray:
+    """The doc ids with tokens in a frozen prefix (sorted, unique)."""
+    ids = [_current(r, keys)["doc_id"].to_numpy() for r in records]
+    return np.unique(np.concatenate(ids)).astype(np.int64) if ids else np.zeros(0, np.int64)
+
+
 def pack_frozen(records: list[FrozenPrefix], keys: pl.DataFrame, stream_lengths: np.ndarray, variant: str, atom: float | None,
-                seq_len: int, packing: str, seed: int) -> tuple[Packing, list[FrozenPrefix]]:
-    """The packing that keeps every record's sequences and packs the rest (see the module docstring);
-    and the records with their sequences' ids in it."""
+                seq_len: int, packing: str, seed: int, leave_out: np.ndarray | None = None) -> tuple[Packing, list[FrozenPrefix]]:
+    """The packing that keeps every record's sequences and packs the rest (see the module docstring),
+    but the documents ``leave_out`` marks (boolean per doc id; none of them in a frozen prefix: the
+    clean stage's removals); and the records with their sequences' ids in it."""
     lengths = np.asarray(stream_lengths, dtype=np.int64)
     for rec in records:
         if rec.meta.get("seq_len") != seq_len or rec.meta.get("packing") != packing:
@@ -190,6 +197,11 @@ def pack_frozen(records: list[FrozenPrefix], keys: pl.DataFrame, stream_lengths:
         raise StrataInputError("the documents of the frozen prefix no longer have the tokens it holds (the tokenizer changed?)",
                                fix=f"set tokenizer: to the fixed tokenizer the prefix was packed with, or {UNFREEZE}")
     v_doc, v_start, v_len = _uncovered(frozen, lengths)
+    if leave_out is not None:
+        if leave_out[frozen["doc_id"].to_numpy()].any():
+            raise ValueError("a document to leave out lies in a frozen prefix")
+        keep = ~leave_out[v_doc]
+        v_doc, v_start, v_len = v_doc[keep], v_start[keep], v_len[keep]
     rank = np.empty(lengths.size, np.int64)
     rank[np.random.default_rng(seed).permutation(lengths.size)] = np.arange(lengths.size)
     o = np.lexsort((v_start, rank[v_doc]))
@@ -211,7 +223,8 @@ def pack_frozen(records: list[FrozenPrefix], keys: pl.DataFrame, stream_lengths:
     n_seq = int(old_ids.size + n_new)
     kept = int(segments["n_tokens"].cast(pl.Int64).sum() or 0)  # Int32 sums wrap past 2^31 tokens
     eos = int(segments["eos_added"].sum() or 0)
-    packed = Packing(segments, n_seq, seq_len, int(lengths.sum()), n_seq * seq_len, int(lengths.sum()) - kept, variant,
+    total = int(lengths.sum()) - (int(lengths[leave_out].sum()) if leave_out is not None else 0)  # what was to be packed
+    packed = Packing(segments, n_seq, seq_len, total, n_seq * seq_len, total - kept, variant,
                      None if atom is None else int(round(atom * seq_len)), eos, n_seq * seq_len - kept - eos)
     updated = [FrozenPrefix(r.strategy, r.sequences, r.segments.with_columns(
         pl.col("sequence_id").replace_strict(remap, return_dtype=pl.Int64)), r.meta) for r in records]

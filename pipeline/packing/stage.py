@@ -13,10 +13,11 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
     ``sequences/segments.parquet`` (each sequence's pieces as offsets into the token store),
     ``sequences/meta.json`` (seq_len, packing, freeze_prefix and the token store's fingerprint) and
     DuckDB ``packing_stats`` (with the tokens the clean stage removed, by reason: those documents
-    are not packed; docs/cleaning.md). With ``freeze_prefix`` P the frozen prefixes recorded under
-    ``frozen/`` keep their sequences and only the other tokens are packed
-    (``pipeline/packing/frozen.py``); ``freeze_prefix: 0`` forgets every frozen prefix."""
-    from pipeline.clean.stage import removed_mask, removed_tokens
+    are not packed, ``sequences/removed.parquet``; docs/cleaning.md). With ``freeze_prefix`` P the
+    frozen prefixes recorded under ``frozen/`` keep their sequences and only the other tokens are
+    packed (``pipeline/packing/frozen.py``): a removed document a frozen prefix holds stays (it was
+    trained on); ``freeze_prefix: 0`` forgets every frozen prefix."""
+    from pipeline.clean.stage import applied_file, removed_documents, tokens_by_reason
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.data.tokens import open_tokens
     from pipeline.packing import frozen
@@ -32,22 +33,33 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
     if not n_frozen:
         frozen.unfreeze(layout, connect)
     records = frozen.load_all(layout)
-    gone = None
+    # the clean stage's removals (docs/cleaning.md), but a document a frozen prefix holds: it was trained on already
+    gone, kept_frozen = removed_documents(layout), 0
+    keys = frozen.doc_keys(layout) if records else None
+    if gone is not None and records:
+        held = gone["doc_id"].is_in(pl.Series(frozen.frozen_docs(records, keys)).implode())
+        kept_frozen, gone = int(held.sum()), gone.filter(~held)
+    mask = None
+    if gone is not None:
+        mask = np.zeros(stream.size, bool)
+        mask[gone["doc_id"].to_numpy()] = True
     if records:
-        packed, records = frozen.pack_frozen(records, frozen.doc_keys(layout), stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed)
+        packed, records = frozen.pack_frozen(records, keys, stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed, leave_out=mask)
     else:
         order = np.random.default_rng(cfg.seed).permutation(stream.size)
-        gone = removed_mask(layout, stream.size)  # the clean stage's removals (docs/cleaning.md): the rest keep their order
-        if gone is not None:
-            order = order[~gone[order]]
+        if mask is not None:
+            order = order[~mask[order]]  # the rest keep their order
         packed = pack(variant, order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
     if records:  # before anything is overwritten
         pad_id = load_tokenizer(layout.tokenizer).pad_token_id
         frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id), tokens.dtype)
-    # a frozen prefix's packing keeps every document (its sequences never change)
-    removed = removed_tokens(layout, stream) if gone is not None else {}
+    removed = tokens_by_reason(gone, stream) if gone is not None else {}
     del tokens, offsets, stream  # per-document arrays: not held while the segments are written
     write_parquet(packed.segments, layout.segments)
+    applied = [write_parquet(gone.select(pl.col("doc_id").cast(pl.Int64), pl.col("removed").cast(pl.String)), applied_file(layout))] \
+        if gone is not None else []
+    if gone is None:
+        applied_file(layout).unlink(missing_ok=True)  # an earlier packing's, which this one does not apply
     saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
     write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout),
@@ -58,10 +70,11 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
     with connect() as con:
         replace_rows(con, "packing_stats", stats, {})
     return StageResult(
-        [layout.segments, layout.sequences_meta, *saved],
+        [layout.segments, layout.sequences_meta, *applied, *saved],
         {"sequences": packed.n_sequences, "segments": packed.segments.height},
         {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": n_frozen},
         {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
          "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
-         "frozen_sequences_kept": kept, **{f"tokens_removed_{reason}": t for reason, t in removed.items()}},
+         "frozen_sequences_kept": kept, "flagged_kept_in_frozen_prefix": kept_frozen,
+         **{f"tokens_removed_{reason}": t for reason, t in removed.items()}},
     )
