@@ -73,6 +73,25 @@ def test_semantic_pairs_stay_within_a_cluster():
     assert pairs.tolist() == [[0, 1]] and largest == 2
 
 
+def test_semantic_groups_reduced_chunk_by_chunk_are_the_pairs_groups():
+    """``forest``: one pair a grouped document, to its group's smallest doc id, over several chunks
+    of queries; the groups (connected components) are those of every pair."""
+    from pipeline.clean.groups import components
+
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(8, 32)).astype(np.float32)
+    x = np.concatenate([base[rng.integers(0, 8, 60)] + 0.02 * rng.normal(size=(60, 32)).astype(np.float32),
+                        rng.normal(size=(20, 32)).astype(np.float32)])
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    cluster = rng.integers(0, 3, x.shape[0])
+    docs = np.arange(x.shape[0])
+    pairs, _ = semantic_pairs(lambda ids: x[ids], cluster, docs, threshold=0.95, chunk=7)
+    tree, _ = semantic_pairs(lambda ids: x[ids], cluster, docs, threshold=0.95, chunk=7, forest=True)
+    assert len(tree) < len(pairs) and np.array_equal(components(docs.size, tree), components(docs.size, pairs))
+    assert np.unique(tree[:, 1]).size == len(tree) and (tree[:, 0] < tree[:, 1]).all()
+    assert (components(docs.size, tree)[tree[:, 1]] == tree[:, 0]).all()  # each pair ends at its group's smallest doc id
+
+
 def test_a_planted_wikitext_paragraph_is_caught_and_only_it():
     para = _wiki_paragraph()
     clean = _long_texts(3)

@@ -62,7 +62,7 @@ class EvalNgrams:
                 per_unit.append(_unique_per_unit(flat, unit_of[np.repeat(np.arange(len(texts)), np.diff(offsets))]))
                 n_units += len(b)
             grams, units_with = np.unique(np.concatenate(per_unit), return_counts=True) if per_unit else (np.zeros(0, np.uint64),) * 2
-            keep = ~_over(units_with, n_units, common_share)
+            keep = ~over_share(units_with, n_units, common_share)
             names.append(name)
             hashes.append(grams[keep].astype(np.uint64))
             units_of.append(units_with[keep].astype(np.int64))
@@ -73,7 +73,7 @@ class EvalNgrams:
     def boilerplate(self, share: float) -> list[np.ndarray]:
         """Per set, boolean per n-gram: in more than ``share`` of the set's units and more than
         :data:`COMMON_MIN` of them (none when ``share`` is 1)."""
-        return [_over(u, k, share) for u, k in zip(self.units_with, self.n_units)]
+        return [over_share(u, k, share) for u, k in zip(self.units_with, self.n_units)]
 
     def save(self, path: Path) -> Path:
         """Write the n-grams to ``path`` (a folder: one ``.npy`` a set and array, and ``sets.json``), atomically."""
@@ -133,8 +133,9 @@ class EvalNgrams:
         return out
 
 
-def _over(units_with: np.ndarray, n_units: int, share: float) -> np.ndarray:
-    """Boolean per n-gram: found in more than ``share`` of ``n_units`` and more than :data:`COMMON_MIN`."""
+def over_share(units_with: np.ndarray, n_units: int, share: float) -> np.ndarray:
+    """Boolean per n-gram: found in more than ``share`` of ``n_units`` units and in more than
+    :data:`COMMON_MIN` of them (``units_with``: the units holding each); none when ``share`` is 1."""
     if share >= 1.0:
         return np.zeros(np.asarray(units_with).size, bool)
     return np.asarray(units_with) > max(COMMON_MIN, int(share * n_units))
@@ -144,7 +145,7 @@ def common_grams(pairs: np.ndarray, n_grams: int, n_docs: int, share: float) -> 
     """Boolean per n-gram of one set: found in more than ``share`` of the ``n_docs`` training
     documents and in more than :data:`COMMON_MIN` of them (``pairs``: (document, n-gram) hits, each
     once); none when ``share`` is 1."""
-    return _over(np.bincount(pairs[:, 1], minlength=n_grams), n_docs, share)
+    return over_share(np.bincount(pairs[:, 1], minlength=n_grams), n_docs, share)
 
 
 def _unique_per_unit(grams: np.ndarray, unit: np.ndarray) -> np.ndarray:

@@ -121,8 +121,10 @@ def _near_pairs(cfg, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, in
 def _contamination(cfg, n: int, names: tuple[str, ...], parts: list[tuple[object, list]]) -> tuple[np.ndarray, list[int]]:
     """(n, sets) distinct shared n-grams per document and set, the boilerplate left out (an n-gram
     in more than ``decontam.common_share`` of its set's units or of the training documents, and in
-    more than 3 of them), and the n-grams left out of each set. ``parts``: (scan spec, its shard scans)."""
-    from pipeline.clean.decontam import EvalNgrams, common_grams
+    more than 3 of them), and the n-grams left out of each set. ``parts``: (scan spec, its shard
+    scans). Two passes over the shards' hits, one shard in memory at a time: the training documents
+    holding each n-gram, then each document's count of the n-grams that are not boilerplate."""
+    from pipeline.clean.decontam import EvalNgrams, over_share
 
     share = cfg.decontam.common_share
     counts, common = np.zeros((n, len(names)), np.int64), [0] * len(names)
@@ -130,26 +132,34 @@ def _contamination(cfg, n: int, names: tuple[str, ...], parts: list[tuple[object
         if spec is None or not spec.evals:
             continue
         evals = EvalNgrams.load(Path(spec.evals))
-        hits = np.concatenate([s.hits() for s in scans]) if scans else np.zeros((0, 3), np.int64)
+        sizes = [h.size for h in evals.hashes]
+        docs_with = [np.zeros(k, np.int64) for k in sizes]  # training documents holding each n-gram (a (doc, n-gram) hit is once)
+        for scan in scans:
+            hits = scan.hits()
+            for local, k in enumerate(sizes):
+                docs_with[local] += np.bincount(hits[hits[:, 1] == local, 2], minlength=k)
+        skip = []
         for local, (name, boiler) in enumerate(zip(evals.names, evals.boilerplate(share))):
-            j = names.index(name)
-            found = hits[hits[:, 1] == local][:, [0, 2]]
-            found = found[~boiler[found[:, 1]]]
-            trained = common_grams(found, evals.hashes[local].size, n, share)
-            common[j] = int(boiler.sum()) + int(trained.sum())
-            kept = found[~trained[found[:, 1]]]
-            counts[:, j] = np.bincount(kept[:, 0], minlength=n)  # distinct shared n-grams per document
+            trained = over_share(docs_with[local], n, share) & ~boiler
+            common[names.index(name)] = int(boiler.sum()) + int(trained.sum())
+            skip.append(boiler | trained)
+        for scan in scans:
+            hits = scan.hits()
+            for local, name in enumerate(evals.names):
+                found = hits[hits[:, 1] == local]
+                found = found[~skip[local][found[:, 2]]]
+                counts[:, names.index(name)] += np.bincount(found[:, 0], minlength=n)  # distinct shared n-grams per document
     return counts, common
 
 
 def semantic_candidates(layout, cfg, survivors: np.ndarray) -> tuple[np.ndarray, int]:
-    """SemDeDup pairs among ``survivors`` (sorted doc ids) within their k-means clusters, and the
-    largest cluster searched."""
+    """SemDeDup among ``survivors`` (sorted doc ids) within their k-means clusters, as one pair a
+    grouped document (its group's smallest doc id, it), and the largest cluster searched."""
     from pipeline.clean.semantic import semantic_pairs
     from pipeline.represent.embedding_index import open_embeddings
 
     cluster = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"]).sort("doc_id")["cluster"].to_numpy()
-    return semantic_pairs(open_embeddings(layout).take, cluster, survivors, cfg.dedup.semantic_threshold)
+    return semantic_pairs(open_embeddings(layout).take, cluster, survivors, cfg.dedup.semantic_threshold, forest=True)
 
 
 def clean_documents(layout, cfg, connect: Connect) -> StageResult:
