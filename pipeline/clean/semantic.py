@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def semantic_pairs(take, cluster: np.ndarray, docs: np.ndarray, threshold: float, chunk: int = 4096,
+def semantic_pairs(take, cluster: np.ndarray, docs: np.ndarray, threshold: float, chunk: int = 1024,
                    forest: bool = False) -> tuple[np.ndarray, int]:
     """(k, 2) pairs (lower doc id, higher) of the documents ``docs`` (sorted doc ids) with cosine
     similarity above ``threshold`` and the same ``cluster[doc]``; ``take(ids)`` gives the unit-norm
