@@ -40,7 +40,7 @@ def test_plan_follows_the_graph_and_the_config(graph_and_cfg):
     materializable = {k.to_user_string() for k in graph.materializable_asset_keys}
     optional = {n for n in materializable if graph.get(dg.AssetKey(n)).group_name == "mixture"} | {"claim_runs"}
     assert planned == (materializable - optional) | {"raw_corpus"}
-    assert [names for _, names in batches][:2] == [["corpus_shards"], ["raw_corpus", "corpus", "tokenizer"]]
+    assert [names for _, names in batches][:2] == [["corpus_shards", "clean_shards"], ["raw_corpus", "corpus", "tokenizer"]]
     assert batches[-1] == (None, ["diagnostics_report", "gradient_analyses", "claims", "ablation_report"])
 
     on = cfg.model_copy(update={"claims_full": True, "mixture": cfg.mixture.model_copy(update={"enabled": True})})
