@@ -268,7 +268,7 @@ class Campaign:
 
         layout = Layout(self.root)
         tok = load_tokenizer(layout.tokenizer)
-        every = load_heldout_batch(layout, self.cfg.model_copy(update={"heldout_docs": 10 ** 9}), tok)
+        every = load_heldout_batch(layout, 10 ** 9, tok)
         if every is None:
             raise StrataInputError("no held-out documents to score", path=layout.heldout,
                                    fix="set heldout_fraction > 0 and rerun strata run")

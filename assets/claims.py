@@ -5,8 +5,8 @@ from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from assets.params import PARAM_CLASSES, asset_config
-from pipeline.reports.stage import measure_claims
-from pipeline.training.stage import train_claim_runs
+from pipeline.reports import stage as reports
+from pipeline.training import stage as training
 
 ClaimsParams = PARAM_CLASSES["claims"]  # launchpad: this asset's parameters (assets/params.py)
 ClaimRunsParams = PARAM_CLASSES["claim_runs"]
@@ -25,7 +25,8 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     rec = Recorder(context, duckdb, {"orderings": "*", "training_runs": "*", "gradient_analyses": None, "embeddings": None,
                                      "clusters": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(measure_claims(layout, cfg, duckdb.get_connection, log=context.log.info))
+    params = reports.ClaimsParams.from_config(cfg)
+    return rec.finish_stage(reports.measure_claims(layout, params, duckdb.get_connection, log=context.log.info))
 
 
 @dg.asset(group_name="ablation", deps=["tokens", "clusters", "embeddings", "corpus"], code_version="1", kinds={"pytorch"})
@@ -44,4 +45,5 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     ``pipeline.training.stage.train_claim_runs``."""
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None, "embeddings": None, "corpus": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(train_claim_runs(layout, cfg, duckdb.get_connection, log=context.log.info))
+    params = training.ClaimRunsParams.from_config(cfg)
+    return rec.finish_stage(training.train_claim_runs(layout, params, duckdb.get_connection, log=context.log.info))

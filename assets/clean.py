@@ -19,7 +19,8 @@ def clean_shards(context: dg.AssetExecutionContext, settings: StrataSettings, du
     the only partition to run. One call of ``pipeline.clean.stage.scan_shard``."""
     rec = Recorder(context, duckdb, {"corpus_shards": context.partition_key})
     cfg, layout = asset_config(context, settings), settings.layout()
-    return rec.finish_stage(stage.scan_shard(layout, cfg, partition_docs(context.partition_key, cfg, layout)))
+    params = stage.CleanParams.from_config(cfg)
+    return rec.finish_stage(stage.scan_shard(layout, params, partition_docs(context.partition_key, cfg, layout)))
 
 
 @dg.asset(group_name="data", deps=["corpus", "clean_shards", "tokens", "embeddings", "clusters"], code_version="2",
@@ -35,4 +36,4 @@ def clean(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: D
     rec = Recorder(context, duckdb, {"corpus": None, "tokens": None, "embeddings": None, "clusters": None})
     cfg, layout = asset_config(context, settings), settings.layout()
     gathered_shards(layout, rec, "clean_shards")
-    return rec.finish_stage(stage.clean_documents(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(stage.clean_documents(layout, stage.CleanParams.from_config(cfg), duckdb.get_connection))

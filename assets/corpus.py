@@ -93,4 +93,5 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     """
     rec = Recorder(context, duckdb, {})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.build_stage(layout, cfg, duckdb.get_connection, log=context.log.info, warn=context.log.warning))
+    params = stage.CorpusParams.from_config(cfg)
+    return rec.finish_stage(stage.build_stage(layout, params, duckdb.get_connection, log=context.log.info, warn=context.log.warning))

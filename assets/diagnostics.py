@@ -43,7 +43,8 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     One call of ``pipeline.reports.stage.diagnose_ordering``."""
     rec = Recorder(context, duckdb, {"orderings": context.partition_key})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.diagnose_ordering(layout, cfg, context.partition_key, duckdb.get_connection))
+    params = stage.DiagnoseParams.from_config(cfg)
+    return rec.finish_stage(stage.diagnose_ordering(layout, params, context.partition_key, duckdb.get_connection))
 
 
 @dg.asset(group_name="orderings", deps=["ordering_diagnostics", "embeddings", "clusters"], code_version="2", kinds={"matplotlib"},
@@ -56,4 +57,4 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     One call of ``pipeline.reports.stage.diagnostics_report``."""
     rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
     cfg, layout = asset_config(context, settings), settings.layout()
-    return rec.finish_stage(stage.diagnostics_report(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(stage.diagnostics_report(layout, stage.DiagnosticsReportParams.from_config(cfg), duckdb.get_connection))

@@ -36,7 +36,7 @@ def _token_store(layout, model: str):
 
 
 def _embed(cfg, layout, shards: list[ShardDocs]) -> tuple[dict, str]:
-    model, key = stage.embed_key(cfg)
+    model, key = stage.embed_key(stage.EmbedParams.from_config(cfg))
     run = embed_shards(shards, cfg, model, layout.shard_dir("embeddings"), layout.inside("work", "embeddings"),
                        token_files=_token_store(layout, model) if cfg.embed_method == "shallow" else None)
     return run, key
@@ -109,7 +109,7 @@ def centroids(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     stale. ``keep_centroids: false`` retrains. One call of ``pipeline.represent.stage.train_centroids``."""
     rec = Recorder(context, duckdb, {"embeddings": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.train_centroids(layout, cfg))
+    return rec.finish_stage(stage.train_centroids(layout, stage.CentroidParams.from_config(cfg)))
 
 
 def _assign(layout, cfg, shards: list[ShardDocs]) -> tuple[dict, str]:
@@ -117,7 +117,7 @@ def _assign(layout, cfg, shards: list[ShardDocs]) -> tuple[dict, str]:
     if saved is None:
         raise RuntimeError(f"no k-means model under {layout.inside('clusters', 'model')}: materialize `centroids` first")
     cents, transform, meta = saved
-    _, key = stage.embed_key(cfg)
+    _, key = stage.embed_key(stage.EmbedParams.from_config(cfg))
     emb_dir = layout.shard_dir("embeddings")
     run = assign_shards(shards, cents, transform, meta["key"], lambda s: embedding_file(emb_dir, s, key), layout.shard_dir("clusters"),
                         layout.inside("work", "clusters"), cfg)

@@ -28,7 +28,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"training_runs": context.partition_key})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.evaluate_run(layout, cfg, strategy, seed, duckdb.get_connection))
+    return rec.finish_stage(stage.evaluate_run(layout, stage.EvaluateParams.from_config(cfg), strategy, seed, duckdb.get_connection))
 
 
 AblationReportParams = PARAM_CLASSES["ablation_report"]  # launchpad: this asset's parameters (assets/params.py)
@@ -48,4 +48,4 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     ``pipeline.reports.stage.ablation_report``."""
     rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None, "claims": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(reports.ablation_report(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(reports.ablation_report(layout, reports.AblationReportParams.from_config(cfg), duckdb.get_connection))

@@ -14,12 +14,12 @@ ExportsParams = PARAM_CLASSES["exports"]  # launchpad: this asset's parameters (
 def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
             config: ExportsParams) -> dg.MaterializeResult:
     """Write the partition's ordering in every format of ``export_formats`` under
-    ``exports/<strategy>/<format>/`` (global batch ``export_global_batch`` or ``batch_size``,
+    ``exports/<strategy>/<format>/`` (global batch ``export.global_batch`` or ``batch_size``,
     ``export_world_size`` ranks, ``export_workers`` workers; see docs/export.md). One call of
     ``pipeline.export.stage.export_strategy``."""
     cfg, layout = asset_config(context, settings, config), settings.layout()
     strategy = context.partition_key
-    if (why := stage.export_skipped(cfg, strategy)) is not None:
+    if (why := stage.export_skipped(stage.ExportParams.from_config(cfg), strategy)) is not None:
         return dg.MaterializeResult(metadata={"skipped": f"{strategy}: {why}"})
     rec = Recorder(context, duckdb, {"orderings": strategy})
-    return rec.finish_stage(stage.export_strategy(layout, cfg, strategy, log=context.log.info))
+    return rec.finish_stage(stage.export_strategy(layout, stage.ExportParams.from_config(cfg), strategy, log=context.log.info))

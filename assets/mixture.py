@@ -27,7 +27,7 @@ def mixture_target(context: dg.AssetExecutionContext, settings: StrataSettings, 
     ``mixture_target``. One call of ``pipeline.mixture.stage.target_set``."""
     rec = Recorder(context, duckdb, {"corpus": None, "tokenizer": None})
     cfg, layout = settings.config(), settings.layout()
-    return rec.finish_stage(stage.target_set(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(stage.target_set(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection))
 
 @dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"],
           partitions_def=ITERATION_PARTITIONS, code_version="1", kinds={"pytorch"})
@@ -46,7 +46,8 @@ def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettin
     i = int(context.partition_key)
     rec = Recorder(context, duckdb, {"mixture_target": None, "clusters": None} | ({"mixture_iterations": str(i - 1)} if i else {}))
     cfg, layout = settings.config(), settings.layout()
-    return rec.finish_stage(stage.static_iteration(layout, cfg, i, duckdb.get_connection, log=context.log.info))
+    params = stage.MixtureParams.from_config(cfg)
+    return rec.finish_stage(stage.static_iteration(layout, params, i, duckdb.get_connection, log=context.log.info))
 
 
 @dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["mixture_iterations"], code_version="1", kinds={"parquet"})
@@ -57,7 +58,7 @@ def mixture_weights(context: dg.AssetExecutionContext, settings: StrataSettings,
     One call of ``pipeline.mixture.stage.learned_weights``."""
     rec = Recorder(context, duckdb, {"mixture_iterations": "*"})
     cfg, layout = settings.config(), settings.layout()
-    return rec.finish_stage(stage.learned_weights(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(stage.learned_weights(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection))
 
 @dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["tokens", "clusters", "mixture_target"], code_version="1",
           kinds={"pytorch"})
@@ -71,7 +72,7 @@ def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettin
     (meta_iteration, checkpoint, tokens, step, cluster, score, delta) and ``mixture_curriculum_scores``."""
     rec = Recorder(context, duckdb, {"mixture_target": None, "clusters": None})
     cfg, layout = settings.config(), settings.layout()
-    return rec.finish_stage(stage.curriculum(layout, cfg, duckdb.get_connection, log=context.log.info))
+    return rec.finish_stage(stage.curriculum(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection, log=context.log.info))
 
 
 @dg.asset(group_name="mixture", tags={"strata/order": "last"}, deps=["mixture_weights", "mixture_curriculum"],
@@ -88,7 +89,8 @@ def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, du
     max_copies) and ``mixture/runs/<strategy>/seed<seed>/model``. DuckDB ``mixture_realization``."""
     rec = Recorder(context, duckdb, {"mixture_weights": None, "mixture_curriculum": None})
     cfg, layout = settings.config(), settings.layout()
-    return rec.finish_stage(stage.mixture_run(layout, cfg, context.partition_key, duckdb.get_connection, log=context.log.info))
+    params = stage.MixtureParams.from_config(cfg)
+    return rec.finish_stage(stage.mixture_run(layout, params, context.partition_key, duckdb.get_connection, log=context.log.info))
 
 
 @dg.asset(group_name="mixture", tags={"strata/order": "last"}, deps=["mixture_runs", "training_runs"], code_version="1", kinds={"duckdb"})
@@ -100,4 +102,4 @@ def mixture_ablation(context: dg.AssetExecutionContext, settings: StrataSettings
     ``mixture_ablation`` (strategy, metric, mean, std, n_seeds) and ``mixture/report.md`` with the figures."""
     rec = Recorder(context, duckdb, {"mixture_runs": "*", "training_runs": "*"})
     cfg, layout = settings.config(), settings.layout()
-    return rec.finish_stage(stage.mixture_ablation(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(stage.mixture_ablation(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection))

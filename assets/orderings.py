@@ -46,4 +46,5 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     rec = Recorder(context, duckdb, {"sequences": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
     code_version = context.assets_def.code_versions_by_key.get(context.assets_def.key) or ""
-    return rec.finish_stage(stage.order_strategy(layout, cfg, context.partition_key, duckdb.get_connection, code_version))
+    params = stage.OrderStageParams.from_config(cfg)
+    return rec.finish_stage(stage.order_strategy(layout, params, context.partition_key, duckdb.get_connection, code_version))

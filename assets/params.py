@@ -1,12 +1,15 @@
 """Which configuration parameters each asset depends on: its code version and its launchpad face.
 
-``PARAMS`` is the one source of truth; the keys the registries' entries read (ordering strategies,
-export formats, eval suites) join their asset's own. From it come
+``PARAMS`` is derived, not kept by hand: an asset's parameters are the ``keys()`` of the params
+model of the stage it calls (:class:`pipeline.stage.StageParams`, ``STAGE_PARAMS``) plus the keys
+its registry's entries read (ordering strategies, export formats, eval suites: ``REGISTRY_READS``).
+From it come
 - each asset's code version: its code version plus a hash of these parameters and those of its
   upstream assets, as the definitions' config sets them (:func:`with_config_versions`), so changing
   ``k`` marks ``clusters`` and everything downstream of it stale, and nothing upstream;
 - each asset's ``dg.Config`` class (launchpad): its own keys (those no other asset reads) with the
   types of :class:`pipeline.config.StrataConfig`, all optional (empty = the config file's value);
+  a group's key (``claims.shuffles``) is the field ``claims_shuffles`` there;
 - the runtime check that the config the asset runs with is the one its version was built from.
 """
 
@@ -22,58 +25,83 @@ import dagster as dg
 from pydantic import BaseModel, ValidationError, create_model
 
 from evals import suites
-from pipeline.config import StrataConfig, validation_error
+from pipeline.clean.stage import CleanParams
+from pipeline.config import FORMER_NAMES, StrataConfig, is_config_key, validation_error
+from pipeline.data.stage import CorpusParams, CorpusShardParams, TokenizerParams, TokenShardParams
 from pipeline.errors import StrataInputError
 from pipeline.export import formats
+from pipeline.export.stage import ExportParams
 from pipeline.ordering import strategies
+from pipeline.ordering.stage import OrderStageParams
+from pipeline.packing.stage import PackParams
+from pipeline.reports.stage import AblationReportParams, ClaimsParams, DiagnoseParams, DiagnosticsReportParams
+from pipeline.represent.stage import CentroidParams, EmbedParams
+from pipeline.stage import StageParams
+from pipeline.training.stage import ClaimRunsParams, EvaluateParams, GradientParams, TrainRunParams
 
 RAW_CORPUS = dg.AssetKey("raw_corpus")
 RAW_SHARDS = dg.AssetKey("raw_shards")
 # Partitioned by corpus shard: each follows its own shard (corpus_shards[p] <- raw_shards[p]), not the whole corpus.
 SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards", "clean_shards")
-# asset -> the StrataConfig keys its output depends on (beyond its upstream assets' data).
-# Left out on purpose: speed knobs (embed_batch_size), checkpoint_every (a resumed run's outputs are
-# byte-identical) and keys that only name files of other assets.
-PARAMS: dict[str, tuple[str, ...]] = {
-    "corpus_shards": ("heldout_fraction", "seed"),  # reading options and content: raw_shards' data version
-    "corpus": ("corpus", "heldout_fraction", "seed"),
-    "tokenizer": ("tokenizer", "vocab_size"),
-    "token_shards": (),
-    "tokens": (),
-    "embedding_shards": ("embed_method", "embed_model", "embed_max_tokens"),
-    "embeddings": (),
-    "centroids": ("k", "seed", "kmeans_iters", "pca_components", "kmeans_spherical", "kmeans_max_points_per_centroid",
-                  "keep_centroids"),
-    "cluster_shards": (),
-    "clusters": (),
+# asset -> the params model of the stage it calls (None: the asset has no parameters of its own, only its upstream
+# assets'). A params model's keys() leave out speed knobs (embed_batch_size), checkpoint_every (a resumed run's
+# outputs are byte-identical) and keys an upstream asset's parameters cover (versioned=False, pipeline/stage.py).
+# The mixture assets are not listed: their code versions do not cover parameters (pipeline.mixture.stage.MixtureParams).
+STAGE_PARAMS: dict[str, type[StageParams] | None] = {
+    "corpus_shards": CorpusShardParams,  # reading options and content: raw_shards' data version
+    "corpus": CorpusParams,
+    "tokenizer": TokenizerParams,
+    "token_shards": TokenShardParams,
+    "tokens": TokenShardParams,
+    "embedding_shards": EmbedParams,
+    "embeddings": None,
+    "centroids": CentroidParams,
+    "cluster_shards": None,
+    "clusters": None,
     # clean_shards' files are named by the keys their bytes depend on: a change of another (dedup.action)
     # reruns its partitions without reading a text
-    "clean_shards": ("dedup", "decontam", "wikitext_path", "paloma_dir", "dclm_dir", "seed"),
-    "clean": ("dedup", "decontam", "wikitext_path", "paloma_dir", "dclm_dir", "seed"),
-    "sequences": ("seq_len", "packing", "seed", "freeze_prefix"),
-    "orderings": ("seq_len", "seed", *strategies.reads("sequence", "document")),
-    "exports": tuple(dict.fromkeys(("export_formats", "export_global_batch", "export_world_size", "export_workers", "export_dir",
-                                    "batch_size",
-                                    "seq_len", *formats.reads()))),
-    "ordering_diagnostics": ("length_bins", "max_steps", "batch_size", "seed", "stationarity_shuffles"),  # prefix = max_steps x batch_size
-    "diagnostics_report": ("length_bins", "seed"),
-    "training_runs": ("model_preset", "seq_len", "batch_size", "max_steps", "lr", "warmup_steps", "weight_decay",
-                      "cross_document", "probe_fractions", "probe_batches", "stable_rank_matrix", "attention", "compile", "heldout_docs",
-                      "heldout_every", "epochs", "claims_probe_batches", *strategies.reads("training")),
-    "gradient_analyses": ("fidelity_chunks", "fidelity_sequences_per_chunk", "batch_size", "seq_len", "cross_document"),
-    "evaluations": ("eval_limit", "seed", *suites.reads()),
-    "ablation_report": ("bootstrap_samples", "seed"),
-    "claims": ("claims_k", "claims_shuffles", "bootstrap_samples", "batch_size", "length_bins", "seed"),
-    "claim_runs": ("claims_k", "claims_seeds", "claims_epochs", "claims_epoch_sequences", "claims_atoms", "claims_packing_protocol",
-                   "claims_packing_epochs", "claims_packing_sequences", "claims_packing_seq_len"),
+    "clean_shards": CleanParams,
+    "clean": CleanParams,
+    "sequences": PackParams,
+    "orderings": OrderStageParams,
+    "exports": ExportParams,
+    "ordering_diagnostics": DiagnoseParams,  # prefix = max_steps x batch_size
+    "diagnostics_report": DiagnosticsReportParams,
+    "training_runs": TrainRunParams,
+    "gradient_analyses": GradientParams,
+    "evaluations": EvaluateParams,
+    "ablation_report": AblationReportParams,
+    "claims": ClaimsParams,
+    "claim_runs": ClaimRunsParams,
 }
+# asset -> the keys its registry's entries read (each entry's ``reads``)
+REGISTRY_READS: dict[str, tuple[str, ...]] = {
+    "orderings": strategies.reads("sequence", "document"),
+    "exports": formats.reads(),
+    "training_runs": strategies.reads("training"),
+    "evaluations": suites.reads(),
+}
+
+
+def asset_params(asset: str) -> tuple[str, ...]:
+    """The config keys ``asset``'s output depends on beyond its upstream assets' data: its stage
+    params' ``keys()`` and its registry's ``reads``."""
+    model = STAGE_PARAMS[asset]
+    return tuple(dict.fromkeys((*(model.keys() if model is not None else ()), *REGISTRY_READS.get(asset, ()))))
+
+
+# asset -> the StrataConfig keys its output depends on (beyond its upstream assets' data)
+PARAMS: dict[str, tuple[str, ...]] = {asset: asset_params(asset) for asset in STAGE_PARAMS}
 # asset -> assets whose parameters it reads too, without reading their data: claim_runs trains with
 # training_runs' settings. Its code version covers them; they stay in training_runs' launchpad.
 READS_PARAMS_OF: dict[str, tuple[str, ...]] = {"claim_runs": ("training_runs",)}
 
 
 def params_hash(keys: tuple[str, ...] | list[str], cfg: StrataConfig) -> str:
-    blob = json.dumps(cfg.subset(sorted(keys)), sort_keys=True, default=str)
+    """A short hash of the values of ``keys``; a group's key that was a flat key is hashed under that
+    former name (``claims.k`` as ``claims_k``), so the move into groups changed no code version."""
+    values = cfg.subset(sorted(keys))
+    blob = json.dumps({FORMER_NAMES.get(k, k): v for k, v in values.items()}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
@@ -188,10 +216,24 @@ def _launchpad_type(annotation: Any) -> Any:
     return annotation
 
 
+def _annotation(key: str) -> Any:
+    """The type of the config ``key`` (dotted for a group's key, e.g. ``claims.shuffles``)."""
+    model: Any = StrataConfig
+    for part in key.split("."):
+        annotation = model.model_fields[part].annotation
+        model = annotation
+    return annotation
+
+
 def _nested(key: str) -> bool:
     """Whether ``key`` is a nested section of the config (corpus, dedup, mixture, ...): no launchpad field takes one."""
-    annotation = StrataConfig.model_fields[key].annotation
+    annotation = _annotation(key)
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def launchpad_field(key: str) -> str:
+    """The launchpad field of the config ``key``: its name, a group's key with ``_`` (``claims.shuffles``: ``claims_shuffles``)."""
+    return key.replace(".", "_")
 
 
 # Keys several assets read (and the nested sections, e.g. the corpus, which raw_corpus observes) are set in the config
@@ -205,7 +247,7 @@ def _config_class(asset: str) -> type[dg.Config]:
     for key in PARAMS[asset]:
         if key in SHARED:
             continue
-        fields[key] = (Optional[_launchpad_type(StrataConfig.model_fields[key].annotation)], None)
+        fields[launchpad_field(key)] = (Optional[_launchpad_type(_annotation(key))], None)
     name = "".join(p.capitalize() for p in asset.split("_")) + "Params"
     doc = f"Parameters of `{asset}` for this run; empty = the config file's value (README 'Configuration')."
     return typing.cast(type[dg.Config], create_model(name, __base__=dg.Config, __doc__=doc, **fields))
@@ -225,7 +267,7 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
     name = context.asset_key.to_user_string()
     expected = context.assets_def.code_versions_by_key.get(context.asset_key) or ""
     covered = str(context.assets_def.specs_by_key[context.asset_key].metadata.get("parameters", ""))
-    keys = [k for k in covered.split(", ") if k in StrataConfig.model_fields]
+    keys = [k for k in covered.split(", ") if is_config_key(k)]
     launched_from = json.loads(settings.loaded_versions).get(name) if getattr(settings, "loaded_versions", "") else None
     if (keys and expected.partition("+")[2] != params_hash(keys, cfg)) or (launched_from is not None and launched_from != expected):
         # the second: this run's process built its versions from the file as it is now, but the UI
@@ -235,10 +277,19 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
             fix="reload the definitions (Dagster UI: Deployment > Reload; `strata run` and `strata status` reload by themselves)",
         )
     given = params.model_dump() if params is not None else {}
-    overrides = {k: v for k, v in given.items() if v is not None and v != getattr(cfg, k)}
+    own = {launchpad_field(k): k for k in PARAMS.get(name, ())}
+    overrides = {own.get(f, f): v for f, v in given.items() if v is not None}
+    overrides = {k: v for k, v in overrides.items() if v != cfg.subset([k])[k]}
     if overrides:
+        data = cfg.model_dump()
+        for key, value in overrides.items():
+            *groups, last = key.split(".")
+            target = data
+            for group in groups:
+                target = target[group]
+            target[last] = value
         try:
-            cfg = StrataConfig.model_validate({**cfg.model_dump(), **overrides})
+            cfg = StrataConfig.model_validate(data)
         except ValidationError as exc:
             raise validation_error(exc, "launchpad config") from None
         context.log.warning(f"launchpad overrides for this run: {overrides} (the code version describes the config file)")

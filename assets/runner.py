@@ -29,7 +29,7 @@ def optional_enabled(name: str, group: str | None, cfg: StrataConfig) -> bool:
     if group == "mixture":
         return cfg.mixture.enabled
     if name == "claim_runs":
-        return cfg.claims_full
+        return cfg.claims.full
     return True
 
 

@@ -30,4 +30,4 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     """
     rec = Recorder(context, duckdb, {"tokens": None, "clusters": None, "clean": None})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.pack_sequences(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(stage.pack_sequences(layout, stage.PackParams.from_config(cfg), duckdb.get_connection))

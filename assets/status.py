@@ -187,8 +187,8 @@ def graph_statuses(graph, instance: dg.DagsterInstance, cfg: StrataConfig) -> li
             continue  # the TerRIFIC stage is not part of this config (mixture.enabled: false)
         for part in _partitions(key.to_user_string(), node.partitions_def, cfg):
             status = res.get_status(key, part)
-            if key.to_user_string() == "claim_runs" and status == StaleStatus.MISSING and not cfg.claims_full:
-                continue  # the claims' own runs: listed once trained (strata claims --full) or configured (claims_full)
+            if key.to_user_string() == "claim_runs" and status == StaleStatus.MISSING and not cfg.claims.full:
+                continue  # the claims' own runs: listed once trained (strata claims --full) or configured (claims.full)
             why = ""
             if status == StaleStatus.STALE:
                 causes = res.get_stale_root_causes(key, part)

@@ -46,7 +46,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb, {"orderings": strategy})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.train_run(layout, cfg, strategy, seed, duckdb.get_connection,
+    return rec.finish_stage(stage.train_run(layout, stage.TrainRunParams.from_config(cfg), strategy, seed, duckdb.get_connection,
                                             cfg.subset(PARAMS["training_runs"]), log=context.log.warning))
 
 
@@ -63,4 +63,4 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
     strategy's stream: a 10 x 10 matrix per strategy in DuckDB table ``fidelity``."""
     rec = Recorder(context, duckdb, {"training_runs": "*"})
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.gradient_analyses(layout, cfg, duckdb.get_connection))
+    return rec.finish_stage(stage.gradient_analyses(layout, stage.GradientParams.from_config(cfg), duckdb.get_connection))

@@ -95,7 +95,7 @@ def main() -> int:
     cfg = resolve_config(str(config), str(work))
     layout = Layout(cfg.root)
     tok = load_tokenizer(layout.tokenizer)
-    held = load_heldout_batch(layout, cfg, tok)
+    held = load_heldout_batch(layout, cfg.heldout_docs, tok)
     out = Path(args.out).resolve()
     if out.exists():
         shutil.rmtree(out)

@@ -26,8 +26,9 @@ from pydantic_core import PydanticCustomError
 from pipeline.errors import StrataInputError
 from pipeline.names import EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
 
-__all__ = ["ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "MixtureConfig", "RayConfig", "StrataConfig",
-           "config_default", "config_from_dict",
+__all__ = ["ClaimsConfig", "ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "ExportConfig", "FORMER_NAMES",
+           "MOVED_KEYS", "MixtureConfig", "OdmConfig", "RayConfig", "StrataConfig", "config_default", "config_from_dict", "config_value",
+           "is_config_key",
            "load_config", "resolve_config", "validation_error"]
 
 
@@ -43,6 +44,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True)
     renamed_keys: ClassVar[dict[str, str]] = {}  # former key -> its key now, still read with a ConfigKeyRenamed warning
     key_prefix: ClassVar[str] = ""  # where the model sits in a config file, e.g. "mixture."
+    finite_exempt: ClassVar[tuple[str, ...]] = ()  # fields whose own validator refuses inf and NaN with its range
 
     @model_validator(mode="before")
     @classmethod
@@ -67,7 +69,7 @@ class _Model(BaseModel):
     def _finite(cls, value: Any, info: ValidationInfo) -> Any:
         """lr: .inf, or a NaN anywhere, is refused at load, not met mid-run (the ODM fractions' own
         validator refuses them with its range)."""
-        if info.field_name in ("odm_smoothing", "odm_warmup_fraction"):
+        if info.field_name in cls.finite_exempt:
             return value
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError("use a finite number (not inf or nan), e.g. 0.001")
@@ -258,6 +260,98 @@ class DecontamConfig(_Model):
     key_prefix: ClassVar[str] = "decontam."
 
 
+class OdmConfig(_Model):
+    """The ``odm`` strategy's sampler: Online Data Mixing's Exp3 bandit over the clusters (pipeline/training/odm.py)."""
+
+    smoothing: float = 0.5  # reward moving-average weight alpha, in [0, 1)
+    warmup_fraction: float = 0.01  # fraction of the steps at the prior policy, in [0, 1)
+    clock: Literal["draw", "step"] = "draw"  # the exploration clock t: micro-batch draws (Strata's) | steps (the paper's Alg. 1)
+    micro_batches: int = Field(0, ge=0)  # G: cluster draws per step, a divisor of batch_size; 0 = batch_size (the paper: 8)
+    # the prior: the warm-up's policy only (the paper's: Alg. 1 starts R = 0) | also the Gibbs weights (Strata's variant)
+    initial_weights: Literal["warmup", "exp3"] = "warmup"
+
+    key_prefix: ClassVar[str] = "odm."
+    finite_exempt: ClassVar[tuple[str, ...]] = ("smoothing", "warmup_fraction")
+
+    @field_validator("smoothing", "warmup_fraction")
+    @classmethod
+    def _unit_interval(cls, value: float, info: ValidationInfo) -> float:
+        if not 0.0 <= value < 1.0:  # also NaN
+            raise ValueError({
+                "smoothing": "use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays "
+                             "uniform)",
+                "warmup_fraction": "use a fraction of the steps in [0, 1), e.g. 0.01 (the paper's 1%)",
+            }[info.field_name])
+        return value
+
+
+class ExportConfig(_Model):
+    """The ordered stream for other trainers: the exports asset and ``strata export`` (docs/export.md)."""
+
+    formats: list[str] = Field(default_factory=lambda: ["numpy"])  # formats of pipeline/export/formats/
+    global_batch: int = Field(0, ge=0)  # sequences per global batch; 0 = batch_size
+    world_size: int = Field(1, ge=1)  # data-parallel ranks (only the mds layout depends on it)
+    workers: int = Field(1, ge=1)  # DataLoader workers per rank
+    dir: str = ""  # where the exports asset writes <strategy>/<format>/: "" = <data root>/exports; a folder or an s3:// prefix
+
+    key_prefix: ClassVar[str] = "export."
+
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, value: list[str]) -> list[str]:
+        from pipeline.export.formats import REGISTRY
+
+        return _registered(value, REGISTRY.names(), "export formats")
+
+
+class ClaimsConfig(_Model):
+    """Each paper's measurable claim on this corpus (pipeline/reports/claims.py, ``strata claims``)."""
+
+    k: int = Field(30, ge=0)  # clusters of Diversity-ordered training's table (the paper's k=30); 0 = k
+    shuffles: int = Field(20, ge=2)  # random shuffles greedy is compared with (prefix error, worst vs best batch)
+    # greedy and random runs: stable-rank probe batches per checkpoint (paired by seed and index)
+    probe_batches: int = Field(32, ge=1)
+    full: bool = False  # `strata run` / `strata demo` also train the claims' own runs (as `strata claims --full`)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)  # seeds of the claims' own runs
+    epochs: int = Field(3, ge=2)  # epoch-boundary runs: passes over their stream
+    epoch_sequences: int = Field(320, ge=2)  # epoch-boundary runs: sequences per epoch
+    atoms: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0], min_length=2)  # atom sizes (x seq_len) compared
+    # Packing & shuffling's runs: paper (final perplexity after packing_epochs epochs, the last epoch in 100
+    # slices; mean document length > MSL) | equal_tokens (max_steps at equal non-padding tokens, held-out loss)
+    packing_protocol: Literal["paper", "equal_tokens"] = "paper"
+    packing_epochs: int = Field(2, ge=1)  # paper protocol: epochs (the paper's 2)
+    packing_sequences: int = Field(512, ge=1)  # paper protocol: concat sequences of the MSL per epoch (a seeded sample)
+    packing_seq_len: int = Field(0, ge=0)  # paper protocol: the MSL; 0 = largest power of two <= half the mean document length
+
+    key_prefix: ClassVar[str] = "claims."
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int]) -> list[int]:
+        return _distinct_seeds(value)
+
+    @field_validator("atoms")
+    @classmethod
+    def _atoms(cls, value: list[float]) -> list[float]:
+        from pipeline.names import ATOM_MULTIPLES
+
+        if any(a not in ATOM_MULTIPLES for a in value) or 1.0 not in value or len(set(value)) != len(value):
+            raise ValueError(f"use distinct atom sizes among {list(ATOM_MULTIPLES)}, including 1.0 (atom = seq_len)")
+        return value
+
+
+def _distinct_seeds(value: list[int]) -> list[int]:
+    if any(s < 0 for s in value) or len(set(value)) != len(value):
+        raise ValueError("use distinct integers >= 0")
+    return value
+
+
+# The groups that were flat keys: ``<group>_<field>`` is read as ``<group>.<field>`` with a ConfigKeyRenamed warning.
+MOVED_GROUPS: dict[str, type[_Model]] = {"odm": OdmConfig, "export": ExportConfig, "claims": ClaimsConfig}
+MOVED_KEYS: dict[str, str] = {f"{group}_{name}": f"{group}.{name}" for group, model in MOVED_GROUPS.items() for name in model.model_fields}
+FORMER_NAMES: dict[str, str] = {new: old for old, new in MOVED_KEYS.items()}  # "claims.k" -> "claims_k"
+
+
 class StrataConfig(_Model):
     data_root: str = ".strata"
     seed: int = Field(0, ge=0)
@@ -330,12 +424,6 @@ class StrataConfig(_Model):
     warmup_steps: int = Field(6, ge=0)
     weight_decay: float = Field(0.1, ge=0.0)
     cross_document: bool = False  # allow attention across document boundaries
-    odm_smoothing: float = 0.5  # ODM reward moving-average weight alpha, in [0, 1)
-    odm_warmup_fraction: float = 0.01  # ODM: fraction of the steps at the prior policy, in [0, 1)
-    odm_clock: Literal["draw", "step"] = "draw"  # ODM's exploration clock t: micro-batch draws (Strata's) | steps (the paper's Alg. 1)
-    odm_micro_batches: int = Field(0, ge=0)  # ODM's G: cluster draws per step, a divisor of batch_size; 0 = batch_size (the paper: 8)
-    # ODM's prior: the warm-up's policy only (the paper's: Alg. 1 starts R = 0) | also the Gibbs weights (Strata's variant)
-    odm_initial_weights: Literal["warmup", "exp3"] = "warmup"
     attention: Literal["auto", "dense", "flex"] = "auto"  # document masking: auto = FlexAttention block masks on CUDA, dense mask on CPU
     compile: bool = False  # torch.compile the decoder (GPU runs)
     heldout_docs: int = Field(64, ge=1)  # fixed held-out batch: first N held-out documents (first seq_len tokens each)
@@ -349,41 +437,49 @@ class StrataConfig(_Model):
     stable_rank_matrix: Literal["weights", "activations"] = "weights"
     fidelity_chunks: int = Field(10, ge=2)  # mixture fidelity: chunks of each schedule
     fidelity_sequences_per_chunk: int = Field(32, ge=1)
-    # exports (strata export / the exports asset): the ordered stream for other trainers (docs/export.md)
-    export_formats: list[str] = Field(default_factory=lambda: ["numpy"])  # formats of pipeline/export/formats/
-    export_global_batch: int = Field(0, ge=0)  # sequences per global batch; 0 = batch_size
-    export_world_size: int = Field(1, ge=1)  # data-parallel ranks (only the mds layout depends on it)
-    export_workers: int = Field(1, ge=1)  # DataLoader workers per rank
-    export_dir: str = ""  # where the exports asset writes <strategy>/<format>/: "" = <data root>/exports; a folder or an s3:// prefix
     # evaluations
     eval_limit: int = Field(40, ge=1)  # documents/articles per rolling-loglikelihood task
     wikitext_path: str = ""  # WikiText-2 raw test file (optional)
     paloma_dir: str = ""  # a directory in Paloma's layout <source>/<split>/*.jsonl.gz (optional)
     dclm_dir: str = ""  # DCLM-core data in llm-foundry format (local_data/ + eval_meta_data.csv; optional)
     dclm_limit: int = Field(5, ge=0)  # rows per DCLM task (seeded sample); 0 = all
-    # claims (pipeline/reports/claims.py, `strata claims`): each paper's measurable claim on this corpus
-    claims_k: int = Field(30, ge=0)  # clusters of Diversity-ordered training's table (the paper's k=30); 0 = k
-    claims_shuffles: int = Field(20, ge=2)  # random shuffles greedy is compared with (prefix error, worst vs best batch)
-    # greedy and random runs: stable-rank probe batches per checkpoint (paired by seed and index)
-    claims_probe_batches: int = Field(32, ge=1)
-    claims_full: bool = False  # `strata run` / `strata demo` also train the claims' own runs (as `strata claims --full`)
-    claims_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)  # seeds of the claims' own runs
-    claims_epochs: int = Field(3, ge=2)  # epoch-boundary runs: passes over their stream
-    claims_epoch_sequences: int = Field(320, ge=2)  # epoch-boundary runs: sequences per epoch
-    claims_atoms: list[float] = Field(default_factory=lambda: [0.5, 1.0, 2.0], min_length=2)  # atom sizes (x seq_len) compared
-    # Packing & shuffling's runs: paper (final perplexity after claims_packing_epochs epochs, the last epoch in 100
-    # slices; mean document length > MSL) | equal_tokens (max_steps at equal non-padding tokens, held-out loss)
-    claims_packing_protocol: Literal["paper", "equal_tokens"] = "paper"
-    claims_packing_epochs: int = Field(2, ge=1)  # paper protocol: epochs (the paper's 2)
-    claims_packing_sequences: int = Field(512, ge=1)  # paper protocol: concat sequences of the MSL per epoch (a seeded sample)
-    claims_packing_seq_len: int = Field(0, ge=0)  # paper protocol: the MSL; 0 = largest power of two <= half the mean document length
     # scheduling
     train_concurrency: int = Field(1, ge=1)  # training/evaluation steps at once per machine (Dagster pool strata_train)
     mixture: MixtureConfig = Field(default_factory=MixtureConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)  # the clean stage's duplicates (docs/cleaning.md)
     decontam: DecontamConfig = Field(default_factory=DecontamConfig)  # the clean stage's contamination check (docs/cleaning.md)
+    # after batch_size: their checks read it
+    odm: OdmConfig = Field(default_factory=OdmConfig)  # the odm strategy's sampler (pipeline/training/odm.py)
+    export: ExportConfig = Field(default_factory=ExportConfig)  # the exports asset and `strata export` (docs/export.md)
+    claims: ClaimsConfig = Field(default_factory=ClaimsConfig)  # each paper's measurable claim (`strata claims`)
 
     renamed_keys: ClassVar[dict[str, str]] = {"max_repeats": "max_sequence_copies"}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """A former flat key (``claims_k``) is read as its key in a group (``claims.k``), with a warning
+        naming both; the two spellings given with different values is an error."""
+        if not isinstance(data, dict) or not any(old in data for old in MOVED_KEYS):
+            return data
+        data = dict(data)
+        for old, new in MOVED_KEYS.items():
+            if old not in data:
+                continue
+            group, name = new.split(".")
+            given = data.get(group)
+            if not isinstance(given, (dict, BaseModel, type(None))):
+                return data  # the group itself is not a mapping: its own error names it
+            nested = given.model_dump(exclude_unset=True) if isinstance(given, BaseModel) else dict(given or {})
+            value = data.pop(old)
+            if name in nested and nested[name] != value:
+                raise PydanticCustomError("moved_key", "{old} and {new} are both given, with different values",
+                                          {"old": old, "new": new, "old_value": value, "new_value": nested[name]})
+            warnings.warn(f"config key {old} is deprecated and read as {new}; rename it: {group}: {{{name}: {value!r}}}",
+                          ConfigKeyRenamed, stacklevel=2)
+            nested[name] = value
+            data[group] = nested
+        return data
 
     @field_validator("batch_size")
     @classmethod
@@ -447,13 +543,6 @@ class StrataConfig(_Model):
                              "set tokenizer: to a tokenizer directory or name")
         return value
 
-    @field_validator("export_formats")
-    @classmethod
-    def _export_formats(cls, value: list[str]) -> list[str]:
-        from pipeline.export.formats import REGISTRY
-
-        return _registered(value, REGISTRY.names(), "export formats")
-
     @field_validator("families")
     @classmethod
     def _families(cls, value: list[str], info: ValidationInfo) -> list[str]:
@@ -485,23 +574,7 @@ class StrataConfig(_Model):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, value: list[int]) -> list[int]:
-        if any(s < 0 for s in value) or len(set(value)) != len(value):
-            raise ValueError("use distinct integers >= 0")
-        return value
-
-    @field_validator("claims_seeds")
-    @classmethod
-    def _claims_seeds(cls, value: list[int]) -> list[int]:
-        return cls._seeds(value)
-
-    @field_validator("claims_atoms")
-    @classmethod
-    def _atoms(cls, value: list[float]) -> list[float]:
-        from pipeline.names import ATOM_MULTIPLES
-
-        if any(a not in ATOM_MULTIPLES for a in value) or 1.0 not in value or len(set(value)) != len(value):
-            raise ValueError(f"use distinct atom sizes among {list(ATOM_MULTIPLES)}, including 1.0 (atom = seq_len)")
-        return value
+        return _distinct_seeds(value)
 
     @field_validator("probe_fractions")
     @classmethod
@@ -510,24 +583,15 @@ class StrataConfig(_Model):
             raise ValueError("use fractions of the steps in (0, 1]")
         return value
 
-    @field_validator("odm_smoothing", "odm_warmup_fraction")
+    @field_validator("odm")
     @classmethod
-    def _odm_unit_interval(cls, value: float, info: ValidationInfo) -> float:
-        if not 0.0 <= value < 1.0:  # also NaN
-            raise ValueError({
-                "odm_smoothing": "use a moving-average weight in [0, 1), e.g. 0.5 (at 1 ODM's rewards never leave 0 and its policy stays "
-                                 "uniform)",
-                "odm_warmup_fraction": "use a fraction of the steps in [0, 1), e.g. 0.01 (the paper's 1%)",
-            }[info.field_name])
-        return value
-
-    @field_validator("odm_micro_batches")
-    @classmethod
-    def _odm_micro_batches(cls, value: int, info: ValidationInfo) -> int:
-        batch = info.data.get("batch_size")
-        if value and batch and batch % value:
-            raise ValueError(f"ODM draws one cluster per micro-batch, so G must divide batch_size={batch}; use a divisor "
-                             f"of it (e.g. {max(d for d in range(1, min(value, batch) + 1) if batch % d == 0)}), or 0 for G = batch_size")
+    def _odm_micro_batches(cls, value: OdmConfig, info: ValidationInfo) -> OdmConfig:
+        batch, g = info.data.get("batch_size"), value.micro_batches
+        if g and batch and batch % g:
+            raise PydanticCustomError("group_value", "{error}", {
+                "key": "odm.micro_batches", "value": g,
+                "error": f"ODM draws one cluster per micro-batch, so G must divide batch_size={batch}; use a divisor "
+                         f"of it (e.g. {max(d for d in range(1, min(g, batch) + 1) if batch % d == 0)}), or 0 for G = batch_size"})
         return value
 
     @property
@@ -546,11 +610,12 @@ class StrataConfig(_Model):
         return self.model_dump()
 
     def subset(self, keys: tuple[str, ...] | list[str]) -> dict[str, Any]:
-        """The values of ``keys`` (dotted for nested ones, e.g. ``corpus.path``)."""
+        """The values of ``keys`` (dotted for nested ones, e.g. ``corpus.path``; a former flat key such
+        as ``claims_k``, which older materializations recorded, reads its group's key)."""
         out = {}
         for key in keys:
             value: Any = self
-            for part in key.split("."):
+            for part in MOVED_KEYS.get(key, key).split("."):
                 value = getattr(value, part)
             out[key] = value.model_dump() if isinstance(value, BaseModel) else value
         return out
@@ -597,6 +662,17 @@ def validation_error(exc: ValidationError, where: str = "config") -> StrataInput
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             unknown.append(loc)
+            continue
+        if err["type"] == "moved_key":
+            c = err["ctx"]
+            problems.append(f"config keys {c['old']} (its former name) and {c['new']} are both given, with different values "
+                            f"({c['old_value']!r} and {c['new_value']!r})")
+            fixes.append(f"keep only {c['new']} (remove {c['old']})")
+            continue
+        if err["type"] == "group_value":  # a group's key checked against another key (odm.micro_batches against batch_size)
+            c = err["ctx"]
+            problems.append(f"config value {c['key']}={c['value']!r} is impossible")
+            fixes.append(f"{c['key']}: {c['error']}")
             continue
         if err["type"] == "renamed_key":
             old, new = err["ctx"]["old"], err["ctx"]["new"]
@@ -649,6 +725,24 @@ def config_default(key: str) -> Any:
     for part in outer:
         model = model.model_fields[part].annotation  # type: ignore[assignment]
     return model.model_fields[last].get_default(call_default_factory=True)
+
+
+def config_value(cfg: Any, key: str) -> Any:
+    """The value of the config ``key`` in ``cfg`` (dotted for a group's key, e.g. ``claims.k``)."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def is_config_key(key: str) -> bool:
+    """Whether ``key`` names a config key (dotted for a group's key, e.g. ``claims.k``)."""
+    model: Any = StrataConfig
+    for part in key.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return False
+        model = model.model_fields[part].annotation
+    return True
 
 
 def config_from_dict(data: dict[str, Any]) -> StrataConfig:

@@ -17,7 +17,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     cfg = resolve_config(args.config, args.data_root)
     layout = Layout(cfg.root)
-    global_batch = args.global_batch or cfg.export_global_batch or cfg.batch_size
+    global_batch = args.global_batch or cfg.export.global_batch or cfg.batch_size
     bar = tqdm(desc=f"export {args.format}", unit="seq")
     try:
         info = export_ordering(layout, args.strategy, args.format, args.out, global_batch=global_batch,
@@ -47,11 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "stores or a bucket's root)")
     p.add_argument("--force", action="store_true",
                    help="replace a non-empty --out that is not a Strata export (everything in it is deleted)")
-    p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export_global_batch, else batch_size)")
+    p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export.global_batch, else batch_size)")
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the training run (the mds layout depends on it)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
     p.add_argument("--data-root", default=None, help="data root (default: the config's data_root, else $STRATA_HOME, else ./.strata)")
     p.add_argument("--config", default=None,
-                   help="YAML/JSON config: the data root, the default global batch (export_global_batch, else batch_size); "
+                   help="YAML/JSON config: the data root, the default global batch (export.global_batch, else batch_size); "
                         "a seq_len it sets is checked against the sequences' own")
     p.set_defaults(func=cmd_export)

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 
 from pipeline.data.shard_docs import ShardDocs
-from pipeline.stage import Connect, Markdown, StageResult
+from pipeline.stage import Connect, EngineParams, Markdown, StageResult, setting
 
 BATCH = 4096  # documents added to the LSH index at a time
+
+
+@dataclass(frozen=True)
+class CleanParams(EngineParams):
+    """The clean stage's settings (``clean_shards`` and ``clean``); its shard scans take them as their ``cfg``."""
+
+    dedup: Any = setting()  # pipeline.config.DedupConfig
+    decontam: Any = setting()  # pipeline.config.DecontamConfig
+    wikitext_path: str = setting()  # the evaluation sets checked for contamination
+    paloma_dir: str = setting()
+    dclm_dir: str = setting()
+    seed: int = setting()  # the MinHash permutations
 
 
 def clean_file(layout) -> Path:
@@ -25,22 +39,22 @@ def clean_file(layout) -> Path:
     return layout.inside("clean", "documents.parquet")
 
 
-def _specs(layout, cfg) -> tuple:
+def _specs(layout, params: CleanParams) -> tuple:
     """The partitions' scan (exact, near, the fixed evaluation sets) and the gather's held-out scan
     (None without a held-out set), with the evaluation sets' names in the order the tables use."""
     from pipeline.clean.decontam import eval_sources
     from pipeline.clean.shards import eval_cache, scan_spec
 
-    sources = eval_sources(cfg, layout.heldout) if cfg.decontam.enabled else {}
+    sources = eval_sources(params, layout.heldout) if params.decontam.enabled else {}
     fixed = {k: v for k, v in sources.items() if k != "heldout"}
-    main = scan_spec(cfg, eval_cache(layout, fixed, cfg.decontam.ngram))
+    main = scan_spec(params, eval_cache(layout, fixed, params.decontam.ngram))
     held = None
     if "heldout" in sources:
-        held = scan_spec(cfg, eval_cache(layout, {"heldout": sources["heldout"]}, cfg.decontam.ngram), dedup=False)
+        held = scan_spec(params, eval_cache(layout, {"heldout": sources["heldout"]}, params.decontam.ngram), dedup=False)
     return main, held, tuple(sources)
 
 
-def scan_shard(layout, cfg, shard: ShardDocs) -> StageResult:
+def scan_shard(layout, params: CleanParams, shard: ShardDocs) -> StageResult:
     """One corpus shard's ``clean_shards`` partition: its documents' normalized-text hashes, MinHash
     signatures and n-gram hits against WikiText, Paloma and DCLM-core (those configured), under
     ``clean/shards/`` (:mod:`pipeline.clean.shards`); a shard already scanned with the same
@@ -48,8 +62,8 @@ def scan_shard(layout, cfg, shard: ShardDocs) -> StageResult:
     from pipeline.clean.decontam import EvalNgrams
     from pipeline.clean.shards import scan_shards
 
-    main, _, _ = _specs(layout, cfg)
-    run = scan_shards([shard], main, layout.shard_dir("clean"), layout.inside("work", "clean"), cfg)
+    main, _, _ = _specs(layout, params)
+    run = scan_shards([shard], main, layout.shard_dir("clean"), layout.inside("work", "clean"), params)
     files = main.files(layout.shard_dir("clean"), shard) if shard.n_docs else {}
     facts: dict = {"validated": shard.name, "key": main.key, "reused": run["shards_reused"] > 0 or not shard.n_docs,
                    "units": run["units"]}
@@ -58,25 +72,26 @@ def scan_shard(layout, cfg, shard: ShardDocs) -> StageResult:
     if "hits" in files:
         hits, names = np.load(files["hits"]), EvalNgrams.load(Path(main.evals)).names
         facts.update({f"documents_sharing_ngrams_{s}": int(np.unique(hits[hits[:, 1] == j, 0]).size) for j, s in enumerate(names)})
-    return StageResult(list(files.values()), {"documents": shard.n_docs},
-                       {"shard": shard.unit, "dedup": cfg.dedup.model_dump(), "decontam": cfg.decontam.model_dump(), "seed": cfg.seed},
-                       facts)
+    return StageResult(outputs=list(files.values()), rows={"documents": shard.n_docs},
+                       parameters={"shard": shard.unit, "dedup": params.dedup.model_dump(), "decontam": params.decontam.model_dump(),
+                                   "seed": params.seed},
+                       facts=facts)
 
 
-def _gather(layout, cfg) -> tuple[list, tuple, list, tuple[str, ...], dict[str, int]]:
+def _gather(layout, params: CleanParams) -> tuple[list, tuple, list, tuple[str, ...], dict[str, int]]:
     """Every shard of the corpus scanned (the partitions' files, a missing one scanned here) as
     :class:`~pipeline.clean.shards.ShardScan` objects in doc_id order; the two scan specs; the
     held-out scans; the evaluation sets' names; what the scans of the main spec reused."""
     from pipeline.clean.shards import ShardScan, scan_shards
     from pipeline.data.shard_docs import kept_rows, manifest_shards, prune
 
-    main, held, names = _specs(layout, cfg)
+    main, held, names = _specs(layout, params)
     shards = manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
     shard_dir, work = layout.shard_dir("clean"), layout.inside("work", "clean")
     t0 = time.perf_counter()
-    run = scan_shards([s for _, s in shards], main, shard_dir, work, cfg)
+    run = scan_shards([s for _, s in shards], main, shard_dir, work, params)
     t1 = time.perf_counter()
-    run["heldout_shards_computed"] = scan_shards([s for _, s in shards], held, shard_dir, work, cfg)["shards_computed"] if held else 0
+    run["heldout_shards_computed"] = scan_shards([s for _, s in shards], held, shard_dir, work, params)["shards_computed"] if held else 0
     run["scan_s"], run["heldout_scan_s"] = round(t1 - t0, 2), round(time.perf_counter() - t1, 2)
     keep = {f.name for _, s in shards for spec in (main, held) if spec is not None for f in spec.files(shard_dir, s).values()}
     prune(shard_dir, keep)
@@ -96,18 +111,18 @@ def _gather(layout, cfg) -> tuple[list, tuple, list, tuple[str, ...], dict[str, 
     return scans, (main, held), held_scans, names, run
 
 
-def _near_pairs(cfg, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, int]:
+def _near_pairs(params: CleanParams, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, int]:
     """Near pairs among the exact representatives, each queried against every earlier one (across
     shards) in doc_id order, from the stored signatures (memory-mapped: the index holds no copy)."""
     from pipeline.clean.near import NearIndex
 
-    d = cfg.dedup
+    d = params.dedup
     starts = np.array([s.start for s in scans], np.int64)
 
     def lookup(doc: int) -> np.ndarray:
         return scans[int(np.searchsorted(starts, doc, side="right")) - 1].signature(doc)
 
-    index = NearIndex(d.near_threshold, d.near_num_perm, d.near_ngram, seed=cfg.seed + 1, lookup=lookup)
+    index = NearIndex(d.near_threshold, d.near_num_perm, d.near_ngram, seed=params.seed + 1, lookup=lookup)
     found = []
     for scan in scans:
         ids = np.arange(scan.start, scan.start + scan.n, dtype=np.int64)
@@ -118,7 +133,7 @@ def _near_pairs(cfg, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, in
     return (np.concatenate(found) if found else np.zeros((0, 2), np.int64)), index.candidates
 
 
-def _contamination(cfg, n: int, names: tuple[str, ...], parts: list[tuple[object, list]]) -> tuple[np.ndarray, list[int]]:
+def _contamination(params: CleanParams, n: int, names: tuple[str, ...], parts: list[tuple[object, list]]) -> tuple[np.ndarray, list[int]]:
     """(n, sets) distinct shared n-grams per document and set, the boilerplate left out (an n-gram
     in more than ``decontam.common_share`` of its set's units or of the training documents, and in
     more than 3 of them), and the n-grams left out of each set. ``parts``: (scan spec, its shard
@@ -126,7 +141,7 @@ def _contamination(cfg, n: int, names: tuple[str, ...], parts: list[tuple[object
     holding each n-gram, then each document's count of the n-grams that are not boilerplate."""
     from pipeline.clean.decontam import EvalNgrams, over_share
 
-    share = cfg.decontam.common_share
+    share = params.decontam.common_share
     counts, common = np.zeros((n, len(names)), np.int64), [0] * len(names)
     for spec, scans in parts:
         if spec is None or not spec.evals:
@@ -152,17 +167,17 @@ def _contamination(cfg, n: int, names: tuple[str, ...], parts: list[tuple[object
     return counts, common
 
 
-def semantic_candidates(layout, cfg, survivors: np.ndarray) -> tuple[np.ndarray, int]:
+def semantic_candidates(layout, params: CleanParams, survivors: np.ndarray) -> tuple[np.ndarray, int]:
     """SemDeDup among ``survivors`` (sorted doc ids) within their k-means clusters, as one pair a
     grouped document (its group's smallest doc id, it), and the largest cluster searched."""
     from pipeline.clean.semantic import semantic_pairs
     from pipeline.represent.embedding_index import open_embeddings
 
     cluster = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"]).sort("doc_id")["cluster"].to_numpy()
-    return semantic_pairs(open_embeddings(layout).take, cluster, survivors, cfg.dedup.semantic_threshold, forest=True)
+    return semantic_pairs(open_embeddings(layout).take, cluster, survivors, params.dedup.semantic_threshold, forest=True)
 
 
-def clean_documents(layout, cfg, connect: Connect) -> StageResult:
+def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResult:
     """The gather across shards: exact (normalized-text hash), near (MinHash + LSH over word
     ``dedup.near_ngram``-grams, ``dedup.near_threshold``) and semantic (within each cluster, cosine
     above ``dedup.semantic_threshold``) duplicates, each level over the previous level's
@@ -178,7 +193,7 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.warehouse import replace_rows
 
-    scans, (main, held), held_scans, names, run = _gather(layout, cfg)
+    scans, (main, held), held_scans, names, run = _gather(layout, params)
     n, t0 = sum(s.n for s in scans), time.perf_counter()
     exact_rep = np.arange(n, dtype=np.int64)
     if main.exact and n:
@@ -186,17 +201,17 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
 
         exact_rep = exact_representatives(np.concatenate([np.asarray(s.take("hashes")) for s in scans]))
     t1 = time.perf_counter()
-    near, candidates = _near_pairs(cfg, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
+    near, candidates = _near_pairs(params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
     t2 = time.perf_counter()
-    counts, common = _contamination(cfg, n, names, [(main, scans), (held, held_scans)])
+    counts, common = _contamination(params, n, names, [(main, scans), (held, held_scans)])
     t3 = time.perf_counter()
     semantic, largest = np.zeros((0, 2), np.int64), 0
-    if cfg.dedup.enabled and cfg.dedup.semantic and n:
+    if params.dedup.enabled and params.dedup.semantic and n:
         near_rep = components(n, near)[exact_rep]
-        semantic, largest = semantic_candidates(layout, cfg, np.flatnonzero(near_rep == np.arange(n)))
+        semantic, largest = semantic_candidates(layout, params, np.flatnonzero(near_rep == np.arange(n)))
     t4 = time.perf_counter()
-    flags = counts >= cfg.decontam.min_overlap
-    table = plan(n, exact_rep, near, semantic, flags, names, cfg.dedup.action, cfg.decontam.action == "drop")
+    flags = counts >= params.decontam.min_overlap
+    table = plan(n, exact_rep, near, semantic, flags, names, params.dedup.action, params.decontam.action == "drop")
     docs = pl.read_parquet(layout.documents, columns=["doc_id", "source"]).sort("doc_id")
     stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
     clusters = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"])
@@ -221,11 +236,12 @@ def clean_documents(layout, cfg, connect: Connect) -> StageResult:
     per_set = dict(contam.group_by("eval_set").len().iter_rows())
     gone = dict(zip(removed["reason"], removed["tokens"]))
     return StageResult(
-        [out, png],
-        {"documents": n, "duplicate_docs": dups.height, "contaminated_docs": int(flags.any(axis=1).sum()),
+        outputs=[out, png],
+        rows={"documents": n, "duplicate_docs": dups.height, "contaminated_docs": int(flags.any(axis=1).sum()),
          "removed_docs": int(removed["documents"].sum())},
-        {"dedup": cfg.dedup.model_dump(), "decontam": cfg.decontam.model_dump(), "seed": cfg.seed, "eval_sets": list(names)},
-        {**{f"{k}_duplicates": int(kinds.get(k, 0)) for k in ("exact", "near", "semantic")},
+        parameters={"dedup": params.dedup.model_dump(), "decontam": params.decontam.model_dump(), "seed": params.seed,
+                    "eval_sets": list(names)},
+        facts={**{f"{k}_duplicates": int(kinds.get(k, 0)) for k in ("exact", "near", "semantic")},
          **{f"contaminated_{s}": int(per_set.get(s, 0)) for s in names},
          **{f"boilerplate_ngrams_{s}": c for s, c in zip(names, common)},
          **{f"tokens_removed_{r}": int(gone.get(r, 0)) for r in REASONS},

@@ -2,52 +2,65 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pipeline.stage import StageResult
+from pipeline.stage import StageParams, StageResult, setting
 
 
-def export_skipped(cfg, strategy: str) -> str | None:
+@dataclass(frozen=True)
+class ExportParams(StageParams):
+    """The export stage's settings (``exports``): the config's ``export:`` group and the batch size."""
+
+    formats: list[str] = setting("export.formats")
+    global_batch: int = setting("export.global_batch")  # 0 = batch_size
+    world_size: int = setting("export.world_size")
+    workers: int = setting("export.workers")
+    dir: str = setting("export.dir")  # "" = <data root>/exports
+    batch_size: int = setting()
+
+
+def export_skipped(params: ExportParams, strategy: str) -> str | None:
     """Why ``strategy`` has nothing to export (a training-time strategy picks sequences online, or
-    ``export_formats`` is empty), else None."""
+    ``export.formats`` is empty), else None."""
     from pipeline.ordering import strategies
 
     if not strategies.spec(strategy).scheduled:
         return "picks sequences online (no fixed order)"
-    return "export_formats is empty" if not cfg.export_formats else None
+    return "export_formats is empty" if not params.formats else None
 
 
-def export_strategy(layout, cfg, strategy: str, log: Callable[[str], None] = print) -> StageResult:
-    """Write ``strategy``'s ordering in every format of ``export_formats`` under
-    ``exports/<strategy>/<format>/`` of the data root, or under ``export_dir`` (a folder or an
-    object-store prefix, replaced only where Strata wrote it); global batch ``export_global_batch``
-    or ``batch_size``, ``export_world_size`` ranks, ``export_workers`` workers (docs/export.md).
+def export_strategy(layout, params: ExportParams, strategy: str, log: Callable[[str], None] = print) -> StageResult:
+    """Write ``strategy``'s ordering in every format of ``export.formats`` under
+    ``exports/<strategy>/<format>/`` of the data root, or under ``export.dir`` (a folder or an
+    object-store prefix, replaced only where Strata wrote it); global batch ``export.global_batch``
+    or ``batch_size``, ``export.world_size`` ranks, ``export.workers`` workers (docs/export.md).
     The outputs start with each format's ``meta.json``; an object's digest is the one taken while
     it was written."""
     from pipeline.export import export_ordering
 
-    global_batch = cfg.export_global_batch or cfg.batch_size
+    global_batch = params.global_batch or params.batch_size
     files, facts, digests = [], {}, {}
-    for fmt in cfg.export_formats:
-        if cfg.export_dir:
+    for fmt in params.formats:
+        if params.dir:
             from pipeline.storage.remote import is_url, join
 
-            out = join(cfg.export_dir, strategy, fmt) if is_url(cfg.export_dir) else str(Path(cfg.export_dir).expanduser() / strategy / fmt)
+            out = join(params.dir, strategy, fmt) if is_url(params.dir) else str(Path(params.dir).expanduser() / strategy / fmt)
         else:
             out = layout.export_dir(strategy, fmt)
         info = export_ordering(layout, strategy, fmt, out, global_batch=global_batch,
-                               world_size=cfg.export_world_size, workers=cfg.export_workers,
-                               force=not cfg.export_dir)  # the data root's own exports/ folder: Strata's, marked or not (an older export)
+                               world_size=params.world_size, workers=params.workers,
+                               force=not params.dir)  # the data root's own exports/ folder: Strata's, marked or not (an older export)
         files += info["files"]
         digests.update(info.get("digests", {}))
         facts[f"{fmt}/tokens_per_s"] = round(info["tokens"] / max(info["wall_s"], 1e-9))
         facts[f"{fmt}/kept_sequences"] = info["kept_sequences"]
         log(f"{fmt}: {info['sequences']} sequences in {info['wall_s']:.2f} s -> {info['dir']}")
     return StageResult(
-        sorted(files, key=lambda p: (not str(p).endswith("/meta.json"), str(p))),
-        {"sequences": info["sequences"], "formats": len(cfg.export_formats)},
-        {"strategy": strategy, "formats": list(cfg.export_formats), "global_batch": global_batch,
-         "world_size": cfg.export_world_size, "workers": cfg.export_workers, "export_dir": cfg.export_dir},
-        facts, digests=digests,
+        outputs=sorted(files, key=lambda p: (not str(p).endswith("/meta.json"), str(p))),
+        rows={"sequences": info["sequences"], "formats": len(params.formats)},
+        parameters={"strategy": strategy, "formats": list(params.formats), "global_batch": global_batch,
+         "world_size": params.world_size, "workers": params.workers, "export_dir": params.dir},
+        facts=facts, digests=digests,
     )

@@ -10,6 +10,7 @@ writes its files under ``<root>/mixture/`` and its DuckDB rows through ``connect
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,10 +18,32 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.stage import Connect, Markdown, StageResult
+from pipeline.stage import Connect, Markdown, StageParams, StageResult, setting
 
 MIXTURE_STRATEGIES = ("greedy_mixture", "greedy_curriculum")  # the partitions of mixture_runs
 BASELINES = ("random", "greedy")  # the training_runs models mixture_ablation scores too
+
+
+@dataclass(frozen=True)
+class MixtureParams(StageParams):
+    """The mixture stage's settings (every mixture asset): the ``mixture:`` group, and the training
+    and greedy settings its models and orders use. (The mixture assets' code versions do not cover
+    parameters: they are not in ``assets/params.py``'s table.)"""
+
+    mixture: Any = setting()  # pipeline.config.MixtureConfig
+    seed: int = setting()
+    seeds: list[int] = setting()
+    model_preset: str = setting()
+    batch_size: int = setting()
+    max_steps: int = setting()
+    lr: float = setting()
+    warmup_steps: int = setting()
+    weight_decay: float = setting()
+    cross_document: bool = setting()
+    seq_len: int = setting()
+    lam: float = setting()
+    length_bins: int = setting()
+    noise: float = setting()
 
 
 def mixture_dir(layout, *parts: str) -> Path:
@@ -33,7 +56,7 @@ def iteration_file(layout, i: int) -> Path:
     return mixture_dir(layout, "iterations", f"{i}.parquet")
 
 
-def target_set(layout, cfg, connect: Connect) -> StageResult:
+def target_set(layout, params: MixtureParams, connect: Connect) -> StageResult:
     """The target set V (``mixture.target_path``, else the held-out split of ``mixture.target_source``)
     split into a half that measures v and a half that scores models, plus the general held-out set.
     Writes ``mixture/target/documents.parquet`` (id, source, role, general, n_tokens, n_bytes), its
@@ -49,8 +72,8 @@ def target_set(layout, cfg, connect: Connect) -> StageResult:
 
     has_held = layout.heldout.is_dir() and any(layout.heldout.rglob("*.jsonl.gz"))
     held = read_paloma_docs(layout.heldout) if has_held else pl.DataFrame(schema={"text": pl.String, "id": pl.String, "source": pl.String})
-    target = read_target_file(cfg.mixture.target_path) if cfg.mixture.target_path else None
-    docs = target_documents(held, target, cfg.mixture.target_source, cfg.seed)
+    target = read_target_file(params.mixture.target_path) if params.mixture.target_path else None
+    docs = target_documents(held, target, params.mixture.target_source, params.seed)
     tok = load_tokenizer(layout.tokenizer)
     flat, offsets = tokenize_documents(tok, docs["text"].to_list(), progress=False)
     table = docs.drop("text").with_columns(
@@ -61,13 +84,14 @@ def target_set(layout, cfg, connect: Connect) -> StageResult:
     summary = table.group_by("role", "general").agg(docs=pl.len(), tokens=pl.col("n_tokens").sum()).sort("role", "general")
     with connect() as con:
         replace_rows(con, "mixture_target", summary, {})
-    return StageResult(out, {"documents": table.height, "fit": int((table["role"] == 0).sum()), "eval": int((table["role"] == 1).sum())},
-                       {"target_path": cfg.mixture.target_path, "target_source": cfg.mixture.target_source, "seed": cfg.seed},
-                       {"roles": Markdown(frame_table(summary)),
-                        "target_sources": ", ".join(sorted(table.filter(pl.col("role") < 2)["source"].unique().to_list()))})
+    return StageResult(
+        outputs=out, rows={"documents": table.height, "fit": int((table["role"] == 0).sum()), "eval": int((table["role"] == 1).sum())},
+        parameters={"target_path": params.mixture.target_path, "target_source": params.mixture.target_source, "seed": params.seed},
+        facts={"roles": Markdown(frame_table(summary)),
+               "target_sources": ", ".join(sorted(table.filter(pl.col("role") < 2)["source"].unique().to_list()))})
 
 
-def learned_weights(layout, cfg, connect: Connect) -> StageResult:
+def learned_weights(layout, params: MixtureParams, connect: Connect) -> StageResult:
     """The learned static mixture: ``mixture/weights.parquet`` (iteration, cluster, logit, weight) for
     every iteration's trained-on logits plus iteration = ``mixture.iterations`` (the final update, the
     mixture ``greedy_mixture`` uses), ``mixture/weights.png`` and the DuckDB table ``mixture_weights``."""
@@ -76,7 +100,7 @@ def learned_weights(layout, cfg, connect: Connect) -> StageResult:
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.warehouse import replace_rows
 
-    n = cfg.mixture.iterations
+    n = params.mixture.iterations
     missing = [i for i in range(n) if not iteration_file(layout, i).exists()]
     if missing:
         raise StrataInputError(f"mixture iterations {missing} are not materialized",
@@ -93,12 +117,12 @@ def learned_weights(layout, cfg, connect: Connect) -> StageResult:
     fig = plot_weights(weights, scores, mixture_dir(layout, "weights.png"), corpus_share=last["corpus_share"].to_numpy())
     w = final["weight"].to_numpy()
     share = last["corpus_share"].to_numpy()
-    return StageResult([out, fig], {"rows": weights.height}, {"iterations": n},
-                       {"max_weight_ratio_to_corpus": float((w / np.maximum(share, 1e-12)).max()),
+    return StageResult(outputs=[out, fig], rows={"rows": weights.height}, parameters={"iterations": n},
+                       facts={"max_weight_ratio_to_corpus": float((w / np.maximum(share, 1e-12)).max()),
                         "figure": Markdown(f"![weights]({fig})")})
 
 
-def meta_context(cfg, layout, log: Callable[[str], None] = lambda msg: None):
+def meta_context(params: MixtureParams, layout, log: Callable[[str], None] = lambda msg: None):
     """The :class:`pipeline.mixture.loop.MetaContext` of the configured data root."""
     from pipeline.data.tokenizer import load_tokenizer
     from pipeline.data.tokens import open_tokens
@@ -106,7 +130,7 @@ def meta_context(cfg, layout, log: Callable[[str], None] = lambda msg: None):
     from pipeline.mixture.terrific import InfluenceSettings
     from pipeline.training.loop import TrainSettings
 
-    m = cfg.mixture
+    m = params.mixture
     tok = load_tokenizer(layout.tokenizer)
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     cl = pl.read_parquet(layout.clusters).sort("doc_id")
@@ -116,16 +140,17 @@ def meta_context(cfg, layout, log: Callable[[str], None] = lambda msg: None):
         raise StrataInputError("a training document has no cluster", fix="rematerialize clusters after tokens")
     tdocs = pl.read_parquet(mixture_dir(layout, "target", "documents.parquet"))
     ttok, toff = open_tokens(mixture_dir(layout, "target", "tokens.bin"), mixture_dir(layout, "target", "doc_offsets.npy"))
-    ts = TrainSettings(preset=cfg.model_preset, batch_size=cfg.batch_size, max_steps=cfg.max_steps, lr=cfg.lr,
-                       warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=cfg.seeds[0], cross_document=cfg.cross_document)
+    ts = TrainSettings(preset=params.model_preset, batch_size=params.batch_size, max_steps=params.max_steps, lr=params.lr,
+                       warmup_steps=params.warmup_steps, weight_decay=params.weight_decay, seed=params.seeds[0],
+                       cross_document=params.cross_document)
     inf = InfluenceSettings(dim=m.projection_dim, nnz=m.projection_nnz, clip=m.clip, ridge=m.ridge, score_clip=m.score_clip,
-                            batch=min(8, cfg.batch_size), seed=cfg.seed)
+                            batch=min(8, params.batch_size), seed=params.seed)
     return make_context(tokens, offsets, doc_cluster, ttok, toff, tdocs["role"].to_numpy(), tdocs["general"].to_numpy(),
-                        vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, seq_len=cfg.seq_len,
+                        vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, seq_len=params.seq_len,
                         influence=inf,
-                        examples_per_cluster=m.examples_per_cluster, target_examples=m.target_examples, lam=cfg.lam,
-                        length_bins=cfg.length_bins, noise=cfg.noise, max_cluster_epochs=m.max_cluster_epochs, step_size=m.step_size,
-                        seed=cfg.seed,
+                        examples_per_cluster=m.examples_per_cluster, target_examples=m.target_examples, lam=params.lam,
+                        length_bins=params.length_bins, noise=params.noise, max_cluster_epochs=m.max_cluster_epochs, step_size=m.step_size,
+                        seed=params.seed,
                         log=log)
 
 
@@ -135,7 +160,7 @@ def corpus_shares(ctx) -> np.ndarray:
     return t / t.sum()
 
 
-def static_iteration(layout, cfg, i: int, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
+def static_iteration(layout, params: MixtureParams, i: int, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
     """Static TerRIFIC iteration ``i``: Train (fresh model on the realized mixture softmax(l_i),
     greedy order) -> Measure (Delta l at the final checkpoint, or with ``mixture.static_method:
     terrific_avg`` the mean over ``mixture.avg_checkpoints`` doubling checkpoints) -> Update
@@ -147,7 +172,7 @@ def static_iteration(layout, cfg, i: int, connect: Connect, log: Callable[[str],
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.warehouse import replace_rows
 
-    ctx = meta_context(cfg, layout, log)
+    ctx = meta_context(params, layout, log)
     share = corpus_shares(ctx)
     if i == 0:
         logits = loop.initial_logits(share)
@@ -157,7 +182,8 @@ def static_iteration(layout, cfg, i: int, connect: Connect, log: Callable[[str],
             raise StrataInputError(f"iteration {i} needs iteration {i - 1}",
                                    fix=f"materialize mixture_iterations[{i - 1}] first (partitions run in order)")
         logits = pl.read_parquet(prev).sort("cluster")["next_logit"].to_numpy()
-    it = loop.static_iteration(ctx, logits, seed=cfg.seed, method=cfg.mixture.static_method, avg_checkpoints=cfg.mixture.avg_checkpoints)
+    it = loop.static_iteration(ctx, logits, seed=params.seed, method=params.mixture.static_method,
+                               avg_checkpoints=params.mixture.avg_checkpoints)
     rows = pl.DataFrame({
         "iteration": np.full(ctx.n_clusters, i, dtype=np.int64), "cluster": np.arange(ctx.n_clusters, dtype=np.int64),
         "logit": it.logits, "weight": it.weights, "score": it.measurement.scores, "delta": it.measurement.delta,
@@ -172,12 +198,12 @@ def static_iteration(layout, cfg, i: int, connect: Connect, log: Callable[[str],
         replace_rows(con, "mixture_iterations", rows, {"iteration": i})
         replace_rows(con, "mixture_scores", scores, {"iteration": i})
     top = rows.sort("delta", descending=True).head(5).select("cluster", "weight", "score", "delta")
-    return StageResult([out], {"clusters": ctx.n_clusters}, {"iteration": i, **cfg.mixture.model_dump()},
-                       {**{k: float(v) for k, v in metrics.items()}, "measured_at_steps": list(it.steps),
+    return StageResult(outputs=[out], rows={"clusters": ctx.n_clusters}, parameters={"iteration": i, **params.mixture.model_dump()},
+                       facts={**{k: float(v) for k, v in metrics.items()}, "measured_at_steps": list(it.steps),
                         "top_clusters": Markdown(frame_table(top))})
 
 
-def curriculum(layout, cfg, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
+def curriculum(layout, params: MixtureParams, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
     """TerRIFIC curricula (Algorithm 1): ``mixture.curriculum_iterations`` meta-iterations from
     f_0 = log corpus shares, each training on the curriculum-greedy order of f_t with
     ``mixture.checkpoints`` log-uniform checkpoints. Writes ``mixture/curriculum.yaml`` (the knots
@@ -192,8 +218,8 @@ def curriculum(layout, cfg, connect: Connect, log: Callable[[str], None] = print
     from pipeline.storage.atomic import write_parquet, write_text
     from pipeline.storage.warehouse import replace_rows
 
-    m = cfg.mixture
-    ctx = meta_context(cfg, layout, log)
+    m = params.mixture
+    ctx = meta_context(params, layout, log)
     n_max = ctx.budget_tokens
     n_min = m.min_fraction * n_max
     cur = constant_curriculum(initial_logits(corpus_shares(ctx)), n_min, n_max)
@@ -208,7 +234,7 @@ def curriculum(layout, cfg, connect: Connect, log: Callable[[str], None] = print
 
     knots(0, cur)
     for t in range(m.curriculum_iterations):
-        it = curriculum_iteration(ctx, cur, t, m.checkpoints, m.min_fraction, cfg.seed)
+        it = curriculum_iteration(ctx, cur, t, m.checkpoints, m.min_fraction, params.seed)
         for b, (s, step) in enumerate(zip(it.s_b, it.steps)):
             step_rows.append(pl.DataFrame({"meta_iteration": t, "checkpoint": b, "tokens": float(np.exp(s)), "step": int(step),
                                            "cluster": np.arange(ctx.n_clusters, dtype=np.int64), "score": it.scores_at[b],
@@ -228,13 +254,13 @@ def curriculum(layout, cfg, connect: Connect, log: Callable[[str], None] = print
             replace_rows(con, "mixture_curriculum_steps", pl.concat(step_rows), {})
         if score_rows:
             replace_rows(con, "mixture_curriculum_scores", pl.DataFrame(score_rows), {})
-    return StageResult(out, {"knots": int(cur.log_tokens.size), "meta_iterations": m.curriculum_iterations},
-                       {k: getattr(m, k) for k in ("curriculum_iterations", "checkpoints", "min_fraction", "step_size")}
-                       | {"seed": cfg.seed},
-                       {"figure": Markdown(f"![curriculum]({out[-1]})")})
+    return StageResult(outputs=out, rows={"knots": int(cur.log_tokens.size), "meta_iterations": m.curriculum_iterations},
+                       parameters={k: getattr(m, k) for k in ("curriculum_iterations", "checkpoints", "min_fraction", "step_size")}
+                       | {"seed": params.seed},
+                       facts={"figure": Markdown(f"![curriculum]({out[-1]})")})
 
 
-def mixture_run(layout, cfg, strategy: str, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
+def mixture_run(layout, params: MixtureParams, strategy: str, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
     """Train on the learned mixture, for every training seed: ``greedy_mixture`` realizes the final
     static weights (greedy order), ``greedy_curriculum`` the learned curriculum (curriculum-greedy
     order of ``mixture/curriculum.yaml``). Same model, budget and optimizer as ``training_runs``.
@@ -251,21 +277,21 @@ def mixture_run(layout, cfg, strategy: str, connect: Connect, log: Callable[[str
     from pipeline.storage.warehouse import replace_rows
     from pipeline.training.loop import train
 
-    ctx = meta_context(cfg, layout, log)
+    ctx = meta_context(params, layout, log)
     if strategy == "greedy_mixture":
         w = (pl.read_parquet(mixture_dir(layout, "weights.parquet"))
-             .filter(pl.col("iteration") == cfg.mixture.iterations).sort("cluster")["weight"].to_numpy())
-        order, real = static_order(ctx, w, cfg.seed)
+             .filter(pl.col("iteration") == params.mixture.iterations).sort("cluster")["weight"].to_numpy())
+        order, real = static_order(ctx, w, params.seed)
     else:
         cur = load_curriculum(mixture_dir(layout, "curriculum.yaml"), ctx.n_clusters)
-        order, real = curriculum_order(ctx, cur, cfg.seed)
+        order, real = curriculum_order(ctx, cur, params.seed)
     tok = load_tokenizer(layout.tokenizer)
     out = [write_parquet(ctx.pool_segments, mixture_dir(layout, "pool_segments.parquet")),
            write_parquet(pl.DataFrame({"position": np.arange(order.size, dtype=np.int64), "sequence_id": order}),
                          mixture_dir(layout, "orderings", f"{strategy}.parquet")),
            write_parquet(real.table, mixture_dir(layout, "realization", f"{strategy}.parquet"))]
     finals = {}
-    for seed in cfg.seeds:
+    for seed in params.seeds:
         model, steps = train(ctx.pool, order, ctx.vocab_size, ctx.eos_id, ctx.pad_id, replace(ctx.train, seed=seed), progress=False)
         run = mixture_dir(layout, "runs", strategy, f"seed{seed}")
         with atomic_dir(run / "model") as tmp:
@@ -276,12 +302,12 @@ def mixture_run(layout, cfg, strategy: str, connect: Connect, log: Callable[[str
         finals[seed] = float(log_df["loss"].tail(max(1, len(steps) // 10)).mean())
     with connect() as con:
         replace_rows(con, "mixture_realization", real.table.with_columns(strategy=pl.lit(strategy)), {"strategy": strategy})
-    return StageResult(out, {"sequences": int(order.size)}, {"strategy": strategy, "seeds": cfg.seeds},
-                       {"repeated_fraction": real.repeated_fraction, "max_epochs": float(real.table["epochs"].max()),
+    return StageResult(outputs=out, rows={"sequences": int(order.size)}, parameters={"strategy": strategy, "seeds": params.seeds},
+                       facts={"repeated_fraction": real.repeated_fraction, "max_epochs": float(real.table["epochs"].max()),
                         "final_loss": finals, "realization": Markdown(frame_table(real.table))})
 
 
-def mixture_ablation(layout, cfg, connect: Connect) -> StageResult:
+def mixture_ablation(layout, params: MixtureParams, connect: Connect) -> StageResult:
     """Score ``random``, ``greedy`` (the ``training_runs`` models, when materialized),
     ``greedy_mixture`` and ``greedy_curriculum`` the same way: mean token loss on the target set's
     scoring half (``target_loss``) and on the general held-out set (``heldout_loss``), mean ± std
@@ -296,10 +322,10 @@ def mixture_ablation(layout, cfg, connect: Connect) -> StageResult:
     from pipeline.storage.atomic import write_text
     from pipeline.storage.warehouse import replace_rows
 
-    ctx = meta_context(cfg, layout)
+    ctx = meta_context(params, layout)
     rows: list[dict[str, Any]] = []
     for strategy in (*BASELINES, *MIXTURE_STRATEGIES):
-        for seed in cfg.seeds:
+        for seed in params.seeds:
             base = layout.run_dir(strategy, seed) if strategy in BASELINES else mixture_dir(layout, "runs", strategy, f"seed{seed}")
             if not (base / "model").exists():
                 continue
@@ -320,4 +346,4 @@ def mixture_ablation(layout, cfg, connect: Connect) -> StageResult:
           "scoring half and on the general held-out set; mean ± std over seeds.\n\n" + frame_table(wide)
           + "\n\n![weights](weights.png)\n\n![curriculum](curriculum.png)\n")
     out = write_text(md, mixture_dir(layout, "report.md"))
-    return StageResult([out], {"rows": table.height}, {"seeds": cfg.seeds}, {"report": Markdown(md)})
+    return StageResult(outputs=[out], rows={"rows": table.height}, parameters={"seeds": params.seeds}, facts={"report": Markdown(md)})

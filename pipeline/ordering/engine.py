@@ -8,7 +8,7 @@ new segments and the order refers to those sequence ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 import numpy as np
@@ -75,6 +75,16 @@ class OrderParams:
             mixture_weights_file=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
             max_sequence_copies=cfg.max_sequence_copies, duplicate_order=cfg.duplicate_order, blend=_blend(cfg),
         )
+
+    @classmethod
+    def reads(cls) -> tuple[str, ...]:
+        """The config keys :meth:`from_config` reads: each field's own key, and ``mixture`` for the blend."""
+        return (*(f.name for f in fields(cls) if f.name != "blend"), "mixture")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The keys an order depends on: all it reads (each strategy's spec names its own, ``reads``)."""
+        return cls.reads()
 
     def recorded(self) -> dict[str, Any]:
         """The knobs as a lineage row records them (the blend only when one is configured)."""

@@ -10,7 +10,7 @@ lineage row shows it was made from the same sequences, parameters and seed (:fun
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -18,21 +18,33 @@ import polars as pl
 
 from pipeline.ordering import strategies
 from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, segment_columns
-from pipeline.stage import CheckFact, Connect, Markdown, StageResult
+from pipeline.stage import CheckFact, Connect, Markdown, StageParams, StageResult, setting
 from pipeline.storage.layout import Store
 
 PERMUTATION_CHECK, CAPS_CHECK, MIXTURE_CHECK = "ordering_is_permutation", "schedule_within_caps", "schedule_realizes_mixture"
 
 
-def order_params(cfg, layout) -> OrderParams:
-    """The ordering knobs of ``cfg``; greedy_mixture's weights default to the mixture stage's
+@dataclass(frozen=True)
+class OrderStageParams(StageParams):
+    """The ordering stage's settings (``orderings``, and the order a training seed trains on). The
+    strategies' knobs are parameters through each spec's ``reads``, not all of them here."""
+
+    order: OrderParams = setting(versioned=False, convert=OrderParams)
+    seed: int = setting()
+    mixture_enabled: bool = setting("mixture.enabled", versioned=False)  # greedy_curriculum takes the learned curriculum
+    mixture_tolerance: float = setting(versioned=False)  # a schedule's check (greedy_mixture's reads)
+    packing: str = setting(versioned=False)  # a frozen prefix's record (sequences' parameter)
+
+
+def order_params(stage_params: OrderStageParams, layout) -> OrderParams:
+    """The ordering knobs of ``stage_params``; greedy_mixture's weights default to the mixture stage's
     ``mixture/weights.parquet`` when ``mixture_weights_file`` is not set, and with the mixture
     stage on (``mixture.enabled``) greedy_curriculum's curriculum to its learned
     ``mixture/curriculum.yaml`` when ``curriculum`` is not set: one ``strata run`` learns and uses it."""
-    params = OrderParams.from_config(cfg)
+    params = stage_params.order
     if params.mixture_weights_file is None and layout.mixture_weights.exists():
         params = replace(params, mixture_weights_file=str(layout.mixture_weights))
-    if params.curriculum is None and cfg.mixture.enabled and layout.mixture_curriculum.exists():
+    if params.curriculum is None and stage_params.mixture_enabled and layout.mixture_curriculum.exists():
         params = replace(params, curriculum=str(layout.mixture_curriculum))
     return params
 
@@ -137,7 +149,7 @@ def ordering_inputs(layout, params: OrderParams | None = None, strategy: str | N
     return ordering_documents(layout, params, strategy), pl.read_parquet(layout.segments)
 
 
-def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: str) -> StageResult:
+def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connect: Connect, code_version: str) -> StageResult:
     """Order the sequences with ``strategy``: ``orderings/<strategy>.parquet`` (position,
     sequence_id), a repacking's ``<strategy>.segments.parquet``, a schedule's accounting
     (``<strategy>.mixture.parquet``, DuckDB ``mixture_schedule``) and, under a frozen prefix, its
@@ -151,7 +163,7 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
     from pipeline.storage.warehouse import replace_rows
     from pipeline.threads import concurrently
 
-    params = order_params(cfg, layout)
+    params = order_params(stage_params, layout)
     spec = strategies.spec(strategy)
     verify_ordering_inputs(layout)  # the packing, documents and clusters against their recorded SHA-256: corrupt bytes stop here
     seq_len = Store(layout).sequences.seq_len  # the base packing's: a repacking fills sequences as long
@@ -159,16 +171,16 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
     previous = frozen.load(layout, strategy) if n_frozen else None
     prefix = previous.sequence_ids if previous is not None else None
     name = spec.packing_from or strategy
-    base = base_order(layout, connect, spec, params, cfg.seed, code_version) if spec.derived and not n_frozen else None
+    base = base_order(layout, connect, spec, params, stage_params.seed, code_version) if spec.derived and not n_frozen else None
     if base is not None:  # e.g. greedy_block_shuffle: the greedy partition's order, its blocks shuffled
-        result = OrderingResult(order_frame(spec.derived[1](base[0], params, cfg.seed)), None, base[1])
+        result = OrderingResult(order_frame(spec.derived[1](base[0], params, stage_params.seed)), None, base[1])
     else:
         warm_kernels()  # numba's first load, beside the reading of the documents and segments
         # contiguous columns: the strategies' NumPy views are not copies beside the frames' chunks; the
         # documents are read by run_strategy itself, which frees the frame once it holds their arrays
         result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(),
                               lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)).rechunk(),
-                              seq_len, params, cfg.seed, prefix=prefix)
+                              seq_len, params, stage_params.seed, prefix=prefix)
     seg_path = layout.ordering_segments(strategy)
     if result.segments is not None:  # a repacking's segments written while the order is
         outputs = concurrently(partial(write_parquet, result.order, layout.ordering(strategy)),
@@ -180,7 +192,7 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
     del result
     written = Store(layout).ordering(strategy)
     order, m = written.order, written.n_sequences
-    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, cfg.mixture_tolerance, cfg.seed)
+    more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, stage_params.mixture_tolerance, stage_params.seed)
     tables = mixture_meta.pop("tables", {})  # a schedule's own DuckDB tables (greedy_blend)
     outputs += more
     if spec.realizes_mixture:
@@ -200,17 +212,18 @@ def order_strategy(layout, cfg, strategy: str, connect: Connect, code_version: s
     if n_frozen and ok:
         from pipeline.reports.frozen_boundary import boundary_summary
 
-        outputs += freeze(layout, connect, strategy, order, written.segments, n_frozen, previous, seq_len, cfg.packing)
+        outputs += freeze(layout, connect, strategy, order, written.segments, n_frozen, previous, seq_len, stage_params.packing)
         boundary = boundary_summary(layout, strategy) or {}
     summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens",
                                                               "per_cluster")}
     return StageResult(
-        outputs,
-        {"sequences": n_positions},
-        {"strategy": strategy, **params.recorded(), "seed": cfg.seed, "greedy_mode": greedy_mode, "freeze_prefix": n_frozen,
-         **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.mixture is not None else {}),
-         **({"curriculum_sha256": file_sha256(params.curriculum)} if "curriculum" in spec.reads and params.curriculum else {})},
-        {"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
+        outputs=outputs,
+        rows={"sequences": n_positions},
+        parameters={"strategy": strategy, **params.recorded(), "seed": stage_params.seed, "greedy_mode": greedy_mode,
+                    "freeze_prefix": n_frozen,
+                    **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.mixture is not None else {}),
+                    **({"curriculum_sha256": file_sha256(params.curriculum)} if "curriculum" in spec.reads and params.curriculum else {})},
+        facts={"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
          **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},
         checks=[check, *mixture_checks],
         deps={"orderings": spec.derived[0]} if base is not None else {},
@@ -248,22 +261,22 @@ def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
     return ordering.order, ordering.segments
 
 
-def seeded_ordering(layout, cfg, strategy: str, seed: int) -> tuple[np.ndarray, pl.DataFrame]:
-    """The order training seed ``seed`` trains on: the materialized ordering (``cfg.seed``) for
-    a seed-free strategy or seed == cfg.seed, else the strategy re-run with ``seed`` (same
+def seeded_ordering(layout, stage_params: OrderStageParams, strategy: str, seed: int) -> tuple[np.ndarray, pl.DataFrame]:
+    """The order training seed ``seed`` trains on: the materialized ordering (``stage_params.seed``) for
+    a seed-free strategy or seed == stage_params.seed, else the strategy re-run with ``seed`` (same
     parameters), so seeds vary the shuffle / noise, not only the model init."""
     from pipeline.ordering.engine import seed_dependent
     from pipeline.packing import frozen
     from pipeline.reports.diagnostics import ordering_ids
 
-    params, spec = order_params(cfg, layout), strategies.spec(strategy)
+    params, spec = order_params(stage_params, layout), strategies.spec(strategy)
     if frozen.load(layout, strategy) is not None:
         return load_ordering(layout, strategy)  # a frozen stream is one stream: every seed trains on it
-    if not spec.scheduled or seed == cfg.seed or not seed_dependent(strategy, params):
+    if not spec.scheduled or seed == stage_params.seed or not seed_dependent(strategy, params):
         return load_ordering(layout, strategy)
     if spec.reseed is not None:  # e.g. greedy_block_shuffle: the greedy beneath is seed-free, re-shuffle its blocks only
         order, segments = load_ordering(layout, strategy)
-        if (reseeded := spec.reseed(order, params, cfg.seed, seed)) is not None:
+        if (reseeded := spec.reseed(order, params, stage_params.seed, seed)) is not None:
             return reseeded, segments
     docs, segments = ordering_inputs(layout, params, strategy)
     result = run_strategy(strategy, docs, segments, Store(layout).sequences.seq_len, params, seed)

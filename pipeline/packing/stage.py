@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 
-from pipeline.stage import Connect, StageResult
+from pipeline.stage import Connect, StageParams, StageResult, setting
 
 
-def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
+@dataclass(frozen=True)
+class PackParams(StageParams):
+    """The packing stage's settings (``sequences``)."""
+
+    seq_len: int = setting()
+    packing: str = setting()  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
+    seed: int = setting()  # the documents' shuffle before packing
+    freeze_prefix: int | str = setting()  # a frozen prefix kept (docs/reliability.md); 0 = off
+
+
+def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
     """Pack the documents (seeded shuffle) into ``seq_len``-token sequences with ``packing``:
     ``sequences/segments.parquet`` (each sequence's pieces as offsets into the token store),
     ``sequences/meta.json`` (seq_len, packing, freeze_prefix and the token store's fingerprint) and
@@ -28,8 +40,8 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
 
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     stream = np.diff(offsets)
-    variant, atom = parse_packing(cfg.packing)
-    n_frozen = frozen.frozen_count(cfg.freeze_prefix)
+    variant, atom = parse_packing(params.packing)
+    n_frozen = frozen.frozen_count(params.freeze_prefix)
     if not n_frozen:
         frozen.unfreeze(layout, connect)
     records = frozen.load_all(layout)
@@ -44,15 +56,16 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
         mask = np.zeros(stream.size, bool)
         mask[gone["doc_id"].to_numpy()] = True
     if records:
-        packed, records = frozen.pack_frozen(records, keys, stream, variant, atom, cfg.seq_len, cfg.packing, cfg.seed, leave_out=mask)
+        packed, records = frozen.pack_frozen(records, keys, stream, variant, atom, params.seq_len, params.packing, params.seed,
+                                             leave_out=mask)
     else:
-        order = np.random.default_rng(cfg.seed).permutation(stream.size)
+        order = np.random.default_rng(params.seed).permutation(stream.size)
         if mask is not None:
             order = order[~mask[order]]  # the rest keep their order
-        packed = pack(variant, order, stream, cfg.seq_len, atom_multiple=atom, seed=cfg.seed)
+        packed = pack(variant, order, stream, params.seq_len, atom_multiple=atom, seed=params.seed)
     if records:  # before anything is overwritten
         pad_id = load_tokenizer(layout.tokenizer).pad_token_id
-        frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, cfg.seq_len, pad_id=pad_id), tokens.dtype)
+        frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, params.seq_len, pad_id=pad_id), tokens.dtype)
     removed = tokens_by_reason(gone, stream) if gone is not None else {}
     del tokens, offsets, stream  # per-document arrays: not held while the segments are written
     write_parquet(packed.segments, layout.segments)
@@ -62,7 +75,7 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
         applied_file(layout).unlink(missing_ok=True)  # an earlier packing's, which this one does not apply
     saved = [path for record in records for path in frozen.save(layout, record)]
     kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
-    write_json({"seq_len": cfg.seq_len, "packing": cfg.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout),
+    write_json({"seq_len": params.seq_len, "packing": params.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout),
                 **({"cleaned": True} if gone is not None else {})}, layout.sequences_meta)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     numbers.update({f"tokens_removed_{reason}": float(t) for reason, t in removed.items()})
@@ -70,10 +83,10 @@ def pack_sequences(layout, cfg, connect: Connect) -> StageResult:
     with connect() as con:
         replace_rows(con, "packing_stats", stats, {})
     return StageResult(
-        [layout.segments, layout.sequences_meta, *applied, *saved],
-        {"sequences": packed.n_sequences, "segments": packed.segments.height},
-        {"seq_len": cfg.seq_len, "seed": cfg.seed, "packing": cfg.packing, "freeze_prefix": n_frozen},
-        {"packing": cfg.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
+        outputs=[layout.segments, layout.sequences_meta, *applied, *saved],
+        rows={"sequences": packed.n_sequences, "segments": packed.segments.height},
+        parameters={"seq_len": params.seq_len, "seed": params.seed, "packing": params.packing, "freeze_prefix": n_frozen},
+        facts={"packing": params.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
          "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
          "frozen_sequences_kept": kept, "flagged_kept_in_frozen_prefix": kept_frozen,
          **{f"tokens_removed_{reason}": t for reason, t in removed.items()}},

@@ -4,15 +4,79 @@ ablation's strategy x metric report (``ablation_report``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
-from pipeline.stage import CheckFact, Connect, Markdown, StageResult
+from pipeline.ordering.engine import OrderParams
+from pipeline.stage import CheckFact, Connect, Markdown, StageParams, StageResult, setting
 
 STATIONARITY_CHECK, REPORT_CHECK = "ordering_is_stationary", "report_covers_strategies"
+
+
+
+@dataclass(frozen=True)
+class DiagnoseParams(StageParams):
+    """One ordering's diagnostics (``ordering_diagnostics``): the prefix is ``max_steps x batch_size`` sequences."""
+
+    length_bins: int = setting()
+    max_steps: int = setting()
+    batch_size: int = setting()
+    seed: int = setting()
+    stationarity_shuffles: int = setting()
+
+
+@dataclass(frozen=True)
+class DiagnosticsReportParams(StageParams):
+    """All strategies side by side (``diagnostics_report``)."""
+
+    length_bins: int = setting()
+    seed: int = setting()
+    strategies: list[str] = setting(versioned=False)  # the strategy partitions
+    max_steps: int = setting(versioned=False)  # the prefix: ordering_diagnostics' parameters
+    batch_size: int = setting(versioned=False)
+
+
+@dataclass(frozen=True)
+class AblationReportParams(StageParams):
+    """The ablation's report (``ablation_report``); the evaluation sets name the cleaning section's."""
+
+    bootstrap_samples: int = setting()
+    seed: int = setting()
+    strategies: list[str] = setting(versioned=False)  # the strategy partitions
+    seeds: list[int] = setting(versioned=False)  # the run partitions
+    max_steps: int = setting(versioned=False)  # tokens per run: training_runs' parameters
+    batch_size: int = setting(versioned=False)
+    seq_len: int = setting(versioned=False)
+    decontam: Any = setting(versioned=False)  # the evaluation sets checked (pipeline.clean.decontam.eval_sets): clean's parameters
+    wikitext_path: str = setting(versioned=False)
+    paloma_dir: str = setting(versioned=False)
+    dclm_dir: str = setting(versioned=False)
+
+
+@dataclass(frozen=True)
+class ClaimsParams(StageParams):
+    """The papers' claims measured on this corpus (``claims``); :func:`pipeline.reports.claim_inputs.claim_data` takes them."""
+
+    claims_k: int = setting("claims.k")
+    claims_shuffles: int = setting("claims.shuffles")
+    bootstrap_samples: int = setting()
+    batch_size: int = setting()
+    length_bins: int = setting()
+    seed: int = setting()
+    max_steps: int = setting(versioned=False)  # the prefix: upstream parameters from here on
+    seq_len: int = setting(versioned=False)
+    seeds: list[int] = setting(versioned=False)
+    k: int = setting(versioned=False)  # the pipeline's clusters (claims.k 0 = k), and their k-means settings
+    kmeans_iters: int = setting(versioned=False)
+    pca_components: int = setting(versioned=False)
+    kmeans_spherical: bool = setting(versioned=False)
+    kmeans_max_points_per_centroid: int = setting(versioned=False)
+    order: OrderParams = setting(versioned=False, convert=OrderParams)  # the random shuffles and the diversity schedules
+
 
 RUN_TABLES = ("train_log", "eval_results", "eval_units", "heldout_curve", "consumed_metrics", "stable_rank", "fidelity", "odm_mixture",
               "epoch_jumps")  # the DuckDB tables of the training runs and their evaluations the report reads
@@ -66,7 +130,7 @@ def window_metadata(layout, strategy: str, metrics: pl.DataFrame) -> tuple[list[
                    "worst_window_above_random": above or "none"}
 
 
-def diagnose_ordering(layout, cfg, strategy: str, connect: Connect) -> StageResult:
+def diagnose_ordering(layout, params: DiagnoseParams, strategy: str, connect: Connect) -> StageResult:
     """``strategy``'s ordering against the papers' yardsticks: per-sequence and per-batch metrics,
     prefix error, drift and the worst windows against random's band (``diagnostics/<strategy>.parquet``,
     the figure ``diagnostics/<strategy>.windows.png``, DuckDB ``ordering_metrics``), and its
@@ -88,21 +152,21 @@ def diagnose_ordering(layout, cfg, strategy: str, connect: Connect) -> StageResu
     from pipeline.threads import concurrently
 
     warm_kernels()  # numba's first load, beside this run's reading
-    prefix = cfg.max_steps * cfg.batch_size
+    prefix = params.max_steps * params.batch_size
     reused = window_reused = False
     if strategy in training_time():
         metrics, stationarity = D.rows_frame([]), S.empty_table()
     else:
-        sched = V.strategy_schedule(layout, strategy, cfg.length_bins)
-        cache, window_cache = band_cache(layout, strategy, cfg, prefix), window_band_cache(layout, strategy, cfg)
+        sched = V.strategy_schedule(layout, strategy, params.length_bins)
+        cache, window_cache = band_cache(layout, strategy, params, prefix), window_band_cache(layout, strategy, params)
         reused = cache is not None and cache.is_file()
         window_reused = window_cache is not None and window_cache.is_file()
         # independent: each one's one-core passes run while the other computes
         stationarity, metrics = concurrently(
-            lambda: S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=cfg.stationarity_shuffles,
-                                         seed=cfg.seed, band_cache=cache),
-            lambda: D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128), window_batch=cfg.batch_size,
-                                           seed=cfg.seed, window_band_cache=window_cache))
+            lambda: S.stationarity_table(sched, prefix=prefix, strategy=strategy, n_random=params.stationarity_shuffles,
+                                         seed=params.seed, band_cache=cache),
+            lambda: D.ordering_diagnostics(strategy, sched, batch_sizes=(8, 32, 128), window_batch=params.batch_size,
+                                           seed=params.seed, window_band_cache=window_cache))
     out = write_parquet(metrics, layout.inside("diagnostics", f"{strategy}.parquet"))
     out_stat = write_parquet(stationarity, layout.inside("diagnostics", f"{strategy}.stationarity.parquet"))
     window_files, window_facts = window_metadata(layout, strategy, metrics)
@@ -110,11 +174,11 @@ def diagnose_ordering(layout, cfg, strategy: str, connect: Connect) -> StageResu
         replace_rows(con, "ordering_metrics", metrics, {"strategy": strategy})
         replace_rows(con, "ordering_stationarity", stationarity, {"strategy": strategy})
     return StageResult(
-        [out, out_stat, *window_files], {"metrics": metrics.height, "stationarity": stationarity.height},
-        {"strategy": strategy, "length_bins": cfg.length_bins, "prefix_sequences": prefix,
-         "stationarity_shuffles": cfg.stationarity_shuffles, "seed": cfg.seed, "window_batch": cfg.batch_size,
+        outputs=[out, out_stat, *window_files], rows={"metrics": metrics.height, "stationarity": stationarity.height},
+        parameters={"strategy": strategy, "length_bins": params.length_bins, "prefix_sequences": prefix,
+         "stationarity_shuffles": params.stationarity_shuffles, "seed": params.seed, "window_batch": params.batch_size,
          "window_shuffles": W.SHUFFLES},
-        {"summary": Markdown(frame_table(V.summary_table(metrics))),
+        facts={"summary": Markdown(frame_table(V.summary_table(metrics))),
          "stationarity": Markdown(S.markdown(stationarity) if stationarity.height else "no schedule"),
          "stationarity_outside": S.out_of_band_summary(stationarity) or "none",
          "band": "shuffles of these sequences reused (diagnostics/bands)" if reused else "shuffles computed",
@@ -122,7 +186,7 @@ def diagnose_ordering(layout, cfg, strategy: str, connect: Connect) -> StageResu
          **({"window_band": "shuffles' worst windows reused (diagnostics/window_bands)" if window_reused
              else "shuffles' worst windows computed"} if window_facts else {}),
          **(boundary_summary(layout, strategy) or {})},  # the frozen prefix's boundary, when the stream has one
-        [stationarity_check(strategy, stationarity, cfg.stationarity_shuffles)])
+        checks=[stationarity_check(strategy, stationarity, params.stationarity_shuffles)])
 
 
 def report_check(wanted: list[str], reported: list[str], figures: dict[str, Path]) -> CheckFact:
@@ -136,7 +200,7 @@ def report_check(wanted: list[str], reported: list[str], figures: dict[str, Path
                      "; ".join(problems) or f"{len(reported)} strategies, {len(figures)} figures", warn=True)
 
 
-def diagnostics_report(layout, cfg, connect: Connect) -> StageResult:
+def diagnostics_report(layout, params: DiagnosticsReportParams, connect: Connect) -> StageResult:
     """All strategies with a schedule side by side: figures under ``report/`` and
     ``report/diagnostics.md`` (from ``ordering_metrics`` and ``ordering_stationarity``), corpus-side
     metrics in DuckDB ``corpus_metrics``, the k calibration (silhouette vs k on a sample) in
@@ -152,12 +216,12 @@ def diagnostics_report(layout, cfg, connect: Connect) -> StageResult:
     from pipeline.represent.embedding_index import open_embeddings
     from pipeline.storage.warehouse import replace_rows
 
-    strategies = [s for s in cfg.strategies if layout.ordering(s).exists() and s not in training_time()]
-    docs, schedules = ordering_schedules(layout, strategies, cfg.length_bins)
+    strategies = [s for s in params.strategies if layout.ordering(s).exists() and s not in training_time()]
+    docs, schedules = ordering_schedules(layout, strategies, params.length_bins)
     emb = open_embeddings(layout)
     labels = docs["source"].to_numpy()
     corpus = D.corpus_diagnostics(docs["cluster"].to_numpy(), docs["stream_length"].to_numpy(), embeddings=emb,
-                                  labels=labels if len(set(labels)) > 1 else None, seed=cfg.seed)
+                                  labels=labels if len(set(labels)) > 1 else None, seed=params.seed)
     with connect() as con:
         replace_rows(con, "corpus_metrics", corpus, {})
         metrics = con.sql("SELECT * FROM ordering_metrics").pl().filter(pl.col("strategy").is_in(strategies))
@@ -165,25 +229,25 @@ def diagnostics_report(layout, cfg, connect: Connect) -> StageResult:
     extra = {}
     ks = [k for k in DEFAULT_KS if k <= emb.shape[0] // 40]  # faiss wants >= 39 points per centroid
     if len(ks) >= 2:
-        cal = calibrate_k(emb, ks, sample_size=min(5000, emb.shape[0]), seed=cfg.seed)
+        cal = calibrate_k(emb, ks, sample_size=min(5000, emb.shape[0]), seed=params.seed)
         png = layout.inside("report", "k_calibration.png")
         extra["k_calibration"] = plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, png)
         with connect() as con:
             replace_rows(con, "k_calibration", pl.DataFrame({"k": cal.ks, "silhouette": cal.silhouettes,
                                                             "recommended": cal.ks == cal.recommended_k}), {})
     summary, figures, md_path = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity,
-                                                         cfg.max_steps * cfg.batch_size, extra)
+                                                         params.max_steps * params.batch_size, extra)
     windows = V.window_summary(metrics)
     ui = "\n\n".join([frame_table(summary), "**stationarity: outside random's band**",
                        frame_table(V.stationarity_summary(stationarity))]
                       + (["**worst window (max over windows [a:b]) above random's**", frame_table(windows)] if windows.height else [])
                       + [V.image_markdown(p, n) for n, p in figures.items()])
-    check = report_check([s for s in cfg.strategies if s not in training_time()], strategies, figures)
-    return StageResult([md_path, *figures.values()], {"strategies": len(strategies), "figures": len(figures)},
-                       {"strategies": strategies}, {"report": Markdown(ui)}, [check])
+    check = report_check([s for s in params.strategies if s not in training_time()], strategies, figures)
+    return StageResult(outputs=[md_path, *figures.values()], rows={"strategies": len(strategies), "figures": len(figures)},
+                       parameters={"strategies": strategies}, facts={"report": Markdown(ui)}, checks=[check])
 
 
-def ablation_report(layout, cfg, connect: Connect) -> StageResult:
+def ablation_report(layout, params: AblationReportParams, connect: Connect) -> StageResult:
     """Strategy x metric table (the fixed held-out batch's final loss and every evaluation metric,
     mean ± std over seeds; DuckDB ``ablation``), every strategy's difference to ``random`` with a
     paired-bootstrap interval (``ablation_delta``), the power of the run (``ablation_power``), and
@@ -207,17 +271,17 @@ def ablation_report(layout, cfg, connect: Connect) -> StageResult:
         read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in RUN_TABLES if t in tables}
         claim_tables = {t: con.sql(f"SELECT * FROM {t}").pl() for t in CLAIM_TABLES if t in tables}
     train_log = read["train_log"]
-    strategies = [s for s in cfg.strategies if s in set(train_log["strategy"])]
-    seeds = set(cfg.seeds)
+    strategies = [s for s in params.strategies if s in set(train_log["strategy"])]
+    seeds = set(params.seeds)
     mine = {t: df.filter(pl.col("strategy").is_in(strategies) & pl.col("seed").is_in(seeds)) if "seed" in df.columns
             else df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
     units = run_units(mine.get("heldout_curve"), mine.get("eval_results"), mine.get("eval_units"))
     table = ablation_table(units)
-    deltas = delta_table(units, "random", cfg.bootstrap_samples, cfg.seed, higher_is_better)
+    deltas = delta_table(units, "random", params.bootstrap_samples, params.seed, higher_is_better)
     verdict = control_verdict(deltas, POSITIVE_CONTROL)
     heldout_available = read_paloma_docs(layout.heldout).height if any(layout.heldout.rglob("*.jsonl.gz")) else None
     power = power_table(units, "random", POSITIVE_CONTROL, max_units=heldout_available,
-                        tokens_per_run=cfg.max_steps * cfg.batch_size * cfg.seq_len)
+                        tokens_per_run=params.max_steps * params.batch_size * params.seq_len)
     diversity = mine.get("consumed_metrics")
     with connect() as con:
         replace_rows(con, "ablation", table, {})
@@ -230,7 +294,7 @@ def ablation_report(layout, cfg, connect: Connect) -> StageResult:
 
         checkpoints = mde_by_checkpoint(mine["heldout_curve"]) if "heldout_curve" in mine else pl.DataFrame()
         figures["power"] = plot_power(power, checkpoints, layout.inside("report", "power.png"))
-    figures |= training_figures(mine, layout.inside("report"), cfg.seeds[0])
+    figures |= training_figures(mine, layout.inside("report"), params.seeds[0])
     cleaned = read_clean_tables(connect)  # the clean stage's removals (docs/cleaning.md)
     if cleaned:
         figures["clean"] = plot_clean(cleaned, layout.inside("report", "clean.png"))
@@ -239,7 +303,7 @@ def ablation_report(layout, cfg, connect: Connect) -> StageResult:
     extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
     if flagged is not None and flagged.height:
         extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + frame_table(flagged) + "\n"
-    extra += "\n" + clean_section(cleaned, ", ".join(eval_sets(cfg, layout.heldout))) if cleaned else ""
+    extra += "\n" + clean_section(cleaned, ", ".join(eval_sets(params, layout.heldout))) if cleaned else ""
     claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
     if "ablation_campaign" in tables:  # the latest `strata ablate` campaign: verdicts and its intervals round by round
         from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
@@ -258,10 +322,10 @@ def ablation_report(layout, cfg, connect: Connect) -> StageResult:
           + "\n\n" + "\n\n".join(image_markdown(p, n) for n, p in claim_figures.items()))
     significant = deltas.filter(pl.col("significant")).height if deltas.height else 0
     plan = power.filter(pl.col("strategy") == "pooled").to_dicts()
-    return StageResult([*outputs, *figures.values()],
-                       {"strategies": len(strategies), "rows": table.height, "deltas": deltas.height, "power": power.height},
-                       {"strategies": strategies, "seeds": cfg.seeds, "bootstrap_samples": cfg.bootstrap_samples},
-                       {"report": Markdown(ui), "significant_differences": significant,
+    return StageResult(outputs=[*outputs, *figures.values()],
+                       rows={"strategies": len(strategies), "rows": table.height, "deltas": deltas.height, "power": power.height},
+                       parameters={"strategies": strategies, "seeds": params.seeds, "bootstrap_samples": params.bootstrap_samples},
+                       facts={"report": Markdown(ui), "significant_differences": significant,
                         "positive_control": verdict.status,
                         "power_seeds_needed": plan[0]["seeds_needed"] if plan else None,
                         "power_heldout_docs_needed": plan[0]["units_needed"] if plan else None})
@@ -299,7 +363,7 @@ def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) 
 CLAIM_SIDE_TABLES = ("claims_diversity", "claims_epoch_jumps")  # left by the claim functions in ClaimData.tables_out
 
 
-def measure_claims(layout, cfg, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
+def measure_claims(layout, params: ClaimsParams, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
     """One row per claim of the papers, measured on this corpus: the paper's figure, Strata's figure
     with a 95% interval and the verdict the interval decides (DuckDB ``claims``, with
     ``claims_diversity``, ``claims_epoch_jumps`` and ``claims_not_measured``), a figure per claim
@@ -307,7 +371,6 @@ def measure_claims(layout, cfg, connect: Connect, log: Callable[[str], None] = p
     the claims' own runs (``claim_runs``), when they exist, are an input (``deps``)."""
     import time
 
-    from pipeline.ordering.engine import OrderParams
     from pipeline.reports.claim_inputs import claim_data
     from pipeline.reports.claims import claims_frame, claims_section, evaluate
     from pipeline.reports.visual import image_markdown
@@ -322,7 +385,7 @@ def measure_claims(layout, cfg, connect: Connect, log: Callable[[str], None] = p
             tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
             return con.sql(f"SELECT * FROM {name}").pl() if name in tables else None
 
-    data = claim_data(layout, cfg, OrderParams.from_config(cfg), read_table, out_dir, log=log)
+    data = claim_data(layout, params, params.order, read_table, out_dir, log=log)
     deps = {"claim_runs": None} if data.claim_log is not None else {}  # the claims' own runs exist: their version is an input too
     found, missing = evaluate(data, progress=lambda name: log(f"claim {name} ({time.perf_counter() - t0:.0f} s)"))
     table = claims_frame(found).with_columns(  # figures relative to the data root: the same bytes wherever it lies
@@ -345,6 +408,7 @@ def measure_claims(layout, cfg, connect: Connect, log: Callable[[str], None] = p
     ui, _ = claims_section(table, side["claims_diversity"], side["claims_epoch_jumps"], missing, root=layout.root)
     ui = ui.split("\n![")[0] + "\n\n" + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
     verdicts = {v: int((table["verdict"] == v).sum()) for v in ("reproduced", "not reproduced", "inconclusive")}
-    return StageResult([*outputs, *figures.values()], {"claims": table.height, "figures": len(figures)},
-                       {"claims_k": cfg.claims_k, "claims_shuffles": cfg.claims_shuffles, "bootstrap_samples": cfg.bootstrap_samples},
-                       {"report": Markdown(ui), "verdicts": verdicts, "not_measured": missing}, deps=deps)
+    return StageResult(outputs=[*outputs, *figures.values()], rows={"claims": table.height, "figures": len(figures)},
+                       parameters={"claims_k": params.claims_k, "claims_shuffles": params.claims_shuffles,
+                                   "bootstrap_samples": params.bootstrap_samples},
+                       facts={"report": Markdown(ui), "verdicts": verdicts, "not_measured": missing}, deps=deps)

@@ -29,12 +29,31 @@ from tqdm import tqdm
 
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
+from pipeline.stage import StageParams, setting
 from pipeline.training.checkpoint import Checkpointing, rng_state, set_rng_state
 from pipeline.training.heldout import HeldoutBatch, score_heldout, score_steps
 from pipeline.training.model import MASK_MODES, batch_tensors, build_model, token_losses
 
 if TYPE_CHECKING:  # any store with masked_batch / seq_len / n_sequences trains (a numpy export's OrderedSequences too)
     from pipeline.packing.pack import SequenceStore
+
+
+@dataclass(frozen=True)
+class TrainConfig(StageParams):
+    """The config keys :meth:`TrainSettings.from_config` reads (all but the seed, given per run):
+    a stage that trains holds these and builds its runs' settings from them."""
+
+    model_preset: str = setting()
+    batch_size: int = setting()
+    max_steps: int = setting()
+    lr: float = setting()
+    warmup_steps: int = setting()
+    weight_decay: float = setting()
+    cross_document: bool = setting()
+    attention: str = setting()
+    heldout_every: int = setting()
+    compile: bool = setting()
+    epochs: int = setting()
 
 
 @dataclass(frozen=True)
@@ -55,8 +74,8 @@ class TrainSettings:
     epochs: int = 0  # 0: max_steps steps (wrapping); N >= 1: N passes of floor(M / batch_size) steps each
 
     @classmethod
-    def from_config(cls, cfg, seed: int) -> "TrainSettings":
-        """The training settings of a :class:`pipeline.config.StrataConfig` for training seed ``seed``."""
+    def from_config(cls, cfg: TrainConfig, seed: int) -> "TrainSettings":
+        """The training settings of a :class:`TrainConfig` (or a config with its keys) for training seed ``seed``."""
         return cls(
             preset=cfg.model_preset, batch_size=cfg.batch_size, max_steps=cfg.max_steps,
             lr=cfg.lr, warmup_steps=cfg.warmup_steps, weight_decay=cfg.weight_decay, seed=seed,

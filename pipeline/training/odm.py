@@ -17,7 +17,7 @@ reward of every cluster with a non-zero sum,
 (the moving average of the importance-weighted group loss). During the warm-up (1% of the steps,
 ODM section 2) the policy stays at its prior and no rewards are recorded.
 
-**The clock** (``clock``, config ``odm_clock``). Alg. 1 evaluates E_t at t = the step (line 2:
+**The clock** (``clock``, config ``odm.clock``). Alg. 1 evaluates E_t at t = the step (line 2:
 one turn per step): ``clock="step"``, **the paper's method**. Strata's default, ``clock="draw"``,
 counts micro-batch draws instead: the policy of a step is evaluated at t = (draws before it) + 1,
 so the clock advances by G per step and E_t decays as if G times as many turns had passed. With
@@ -25,7 +25,7 @@ the paper's clock and K = 32 clusters, E_t = 1/K (so pi is exactly uniform) for 
 steps, i.e. for a whole demo-sized run; counting draws, the policy moves after ~111/G steps. The
 reward scale is Alg. 1's (summed loss / pi, no rescaling).
 
-**The initial domain weights** (``initial_weights``, config ``odm_initial_weights``). The paper
+**The initial domain weights** (``initial_weights``, config ``odm.initial_weights``). The paper
 "initialize[s] the domain weights using those defined by The Pile" (section 3): the domain weights
 are the sampling distribution pi(D_i), so pi starts at the prior p (here the pool shares), and
 "during [the warm-up] the model trains, but the policy remains stationary" (section 2): pi = p for
@@ -48,7 +48,7 @@ Choices where the paper is open, as a careful reimplementation would make them:
   the pool share by default, the analogue of the paper's initialisation with The Pile's weights;
   ``prior="uniform"`` is the plain Exp3 start.
 - The smoothing alpha is not given in the paper; 0.5 by default.
-- G (``micro_batches``, config ``odm_micro_batches``; 0 = the default) defaults to the batch size,
+- G (``micro_batches``, config ``odm.micro_batches``; 0 = the default) defaults to the batch size,
   i.e. one cluster draw per sequence: the paper (section 4) names batch homogeneity as ODM's
   weakness and smaller micro-batches as its remedy. The paper trains with G = 8.
 - A micro-batch's loss L(f, x, y) is the mean of its sequences' mean token losses (packed
@@ -177,10 +177,10 @@ class ODMPolicy:
         if prior not in ("proportional", "uniform"):
             raise StrataInputError(f"unknown ODM prior {prior!r}", fix="use 'proportional' or 'uniform'")
         if clock not in ("draw", "step"):
-            raise StrataInputError(f"unknown ODM clock {clock!r}", fix="set odm_clock: draw (Strata's) or step (the paper's)")
+            raise StrataInputError(f"unknown ODM clock {clock!r}", fix="set odm.clock: draw (Strata's) or step (the paper's)")
         if initial_weights not in ("warmup", "exp3"):
             raise StrataInputError(f"unknown ODM initial weights {initial_weights!r}",
-                                   fix="set odm_initial_weights: warmup (the paper's) or exp3 (the prior also as Exp3's Gibbs weights)")
+                                   fix="set odm.initial_weights: warmup (the paper's) or exp3 (the prior also as Exp3's Gibbs weights)")
         self.clock, self.initial_weights = clock, initial_weights
         self.k = sizes.size
         self.alpha = float(smoothing)
@@ -338,10 +338,10 @@ class ODMSampler:
         self._mixture, self._served, self._pending = list(state["mixture"]), list(state["served"]), None
 
 
-def odm_sampler(segments: pl.DataFrame, doc_cluster: np.ndarray, n_steps: int, seed: int, cfg) -> ODMSampler:
+def odm_sampler(segments: pl.DataFrame, doc_cluster: np.ndarray, n_steps: int, seed: int, odm) -> ODMSampler:
     """The ``odm`` strategy's training-time sampler (``StrategySpec.sampler``): Exp3 over the
     majority clusters of ``segments``' sequences, for a run of ``n_steps`` steps seeded with ``seed``,
-    with the ``odm_*`` keys of ``cfg``."""
-    return ODMSampler(sequence_clusters(segments, doc_cluster), n_steps, seed=seed, smoothing=cfg.odm_smoothing,
-                      warmup_fraction=cfg.odm_warmup_fraction, micro_batches=cfg.odm_micro_batches or None,
-                      clock=cfg.odm_clock, initial_weights=cfg.odm_initial_weights)
+    with the config group ``odm`` (:class:`pipeline.config.OdmConfig`)."""
+    return ODMSampler(sequence_clusters(segments, doc_cluster), n_steps, seed=seed, smoothing=odm.smoothing,
+                      warmup_fraction=odm.warmup_fraction, micro_batches=odm.micro_batches or None,
+                      clock=odm.clock, initial_weights=odm.initial_weights)

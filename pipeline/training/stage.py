@@ -8,23 +8,99 @@ run trains on what the sampler serves instead of an order, and nothing here name
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
-from pipeline.stage import Connect, StageResult
+from pipeline.ordering.stage import OrderStageParams
+from pipeline.stage import Connect, StageParams, StageResult, setting
+from pipeline.training.loop import TrainConfig
 
 FROZEN_FRACTION = 0.2  # the frozen checkpoint of mixture fidelity: a model at 20% of a run's steps
 CLAIM_STRATEGIES = ("greedy", "random")  # their stable ranks are compared by the claims (claims_probe_batches each)
 RUN_INPUTS = (("corpus", None), ("tokens", None), ("clusters", None), ("sequences", None))  # + the run's orderings partition
 
 
-def probe_count(cfg, strategy: str) -> int:
+@dataclass(frozen=True)
+class TrainRunParams(StageParams):
+    """One training run's settings (``training_runs``). A training-time strategy's sampler takes
+    them (``StrategySpec.sampler``): ODM reads its group ``odm`` (the odm spec's ``reads``)."""
+
+    train: TrainConfig = setting(convert=TrainConfig)
+    seq_len: int = setting()
+    probe_fractions: list[float] = setting()
+    probe_batches: int = setting()
+    stable_rank_matrix: str = setting()
+    heldout_docs: int = setting()
+    claims_probe_batches: int = setting("claims.probe_batches")  # the runs the claims pair probe this many batches
+    checkpoint_every: int = setting(versioned=False)  # a resumed run's outputs are byte-identical
+    odm: Any = setting(versioned=False)  # pipeline.config.OdmConfig: the odm sampler's (its spec's reads)
+    ordering: OrderStageParams = setting(versioned=False, convert=OrderStageParams)  # a seed's re-run order (orderings')
+
+
+@dataclass(frozen=True)
+class GradientParams(StageParams):
+    """Mixture fidelity's settings (``gradient_analyses``); the frozen model trains with the runs' settings."""
+
+    fidelity_chunks: int = setting()
+    fidelity_sequences_per_chunk: int = setting()
+    batch_size: int = setting()
+    cross_document: bool = setting()
+    train: TrainConfig = setting(versioned=False, convert=TrainConfig)  # training_runs' parameters
+    seed: int = setting(versioned=False)
+    seeds: list[int] = setting(versioned=False)
+    strategies: list[str] = setting(versioned=False)
+
+
+@dataclass(frozen=True)
+class EvaluateParams(StageParams):
+    """The evaluations' settings (``evaluations``): the limit, the seed and the values of the keys the
+    eval suites read (``evals/suites/``, each suite's ``reads``: they join the asset's parameters there)."""
+
+    eval_limit: int = setting()
+    seed: int = setting()
+    suites: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "EvaluateParams":
+        from evals.suites import reads
+
+        return cls(eval_limit=cfg.eval_limit, seed=cfg.seed, suites=cfg.subset(reads()))
+
+
+@dataclass(frozen=True)
+class ClaimRunsParams(StageParams):
+    """The claims' own training runs (``claim_runs``); they train with training_runs' settings and
+    cluster at ``claims.k`` with the configured k-means (:func:`pipeline.reports.claim_inputs.diversity_clusters`)."""
+
+    claims_k: int = setting("claims.k")
+    claims_seeds: list[int] = setting("claims.seeds")
+    claims_epochs: int = setting("claims.epochs")
+    claims_epoch_sequences: int = setting("claims.epoch_sequences")
+    claims_atoms: list[float] = setting("claims.atoms")
+    claims_packing_protocol: str = setting("claims.packing_protocol")
+    claims_packing_epochs: int = setting("claims.packing_epochs")
+    claims_packing_sequences: int = setting("claims.packing_sequences")
+    claims_packing_seq_len: int = setting("claims.packing_seq_len")
+    train: TrainConfig = setting(versioned=False, convert=TrainConfig)  # training_runs' parameters
+    seq_len: int = setting(versioned=False)
+    heldout_docs: int = setting(versioned=False)
+    seed: int = setting(versioned=False)
+    k: int = setting(versioned=False)  # the pipeline's clusters (claims.k 0 = k), and their k-means settings
+    kmeans_iters: int = setting(versioned=False)
+    pca_components: int = setting(versioned=False)
+    kmeans_spherical: bool = setting(versioned=False)
+    kmeans_max_points_per_centroid: int = setting(versioned=False)
+
+
+def probe_count(params: TrainRunParams, strategy: str) -> int:
     """Stable-rank probe batches per checkpoint: ``claims_probe_batches`` for the runs the claims
     pair (greedy, random), ``probe_batches`` for the others."""
-    return max(cfg.probe_batches, cfg.claims_probe_batches) if strategy in CLAIM_STRATEGIES else cfg.probe_batches
+    return max(params.probe_batches, params.claims_probe_batches) if strategy in CLAIM_STRATEGIES else params.probe_batches
 
 
 def sequence_store(layout, segments: pl.DataFrame, tok):
@@ -37,8 +113,8 @@ def sequence_store(layout, segments: pl.DataFrame, tok):
     return SequenceStore(tokens, offsets, segments, Store(layout).sequences.seq_len, pad_id=tok.pad_token_id)
 
 
-def load_heldout_batch(layout, cfg, tok):
-    """The fixed held-out batch (same documents for every run), or None without held-out documents."""
+def load_heldout_batch(layout, heldout_docs: int, tok):
+    """The fixed held-out batch (same documents for every run): its first ``heldout_docs`` documents, or None without held-out documents."""
     from evals.paloma import read_paloma_docs
     from pipeline.storage.layout import Store
     from pipeline.training.heldout import heldout_batch
@@ -48,7 +124,7 @@ def load_heldout_batch(layout, cfg, tok):
     docs = read_paloma_docs(layout.heldout)  # sources in turn, so a small batch covers every source
     docs = docs.with_columns(r=pl.int_range(pl.len()).over("source")).sort("r", "source", maintain_order=True)
     units = [f"{s}/{i}" for s, i in zip(docs["source"].to_list(), docs["id"].to_list())]
-    return heldout_batch(docs["text"].to_list(), units, tok, Store(layout).sequences.seq_len, cfg.heldout_docs)
+    return heldout_batch(docs["text"].to_list(), units, tok, Store(layout).sequences.seq_len, heldout_docs)
 
 
 def doc_clusters(layout) -> np.ndarray:
@@ -56,7 +132,7 @@ def doc_clusters(layout) -> np.ndarray:
     return pl.read_parquet(layout.clusters).sort("doc_id")["cluster"].to_numpy()
 
 
-def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoint_params: dict[str, Any],
+def train_run(layout, params: TrainRunParams, strategy: str, seed: int, connect: Connect, checkpoint_params: dict[str, Any],
               log: Callable[[str], None] = print) -> StageResult:
     """Train the same model (same budget, optimizer, batch and sequence length for every strategy)
     on ``strategy``'s stream for ``seed``: its ordering (re-run with ``seed`` when the order depends
@@ -76,19 +152,19 @@ def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoin
     from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
 
     spec = strategies.spec(strategy)
-    order, segments = seeded_ordering(layout, cfg, strategy, seed)
+    order, segments = seeded_ordering(layout, params.ordering, strategy, seed)
     tok = load_tokenizer(layout.tokenizer)
-    held = load_heldout_batch(layout, cfg, tok)
+    held = load_heldout_batch(layout, params.heldout_docs, tok)
     curve: list[dict] = []
 
     def on_heldout(steps_done: int, tokens: int, losses: np.ndarray) -> None:
         curve.extend({"step": steps_done, "tokens_seen": tokens, "unit": u, "loss": float(v)} for u, v in zip(held.units, losses))
 
     store = sequence_store(layout, segments, tok)
-    ts = TrainSettings.from_config(cfg, seed)
+    ts = TrainSettings.from_config(params.train, seed)
     run_dir = layout.run_dir(strategy, seed)
     n_steps = ts.steps(store.n_sequences if spec.sampler is not None else order.size)
-    sampler = spec.sampler(segments, doc_clusters(layout), n_steps, seed, cfg) if spec.sampler is not None else None
+    sampler = spec.sampler(segments, doc_clusters(layout), n_steps, seed, params) if spec.sampler is not None else None
     probes: list[pl.DataFrame] = []
 
     def restore(state: dict) -> None:
@@ -96,18 +172,18 @@ def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoin
 
     with connect() as con:
         inputs = {f"{a}[{p}]" if p else a: latest_data_version(con, a, p) for a, p in (*RUN_INPUTS, ("orderings", strategy))}
-    ckpt = Checkpointing(run_dir / "ckpt.pt", cfg.checkpoint_every, key={"inputs": inputs, "params": checkpoint_params},
+    ckpt = Checkpointing(run_dir / "ckpt.pt", params.checkpoint_every, key={"inputs": inputs, "params": checkpoint_params},
                          state=lambda: {"curve": curve, "probes": probes}, restore=restore, log=log)
-    fractions = {checkpoint_steps(n_steps, [f])[0]: f for f in cfg.probe_fractions}
-    n_probe = probe_count(cfg, strategy)
+    fractions = {checkpoint_steps(n_steps, [f])[0]: f for f in params.probe_fractions}
+    n_probe = probe_count(params, strategy)
 
     def probe(steps_done: int, model) -> None:
         if sampler is not None:  # a sampler's next batches do not exist yet: its last served batches
             stream, start, epochs = sampler.served_ids(), max(0, steps_done - n_probe), 0
         else:  # the batches the schedule serves next (past the end of the run: the ones it would)
-            stream, start, epochs = order, steps_done, cfg.epochs
-        rows = gradient_stable_ranks(model, store, stream, range(start, start + n_probe), cfg.batch_size, cfg.cross_document, epochs,
-                                     matrix=cfg.stable_rank_matrix)
+            stream, start, epochs = order, steps_done, params.train.epochs
+        rows = gradient_stable_ranks(model, store, stream, range(start, start + n_probe), params.train.batch_size,
+                                     params.train.cross_document, epochs, matrix=params.stable_rank_matrix)
         probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(fractions[steps_done] * 100)}%")))
 
     model, log_rows = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
@@ -118,7 +194,7 @@ def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoin
         tok.save_pretrained(str(tmp))
     key = {"strategy": strategy, "seed": seed}
     log_df = pl.DataFrame(log_rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
-    served = sampler.served_ids() if sampler is not None else stream_ids(order, n_steps, cfg.batch_size, cfg.epochs)
+    served = sampler.served_ids() if sampler is not None else stream_ids(order, n_steps, params.train.batch_size, params.train.epochs)
     # tokens_per_s is wall-clock throughput: kept in DuckDB, left out of the (deterministic) artifact
     outputs = [write_parquet(log_df.drop("tokens_per_s"), run_dir / "log.parquet"),
                write_parquet(pl.DataFrame({"position": np.arange(served.size), "sequence_id": served}), run_dir / "stream.parquet")]
@@ -126,14 +202,15 @@ def train_run(layout, cfg, strategy: str, seed: int, connect: Connect, checkpoin
     curve_df = pl.DataFrame(curve, schema={"step": pl.Int64, "tokens_seen": pl.Int64, "unit": pl.String, "loss": pl.Float64})
     curve_df = curve_df.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     outputs.append(write_parquet(curve_df, run_dir / "heldout_curve.parquet"))
-    outputs += _write_tables(layout, connect, key, log_df, served, segments, cfg.batch_size, curve_df, probes, jumps, sampler, run_dir)
+    outputs += _write_tables(layout, connect, key, log_df, served, segments, params.train.batch_size, curve_df, probes, jumps, sampler,
+                             run_dir)
     ckpt.remove()
     last = curve_df.filter(pl.col("step") == pl.col("step").max()) if curve_df.height else None
     return StageResult(
-        [run_dir / "model" / "model.safetensors", *outputs],
-        {"steps": len(log_rows), "tokens": int(log_df["tokens_seen"].max())},
-        {**ts.__dict__, "strategy": strategy},
-        {"heldout_batch_loss": float(last["loss"].mean()) if last is not None else float("nan"),
+        outputs=[run_dir / "model" / "model.safetensors", *outputs],
+        rows={"steps": len(log_rows), "tokens": int(log_df["tokens_seen"].max())},
+        parameters={**ts.__dict__, "strategy": strategy},
+        facts={"heldout_batch_loss": float(last["loss"].mean()) if last is not None else float("nan"),
          "tokens_per_s": float(log_df["tokens_per_s"].median()), "params": sum(p.numel() for p in model.parameters()),
          "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0,
          "resumed_from_step": ckpt.resumed_from if ckpt.resumed_from is not None else 0},
@@ -171,7 +248,7 @@ def _write_tables(layout, connect: Connect, key: dict, log_df: pl.DataFrame, ser
     return outputs
 
 
-def gradient_analyses(layout, cfg, connect: Connect) -> StageResult:
+def gradient_analyses(layout, params: GradientParams, connect: Connect) -> StageResult:
     """Mixture fidelity (TerRIFIC curricula) at one frozen checkpoint trained on non-overlapping
     data: a model trained on the held-out split (same settings and init as the runs) for 20% of the
     runs' steps, saved under ``gradients/frozen``; the cosine similarity of the gradients of
@@ -195,26 +272,26 @@ def gradient_analyses(layout, cfg, connect: Connect) -> StageResult:
         raise StrataInputError("no held-out documents to train the frozen checkpoint on", path=layout.heldout,
                                fix="set heldout_fraction > 0 (mixture fidelity needs a model trained on documents no schedule holds)")
     held = heldout_store(read_paloma_docs(layout.heldout)["text"].to_list(), tok, Store(layout).sequences.seq_len)
-    frozen_steps = checkpoint_steps(cfg.max_steps, [FROZEN_FRACTION])[0]
-    model, _ = train(held, np.random.default_rng(cfg.seed).permutation(held.n_sequences), len(tok), tok.eos_token_id,
-                     tok.pad_token_id, replace(TrainSettings.from_config(cfg, cfg.seeds[0]), epochs=0), stop_after=frozen_steps)
+    frozen_steps = checkpoint_steps(params.train.max_steps, [FROZEN_FRACTION])[0]
+    model, _ = train(held, np.random.default_rng(params.seed).permutation(held.n_sequences), len(tok), tok.eos_token_id,
+                     tok.pad_token_id, replace(TrainSettings.from_config(params.train, params.seeds[0]), epochs=0), stop_after=frozen_steps)
     frozen = layout.inside("gradients", "frozen")
     with atomic_dir(frozen) as tmp:
         model.save_pretrained(str(tmp))
     frames, matrices = [], {}
-    for strategy in cfg.strategies:
-        stream_path = layout.run_dir(strategy, cfg.seeds[0]) / "stream.parquet"
+    for strategy in params.strategies:
+        stream_path = layout.run_dir(strategy, params.seeds[0]) / "stream.parquet"
         if not stream_path.exists():
             continue
         ordering = Store(layout).ordering(strategy)
         sampled = strategies.spec(strategy).sampler is not None
         stream = pl.read_parquet(stream_path).sort("position")["sequence_id"].to_numpy() if sampled else ordering.order
-        n_chunks = min(cfg.fidelity_chunks, stream.size)
+        n_chunks = min(params.fidelity_chunks, stream.size)
         if n_chunks < 2:
             continue
         m = mixture_fidelity(model, sequence_store(layout, ordering.segments, tok), stream, n_chunks=n_chunks,
-                             sequences_per_chunk=min(cfg.fidelity_sequences_per_chunk, max(1, stream.size // n_chunks)),
-                             batch_size=cfg.batch_size, cross_document=cfg.cross_document)
+                             sequences_per_chunk=min(params.fidelity_sequences_per_chunk, max(1, stream.size // n_chunks)),
+                             batch_size=params.batch_size, cross_document=params.cross_document)
         matrices[strategy] = m
         frames.append(fidelity_rows(m).with_columns(strategy=pl.lit(strategy)))
     empty = {"chunk_i": pl.Int64, "chunk_j": pl.Int64, "cosine": pl.Float64, "strategy": pl.String}
@@ -223,12 +300,12 @@ def gradient_analyses(layout, cfg, connect: Connect) -> StageResult:
     with connect() as con:
         replace_rows(con, "fidelity", table, {})
     off = {s: float(m[~np.eye(m.shape[0], dtype=bool)].mean()) for s, m in matrices.items()}
-    return StageResult([out, frozen / "model.safetensors"], {"strategies": len(matrices)},
-                       {"chunks": cfg.fidelity_chunks, "frozen_steps": frozen_steps, "frozen_sequences": held.n_sequences},
-                       {"mean_offdiagonal_cosine": off})
+    return StageResult(outputs=[out, frozen / "model.safetensors"], rows={"strategies": len(matrices)},
+                       parameters={"chunks": params.fidelity_chunks, "frozen_steps": frozen_steps, "frozen_sequences": held.n_sequences},
+                       facts={"mean_offdiagonal_cosine": off})
 
 
-def evaluate_run(layout, cfg, strategy: str, seed: int, connect: Connect) -> StageResult:
+def evaluate_run(layout, params: EvaluateParams, strategy: str, seed: int, connect: Connect) -> StageResult:
     """Evaluate the model of ``strategy`` x ``seed`` on every eval suite whose input is there
     (``evals/suites/``): rows to ``evals/<strategy>.parquet`` (DuckDB ``eval_results``), the
     per-document values beside it (``.units.parquet``, DuckDB ``eval_units``)."""
@@ -248,9 +325,10 @@ def evaluate_run(layout, cfg, strategy: str, seed: int, connect: Connect) -> Sta
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     units: list[dict] = []
     suites = ordered()
-    rows = evaluate(model, tok, {s.name: s.input(cfg, layout) for s in suites}, limit=cfg.eval_limit, device=dev,
-                    work_dir=layout.root / "lm_eval", seed=cfg.seed, units=units,
-                    options=cfg.subset(sorted({k for s in suites for k in s.reads})))
+    inputs = SimpleNamespace(**params.suites)  # each suite's input is a key it reads (path_key)
+    rows = evaluate(model, tok, {s.name: s.input(inputs, layout) for s in suites}, limit=params.eval_limit, device=dev,
+                    work_dir=layout.root / "lm_eval", seed=params.seed, units=units,
+                    options={k: params.suites[k] for k in sorted({k for s in suites for k in s.reads})})
     df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     out = write_parquet(df, layout.eval_file(strategy, seed))
     per_doc = pl.DataFrame(units, schema={"metric": pl.String, "unit": pl.String, "value": pl.Float64})
@@ -260,12 +338,12 @@ def evaluate_run(layout, cfg, strategy: str, seed: int, connect: Connect) -> Sta
         replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
         if per_doc.height:
             replace_rows(con, "eval_units", per_doc, {"strategy": strategy, "seed": seed})
-    return StageResult([out, out_units], {"results": df.height, "units": per_doc.height},
-                       {"strategy": strategy, "seed": seed, "limit": cfg.eval_limit},
-                       {"results": Markdown(frame_table(df.select("suite", "task", "metric", "value")))})
+    return StageResult(outputs=[out, out_units], rows={"results": df.height, "units": per_doc.height},
+                       parameters={"strategy": strategy, "seed": seed, "limit": params.eval_limit},
+                       facts={"results": Markdown(frame_table(df.select("suite", "task", "metric", "value")))})
 
 
-def train_claim_runs(layout, cfg, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
+def train_claim_runs(layout, params: ClaimRunsParams, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
     """The training runs only the claims need (``pipeline/training/experiments.py``): multi-epoch
     runs of a corpus sample in a topical and in the stratified order (the epoch-boundary anomaly)
     and runs per packing (each atom size of ``claims_atoms`` and padding, in the paper's protocol
@@ -288,25 +366,25 @@ def train_claim_runs(layout, cfg, connect: Connect, log: Callable[[str], None] =
 
     docs = document_features(layout)
     lengths = docs["stream_length"].to_numpy()
-    cluster, k = diversity_clusters(layout, cfg, docs)
-    base = TrainSettings.from_config(cfg, cfg.seed)
+    cluster, k = diversity_clusters(layout, params, docs)
+    base = TrainSettings.from_config(params.train, params.seed)
     topic, kind = topic_groups(docs["source"].to_numpy(), cluster)
-    if cfg.claims_packing_protocol == "paper":
-        packing = paper_packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base, cfg.claims_packing_sequences,
-                                     cfg.claims_packing_epochs, cfg.claims_packing_seq_len)
+    if params.claims_packing_protocol == "paper":
+        packing = paper_packing_arms(lengths, params.seq_len, params.claims_atoms, params.claims_seeds, base,
+                                     params.claims_packing_sequences, params.claims_packing_epochs, params.claims_packing_seq_len)
     else:
-        packing = packing_arms(lengths, cfg.seq_len, cfg.claims_atoms, cfg.claims_seeds, base)
-    arms = epoch_boundary_arms(lengths, cluster, topic, cfg.seq_len, cfg.claims_epoch_sequences, cfg.claims_epochs, cfg.claims_seeds,
-                               base, kind) + packing
+        packing = packing_arms(lengths, params.seq_len, params.claims_atoms, params.claims_seeds, base)
+    arms = epoch_boundary_arms(lengths, cluster, topic, params.seq_len, params.claims_epoch_sequences, params.claims_epochs,
+                               params.claims_seeds, base, kind) + packing
     tok = load_tokenizer(layout.tokenizer)
-    held = load_heldout_batch(layout, cfg, tok)
+    held = load_heldout_batch(layout, params.heldout_docs, tok)
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     total = sum(a.steps for a in arms)
 
     def run_arm(arm) -> tuple[list[dict], dict[int, np.ndarray], list[dict]]:
         """One arm trained: its log, the held-out batch's losses by step (packing arms), its
         per-sequence losses (the paper's packing protocol)."""
-        store = SequenceStore(tokens, offsets, arm.segments, arm.seq_len or cfg.seq_len, pad_id=tok.pad_token_id)
+        store = SequenceStore(tokens, offsets, arm.segments, arm.seq_len or params.seq_len, pad_id=tok.pad_token_id)
         final: dict[int, np.ndarray] = {}
         scored = held if arm.experiment == "packing" else None
         per_seq: list[dict] = []
@@ -347,7 +425,7 @@ def train_claim_runs(layout, cfg, connect: Connect, log: Callable[[str], None] =
                 outputs.append(write_parquet(table, out_dir / f"{name}.parquet"))
             else:
                 con.execute(f"DROP TABLE IF EXISTS claim_runs_{name}")
-    return StageResult(outputs, {"runs": len(arms), "steps": total},
-                       {"claims_seeds": cfg.claims_seeds, "claims_epochs": cfg.claims_epochs, "claims_atoms": cfg.claims_atoms,
-                        "claims_packing_protocol": cfg.claims_packing_protocol},
-                       {"runs": Markdown(frame_table(arms_df)), "minutes": round((time.perf_counter() - t0) / 60, 2)})
+    return StageResult(outputs=outputs, rows={"runs": len(arms), "steps": total},
+                       parameters={"claims_seeds": params.claims_seeds, "claims_epochs": params.claims_epochs,
+                                   "claims_atoms": params.claims_atoms, "claims_packing_protocol": params.claims_packing_protocol},
+                       facts={"runs": Markdown(frame_table(arms_df)), "minutes": round((time.perf_counter() - t0) / 60, 2)})

@@ -11,4 +11,4 @@ def write(stream, out, meta, *, global_batch, world_size, progress=None):
     return export_mds(stream, out, meta, global_batch=global_batch, world_size=world_size, progress=progress)
 
 
-SPECS = (ExportFormat("mds", "MosaicML streaming (MDS) shards, laid out for export_world_size ranks", write, reads=("export_world_size",)),)
+SPECS = (ExportFormat("mds", "MosaicML streaming (MDS) shards, laid out for export.world_size ranks", write, reads=("export.world_size",)),)

@@ -21,7 +21,8 @@ configuration keys it reads and how it runs:
   spec without it refuses ``freeze_prefix``;
 - ``level="training"``: chosen online by a sampler during training (ODM); the orderings asset
   writes the packing of ``packing_from`` for it, and it has no fixed order to export. Its spec
-  gives ``sampler(segments, doc_cluster, n_steps, seed, cfg)``: the object training asks for each
+  gives ``sampler(segments, doc_cluster, n_steps, seed, params)`` (``params``: the training stage's
+  ``TrainRunParams``, which hold the keys the spec ``reads``): the object training asks for each
   step's sequences (``next_batch``, ``update``), which afterwards gives the ids it served
   (``served_ids()``) and its mixture rows (``mixture_rows()``, written to the DuckDB table and
   run file named by its ``table``); the training stage asks the spec, never the strategy's name.
@@ -65,7 +66,7 @@ class StrategySpec:
     # ``order`` gives, computed from the base strategy's materialized order when that was made
     # from the same sequences, parameters and seed (greedy_block_shuffle from greedy's order)
     derived: tuple[str, Callable[..., Any]] | None = None
-    # training-time: (segments, doc_cluster, n_steps, seed, cfg) -> the sampler training draws each step's
+    # training-time: (segments, doc_cluster, n_steps, seed, params) -> the sampler training draws each step's
     # sequences from (see the module docstring); pipeline/training/stage.py asks for it
     sampler: Callable[..., Any] | None = None
     # (Inputs, prefix sequence ids) -> OrderingResult: a ``run`` strategy's order continuing a frozen prefix, the

@@ -8,15 +8,16 @@ sequences each hold one cluster) and training samples from that.
 from pipeline.ordering.strategies import StrategySpec
 
 
-def sampler(segments, doc_cluster, n_steps: int, seed: int, cfg):
-    """ODM's Exp3 sampler over the clusters of ``segments``' sequences (``pipeline.training.odm.odm_sampler``)."""
+def sampler(segments, doc_cluster, n_steps: int, seed: int, params):
+    """ODM's Exp3 sampler over the clusters of ``segments``' sequences (``pipeline.training.odm.odm_sampler``),
+    with the config group ``odm`` the training stage's ``params`` hold."""
     from pipeline.training.odm import odm_sampler
 
-    return odm_sampler(segments, doc_cluster, n_steps, seed, cfg)
+    return odm_sampler(segments, doc_cluster, n_steps, seed, params.odm)
 
 
 SPECS = (
     StrategySpec("odm", "training", "Online Data Mixing: an Exp3 bandit over the clusters picks each step's sequences during training",
-                 seed_free=False, reads=("odm_smoothing", "odm_warmup_fraction", "odm_clock", "odm_micro_batches", "odm_initial_weights"),
+                 seed_free=False, reads=("odm.smoothing", "odm.warmup_fraction", "odm.clock", "odm.micro_batches", "odm.initial_weights"),
                  packing_from="cluster_packed", sampler=sampler),
 )
