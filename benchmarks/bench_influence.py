@@ -68,11 +68,11 @@ def bench_preset(preset: str, seq_len: int, vocab: int, n: int, dim: int, nnz: i
 def bench_meta(root: str, config: str | None) -> None:
     from pipeline.config import resolve_config
     from pipeline.mixture.loop import initial_logits, static_iteration
-    from pipeline.mixture.stage import corpus_shares, meta_context
+    from pipeline.mixture.stage import MixtureParams, corpus_shares, meta_context
     from pipeline.storage.layout import Layout
 
     cfg = resolve_config(config, root)
-    ctx = meta_context(cfg, Layout(cfg.root))
+    ctx = meta_context(MixtureParams.from_config(cfg), Layout(cfg.root))
     t0, c0 = time.perf_counter(), time.process_time()
     it = static_iteration(ctx, initial_logits(corpus_shares(ctx)), seed=cfg.seed)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -76,7 +76,7 @@ def small_graph_config(corpus: Path) -> dict:
     return {"corpus": {"path": str(corpus), "source_field": "domain"}, "heldout_fraction": 0.05, "vocab_size": 512,
             "k": 4, "seq_len": 64, "length_bins": 8, "strategies": ["random", "greedy"], "batch_size": 8,
             "max_steps": 4, "warmup_steps": 1, "heldout_every": 2, "heldout_docs": 8, "eval_limit": 2,
-            "embed_method": "shallow", "embed_max_tokens": 64, "stationarity_shuffles": 5, "claims_probe_batches": 2,
+            "embed_method": "shallow", "embed_max_tokens": 64, "stationarity_shuffles": 5, "claims": {"probe_batches": 2},
             "bootstrap_samples": 200}
 
 

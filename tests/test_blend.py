@@ -275,7 +275,7 @@ def test_strata_run_changes_the_mix_after_a_frozen_prefix(tmp_path):
     import yaml
 
     from pipeline.config import load_config
-    from pipeline.ordering.stage import order_params
+    from pipeline.ordering.stage import OrderStageParams, order_params
     from pipeline.ordering.strategies.greedy_blend import USES_CHECK, accounting
     from pipeline.represent.embeddings import default_model_path
     from pipeline.storage.layout import Layout, Store
@@ -317,7 +317,7 @@ def test_strata_run_changes_the_mix_after_a_frozen_prefix(tmp_path):
     assert plan["previous_planned_token_uses"].null_count() == 0  # every document against the plan it replaced
     assert (plan.filter(pl.col("status") == "dropped")["planned_token_uses"] == 0).all()
     assert plan.filter(pl.col("status") == "dropped").height > 0 and plan["realized_token_uses"].sum() > 0
-    params = order_params(load_config(layout.root / "run_config.yaml"), layout)
+    params = order_params(OrderStageParams.from_config(load_config(layout.root / "run_config.yaml")), layout)
 
     def uses_check():
         return next(c for c in accounting(layout, params, "greedy_blend", 0.1, 0)[1] if c.name == USES_CHECK)

@@ -44,8 +44,8 @@ def test_strata_claims_full(tmp_path, request):
            "heldout_fraction": 0.1, "vocab_size": 400, "k": 4, "seq_len": 64, "length_bins": 4, "embed_max_tokens": 32,
            "strategies": ["random", "greedy"], "seeds": [0, 1], "batch_size": 4, "max_steps": 4, "warmup_steps": 1,
            "eval_limit": 1, "heldout_docs": 8, "fidelity_chunks": 4, "fidelity_sequences_per_chunk": 4, "probe_fractions": [0.25, 1.0],
-           "claims_k": 5, "claims_shuffles": 4, "claims_probe_batches": 3, "claims_seeds": [0, 1], "claims_epochs": 2,
-           "claims_epoch_sequences": 16, "claims_packing_sequences": 128, "bootstrap_samples": 200}
+           "claims": {"k": 5, "shuffles": 4, "probe_batches": 3, "seeds": [0, 1], "epochs": 2, "epoch_sequences": 16,
+                      "packing_sequences": 128}, "bootstrap_samples": 200}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     root = request.config.rootpath

@@ -31,16 +31,19 @@ def test_defaults_and_attribute_access():
     ("strategies", ["random", "sorted_by_vibes"], "unknown strategies ['sorted_by_vibes']"),
     ("strategies", [], "at least 1 item"),
     ("seeds", [0, 0], "distinct integers"),
-    ("odm_smoothing", 1.0, "use a moving-average weight in [0, 1)"),  # the ODM sampler rejects 1: caught at load
-    ("odm_smoothing", -0.5, "use a moving-average weight in [0, 1)"),
-    ("odm_smoothing", float("inf"), "use a moving-average weight in [0, 1)"),
-    ("odm_smoothing", float("nan"), "use a moving-average weight in [0, 1)"),
-    ("odm_warmup_fraction", 1.0, "use a fraction of the steps in [0, 1)"),
+    ("odm.smoothing", 1.0, "use a moving-average weight in [0, 1)"),  # the ODM sampler rejects 1: caught at load
+    ("odm.smoothing", -0.5, "use a moving-average weight in [0, 1)"),
+    ("odm.smoothing", float("inf"), "use a moving-average weight in [0, 1)"),
+    ("odm.smoothing", float("nan"), "use a moving-average weight in [0, 1)"),
+    ("odm.warmup_fraction", 1.0, "use a fraction of the steps in [0, 1)"),
+    ("claims.seeds", [1, 1], "distinct integers"),
+    ("export.formats", ["tfrecord"], "unknown export formats ['tfrecord']"),
     ("length_bin_weighting", "count", "use 'tokens' or 'documents'"),
 ])
 def test_type_and_range_errors_name_key_value_and_fix(key, value, fix):
+    group, _, name = key.rpartition(".")  # a group's key (odm.smoothing) is given in its group
     with pytest.raises(StrataInputError) as err:
-        config_from_dict({key: value})
+        config_from_dict({group: {name: value}} if group else {key: value})
     assert f"config value {key}={value!r} is impossible" in str(err.value)
     assert fix in err.value.fix and err.value.fix.startswith(f"{key}: ")
 

@@ -181,24 +181,25 @@ def test_greedy_curriculum_reads_the_mixture_stage_curriculum(tmp_path):
     ``mixture/curriculum.yaml`` (one ``strata run``); ``curriculum:`` still wins; without either the
     error names the config keys, never a CLI flag."""
     from pipeline.config import StrataConfig
-    from pipeline.ordering.stage import order_params
+    from pipeline.ordering.stage import OrderStageParams, order_params
     from pipeline.storage.layout import Layout
 
     layout = Layout(tmp_path / "root")
     on = StrataConfig(strategies=["greedy_curriculum"], mixture={"enabled": True})
-    assert order_params(on, layout).curriculum is None  # nothing learned yet
+    assert order_params(OrderStageParams.from_config(on), layout).curriculum is None  # nothing learned yet
     layout.mixture_curriculum.parent.mkdir(parents=True)
     layout.mixture_curriculum.write_text("knots:\n  - tokens: 100\n    logits: [0.0, 1.0]\n")
-    assert order_params(on, layout).curriculum == str(layout.mixture_curriculum)
-    assert order_params(on.model_copy(update={"mixture": on.mixture.model_copy(update={"enabled": False})}), layout).curriculum is None
+    assert order_params(OrderStageParams.from_config(on), layout).curriculum == str(layout.mixture_curriculum)
+    off = on.model_copy(update={"mixture": on.mixture.model_copy(update={"enabled": False})})
+    assert order_params(OrderStageParams.from_config(off), layout).curriculum is None
     mine = tmp_path / "mine.yaml"
     mine.write_text("knots:\n  - tokens: 100\n    logits: [1.0, 0.0]\n")
-    assert order_params(on.model_copy(update={"curriculum": str(mine)}), layout).curriculum == str(mine)
+    assert order_params(OrderStageParams.from_config(on.model_copy(update={"curriculum": str(mine)})), layout).curriculum == str(mine)
     f = instance(0, 200, k=2)
     with pytest.raises(StrataInputError) as err:
         sequence_order("greedy_curriculum", f, OrderParams(), 0)
     assert "curriculum:" in err.value.fix and "mixture.enabled" in err.value.fix and "--" not in err.value.fix
-    got = sequence_order("greedy_curriculum", f, order_params(on, layout), 0)
+    got = sequence_order("greedy_curriculum", f, order_params(OrderStageParams.from_config(on), layout), 0)
     assert np.array_equal(np.sort(got), np.arange(f.n_sequences))
 
 

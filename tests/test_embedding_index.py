@@ -19,6 +19,7 @@ from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.errors import StrataInputError
 from pipeline.reports.claim_inputs import diversity_clusters
 from pipeline.reports.diagnostics import corpus_diagnostics
+from pipeline.reports.stage import ClaimsParams
 from pipeline.represent.calibrate import calibrate_k
 from pipeline.represent.clusters import assign_clusters, kmeans, train_kmeans
 from pipeline.represent.embedding_index import (
@@ -90,8 +91,8 @@ def test_index_reads_the_gathered_rows_and_gives_the_same_clusters(tmp_path, max
     cal, cal_x = (calibrate_k(m, [2, 3], sample_size=30, seed=2, niter=3) for m in (reader, x))
     np.testing.assert_array_equal(cal.silhouettes, cal_x.silhouettes)
     assert cal.recommended_k == cal_x.recommended_k
-    cfg = config_from_dict({"data_root": str(layout.root), "k": 4, "claims_k": 3, "kmeans_iters": 4})
-    claim_cluster, k = diversity_clusters(layout, cfg, pl.DataFrame({"cluster": np.zeros(n, np.int64)}))
+    cfg = config_from_dict({"data_root": str(layout.root), "k": 4, "claims": {"k": 3}, "kmeans_iters": 4})
+    claim_cluster, k = diversity_clusters(layout, ClaimsParams.from_config(cfg), pl.DataFrame({"cluster": np.zeros(n, np.int64)}))
     want = kmeans(x, 3, seed=cfg.seed, niter=4, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
                   max_points_per_centroid=cfg.kmeans_max_points_per_centroid)[0]
     assert k == 3 and np.array_equal(claim_cluster, want)  # the claims' own k-means reads the data root's index

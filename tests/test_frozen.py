@@ -103,7 +103,7 @@ def test_append_twice_keeps_the_frozen_prefix(tmp_path, request):
         _write_shard(shards / f"part-{i}.parquet", recs[i * 50 : (i + 1) * 50])
     cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(shards), "source_field": "domain"},
            "tokenizer": default_model_path(), "embed_method": "shallow", "embed_max_tokens": 32, "k": 4, "seq_len": 128,
-           "heldout_fraction": 0.05, "strategies": ["greedy", "random"], "export_formats": FORMATS, "batch_size": 4,
+           "heldout_fraction": 0.05, "strategies": ["greedy", "random"], "export": {"formats": FORMATS}, "batch_size": 4,
            "length_bins": 8, "packing": "best_fit"}  # best_fit: frozen sequences with padding
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))

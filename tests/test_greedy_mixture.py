@@ -249,14 +249,16 @@ def test_schedule_cli(tmp_path):
 
 def test_weights_default_to_the_mixture_stage(tmp_path):
     from pipeline.config import StrataConfig
-    from pipeline.ordering.stage import order_params
+    from pipeline.ordering.stage import OrderStageParams, order_params
     from pipeline.storage.layout import Layout
 
     layout = Layout(tmp_path)
     cfg = StrataConfig(strategies=["greedy_mixture"])
-    assert order_params(cfg, layout).mixture_weights_file is None  # no stage output, no file: greedy_mixture stops with the fix
+    # no stage output, no file: greedy_mixture stops with the fix
+    assert order_params(OrderStageParams.from_config(cfg), layout).mixture_weights_file is None
     layout.mixture_weights.parent.mkdir(parents=True)
     pl.DataFrame({"iteration": [0, 0], "cluster": [0, 1], "weight": [0.5, 0.5]}).write_parquet(layout.mixture_weights)
-    assert order_params(cfg, layout).mixture_weights_file == str(layout.mixture_weights)
+    assert order_params(OrderStageParams.from_config(cfg), layout).mixture_weights_file == str(layout.mixture_weights)
     mine = weights_file(tmp_path, {0: 1.0})
-    assert order_params(cfg.model_copy(update={"mixture_weights_file": mine}), layout).mixture_weights_file == mine
+    mine_cfg = cfg.model_copy(update={"mixture_weights_file": mine})
+    assert order_params(OrderStageParams.from_config(mine_cfg), layout).mixture_weights_file == mine

@@ -169,7 +169,7 @@ def test_misuse_is_reported():
         ODMSampler(np.arange(4), total_steps=10, smoothing=1.0)
 
 
-@pytest.mark.parametrize("key, arg", [("odm_smoothing", "smoothing"), ("odm_warmup_fraction", "warmup_fraction")])
+@pytest.mark.parametrize("key, arg", [("smoothing", "smoothing"), ("warmup_fraction", "warmup_fraction")])
 def test_the_config_accepts_exactly_the_values_the_sampler_accepts(key, arg):
     for value in (0.0, 0.5, 0.99, 1.0, 1.5, -0.1, float("nan"), float("inf")):
         try:
@@ -178,7 +178,7 @@ def test_the_config_accepts_exactly_the_values_the_sampler_accepts(key, arg):
         except StrataInputError:
             trains = False
         try:
-            config_from_dict({key: value})
+            config_from_dict({"odm": {key: value}})
             loads = True
         except StrataInputError:
             loads = False
@@ -254,16 +254,16 @@ def test_two_steps_by_hand_with_the_papers_clock_and_initial_weights():
 
 
 def test_odm_config_keys_reach_the_sampler_and_refuse_a_g_that_does_not_divide_the_batch():
-    cfg = config_from_dict({"batch_size": 16, "odm_micro_batches": 8, "odm_clock": "step", "odm_initial_weights": "exp3"})
-    s = ODMSampler(np.repeat([0, 1], [30, 10]), 50, micro_batches=cfg.odm_micro_batches, clock=cfg.odm_clock,
-                   initial_weights=cfg.odm_initial_weights)
+    cfg = config_from_dict({"batch_size": 16, "odm": {"micro_batches": 8, "clock": "step", "initial_weights": "exp3"}})
+    s = ODMSampler(np.repeat([0, 1], [30, 10]), 50, micro_batches=cfg.odm.micro_batches, clock=cfg.odm.clock,
+                   initial_weights=cfg.odm.initial_weights)
     ids = s.next_batch(cfg.batch_size)
     assert ids.size == 16 and s.t == 1  # one turn per step, not G = 8 draws
     s.update(ids, np.ones(16))
-    with pytest.raises(StrataInputError, match="odm_micro_batches"):
-        config_from_dict({"batch_size": 16, "odm_micro_batches": 6})
-    for key, value in (("odm_clock", "tokens"), ("odm_initial_weights", "pile")):
-        with pytest.raises(StrataInputError, match=key):
-            config_from_dict({key: value})
-    with pytest.raises(StrataInputError, match="odm_clock"):
+    with pytest.raises(StrataInputError, match=r"odm\.micro_batches=6 is impossible"):
+        config_from_dict({"batch_size": 16, "odm": {"micro_batches": 6}})
+    for key, value in (("clock", "tokens"), ("initial_weights", "pile")):
+        with pytest.raises(StrataInputError, match=f"odm.{key}"):
+            config_from_dict({"odm": {key: value}})
+    with pytest.raises(StrataInputError, match="odm.clock"):
         ODMSampler(np.arange(4), total_steps=10, clock="tokens")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evals.suites import REGISTRY as SUITES
-from pipeline.config import StrataConfig, config_from_dict
+from pipeline.config import config_from_dict, is_config_key
 from pipeline.errors import StrataInputError
 from pipeline.export.formats import REGISTRY as FORMATS
 from pipeline.ordering.strategies import REGISTRY as STRATEGIES
@@ -101,8 +101,8 @@ out["exported"] = (tmp / "exported" / "ids.txt").read_text().split()
 # config schema
 from pipeline.config import config_from_dict
 
-cfg = config_from_dict({"strategies": ["random", "toy_reverse"], "export_formats": ["numpy", "toy_ids"]})
-out["config"] = [cfg.strategies, cfg.export_formats]
+cfg = config_from_dict({"strategies": ["random", "toy_reverse"], "export": {"formats": ["numpy", "toy_ids"]}})
+out["config"] = [cfg.strategies, cfg.export.formats]
 
 # launchpad: the keys each toy reads become fields of its asset's dg.Config
 from assets.evaluations import evaluations
@@ -140,7 +140,7 @@ def test_every_key_an_entry_reads_is_declared():
     entries = [*STRATEGIES.entries().values(), *FORMATS.entries().values(), *SUITES.entries().values()]
     assert len(entries) >= 14 + 4 + 4
     keys = {e.name: [*e.reads, *filter(None, [getattr(e, "path_key", None)])] for e in entries}
-    undeclared = {name: k for name, ks in keys.items() for k in ks if k not in StrataConfig.model_fields}
+    undeclared = {name: k for name, ks in keys.items() for k in ks if not is_config_key(k)}
     assert undeclared == {}, "declare these keys in pipeline/config.py StrataConfig"
     for suite in SUITES.entries().values():
         assert suite.path_key is None or suite.path_key in suite.reads
@@ -164,7 +164,7 @@ def test_spec_modules_import_no_stage():
 
 def test_unknown_names_are_refused_with_the_registry_listed():
     with pytest.raises(StrataInputError, match="unknown export formats \\['tfrecord'\\].*'numpy'"):
-        config_from_dict({"export_formats": ["tfrecord"]})
+        config_from_dict({"export": {"formats": ["tfrecord"]}})
     with pytest.raises(StrataInputError, match="unknown eval suite 'mmlu'.*wikitext"):
         SUITES.get("mmlu")
 
@@ -455,7 +455,7 @@ def test_the_architecture_pages_export_format_example_runs(tmp_path, monkeypatch
     monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "npy.py"))
     FORMATS.reload()
     try:
-        assert config_from_dict({"export_formats": ["numpy", "npy"]}).export_formats == ["numpy", "npy"]
+        assert config_from_dict({"export": {"formats": ["numpy", "npy"]}}).export.formats == ["numpy", "npy"]
         sub = next(a for a in build_parser()._actions if a.dest == "command").choices
         assert "npy" in next(a for a in sub["export"]._actions if a.dest == "format").choices
         _, _, store = build_root(tmp_path / "root", seq_len=32)
@@ -488,7 +488,7 @@ def test_the_architecture_pages_sampler_example_runs(tmp_path, monkeypatch):
 
     from pipeline.ordering.strategies import scheduled, training_time
     from pipeline.storage.layout import Layout
-    from pipeline.training.stage import train_run
+    from pipeline.training.stage import TrainRunParams, train_run
 
     (tmp_path / "loss_priority.py").write_text(_page_block("Worked example: adding a training-time sampler"))
     monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "loss_priority.py"))
@@ -502,7 +502,8 @@ def test_the_architecture_pages_sampler_example_runs(tmp_path, monkeypatch):
         _, segments, store = build_root(tmp_path / "root", seq_len=32)
         write_ordering(tmp_path / "root", "loss_priority", np.arange(store.n_sequences))  # as orderings writes original's order
         layout = Layout(tmp_path / "root")
-        result = train_run(layout, cfg, "loss_priority", seed, lambda: duckdb.connect(str(tmp_path / "w.duckdb")), {}, log=lambda _: None)
+        result = train_run(layout, TrainRunParams.from_config(cfg), "loss_priority", seed,
+                           lambda: duckdb.connect(str(tmp_path / "w.duckdb")), {}, log=lambda _: None)
         assert result.rows["steps"] == steps
         served = pl.read_parquet(layout.run_dir("loss_priority", seed) / "stream.parquet").sort("position")["sequence_id"].to_numpy()
         assert served.shape == (steps * batch,) and all(np.unique(b).size == batch for b in served.reshape(steps, batch))

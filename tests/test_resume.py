@@ -248,7 +248,7 @@ def killed_runs(tmp_path_factory):
         "data_root": str(tmp / "root"), "corpus": {"path": str(corpus), "source_field": "domain"}, "heldout_fraction": 0.1,
         "vocab_size": 300, "k": 3, "seq_len": 64, "length_bins": 4, "batch_size": 4, "embed_method": "shallow",
         "embed_max_tokens": 32, "strategies": ["random", "odm"], "max_steps": 16, "warmup_steps": 2, "heldout_docs": 8,
-        "heldout_every": 3, "checkpoint_every": 4, "probe_batches": 1, "claims_probe_batches": 1, "odm_warmup_fraction": 0.1,
+        "heldout_every": 3, "checkpoint_every": 4, "probe_batches": 1, "claims": {"probe_batches": 1}, "odm": {"warmup_fraction": 0.1},
     }))
     layout = Layout(tmp / "root")
     for args in (("--select", "*orderings"), ("--select", "key:training_runs")):

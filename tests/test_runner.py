@@ -43,7 +43,8 @@ def test_plan_follows_the_graph_and_the_config(graph_and_cfg):
     assert [names for _, names in batches][:2] == [["corpus_shards", "clean_shards"], ["raw_corpus", "corpus", "tokenizer"]]
     assert batches[-1] == (None, ["diagnostics_report", "gradient_analyses", "claims", "ablation_report"])
 
-    on = cfg.model_copy(update={"claims_full": True, "mixture": cfg.mixture.model_copy(update={"enabled": True})})
+    on = cfg.model_copy(update={"claims": cfg.claims.model_copy(update={"full": True}),
+                                "mixture": cfg.mixture.model_copy(update={"enabled": True})})
     batches = plan(defs, selected_keys(defs, None), on)
     _check_topological(defs, batches)
     assert {n for _, names in batches for n in names} == materializable | {"raw_corpus"}

@@ -40,8 +40,8 @@ def test_corpus_and_exports_on_s3_end_to_end(s3_bucket, tmp_path, monkeypatch):
     s3_bucket.put("corpus/part-0.jsonl", _lines(docs[:100]))
     s3_bucket.put("corpus/part-1.jsonl.gz", gzip.compress(_lines(docs[100:180])))
     root = tmp_path / "root"
-    cfg = {**small_graph_config(tmp_path / "unused"), "data_root": str(root), "export_formats": ["hf"],
-           "export_dir": f"{s3_bucket.url}/asset-exports"}
+    cfg = {**small_graph_config(tmp_path / "unused"), "data_root": str(root), "export": {"formats": ["hf"],
+           "dir": f"{s3_bucket.url}/asset-exports"}}
     cfg["corpus"]["path"] = f"{s3_bucket.url}/corpus/"
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -271,7 +271,7 @@ def test_greedy_block_shuffle_reuses_the_greedy_partitions_order(graph):
 
     from pipeline.config import config_from_dict
     from pipeline.ordering import run_strategy
-    from pipeline.ordering.stage import order_params, ordering_inputs
+    from pipeline.ordering.stage import OrderStageParams, order_params, ordering_inputs
     from pipeline.storage.duck import duck_connection
     from pipeline.storage.layout import Layout
     from pipeline.storage.lineage import newest_row
@@ -288,7 +288,7 @@ def test_greedy_block_shuffle_reuses_the_greedy_partitions_order(graph):
         assert res.success
         return res.asset_materializations_for_node("orderings")[0].metadata
 
-    params = order_params(config_from_dict(blocked), layout)
+    params = order_params(OrderStageParams.from_config(config_from_dict(blocked)), layout)
     docs, segments = ordering_inputs(layout, params)
     expected = run_strategy("greedy_block_shuffle", docs, segments, cfg["seq_len"], params, 3)
     assert expected.greedy_mode == "blocked"
