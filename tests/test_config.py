@@ -190,3 +190,50 @@ def test_library_defaults_are_the_configs():
     assert {k: sig[k].default for k in ("greedy_exact_max", "greedy_block", "batch_size", "greedy_repair")} == \
         {k: getattr(cfg, k) for k in ("greedy_exact_max", "greedy_block", "batch_size", "greedy_repair")}
     assert config_default("mixture.max_cluster_epochs") == cfg.mixture.max_cluster_epochs
+
+
+def test_flat_keys_of_the_groups_read_into_them_with_a_warning(tmp_path):
+    """Every former flat key of the claims:, odm: and export: groups (claims_k, odm_clock, export_dir, ...)
+    loads into its group's key, from a file and as a StrataConfig keyword, with one warning per key naming
+    the old and the new key (and the file); the values equal the nested spelling's."""
+    from pipeline.config import MOVED_KEYS, ConfigKeyRenamed
+
+    assert len(MOVED_KEYS) == 12 + 5 + 5 and MOVED_KEYS["claims_k"] == "claims.k" and MOVED_KEYS["export_formats"] == "export.formats"
+    flat = {"claims_k": 7, "claims_seeds": [3, 4], "claims_full": True, "odm_clock": "step", "odm_smoothing": 0.25,
+            "export_formats": ["numpy", "mds"], "export_dir": "out", "batch_size": 8, "odm_micro_batches": 4}
+    nested = {"claims": {"k": 7, "seeds": [3, 4], "full": True}, "odm": {"clock": "step", "smoothing": 0.25, "micro_batches": 4},
+              "export": {"formats": ["numpy", "mds"], "dir": "out"}, "batch_size": 8}
+    path = tmp_path / "flat.yaml"
+    path.write_text(yaml.safe_dump(flat))
+    with pytest.warns(ConfigKeyRenamed) as caught:
+        cfg = load_config(path)
+    assert cfg == config_from_dict(nested) != StrataConfig()
+    assert cfg.claims.k == 7 and cfg.odm.clock == "step" and cfg.export.formats == ["numpy", "mds"] and cfg.claims.full
+    moved = [str(w.message) for w in caught if str(path) in str(w.message)]
+    assert len(moved) == len(flat) - 1  # one each, naming the file (batch_size is no former key)
+    for old in set(flat) - {"batch_size"}:
+        assert sum(f"config key {old} is deprecated and read as {MOVED_KEYS[old]}" in m for m in moved) == 1, old
+    with pytest.warns(ConfigKeyRenamed, match="config key claims_k is deprecated and read as claims.k"):
+        assert StrataConfig(claims_k=9, claims={"shuffles": 5}).claims.model_dump(include={"k", "shuffles"}) == {"k": 9, "shuffles": 5}
+    with pytest.warns(ConfigKeyRenamed):  # the same value both ways: read, with the warning
+        assert config_from_dict({"claims_k": 5, "claims": {"k": 5}}).claims.k == 5
+    assert cfg.subset(["claims_k", "claims.k"]) == {"claims_k": 7, "claims.k": 7}  # a recorded former key still reads
+
+
+def test_a_flat_and_a_nested_key_with_different_values_is_an_error(tmp_path):
+    """claims_k: 3 beside claims: {k: 5} in one file: a StrataInputError naming both keys and values (exit 2)."""
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump({"claims_k": 3, "claims": {"k": 5}}))
+    with pytest.raises(StrataInputError, match=r"claims_k \(its former name\) and claims.k are both given, with different values "
+                                               r"\(3 and 5\)") as err:
+        load_config(path)
+    assert "keep only claims.k (remove claims_k)" in err.value.fix and err.value.path == path
+    with pytest.raises(StrataInputError, match="export_workers .* and export.workers"):
+        config_from_dict({"export_workers": 2, "export": {"workers": 3}})
+
+
+def test_odm_micro_batches_is_checked_against_the_batch_size():
+    with pytest.raises(StrataInputError, match=r"config value odm.micro_batches=3 is impossible") as err:
+        config_from_dict({"batch_size": 16, "odm": {"micro_batches": 3}})
+    assert err.value.fix.startswith("odm.micro_batches: ODM draws one cluster per micro-batch, so G must divide batch_size=16")
+    assert config_from_dict({"batch_size": 16, "odm": {"micro_batches": 4}}).odm.micro_batches == 4
