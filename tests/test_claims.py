@@ -391,9 +391,9 @@ def test_paper_packing_arms_two_epochs_below_the_mean_document():
         mine = [a for a in arms if a.seed == seed]
         assert len({frozenset(a.segments["doc_id"].to_list()) for a in mine}) == 1
         assert mine[3].order.size > mine[1].order.size >= 128
-    with pytest.raises(StrataInputError, match="claims_packing_seq_len"):
+    with pytest.raises(StrataInputError, match="claims.packing_seq_len"):
         protocol_seq_len(100.0, 256, requested=128)
-    with pytest.raises(StrataInputError, match="claims_packing_sequences"):
+    with pytest.raises(StrataInputError, match="claims.packing_sequences"):
         paper_packing_arms(lengths, 256, [1.0], [0], base, n_sequences=40)  # fewer trained sequences than 100 slices
     rows = sequence_loss_rows(5, 4, 3, np.array([8.0, 6, 4, 2]), np.array([4, 3, 2, 1]))
     assert rows["epoch"].tolist() == [1] * 4 and rows["index"].tolist() == [8, 9, 10, 11] and rows["epoch_size"][0] == 12
@@ -437,7 +437,7 @@ def test_packing_protocol_claims_slice_the_last_epoch(tmp_path):
     assert r.value == pytest.approx(0.99) and r.verdict == "reproduced" and "1x 1.01 [paper 1.05]" in r.detail
     assert C.mean_ranks(lp, ["concat-x0.5", "concat-x1"]) == {"concat-x0.5": 2.0, "concat-x1": 1.0}
     assert Path(c.figure).stat().st_size > 10_000 and C.packing_claims(data) == []  # no equal-token runs: nothing missing
-    with pytest.raises(StrataInputError, match="claims_packing_sequences"):
+    with pytest.raises(StrataInputError, match="claims.packing_sequences"):
         C.slice_log_perplexity(_protocol_rows(per_token, epoch_size=50))
     with pytest.raises(C.MissingData):
         C.packing_protocol_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))

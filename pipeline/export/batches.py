@@ -19,7 +19,7 @@ def check_batching(n_sequences: int, global_batch: int, world_size: int, workers
     if global_batch < 1 or world_size < 1 or workers < 1:
         raise StrataInputError(
             f"global batch {global_batch}, world size {world_size}, workers {workers} are impossible",
-            fix="set export_global_batch (0 = batch_size), export_world_size and export_workers to integers >= 1",
+            fix="set export.global_batch (0 = batch_size), export.world_size and export.workers to integers >= 1",
         )
     if global_batch % world_size:
         raise StrataInputError(
@@ -29,7 +29,7 @@ def check_batching(n_sequences: int, global_batch: int, world_size: int, workers
     if n_sequences < global_batch:
         raise StrataInputError(
             f"the ordering has {n_sequences} sequences, fewer than one global batch of {global_batch}",
-            fix="lower export_global_batch (0 = batch_size)",
+            fix="lower export.global_batch (0 = batch_size)",
         )
     return global_batch // world_size
 

@@ -1,4 +1,4 @@
-"""The export stage: a strategy's ordering written in every format of ``export_formats`` (``exports``)."""
+"""The export stage: a strategy's ordering written in every format of ``export.formats`` (``exports``)."""
 
 from __future__ import annotations
 

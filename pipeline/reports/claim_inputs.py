@@ -2,11 +2,11 @@
 
 - The ordering claims of Don't Shuffle, Optimize compare the materialized ``greedy`` ordering of the
   base packing, whole (every position of ``orderings/greedy.parquet``: nothing is sampled or cut),
-  with ``claims_shuffles`` fresh ``random`` orderings of the same packing (seeds ``seed``,
+  with ``claims.shuffles`` fresh ``random`` orderings of the same packing (seeds ``seed``,
   ``seed + 1``, ...; each a permutation of every sequence), on the clusters and length bins the
   diagnostics use.
-- Diversity-ordered training's table is rebuilt at ``claims_k`` clusters (k-means on the stored
-  embeddings with the configured k-means settings; the pipeline's clusters when ``claims_k`` is 0
+- Diversity-ordered training's table is rebuilt at ``claims.k`` clusters (k-means on the stored
+  embeddings with the configured k-means settings; the pipeline's clusters when ``claims.k`` is 0
   or k): ``original`` is the corpus's own document order packed by concat (the order the paper
   starts from), ``round_robin``, ``stratified`` and ``bin_packing`` as the strategies compute them,
   and ``random`` and ``greedy`` beside them.
@@ -33,7 +33,7 @@ from pipeline.storage.layout import Layout, Store
 
 
 def diversity_clusters(layout: Layout, cfg, docs: pl.DataFrame) -> tuple[np.ndarray, int]:
-    """Cluster of every document (doc_id order) at ``claims_k`` clusters, and that k."""
+    """Cluster of every document (doc_id order) at ``claims.k`` clusters, and that k."""
     k = cfg.claims_k or cfg.k
     if k == cfg.k:
         return docs["cluster"].to_numpy().astype(np.int64), k

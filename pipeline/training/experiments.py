@@ -14,8 +14,8 @@
   packing order (the atom shuffle is the shuffle) with plain causal attention over the whole
   sequence, as the paper trains GPT-2. Concat runs take ``max_steps``; the padding run takes as
   many more steps as it needs to see the same number of non-padding tokens ("at equal tokens").
-  This is ``claims_packing_protocol: equal_tokens``.
-- **Packing in the paper's protocol** (``claims_packing_protocol: paper``, the default;
+  This is ``claims: {packing_protocol: equal_tokens}``.
+- **Packing in the paper's protocol** (``claims: {packing_protocol: paper}``, the default;
   :func:`paper_packing_arms`): Packing & shuffling compare *final perplexity at the end of 2
   epochs* (Appendix A.6: the last epoch cut into 100 slices of 1% each, the average perplexity of
   each slice; the final perplexity is the last slice's, the ranking the mean rank over the 100
@@ -23,7 +23,7 @@
   documents, in a seeded order, for ``n_sequences`` concat sequences of MSL tokens; every arm
   (concat with each atom, padding with atom = MSL) packs that sample and trains ``epochs``
   passes over its own packing (padding's epochs hold more steps, as in the paper). The MSL is
-  ``claims_packing_seq_len`` or, at 0, the largest power of two at most half the corpus's mean
+  ``claims.packing_seq_len`` or, at 0, the largest power of two at most half the corpus's mean
   document length (the paper's MSL 64 for WikiText's 143 tokens), so the condition holds;
   an MSL at or above the mean document length is refused. Every step's per-sequence training
   loss is kept (``train(on_losses=...)``), so slices are cut by sequence position within the epoch.
@@ -95,7 +95,7 @@ def epoch_boundary_arms(lengths: np.ndarray, cluster: np.ndarray, topic: np.ndar
         n = min(n_sequences, *(int(p["sequence_id"].max()) + 1 for p in packed.values()))
         if n < base.batch_size:
             raise StrataInputError(f"the corpus fills {n} sequences of {seq_len} tokens, less than one batch",
-                                   fix="lower batch_size or claims_epoch_sequences, or use a larger corpus")
+                                   fix="lower batch_size or claims.epoch_sequences, or use a larger corpus")
         info = {"sequences": n, "documents": int(docs.size), "topic": topic_kind, "topic_groups": int(np.unique(topic[docs]).size)}
         for arm in orders:
             out.append(Arm("epoch_boundary", arm, seed, np.arange(n), packed[arm].filter(pl.col("sequence_id") < n),
@@ -143,7 +143,7 @@ def protocol_seq_len(mean_doc_tokens: float, seq_len: int, requested: int = 0) -
     if not mean_doc_tokens > msl:
         raise StrataInputError(
             f"the paper's packing protocol needs the mean document length ({mean_doc_tokens:.0f} tokens) above the MSL ({msl})",
-            fix="set claims_packing_seq_len below the mean document length (0 picks one), or claims_packing_protocol: equal_tokens")
+            fix="set claims.packing_seq_len below the mean document length (0 picks one), or claims.packing_protocol: equal_tokens")
     return msl
 
 
@@ -167,7 +167,7 @@ def paper_packing_arms(lengths: np.ndarray, seq_len: int, atoms: list[float], se
             if per_epoch < PAPER_SLICES:
                 raise StrataInputError(f"{packing_name(variant, atom)} packs {p.n_sequences} sequences of {msl} tokens, an epoch of "
                                        f"{per_epoch} trained sequences: fewer than the paper's {PAPER_SLICES} slices",
-                                       fix="raise claims_packing_sequences (or lower batch_size)")
+                                       fix="raise claims.packing_sequences (or lower batch_size)")
             info = {"sequences": p.n_sequences, "padding_fraction": p.tokens_padding / p.tokens_packed, "documents": int(docs.size),
                     "mean_doc_tokens": float(lengths[docs].mean()), "corpus_mean_doc_tokens": float(lengths.mean()), "seq_len": msl}
             out.append(Arm("packing_epochs", packing_name(variant, atom), seed, np.arange(p.n_sequences), p.segments, settings, info, msl))

@@ -5,7 +5,7 @@ A format's ``write(stream, out, meta, *, global_batch, world_size, progress)`` w
 stream (``pipeline.export.stream.OrderedStream``) into the empty directory ``out`` and returns
 the files it wrote (a format with ``extends`` also takes ``previous=``, the export it extends:
 ``pipeline/export/extend.py``); ``export_stream`` validates the batching, records ``meta`` (strategy,
-lineage, batching) and makes the directory appear atomically. The config's ``export_formats``,
+lineage, batching) and makes the directory appear atomically. The config's ``export.formats``,
 ``strata export --format`` and the exports asset's parameters derive from the registry.
 """
 
