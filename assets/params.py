@@ -256,6 +256,27 @@ def _config_class(asset: str) -> type[dg.Config]:
 PARAM_CLASSES: dict[str, type[dg.Config]] = {asset: _config_class(asset) for asset in PARAMS}
 
 
+def with_launchpad(cfg: StrataConfig, asset: str, given: dict[str, Any]) -> tuple[StrataConfig, dict[str, Any]]:
+    """``cfg`` with the launchpad fields ``given`` for ``asset`` (None: the config file's value), and
+    the overrides by config key (``claims_shuffles`` sets ``claims.shuffles``): those that differ."""
+    fields = {launchpad_field(k): k for k in PARAMS.get(asset, ())}
+    overrides = {fields.get(f, f): v for f, v in given.items() if v is not None}
+    overrides = {k: v for k, v in overrides.items() if v != cfg.subset([k])[k]}
+    if not overrides:
+        return cfg, overrides
+    data = cfg.model_dump()
+    for key, value in overrides.items():
+        *groups, last = key.split(".")
+        target = data
+        for group in groups:
+            target = target[group]
+        target[last] = value
+    try:
+        return StrataConfig.model_validate(data), overrides
+    except ValidationError as exc:
+        raise validation_error(exc, "launchpad config") from None
+
+
 def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config | None = None) -> StrataConfig:
     """The configuration an asset runs with: the config file's, with this run's launchpad overrides
     (recorded in the materialization's metadata as ``launchpad_overrides``).
@@ -276,22 +297,8 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
             f"the configuration of `{name}` changed since the Dagster definitions were loaded",
             fix="reload the definitions (Dagster UI: Deployment > Reload; `strata run` and `strata status` reload by themselves)",
         )
-    given = params.model_dump() if params is not None else {}
-    own = {launchpad_field(k): k for k in PARAMS.get(name, ())}
-    overrides = {own.get(f, f): v for f, v in given.items() if v is not None}
-    overrides = {k: v for k, v in overrides.items() if v != cfg.subset([k])[k]}
+    cfg, overrides = with_launchpad(cfg, name, params.model_dump() if params is not None else {})
     if overrides:
-        data = cfg.model_dump()
-        for key, value in overrides.items():
-            *groups, last = key.split(".")
-            target = data
-            for group in groups:
-                target = target[group]
-            target[last] = value
-        try:
-            cfg = StrataConfig.model_validate(data)
-        except ValidationError as exc:
-            raise validation_error(exc, "launchpad config") from None
         context.log.warning(f"launchpad overrides for this run: {overrides} (the code version describes the config file)")
         context.add_asset_metadata({"launchpad_overrides": dg.MetadataValue.json(overrides)})
     context.add_asset_metadata({"parameter_values": dg.MetadataValue.json(cfg.subset(keys))})  # what status diffs

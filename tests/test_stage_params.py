@@ -111,3 +111,16 @@ def test_stage_functions_take_params_not_the_config():
                 args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
                 found += [f"{path.relative_to(ROOT)}:{node.name}" for a in args if a.arg == "cfg"]
     assert found == []
+
+
+def test_launchpad_fields_of_group_keys_set_the_group():
+    """The claims asset's launchpad field claims_shuffles overrides claims.shuffles; an unchanged or
+    empty field is no override."""
+    from assets.params import PARAM_CLASSES, with_launchpad
+
+    assert "claims_shuffles" in PARAM_CLASSES["claims"].model_fields
+    cfg = StrataConfig()
+    got, overrides = with_launchpad(cfg, "claims", {"claims_shuffles": 9})
+    assert overrides == {"claims.shuffles": 9} and got.claims.shuffles == 9 and got.claims.k == cfg.claims.k
+    assert with_launchpad(cfg, "claims", {"claims_shuffles": None}) == (cfg, {})
+    assert with_launchpad(cfg, "claims", {"claims_shuffles": cfg.claims.shuffles})[1] == {}

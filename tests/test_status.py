@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from assets.common import TRAIN_POOL, sync_partitions
-from assets.params import PARAM_CLASSES, PARAMS, SHARED
-from pipeline.config import StrataConfig
+from assets.params import PARAM_CLASSES, PARAMS, SHARED, launchpad_field
+from pipeline.config import StrataConfig, is_config_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,8 +65,8 @@ def test_dead_process_claims_are_released(instance):
 def test_launchpad_classes_are_the_config_fields():
     for asset, cls in PARAM_CLASSES.items():
         assert issubclass(cls, dg.Config)
-        assert set(cls.model_fields) == set(PARAMS[asset]) - SHARED
-        assert set(cls.model_fields) <= set(StrataConfig.model_fields)
+        assert set(cls.model_fields) == {launchpad_field(k) for k in set(PARAMS[asset]) - SHARED}
+        assert all(is_config_key(k) for k in set(PARAMS[asset]) - SHARED)
     assert PARAM_CLASSES["centroids"](k=5).k == 5 and PARAM_CLASSES["orderings"](lam=0.5).lam == 0.5
     assert PARAM_CLASSES["training_runs"](model_preset="small").model_preset == "small"
 
