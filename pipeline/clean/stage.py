@@ -238,21 +238,21 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     return StageResult(
         outputs=[out, png],
         rows={"documents": n, "duplicate_docs": dups.height, "contaminated_docs": int(flags.any(axis=1).sum()),
-         "removed_docs": int(removed["documents"].sum())},
+              "removed_docs": int(removed["documents"].sum())},
         parameters={"dedup": params.dedup.model_dump(), "decontam": params.decontam.model_dump(), "seed": params.seed,
                     "eval_sets": list(names)},
         facts={**{f"{k}_duplicates": int(kinds.get(k, 0)) for k in ("exact", "near", "semantic")},
-         **{f"contaminated_{s}": int(per_set.get(s, 0)) for s in names},
-         **{f"boilerplate_ngrams_{s}": c for s, c in zip(names, common)},
-         **{f"tokens_removed_{r}": int(gone.get(r, 0)) for r in REASONS},
-         "checked_against": ", ".join(names) or "none", "lsh_candidates": candidates, "largest_cluster_searched": largest,
-         "shards_scanned_here": run["shards_computed"], "shards_reused": run["shards_reused"],
-         "heldout_shards_scanned": run["heldout_shards_computed"],
-         # where the gather's time went (the whole asset's is its wall_s)
-         **{f"{k}_s": round(v, 2) for k, v in (("scan", run["scan_s"]), ("heldout_scan", run["heldout_scan_s"]), ("exact", t1 - t0),
-                                                ("near", t2 - t1), ("decontam", t3 - t2), ("semantic", t4 - t3))},
-         "removed": Markdown(frame_table(removed)),
-         "by_source_and_cluster": Markdown(image_markdown(png, "duplicates and contamination by source and by cluster"))},
+               **{f"contaminated_{s}": int(per_set.get(s, 0)) for s in names},
+               **{f"boilerplate_ngrams_{s}": c for s, c in zip(names, common)},
+               **{f"tokens_removed_{r}": int(gone.get(r, 0)) for r in REASONS},
+               "checked_against": ", ".join(names) or "none", "lsh_candidates": candidates, "largest_cluster_searched": largest,
+               "shards_scanned_here": run["shards_computed"], "shards_reused": run["shards_reused"],
+               "heldout_shards_scanned": run["heldout_shards_computed"],
+               # where the gather's time went (the whole asset's is its wall_s)
+               **{f"{k}_s": round(v, 2) for k, v in (("scan", run["scan_s"]), ("heldout_scan", run["heldout_scan_s"]),
+                                                     ("exact", t1 - t0), ("near", t2 - t1), ("decontam", t3 - t2), ("semantic", t4 - t3))},
+               "removed": Markdown(frame_table(removed)),
+               "by_source_and_cluster": Markdown(image_markdown(png, "duplicates and contamination by source and by cluster"))},
     )
 
 

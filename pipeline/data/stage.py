@@ -78,6 +78,6 @@ def build_stage(layout, params: CorpusParams, connect: Connect, log: Callable[[s
         parameters={"corpus": params.corpus.path or params.corpus.hf_dataset or "builtin", "heldout_fraction": params.heldout_fraction,
                     "seed": params.seed, "engine": params.engine},
         facts={"sources": Markdown(frame_table(built.stats)), "shards_validated": built.validated, "shards_reused": built.reused,
-         "skipped_by_shard": report.skipped_by_shard},
+               "skipped_by_shard": report.skipped_by_shard},
         deps={"corpus_shards": [shard_key(u) for u in built.manifest["path"]]},
     )

@@ -61,6 +61,6 @@ def export_strategy(layout, params: ExportParams, strategy: str, log: Callable[[
         outputs=sorted(files, key=lambda p: (not str(p).endswith("/meta.json"), str(p))),
         rows={"sequences": info["sequences"], "formats": len(params.formats)},
         parameters={"strategy": strategy, "formats": list(params.formats), "global_batch": global_batch,
-         "world_size": params.world_size, "workers": params.workers, "export_dir": params.dir},
+                    "world_size": params.world_size, "workers": params.workers, "export_dir": params.dir},
         facts=facts, digests=digests,
     )

@@ -119,7 +119,7 @@ def learned_weights(layout, params: MixtureParams, connect: Connect) -> StageRes
     share = last["corpus_share"].to_numpy()
     return StageResult(outputs=[out, fig], rows={"rows": weights.height}, parameters={"iterations": n},
                        facts={"max_weight_ratio_to_corpus": float((w / np.maximum(share, 1e-12)).max()),
-                        "figure": Markdown(f"![weights]({fig})")})
+                              "figure": Markdown(f"![weights]({fig})")})
 
 
 def meta_context(params: MixtureParams, layout, log: Callable[[str], None] = lambda msg: None):
@@ -200,7 +200,7 @@ def static_iteration(layout, params: MixtureParams, i: int, connect: Connect, lo
     top = rows.sort("delta", descending=True).head(5).select("cluster", "weight", "score", "delta")
     return StageResult(outputs=[out], rows={"clusters": ctx.n_clusters}, parameters={"iteration": i, **params.mixture.model_dump()},
                        facts={**{k: float(v) for k, v in metrics.items()}, "measured_at_steps": list(it.steps),
-                        "top_clusters": Markdown(frame_table(top))})
+                              "top_clusters": Markdown(frame_table(top))})
 
 
 def curriculum(layout, params: MixtureParams, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
@@ -304,7 +304,7 @@ def mixture_run(layout, params: MixtureParams, strategy: str, connect: Connect, 
         replace_rows(con, "mixture_realization", real.table.with_columns(strategy=pl.lit(strategy)), {"strategy": strategy})
     return StageResult(outputs=out, rows={"sequences": int(order.size)}, parameters={"strategy": strategy, "seeds": params.seeds},
                        facts={"repeated_fraction": real.repeated_fraction, "max_epochs": float(real.table["epochs"].max()),
-                        "final_loss": finals, "realization": Markdown(frame_table(real.table))})
+                              "final_loss": finals, "realization": Markdown(frame_table(real.table))})
 
 
 def mixture_ablation(layout, params: MixtureParams, connect: Connect) -> StageResult:

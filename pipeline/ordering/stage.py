@@ -224,7 +224,7 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
                     **({"mixture_weights_sha256": file_sha256(params.mixture_weights_file)} if spec.mixture is not None else {}),
                     **({"curriculum_sha256": file_sha256(params.curriculum)} if "curriculum" in spec.reads and params.curriculum else {})},
         facts={"repacked": repacked, "greedy_mode": greedy_mode or "none", **summary, **boundary,
-         **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},
+               **({"computed_from": f"orderings[{spec.derived[0]}]"} if base is not None else {})},
         checks=[check, *mixture_checks],
         deps={"orderings": spec.derived[0]} if base is not None else {},
     )
@@ -262,9 +262,9 @@ def load_ordering(layout, strategy: str) -> tuple[np.ndarray, pl.DataFrame]:
 
 
 def seeded_ordering(layout, stage_params: OrderStageParams, strategy: str, seed: int) -> tuple[np.ndarray, pl.DataFrame]:
-    """The order training seed ``seed`` trains on: the materialized ordering (``stage_params.seed``) for
-    a seed-free strategy or seed == stage_params.seed, else the strategy re-run with ``seed`` (same
-    parameters), so seeds vary the shuffle / noise, not only the model init."""
+    """The order training seed ``seed`` trains on: the materialized ordering (the config's ``seed``) for
+    a seed-free strategy or that seed, else the strategy re-run with ``seed`` (same parameters), so
+    seeds vary the shuffle / noise, not only the model init."""
     from pipeline.ordering.engine import seed_dependent
     from pipeline.packing import frozen
     from pipeline.reports.diagnostics import ordering_ids

@@ -87,7 +87,7 @@ def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
         rows={"sequences": packed.n_sequences, "segments": packed.segments.height},
         parameters={"seq_len": params.seq_len, "seed": params.seed, "packing": params.packing, "freeze_prefix": n_frozen},
         facts={"packing": params.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
-         "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
-         "frozen_sequences_kept": kept, "flagged_kept_in_frozen_prefix": kept_frozen,
-         **{f"tokens_removed_{reason}": t for reason, t in removed.items()}},
+               "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
+               "frozen_sequences_kept": kept, "flagged_kept_in_frozen_prefix": kept_frozen,
+               **{f"tokens_removed_{reason}": t for reason, t in removed.items()}},
     )

@@ -176,16 +176,16 @@ def diagnose_ordering(layout, params: DiagnoseParams, strategy: str, connect: Co
     return StageResult(
         outputs=[out, out_stat, *window_files], rows={"metrics": metrics.height, "stationarity": stationarity.height},
         parameters={"strategy": strategy, "length_bins": params.length_bins, "prefix_sequences": prefix,
-         "stationarity_shuffles": params.stationarity_shuffles, "seed": params.seed, "window_batch": params.batch_size,
-         "window_shuffles": W.SHUFFLES},
+                    "stationarity_shuffles": params.stationarity_shuffles, "seed": params.seed, "window_batch": params.batch_size,
+                    "window_shuffles": W.SHUFFLES},
         facts={"summary": Markdown(frame_table(V.summary_table(metrics))),
-         "stationarity": Markdown(S.markdown(stationarity) if stationarity.height else "no schedule"),
-         "stationarity_outside": S.out_of_band_summary(stationarity) or "none",
-         "band": "shuffles of these sequences reused (diagnostics/bands)" if reused else "shuffles computed",
-         **window_facts,
-         **({"window_band": "shuffles' worst windows reused (diagnostics/window_bands)" if window_reused
-             else "shuffles' worst windows computed"} if window_facts else {}),
-         **(boundary_summary(layout, strategy) or {})},  # the frozen prefix's boundary, when the stream has one
+               "stationarity": Markdown(S.markdown(stationarity) if stationarity.height else "no schedule"),
+               "stationarity_outside": S.out_of_band_summary(stationarity) or "none",
+               "band": "shuffles of these sequences reused (diagnostics/bands)" if reused else "shuffles computed",
+               **window_facts,
+               **({"window_band": "shuffles' worst windows reused (diagnostics/window_bands)" if window_reused
+                   else "shuffles' worst windows computed"} if window_facts else {}),
+               **(boundary_summary(layout, strategy) or {})},  # the frozen prefix's boundary, when the stream has one
         checks=[stationarity_check(strategy, stationarity, params.stationarity_shuffles)])
 
 
@@ -326,9 +326,9 @@ def ablation_report(layout, params: AblationReportParams, connect: Connect) -> S
                        rows={"strategies": len(strategies), "rows": table.height, "deltas": deltas.height, "power": power.height},
                        parameters={"strategies": strategies, "seeds": params.seeds, "bootstrap_samples": params.bootstrap_samples},
                        facts={"report": Markdown(ui), "significant_differences": significant,
-                        "positive_control": verdict.status,
-                        "power_seeds_needed": plan[0]["seeds_needed"] if plan else None,
-                        "power_heldout_docs_needed": plan[0]["units_needed"] if plan else None})
+                              "positive_control": verdict.status,
+                              "power_seeds_needed": plan[0]["seeds_needed"] if plan else None,
+                              "power_heldout_docs_needed": plan[0]["units_needed"] if plan else None})
 
 
 def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:

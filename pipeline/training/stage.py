@@ -211,9 +211,9 @@ def train_run(layout, params: TrainRunParams, strategy: str, seed: int, connect:
         rows={"steps": len(log_rows), "tokens": int(log_df["tokens_seen"].max())},
         parameters={**ts.__dict__, "strategy": strategy},
         facts={"heldout_batch_loss": float(last["loss"].mean()) if last is not None else float("nan"),
-         "tokens_per_s": float(log_df["tokens_per_s"].median()), "params": sum(p.numel() for p in model.parameters()),
-         "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0,
-         "resumed_from_step": ckpt.resumed_from if ckpt.resumed_from is not None else 0},
+               "tokens_per_s": float(log_df["tokens_per_s"].median()), "params": sum(p.numel() for p in model.parameters()),
+               "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0,
+               "resumed_from_step": ckpt.resumed_from if ckpt.resumed_from is not None else 0},
     )
 
 
