@@ -22,8 +22,7 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     jump ratios in ``claims_epoch_jumps``), a figure per claim and ``report/claims.md``. Claims
     whose data this root lacks (the runs of ``claim_runs``, until ``strata claims --full``) are
     listed as not measured. One call of ``pipeline.reports.stage.measure_claims``."""
-    rec = Recorder(context, duckdb, {"orderings": "*", "training_runs": "*", "gradient_analyses": None, "embeddings": None,
-                                     "clusters": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     params = reports.ClaimsParams.from_config(cfg)
     return rec.finish_stage(reports.measure_claims(layout, params, duckdb.get_connection, log=context.log.info))
@@ -43,7 +42,7 @@ def claim_runs(context: dg.AssetExecutionContext, settings: StrataSettings, duck
     per-document loss after the last step) and ``claim_runs_arms`` (what each run trained on).
     Materialize ``claims`` afterwards to turn them into claim rows. One call of
     ``pipeline.training.stage.train_claim_runs``."""
-    rec = Recorder(context, duckdb, {"tokens": None, "clusters": None, "embeddings": None, "corpus": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     params = training.ClaimRunsParams.from_config(cfg)
     return rec.finish_stage(training.train_claim_runs(layout, params, duckdb.get_connection, log=context.log.info))

@@ -6,7 +6,6 @@ import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets.common import SHARD_PARTITIONS, Recorder, StrataSettings
-from assets.corpus import gathered_shards, partition_docs
 from assets.params import asset_config
 from pipeline.clean import stage
 
@@ -17,10 +16,9 @@ def clean_shards(context: dg.AssetExecutionContext, settings: StrataSettings, du
     MinHash signatures (datasketch) and n-gram hits against WikiText, Paloma and DCLM-core, under
     ``clean/shards/`` (docs/cleaning.md). An unchanged shard is not read again; an appended shard is
     the only partition to run. One call of ``pipeline.clean.stage.scan_shard``."""
-    rec = Recorder(context, duckdb, {"corpus_shards": context.partition_key})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings), settings.layout()
-    params = stage.CleanParams.from_config(cfg)
-    return rec.finish_stage(stage.scan_shard(layout, params, partition_docs(context.partition_key, cfg, layout)))
+    return rec.finish_stage(stage.scan_shard(layout, stage.CleanParams.from_config(cfg), context.partition_key))
 
 
 @dg.asset(group_name="data", deps=["corpus", "clean_shards", "tokens", "embeddings", "clusters"], code_version="2",
@@ -33,7 +31,6 @@ def clean(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: D
     ``duplicates``, ``contamination``, ``clean_removed``. ``dedup.action`` and ``decontam.action``
     decide which documents ``sequences`` and the document-level orderings leave out
     (docs/cleaning.md). One call of ``pipeline.clean.stage.clean_documents``."""
-    rec = Recorder(context, duckdb, {"corpus": None, "tokens": None, "embeddings": None, "clusters": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings), settings.layout()
-    gathered_shards(layout, rec, "clean_shards")
     return rec.finish_stage(stage.clean_documents(layout, stage.CleanParams.from_config(cfg), duckdb.get_connection))

@@ -2,76 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 import resource
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 from dagster_duckdb import DuckDBResource
 
+from assets.dagster_internals import BaseAssetGraph, asset_graph
 from pipeline.config import StrataConfig, resolve_config
-from pipeline.stage import Markdown, StageResult
-from pipeline.storage.atomic import file_sha256, write_text
+from pipeline.config_source import RECORDED_CONFIG
+from pipeline.stage import CheckFact, Markdown, StageResult
 from pipeline.storage.layout import Layout
-from pipeline.storage.warehouse import data_versions, latest_data_version, write_lineage
-
-# Every `strata run` / `strata demo` writes the configuration it ran with here, under the data root,
-# so the Dagster UI and `strata status` started without a config file show what the root was built with.
-RECORDED_CONFIG = "strata_config.yaml"
-
-
-def record_config(cfg: StrataConfig) -> Path:
-    """Write ``<data root>/strata_config.yaml`` atomically: every key of ``cfg``, defaults included,
-    but ``data_root``, which is the folder the file lies in (so a root's bytes do not depend on where
-    it lies); unchanged bytes are not rewritten. Returns its path."""
-    import yaml
-
-    data = cfg.model_dump(mode="json", exclude={"data_root"})
-    text = yaml.safe_dump(data, sort_keys=True)
-    path = cfg.root / RECORDED_CONFIG
-    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
-        write_text(text, path)
-    return path
-
-
-def default_data_root(environ: Mapping[str, str] | None = None) -> Path:
-    """The data root of a process given no config file and no ``--data-root``: ``STRATA_HOME``, else
-    the parent of ``DAGSTER_HOME`` when that parent holds a recorded config (the README's
-    ``DAGSTER_HOME=<data root>/dagster``), else ``./.strata``."""
-    environ = os.environ if environ is None else environ
-    if environ.get("STRATA_HOME"):
-        return Path(environ["STRATA_HOME"]).expanduser().resolve()
-    if environ.get("DAGSTER_HOME"):
-        parent = Path(environ["DAGSTER_HOME"]).expanduser().resolve().parent
-        if (parent / RECORDED_CONFIG).is_file():
-            return parent
-    return Path(".strata").resolve()
-
-
-def config_source(data_root: str | os.PathLike | None = None,
-                  environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
-    """(config file, data root) for a process given no ``--config``: ``STRATA_CONFIG`` when set; else
-    the data root's recorded config (``data_root``, else :func:`default_data_root`) when it has one,
-    with that data root; else no file (the defaults)."""
-    environ = os.environ if environ is None else environ
-    if environ.get("STRATA_CONFIG"):
-        return environ["STRATA_CONFIG"], (str(data_root) if data_root else None)
-    root = Path(data_root).expanduser().resolve() if data_root else default_data_root(environ)
-    recorded = root / RECORDED_CONFIG
-    if recorded.is_file():
-        return str(recorded), str(root)
-    return None, (str(data_root) if data_root else None)
-
-
-def env_config() -> StrataConfig:
-    """The configuration named by ``STRATA_CONFIG`` (a YAML/JSON file), else the data root's recorded
-    config (:func:`config_source`), else the defaults; the data root by precedence (see
-    :func:`pipeline.config.resolve_config`)."""
-    return resolve_config(*config_source())
+from pipeline.storage.warehouse import record_lineage
 
 
 class StrataSettings(dg.ConfigurableResource):
@@ -209,15 +153,6 @@ def run_key(context: dg.AssetExecutionContext) -> tuple[str, int]:
     return dims["strategy"], int(dims["seed"])
 
 
-def version_of(paths: list[Path], digests: dict[str, str] | None = None) -> str:
-    """Data version: a hash over the content hashes of an asset's output files (``digests``: the
-    SHA-256 of outputs that are not local files, objects taken while they were written)."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(((digests or {}).get(str(p)) or file_sha256(p)).encode())
-    return h.hexdigest()[:16]
-
-
 def column_schema(outputs: list[Path]) -> dg.TableSchema | None:
     """The columns of the first Parquet table among ``outputs`` (the asset's table; its DuckDB rows
     have the same columns), as Dagster shows them in the asset's *Columns*; None when there is none."""
@@ -236,6 +171,31 @@ def process_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def upstream_partition(upstream: dg.PartitionsDefinition | None, own: dg.PartitionsDefinition | None, key: str | None):
+    """The partition of an upstream asset (partitioned by ``upstream``) that the materialization of
+    partition ``key`` of an asset partitioned by ``own`` read: None for an unpartitioned upstream,
+    the same key where both are partitioned alike, the key's dimension where ``upstream`` is one
+    dimension of ``own`` (a training run reads its strategy's ordering), else ``"*"`` (every partition)."""
+    if upstream is None:
+        return None
+    if upstream == own:
+        return key
+    if isinstance(own, dg.MultiPartitionsDefinition) and isinstance(key, dg.MultiPartitionKey):
+        for dim in own.partitions_defs:
+            if dim.partitions_def == upstream:
+                return key.keys_by_dimension[dim.name]
+    return "*"
+
+
+def declared_inputs(graph: BaseAssetGraph, key: dg.AssetKey, partition: str | None) -> dict[str, str | None]:
+    """The lineage inputs of ``key[partition]``, from its definition's one dependency list (``deps``):
+    each upstream asset that writes lineage rows (materializable: not the corpus sources, whose
+    versions the shards' fingerprints carry) with the partition :func:`upstream_partition` names."""
+    node = graph.get(key)
+    return {p.to_user_string(): upstream_partition(graph.get(p).partitions_def, node.partitions_def, partition)
+            for p in sorted(node.parent_keys) if graph.get(p).is_materializable}
+
+
 class Recorder:
     """Times a materialization and writes its lineage row (see pipeline/storage/warehouse.py).
 
@@ -246,46 +206,29 @@ class Recorder:
 
     ``deps`` maps each upstream asset to the partition whose data version is recorded: ``None``
     for an unpartitioned asset, a partition key, a list of them, or ``"*"`` for every partition.
+    They are the asset definition's own ``deps`` (:func:`declared_inputs`); a stage result's
+    ``deps`` replace them (the shards a gather read, the ordering an order was derived from).
     """
 
-    def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource, deps: dict[str, str | list[str] | None]):
-        self.context, self.duckdb, self.deps = context, duckdb, deps
+    def __init__(self, context: dg.AssetExecutionContext, duckdb: DuckDBResource):
+        self.context, self.duckdb = context, duckdb
         self.t0, self.c0 = time.perf_counter(), process_cpu_s()
         self.partition = context.partition_key if context.has_partition_key else None
+        self.deps = declared_inputs(asset_graph(context, whole=True), context.asset_key, self.partition)
 
-    def finish(
-        self,
-        outputs: list[Path],
-        rows: dict[str, int],
-        params: dict[str, Any],
-        metadata: dict[str, Any] | None = None,
-        check_results: list[dg.AssetCheckResult] | None = None,
-        digests: dict[str, str] | None = None,
-    ) -> dg.MaterializeResult:
-        asset = self.context.assets_def.key.to_user_string()
-        version = version_of(outputs, digests)
+    def finish_stage(self, result: StageResult, metadata: dict[str, Any] | None = None) -> dg.MaterializeResult:
+        """The materialization of a stage function's result (``pipeline/stage.py``): its lineage row
+        (outputs, rows, parameters; its ``deps`` replace the declared ones) and its Dagster result
+        (facts plus ``metadata``, checks, data version). A skipped result records nothing: its metadata says why."""
+        if result.skipped is not None:
+            return dg.MaterializeResult(metadata={"skipped": result.skipped})
+        self.deps.update(result.deps)
+        outputs, rows, key = result.outputs, result.rows, self.context.asset_key
         with self.duckdb.get_connection() as con:
-            inputs: dict[str, str] = {}
-            for dep, part in self.deps.items():
-                if part == "*":
-                    inputs.update({f"{dep}[{p}]": v for p, v in data_versions(con, dep).items()})
-                elif isinstance(part, list):
-                    inputs.update({f"{dep}[{p}]": latest_data_version(con, dep, p) for p in part})
-                else:
-                    inputs[dep if part is None else f"{dep}[{part}]"] = latest_data_version(con, dep, part)
-            write_lineage(
-                con,
-                asset=asset,
-                partition=self.partition,
-                run_id=self.context.run.run_id,
-                code_version=self.context.assets_def.code_versions_by_key.get(self.context.assets_def.key) or "",
-                data_version=version,
-                input_versions=inputs,
-                outputs={str(p): (digests or {}).get(str(p)) or file_sha256(p) for p in outputs},
-                row_counts=rows,
-                parameters=params,
-                wall_s=time.perf_counter() - self.t0,
-            )
+            version = record_lineage(con, asset=key.to_user_string(), partition=self.partition, run_id=self.context.run.run_id,
+                                     code_version=self.context.assets_def.code_versions_by_key.get(key) or "", deps=self.deps,
+                                     outputs=outputs, digests=result.digests or None, row_counts=rows, parameters=result.parameters,
+                                     started=self.t0)
         meta = {f"rows/{k}": v for k, v in rows.items()}
         if outputs:  # none: a shard partition with no training documents
             meta["path"] = dg.MetadataValue.path(str(outputs[0]))
@@ -294,18 +237,15 @@ class Recorder:
             meta["dagster/column_schema"] = schema
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
         meta["cpu_s"] = round(process_cpu_s() - self.c0, 2)
-        meta.update(metadata or {})
-        return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version), check_results=check_results or None)
+        meta.update({**shown(result.facts), **(metadata or {})})
+        return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version),
+                                    check_results=[check_result(c) for c in result.checks] or None)
 
-    def finish_stage(self, result: StageResult, metadata: dict[str, Any] | None = None) -> dg.MaterializeResult:
-        """:meth:`finish` with a stage function's result (``pipeline/stage.py``): its outputs, rows,
-        parameters, facts (plus ``metadata``), checks and digests; its ``deps`` replace the declared ones."""
-        self.deps.update(result.deps)
-        checks = [dg.AssetCheckResult(check_name=c.name, passed=c.passed, metadata=shown(c.metadata), description=c.description,
-                                      severity=dg.AssetCheckSeverity.WARN if c.warn else dg.AssetCheckSeverity.ERROR)
-                  for c in result.checks]
-        return self.finish(result.outputs, result.rows, result.parameters, {**shown(result.facts), **(metadata or {})}, checks,
-                           digests=result.digests or None)
+
+def check_result(c: CheckFact) -> dg.AssetCheckResult:
+    """A stage's check result as Dagster's: a ``warn`` check never blocks."""
+    return dg.AssetCheckResult(check_name=c.name, passed=c.passed, metadata=shown(c.metadata), description=c.description,
+                               severity=dg.AssetCheckSeverity.WARN if c.warn else dg.AssetCheckSeverity.ERROR)
 
 
 def shown(facts: dict[str, Any]) -> dict[str, Any]:

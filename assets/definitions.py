@@ -1,7 +1,7 @@
 """Strata's Dagster definitions: the asset graph over ``pipeline/`` (loaded by workspace.yaml).
 
 ``defs`` follows ``STRATA_CONFIG`` (a YAML/JSON file), else the data root's recorded config
-(:func:`assets.common.config_source`), and the data-root precedence of
+(:func:`pipeline.config_source.config_source`), and the data-root precedence of
 :func:`pipeline.config.resolve_config`; ``build_definitions`` builds them for any config.
 """
 
@@ -35,9 +35,10 @@ from assets import (  # noqa: E402
     training,
 )
 from assets.ablate_job import ablate as ablate_job  # noqa: E402
-from assets.common import StrataSettings, config_source, sync_partitions  # noqa: E402
+from assets.common import StrataSettings, sync_partitions  # noqa: E402
 from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
+from pipeline.config_source import config_source  # noqa: E402
 
 _MODULES = [corpus, tokens, embeddings, clean, sequences, orderings, exports, diagnostics, training, evaluations, claims, checks, mixture]
 

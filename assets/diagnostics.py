@@ -41,7 +41,7 @@ def ordering_diagnostics(context: dg.AssetExecutionContext, settings: StrataSett
     A training-time strategy (odm) has no schedule before training: it gets no rows here; its
     diagnostics come from the ids training consumed (``consumed_metrics``, see training_runs).
     One call of ``pipeline.reports.stage.diagnose_ordering``."""
-    rec = Recorder(context, duckdb, {"orderings": context.partition_key})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     params = stage.DiagnoseParams.from_config(cfg)
     return rec.finish_stage(stage.diagnose_ordering(layout, params, context.partition_key, duckdb.get_connection))
@@ -55,6 +55,6 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``,
     and Diversity-ordered training's k calibration (silhouette vs k on a sample) in ``k_calibration``.
     One call of ``pipeline.reports.stage.diagnostics_report``."""
-    rec = Recorder(context, duckdb, {"ordering_diagnostics": "*", "embeddings": None, "clusters": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings), settings.layout()
     return rec.finish_stage(stage.diagnostics_report(layout, stage.DiagnosticsReportParams.from_config(cfg), duckdb.get_connection))

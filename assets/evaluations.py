@@ -26,7 +26,7 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     if (on_ray := run_on_ray(context, settings)) is not None:
         return on_ray
     strategy, seed = run_key(context)
-    rec = Recorder(context, duckdb, {"training_runs": context.partition_key})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     return rec.finish_stage(stage.evaluate_run(layout, stage.EvaluateParams.from_config(cfg), strategy, seed, duckdb.get_connection))
 
@@ -46,6 +46,6 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     with the power figure, held-out loss-vs-tokens curves (seed bands), training curves, stable
     ranks, the mixture fidelity heatmaps and the ODM mixture under ``report/``. One call of
     ``pipeline.reports.stage.ablation_report``."""
-    rec = Recorder(context, duckdb, {"evaluations": "*", "training_runs": "*", "gradient_analyses": None, "claims": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     return rec.finish_stage(reports.ablation_report(layout, reports.AblationReportParams.from_config(cfg), duckdb.get_connection))

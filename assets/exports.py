@@ -15,11 +15,8 @@ def exports(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb:
             config: ExportsParams) -> dg.MaterializeResult:
     """Write the partition's ordering in every format of ``export_formats`` under
     ``exports/<strategy>/<format>/`` (global batch ``export.global_batch`` or ``batch_size``,
-    ``export_world_size`` ranks, ``export_workers`` workers; see docs/export.md). One call of
-    ``pipeline.export.stage.export_strategy``."""
+    ``export_world_size`` ranks, ``export_workers`` workers; see docs/export.md); a strategy with
+    nothing to export is skipped (metadata ``skipped``). One call of ``pipeline.export.stage.export_strategy``."""
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    strategy = context.partition_key
-    if (why := stage.export_skipped(stage.ExportParams.from_config(cfg), strategy)) is not None:
-        return dg.MaterializeResult(metadata={"skipped": f"{strategy}: {why}"})
-    rec = Recorder(context, duckdb, {"orderings": strategy})
-    return rec.finish_stage(stage.export_strategy(layout, stage.ExportParams.from_config(cfg), strategy, log=context.log.info))
+    return rec.finish_stage(stage.export_strategy(layout, stage.ExportParams.from_config(cfg), context.partition_key, log=context.log.info))

@@ -9,7 +9,8 @@ Library code: ``pipeline/mixture/`` (stage.py, terrific.py, loop.py, realize.py,
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.common import Recorder, StrataSettings, env_config
+from assets.common import Recorder, StrataSettings
+from pipeline.config_source import env_config
 from pipeline.mixture import stage
 from pipeline.mixture.stage import MIXTURE_STRATEGIES
 
@@ -25,7 +26,7 @@ def mixture_target(context: dg.AssetExecutionContext, settings: StrataSettings, 
     Writes ``mixture/target/documents.parquet`` (id, source, role, general, n_tokens, n_bytes) and
     its tokens (``tokens.bin``, ``doc_offsets.npy``, layout of the tokens asset). DuckDB
     ``mixture_target``. One call of ``pipeline.mixture.stage.target_set``."""
-    rec = Recorder(context, duckdb, {"corpus": None, "tokenizer": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = settings.config(), settings.layout()
     return rec.finish_stage(stage.target_set(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection))
 
@@ -36,18 +37,17 @@ def mixture_iterations(context: dg.AssetExecutionContext, settings: StrataSettin
     order) -> Measure (Delta l at the final checkpoint; with ``mixture.static_method: terrific_avg``
     the mean Delta l over ``mixture.avg_checkpoints`` doubling checkpoints, TerRIFIC-AVG) ->
     Update (l_{i+1} = l_i + eta Delta l).
-    l_0 = log corpus shares; iteration i > 0 reads iteration i-1's ``next_logit``.
-    One call of ``pipeline.mixture.stage.static_iteration``.
+    l_0 = log corpus shares; iteration i > 0 reads iteration i-1's ``next_logit`` (recorded as an
+    input of its lineage row, beside ``deps``). One call of ``pipeline.mixture.stage.static_iteration``.
 
     Writes ``mixture/iterations/<i>.parquet`` (iteration, cluster, logit, weight, score, delta,
     next_logit, corpus_share, selected, epochs). DuckDB ``mixture_iterations`` (same rows) and
     ``mixture_scores`` (iteration, metric, value: target_loss, heldout_loss, final_train_loss,
     measured_target_loss, clip_t, repeated_fraction)."""
-    i = int(context.partition_key)
-    rec = Recorder(context, duckdb, {"mixture_target": None, "clusters": None} | ({"mixture_iterations": str(i - 1)} if i else {}))
+    rec = Recorder(context, duckdb)
     cfg, layout = settings.config(), settings.layout()
     params = stage.MixtureParams.from_config(cfg)
-    return rec.finish_stage(stage.static_iteration(layout, params, i, duckdb.get_connection, log=context.log.info))
+    return rec.finish_stage(stage.static_iteration(layout, params, int(context.partition_key), duckdb.get_connection, log=context.log.info))
 
 
 @dg.asset(group_name="mixture", tags={"strata/order": "first"}, deps=["mixture_iterations"], code_version="1", kinds={"parquet"})
@@ -56,7 +56,7 @@ def mixture_weights(context: dg.AssetExecutionContext, settings: StrataSettings,
     every iteration's trained-on logits plus iteration = ``iterations`` (the final update, the
     mixture ``greedy_mixture`` uses), and ``mixture/weights.png``. DuckDB ``mixture_weights``.
     One call of ``pipeline.mixture.stage.learned_weights``."""
-    rec = Recorder(context, duckdb, {"mixture_iterations": "*"})
+    rec = Recorder(context, duckdb)
     cfg, layout = settings.config(), settings.layout()
     return rec.finish_stage(stage.learned_weights(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection))
 
@@ -70,7 +70,7 @@ def mixture_curriculum(context: dg.AssetExecutionContext, settings: StrataSettin
     ``mixture/curriculum.parquet`` (meta_iteration, knot, tokens, cluster, logit, weight),
     ``mixture/curriculum.png``. DuckDB ``mixture_curriculum``, ``mixture_curriculum_steps``
     (meta_iteration, checkpoint, tokens, step, cluster, score, delta) and ``mixture_curriculum_scores``."""
-    rec = Recorder(context, duckdb, {"mixture_target": None, "clusters": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = settings.config(), settings.layout()
     return rec.finish_stage(stage.curriculum(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection, log=context.log.info))
 
@@ -87,7 +87,7 @@ def mixture_runs(context: dg.AssetExecutionContext, settings: StrataSettings, du
     ``mixture/pool_segments.parquet``; ids repeat where the mixture repeats data),
     ``mixture/realization/<strategy>.parquet`` (cluster, weight, supply, selected, share, epochs,
     max_copies) and ``mixture/runs/<strategy>/seed<seed>/model``. DuckDB ``mixture_realization``."""
-    rec = Recorder(context, duckdb, {"mixture_weights": None, "mixture_curriculum": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = settings.config(), settings.layout()
     params = stage.MixtureParams.from_config(cfg)
     return rec.finish_stage(stage.mixture_run(layout, params, context.partition_key, duckdb.get_connection, log=context.log.info))
@@ -100,6 +100,6 @@ def mixture_ablation(context: dg.AssetExecutionContext, settings: StrataSettings
     set's scoring half (``target_loss``) and on the general held-out set (``heldout_loss``), mean ±
     std over seeds. One call of ``pipeline.mixture.stage.mixture_ablation``. DuckDB
     ``mixture_ablation`` (strategy, metric, mean, std, n_seeds) and ``mixture/report.md`` with the figures."""
-    rec = Recorder(context, duckdb, {"mixture_runs": "*", "training_runs": "*"})
+    rec = Recorder(context, duckdb)
     cfg, layout = settings.config(), settings.layout()
     return rec.finish_stage(stage.mixture_ablation(layout, stage.MixtureParams.from_config(cfg), duckdb.get_connection))

@@ -43,7 +43,7 @@ def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     DuckDB table ``ordering_frozen_prefix`` are written, and the metadata shows the boundary.
     P is the one ``sequences`` packed with (its ``meta.json``). One call of
     ``pipeline.ordering.stage.order_strategy``."""
-    rec = Recorder(context, duckdb, {"sequences": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     code_version = context.assets_def.code_versions_by_key.get(context.assets_def.key) or ""
     params = stage.OrderStageParams.from_config(cfg)

@@ -23,13 +23,13 @@ import os
 import re
 import sys
 import traceback
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from multiprocessing import get_context
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
 import dagster as dg
 
+from pipeline.distributed.processes import run_in_processes
 from pipeline.errors import StrataInputError, StrataRunError
 
 # The per-shard assets whose partitions run side by side, and the most runs at once by default
@@ -167,35 +167,12 @@ def _run(selection: list[str], partition: str) -> None:
 def run_side_by_side(selection: list[str], partitions: list[str], workers: int, config_file: str | None, data_root: str,
                      instance, log_level: str, tags: dict, log: Callable[[str], None] = print) -> None:
     """One Dagster run of ``selection`` for each of ``partitions``, ``workers`` at a time in worker
-    processes, started in the partitions' order. After a failure no further run starts; the runs
-    under way finish, then the first error is raised (a Strata input error as itself)."""
+    processes (:func:`pipeline.distributed.processes.run_in_processes`), started in the partitions'
+    order. After a failure no further run starts; the runs under way finish, then the first error
+    is raised (a Strata input error as itself)."""
     label = ", ".join(selection)
-    todo = iter(partitions)
-    error: BaseException | None = None
-    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_start,
-                               initargs=(config_file, data_root, instance.get_ref(), log_level, tags))
-    with pool:
-        running: set[Future] = set()
-
-        def submit() -> None:
-            for key in todo:
-                log(f"==> materializing {label} [{key}]")
-                running.add(pool.submit(_run, selection, key))
-                return
-
-        for _ in range(workers):
-            submit()
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                running.remove(future)
-                exc = future.exception()
-                if exc is not None and error is None:
-                    error = exc
-                if error is None:
-                    submit()
-    if error is not None:
-        raise error
+    run_in_processes(partial(_run, selection), partitions, workers, _start, (config_file, data_root, instance.get_ref(), log_level, tags),
+                     started=lambda key: log(f"==> materializing {label} [{key}]"))
 
 
 def run_partitions(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partitions: list[str],

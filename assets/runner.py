@@ -17,6 +17,7 @@ import dagster as dg
 from assets.common import config_partitions
 from assets.partition_runs import materialize_run, run_partitions
 from pipeline.config import StrataConfig, resolve_config
+from pipeline.config_source import config_source, record_config
 from pipeline.errors import StrataInputError
 
 Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions definition (None: unpartitioned) and its assets
@@ -91,10 +92,8 @@ def partition_keys(pdef, cfg: StrataConfig, within: dict[str, str] | None = None
 
 def prepare_environment(config_file: str | None, data_root: str | None) -> StrataConfig:
     """Resolve the configuration (see :func:`resolve_config`; without a file, the data root's recorded
-    one, :func:`assets.common.config_source`), point ``STRATA_CONFIG`` at it and set up a persistent
+    one, :func:`pipeline.config_source.config_source`), point ``STRATA_CONFIG`` at it and set up a persistent
     Dagster instance under the data root."""
-    from assets.common import config_source
-
     if not config_file:
         config_file, data_root = config_source(data_root)
     if config_file:
@@ -117,8 +116,6 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> Strat
 def release_dead_claims(instance: dg.DagsterInstance) -> list[str]:
     """Free the training-pool slots held by runs of a ``strata`` process on this machine that is gone
     (killed mid-training): with a pool limit of 1 they would block every later run. Returns their run ids."""
-    from dagster._core.storage.dagster_run import DagsterRunStatus
-
     from assets.common import TRAIN_POOL
 
     storage = instance.event_log_storage
@@ -138,7 +135,7 @@ def release_dead_claims(instance: dg.DagsterInstance) -> list[str]:
             alive = True
         if not alive:
             storage.free_concurrency_slots_for_run(run_id)
-            if run.status in (DagsterRunStatus.STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.NOT_STARTED):
+            if run.status in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.NOT_STARTED):
                 instance.report_run_failed(run)
             freed.append(run_id)
     return freed
@@ -170,7 +167,7 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     or edited shards; all of them after a new tokenizer or k-means model), strategy batches per
     strategy, each followed by its strategy x seed runs. Returns the path of ``report.md`` when
     ``ablation_report`` was among them."""
-    from assets.common import record_config, sync_partitions
+    from assets.common import sync_partitions
     from assets.definitions import build_definitions
 
     if config_file is None:

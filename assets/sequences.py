@@ -28,6 +28,6 @@ def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckd
     (``pipeline/packing/frozen.py``). ``freeze_prefix: 0`` forgets every frozen prefix.
     One call of ``pipeline.packing.stage.pack_sequences``.
     """
-    rec = Recorder(context, duckdb, {"tokens": None, "clusters": None, "clean": None})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     return rec.finish_stage(stage.pack_sequences(layout, stage.PackParams.from_config(cfg), duckdb.get_connection))

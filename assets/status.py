@@ -9,21 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-from dagster._core.definitions.data_version import (
-    DATA_VERSION_TAG,
-    NULL_DATA_VERSION,
-    CachingStaleStatusResolver,
-    StaleCause,
-    StaleCauseCategory,
-    StaleStatus,
-)
-from dagster._core.definitions.events import AssetKeyPartitionKey
-from dagster._time import get_current_datetime
 
 from assets.common import SHARD_PARTITIONS
+from assets.dagster_internals import DATA_VERSION_TAG, AssetKeyPartitionKey, CachingStaleStatusResolver, StaleStatus, resolver_for
 from pipeline.config import StrataConfig
 from pipeline.data.corpus import corpus_fingerprint, corpus_units, shard_key, shard_versions
+from pipeline.storage.lineage import OnDisk
 
 RAW = dg.AssetKey("raw_corpus")
 RAW_SHARDS = dg.AssetKey("raw_shards")
@@ -53,42 +44,10 @@ def _observe(instance: dg.DagsterInstance, asset: dg.AssetKey, partition: str | 
         instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset, partition=partition, tags={DATA_VERSION_TAG: version}))
 
 
-class TransitiveStaleResolver(CachingStaleStatusResolver):
-    """Dagster's stale-status resolver, and one more cause: a materialized asset partition is stale
-    when a partition it depends on is stale (``has a stale dependency``, whose root causes are that
-    dependency's). Dagster's own resolver marks only the direct dependents of a changed version, so
-    after a corpus edit or a parameter change only the first assets of the chain say "Unsynced" in
-    the UI; ``strata status``, ``strata run`` and the ``up_to_date`` checks name all of them."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._transitive: dict[AssetKeyPartitionKey, list] = {}
-
-    def _get_stale_causes(self, key: AssetKeyPartitionKey):  # Dagster's cached method, extended (not cached twice)
-        if key not in self._transitive:
-            causes = list(super()._get_stale_causes(key=key))
-            asset = self.asset_graph.get(key.asset_key)
-            materialized = not (asset.is_partitioned and not key.partition_key) and not asset.is_external
-            if materialized and self._get_current_data_version(key=key) != NULL_DATA_VERSION:
-                direct = {c.dependency for c in causes if c.dependency is not None}
-                for dep in sorted(self._get_partition_dependencies(key=key)):
-                    if dep not in direct and self._get_status(key=dep) == StaleStatus.STALE:
-                        causes.append(StaleCause(key, StaleCauseCategory.DATA, "has a stale dependency", dep,
-                                                 list(self._get_stale_causes(key=dep))))
-            self._transitive[key] = causes
-        return self._transitive[key]
-
-
 def resolver(defs: dg.Definitions, instance: dg.DagsterInstance) -> CachingStaleStatusResolver:
-    """The stale-status resolver over ``defs`` and ``instance``: Dagster's, transitive (:class:`TransitiveStaleResolver`)."""
+    """The stale-status resolver over ``defs`` and ``instance``: Dagster's, transitive
+    (:class:`assets.dagster_internals.TransitiveStaleResolver`)."""
     return resolver_for(defs.resolve_asset_graph(), instance)
-
-
-def resolver_for(graph, instance: dg.DagsterInstance) -> CachingStaleStatusResolver:
-    """:func:`resolver` over an asset graph (a sensor's or a check's repository's)."""
-    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
-                          instance=instance, asset_graph=graph)
-    return TransitiveStaleResolver(instance=instance, asset_graph=graph, loading_context=view)
 
 
 def _partitions(asset: str, partitions_def, cfg: StrataConfig) -> list[str | None]:
@@ -125,46 +84,6 @@ def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition
     before = recorded.value
     now = cfg.subset(list(before))
     return [f"{k}: {before[k]!r} -> {now[k]!r}" for k in sorted(before) if before[k] != now[k]]
-
-
-class OnDisk:
-    """What the data root itself holds, beside what Dagster remembers: a ``DAGSTER_HOME`` shared with
-    another data root (the README's ``export DAGSTER_HOME=...``) remembers that root's
-    materializations, which must not make an empty root look fresh."""
-
-    def __init__(self, root):
-        from pathlib import Path
-
-        import duckdb
-
-        self.root = Path(root).resolve()
-        self.rows: dict[tuple[str, str], dict] | None = None  # (asset, partition) -> outputs; None: no lineage at all
-        db = self.root / "strata.duckdb"
-        if not db.is_file():
-            return
-        try:
-            with duckdb.connect(str(db), read_only=True) as con:
-                if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'lineage'").fetchone()[0]:
-                    return
-                found = con.execute("SELECT asset, partition, outputs FROM lineage ORDER BY created_at, rowid").fetchall()
-        except duckdb.Error:  # a run holds the write lock: Dagster's view alone
-            self.rows = {}
-            return
-        import json
-
-        self.rows = {(a, p or ""): json.loads(o) if o else {} for a, p, o in found}
-
-    def problem(self, asset: str, partition: str | None) -> str:
-        """Why ``asset[partition]``, which Dagster calls materialized, is not in this data root ("" when it is)."""
-        if self.rows is None:
-            return f"not in this data root ({self.root} has no lineage; the Dagster history remembers another root's run)"
-        outputs = self.rows.get((asset, partition or ""))
-        if outputs is None:
-            return ""  # nothing recorded to check against: Dagster's word
-        from pathlib import Path
-
-        gone = [p for p in outputs if Path(p).is_relative_to(self.root) and not Path(p).exists()]
-        return f"{len(gone)} output file(s) not on disk, e.g. {gone[0]}" if gone else ""
 
 
 def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:

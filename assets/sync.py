@@ -5,7 +5,7 @@ Dagster's UI shows "Unsynced" only on an unpartitioned asset with a direct cause
 version, or a dependency's new data version): a partitioned asset's stale partitions show one at a
 time (its *Partitions* tab), and the assets below a changed one stay green until it is
 rematerialized. This check asks the resolver ``strata status`` uses (Dagster's, transitive:
-:class:`assets.status.TransitiveStaleResolver`) about every partition of the config, so after a
+:class:`assets.dagster_internals.TransitiveStaleResolver`) about every partition of the config, so after a
 config edit and *Reload definitions* (or a corpus edit and *Observe sources*) every affected asset,
 orderings and training runs included, shows a warning naming its stale partitions and the root
 cause. The ``strata_config`` sensor reports it whenever the instance changed (:func:`report_changes`);
@@ -16,9 +16,9 @@ cause. The ``strata_config`` sensor reports it whenever the instance changed (:f
 from collections.abc import Iterable
 
 import dagster as dg
-from dagster_shared.check import CheckError
 
 from assets.common import StrataSettings
+from assets.dagster_internals import asset_graph
 from assets.params import PARAMS
 from pipeline.config import StrataConfig
 
@@ -94,11 +94,7 @@ def _check(asset: str) -> dg.AssetChecksDefinition:
                                 "its parameters or anything upstream changed); names the stale partitions and the root cause. "
                                 "The strata_config sensor re-evaluates it when the instance changes.")
     def up_to_date(context: dg.AssetCheckExecutionContext, settings: StrataSettings) -> dg.AssetCheckResult:
-        try:  # a run launched from the UI: its repository's graph
-            graph = context.repository_def.asset_graph
-        except CheckError:  # dg.materialize sets no repository: the job's graph holds every asset it was given
-            graph = context.job_def.asset_layer.asset_graph
-        ev = evaluations(graph, context.instance, settings.config(), [asset])[0]
+        ev = evaluations(asset_graph(context), context.instance, settings.config(), [asset])[0]
         return dg.AssetCheckResult(passed=ev.passed, severity=ev.severity, description=ev.description, metadata=ev.metadata)
 
     return up_to_date

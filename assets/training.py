@@ -8,7 +8,6 @@ from assets.on_ray import run_on_ray
 from assets.params import PARAM_CLASSES, PARAMS, asset_config
 from pipeline.training import stage
 
-load_heldout_batch = stage.load_heldout_batch  # assets/ablate.py imports it from here
 BY_STRATEGY = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="strategy")
 
 
@@ -44,7 +43,7 @@ def training_runs(context: dg.AssetExecutionContext, settings: StrataSettings, d
     if (on_ray := run_on_ray(context, settings)) is not None:
         return on_ray
     strategy, seed = run_key(context)
-    rec = Recorder(context, duckdb, {"orderings": strategy})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     return rec.finish_stage(stage.train_run(layout, stage.TrainRunParams.from_config(cfg), strategy, seed, duckdb.get_connection,
                                             cfg.subset(PARAMS["training_runs"]), log=context.log.warning))
@@ -61,6 +60,6 @@ def gradient_analyses(context: dg.AssetExecutionContext, settings: StrataSetting
     holds; same settings and init as the runs) for 20% of the runs' steps, saved under
     ``gradients/frozen`` — cosine similarity of the gradients of 10 consecutive chunks of each
     strategy's stream: a 10 x 10 matrix per strategy in DuckDB table ``fidelity``."""
-    rec = Recorder(context, duckdb, {"training_runs": "*"})
+    rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
     return rec.finish_stage(stage.gradient_analyses(layout, stage.GradientParams.from_config(cfg), duckdb.get_connection))

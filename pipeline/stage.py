@@ -134,7 +134,9 @@ class StageResult:
     (metadata shown in the UI), ``checks`` and ``deps`` (upstream partitions to record instead of
     the asset's declared ones, e.g. the ordering an order was derived from) and ``digests`` (the
     SHA-256 of outputs that are not local files, e.g. objects written to an object store, taken
-    while they were written). Keywords only: ``StageResult(outputs=..., rows=..., parameters=...)``."""
+    while they were written). A result with ``skipped`` (why there was nothing to do) records no
+    lineage row and no data version: the asset's metadata says why. Keywords only:
+    ``StageResult(outputs=..., rows=..., parameters=...)``."""
 
     outputs: list[Path]
     rows: dict[str, int]
@@ -143,3 +145,4 @@ class StageResult:
     checks: list[CheckFact] = field(default_factory=list)
     deps: dict[str, Any] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    skipped: str | None = None

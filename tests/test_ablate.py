@@ -8,21 +8,25 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
 import pytest
 import yaml
 from helpers import demo_slice, small_graph_config
 
 from pipeline.errors import StrataInputError
+from pipeline.reports.campaign import HELDOUT
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_budget_parsing_and_seed_lists():
-    from assets.ablate import parse_budget, seed_list
+    from pipeline.reports.campaign import parse_budget, seed_list
 
     assert parse_budget("60m") == (3600.0, None) and parse_budget("90s") == (90.0, None) and parse_budget("2h") == (7200.0, None)
     assert parse_budget("5M tokens") == (None, 5_000_000) and parse_budget("16k tokens") == (None, 16_000)
@@ -33,8 +37,8 @@ def test_budget_parsing_and_seed_lists():
 
 
 def test_bad_campaigns_are_input_errors():
-    from assets.ablate import CampaignSpec
     from pipeline.config import StrataConfig
+    from pipeline.reports.campaign import CampaignSpec
 
     cfg = StrataConfig()
     with pytest.raises(StrataInputError, match="unknown strategy 'gready'"):
@@ -45,6 +49,56 @@ def test_bad_campaigns_are_input_errors():
         CampaignSpec(("greedy",)).check(cfg)
     with pytest.raises(StrataInputError, match="fraction"):
         CampaignSpec(("greedy",), effect=5.0, budget_s=60).check(cfg)
+
+
+def _units(deltas: dict[str, float], seeds: int, docs: int, noise: float) -> pl.DataFrame:
+    """Per-document losses of ``random`` and each strategy of ``deltas`` (its mean difference to random), seeded noise."""
+    rng = np.random.default_rng(0)
+    doc = rng.normal(3.0, 0.3, docs)
+    rows = []
+    for strategy, delta in {"random": 0.0, **deltas}.items():
+        for seed in range(seeds):
+            values = doc + delta + rng.normal(0, noise) + rng.normal(0, noise, docs)
+            rows += [{"strategy": strategy, "seed": seed, "metric": HELDOUT, "unit": f"d{u}", "value": float(v)}
+                     for u, v in enumerate(values)]
+    return pl.DataFrame(rows)
+
+
+def test_a_round_is_decided_by_a_pure_function():
+    """The campaign's decisions need no Dagster: the pilot's state, the runs a round needs, the
+    verdicts and the next round from the round's measurements, and the state a resumed campaign
+    reads back from the rows it wrote."""
+    from pipeline.reports.campaign import CampaignSpec, Measured, decide_round, round_seeds, start_state
+
+    spec = CampaignSpec(("greedy", "stratified"), budget_s=3600.0, pilot_seeds=3)
+    started = datetime(2026, 1, 1)
+    pilot = start_state(spec, pl.DataFrame(), 64, started)
+    assert (pilot.round, pilot.margin, pilot.resolved, pilot.finished) == (0, None, {}, "")
+    assert pilot.plan == {"seeds": {"greedy": 3, "stratified": 3}, "baseline_seeds": 3, "units": 64}
+    assert round_seeds(spec, pilot.plan, [5, 1], pl.DataFrame()) == {"greedy": [5, 1, 6], "stratified": [5, 1, 6], "random": [5, 1, 6]}
+
+    # greedy clearly better; stratified within noise of random: undecided, so the planner asks for more
+    units = _units({"greedy": -0.5, "stratified": 0.004}, seeds=3, docs=64, noise=0.02)
+    measured = Measured(units, available=400, baseline_seeds=3, runs_trained=9, scoring_s=2.0, spent_s=600.0, spent_tokens=0,
+                        run_cost=60.0, unit_cost=0.01, left=3000.0)
+    d = decide_round(spec, spec.key(), pilot, measured, datetime(2026, 1, 1, 1))
+    verdicts = dict(zip(d.table["strategy"], d.table["verdict"]))
+    assert verdicts == {"greedy": "better", "stratified": "unresolved"}
+    assert d.table["margin"].to_list() == [pytest.approx(0.005 * units.filter(pl.col("strategy") == "random")["value"].mean())] * 2
+    assert d.table["scoring_s"].to_list() == [2.0, 0.0] and not d.stop
+    assert set(d.next.plan["seeds"]) == {"stratified"} and d.next.plan["seeds"]["stratified"] > 3
+    assert (d.next.round, d.next.scoring_s, d.next.resolved) == (1, 2.0, {"greedy": "better"})
+
+    # resumed from its rows: the same next round, margin and verdicts
+    again = start_state(spec, d.table, 64, datetime(2027, 1, 1))
+    assert (again.round, again.started, again.margin, again.resolved) == (1, started, d.next.margin, d.next.resolved)
+    assert {k: again.plan[k] for k in d.next.plan} == d.next.plan
+
+    # a verdict stays once reached, even where the next round's data would not reach it; with none left the campaign stops
+    done = decide_round(spec, spec.key(), replace(d.next, resolved={"greedy": "better", "stratified": "equivalent"}),
+                        replace(measured, units=_units({"greedy": 0.0, "stratified": 0.0}, seeds=3, docs=64, noise=0.02)), started)
+    assert dict(zip(done.table["strategy"], done.table["verdict"])) == {"greedy": "better", "stratified": "equivalent"}
+    assert done.stop and done.plan.stop == "every strategy has a verdict"
 
 
 def _ablate(cfg_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -101,9 +155,9 @@ def test_ablate_campaign_end_to_end_and_resumed(tmp_path):
 
 
 def test_the_ablate_job_is_in_the_definitions_and_the_demo_sentence_follows_the_planner():
-    from assets.ablate import demo_sentence
     from assets.definitions import build_definitions
     from pipeline.reports import sequential as Q
+    from pipeline.reports.campaign import demo_sentence
     from pipeline.reports.stats import POWER_SCHEMA
 
     job = build_definitions(None, None).resolve_job_def("ablate")

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from assets.cli import tools
+from pipeline.cli import tools
 from pipeline.errors import StrataInputError
 from pipeline.represent.agreement import compare, label_agreement, load_labels
 from pipeline.represent.clusters import kmeans, pca_reduce

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from helpers import three_shard_corpus
 
-from assets.cli import tools
+from pipeline.cli import tools
 from pipeline.config import config_from_dict
 from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.errors import StrataInputError

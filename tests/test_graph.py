@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import dagster as dg
 import duckdb
 import numpy as np
 import polars as pl
@@ -150,6 +151,28 @@ def test_duckdb_lineage_and_report(run):
     exported = np.fromfile(layout.export_dir("greedy", "numpy") / "tokens.bin", dtype=np.uint16).reshape(-1, cfg["seq_len"])
     np.testing.assert_array_equal(exported, sequence_store(layout).batch(order)[0])
     assert not layout.export_dir("odm", "numpy").exists()
+
+
+def test_lineage_inputs_are_the_declared_deps(run):
+    """Each lineage row's inputs are its asset's declared deps (the one list in its decorator), with
+    the partitions it read: a gather names every shard's partition, a training run its ordering."""
+    from assets.definitions import build_definitions
+
+    layout, cfg, _ = run
+    graph = build_definitions(None, str(layout.root)).resolve_asset_graph()
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        rows = con.execute("SELECT asset, partition, arg_max(input_versions, created_at) FROM lineage GROUP BY 1, 2").fetchall()
+    inputs = {(a, p): json.loads(i) for a, p, i in rows}
+    for (asset, partition), found in inputs.items():
+        node = graph.get(dg.AssetKey(asset))
+        declared = {k.to_user_string() for k in node.parent_keys if graph.get(k).is_materializable}
+        assert {k.split("[")[0] for k in found} == declared, (asset, partition)
+    shards = sorted(p for a, p in inputs if a == "corpus_shards")
+    assert set(inputs["tokens", ""]) == {"corpus", "tokenizer", *(f"token_shards[{p}]" for p in shards)}
+    assert set(inputs["clusters", ""]) == {"corpus", "centroids", *(f"cluster_shards[{p}]" for p in shards)}
+    assert set(inputs["training_runs", "0|greedy"]) == {"orderings[greedy]"}
+    assert set(inputs["evaluations", "0|greedy"]) == {"training_runs[0|greedy]"}
+    assert set(inputs["diagnostics_report", ""]) == {"embeddings", "clusters", *(f"ordering_diagnostics[{s}]" for s in STRATEGIES)}
 
 
 def test_k_larger_than_corpus_is_a_clear_error(tmp_path, request, write_jsonl):

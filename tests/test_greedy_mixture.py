@@ -233,7 +233,7 @@ def test_orderings_diagnostics_and_export_on_a_data_root(tmp_path):
 
 
 def test_schedule_cli(tmp_path):
-    from assets.cli.schedule import run_cli
+    from pipeline.cli.schedule import run_cli
 
     docs, seg = corpus(6, n=400)
     d = seg["doc_id"].to_numpy()

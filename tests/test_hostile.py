@@ -283,8 +283,8 @@ def test_an_extended_export_reverifies_the_label_mask_it_keeps(tmp_path):
 
 
 def test_status_of_an_empty_root_is_not_another_roots_history(tmp_path):
-    from assets.status import OnDisk
     from pipeline.storage.duck import duck_connection
+    from pipeline.storage.lineage import OnDisk
 
     empty = OnDisk(tmp_path / "empty")
     assert "not in this data root" in empty.problem("corpus", None)

@@ -7,6 +7,8 @@ included: a lazy import still ties two modules together.
 from __future__ import annotations
 
 import ast
+import builtins
+import re
 from pathlib import Path
 
 import yaml
@@ -144,25 +146,115 @@ def test_the_import_test_sees_an_upward_import(tmp_path):
     assert "pipeline.packing.pack" in _imported("pipeline.storage.m", tmp_path / "m.py")
 
 
-ASSET_LINES = 30  # an asset reads its config, calls its stage function (pipeline/<stage>/stage.py), records, returns
+STAGE_MODULE = re.compile(r"^(pipeline|evals)(\.\w+)+\.stage$")  # where a stage function is defined: pipeline/<stage>/stage.py
+CHECK_LINES = 30  # an asset check reads its inputs, compares, returns
 
 
-def asset_lengths() -> dict[str, int]:
-    """Lines of every function in assets/*.py decorated as an asset or an asset check (from ``def`` to its end)."""
-    out = {}
-    for path in sorted((REPO / "assets").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.FunctionDef):
-                continue
-            names = {(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list}
-            names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "") for n in names}
-            if any(n.endswith("asset") or n == "asset_check" for n in names):
-                out[node.name] = node.end_lineno - node.lineno + 1
+def _decorated(path: Path, names: set[str]) -> list[ast.FunctionDef]:
+    """The functions of ``path`` with a decorator named in ``names`` (``dg.asset``, ``asset_check``, ...)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef):
+            called = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
+            if {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "") for n in called} & names:
+                out.append(node)
     return out
 
 
-def test_an_asset_is_one_library_call():
-    lengths = asset_lengths()
-    assert {"training_runs", "orderings", "tokens"} <= lengths.keys(), "the assets were not read"
-    too_long = {name: n for name, n in lengths.items() if n > ASSET_LINES}
-    assert too_long == {}, f"assets over {ASSET_LINES} lines (docstring included): move their work into pipeline/<stage>/stage.py"
+def asset_calls(fn: ast.FunctionDef, namespace: dict) -> tuple[list[str], list[str]]:
+    """(stage calls, inline work) of an asset function: each call's callee resolved in its module's
+    ``namespace``. A call of a function defined in a ``pipeline.*.stage`` (or ``evals.*.stage``)
+    module is a stage call; a call of the asset layer's own helpers (``assets.*``: ``Recorder``,
+    ``asset_config``), of a builtin, of a method of a parameter or local value (``context``,
+    ``settings``, ``rec``, ``cfg``) or building the stage's params (``XParams.from_config``) is
+    bookkeeping; any other call (the library below the stage functions, numpy, polars, Dagster)
+    is work done inline."""
+    from pipeline.stage import StageParams
+
+    local = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    stage, inline = [], []
+    for call in (n for stmt in fn.body for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+        chain, node = [], call.func
+        while isinstance(node, ast.Attribute):
+            chain.insert(0, node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            continue  # a method of a value computed in the asset (its own call is checked)
+        if node.id in local or (node.id not in namespace and hasattr(builtins, node.id)):
+            continue
+        target = namespace[node.id]
+        for attr in chain:
+            target = getattr(target, attr)
+        owner = getattr(target, "__self__", None)
+        if isinstance(owner, type) and issubclass(owner, StageParams):
+            continue  # the stage's params model, built from the config
+        module = getattr(target, "__module__", None) or getattr(target, "__name__", "")
+        name = ".".join([node.id, *chain])
+        if STAGE_MODULE.match(module):
+            stage.append(name)
+        elif not module.startswith("assets."):
+            inline.append(f"{name} ({module})")
+    return stage, inline
+
+
+def test_an_asset_is_one_stage_call():
+    """Every asset function calls exactly one stage function and does no work of its own."""
+    import importlib
+
+    seen, wrong = set(), {}
+    for path in sorted((REPO / "assets").glob("*.py")):
+        module = importlib.import_module(f"assets.{path.stem}")
+        for fn in _decorated(path, {"asset"}):
+            seen.add(fn.name)
+            stage, inline = asset_calls(fn, vars(module))
+            if len(stage) != 1 or inline:
+                wrong[fn.name] = {"stage calls": stage, "inline": inline}
+    from assets.definitions import build_definitions
+
+    graph = build_definitions(None, None).resolve_asset_graph()
+    assert seen == {k.to_user_string() for k in graph.materializable_asset_keys}, "every asset of the definitions is checked"
+    assert wrong == {}, "an asset is one call of a stage function (pipeline/<stage>/stage.py): move the rest there"
+
+
+def test_the_asset_check_catches_inline_work(tmp_path):
+    """The check above fails an asset that does its work inline (``tokens`` as it was) or calls two
+    stage functions (``exports`` as it was: the skip test, then the export)."""
+    import dagster as dg
+    import polars as pl
+
+    import assets.common
+    from pipeline.data.token_shards import tokenize_shards
+    from pipeline.export import stage
+
+    path = tmp_path / "inline.py"
+    path.write_text(
+        "@dg.asset\ndef tokens(context, settings, duckdb):\n    rec = Recorder(context, duckdb)\n"
+        "    shards = pl.read_parquet(settings.layout().shards)\n    run = tokenize_shards(shards, settings.config())\n"
+        "    return rec.finish_stage(run)\n\n"
+        "@dg.asset\ndef exports(context, settings, duckdb):\n    cfg = settings.config()\n"
+        "    if (why := stage.export_skipped(cfg, context.partition_key)) is not None:\n"
+        "        return dg.MaterializeResult(metadata={'skipped': why})\n"
+        "    return Recorder(context, duckdb).finish_stage(stage.export_strategy(settings.layout(), cfg, context.partition_key))\n")
+    namespace = {"dg": dg, "pl": pl, "stage": stage, "tokenize_shards": tokenize_shards, "Recorder": assets.common.Recorder}
+    inline, twice = _decorated(path, {"asset"})
+    assert asset_calls(inline, namespace) == ([], ["pl.read_parquet (polars.io.parquet.functions)",
+                                                   "tokenize_shards (pipeline.data.token_shards)"])
+    stage_calls, inline_calls = asset_calls(twice, namespace)
+    assert sorted(stage_calls) == ["stage.export_skipped", "stage.export_strategy"]
+    assert [c.split(" ")[0] for c in inline_calls] == ["dg.MaterializeResult"]
+
+
+def test_an_asset_check_stays_short():
+    checks = {fn.name: fn.end_lineno - fn.lineno + 1 for path in sorted((REPO / "assets").glob("*.py"))
+              for fn in _decorated(path, {"asset_check"})}
+    assert {"token_conservation", "clusters_cover_documents"} <= checks.keys(), "the asset checks were not read"
+    too_long = {name: n for name, n in checks.items() if n > CHECK_LINES}
+    assert too_long == {}, f"asset checks over {CHECK_LINES} lines (docstring included): move their work into the library"
+
+
+def test_only_the_adapter_imports_private_dagster():
+    """Dagster's private API (``dagster._*``, ``dagster_shared``) is imported by assets/dagster_internals.py alone."""
+    private = {m: sorted(n for n in _imported(m, p) if n.startswith(("dagster._", "dagster_shared")))
+               for m, p in _modules().items() | {(f"tests.{p.stem}", p) for p in (REPO / "tests").glob("*.py")}}
+    assert {m for m, names in private.items() if names} == {"assets.dagster_internals"}

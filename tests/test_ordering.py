@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 import scipy.stats
 
-from assets.cli.schedule import run_cli
+from pipeline.cli.schedule import run_cli
 from pipeline.config import StrataConfig
 from pipeline.errors import StrataInputError
 from pipeline.ordering import (
@@ -764,7 +764,7 @@ def test_schedule_cli_defaults_are_the_configs_and_old_flags_still_parse():
     """`strata schedule`'s options are named as the config keys and default to the config's values."""
     import argparse
 
-    from assets.cli.schedule import _params, register
+    from pipeline.cli.schedule import _params, register
     from pipeline.config import StrataConfig
 
     parser = argparse.ArgumentParser()

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from PIL import Image
 
-from assets.cli import tools
+from pipeline.cli import tools
 from pipeline.errors import StrataInputError
 from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.common import RECORDED_CONFIG, config_source, default_data_root, record_config, sync_partitions
+from assets.common import sync_partitions
 from pipeline.config import StrataConfig, load_config, resolve_config
+from pipeline.config_source import RECORDED_CONFIG, config_source, default_data_root, record_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -460,7 +460,7 @@ def test_lineage_marks_stale_and_missing_inputs(tmp_path):
 def test_lineage_command_prints_tree(tmp_path, capsys):
     import argparse
 
-    from assets.cli import tools
+    from pipeline.cli import tools
 
     with duckdb.connect(str(tmp_path / "strata.duckdb")) as con:
         _populate(con)

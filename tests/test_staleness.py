@@ -216,7 +216,7 @@ def test_launchpad_override_is_applied_and_recorded(graph):
     stale, _, rows = _stale(instance, cfg, tmp)
     # centroids' code version still describes the file (k=4): Dagster calls it fresh and status names
     # the override; its new data makes everything reading it stale (Dagster's data versions), and
-    # everything below those stale in turn (assets.status.TransitiveStaleResolver)
+    # everything below those stale in turn (assets.dagster_internals.TransitiveStaleResolver)
     why = {r.asset: (r.status, r.why) for r in rows}
     assert why["centroids"] == ("fresh", "built with launchpad overrides: k: 5 -> 4"), rows
     # sequences, diagnostics_report and claims read clusters directly; clusters reads cluster_shards, which

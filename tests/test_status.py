@@ -44,8 +44,38 @@ def test_training_and_evaluations_hold_the_pool():
         assert {op.pool for op in [asset.op]} == {TRAIN_POOL}
 
 
+def test_lineage_inputs_come_from_the_declared_deps():
+    """An asset's lineage inputs are its definition's deps (the corpus sources left out), each with
+    the partition the materialization read: the same key where partitioned alike, the strategy of a
+    training run, every partition of a partitioned upstream of an unpartitioned asset."""
+    from assets.common import declared_inputs
+    from assets.definitions import build_definitions
+
+    graph = build_definitions(None, None).resolve_asset_graph()
+    run = dg.MultiPartitionKey({"strategy": "greedy", "seed": "0"})
+
+    def inputs(asset: str, partition=None) -> dict:
+        deps = {p.to_user_string() for p in graph.get(dg.AssetKey(asset)).parent_keys if graph.get(p).is_materializable}
+        found = declared_inputs(graph, dg.AssetKey(asset), partition)
+        assert set(found) == deps, asset
+        return found
+
+    assert inputs("corpus_shards", "a.jsonl") == {} and inputs("corpus") == {"corpus_shards": "*"}  # raw_* are sources
+    assert inputs("token_shards", "a.jsonl") == {"corpus_shards": "a.jsonl", "tokenizer": None}
+    assert inputs("tokens") == {"corpus": None, "tokenizer": None, "token_shards": "*"}  # the stage names the shards it read
+    assert inputs("training_runs", run) == {"orderings": "greedy"}
+    assert inputs("evaluations", run) == {"training_runs": run}
+    assert inputs("gradient_analyses") == {"training_runs": "*"}
+    assert inputs("exports", "greedy") == {"orderings": "greedy"}
+    # the two assets whose recorder once named other inputs than their deps: tokens is read by both
+    assert inputs("mixture_iterations", "1") == {"clusters": None, "mixture_target": None, "tokens": None}
+    assert inputs("mixture_curriculum") == {"clusters": None, "mixture_target": None, "tokens": None}
+    assert inputs("mixture_runs", "greedy_mixture") == {"mixture_curriculum": None, "mixture_weights": None}
+    assert inputs("mixture_weights") == {"mixture_iterations": "*"}
+
+
 def test_dead_process_claims_are_released(instance):
-    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+    from dagster import DagsterRun, DagsterRunStatus
 
     from assets.runner import release_dead_claims
 

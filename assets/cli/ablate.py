@@ -1,26 +1,23 @@
-"""``strata ablate``: a sequential ablation campaign on a data root (assets/ablate.py)."""
+"""``strata ablate``: a sequential ablation campaign on a data root (assets/ablate.py drives pipeline/reports/campaign.py)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:
     """Pilot, then rounds of seeds and held-out documents until every strategy has a verdict
     (better / worse / equivalent within ±effect) or the budget is spent; resumes a killed campaign."""
-    from assets.ablate import CampaignSpec, parse_budget, run_campaign
+    from assets.ablate import run_campaign
     from assets.runner import prepare_environment
+    from pipeline.config_source import config_or_demo
+    from pipeline.reports.campaign import CampaignSpec, parse_budget
 
     t0 = time.perf_counter()
     budget_s, budget_tokens = parse_budget(args.budget)
     spec = CampaignSpec(tuple(args.strategies), args.baseline, args.metric, args.effect, budget_s, budget_tokens, args.pilot_seeds)
-    config = args.config or os.environ.get("STRATA_CONFIG") or None
-    demo = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").resolve() / "demo_config.yaml"
-    if config is None and demo.is_file():  # a data root made by `strata demo`: its settings
-        config = str(demo)
+    config = config_or_demo(args.config, args.data_root)
     cfg = prepare_environment(config, args.data_root)
     rows = run_campaign(spec, config, str(cfg.root))
     last = rows.filter(rows["round"] == rows["round"].max())

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipeline.data.gather import Gathered, gather_shards, partition_shard
 from pipeline.data.shard_docs import ShardDocs
+from pipeline.data.stage import CorpusShardParams
 from pipeline.stage import Connect, EngineParams, Markdown, StageResult, setting
 
 BATCH = 4096  # documents added to the LSH index at a time
@@ -32,6 +34,7 @@ class CleanParams(EngineParams):
     paloma_dir: str = setting()
     dclm_dir: str = setting()
     seed: int = setting()  # the MinHash permutations
+    corpus_shard: CorpusShardParams = setting(versioned=False, convert=CorpusShardParams)  # a partition's shard (corpus_shards')
 
 
 def clean_file(layout) -> Path:
@@ -54,7 +57,7 @@ def _specs(layout, params: CleanParams) -> tuple:
     return main, held, tuple(sources)
 
 
-def scan_shard(layout, params: CleanParams, shard: ShardDocs) -> StageResult:
+def scan_shard(layout, params: CleanParams, partition_key: str) -> StageResult:
     """One corpus shard's ``clean_shards`` partition: its documents' normalized-text hashes, MinHash
     signatures and n-gram hits against WikiText, Paloma and DCLM-core (those configured), under
     ``clean/shards/`` (:mod:`pipeline.clean.shards`); a shard already scanned with the same
@@ -62,6 +65,7 @@ def scan_shard(layout, params: CleanParams, shard: ShardDocs) -> StageResult:
     from pipeline.clean.decontam import EvalNgrams
     from pipeline.clean.shards import scan_shards
 
+    shard = partition_shard(layout, params.corpus_shard, partition_key)
     main, _, _ = _specs(layout, params)
     run = scan_shards([shard], main, layout.shard_dir("clean"), layout.inside("work", "clean"), params)
     files = main.files(layout.shard_dir("clean"), shard) if shard.n_docs else {}
@@ -78,37 +82,37 @@ def scan_shard(layout, params: CleanParams, shard: ShardDocs) -> StageResult:
                        facts=facts)
 
 
-def _gather(layout, params: CleanParams) -> tuple[list, tuple, list, tuple[str, ...], dict[str, int]]:
-    """Every shard of the corpus scanned (the partitions' files, a missing one scanned here) as
-    :class:`~pipeline.clean.shards.ShardScan` objects in doc_id order; the two scan specs; the
-    held-out scans; the evaluation sets' names; what the scans of the main spec reused."""
+def _gather(layout, params: CleanParams) -> tuple[list, tuple, list, tuple[str, ...], Gathered]:
+    """Every shard of the corpus scanned (the partitions' files, a missing one scanned here;
+    :func:`pipeline.data.gather.gather_shards`) as :class:`~pipeline.clean.shards.ShardScan` objects
+    in doc_id order; the two scan specs; the held-out scans; the evaluation sets' names; the gather
+    (what the scans of the main spec reused, the shards read)."""
     from pipeline.clean.shards import ShardScan, scan_shards
-    from pipeline.data.shard_docs import kept_rows, manifest_shards, prune
 
     main, held, names = _specs(layout, params)
-    shards = manifest_shards(pl.read_parquet(layout.shards), layout.shard_dir("corpus"))
     shard_dir, work = layout.shard_dir("clean"), layout.inside("work", "clean")
-    t0 = time.perf_counter()
-    run = scan_shards([s for _, s in shards], main, shard_dir, work, params)
-    t1 = time.perf_counter()
-    run["heldout_shards_computed"] = scan_shards([s for _, s in shards], held, shard_dir, work, params)["shards_computed"] if held else 0
-    run["scan_s"], run["heldout_scan_s"] = round(t1 - t0, 2), round(time.perf_counter() - t1, 2)
-    keep = {f.name for _, s in shards for spec in (main, held) if spec is not None for f in spec.files(shard_dir, s).values()}
-    prune(shard_dir, keep)
+
+    def scan(docs: list[ShardDocs]) -> dict:
+        t0 = time.perf_counter()
+        run = scan_shards(docs, main, shard_dir, work, params)
+        t1 = time.perf_counter()
+        run["heldout_shards_computed"] = scan_shards(docs, held, shard_dir, work, params)["shards_computed"] if held else 0
+        run["scan_s"], run["heldout_scan_s"] = round(t1 - t0, 2), round(time.perf_counter() - t1, 2)
+        return run
+
+    g = gather_shards(layout, "clean", scan,
+                      lambda s: [f for spec in (main, held) if spec is not None for f in spec.files(shard_dir, s).values()])
     for old in layout.inside("clean", "evals").glob("*") if layout.inside("clean", "evals").is_dir() else ():
         if old.name not in {Path(spec.evals).name for spec in (main, held) if spec is not None and spec.evals}:
             shutil.rmtree(old, ignore_errors=True)
     scans, held_scans, start = [], [], 0
-    for row, shard in shards:
+    for row, shard, rows in g.parts():
         n = int(row["n_docs"])
-        if not n:
-            continue
-        rows = kept_rows(layout.corpus, row, shard)
         scans.append(ShardScan(start, n, rows, main.files(shard_dir, shard)))
         if held is not None:
             held_scans.append(ShardScan(start, n, rows, held.files(shard_dir, shard)))
         start += n
-    return scans, (main, held), held_scans, names, run
+    return scans, (main, held), held_scans, names, g
 
 
 def _near_pairs(params: CleanParams, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, int]:
@@ -183,8 +187,8 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     above ``dedup.semantic_threshold``) duplicates, each level over the previous level's
     representatives, each document against every earlier one whichever shard holds it;
     ``decontam.ngram``-gram overlap with every configured evaluation set and the held-out split.
-    Reads the ``clean_shards`` files (scans a shard whose files are missing). ``dedup.action`` and
-    ``decontam.action`` decide who leaves training (``removed``)."""
+    Reads the ``clean_shards`` files (scans a shard whose files are missing; its ``deps`` name every
+    shard read). ``dedup.action`` and ``decontam.action`` decide who leaves training (``removed``)."""
     from pipeline.clean.groups import components
     from pipeline.clean.plan import REASONS, plan
     from pipeline.clean.report import plot_clean
@@ -193,7 +197,8 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     from pipeline.storage.atomic import write_parquet
     from pipeline.storage.warehouse import replace_rows
 
-    scans, (main, held), held_scans, names, run = _gather(layout, params)
+    scans, (main, held), held_scans, names, gathered = _gather(layout, params)
+    run = gathered.run
     n, t0 = sum(s.n for s in scans), time.perf_counter()
     exact_rep = np.arange(n, dtype=np.int64)
     if main.exact and n:
@@ -253,6 +258,7 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
                                                      ("exact", t1 - t0), ("near", t2 - t1), ("decontam", t3 - t2), ("semantic", t4 - t3))},
                "removed": Markdown(frame_table(removed)),
                "by_source_and_cluster": Markdown(image_markdown(png, "duplicates and contamination by source and by cluster"))},
+        deps=gathered.deps("clean_shards"),
     )
 
 

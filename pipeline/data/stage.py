@@ -1,11 +1,20 @@
-"""The data stage: every corpus shard read and validated, with a seeded held-out split (``corpus``)."""
+"""The data stage: each corpus shard read and validated (``corpus_shards``), gathered with a seeded
+held-out split (``corpus``); the tokenizer; each shard's token ids (``token_shards``), gathered (``tokens``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import polars as pl
+
+from pipeline.data.gather import gather_shards, partition_shard, shard_facts, validated_shard
+from pipeline.data.shard_docs import chosen_texts
+from pipeline.data.token_shards import gather_tokens, token_files, tokenize_shards, tokenizer_key
+from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
+from pipeline.data.tokens import token_dtype
 from pipeline.stage import Connect, EngineParams, Markdown, StageParams, StageResult, setting
+from pipeline.storage.atomic import atomic_dir
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,23 @@ class TokenizerParams(StageParams):
 
 @dataclass(frozen=True)
 class TokenShardParams(EngineParams):
-    """Tokenizing the corpus shards (``token_shards``, ``tokens``): where the work runs, nothing else."""
+    """Tokenizing the corpus shards (``token_shards``, ``tokens``): where the work runs, nothing else
+    (``corpus_shard``: which rows a partition's shard holds, ``corpus_shards``' parameters)."""
+
+    corpus_shard: CorpusShardParams = setting(versioned=False, convert=CorpusShardParams)
+
+
+def validate_corpus_shard(layout, params: CorpusShardParams, partition_key: str) -> StageResult:
+    """One corpus shard (a ``corpus_shard`` partition) read and validated into
+    ``corpus/shards/<fingerprint>-<split>.parquet`` (+ ``.json``, its report): records with content
+    hash and held-out flag, on a Ray worker with ``engine: ray``. An unchanged shard is not read again."""
+    unit, fp, out, info, reused = validated_shard(layout, params, partition_key)
+    return StageResult(
+        outputs=[out, out.with_suffix(".json")],
+        rows={"records": info["n_read"], "skipped": len(info["skipped"])},
+        parameters={"shard": unit, "heldout_fraction": params.heldout_fraction, "seed": params.seed},
+        facts={"fingerprint": fp, "reused": reused},
+    )
 
 
 def build_stage(layout, params: CorpusParams, connect: Connect, log: Callable[[str], None] = print,
@@ -80,4 +105,58 @@ def build_stage(layout, params: CorpusParams, connect: Connect, log: Callable[[s
         facts={"sources": Markdown(frame_table(built.stats)), "shards_validated": built.validated, "shards_reused": built.reused,
                "skipped_by_shard": report.skipped_by_shard},
         deps={"corpus_shards": [shard_key(u) for u in built.manifest["path"]]},
+    )
+
+
+def train_tokenizer(layout, params: TokenizerParams) -> StageResult:
+    """A byte-level BPE (``vocab_size`` ids) trained on a seeded sample of about
+    ``tokenizer_sample_chars`` characters of the training documents (streamed; all of them when the
+    corpus is smaller), or the given ``tokenizer`` copied: ``tokenizer/``."""
+    total = int(pl.read_parquet(layout.shards, columns=["n_chars"])["n_chars"].sum())
+    with atomic_dir(layout.tokenizer) as tmp:
+        if params.tokenizer:
+            tok = load_tokenizer(params.tokenizer)
+        else:
+            texts = chosen_texts(layout.corpus, pl.read_parquet(layout.shards), layout.shard_dir("corpus"),
+                                 sample_chooser(total, params.tokenizer_sample_chars, params.seed))
+            tok = train_bpe(texts, params.vocab_size)
+        tok.save_pretrained(str(tmp))
+    files = sorted(p for p in layout.tokenizer.iterdir() if p.is_file())
+    return StageResult(outputs=files, rows={"vocab_size": len(tok)},
+                       parameters={"tokenizer": params.tokenizer or "bpe", "vocab_size": params.vocab_size,
+                                   "sample_chars": params.tokenizer_sample_chars, "seed": params.seed},
+                       facts={"corpus_chars": total})
+
+
+def tokenize_shard(layout, params: TokenShardParams, partition_key: str) -> StageResult:
+    """Token ids of one corpus shard's training documents: ``tokens/shards/<validated>-<tokenizer>.bin``
+    (flat ids, EOS after each document) + ``.parquet`` (per-document token, character and byte
+    counts), in units of ``shard_docs`` documents on the configured ``engine``."""
+    shard = partition_shard(layout, params.corpus_shard, partition_key)
+    tok = load_tokenizer(layout.tokenizer)
+    run = tokenize_shards([shard], tok, layout.shard_dir("tokens"), layout.inside("work", "tokens"), params)
+    out_bin, out_stats = token_files(layout.shard_dir("tokens"), shard, tokenizer_key(tok))
+    n_tokens = int(pl.read_parquet(out_stats, columns=["n_tokens"])["n_tokens"].sum()) if shard.n_docs else 0
+    return StageResult(outputs=[out_bin, out_stats] if shard.n_docs else [], rows={"documents": shard.n_docs, "tokens": n_tokens},
+                       parameters={"shard": shard.unit, "engine": params.engine, "shard_docs": params.shard_docs},
+                       facts=shard_facts(shard, run, units=run["units"]))
+
+
+def gather_token_ids(layout, params: TokenShardParams) -> StageResult:
+    """The token store: ``tokens/runs.parquet`` (an index over the ``token_shards`` files in corpus
+    order, the ids never copied; only the kept documents where ``corpus`` dropped some),
+    ``doc_offsets.npy`` and ``documents.parquet``. A shard whose files are missing is tokenized here,
+    the same way (:func:`pipeline.data.gather.gather_shards`)."""
+    tok = load_tokenizer(layout.tokenizer)
+    key, shard_dir = tokenizer_key(tok), layout.shard_dir("tokens")
+    g = gather_shards(layout, "tokens", lambda docs: tokenize_shards(docs, tok, shard_dir, layout.inside("work", "tokens"), params),
+                      lambda s: token_files(shard_dir, s, key))
+    dtype = token_dtype(len(tok))
+    n_tokens = gather_tokens(g.shards, key, dtype, shard_dir, layout.corpus, layout.tokens, layout.doc_offsets, layout.documents)
+    return StageResult(
+        outputs=[layout.documents, layout.tokens, layout.doc_offsets],
+        rows={"documents": int(n_tokens.size), "tokens": int(n_tokens.sum() + n_tokens.size)},
+        parameters={"dtype": str(dtype), "engine": params.engine, "shard_docs": params.shard_docs},
+        facts={"tokens_per_doc_mean": float(n_tokens.mean()), "dtype": str(dtype), **g.run},
+        deps=g.deps("token_shards"),
     )

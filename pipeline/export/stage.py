@@ -37,9 +37,11 @@ def export_strategy(layout, params: ExportParams, strategy: str, log: Callable[[
     object-store prefix, replaced only where Strata wrote it); global batch ``export.global_batch``
     or ``batch_size``, ``export.world_size`` ranks, ``export.workers`` workers (docs/export.md).
     The outputs start with each format's ``meta.json``; an object's digest is the one taken while
-    it was written."""
+    it was written. A strategy with nothing to export (:func:`export_skipped`) is a ``skipped`` result."""
     from pipeline.export import export_ordering
 
+    if (why := export_skipped(params, strategy)) is not None:
+        return StageResult(outputs=[], rows={}, parameters={}, skipped=f"{strategy}: {why}")
     global_batch = params.global_batch or params.batch_size
     files, facts, digests = [], {}, {}
     for fmt in params.formats:

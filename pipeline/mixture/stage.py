@@ -165,7 +165,8 @@ def static_iteration(layout, params: MixtureParams, i: int, connect: Connect, lo
     greedy order) -> Measure (Delta l at the final checkpoint, or with ``mixture.static_method:
     terrific_avg`` the mean over ``mixture.avg_checkpoints`` doubling checkpoints) -> Update
     (l_{i+1} = l_i + eta Delta l). l_0 = log corpus shares; i > 0 reads iteration i-1's
-    ``next_logit``. Writes ``mixture/iterations/<i>.parquet`` and the DuckDB tables
+    ``next_logit`` (its ``deps``: the previous iteration's partition, read beside the declared
+    inputs). Writes ``mixture/iterations/<i>.parquet`` and the DuckDB tables
     ``mixture_iterations`` (same rows) and ``mixture_scores`` (iteration, metric, value)."""
     from pipeline.mixture import loop
     from pipeline.reports.markdown import frame_table
@@ -200,7 +201,8 @@ def static_iteration(layout, params: MixtureParams, i: int, connect: Connect, lo
     top = rows.sort("delta", descending=True).head(5).select("cluster", "weight", "score", "delta")
     return StageResult(outputs=[out], rows={"clusters": ctx.n_clusters}, parameters={"iteration": i, **params.mixture.model_dump()},
                        facts={**{k: float(v) for k, v in metrics.items()}, "measured_at_steps": list(it.steps),
-                              "top_clusters": Markdown(frame_table(top))})
+                              "top_clusters": Markdown(frame_table(top))},
+                       deps={"mixture_iterations": str(i - 1)} if i else {})
 
 
 def curriculum(layout, params: MixtureParams, connect: Connect, log: Callable[[str], None] = print) -> StageResult:

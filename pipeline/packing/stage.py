@@ -7,7 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from pipeline.stage import Connect, StageParams, StageResult, setting
+from pipeline.clean.stage import packed_stream
+from pipeline.packing.frozen import load_all
+from pipeline.packing.pack import conservation
+from pipeline.stage import CheckFact, Connect, StageParams, StageResult, setting
 
 
 @dataclass(frozen=True)
@@ -91,3 +94,20 @@ def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
                "frozen_sequences_kept": kept, "flagged_kept_in_frozen_prefix": kept_frozen,
                **{f"tokens_removed_{reason}": t for reason, t in removed.items()}},
     )
+
+
+def token_conservation(layout, params: PackParams, connect: Connect) -> CheckFact:
+    """The ``sequences`` check: every token of every document appears exactly once in the sequences,
+    except the reported dropped tail and the documents the clean stage removed (their tokens by
+    reason, docs/cleaning.md); around a frozen prefix, dropped tails may lie mid-document
+    (``pipeline/packing/frozen.py``)."""
+    corpus_stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
+    stream, removed = packed_stream(layout, corpus_stream)
+    result = conservation(pl.read_parquet(layout.segments), stream, params.seq_len, gaps=bool(load_all(layout)))
+    with connect() as con:
+        reported = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
+    passed = (bool(result["ok"]) and result["tokens_dropped"] == reported.get("tokens_dropped")
+              and all(t == reported.get(f"tokens_removed_{r}", 0) for r, t in removed.items()))
+    meta = ({k: v for k, v in result.items() if k != "ok"} | {"reported_dropped": reported.get("tokens_dropped")}
+            | {"tokens_in_corpus": int(corpus_stream.sum())} | {f"tokens_removed_{r}": t for r, t in removed.items()})
+    return CheckFact("token_conservation", passed, meta)

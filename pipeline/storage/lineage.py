@@ -12,7 +12,10 @@ one consumed) is marked ``stale``, which is what makes the artifact out of date.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
+
+import duckdb
 
 from pipeline.errors import StrataInputError
 
@@ -104,3 +107,36 @@ def upstream_summary(tree: dict[str, Any]) -> dict[str, Any]:
 
     walk(tree)
     return out
+
+
+class OnDisk:
+    """What the data root itself holds (its lineage rows and their output files), beside what Dagster's
+    history remembers (``assets/status.py``): a ``DAGSTER_HOME`` shared with another data root (the
+    README's ``export DAGSTER_HOME=...``) remembers that root's materializations, which must not
+    make an empty root look fresh."""
+
+    def __init__(self, root):
+        self.root = Path(root).resolve()
+        self.rows: dict[tuple[str, str], dict] | None = None  # (asset, partition) -> outputs; None: no lineage at all
+        db = self.root / "strata.duckdb"
+        if not db.is_file():
+            return
+        try:
+            with duckdb.connect(str(db), read_only=True) as con:
+                if not con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'lineage'").fetchone()[0]:
+                    return
+                found = con.execute("SELECT asset, partition, outputs FROM lineage ORDER BY created_at, rowid").fetchall()
+        except duckdb.Error:  # a run holds the write lock: Dagster's view alone
+            self.rows = {}
+            return
+        self.rows = {(a, p or ""): json.loads(o) if o else {} for a, p, o in found}
+
+    def problem(self, asset: str, partition: str | None) -> str:
+        """Why ``asset[partition]``, which Dagster calls materialized, is not in this data root ("" when it is)."""
+        if self.rows is None:
+            return f"not in this data root ({self.root} has no lineage; the Dagster history remembers another root's run)"
+        outputs = self.rows.get((asset, partition or ""))
+        if outputs is None:
+            return ""  # nothing recorded to check against: Dagster's word
+        gone = [p for p in outputs if Path(p).is_relative_to(self.root) and not Path(p).exists()]
+        return f"{len(gone)} output file(s) not on disk, e.g. {gone[0]}" if gone else ""

@@ -7,12 +7,17 @@ frame written to them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import polars as pl
+
+from pipeline.storage.atomic import file_sha256
 
 LINEAGE_DDL = """
 CREATE TABLE IF NOT EXISTS lineage (
@@ -98,3 +103,40 @@ def data_versions(con, asset: str) -> dict[str, str]:
         [asset],
     ).fetchall()
     return dict(rows)
+
+
+def data_version_of(outputs: list[Path], digests: dict[str, str] | None = None) -> str:
+    """Data version: a hash over the content hashes of a materialization's output files (``digests``:
+    the SHA-256 of outputs that are not local files, taken while they were written)."""
+    h = hashlib.sha256()
+    for p in outputs:
+        h.update(((digests or {}).get(str(p)) or file_sha256(p)).encode())
+    return h.hexdigest()[:16]
+
+
+def input_versions(con, deps: dict[str, str | list[str] | None]) -> dict[str, str]:
+    """The data versions of a materialization's inputs: ``deps`` maps each upstream asset to the
+    partition read, ``None`` (unpartitioned), a key, a list of keys or ``"*"`` (every partition)."""
+    inputs: dict[str, str] = {}
+    for dep, part in deps.items():
+        if part == "*":
+            inputs.update({f"{dep}[{p}]": v for p, v in data_versions(con, dep).items()})
+        elif isinstance(part, list):
+            inputs.update({f"{dep}[{p}]": latest_data_version(con, dep, p) for p in part})
+        else:
+            inputs[dep if part is None else f"{dep}[{part}]"] = latest_data_version(con, dep, part)
+    return inputs
+
+
+def record_lineage(con, *, asset: str, partition: str | None, run_id: str, code_version: str, deps: dict[str, Any],
+                   outputs: list[Path], digests: dict[str, str] | None, row_counts: dict[str, int], parameters: dict[str, Any],
+                   started: float) -> str:
+    """Append the lineage row of a materialization (:func:`write_lineage`) that began at ``started``
+    (``time.perf_counter()``): its inputs' versions (:func:`input_versions`), its outputs' hashes;
+    returns its data version (:func:`data_version_of`)."""
+    version = data_version_of(outputs, digests)
+    write_lineage(con, asset=asset, partition=partition, run_id=run_id, code_version=code_version, data_version=version,
+                  input_versions=input_versions(con, deps),
+                  outputs={str(p): (digests or {}).get(str(p)) or file_sha256(p) for p in outputs},
+                  row_counts=row_counts, parameters=parameters, wall_s=time.perf_counter() - started)
+    return version

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from rich.console import Console
+from tqdm import tqdm
+
+from pipeline.config import resolve_config
+from pipeline.export import export_ordering
 from pipeline.export.formats import REGISTRY as FORMATS
+from pipeline.storage.layout import Layout
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from tqdm import tqdm
-
-    from pipeline.config import resolve_config
-    from pipeline.export import export_ordering
-    from pipeline.storage.layout import Layout
-
     cfg = resolve_config(args.config, args.data_root)
     layout = Layout(cfg.root)
     global_batch = args.global_batch or cfg.export.global_batch or cfg.batch_size

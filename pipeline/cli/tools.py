@@ -1,4 +1,4 @@
-"""Standalone ``strata`` tools over the library: calibrate-k, compare-clusterings, compare-runs, lineage."""
+"""Standalone ``strata`` tools over the library (no Dagster): calibrate-k, compare-clusterings, compare-runs, lineage."""
 
 from __future__ import annotations
 
@@ -9,19 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
 
 from pipeline.errors import StrataInputError
 from pipeline.reports.compare_runs import DEFAULT_METRICS, compare_runs
+from pipeline.reports.markdown import cell, table_lines
 from pipeline.represent.agreement import compare, load_labels
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
+from pipeline.represent.embedding_index import open_embeddings
+from pipeline.storage.atomic import write_text
+from pipeline.storage.duck import duck_connection
 from pipeline.storage.lineage import lineage_of
 
 
 def cmd_calibrate_k(args: argparse.Namespace) -> int:
     """Run the k sweep, print a table, optionally write the plot."""
-    from rich.console import Console
-    from rich.table import Table
-
     path: Path = args.embeddings
     if not path.exists():
         raise StrataInputError("embeddings file not found", fix="pass an (N, d) .npy or a data root's embeddings/runs.parquet", path=path)
@@ -30,8 +35,6 @@ def cmd_calibrate_k(args: argparse.Namespace) -> int:
     except ValueError:
         raise StrataInputError(f"--ks {args.ks!r} is not a list of integers", fix="write e.g. --ks 5,10,20") from None
     if path.suffix == ".parquet":
-        from pipeline.represent.embedding_index import open_embeddings
-
         x = open_embeddings(path)
     else:
         x = np.load(os.fspath(path), mmap_mode="r", allow_pickle=False)
@@ -66,12 +69,6 @@ def cmd_compare_clusterings(args: argparse.Namespace) -> int:
 
 def cmd_compare_runs(args: argparse.Namespace) -> int:
     """Packing statistics beside ablation metrics, one row per data root and strategy."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from pipeline.reports.markdown import cell, table_lines
-    from pipeline.storage.atomic import write_text
-
     df = compare_runs(args.roots, tuple(args.metric or DEFAULT_METRICS))
     table = Table(title="Runs compared")
     for col in df.columns:
@@ -87,8 +84,6 @@ def cmd_compare_runs(args: argparse.Namespace) -> int:
 
 def render(tree: dict[str, Any]):
     """A ``rich.tree.Tree`` of :func:`lineage_of`'s result."""
-    from rich.markup import escape
-    from rich.tree import Tree
 
     def label(node: dict[str, Any]) -> str:
         name = escape(node["asset"] + (f"[{node['partition']}]" if node.get("partition") else ""))
@@ -118,10 +113,6 @@ def render(tree: dict[str, Any]):
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     """Print how ``args.asset`` was produced, as a tree (or JSON with ``--json``)."""
-    from rich.console import Console
-
-    from pipeline.storage.duck import duck_connection
-
     root = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").expanduser()
     db = root / "strata.duckdb"
     if not db.is_file():

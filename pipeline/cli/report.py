@@ -1,0 +1,70 @@
+"""``strata report``: the ordering diagnostics and the ablation table of a data root, in the terminal,
+with the figures re-rendered under ``report/``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import duckdb
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.cli import print_report
+from pipeline.config_source import env_config
+from pipeline.errors import StrataInputError
+from pipeline.ordering.strategies import training_time
+from pipeline.reports import diagnostics as D
+from pipeline.reports import stationarity as S
+from pipeline.reports import visual as V
+from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
+from pipeline.represent.embedding_index import has_embeddings, open_embeddings
+from pipeline.storage.layout import Layout
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print the ordering diagnostics and the ablation table of a data root; re-render the figures."""
+    cfg = env_config()
+    root = Path(args.data_root).resolve() if args.data_root else cfg.root
+    layout = Layout(root)
+    if not layout.duckdb.exists():
+        raise StrataInputError("no strata.duckdb in the data root", path=root,
+                               fix="run `strata demo` or `strata run` first, or pass --data-root")
+    strategies = sorted(p.name.removesuffix(".parquet") for p in (root / "orderings").glob("*.parquet")
+                        if not p.name.endswith(".segments.parquet") and p.name.removesuffix(".parquet") not in training_time())
+    if not strategies:
+        raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
+    docs, schedules = ordering_schedules(layout, strategies, cfg.length_bins if args.length_bins is None else args.length_bins)
+    metrics = pl.concat([D.ordering_diagnostics(s, sched, window_batch=cfg.batch_size, seed=cfg.seed) for s, sched in schedules.items()])
+    emb = open_embeddings(layout) if has_embeddings(layout) else None
+    prefix = cfg.max_steps * cfg.batch_size
+    stationarity = pl.concat([S.stationarity_table(sched, prefix=prefix, strategy=s, n_random=cfg.stationarity_shuffles, seed=cfg.seed)
+                              for s, sched in schedules.items()])
+    summary, figures, md = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity, prefix)
+    console = Console()
+    table = Table(title=f"Ordering diagnostics ({root})")
+    for col in summary.columns:
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for row in summary.iter_rows():
+        table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    console.print(table)
+    console.print(f"stationarity over tenths and the first {prefix:,} sequences, outside the band of "
+                  f"{cfg.stationarity_shuffles} uniform shuffles:")
+    for strategy, outside in V.stationarity_summary(stationarity).iter_rows():
+        console.print(f"  {strategy}: {outside}", highlight=False)
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        has_ablation = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
+    if has_ablation and layout.report.exists():
+        print_report(layout.report)
+    console.print(f"figures: {', '.join(str(p) for p in figures.values())}\nreport: {md}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``report`` to the ``strata`` command."""
+    report = sub.add_parser("report", help="ordering diagnostics + ablation table of a data root (terminal, report/ PNGs)")
+    report.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
+    report.add_argument("--length-bins", "--bins", dest="length_bins", type=int, default=None,
+                        help="document-length bins for the diagnostics (default: the config's length_bins)")
+    report.set_defaults(func=cmd_report)
