@@ -31,12 +31,12 @@ from helpers import demo_slice
 from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.odm import ODMSampler, sequence_clusters
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.layout import Layout
 from pipeline.training.checkpoint import Checkpointing, decode, encode
 from pipeline.training.heldout import HeldoutBatch
 from pipeline.training.loop import TrainSettings, train
-from pipeline.training.odm import ODMSampler, sequence_clusters
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN = 32
