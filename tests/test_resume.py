@@ -190,7 +190,7 @@ def train(*args, **kwargs):
     return real(*args, on_step=on_step, **kwargs)
 
 
-pipeline.training.loop.train = train  # the training stage (pipeline/training/stage.py) imports it when it runs
+pipeline.training.loop.train = train  # before the run imports the training stage (pipeline/training/stage.py), which binds it
 sys.exit(main(["run", "--config", sys.argv[2], "--select", "key:training_runs"]))
 """.format(kill_at=KILL_AT)
 TABLES = ("train_log", "heldout_curve", "consumed_metrics", "stable_rank", "epoch_jumps", "odm_mixture")
