@@ -19,6 +19,7 @@ import dagster as dg
 import polars as pl
 
 from assets.dagster_internals import StaleStatus
+from evals.suites import is_higher_better
 from pipeline.config import resolve_config
 from pipeline.config_source import record_config
 from pipeline.reports import campaign as C
@@ -115,7 +116,7 @@ class Campaign:
             wanted = C.round_seeds(self.spec, state.plan, self.base_seeds, rows)
             trained = self.materialize_runs(defs, wanted, lambda *run, state=state: self.log(self.store.progress(self.cfg, state, *run)))
             measured = self.store.measure(self.cfg, state, wanted, trained)
-            decision = C.decide_round(self.spec, self.id, state, measured, C.now())
+            decision = C.decide_round(self.spec, self.id, state, measured, C.now(), higher_is_better=is_higher_better(self.spec.metric))
             self.store.write_round(decision.table, state.round)
             rows = self.store.rows()
             for line in C.round_lines(self.spec, state.round, decision, time.perf_counter() - t_start):

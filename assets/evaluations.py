@@ -7,8 +7,9 @@ from dagster_duckdb import DuckDBResource
 from assets.common import RUN_PARTITIONS, TRAIN_POOL, Recorder, StrataSettings, run_key
 from assets.on_ray import run_on_ray
 from assets.params import PARAM_CLASSES, asset_config
+from evals import stage as evaluation
+from evals.suites import is_higher_better
 from pipeline.reports import stage as reports
-from pipeline.training import stage
 
 EvaluationsParams = PARAM_CLASSES["evaluations"]  # launchpad: this asset's parameters (assets/params.py)
 
@@ -22,13 +23,14 @@ def evaluations(context: dg.AssetExecutionContext, settings: StrataSettings, duc
     source, Paloma-style), and when configured WikiText-2, a real Paloma directory and DCLM-core
     (llm-foundry scoring, centered accuracy, Core, gold bits-per-byte). Rows go to
     ``evals/<strategy>.parquet`` and DuckDB table ``eval_results``. One call of
-    ``pipeline.training.stage.evaluate_run``."""
+    ``evals.stage.evaluate_run``."""
     if (on_ray := run_on_ray(context, settings)) is not None:
         return on_ray
     strategy, seed = run_key(context)
     rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(stage.evaluate_run(layout, stage.EvaluateParams.from_config(cfg), strategy, seed, duckdb.get_connection))
+    params = evaluation.EvaluateParams.from_config(cfg)
+    return rec.finish_stage(evaluation.evaluate_run(layout, params, strategy, seed, duckdb.get_connection))
 
 
 AblationReportParams = PARAM_CLASSES["ablation_report"]  # launchpad: this asset's parameters (assets/params.py)
@@ -48,4 +50,5 @@ def ablation_report(context: dg.AssetExecutionContext, settings: StrataSettings,
     ``pipeline.reports.stage.ablation_report``."""
     rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    return rec.finish_stage(reports.ablation_report(layout, reports.AblationReportParams.from_config(cfg), duckdb.get_connection))
+    return rec.finish_stage(reports.ablation_report(layout, reports.AblationReportParams.from_config(cfg), duckdb.get_connection,
+                                                    is_higher_better))

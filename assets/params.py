@@ -25,6 +25,7 @@ import dagster as dg
 from pydantic import BaseModel, ValidationError, create_model
 
 from evals import suites
+from evals.stage import EvaluateParams
 from pipeline.clean.stage import CleanParams
 from pipeline.config import FORMER_NAMES, StrataConfig, is_config_key, validation_error
 from pipeline.data.stage import CorpusParams, CorpusShardParams, TokenizerParams, TokenShardParams
@@ -37,7 +38,7 @@ from pipeline.packing.stage import PackParams
 from pipeline.reports.stage import AblationReportParams, ClaimsParams, DiagnoseParams, DiagnosticsReportParams
 from pipeline.represent.stage import CentroidParams, EmbedParams
 from pipeline.stage import StageParams
-from pipeline.training.stage import ClaimRunsParams, EvaluateParams, GradientParams, TrainRunParams
+from pipeline.training.stage import ClaimRunsParams, GradientParams, TrainRunParams
 
 RAW_CORPUS = dg.AssetKey("raw_corpus")
 RAW_SHARDS = dg.AssetKey("raw_shards")

@@ -261,8 +261,8 @@ def precision(lost: np.ndarray, level: int, group: np.ndarray, planted_copy: dic
 
 def near_corpus(args, passages: dict[str, list[str]], pieces: list[str], heldout: list[str]) -> dict:
     """Recall and precision on the near corpus, the threshold sweep, and the throughput against datasketch."""
-    from evals.wikitext import read_articles
     from pipeline.clean.decontam import _dclm_texts, _paloma_texts
+    from pipeline.data.wikitext import read_articles
 
     texts, truth, contaminated = plant(base_documents(pieces, args.docs, 0), passages, args.share, 1)
     n = len(texts)
@@ -497,7 +497,7 @@ def main() -> None:
     ap.add_argument("--synonym-share", type=float, default=0.15, help="share of a paraphrase's words replaced by a synonym")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "clean_planted.json"))
     args = ap.parse_args()
-    from evals.wikitext import read_articles
+    from pipeline.data.wikitext import read_articles
 
     start = {"machine": machine(), "commit": commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     t0 = time.perf_counter()

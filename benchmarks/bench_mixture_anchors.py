@@ -24,7 +24,7 @@ source), and return an order of the same packed sequences:
   its ``NumpyFSLDatasetConfig.from_src_mix`` (its token allocation, its per-source instance
   sampling), then its ``NumpyFSLDataLoader`` with ``shuffle=True`` (its global shuffle); the order
   is read back through the loader's global indices and the dataset's instances.
-* **Strata** ``greedy_blend`` (``pipeline/mixture/blend.py``) through ``run_strategy``.
+* **Strata** ``greedy_blend`` (``pipeline/ordering/blend.py``) through ``run_strategy``.
 
 The written tokens of a sequence are its id + 2 (0 pad, 1 EOS), so what a library returns names
 the sequence. Per batch of ``--batch`` consecutive sequences (default: the config's batch_size),

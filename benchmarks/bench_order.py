@@ -73,12 +73,12 @@ from pipeline.ordering import (  # noqa: E402
     sequence_features,
     sequence_order,
 )
+from pipeline.ordering.composition import Composition, composition  # noqa: E402
 from pipeline.ordering.curriculum import Curriculum, curriculum_batch_deviations, curriculum_from_dict  # noqa: E402
 from pipeline.ordering.documents import stratified_order  # noqa: E402
 from pipeline.ordering.features import Csr, SequenceFeatures, length_bin_edges  # noqa: E402
 from pipeline.ordering.repair import repair_batches  # noqa: E402
 from pipeline.packing.pack import pack_concat  # noqa: E402
-from pipeline.reports.composition import Composition, composition  # noqa: E402
 from pipeline.reports.diagnostics import batch_deviations, prepare  # noqa: E402
 from pipeline.reports.stationarity import out_of_band_summary, stationarity_table  # noqa: E402
 

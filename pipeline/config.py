@@ -3,8 +3,9 @@
 Pydantic models with ``extra="forbid"`` and strict types: an unknown key, a value of the wrong
 type (``k: "32"``) or out of range (``seq_len: 1``) is a :class:`StrataInputError` naming the
 key, the value and the fix. Names of packings, embedding methods and model presets come from
-:mod:`pipeline.names`; ordering strategies and export formats from their registries, read when a
-value is validated (their spec modules import no stage, and this module imports none).
+:mod:`pipeline.names`; ordering strategies, families and export formats from their registries,
+read when a value is validated through the handles ``pipeline/registry.py`` declares (this module
+imports no stage package).
 
 The same object backs the Dagster resource (assets/common.py), the launchpad's per-asset
 ``dg.Config`` (assets/params.py) and ``strata run --config``. Attribute access is plain:
@@ -13,6 +14,7 @@ The same object backs the Dagster resource (assets/common.py), the launchpad's p
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -20,11 +22,14 @@ import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from pipeline.errors import StrataInputError
-from pipeline.names import EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
+from pipeline.names import ATOM_MULTIPLES, EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
+from pipeline.registry import EXPORT_FORMATS, FAMILIES, STRATEGIES
+from pipeline.storage.layout import check_data_root
 
 __all__ = ["ClaimsConfig", "ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "ExportConfig", "FORMER_NAMES",
            "MOVED_KEYS", "MixtureConfig", "OdmConfig", "RayConfig", "StrataConfig", "config_default", "config_from_dict", "config_value",
@@ -261,7 +266,7 @@ class DecontamConfig(_Model):
 
 
 class OdmConfig(_Model):
-    """The ``odm`` strategy's sampler: Online Data Mixing's Exp3 bandit over the clusters (pipeline/training/odm.py)."""
+    """The ``odm`` strategy's sampler: Online Data Mixing's Exp3 bandit over the clusters (pipeline/ordering/odm.py)."""
 
     smoothing: float = 0.5  # reward moving-average weight alpha, in [0, 1)
     warmup_fraction: float = 0.01  # fraction of the steps at the prior policy, in [0, 1)
@@ -299,9 +304,7 @@ class ExportConfig(_Model):
     @field_validator("formats")
     @classmethod
     def _formats(cls, value: list[str]) -> list[str]:
-        from pipeline.export.formats import REGISTRY
-
-        return _registered(value, REGISTRY.names(), "export formats")
+        return _registered(value, EXPORT_FORMATS.names(), "export formats")
 
 
 class ClaimsConfig(_Model):
@@ -333,8 +336,6 @@ class ClaimsConfig(_Model):
     @field_validator("atoms")
     @classmethod
     def _atoms(cls, value: list[float]) -> list[float]:
-        from pipeline.names import ATOM_MULTIPLES
-
         if any(a not in ATOM_MULTIPLES for a in value) or 1.0 not in value or len(set(value)) != len(value):
             raise ValueError(f"use distinct atom sizes among {list(ATOM_MULTIPLES)}, including 1.0 (atom = seq_len)")
         return value
@@ -449,7 +450,7 @@ class StrataConfig(_Model):
     dedup: DedupConfig = Field(default_factory=DedupConfig)  # the clean stage's duplicates (docs/cleaning.md)
     decontam: DecontamConfig = Field(default_factory=DecontamConfig)  # the clean stage's contamination check (docs/cleaning.md)
     # after batch_size: their checks read it
-    odm: OdmConfig = Field(default_factory=OdmConfig)  # the odm strategy's sampler (pipeline/training/odm.py)
+    odm: OdmConfig = Field(default_factory=OdmConfig)  # the odm strategy's sampler (pipeline/ordering/odm.py)
     export: ExportConfig = Field(default_factory=ExportConfig)  # the exports asset and `strata export` (docs/export.md)
     claims: ClaimsConfig = Field(default_factory=ClaimsConfig)  # each paper's measurable claim (`strata claims`)
 
@@ -508,9 +509,7 @@ class StrataConfig(_Model):
     @field_validator("strategies")
     @classmethod
     def _strategies(cls, value: list[str]) -> list[str]:
-        from pipeline.ordering.strategies import REGISTRY
-
-        _registered(value, REGISTRY.names(), "strategies")
+        _registered(value, STRATEGIES.names(), "strategies")
         if len(set(value)) != len(value):
             raise ValueError("a strategy is listed twice; list each strategy once")
         return value
@@ -518,8 +517,6 @@ class StrataConfig(_Model):
     @field_validator("freeze_prefix")
     @classmethod
     def _freeze_prefix(cls, value: int | str, info: ValidationInfo) -> int | str:
-        from pipeline.ordering.strategies import REGISTRY
-
         if isinstance(value, str) and value.strip().isdigit():  # the launchpad gives a string
             value = int(value)
         if isinstance(value, int):
@@ -529,7 +526,7 @@ class StrataConfig(_Model):
             raise ValueError("use a number of sequences, consumed:STEPSxGLOBAL_BATCH (e.g. consumed:1200x256) or consumed:<run dir>")
         if value == 0:
             return value
-        entries = REGISTRY.entries()
+        entries = STRATEGIES.entries()
         repacking = [s for s in info.data.get("strategies", []) if s in entries and not entries[s].freezable]
         if repacking:
             raise ValueError(f"strategies {repacking} repack documents and cannot keep a frozen prefix of the base packing; "
@@ -562,11 +559,9 @@ class StrataConfig(_Model):
                 raise ValueError(f"cannot read the family {text!r}; write name[:weight[:classes]] with weight >= 0 and classes >= 2, e.g. "
                                  "'concentration:0.5:16' or 'source:0.5'")
             if len(parts) == 3:
-                from pipeline.ordering.families import names as family_names
-
-                if parts[0] not in family_names("sequences"):  # a token family (registered, or a documents column)
+                if parts[0] not in _sequence_families():  # a token family (registered, or a documents column)
                     raise ValueError(f"the token family {parts[0]!r} takes no classes; write '{parts[0]}:{parts[1]}' "
-                                     f"(quantile classes belong to the sequence families {list(family_names('sequences'))})")
+                                     f"(quantile classes belong to the sequence families {list(_sequence_families())})")
         if len({str(t).split(":")[0] for t in value}) != len(value):
             raise ValueError("a family is named twice; name each family once")
         return value
@@ -701,8 +696,6 @@ def validation_error(exc: ValidationError, where: str = "config") -> StrataInput
 
 
 def _unknown_fix(unknown: list[str]) -> str:
-    import difflib
-
     out = []
     for loc in unknown:
         parts = loc.split(".")
@@ -715,6 +708,11 @@ def _unknown_fix(unknown: list[str]) -> str:
         close = difflib.get_close_matches(parts[-1], names, n=1)
         out.append(f"{loc}: did you mean {'.'.join([*parts[:-1], close[0]])!r}?" if close else f"{loc}: use only {names}")
     return "; ".join(out)
+
+
+def _sequence_families() -> tuple[str, ...]:
+    """The registered sequence families (``pipeline.ordering.families.names("sequences")``), in registry order."""
+    return tuple(n for n, s in FAMILIES.entries().items() if s.level == "sequences")
 
 
 def config_default(key: str) -> Any:
@@ -755,8 +753,6 @@ def config_from_dict(data: dict[str, Any]) -> StrataConfig:
 def read_config_data(path: str | os.PathLike) -> dict[str, Any]:
     """The mapping a YAML/JSON config file holds, unvalidated; a missing file, bytes that are not
     UTF-8, bad syntax or anything but a mapping is a StrataInputError naming the file (and line)."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise StrataInputError("config file not found", path=path, fix="pass an existing YAML/JSON file to --config")
@@ -805,7 +801,6 @@ def resolve_config(config_file: str | os.PathLike | None = None, data_root: str 
         cfg.data_root = str(data_root)
     elif "data_root" not in cfg.model_fields_set and environ.get("STRATA_HOME"):
         cfg.data_root = environ["STRATA_HOME"]
-    from pipeline.storage.layout import check_data_root
 
     check_data_root(cfg.root, write=False)  # a data root that is a file stops here, naming the fix
     return cfg

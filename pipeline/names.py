@@ -4,14 +4,15 @@ The configuration validates against these lists; each stage is checked against t
 ``tests/test_config.py`` fails when a stage adds a packing, embedding method or model preset
 that is not declared here. Ordering strategies, characteristic families, export formats and eval
 suites are not listed here: they come from their registries (``pipeline/ordering/strategies/``,
-``pipeline/ordering/families/``, ``pipeline/export/formats/``, ``evals/suites/``), whose spec
-modules import no stage; ``ORDERING_STRATEGIES`` reads the
-strategies' on first use.
+``pipeline/ordering/families/``, ``pipeline/export/formats/``, ``evals/suites/``);
+``ORDERING_STRATEGIES`` reads the strategies' (its handle in ``pipeline/registry.py``) on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from pipeline.registry import STRATEGIES
 
 EMBED_METHODS = ("sentence", "shallow", "deep")
 # greedy objectives: Don't Shuffle, Optimize's f1-f3, Strata's default, your own families
@@ -36,8 +37,6 @@ PACKING_SPECS = (
 
 def __getattr__(name: str) -> Any:
     """``ORDERING_STRATEGIES``: the strategies scheduled before training, from their registry."""
-    if name == "ORDERING_STRATEGIES":
-        from pipeline.ordering import strategies
-
-        return strategies.names("sequence", "document")
+    if name == "ORDERING_STRATEGIES":  # strategies.names("sequence", "document"), from the registry's handle
+        return tuple(n for n, s in STRATEGIES.entries().items() if s.level in ("sequence", "document"))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -22,7 +23,6 @@ def set_offline(hf_home: str | os.PathLike | None = None, force: bool = False) -
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if hf_home is not None:
         os.environ["HF_HOME"] = str(Path(hf_home).resolve())
-    import sys
 
     if "datasets" in sys.modules:
         try:

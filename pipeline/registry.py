@@ -4,10 +4,14 @@ A family's built-in entries are the modules of one package (``pipeline/ordering/
 ``pipeline/export/formats/``, ``evals/suites/``); each module declares ``SPECS``, a tuple of the
 family's spec objects. Plugins add entries without touching the tree: ``STRATA_PLUGINS`` lists
 modules (dotted names or ``.py`` files, separated by ``os.pathsep``), each declaring ``SPECS``
-like a built-in module; every registry takes the entries of its own spec type. Spec modules keep
-their top level light (the registry, the standard library, numpy) and import their stage's code
-inside their functions, so the configuration validates against the registries without
-importing any stage.
+like a built-in module; every registry takes the entries of its own spec type.
+
+The built-in registries of the library are declared here (:data:`STRATEGIES`, :data:`FAMILIES`,
+:data:`EXPORT_FORMATS`), each by the package its entries live in and the name of its spec type,
+both imported when the registry is first read: the configuration (``pipeline/config.py``, beneath
+every stage) validates names against them without importing a stage package, and each package's
+``REGISTRY`` is the handle declared here. Spec modules import their stage's code at their top;
+what they must not import is a heavy dependency (``pipeline/heavy.py``).
 """
 
 from __future__ import annotations
@@ -53,11 +57,19 @@ def plugin_modules() -> list[ModuleType]:
 
 
 class Registry(Generic[T]):
-    """Entries of one spec type by name: the modules of ``package``, then the plugins'."""
+    """Entries of one spec type by name: the modules of ``package``, then the plugins'. ``kind`` is
+    the spec type, or its ``"module:Name"``, imported when the entries are first read."""
 
-    def __init__(self, kind: type[T], package: str, what: str):
-        self.kind, self.package, self.what = kind, package, what
+    def __init__(self, kind: type[T] | str, package: str, what: str):
+        self._kind, self.package, self.what = kind, package, what
         self._entries: dict[str, T] | None = None
+
+    @property
+    def kind(self) -> type[T]:
+        if isinstance(self._kind, str):
+            module, _, name = self._kind.partition(":")
+            self._kind = getattr(importlib.import_module(module), name)
+        return self._kind  # type: ignore[return-value]
 
     def _modules(self) -> Iterator[ModuleType]:
         pkg = importlib.import_module(self.package)
@@ -95,3 +107,8 @@ class Registry(Generic[T]):
     def reload(self) -> None:
         """Forget the loaded entries: the next read imports the modules and ``STRATA_PLUGINS`` again."""
         self._entries = None
+
+
+STRATEGIES: Registry = Registry("pipeline.ordering.strategies:StrategySpec", "pipeline.ordering.strategies", "ordering strategy")
+FAMILIES: Registry = Registry("pipeline.ordering.families:FamilySpec", "pipeline.ordering.families", "characteristic family")
+EXPORT_FORMATS: Registry = Registry("pipeline.export.formats:ExportFormat", "pipeline.export.formats", "export format")

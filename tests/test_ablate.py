@@ -81,7 +81,7 @@ def test_a_round_is_decided_by_a_pure_function():
     units = _units({"greedy": -0.5, "stratified": 0.004}, seeds=3, docs=64, noise=0.02)
     measured = Measured(units, available=400, baseline_seeds=3, runs_trained=9, scoring_s=2.0, spent_s=600.0, spent_tokens=0,
                         run_cost=60.0, unit_cost=0.01, left=3000.0)
-    d = decide_round(spec, spec.key(), pilot, measured, datetime(2026, 1, 1, 1))
+    d = decide_round(spec, spec.key(), pilot, measured, datetime(2026, 1, 1, 1), higher_is_better=False)  # a loss: lower is better
     verdicts = dict(zip(d.table["strategy"], d.table["verdict"]))
     assert verdicts == {"greedy": "better", "stratified": "unresolved"}
     assert d.table["margin"].to_list() == [pytest.approx(0.005 * units.filter(pl.col("strategy") == "random")["value"].mean())] * 2
@@ -96,7 +96,8 @@ def test_a_round_is_decided_by_a_pure_function():
 
     # a verdict stays once reached, even where the next round's data would not reach it; with none left the campaign stops
     done = decide_round(spec, spec.key(), replace(d.next, resolved={"greedy": "better", "stratified": "equivalent"}),
-                        replace(measured, units=_units({"greedy": 0.0, "stratified": 0.0}, seeds=3, docs=64, noise=0.02)), started)
+                        replace(measured, units=_units({"greedy": 0.0, "stratified": 0.0}, seeds=3, docs=64, noise=0.02)), started,
+                        higher_is_better=False)
     assert dict(zip(done.table["strategy"], done.table["verdict"])) == {"greedy": "better", "stratified": "equivalent"}
     assert done.stop and done.plan.stop == "every strategy has a verdict"
 

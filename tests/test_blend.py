@@ -1,4 +1,4 @@
-"""``greedy_blend`` (pipeline/mixture/blend.py): the demo corpus's domains as named sources with
+"""``greedy_blend`` (pipeline/ordering/blend.py): the demo corpus's domains as named sources with
 weights by stage, realized by repetition / subsampling and ordered by the greedy; every use of
 every document counted; bad blends stop with the key and the fix."""
 
@@ -16,7 +16,7 @@ from helpers import demo_domains
 
 from pipeline.config import StrataConfig
 from pipeline.errors import StrataInputError
-from pipeline.mixture.blend import Blend, blend_accounting, document_uses, group_tokens, planned_counts, stage_l1
+from pipeline.ordering.blend import Blend, blend_accounting, document_uses, group_tokens, planned_counts, stage_l1
 from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.ordering.features import packed_sequence_features
 from pipeline.packing.pack import pack_concat
@@ -215,7 +215,7 @@ NEW_STAGES = [{"until_tokens": 0.6, "weights": {"web": 0.5, "code": 0.3, "religi
 def test_new_stage_after_a_frozen_prefix(corpus):
     """The mix changed mid-run: the consumed prefix of the old one-stage blend stays, the rest
     follows the new stages counted from the prefix's end, and every use is planned, within caps."""
-    from pipeline.mixture.blend import FrozenPlan, document_plan, frozen_document_uses, planned_after
+    from pipeline.ordering.blend import FrozenPlan, document_plan, frozen_document_uses, planned_after
 
     docs, seg = corpus
     old = params(weights=STAGES[0]["weights"], max_repetition={"religious_text": 2.0})

@@ -35,7 +35,7 @@ def _long_texts(n: int, words: int = 80) -> list[str]:
 
 
 def _wiki_paragraph() -> str:
-    from evals.wikitext import read_articles
+    from pipeline.data.wikitext import read_articles
 
     if not WIKITEXT.is_file():
         pytest.skip(f"WikiText-2 raw test file not found at {WIKITEXT}")

@@ -22,7 +22,7 @@ WIKITEXT = DATA / "eval" / "wikitext" / "wiki.test.raw"
 def _corpus(path) -> str:
     """150 demo documents, a long text and its near copy (two words edited), an exact copy (case and
     spacing changed) of a demo document, and a WikiText-2 test paragraph inside a document; the paragraph."""
-    from evals.wikitext import read_articles
+    from pipeline.data.wikitext import read_articles
 
     if not WIKITEXT.is_file():
         pytest.skip(f"WikiText-2 raw test file not found at {WIKITEXT}")
@@ -41,7 +41,7 @@ def _corpus(path) -> str:
 
 
 def test_planted_contamination_and_duplicates_leave_training_accounted(tmp_path):
-    from pipeline.clean.stage import packed_stream
+    from pipeline.clean.removals import packed_stream
     from pipeline.packing.pack import conservation
     from pipeline.storage.layout import Layout
 

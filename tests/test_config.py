@@ -102,7 +102,7 @@ def test_config_imports_no_stage():
 
     code = ("import sys, pipeline.config; "
             "print(sorted(m for m in sys.modules if m.startswith('pipeline.') and m.split('.')[1] not in "
-            "('config', 'errors', 'names')))")
+            "('config', 'errors', 'names', 'registry', 'storage')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.composition import composition
 from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D
-from pipeline.reports.composition import composition
 
 # ---------------------------------------------------------------------------------------------
 # The tiny instance, worked out by hand.
@@ -279,7 +279,7 @@ def test_label_codes_are_the_dense_ranks_of_the_labels(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.reports.visual import int_values, label_codes
+    from pipeline.storage.documents import int_values, label_codes
 
     labels = ["web", "code", None, "books", "web", "zeta", "", "code", "arxiv", None] * 30
     path = tmp_path / "docs.parquet"
@@ -338,7 +338,7 @@ def dense(comp: D.Composition) -> np.ndarray:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_composition_of_docs_any_chunking(shape, threads):
-    from pipeline.reports import kernels as K
+    from pipeline.ordering import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
     want = composition(seq, doc_group[doc], tokens, m, g)  # the vectorized form (sort and bincount)
@@ -353,7 +353,7 @@ def test_composition_of_docs_any_chunking(shape, threads):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_sequence_cuts_keep_sequences_whole(shape):
-    from pipeline.reports import kernels as K
+    from pipeline.ordering import kernels as K
 
     seq = grouped_rows(shape)[0]
     for chunks in CHUNKS:
@@ -367,7 +367,7 @@ def test_sequence_cuts_keep_sequences_whole(shape):
 def test_row_sums_any_chunking(shape, threads):
     """row_pointers = searchsorted; square sums (l2_norm) = bincount of t*t in row order; group and
     (part, group) token sums = bincount's (exact) float sums."""
-    from pipeline.reports import kernels as K
+    from pipeline.ordering import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
     comp = composition(seq, doc_group[doc], tokens, m, g)
@@ -389,7 +389,7 @@ def test_row_sums_any_chunking(shape, threads):
 
 def test_part_feature_sums_keep_bincounts_order(threads):
     """Non-integer features: equal bits only if each part's sum runs in sequence order."""
-    from pipeline.reports import kernels as K
+    from pipeline.ordering import kernels as K
 
     rng = np.random.default_rng(3)
     features = rng.random((6, 5000)) * 10.0 ** rng.integers(-3, 9, (6, 1))
@@ -402,7 +402,7 @@ def test_part_feature_sums_keep_bincounts_order(threads):
 def test_token_sums_are_bincounts_sums_any_chunking(shape, threads):
     """Per-sequence token sums and token x length sums (the stationarity features, the empty-sequence
     check) equal np.bincount's float sums, in any chunks of sequences and for rows out of order."""
-    from pipeline.reports import kernels as K
+    from pipeline.ordering import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape, seed=7)
     per = np.random.default_rng(3).integers(1, 1 << 20, seq.size).astype(np.int32)  # products past 2**31
@@ -422,7 +422,7 @@ def test_token_sums_are_bincounts_sums_any_chunking(shape, threads):
 
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s != "empty"])  # shares need tokens
 def test_batch_deviations_and_prefix_totals_any_chunking(shape, threads):
-    from pipeline.reports import kernels as K
+    from pipeline.ordering import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows(shape)
     comp = composition(seq, doc_group[doc], tokens, m, g)
@@ -457,7 +457,7 @@ def test_wrappers_split_large_inputs(monkeypatch, threads):
     """With every input large (MIN_CHUNK_ROWS = 1), the public kernels run in several chunks and
     still give the one-chunk output."""
     from pipeline import segments
-    from pipeline.reports import kernels as K
+    from pipeline.ordering import kernels as K
 
     seq, doc, tokens, doc_group, m, g = grouped_rows("many", seed=5)
     one = K.composition_of_docs(seq, doc, tokens, doc_group, g)

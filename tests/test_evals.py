@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from evals import dclm
-from evals.paloma import PalomaWriter, aggregate_bpb, read_paloma_docs, write_paloma_layout
+from evals.paloma import aggregate_bpb
 from evals.run import evaluate
-from evals.wikitext import read_articles, split_articles
+from pipeline.data import dclm_tasks
+from pipeline.data.paloma import PalomaWriter, read_paloma_docs, write_paloma_layout
+from pipeline.data.wikitext import read_articles, split_articles
 from pipeline.errors import StrataInputError
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
@@ -88,8 +90,8 @@ def cont_stats(model, ctx: list[int], cont: list[int]) -> tuple[float, bool]:
 def test_core_reproduces_dclm_reference_exactly(name):
     ref = json.loads((DCLM / "reference_results" / name).read_text())
     acc = ref["eval_metrics"]["icl"]
-    tasks = dclm.core_tasks(DCLM)
-    assert len(tasks) == 22 and set(tasks) == set(dclm.CORE_TASKS)
+    tasks = dclm_tasks.core_tasks(DCLM)
+    assert len(tasks) == 22 and set(tasks) == set(dclm_tasks.CORE_TASKS)
     assert dclm.core_score(acc, dclm.read_meta(DCLM / "eval_meta_data.csv"), tasks) == ref["Core_v2"]
     assert dclm.core_score(acc, dclm.read_meta(DCLM / "eval_meta_data_v1.csv"), tasks) == ref["Core_v1"]
 
@@ -107,9 +109,9 @@ def test_centered_accuracy_and_missing_tasks():
 @needs_data
 def test_task_table_matches_csv():
     meta = {m.name: m for m in dclm.read_meta(DCLM / "eval_meta_data.csv")}
-    for task in dclm.CORE_TASKS:
+    for task in dclm_tasks.CORE_TASKS:
         assert meta[task].task_type in ("mc", "schema", "lm"), task
-        assert dclm.task_file(DCLM, task).is_file()
+        assert dclm_tasks.task_file(DCLM, task).is_file()
     assert (meta["jeopardy"].shots, meta["copa"].shots, meta["agi_eval_lsat_ar"].shots) == (10, 0, 3)
     assert meta["commonsense_qa"].random_baseline == 40.3
 
@@ -126,7 +128,7 @@ def test_fewshot_sampler():
 # --------------------------------------------------------------------------- DCLM scoring per task type
 
 def _fixture(name: str) -> list[dict]:
-    return [dclm.strip_row(r) for r in dclm.read_jsonl(DCLM / "fixtures_small" / name)]
+    return [dclm.strip_row(r) for r in dclm_tasks.read_jsonl(DCLM / "fixtures_small" / name)]
 
 
 def _enc(tok, text: str) -> list[int]:
@@ -257,9 +259,9 @@ def test_write_paloma_layout_roundtrip(tmp_path):
 
 
 def test_paloma_writer_streams_the_same_bytes(tmp_path, monkeypatch):
-    import evals.paloma
+    import pipeline.data.paloma
 
-    monkeypatch.setattr(evals.paloma, "WRITE_ROWS", 50)  # JSON lines compressed in pieces of at most 50
+    monkeypatch.setattr(pipeline.data.paloma, "WRITE_ROWS", 50)  # JSON lines compressed in pieces of at most 50
     rng = np.random.default_rng(3)
     n = 700
     docs = pl.DataFrame({"text": [f"doc {i} " + "word " * int(rng.integers(0, 60)) + "\u00e9\n\"q\"" for i in range(n)],

@@ -18,15 +18,15 @@ import pytest
 import yaml
 from helpers import demo_slice
 
-from pipeline.clean.stage import applied_removals, packed_stream, removed_documents
+from pipeline.clean.removals import applied_removals, packed_stream, removed_documents
 from pipeline.config import config_from_dict
 from pipeline.errors import StrataInputError
 from pipeline.export.numpy_tokens import open_numpy
+from pipeline.ordering.composition import composition
 from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore, conservation, pack
 from pipeline.packing.stored import sequence_store
-from pipeline.reports.composition import composition
 from pipeline.reports.diagnostics import prefix_errors
 from pipeline.represent.embeddings import default_model_path
 from pipeline.storage.layout import Layout, Store

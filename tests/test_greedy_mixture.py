@@ -10,7 +10,9 @@ import polars as pl
 import pytest
 
 from pipeline.errors import StrataInputError
-from pipeline.mixture.schedule import (
+from pipeline.ordering import strategies
+from pipeline.ordering.engine import OrderParams, run_strategy
+from pipeline.ordering.schedule import (
     accounting,
     cluster_tokens,
     l1_distance,
@@ -19,8 +21,6 @@ from pipeline.mixture.schedule import (
     schedule_problems,
     sequence_rates,
 )
-from pipeline.ordering import strategies
-from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D
 

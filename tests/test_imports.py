@@ -1,4 +1,6 @@
-"""The layers hold: no import circles among pipeline/, assets/ and evals/, and the library never imports Dagster.
+"""The layers hold: no import circles among pipeline/, assets/ and evals/; pipeline/'s packages form
+a DAG in the order the data flows; the library never imports Dagster, assets/ or evals/, and
+imports inside its functions only the heavy dependencies pipeline/heavy.py lists.
 
 The graph is read statically (``ast``) from every ``import`` statement, those inside functions
 included: a lazy import still ties two modules together.
@@ -8,9 +10,13 @@ from __future__ import annotations
 
 import ast
 import builtins
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,9 +115,10 @@ def test_no_import_circles():
     assert cycles(edges) == []
 
 
-def test_the_library_imports_neither_dagster_nor_assets():
+def test_the_library_imports_neither_dagster_nor_assets_nor_evals():
+    """pipeline/ is the bottom of the tree: evals/ and assets/ import it, never the other way."""
     _, raw = import_graph()
-    bad = {m: sorted(n for n in names if n.split(".")[0] in ("dagster", "dagster_duckdb", "assets"))
+    bad = {m: sorted(n for n in names if n.split(".")[0] in ("dagster", "dagster_duckdb", "assets", "evals"))
            for m, names in raw.items() if m.split(".")[0] == "pipeline"}
     assert {m: n for m, n in bad.items() if n} == {}
 
@@ -123,21 +130,166 @@ def test_ray_workers_load_the_code_location_of_the_workspace():
     assert [e["python_module"]["module_name"] for e in workspace["load_from"]] == [CODE_LOCATION]
 
 
-# The stage packages of pipeline/: pipeline/storage/ (the data root's layout, the warehouse) sits
-# beneath them all and imports none (docs/architecture.md, "The folders").
-STAGES = ("data", "represent", "packing", "ordering", "training", "mixture", "reports", "export", "distributed")
+# The package graph of pipeline/, lowest first: a node is a subpackage (pipeline/ordering/) or a
+# top-level module (pipeline/config.py); a module imports only nodes below its own, function-level
+# imports counted (docs/architecture.md, "The package graph"). The data flows up the stages: data ->
+# represent -> clean -> packing -> ordering -> training -> mixture -> reports, and the command line
+# (cli/) above them all; render/ (markdown, figures) and storage/ (the data root, the warehouse) sit
+# beneath every stage.
+LAYERS = (
+    ("errors", "threads", "offline", "devices", "heavy", "stage"),
+    ("registry", "segments"),
+    ("names", "storage"),
+    ("render", "config"),
+    ("config_source",),
+    ("distributed",),
+    ("data",),
+    ("represent",),
+    ("clean",),
+    ("packing",),
+    ("ordering",),
+    ("training", "export"),
+    ("mixture",),
+    ("reports",),
+    ("cli",),
+)
+RANK = {node: i for i, layer in enumerate(LAYERS) for node in layer}
+STAGES = ("data", "represent", "clean", "packing", "ordering", "training", "mixture", "reports", "export", "distributed")
+
+
+def node_of(name: str) -> str | None:
+    """The package-graph node of a module name (``pipeline.packing.pack`` -> ``packing``), else None."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "pipeline" else None
 
 
 def stage_of(name: str) -> str | None:
     """The stage package a module name belongs to (``pipeline.packing.pack`` -> ``packing``), else None."""
-    parts = name.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] == "pipeline" and parts[1] in STAGES else None
+    node = node_of(name)
+    return node if node in STAGES else None
+
+
+def package_graph(raw: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """Node -> the nodes its modules import, from every import statement of pipeline/ (those inside
+    functions included)."""
+    raw = import_graph()[1] if raw is None else raw
+    graph: dict[str, set[str]] = {}
+    for module, names in raw.items():
+        if (me := node_of(module)) is None:
+            continue
+        graph.setdefault(me, set()).update(n for name in names if (n := node_of(name)) and n != me)
+    return graph
+
+
+def mutual_pairs(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a in graph for b in graph[a] if a < b and a in graph.get(b, ()))
+
+
+def test_the_package_graph_is_a_dag_that_follows_the_layers():
+    graph = package_graph()
+    assert {"data", "ordering", "reports", "render", "config"} <= graph.keys(), "the graph was not read"
+    assert mutual_pairs(graph) == []
+    assert cycles(graph) == []
+    assert sorted(graph.keys() - RANK.keys()) == [], "place the new package in LAYERS (and docs/architecture.md)"
+    upward = {a: sorted(b for b in bs if RANK[b] >= RANK[a]) for a, bs in graph.items()}
+    assert {a: bs for a, bs in upward.items() if bs} == {}, "a package imports one at or above its layer"
+
+
+def test_the_package_graph_checker_finds_a_planted_mutual_pair(tmp_path):
+    """The checks above can fail: a lazy import of reports inside an ordering module is an edge."""
+    (tmp_path / "m.py").write_text("def f():\n    from pipeline.reports.stats import POOLED\n")
+    raw = {"pipeline.ordering.m": _imported("pipeline.ordering.m", tmp_path / "m.py"),
+           "pipeline.reports.stats": {"pipeline.ordering.features"}}
+    graph = package_graph(raw)
+    assert mutual_pairs(graph) == [("ordering", "reports")] and cycles(graph) == [["ordering", "reports"]]
+    assert RANK["reports"] > RANK["ordering"]  # and the layer check names it
+
+
+def function_imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, module name) of every import inside a function or method of ``path``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                found += [(node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                found.append((node.lineno, base))
+    return sorted(set(found))
+
+
+def lazy_names(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every ``lazy("name")`` call of ``path`` (pipeline/heavy.py's accessor)."""
+    return [(n.lineno, n.args[0].value) for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "lazy" and n.args and isinstance(n.args[0], ast.Constant)]
+
+
+def light_imports_in_functions(files: dict[str, Path]) -> dict[str, list]:
+    """Per module: the function-level imports, and the ``lazy`` names, of anything not in HEAVY."""
+    from pipeline.heavy import is_heavy
+
+    out = {m: sorted(x for x in [*function_imports(p, m), *lazy_names(p)] if not is_heavy(x[1])) for m, p in files.items()}
+    return {m: x for m, x in out.items() if x}
+
+
+def test_function_level_imports_are_the_heavy_ones_only():
+    """Inside a function, pipeline/ imports only what pipeline/heavy.py lists; everything else at
+    the module's top, where the package graph shows it."""
+    files = {m: p for m, p in _modules().items() if m.split(".")[0] == "pipeline"}
+    assert light_imports_in_functions(files) == {}
+
+
+def test_the_lazy_import_check_finds_a_planted_one(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from pipeline.heavy import lazy\n\nplt = lazy('matplotlib.pyplot')\nyaml = lazy('yaml')\n\n\n"
+                    "def f():\n    import torch\n    from pipeline.packing import frozen\n    from . import sibling\n")
+    assert light_imports_in_functions({"pipeline.ordering.m": path}) == {
+        "pipeline.ordering.m": [(4, "yaml"), (9, "pipeline.packing"), (10, "pipeline.ordering")]}
+    from pipeline.heavy import lazy
+
+    with pytest.raises(ValueError, match="not listed"):
+        lazy("yaml")
+
+
+def test_importing_the_code_location_or_validating_a_config_imports_no_heavy_dependency():
+    """``import assets.definitions`` and a config validated against every registry import none of
+    pipeline/heavy.py's list (run in a fresh interpreter)."""
+    code = ("import sys, assets.definitions; from pipeline.config import StrataConfig; StrataConfig(strategies=['random', 'greedy']); "
+            "from pipeline.registry import EXPORT_FORMATS, FAMILIES, STRATEGIES; from evals.suites import REGISTRY; "
+            "[r.entries() for r in (EXPORT_FORMATS, FAMILIES, STRATEGIES, REGISTRY)]; from pipeline.heavy import is_heavy; "
+            "print(sorted(m for m in sys.modules if is_heavy(m)))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=REPO).stdout
+    assert out.strip().splitlines()[-1] == "[]"
 
 
 def test_storage_imports_no_stage():
     _, raw = import_graph()
-    upward = {m: sorted(n for n in names if stage_of(n)) for m, names in raw.items() if m.startswith("pipeline.storage")}
+    upward = {m: sorted(n for n in names if stage_of(n) or node_of(n) == "render")
+              for m, names in raw.items() if m.startswith("pipeline.storage")}
     assert {m: n for m, n in upward.items() if n} == {}
+
+
+def test_render_imports_no_stage():
+    """render/ (markdown, figures) is beneath the stages: they import it, it imports none of them."""
+    _, raw = import_graph()
+    upward = {m: sorted(n for n in names if stage_of(n)) for m, names in raw.items() if m.startswith("pipeline.render")}
+    assert {m: n for m, n in upward.items() if n} == {}
+
+
+def test_only_reports_and_the_command_line_import_reports():
+    """A stage renders through render/, never through the reports above it (only pipeline/cli/, the
+    top of the graph, reads them)."""
+    _, raw = import_graph()
+    into = {m: sorted(n for n in names if node_of(n) == "reports")
+            for m, names in raw.items() if node_of(m) not in (None, "reports", "cli")}
+    assert {m: n for m, n in into.items() if n} == {}
 
 
 def test_the_import_test_sees_an_upward_import(tmp_path):
@@ -146,7 +298,8 @@ def test_the_import_test_sees_an_upward_import(tmp_path):
     assert "pipeline.packing.pack" in _imported("pipeline.storage.m", tmp_path / "m.py")
 
 
-STAGE_MODULE = re.compile(r"^(pipeline|evals)(\.\w+)+\.stage$")  # where a stage function is defined: pipeline/<stage>/stage.py
+# where a stage function is defined: pipeline/<stage>/stage.py, evals/stage.py
+STAGE_MODULE = re.compile(r"^(pipeline(\.\w+)+|evals(\.\w+)*)\.stage$")
 CHECK_LINES = 30  # an asset check reads its inputs, compares, returns
 
 

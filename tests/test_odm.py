@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import config_from_dict
 from pipeline.errors import StrataInputError
-from pipeline.training.odm import ODMSampler, exp3_policy, exploration_rate, reward_update, sequence_clusters
+from pipeline.ordering.odm import ODMSampler, exp3_policy, exploration_rate, reward_update, sequence_clusters
 
 
 def test_sequence_cluster_is_the_majority_token_cluster():
@@ -221,7 +221,7 @@ def test_two_steps_by_hand_with_the_papers_clock_and_initial_weights():
     With the paper's 1% warm-up of 100 steps (1 step): pi_1 = p ("initialize the domain weights"
     with the prior; "the policy remains stationary"), no reward is recorded, and step 2 is line 4
     from R = 0: uniform. ``exp3`` gives (1 - 2 E_2) p + E_2 there instead."""
-    from pipeline.training.odm import ODMPolicy
+    from pipeline.ordering.odm import ODMPolicy
 
     def two_steps(warmup=0.0, **kw):
         pol = ODMPolicy(np.array([3, 1]), total_steps=100, smoothing=0.5, warmup_fraction=warmup, **kw)

@@ -11,7 +11,7 @@ import torch
 from export_root import VOCAB, build_root, write_ordering
 
 from pipeline.errors import StrataInputError
-from pipeline.training.odm import sequence_clusters
+from pipeline.ordering.odm import sequence_clusters
 from pipeline.training.odm_sampler import ODMBatchSampler, ODMCallback, ODMStream, export_clusters
 
 L, B, STEPS = 32, 4, 60

@@ -29,13 +29,13 @@ from pipeline.ordering import (
     sequence_order,
     tie_tolerance,
 )
+from pipeline.ordering.composition import composition
 from pipeline.ordering.curriculum import curriculum_greedy_order
 from pipeline.ordering.documents import cluster_queues, stratified_order
 from pipeline.ordering.features import quantile_classes
 from pipeline.ordering.strategies.duplicate_separated import duplicate_subsets
 from pipeline.ordering.strategies.greedy import block_shuffle, block_unshuffle, reseed_block_shuffle
 from pipeline.packing.pack import pack_concat
-from pipeline.reports.composition import composition
 from pipeline.reports.diagnostics import batch_deviations, prefix_errors, prepare, window_unique
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
@@ -175,7 +175,7 @@ def test_every_strategy_returns_a_permutation(tmp_path):
     knots.write_text("knots:\n  - tokens: 1000\n    logits: {0: 2.0}\n  - tokens: 100000\n    logits: {5: 2.0}\n")
     weights = tmp_path / "weights.json"
     weights.write_text('{"0": 0.4, "3": 0.6}')
-    from pipeline.mixture.blend import Blend
+    from pipeline.ordering.blend import Blend
 
     blend = Blend("cluster", 0, (1.0,), ((("0", 0.4), ("3", 0.6)),))  # greedy_blend over the documents' cluster column
     params = OrderParams(length_bins=16, curriculum=str(knots), mixture_weights_file=str(weights), blend=blend)

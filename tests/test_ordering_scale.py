@@ -18,10 +18,10 @@ from pipeline.ordering import (
     run_strategy,
     sequence_features,
 )
+from pipeline.ordering.composition import composition
 from pipeline.ordering.features import Csr, SequenceFeatures, packed_sequence_features
 from pipeline.ordering.repair import repair_batches
 from pipeline.packing.pack import pack_concat
-from pipeline.reports.composition import composition
 from pipeline.reports.diagnostics import batch_deviations
 
 F3 = Objective.named("f3", 1.0)

@@ -141,7 +141,7 @@ def test_figures_fit_the_dagster_pop_up(schedules, tmp_path):
     MAX_WIDTH_PX wide, at a lower dpi rather than cropped; a narrow one keeps the full DPI."""
     from matplotlib.figure import Figure
 
-    from pipeline.reports.figures import DPI, MAX_WIDTH_PX, save_png
+    from pipeline.render.figures import DPI, MAX_WIDTH_PX, save_png
 
     widths = {}
     for name, path in (("bars", P.plot_ordering_bars(schedules, tmp_path / "bars.png")),

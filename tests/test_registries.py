@@ -120,7 +120,8 @@ rows = evaluate(torch.nn.Linear(3, 2), None, {"toy": tmp}, limit=1, device="cpu"
 
 # report: the suite's metric in the ablation table, its direction in the paired differences
 from pipeline.reports.stats import delta_table
-from pipeline.reports.tables import ablation_table, higher_is_better, render_report
+from evals.suites import is_higher_better as higher_is_better
+from pipeline.reports.tables import ablation_table, render_report
 
 values = {"random": (8.0, 9.0, 10.0), "toy_reverse": (9.5, 9.9, 11.2)}
 units = pl.DataFrame([{"strategy": s, "seed": seed, "metric": "toy/all/toy_score", "unit": "all", "value": v[seed]}
@@ -146,18 +147,15 @@ def test_every_key_an_entry_reads_is_declared():
         assert suite.path_key is None or suite.path_key in suite.reads
 
 
-def test_spec_modules_import_no_stage():
-    """Reading the registries (as the config's validation does) imports no stage code."""
+def test_reading_the_registries_imports_no_heavy_dependency():
+    """Reading every registry (as the config's validation does) imports none of pipeline/heavy.py's
+    list: spec modules import their stage's code at their top, and that code keeps its heavy
+    dependencies to the functions that use them."""
     code = ("import sys; from pipeline.config import StrataConfig; StrataConfig(); "
-            "from evals.suites import REGISTRY; REGISTRY.entries(); "
-            "print(sorted(m for m in sys.modules if m.startswith(('pipeline.', 'evals.')) and m.split('.')[1] not in "
-            "('config', 'errors', 'names', 'registry', 'ordering', 'export', 'suites')))")
+            "from pipeline.registry import EXPORT_FORMATS, FAMILIES, STRATEGIES; from evals.suites import REGISTRY; "
+            "[r.entries() for r in (EXPORT_FORMATS, FAMILIES, STRATEGIES, REGISTRY)]; from pipeline.heavy import is_heavy; "
+            "print(sorted(m for m in sys.modules if is_heavy(m)))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT).stdout.strip()
-    assert out == "[]"
-    code = ("import sys; from pipeline.config import StrataConfig; StrataConfig(); "
-            "print(sorted(m for m in sys.modules if m.startswith(('pipeline.ordering.', 'pipeline.export.')) "
-            "and not m.startswith(('pipeline.ordering.strategies', 'pipeline.export.formats'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT).stdout.strip()
     assert out == "[]"
 
@@ -287,7 +285,7 @@ TOY_FAMILIES = '''
             return Csr(np.searchsorted(r, np.arange(m + 1)).astype(np.int64), g.astype(np.int64), dense[r, g], 2)
 
         def composition(self, schedule):
-            from pipeline.reports.composition import composition
+            from pipeline.ordering.composition import composition
 
             c = schedule.clusters
             return composition(c.seq, c.group % 2, c.tokens, c.n_sequences, 2)
@@ -339,13 +337,13 @@ def _parity_instance():
 def test_a_toy_family_from_one_file_reaches_greedy_repair_diagnostics_and_config(toy_families):
     import numpy as np
 
+    from pipeline.ordering.composition import composition
     from pipeline.ordering.engine import OrderParams, sequence_order
     from pipeline.ordering.families import REGISTRY as FAMILIES
     from pipeline.ordering.families import repaired
     from pipeline.ordering.greedy import Objective
     from pipeline.ordering.repair import repair_batches
     from pipeline.reports import diagnostics as D
-    from pipeline.reports.composition import composition
 
     f, seg, cluster, length = _parity_instance()
     parity = FAMILIES.get("toy_parity").tokens(f)

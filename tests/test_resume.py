@@ -31,12 +31,12 @@ from helpers import demo_slice
 from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.odm import ODMSampler, sequence_clusters
 from pipeline.packing.pack import SequenceStore
 from pipeline.storage.layout import Layout
 from pipeline.training.checkpoint import Checkpointing, decode, encode
 from pipeline.training.heldout import HeldoutBatch
 from pipeline.training.loop import TrainSettings, train
-from pipeline.training.odm import ODMSampler, sequence_clusters
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN = 32
@@ -190,7 +190,7 @@ def train(*args, **kwargs):
     return real(*args, on_step=on_step, **kwargs)
 
 
-pipeline.training.loop.train = train  # the training stage (pipeline/training/stage.py) imports it when it runs
+pipeline.training.loop.train = train  # before the run imports the training stage (pipeline/training/stage.py), which binds it
 sys.exit(main(["run", "--config", sys.argv[2], "--select", "key:training_runs"]))
 """.format(kill_at=KILL_AT)
 TABLES = ("train_log", "heldout_curve", "consumed_metrics", "stable_rank", "epoch_jumps", "odm_mixture")

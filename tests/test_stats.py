@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipeline.reports.consumed import consumed_diversity
+from evals.suites import is_higher_better as higher_is_better
 from pipeline.reports.stats import (
     POOLED,
     Z_MDE,
@@ -24,7 +24,8 @@ from pipeline.reports.stats import (
     power_table,
     variance_components,
 )
-from pipeline.reports.tables import ablation_table, higher_is_better, render_report, run_units
+from pipeline.reports.tables import ablation_table, render_report, run_units
+from pipeline.training.consumed import consumed_diversity
 
 
 def test_bootstrap_of_a_constant_shift_is_that_shift_and_symmetric_noise_covers_zero():

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.odm import ODMSampler, sequence_clusters
 from pipeline.packing.pack import SequenceStore, pack_concat
 from pipeline.reports import training_plots as TP
 from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, train
 from pipeline.training.model import PRESETS, batch_tensors, build_model, preset_parameters, token_losses
-from pipeline.training.odm import ODMSampler, sequence_clusters
 
 VOCAB, EOS, PAD = 48, 1, 0
 

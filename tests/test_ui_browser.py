@@ -33,7 +33,7 @@ import yaml
 from helpers import demo_slice, small_graph_config
 
 from assets.loaded import LOADED_ENV
-from pipeline.reports.figures import MAX_WIDTH_PX
+from pipeline.render.figures import MAX_WIDTH_PX
 
 pytestmark = pytest.mark.integration
 
@@ -175,7 +175,7 @@ def test_materialize_from_the_ui_shows_metadata_figure_and_check(playwright_api,
                 expect(figures.first).to_be_visible()
                 widths = figures.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
                 assert len(widths) >= 5 and min(widths) > 0, widths  # decoded, not broken images
-                # every figure fits the dialog: none is cut on the right (pipeline/reports/figures.py: MAX_WIDTH_PX)
+                # every figure fits the dialog: none is cut on the right (pipeline/render/figures.py: MAX_WIDTH_PX)
                 assert max(widths) <= MAX_WIDTH_PX, widths
                 # (1 px of slack: an image the dialog scales down to its content box can end a fraction of
                 # a pixel past it, from rounding, and is shown whole)

@@ -55,3 +55,10 @@ def reads() -> tuple[str, ...]:
 def higher_is_better() -> frozenset[str]:
     """Metric names where higher is better, over every suite."""
     return frozenset(m for s in REGISTRY.entries().values() for m in s.higher_is_better)
+
+
+def is_higher_better(metric: str) -> bool:
+    """Whether higher is better for ``suite/task/metric``: the metric names the eval suites declare
+    (accuracies, Core scores); losses, perplexities, bits per byte: lower. The ablation report and
+    ``strata ablate`` are given it (pipeline/ never imports evals/)."""
+    return metric.rsplit("/", 1)[-1] in higher_is_better()

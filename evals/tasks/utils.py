@@ -11,8 +11,8 @@ from typing import Any
 
 import datasets
 
-from evals.paloma import read_paloma_docs
-from evals.wikitext import read_articles
+from pipeline.data.paloma import read_paloma_docs
+from pipeline.data.wikitext import read_articles
 
 
 def load_wikitext(strata_wikitext_path: str, **_: Any) -> datasets.DatasetDict:

@@ -11,6 +11,8 @@ set's units, or of the training documents, and in more than ``COMMON_MIN`` of th
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -18,6 +20,10 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from pipeline.clean.ngrams import text_ngrams
+from pipeline.data.dclm_tasks import TASK_FILES, core_tasks, read_jsonl, task_file
+from pipeline.data.paloma import read_paloma_docs
+from pipeline.data.wikitext import read_articles
+from pipeline.storage.atomic import atomic_dir
 
 COMMON_MIN = 3  # an n-gram in at most this many units of a set is always kept, however small the set
 
@@ -77,10 +83,6 @@ class EvalNgrams:
 
     def save(self, path: Path) -> Path:
         """Write the n-grams to ``path`` (a folder: one ``.npy`` a set and array, and ``sets.json``), atomically."""
-        import json
-
-        from pipeline.storage.atomic import atomic_dir
-
         with atomic_dir(path) as tmp:
             for j in range(len(self.names)):
                 np.save(tmp / f"{j}.hashes.npy", self.hashes[j], allow_pickle=False)
@@ -92,8 +94,6 @@ class EvalNgrams:
     @classmethod
     def load(cls, path: Path) -> "EvalNgrams":
         """The n-grams :meth:`save` wrote to ``path`` (the arrays memory-mapped)."""
-        import json
-
         meta = json.loads((Path(path) / "sets.json").read_text(encoding="utf-8"))
         k = range(len(meta["names"]))
         return cls(tuple(meta["names"]), tuple(np.load(Path(path) / f"{j}.hashes.npy", mmap_mode="r") for j in k), int(meta["n"]),
@@ -159,8 +159,6 @@ def _unique_per_unit(grams: np.ndarray, unit: np.ndarray) -> np.ndarray:
 
 def _dclm_units(dclm_dir: str) -> Iterator[list[str]]:
     """The texts of each DCLM-core row together (:func:`_dclm_texts`, row by row)."""
-    from evals.dclm import TASK_FILES, core_tasks, read_jsonl, task_file
-
     files = dict.fromkeys(task_file(Path(dclm_dir), t) for t in core_tasks(Path(dclm_dir)) if t in TASK_FILES)
     for path in files:
         for row in read_jsonl(path):
@@ -192,16 +190,12 @@ def _row_texts(row: dict) -> Iterator[str]:
 
 def _paloma_texts(root: str | Path) -> Iterator[str]:
     """Every document of a Paloma-layout directory's val and test splits."""
-    from evals.paloma import read_paloma_docs
-
     for split in ("val", "test"):
         if any(Path(root).glob(f"*/{split}/*.jsonl*")):
             yield from read_paloma_docs(root, split)["text"].to_list()
 
 
 def _wikitext_texts(path: str) -> Iterator[str]:
-    from evals.wikitext import read_articles
-
     yield from read_articles(path)
 
 
@@ -235,8 +229,6 @@ def eval_sets(cfg, heldout_dir: Path | None) -> dict[str, Callable[[], Iterable[
 def sources_fingerprint(sources: dict[str, Path]) -> str:
     """A hash of the sets' names and every byte of their files (folders: every file under them,
     by relative path): equal fingerprints, equal n-grams."""
-    import hashlib
-
     h = hashlib.sha256()
     for name, path in sorted(sources.items()):
         files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]

@@ -10,6 +10,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from pipeline.clean.ngrams import text_ngrams
+from pipeline.heavy import lazy
+
+datasketch = lazy("datasketch")  # imported on first use (pipeline/heavy.py)
 
 _LOW32 = np.uint64(0xFFFFFFFF)  # datasketch's permutations take 32-bit hash values
 
@@ -23,13 +26,11 @@ def signature_rows(texts: Sequence[str], num_perm: int, ngram: int, seed: int = 
     """(len(texts), num_perm) uint32: the datasketch MinHash of each text's shingles (hashed word
     n-grams; a text shorter than ``ngram`` words is one shingle; an empty text's row is all
     ``EMPTY``, datasketch's empty signature)."""
-    from datasketch import MinHash
-
     flat, offsets = text_ngrams(texts, ngram, short=True)
     low = (flat & _LOW32).tolist()
     sets = (low[offsets[i]:offsets[i + 1]] for i in range(len(texts)))
     out = np.empty((len(texts), int(num_perm)), np.uint32)
-    for i, mh in enumerate(MinHash.bulk(sets, num_perm=int(num_perm), seed=int(seed), hashfunc=_identity)):
+    for i, mh in enumerate(datasketch.MinHash.bulk(sets, num_perm=int(num_perm), seed=int(seed), hashfunc=_identity)):
         out[i] = mh.hashvalues
     return out
 
@@ -45,12 +46,10 @@ class NearIndex:
 
     def __init__(self, threshold: float, num_perm: int, ngram: int, seed: int = 1,
                  lookup: Callable[[int], np.ndarray] | None = None):
-        from datasketch import MinHash, MinHashLSH
-
         self.threshold, self.num_perm, self.ngram, self.seed = float(threshold), int(num_perm), int(ngram), int(seed)
-        self.lsh = MinHashLSH(threshold=self.threshold, num_perm=self.num_perm)
+        self.lsh = datasketch.MinHashLSH(threshold=self.threshold, num_perm=self.num_perm)
         self._lookup = lookup
-        self._scheme = MinHash(num_perm=1, seed=self.seed).scheme  # what signature_rows' MinHash.bulk computes
+        self._scheme = datasketch.MinHash(num_perm=1, seed=self.seed).scheme  # what signature_rows' MinHash.bulk computes
         self._signatures: dict[int, np.ndarray] = {}
         self.candidates = 0  # LSH candidate pairs looked at
 
@@ -61,13 +60,11 @@ class NearIndex:
     def add_signatures(self, keys: Sequence[int], signatures: np.ndarray) -> np.ndarray:
         """Add documents ``keys`` with their :func:`signature_rows`; the (k, 2) pairs (earlier key,
         key) whose estimated Jaccard similarity reaches the threshold. Empty signatures are skipped."""
-        from datasketch import LeanMinHash
-
         pairs: list[tuple[int, int]] = []
         for key, sig in zip(keys, np.asarray(signatures, np.uint32)):
             if (sig == EMPTY).all():
                 continue
-            mh = LeanMinHash(seed=self.seed, hashvalues=sig.astype(np.uint64), scheme=self._scheme)
+            mh = datasketch.LeanMinHash(seed=self.seed, hashvalues=sig.astype(np.uint64), scheme=self._scheme)
             for other in self.lsh.query(mh):
                 self.candidates += 1
                 theirs = self._lookup(other) if self._lookup is not None else self._signatures[other]

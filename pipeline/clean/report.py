@@ -10,6 +10,8 @@ from pathlib import Path
 
 import polars as pl
 
+from pipeline.render.figures import DPI, new_figure, save_png
+from pipeline.render.markdown import frame_table
 from pipeline.stage import Connect
 
 TABLES = ("duplicates", "contamination", "clean_removed")
@@ -44,11 +46,7 @@ MAX_CLUSTERS = 30  # bars of the cluster panel: the clusters with the most flagg
 def plot_clean(tables: dict[str, pl.DataFrame], path: str | os.PathLike) -> Path:
     """Stacked bars of duplicate and contaminated documents by source (left) and by cluster (right:
     the :data:`MAX_CLUSTERS` clusters with the most, when there are more)."""
-    from matplotlib.figure import Figure
-
-    from pipeline.reports.figures import DPI, save_png
-
-    fig = Figure(figsize=(11, 4.2), dpi=DPI)
+    fig = new_figure(figsize=(11, 4.2), dpi=DPI)
     for ax, by in zip(fig.subplots(1, 2), ("source", "cluster")):
         counts = _counts(tables, by)
         keys = sorted(counts[by].unique().to_list(), key=lambda k: (len(k), k)) if counts.height else []
@@ -96,8 +94,6 @@ def summary_line(tables: dict[str, pl.DataFrame]) -> str | None:
 def clean_section(tables: dict[str, pl.DataFrame], checked_against: str) -> str:
     """The report's section: what left training by reason, contaminated documents per evaluation set
     and source, and the sets the corpus was checked against."""
-    from pipeline.reports.markdown import frame_table
-
     if "clean_removed" not in tables:
         return ""
     lines = ["## Cleaning (duplicates and benchmark contamination)", "",

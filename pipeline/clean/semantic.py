@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.heavy import lazy
+
+sparse = lazy("scipy.sparse")  # imported on first use (pipeline/heavy.py)
+csgraph = lazy("scipy.sparse.csgraph")
+
 
 def semantic_pairs(take, cluster: np.ndarray, docs: np.ndarray, threshold: float, chunk: int = 1024,
                    forest: bool = False) -> tuple[np.ndarray, int]:
@@ -50,14 +55,11 @@ def semantic_pairs(take, cluster: np.ndarray, docs: np.ndarray, threshold: float
 
 def _merge(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Each row's smallest row among the rows ``label`` already joins it to and the pairs (a, b)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     if not a.size:
         return label
     m = label.size
     rows, cols = np.concatenate([np.arange(m), a]), np.concatenate([label, b])
-    _, comp = connected_components(coo_matrix((np.ones(rows.size, np.int8), (rows, cols)), shape=(m, m)), directed=False)
+    _, comp = csgraph.connected_components(sparse.coo_matrix((np.ones(rows.size, np.int8), (rows, cols)), shape=(m, m)), directed=False)
     first = np.full(int(comp.max()) + 1, m, np.int64)
     np.minimum.at(first, comp, np.arange(m, dtype=np.int64))
     return first[comp]

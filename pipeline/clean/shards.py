@@ -34,7 +34,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.clean.decontam import _READERS, EvalNgrams, sources_fingerprint
+from pipeline.clean.exact import text_hashes
+from pipeline.clean.near import signature_rows
 from pipeline.data.shard_docs import ShardDocs, read_shard_docs
+from pipeline.distributed.units import map_corpus_shards
 from pipeline.storage.atomic import write_npy
 from pipeline.storage.integrity import intact
 
@@ -77,8 +81,6 @@ def eval_cache(layout, sources: dict[str, Path], ngram: int) -> Path | None:
     """The folder holding the hashed ``ngram``-grams of the evaluation sets ``sources`` (name -> file
     or folder, :func:`pipeline.clean.decontam.eval_sources`), built when missing; None for no set.
     Every n-gram is kept: the boilerplate rule is the gather's (it needs the training side too)."""
-    from pipeline.clean.decontam import _READERS, EvalNgrams, sources_fingerprint
-
     if not sources:
         return None
     key = hashlib.sha256(f"{VERSION}:{ngram}:{sources_fingerprint(sources)}".encode()).hexdigest()[:16]
@@ -91,16 +93,11 @@ def eval_cache(layout, sources: dict[str, Path], ngram: int) -> Path | None:
 
 @functools.lru_cache(maxsize=2)
 def _evals(path: str):
-    from pipeline.clean.decontam import EvalNgrams
-
     return EvalNgrams.load(Path(path))
 
 
 def scan_unit(texts: Sequence[str], exact: bool, near: tuple[int, int, int] | None, evals: str | None) -> tuple[np.ndarray, ...]:
     """One unit's documents: (count, hashes, signatures, hits) as :mod:`this module <pipeline.clean.shards>` stores them."""
-    from pipeline.clean.exact import text_hashes
-    from pipeline.clean.near import signature_rows
-
     n = len(texts)
     hashes = text_hashes(texts) if exact else np.zeros(0, np.uint64)
     sigs = signature_rows(texts, near[0], near[1], near[2]) if near else np.zeros((0, 0), np.uint32)
@@ -139,7 +136,6 @@ def scan_shards(shards: Sequence[ShardDocs], spec: ScanSpec, shard_dir: Path, wo
         if "hits" in files:
             write_npy(np.concatenate(hits), files["hits"])
 
-    from pipeline.distributed.units import map_corpus_shards
 
     return map_corpus_shards(shards, scan_unit, unit_args, assemble, lambda s: intact(spec.files(shard_dir, s).values()),
                              stage="clean", key=spec.key, work_dir=work_dir, cfg=cfg, checkpoint=False)

@@ -16,10 +16,23 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from pipeline.clean.decontam import EvalNgrams, eval_sources, over_share
+from pipeline.clean.exact import exact_representatives
+from pipeline.clean.groups import components
+from pipeline.clean.near import NearIndex
+from pipeline.clean.plan import REASONS, plan
+from pipeline.clean.removals import clean_file
+from pipeline.clean.report import plot_clean
+from pipeline.clean.semantic import semantic_pairs
+from pipeline.clean.shards import ShardScan, eval_cache, scan_shards, scan_spec
 from pipeline.data.gather import Gathered, gather_shards, partition_shard
 from pipeline.data.shard_docs import ShardDocs
 from pipeline.data.stage import CorpusShardParams
+from pipeline.render.markdown import frame_table, image_markdown
+from pipeline.represent.embedding_index import open_embeddings
 from pipeline.stage import Connect, EngineParams, Markdown, StageResult, setting
+from pipeline.storage.atomic import write_parquet
+from pipeline.storage.warehouse import replace_rows
 
 BATCH = 4096  # documents added to the LSH index at a time
 
@@ -37,17 +50,9 @@ class CleanParams(EngineParams):
     corpus_shard: CorpusShardParams = setting(versioned=False, convert=CorpusShardParams)  # a partition's shard (corpus_shards')
 
 
-def clean_file(layout) -> Path:
-    """The clean stage's per-document table."""
-    return layout.inside("clean", "documents.parquet")
-
-
 def _specs(layout, params: CleanParams) -> tuple:
     """The partitions' scan (exact, near, the fixed evaluation sets) and the gather's held-out scan
     (None without a held-out set), with the evaluation sets' names in the order the tables use."""
-    from pipeline.clean.decontam import eval_sources
-    from pipeline.clean.shards import eval_cache, scan_spec
-
     sources = eval_sources(params, layout.heldout) if params.decontam.enabled else {}
     fixed = {k: v for k, v in sources.items() if k != "heldout"}
     main = scan_spec(params, eval_cache(layout, fixed, params.decontam.ngram))
@@ -62,9 +67,6 @@ def scan_shard(layout, params: CleanParams, partition_key: str) -> StageResult:
     signatures and n-gram hits against WikiText, Paloma and DCLM-core (those configured), under
     ``clean/shards/`` (:mod:`pipeline.clean.shards`); a shard already scanned with the same
     parameters and evaluation files is not read again."""
-    from pipeline.clean.decontam import EvalNgrams
-    from pipeline.clean.shards import scan_shards
-
     shard = partition_shard(layout, params.corpus_shard, partition_key)
     main, _, _ = _specs(layout, params)
     run = scan_shards([shard], main, layout.shard_dir("clean"), layout.inside("work", "clean"), params)
@@ -87,8 +89,6 @@ def _gather(layout, params: CleanParams) -> tuple[list, tuple, list, tuple[str, 
     :func:`pipeline.data.gather.gather_shards`) as :class:`~pipeline.clean.shards.ShardScan` objects
     in doc_id order; the two scan specs; the held-out scans; the evaluation sets' names; the gather
     (what the scans of the main spec reused, the shards read)."""
-    from pipeline.clean.shards import ShardScan, scan_shards
-
     main, held, names = _specs(layout, params)
     shard_dir, work = layout.shard_dir("clean"), layout.inside("work", "clean")
 
@@ -118,8 +118,6 @@ def _gather(layout, params: CleanParams) -> tuple[list, tuple, list, tuple[str, 
 def _near_pairs(params: CleanParams, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, int]:
     """Near pairs among the exact representatives, each queried against every earlier one (across
     shards) in doc_id order, from the stored signatures (memory-mapped: the index holds no copy)."""
-    from pipeline.clean.near import NearIndex
-
     d = params.dedup
     starts = np.array([s.start for s in scans], np.int64)
 
@@ -143,8 +141,6 @@ def _contamination(params: CleanParams, n: int, names: tuple[str, ...], parts: l
     more than 3 of them), and the n-grams left out of each set. ``parts``: (scan spec, its shard
     scans). Two passes over the shards' hits, one shard in memory at a time: the training documents
     holding each n-gram, then each document's count of the n-grams that are not boilerplate."""
-    from pipeline.clean.decontam import EvalNgrams, over_share
-
     share = params.decontam.common_share
     counts, common = np.zeros((n, len(names)), np.int64), [0] * len(names)
     for spec, scans in parts:
@@ -174,9 +170,6 @@ def _contamination(params: CleanParams, n: int, names: tuple[str, ...], parts: l
 def semantic_candidates(layout, params: CleanParams, survivors: np.ndarray) -> tuple[np.ndarray, int]:
     """SemDeDup among ``survivors`` (sorted doc ids) within their k-means clusters, as one pair a
     grouped document (its group's smallest doc id, it), and the largest cluster searched."""
-    from pipeline.clean.semantic import semantic_pairs
-    from pipeline.represent.embedding_index import open_embeddings
-
     cluster = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"]).sort("doc_id")["cluster"].to_numpy()
     return semantic_pairs(open_embeddings(layout).take, cluster, survivors, params.dedup.semantic_threshold, forest=True)
 
@@ -189,21 +182,11 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     ``decontam.ngram``-gram overlap with every configured evaluation set and the held-out split.
     Reads the ``clean_shards`` files (scans a shard whose files are missing; its ``deps`` name every
     shard read). ``dedup.action`` and ``decontam.action`` decide who leaves training (``removed``)."""
-    from pipeline.clean.groups import components
-    from pipeline.clean.plan import REASONS, plan
-    from pipeline.clean.report import plot_clean
-    from pipeline.reports.markdown import frame_table
-    from pipeline.reports.visual import image_markdown
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.warehouse import replace_rows
-
     scans, (main, held), held_scans, names, gathered = _gather(layout, params)
     run = gathered.run
     n, t0 = sum(s.n for s in scans), time.perf_counter()
     exact_rep = np.arange(n, dtype=np.int64)
     if main.exact and n:
-        from pipeline.clean.exact import exact_representatives
-
         exact_rep = exact_representatives(np.concatenate([np.asarray(s.take("hashes")) for s in scans]))
     t1 = time.perf_counter()
     near, candidates = _near_pairs(params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
@@ -262,81 +245,3 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     )
 
 
-def removed_documents(layout) -> pl.DataFrame | None:
-    """doc_id and removed (the reason) of the documents the clean stage takes out of training, or
-    None when there is no clean table (a data root cleaned by no run) or it removes nothing."""
-    path = clean_file(layout)
-    if not path.is_file():
-        return None
-    gone = pl.read_parquet(path, columns=["doc_id", "removed"]).filter(pl.col("removed").is_not_null())
-    return gone if gone.height else None
-
-
-def applied_file(layout) -> Path:
-    """The removals the packing applied (doc_id, removed): the clean stage's, less the documents a
-    frozen prefix holds."""
-    return layout.inside("sequences", "removed.parquet")
-
-
-def applied_removals(layout) -> pl.DataFrame | None:
-    """doc_id and removed of the documents the packing left out (``sequences/meta.json`` says
-    whether it applied the clean stage's removals; a data root packed before ``removed.parquet``
-    existed applied the clean table as it is), or None when it left none out."""
-    import json
-
-    meta = json.loads(layout.sequences_meta.read_text(encoding="utf-8")) if layout.sequences_meta.is_file() else {}
-    if not meta.get("cleaned"):
-        return None
-    gone = pl.read_parquet(applied_file(layout)) if applied_file(layout).is_file() else removed_documents(layout)
-    return gone if gone is not None and gone.height else None
-
-
-def tokens_by_reason(gone: pl.DataFrame | None, stream: np.ndarray) -> dict[str, int]:
-    """Stream tokens (ids and EOS) of the documents ``gone`` (doc_id, removed) by reason (every
-    reason, 0 where none)."""
-    from pipeline.clean.plan import REASONS
-
-    out = dict.fromkeys(REASONS, 0)
-    if gone is not None:
-        tok = np.asarray(stream, np.int64)[gone["doc_id"].to_numpy()]
-        for reason, t in zip(gone["removed"].to_list(), tok.tolist()):
-            out[reason] += int(t)
-    return out
-
-
-def group_keys(layout) -> pl.DataFrame | None:
-    """doc_id and dup_group of the documents in a duplicate group (for ``dedup.action: separate``)."""
-    path = clean_file(layout)
-    if not path.is_file():
-        return None
-    return pl.read_parquet(path, columns=["doc_id", "dup_group"]).filter(pl.col("dup_group") >= 0)
-
-
-def packed_stream(layout, stream: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
-    """The stream lengths the packing had to hold (the documents it left out, :func:`applied_removals`,
-    at 0) and their tokens by reason: what the token-conservation check accounts every token of the
-    corpus with."""
-    gone = applied_removals(layout)
-    if gone is None:
-        return stream, tokens_by_reason(None, stream)
-    kept = np.array(stream, np.int64, copy=True)
-    by_reason = tokens_by_reason(gone, kept)
-    kept[gone["doc_id"].to_numpy()] = 0
-    return kept, by_reason
-
-
-def training_documents(layout, docs: pl.DataFrame) -> pl.DataFrame:
-    """The ordering's documents table without the documents the packing left out
-    (:func:`applied_removals`), and with a ``content_hash`` column (when it has one) equal within
-    each duplicate group, so ``duplicate_separated`` separates near and semantic duplicates as it
-    does exact ones."""
-    gone = applied_removals(layout)
-    if gone is not None:
-        docs = docs.filter(~pl.col("doc_id").is_in(gone["doc_id"].implode()))
-    groups = group_keys(layout) if "content_hash" in docs.columns else None
-    if groups is not None and groups.height:
-        docs = (docs.join(groups, on="doc_id", how="left")
-                .with_columns(content_hash=pl.when(pl.col("dup_group").is_not_null())
-                              .then(pl.format("group:{}", pl.col("dup_group"))).otherwise(pl.col("content_hash")))
-                .drop("dup_group").sort("doc_id"))
-    return docs

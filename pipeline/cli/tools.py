@@ -15,8 +15,9 @@ from rich.table import Table
 from rich.tree import Tree
 
 from pipeline.errors import StrataInputError
+from pipeline.render.markdown import cell, table_lines
 from pipeline.reports.compare_runs import DEFAULT_METRICS, compare_runs
-from pipeline.reports.markdown import cell, table_lines
+from pipeline.reports.plots import plot_k_calibration
 from pipeline.represent.agreement import compare, load_labels
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
 from pipeline.represent.embedding_index import open_embeddings
@@ -48,8 +49,6 @@ def cmd_calibrate_k(args: argparse.Namespace) -> int:
     Console().print(table)
     print(f"recommended k = {cal.recommended_k} (largest k within 5% of the peak silhouette)")
     if args.plot is not None:
-        from pipeline.reports.plots import plot_k_calibration
-
         print(f"wrote {plot_k_calibration(cal.ks, cal.silhouettes, cal.recommended_k, args.plot)}")
     return 0
 
@@ -84,7 +83,6 @@ def cmd_compare_runs(args: argparse.Namespace) -> int:
 
 def render(tree: dict[str, Any]):
     """A ``rich.tree.Tree`` of :func:`lineage_of`'s result."""
-
     def label(node: dict[str, Any]) -> str:
         name = escape(node["asset"] + (f"[{node['partition']}]" if node.get("partition") else ""))
         if node.get("missing"):

@@ -16,21 +16,28 @@ shards. Memory: one batch of documents plus about 10 bytes a document.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.config import CorpusConfig
+from pipeline.data.builtin_corpus import builtin_documents
+from pipeline.data.hf_hub import data_files, file_records
 from pipeline.data.shards import (
     BATCH_ROWS,
     SHARD_COLUMNS,
@@ -44,6 +51,8 @@ from pipeline.data.shards import (
 from pipeline.distributed.engine import map_shards
 from pipeline.distributed.shards import Shard
 from pipeline.errors import StrataInputError
+from pipeline.storage.atomic import atomic_writer, write_json
+from pipeline.storage.remote import is_url
 from pipeline.threads import ahead, behind, cores, parallel_map, prefetch
 
 if TYPE_CHECKING:  # imported where used: importing this module stays light
@@ -72,8 +81,6 @@ def corpus_units(cfg: CorpusConfig) -> list[str]:
     if _has_path(cfg):
         return [str(p) for p in discover_shards(cfg.path)]
     if cfg.hf_dataset:
-        from pipeline.data.hf_hub import data_files
-
         return data_files(cfg.hf_dataset, cfg.hf_split)
     return ["builtin"]
 
@@ -87,14 +94,11 @@ def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int
     """Validated batches (``id, text, source, subdomain, line``) of one unit of :func:`corpus_units`
     (an object URL read only while it is the version ``fingerprint`` names, when given)."""
     if unit == "builtin":
-        from pipeline.data.builtin_corpus import builtin_documents
-
         rows = builtin_documents(cfg.builtin_max_docs)
         report.n_read = len(rows)
         return iter([pl.DataFrame(rows, schema=list(SHARD_COLUMNS)[:4], orient="row")
                      .with_columns(line=pl.int_range(1, len(rows) + 1, dtype=pl.Int64))])
     if cfg.hf_dataset and not _has_path(cfg) and not is_shard(unit):  # a data file of another format (CSV, Arrow …)
-        from pipeline.data.hf_hub import file_records
 
         return read_records(file_records(cfg.hf_dataset, unit), cfg, unit, report, batch_rows)
     return read_shard(_shard_path(unit), cfg, report, batch_rows, expect=fingerprint)
@@ -102,8 +106,6 @@ def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int
 
 def _shard_path(unit: str) -> Path | str:
     """A shard unit as :mod:`pipeline.data.shards` takes it: a Path, or an object URL as it is."""
-    from pipeline.storage.remote import is_url
-
     return unit if is_url(unit) else Path(unit)
 
 
@@ -191,8 +193,6 @@ def heldout_keys(hashes: pl.Series, seed: int) -> np.ndarray:
     """Each document's split key: the first 8 bytes, big-endian, of SHA-256 of ``f"{seed}:{hash}"``.
     Computed by DuckDB, outside the GIL and without a Python call a document: on these short strings
     the calls cost more than the hashing."""
-    import pyarrow as pa
-
     with _duckdb(os.getpid()).cursor() as con:
         con.register("hashes", pa.table({"h": hashes.to_arrow()}))
         keys = con.sql("select ('0x' || left(sha256($salt || h), 16))::UBIGINT as k from hashes", params={"salt": f"{seed}:"})
@@ -204,10 +204,6 @@ def _duckdb(pid: int) -> duckdb.DuckDBPyConnection:
     """This process's DuckDB connection, for cursors (a connection is far dearer to open than a
     cursor); keyed by process id so a forked child opens its own. One thread a query: the
     callers overlap it with reading and writing instead."""
-    import atexit
-
-    import duckdb
-
     con = duckdb.connect(config={"threads": 1})
     atexit.register(_close_duckdb, con)  # closed before exit: a connection left to interpreter shutdown is reported as leaked
     return con
@@ -244,8 +240,6 @@ def unit_fingerprint(unit: str, cfg: CorpusConfig) -> str:
 
 @lru_cache(maxsize=4)
 def _builtin_fingerprint(max_docs: int) -> str:
-    from pipeline.data.builtin_corpus import builtin_documents
-
     h = hashlib.sha256(f"builtin:{max_docs}".encode())
     for doc in builtin_documents(max_docs):
         h.update("\x1f".join(doc).encode("utf-8", "surrogatepass"))
@@ -327,10 +321,6 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     Two cores: a background thread reads, validates and hashes the next batch while this one
     compresses and writes the previous one (both mostly outside the GIL); at most three batches
     are in memory."""
-    import pyarrow.parquet as pq
-
-    from pipeline.storage.atomic import atomic_writer, write_json
-
     sr = ShardReport(unit)
     with atomic_writer(out) as sink:
         writer = None
@@ -368,8 +358,6 @@ def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, 
     """:func:`validate_unit` on a Ray worker (``out`` is the driver's path, unused here): the
     validated shard's bytes and its report, written by the driver (:func:`_save_validated`), so
     workers need read access to the raw shards only."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="strata-validate-") as tmp:
         local = Path(tmp) / "shard.parquet"
         validate_unit(unit, cfg, heldout_fraction, seed, local, batch_rows, fingerprint)
@@ -381,8 +369,6 @@ def _saved(shard, result) -> None:
 
 
 def _save_validated(shard, result: tuple[bytes, bytes]) -> None:
-    from pipeline.storage.atomic import atomic_writer
-
     for path, data in zip(shard.outputs, result):  # the report last: both present = the shard is done
         with atomic_writer(path) as fh:
             fh.write(data)
@@ -444,13 +430,8 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
 
     ``heldout`` is called with the held-out documents (id, text, source, subdomain), in corpus
     order, in frames of :data:`HOLD_ROWS` or more (the last fewer), on a thread of its own while
-    the next batches are read (e.g. ``evals.paloma.PalomaWriter.add``): they are written as they
+    the next batches are read (e.g. ``pipeline.data.paloma.PalomaWriter.add``): they are written as they
     come, never held together."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.storage.atomic import atomic_writer
-
     fps = unit_fingerprints(cfg)
     units = list(fps)
     files, infos, reused = [], [], 0

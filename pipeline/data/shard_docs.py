@@ -20,6 +20,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
+
+from pipeline.threads import ahead, cores
 
 
 @dataclass(frozen=True)
@@ -54,16 +57,12 @@ def _train_rows(path: str, mtime_ns: int, size: int) -> np.ndarray:
 
 @lru_cache(maxsize=4)
 def _row_starts(path: str, mtime_ns: int, size: int) -> np.ndarray:
-    import pyarrow.parquet as pq
-
     meta = pq.ParquetFile(path).metadata
     return np.concatenate([[0], np.cumsum([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])]).astype(np.int64)
 
 
 def _read_rows(path: Path, rows: np.ndarray, columns: Sequence[str]) -> pl.DataFrame:
     """File rows ``rows`` (sorted) of a Parquet file, reading only the row groups they lie in."""
-    import pyarrow.parquet as pq
-
     starts = _row_starts(str(path), *_stamp(path))
     if rows.size == 0:
         return pl.DataFrame(schema={c: pl.String for c in columns})
@@ -124,8 +123,6 @@ def chosen_texts(corpus_path: Path, manifest: pl.DataFrame, corpus_shard_dir: Pa
     holding a chosen document are read (the ``text`` column), blocks of at most ``read_rows`` file
     rows a task on a thread a core, up to two tasks a core ahead of the consumer (decompressing and
     taking release the GIL); only the chosen texts become Python strings."""
-    from pipeline.threads import ahead, cores
-
     def tasks() -> Iterator[tuple[Path, list[int], np.ndarray]]:
         for row in manifest.to_dicts():
             n = int(row["n_docs"])
@@ -154,8 +151,6 @@ def chosen_texts(corpus_path: Path, manifest: pl.DataFrame, corpus_shard_dir: Pa
 
 
 def _take_texts(task: tuple[Path, list[int], np.ndarray]) -> list[str]:
-    import pyarrow.parquet as pq
-
     path, groups, local = task
     return pq.ParquetFile(path).read_row_groups(groups, columns=["text"], use_threads=False).column(0).take(local).to_pylist()
 
@@ -163,8 +158,6 @@ def _take_texts(task: tuple[Path, list[int], np.ndarray]) -> list[str]:
 def kept_rows(corpus_path: Path, row: dict, shard: ShardDocs) -> np.ndarray | None:
     """The shard rows (``shard_row``) of a manifest row's documents in ``corpus.parquet``, in order;
     None when they are all of its validated shard's training rows (nothing dropped: the common case)."""
-    import pyarrow.parquet as pq
-
     groups = list(range(int(row["row_group_start"]), int(row["row_group_end"])))
     rows = (pq.ParquetFile(corpus_path).read_row_groups(groups, columns=["shard_row"]).column(0).to_numpy() if groups
             else np.zeros(0, np.int64))

@@ -32,9 +32,14 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.config import CorpusConfig
 from pipeline.errors import StrataInputError
+from pipeline.storage import remote
+from pipeline.storage.layout import is_data_root
+from pipeline.storage.remote import fingerprint, is_url, open_input, translate
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 COMPRESSIONS = ("", ".gz", ".zst")
@@ -73,8 +78,6 @@ def _name(path: Path | str) -> str:
 
 
 def _is_url(path: object) -> bool:
-    from pipeline.storage.remote import is_url
-
     return is_url(path)
 
 
@@ -88,8 +91,6 @@ def _walk(base: Path, entry: str) -> Iterator[Path]:
     """Every file below the directory ``base`` (symlinks followed), sorted, never inside a data root
     (:func:`pipeline.storage.layout.is_data_root`) or a hidden folder; a symlink back to a folder
     it lies in (a cycle, which ``**`` would follow forever) is a StrataInputError naming it."""
-    from pipeline.storage.layout import is_data_root
-
     def visit(d: Path, ancestors: frozenset) -> Iterator[Path]:
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
@@ -120,8 +121,6 @@ def _walk(base: Path, entry: str) -> Iterator[Path]:
 
 def _in_data_root(path: Path) -> Path | None:
     """The data root ``path`` lies in, if any (checked on every folder above it)."""
-    from pipeline.storage.layout import is_data_root
-
     for parent in path.resolve().parents:
         if is_data_root(parent):
             return parent
@@ -142,8 +141,6 @@ def _discover_remote(entry: str) -> list[str]:
     (or matching the pattern, ``**`` any number of folders) whose name is a shard's, never one under
     a hidden folder or under a prefix holding a Strata marker (an export's ``.strata-export``, a
     data root's ``.strata-root`` or ``strata.duckdb``), as for local folders."""
-    from pipeline.storage import remote
-
     remote.check_url(entry)
     scheme = entry[: len(entry) - len(remote.strip(entry))]
     parts = remote.strip(entry).split("/")
@@ -279,8 +276,6 @@ def shard_fingerprint(path: Path | str, cfg: CorpusConfig) -> str:
     size, and last-modified when the ETag is not an MD5), confirmed on content when it is read."""
     opts = _options(cfg)
     if _is_url(path):
-        from pipeline.storage.remote import fingerprint
-
         return fingerprint(str(path), opts)
     st = Path(path).stat()
     return _file_fingerprint(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, opts)
@@ -358,7 +353,6 @@ def _opened(path: Path | str, cfg: CorpusConfig, expect: str | None, sequential:
     if not _is_url(path):
         yield path
         return
-    from pipeline.storage.remote import open_input
 
     with open_input(str(path), expect=expect, opts=_options(cfg), sequential=sequential) as fh:
         yield fh
@@ -367,15 +361,12 @@ def _opened(path: Path | str, cfg: CorpusConfig, expect: str | None, sequential:
 def _storage_error(exc: BaseException, path: Path | str) -> StrataInputError | None:
     if not _is_url(path):
         return None
-    from pipeline.storage.remote import translate
 
     return translate(exc, str(path), "read a corpus object")
 
 
 def _read_jsonl(path: Path | str, cfg: CorpusConfig, report: ShardReport, batch_rows: int,
                 expect: str | None = None) -> Iterator[pl.DataFrame]:
-    import pyarrow as pa
-
     def parse(data: bytes, line_no: int) -> Any:
         try:
             text = data.decode("utf-8")
@@ -418,9 +409,6 @@ def _read_parquet(path: Path | str, cfg: CorpusConfig, report: ShardReport, batc
 
 
 def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(src, pre_buffer=False)  # pre-buffering would read every selected column chunk of the file up front
     except StrataInputError:
@@ -488,7 +476,6 @@ def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardRepo
 def _valid_utf8(batch):
     """``(batch, None)`` when every string column is valid UTF-8 (the Arrow readers panic on one that
     is not); else the batch with the invalid values nulled and ``(bad rows mask, first bad column)``."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     bad, first = None, None

@@ -8,13 +8,17 @@ from typing import Any, Callable
 
 import polars as pl
 
+from pipeline.data.corpus import build_corpus, shard_key
 from pipeline.data.gather import gather_shards, partition_shard, shard_facts, validated_shard
+from pipeline.data.paloma import PalomaWriter
 from pipeline.data.shard_docs import chosen_texts
 from pipeline.data.token_shards import gather_tokens, token_files, tokenize_shards, tokenizer_key
 from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
 from pipeline.data.tokens import token_dtype
+from pipeline.render.markdown import frame_table
 from pipeline.stage import Connect, EngineParams, Markdown, StageParams, StageResult, setting
-from pipeline.storage.atomic import atomic_dir
+from pipeline.storage.atomic import atomic_dir, write_parquet
+from pipeline.storage.warehouse import replace_rows
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,6 @@ def build_stage(layout, params: CorpusParams, connect: Connect, log: Callable[[s
     validated shards), ``corpus/shards.parquet`` (one row per shard), ``heldout/<source>/val/*.jsonl.gz``
     (Paloma layout, written as the documents are read) and DuckDB ``corpus_stats``. Its ``deps``
     name every gathered shard's ``corpus_shards`` partition; skipped bad records are ``warn``-ed."""
-    from evals.paloma import PalomaWriter
-    from pipeline.data.corpus import build_corpus, shard_key
-    from pipeline.reports.markdown import frame_table
-    from pipeline.storage.atomic import atomic_dir, write_parquet
-    from pipeline.storage.warehouse import replace_rows
-
     with atomic_dir(layout.heldout) as tmp, PalomaWriter(tmp) as held:  # the held-out documents written as they are read
         built = build_corpus(params.corpus, params.seed, params.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=log,
                              engine=params.engine, ray_cfg=params.ray, heldout=held.add)

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.storage.atomic import file_sha256, write_parquet
+from pipeline.storage.atomic import file_sha256, write_bin, write_parquet
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,6 @@ def write_single_run(tokens: np.ndarray, path: Path) -> Path:
     """A token store of one file: ``tokens`` (ids and EOS of every document, in order) written
     beside ``path`` as ``store.bin`` and indexed by ``path`` as one run (for stores built outside
     ``token_shards``, e.g. an already tokenized corpus or a test's data root)."""
-    from pipeline.storage.atomic import write_bin
-
     tokens = np.ascontiguousarray(tokens)
     bin_path = write_bin(tokens, Path(path).parent / "store.bin")
     runs = TokenRuns([bin_path], np.array([0, tokens.size], np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))

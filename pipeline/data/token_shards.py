@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from pipeline.data.shard_docs import ShardDocs, kept_rows, read_docs, read_shard_docs
 from pipeline.data.text_pieces import PIECE_CHARS, pieces, splits_cleanly
+from pipeline.data.token_index import TokenRuns, shard_runs, write_token_runs
 from pipeline.data.tokens import token_dtype, tokenizer_fingerprint
 from pipeline.distributed.units import map_corpus_shards
 from pipeline.storage.atomic import atomic_writer, write_npy, write_parquet
@@ -131,8 +132,6 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
     counts; the content hashes stay in ``corpus.parquet``); returns
     ``n_tokens`` per document. Memory: the counts, runs and documents rows of the shards read
     ahead (two a core, :func:`pipeline.threads.ahead`)."""
-    from pipeline.data.token_index import TokenRuns, shard_runs, write_token_runs
-
     cols = ["doc_id", "id", "source", "subdomain"]
 
     def part(item: tuple[dict, ShardDocs]) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray, pa.Table]:

@@ -11,11 +11,16 @@ training stage and lm-eval's ``HFLM`` load it the same way.
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+import numpy as np
+
+from pipeline.data.text_pieces import all_pieces
 from pipeline.errors import StrataInputError
+from pipeline.threads import concurrently
 
 if TYPE_CHECKING:
     import numpy as np
@@ -29,12 +34,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
     than ``PIECE_CHARS`` is fed in pieces cut before whitespace (:mod:`pipeline.data.text_pieces`):
     the pre-tokenizer finds the same words in them, so the counts and merges are those of the whole
     text, and the trainer's memory is that of a piece."""
-    import importlib
-
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from pipeline.data.text_pieces import all_pieces
-    from pipeline.threads import concurrently
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -92,8 +93,6 @@ def sample_chooser(total_chars: int, budget_chars: int, seed: int) -> Callable[[
     ``budget_chars`` is 0 or the corpus is no larger). Text ``i`` of the corpus is kept when the
     ``i``-th draw of ``default_rng(seed).random()`` is below ``budget_chars / total_chars``, whatever
     the parts' sizes: the draws need no text, so only the kept texts are read."""
-    import numpy as np
-
     p = 1.0 if budget_chars <= 0 or total_chars <= budget_chars else budget_chars / total_chars
     rng = np.random.default_rng(seed)
     return lambda n: None if p >= 1.0 else np.flatnonzero(rng.random(n) < p)

@@ -12,10 +12,13 @@ The ``token_shards`` partitions write each corpus shard's ids (``tokens/shards/<
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from pipeline.data.token_index import open_token_runs
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -43,8 +46,6 @@ def tokenize_documents(tokenizer, texts: list[str], batch: int = 1024, progress:
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """Identity of a fast tokenizer: its full serialized pipeline (vocab, merges, normalizers), EOS and id width."""
-    import hashlib
-
     body = tokenizer.backend_tokenizer.to_str()
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
     return f"tokenizer:{digest}:eos={tokenizer.eos_token_id}:n={len(tokenizer)}:dtype={token_dtype(len(tokenizer)).str}"
@@ -65,8 +66,6 @@ def open_tokens(tokens_path, offsets_path) -> tuple[np.ndarray, np.ndarray]:
     through :class:`pipeline.data.token_index.ShardedTokens`, which indexes the same way)."""
     offsets = np.load(offsets_path, allow_pickle=False)
     if Path(tokens_path).suffix == ".parquet":
-        from pipeline.data.token_index import open_token_runs
-
         store = open_token_runs(tokens_path)
         if store.size != int(offsets[-1]):
             raise ValueError(f"{tokens_path}: {store.size} tokens, not the {int(offsets[-1])} of {offsets_path}; rematerialize the tokens "

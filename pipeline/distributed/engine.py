@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from pipeline.distributed.ray_engine import map_shards_ray
 from pipeline.distributed.shards import Shard, ShardFailure, call_shard
 from pipeline.errors import StrataInputError
 
@@ -38,8 +39,6 @@ def map_shards(
     """
     todo = [s for s in shards if not s.done()]
     if engine == "ray":
-        from pipeline.distributed.ray_engine import map_shards_ray
-
         failures = map_shards_ray(fn, todo, save, ray_cfg, actors=actors, progress=progress)
     elif engine == "local":
         failures = {}

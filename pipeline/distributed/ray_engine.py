@@ -16,11 +16,10 @@ import contextlib
 from typing import Any, Callable, Iterator, Sequence
 
 from pipeline.distributed.shards import Shard, ShardFailure, call_shard
+from pipeline.offline import set_offline
 
 
 def _worker_call(fn: Callable[..., Any], args: tuple) -> Any:
-    from pipeline.offline import set_offline
-
     set_offline()
     return call_shard(fn, args)
 

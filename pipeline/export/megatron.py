@@ -20,6 +20,7 @@ settings; it needs megatron-core.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from pathlib import Path
@@ -84,8 +85,6 @@ def install_gpt_index_cache(export_dir: str | Path, config, num_samples: int, da
     (a ``GPTDatasetConfig``; its ``path_to_cache`` or Megatron's default ``<prefix>/cache``),
     ``num_samples`` (train iterations x global batch) and ``dataset_path`` (the data prefix exactly
     as passed to Megatron, default ``export_dir/tokens``). Returns the cache directory."""
-    import dataclasses
-
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     from megatron.core.datasets.utils import Split

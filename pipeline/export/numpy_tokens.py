@@ -13,11 +13,13 @@ dtype, sequence length, count, EOS and pad ids, strategy and lineage.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.export.extend import Previous, copy_prefix
@@ -32,8 +34,6 @@ if TYPE_CHECKING:  # the writers need polars and the data root; open_numpy (the 
 
 def ordered_segments(stream: OrderedStream) -> pl.DataFrame:
     """The segments table keyed by position instead of sequence id, in training order."""
-    import polars as pl
-
     seg = stream.segments
     n = seg["n_tokens"].cast(pl.Int32)
     if "eos_added" in seg.columns:
@@ -180,8 +180,6 @@ def export_numpy(stream: OrderedStream, out: Path, meta: dict, progress=None, pr
 
 def open_numpy(export_dir: str | Path) -> tuple[np.memmap, dict]:
     """Memory-map a ``numpy`` export: ``(tokens (n_sequences, seq_len), meta)``."""
-    import json
-
     d = Path(export_dir)
     meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
     tokens = np.memmap(d / "tokens.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_sequences"], meta["seq_len"]))

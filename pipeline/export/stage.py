@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pipeline.export import export_ordering
+from pipeline.ordering import strategies
 from pipeline.stage import StageParams, StageResult, setting
+from pipeline.storage.remote import is_url, join
 
 
 @dataclass(frozen=True)
@@ -24,8 +27,6 @@ class ExportParams(StageParams):
 def export_skipped(params: ExportParams, strategy: str) -> str | None:
     """Why ``strategy`` has nothing to export (a training-time strategy picks sequences online, or
     ``export.formats`` is empty), else None."""
-    from pipeline.ordering import strategies
-
     if not strategies.spec(strategy).scheduled:
         return "picks sequences online (no fixed order)"
     return "export_formats is empty" if not params.formats else None
@@ -38,16 +39,12 @@ def export_strategy(layout, params: ExportParams, strategy: str, log: Callable[[
     or ``batch_size``, ``export.world_size`` ranks, ``export.workers`` workers (docs/export.md).
     The outputs start with each format's ``meta.json``; an object's digest is the one taken while
     it was written. A strategy with nothing to export (:func:`export_skipped`) is a ``skipped`` result."""
-    from pipeline.export import export_ordering
-
     if (why := export_skipped(params, strategy)) is not None:
         return StageResult(outputs=[], rows={}, parameters={}, skipped=f"{strategy}: {why}")
     global_batch = params.global_batch or params.batch_size
     files, facts, digests = [], {}, {}
     for fmt in params.formats:
         if params.dir:
-            from pipeline.storage.remote import is_url, join
-
             out = join(params.dir, strategy, fmt) if is_url(params.dir) else str(Path(params.dir).expanduser() / strategy / fmt)
         else:
             out = layout.export_dir(strategy, fmt)

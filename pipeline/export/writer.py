@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
+from pipeline.data.tokenizer import load_tokenizer
 from pipeline.errors import StrataInputError
 from pipeline.export.batches import check_batching
 from pipeline.export.extend import link_identical, previous_export
 from pipeline.export.formats import REGISTRY
 from pipeline.export.stream import OrderedStream, open_stream
-from pipeline.storage.atomic import atomic_dir
+from pipeline.ordering.strategies import REGISTRY as STRATEGIES
+from pipeline.packing.frozen import load as load_frozen
+from pipeline.storage import remote
+from pipeline.storage.atomic import atomic_dir, file_sha256
+from pipeline.storage.integrity import check_order, verify_export_inputs
+from pipeline.storage.layout import Store
+from pipeline.storage.remote import is_url
 
 EXPORT_MARKER = ".strata-export"  # in every export directory Strata writes: only such a directory is replaced without --force
 
@@ -25,8 +33,6 @@ def check_export_prefix(out: str, *, force: bool = False) -> str:
     StrataInputError with the fix: the same rule as for a directory (:func:`check_export_dir`) —
     nothing there, or an export Strata wrote (its :data:`EXPORT_MARKER` object), or ``force``;
     never a bucket's root, whatever ``force`` says."""
-    from pipeline.storage import remote
-
     remote.check_url(out)
     out = out.rstrip("/")
     if "/" not in remote.strip(out):
@@ -52,8 +58,6 @@ def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: b
     root other than its ``exports/`` folder (the stores), whatever ``force`` says; ``force`` only
     lets a non-empty directory without the marker be replaced (an export of an older Strata, or a
     folder the user means to discard). An object-store URL: :func:`check_export_prefix`."""
-    from pipeline.storage.remote import is_url
-
     if is_url(out):
         return check_export_prefix(str(out), force=force)
     given = Path(out)
@@ -132,17 +136,11 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
     its sequences, the SHA-256 of their tokens and the version chain (the stream's first
     ``sequences`` positions are the same bytes in every version of the chain).
     """
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.ordering.strategies import REGISTRY as STRATEGIES
-    from pipeline.storage.atomic import file_sha256
-    from pipeline.storage.layout import Store
-
     check_export_dir(out, data_root=layout.root, force=force)  # before anything is read: a refused --out costs nothing
     known = STRATEGIES.entries().get(strategy)
     if known is not None and not known.scheduled:
         raise StrataInputError(f"{strategy!r} picks its sequences online during training; it has no fixed order to export",
                                fix="export a scheduled strategy (random, greedy, ...)")
-    from pipeline.storage.integrity import check_order, verify_export_inputs
 
     verify_export_inputs(layout, strategy)  # every input's bytes against its recorded SHA-256 (size and mtime are no evidence)
     tok = load_tokenizer(layout.tokenizer)
@@ -157,7 +155,6 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
             "segments": ordering.segments_path.relative_to(layout.root).as_posix(), "segments_sha256": file_sha256(ordering.segments_path),
         },
     }
-    from pipeline.packing.frozen import load as load_frozen
 
     if (rec := load_frozen(layout, strategy)) is not None:
         meta["frozen"] = {"sequences": rec.sequences, "tokens_sha256": rec.meta.get("tokens_sha256"),
@@ -176,10 +173,6 @@ def _export_to_store(stream: OrderedStream, fmt: str, out: str, info: dict, *, g
     objects go under a temporary prefix first and are committed with the readers' index
     (``index.json`` of MDS, ``tokens.idx`` of Megatron) and ``meta.json`` last, so a reader never
     sees a half-written export; objects byte-identical to the previous export's stay as they are."""
-    import tempfile
-
-    from pipeline.storage import remote
-
     writer = REGISTRY.get(fmt)
     if staging is not None:
         Path(staging).mkdir(parents=True, exist_ok=True)
@@ -190,7 +183,6 @@ def _export_to_store(stream: OrderedStream, fmt: str, out: str, info: dict, *, g
         (tmp / EXPORT_MARKER).write_text(f"An export written by Strata ({fmt}); `strata export --out` replaces this prefix.\n",
                                          encoding="utf-8")
         published = remote.publish(tmp, out, last=tuple(f for f in COMMIT_FILES if (tmp / f).is_file()), marker=EXPORT_MARKER)
-        from pipeline.storage.atomic import file_sha256
 
         digests = {remote.join(out, n): file_sha256(tmp / n) for n in names}  # the objects' bytes, for lineage
     return {

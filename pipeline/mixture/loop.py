@@ -35,12 +35,15 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from pipeline.mixture.realize import Realization, multiset_features, realize
+from pipeline.devices import device
+from pipeline.errors import StrataInputError
+from pipeline.mixture.realize import Realization, cluster_pure_segments, multiset_features, realize
 from pipeline.mixture.terrific import InfluenceSettings, Measurement, measure
 from pipeline.ordering.curriculum import Curriculum, curriculum_greedy_order
 from pipeline.ordering.greedy import Objective, greedy_order
 from pipeline.packing.pack import SequenceStore
-from pipeline.training.loop import TrainSettings, train
+from pipeline.training.loop import TrainSettings, autocast, train
+from pipeline.training.model import batch_tensors, token_losses
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -128,9 +131,6 @@ class MetaContext:
         return float(self.budget_sequences * self.pool.seq_len)
 
     def batch(self, store: SequenceStore):
-        from pipeline.devices import device
-        from pipeline.training.model import batch_tensors
-
         dev = device()
         return lambda ids: batch_tensors(store, ids, self.train.cross_document, dev)
 
@@ -149,9 +149,6 @@ def mean_token_loss(model, store: SequenceStore, ids: np.ndarray, batch_size: in
     """Token-weighted mean next-token loss (nats) of the given sequences."""
     import torch
 
-    from pipeline.devices import device
-    from pipeline.training.loop import autocast
-    from pipeline.training.model import batch_tensors, token_losses
 
     dev = device()
     total, count = 0.0, 0.0
@@ -232,8 +229,6 @@ def static_checkpoints(method: str, max_steps: int, tokens_per_step: int, avg_ch
     """The steps a static iteration measures at: ``terrific``, the last; ``terrific_avg``, the first
     step reaching N_max / 2^k for k = A-1, ..., 0 (N_max = max_steps x tokens_per_step; the paper's
     400M ... 6.4B tokens). The A checkpoints must be distinct steps."""
-    from pipeline.errors import StrataInputError
-
     if method not in STATIC_METHODS:
         raise StrataInputError(f"unknown static TerRIFIC method {method!r}",
                                fix=f"set mixture.static_method to one of {', '.join(STATIC_METHODS)}")
@@ -333,9 +328,6 @@ def make_context(
     used for v, 1: target that scores models, 2: neither) and ``target_general`` (part of the
     general held-out set that scores models).
     """
-    from pipeline.errors import StrataInputError
-    from pipeline.mixture.realize import cluster_pure_segments
-
     doc_cluster = np.asarray(doc_cluster, dtype=np.int64)
     lengths = np.diff(np.asarray(offsets, dtype=np.int64))
     L = seq_len

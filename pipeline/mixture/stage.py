@@ -10,15 +10,40 @@ writes its files under ``<root>/mixture/`` and its DuckDB rows through ``connect
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import polars as pl
+import yaml
 
+from pipeline.data.paloma import read_paloma_docs
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.data.tokens import open_tokens, tokenize_documents
+from pipeline.devices import device
 from pipeline.errors import StrataInputError
+from pipeline.mixture import loop
+from pipeline.mixture.loop import (
+    constant_curriculum,
+    curriculum_iteration,
+    curriculum_order,
+    evaluate,
+    initial_logits,
+    knots_document,
+    make_context,
+    softmax,
+    static_order,
+)
+from pipeline.mixture.plots import plot_curriculum, plot_weights
+from pipeline.mixture.target import read_target_file, target_documents
+from pipeline.mixture.terrific import InfluenceSettings
+from pipeline.ordering.curriculum import load_curriculum
+from pipeline.render.markdown import frame_table
 from pipeline.stage import Connect, Markdown, StageParams, StageResult, setting
+from pipeline.storage.atomic import atomic_dir, write_bin, write_npy, write_parquet, write_text
+from pipeline.storage.warehouse import replace_rows
+from pipeline.training.loop import TrainSettings, train
 
 MIXTURE_STRATEGIES = ("greedy_mixture", "greedy_curriculum")  # the partitions of mixture_runs
 BASELINES = ("random", "greedy")  # the training_runs models mixture_ablation scores too
@@ -62,14 +87,6 @@ def target_set(layout, params: MixtureParams, connect: Connect) -> StageResult:
     Writes ``mixture/target/documents.parquet`` (id, source, role, general, n_tokens, n_bytes), its
     tokens (``tokens.bin``, ``doc_offsets.npy``, layout of the tokens asset) and the DuckDB table
     ``mixture_target`` (docs and tokens per role)."""
-    from evals.paloma import read_paloma_docs
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.data.tokens import tokenize_documents
-    from pipeline.mixture.target import read_target_file, target_documents
-    from pipeline.reports.markdown import frame_table
-    from pipeline.storage.atomic import write_bin, write_npy, write_parquet
-    from pipeline.storage.warehouse import replace_rows
-
     has_held = layout.heldout.is_dir() and any(layout.heldout.rglob("*.jsonl.gz"))
     held = read_paloma_docs(layout.heldout) if has_held else pl.DataFrame(schema={"text": pl.String, "id": pl.String, "source": pl.String})
     target = read_target_file(params.mixture.target_path) if params.mixture.target_path else None
@@ -95,11 +112,6 @@ def learned_weights(layout, params: MixtureParams, connect: Connect) -> StageRes
     """The learned static mixture: ``mixture/weights.parquet`` (iteration, cluster, logit, weight) for
     every iteration's trained-on logits plus iteration = ``mixture.iterations`` (the final update, the
     mixture ``greedy_mixture`` uses), ``mixture/weights.png`` and the DuckDB table ``mixture_weights``."""
-    from pipeline.mixture.loop import softmax
-    from pipeline.reports.mixture_plots import plot_weights
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.warehouse import replace_rows
-
     n = params.mixture.iterations
     missing = [i for i in range(n) if not iteration_file(layout, i).exists()]
     if missing:
@@ -124,12 +136,6 @@ def learned_weights(layout, params: MixtureParams, connect: Connect) -> StageRes
 
 def meta_context(params: MixtureParams, layout, log: Callable[[str], None] = lambda msg: None):
     """The :class:`pipeline.mixture.loop.MetaContext` of the configured data root."""
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.data.tokens import open_tokens
-    from pipeline.mixture.loop import make_context
-    from pipeline.mixture.terrific import InfluenceSettings
-    from pipeline.training.loop import TrainSettings
-
     m = params.mixture
     tok = load_tokenizer(layout.tokenizer)
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
@@ -168,11 +174,6 @@ def static_iteration(layout, params: MixtureParams, i: int, connect: Connect, lo
     ``next_logit`` (its ``deps``: the previous iteration's partition, read beside the declared
     inputs). Writes ``mixture/iterations/<i>.parquet`` and the DuckDB tables
     ``mixture_iterations`` (same rows) and ``mixture_scores`` (iteration, metric, value)."""
-    from pipeline.mixture import loop
-    from pipeline.reports.markdown import frame_table
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.warehouse import replace_rows
-
     ctx = meta_context(params, layout, log)
     share = corpus_shares(ctx)
     if i == 0:
@@ -213,13 +214,6 @@ def curriculum(layout, params: MixtureParams, connect: Connect, log: Callable[[s
     cluster, logit, weight), ``mixture/curriculum.png`` and the DuckDB tables ``mixture_curriculum``,
     ``mixture_curriculum_steps`` (meta_iteration, checkpoint, tokens, step, cluster, score, delta)
     and ``mixture_curriculum_scores``."""
-    import yaml
-
-    from pipeline.mixture.loop import constant_curriculum, curriculum_iteration, initial_logits, knots_document
-    from pipeline.reports.mixture_plots import plot_curriculum
-    from pipeline.storage.atomic import write_parquet, write_text
-    from pipeline.storage.warehouse import replace_rows
-
     m = params.mixture
     ctx = meta_context(params, layout, log)
     n_max = ctx.budget_tokens
@@ -269,16 +263,6 @@ def mixture_run(layout, params: MixtureParams, strategy: str, connect: Connect, 
     Writes ``mixture/pool_segments.parquet``, ``mixture/orderings/<strategy>.parquet``,
     ``mixture/realization/<strategy>.parquet``, ``mixture/runs/<strategy>/seed<seed>/`` (model,
     ``log.parquet``) and the DuckDB table ``mixture_realization``."""
-    from dataclasses import replace
-
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.mixture.loop import curriculum_order, static_order
-    from pipeline.ordering.curriculum import load_curriculum
-    from pipeline.reports.markdown import frame_table
-    from pipeline.storage.atomic import atomic_dir, write_parquet
-    from pipeline.storage.warehouse import replace_rows
-    from pipeline.training.loop import train
-
     ctx = meta_context(params, layout, log)
     if strategy == "greedy_mixture":
         w = (pl.read_parquet(mixture_dir(layout, "weights.parquet"))
@@ -318,11 +302,6 @@ def mixture_ablation(layout, params: MixtureParams, connect: Connect) -> StageRe
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.devices import device
-    from pipeline.mixture.loop import evaluate
-    from pipeline.reports.markdown import frame_table
-    from pipeline.storage.atomic import write_text
-    from pipeline.storage.warehouse import replace_rows
 
     ctx = meta_context(params, layout)
     rows: list[dict[str, Any]] = []

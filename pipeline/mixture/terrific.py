@@ -38,6 +38,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
+
+torch = lazy("torch")  # imported on first use (pipeline/heavy.py)
+torch_func = lazy("torch.func")
+F = lazy("torch.nn.functional")
 
 
 @dataclass(frozen=True)
@@ -55,8 +60,6 @@ class SparseProjection:
     """Block sparse JL projection R^{|theta|} -> R^d over a model's named parameters (see module doc)."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]], dim: int, nnz: int, seed: int):
-        import torch
-
         if not 1 <= nnz <= dim:
             raise StrataInputError(f"projection nnz={nnz} with dim={dim} is impossible", fix="use 1 <= projection_nnz <= projection_dim")
         self.dim, self.nnz = int(dim), int(nnz)
@@ -78,8 +81,6 @@ class SparseProjection:
 
     def __call__(self, grads: dict[str, object]):
         """Project per-example tensors ``{name: (B, *shape)}`` (all parameters) to ``(B, d)``."""
-        import torch
-
         out = None
         scale = 1.0 / np.sqrt(self.nnz)
         for name, g in grads.items():
@@ -98,11 +99,8 @@ class SparseProjection:
 
 def example_losses(model, batch: dict, params: dict | None = None):
     """Mean next-token loss of each sequence of a ``batch_tensors`` batch, shape (B,)."""
-    import torch.nn.functional as F
-    from torch.func import functional_call
-
     kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
-    logits = functional_call(model, params, (), kwargs).logits if params is not None else model(**kwargs).logits
+    logits = torch_func.functional_call(model, params, (), kwargs).logits if params is not None else model(**kwargs).logits
     y = batch["labels"]
     tok = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100, reduction="none").view(y.shape)
     scored = (y != -100).float()
@@ -111,9 +109,6 @@ def example_losses(model, batch: dict, params: dict | None = None):
 
 def per_example_grads(model, batch: dict) -> dict[str, object]:
     """Exact per-example gradients of :func:`example_losses`: ``{name: (B, *param.shape)}``."""
-    import torch
-    from torch.func import grad, vmap
-
     params = {k: v.detach() for k, v in model.named_parameters()}
 
     def one(p, ids, mask, pos, labels):
@@ -123,7 +118,7 @@ def per_example_grads(model, batch: dict) -> dict[str, object]:
     with torch.enable_grad(), warnings.catch_warnings():
         # torch has no vmap batching rule for CPU SDPA yet; its fallback loop is exact, only slower
         warnings.filterwarnings("ignore", message="There is a performance drop")
-        return vmap(grad(one), in_dims=(None, 0, 0, 0, 0))(
+        return torch_func.vmap(torch_func.grad(one), in_dims=(None, 0, 0, 0, 0))(
             params, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["labels"]
         )
 
@@ -131,8 +126,6 @@ def per_example_grads(model, batch: dict) -> dict[str, object]:
 def project_examples(model, make_batch, ids: np.ndarray, proj: SparseProjection,
                      batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(P g (n, d), ||g|| (n,), loss (n,))`` of the examples ``ids``; ``make_batch(ids)`` gives model inputs."""
-    import torch
-
     rows, norms, losses = [], [], []
     was_training = model.training
     model.eval()

@@ -4,8 +4,8 @@ and TerRIFIC curricula as plain functions.
 Entry point: ``run_strategy(name, docs, segments, seq_len, params, seed) -> OrderingResult``
 (``engine.py``); the strategies: one spec each in ``strategies/`` (``STRATEGIES``, the scheduled
 ones by name); array APIs: ``sequence_order`` / ``document_order`` on ``SequenceFeatures`` (built
-by ``sequence_features``) or per-document arrays. Names resolve on first use, so reading the
-strategies' registry (the configuration does) imports no stage code.
+by ``sequence_features``) or per-document arrays. Names resolve on first use, so
+``import pipeline.ordering`` alone imports none of its modules.
 """
 
 from __future__ import annotations

@@ -26,13 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import yaml
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
 from pipeline.ordering import families
 from pipeline.ordering.features import Csr, SequenceFeatures
 from pipeline.ordering.greedy import BLOCK, EXACT_MAX, GreedyState, Objective, greedy_rows, stratified_stream, tie_tolerance
+
+sp = lazy("scipy.sparse")  # imported on first use (pipeline/heavy.py)
 
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(16)
 

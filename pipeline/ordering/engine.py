@@ -18,6 +18,7 @@ from pipeline.config import config_default
 from pipeline.errors import StrataInputError
 from pipeline.names import WITHIN_SORTS
 from pipeline.ordering import strategies
+from pipeline.ordering.blend import Blend, document_groups
 from pipeline.ordering.doc_arrays import document_arrays, names_absent
 from pipeline.ordering.families import ColumnFamily
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
@@ -62,7 +63,7 @@ class OrderParams:
     mixture_budget_tokens: int = _default("mixture_budget_tokens")  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
     max_sequence_copies: int = _default("max_sequence_copies")  # greedy_mixture: copies of a sequence at most
     duplicate_order: str = _default("duplicate_order")  # duplicate_separated: each subset by the greedy (greedy) or by Idea 2 (idea2)
-    blend: Any = None  # greedy_blend: the pipeline.mixture.blend.Blend of mixture.weights / mixture.stages (None: no blend)
+    blend: Any = None  # greedy_blend: the pipeline.ordering.blend.Blend of mixture.weights / mixture.stages (None: no blend)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "OrderParams":
@@ -99,11 +100,10 @@ class OrderParams:
 
 
 def _blend(cfg: Any) -> Any:
-    """The blend of ``cfg.mixture`` (``pipeline.mixture.blend.Blend``), None without weights or stages."""
+    """The blend of ``cfg.mixture`` (``pipeline.ordering.blend.Blend``), None without weights or stages."""
     m = getattr(cfg, "mixture", None)
     if m is None or not (m.weights or m.stages):
         return None
-    from pipeline.mixture.blend import Blend
 
     return Blend.from_config(m)
 
@@ -296,7 +296,6 @@ def run_strategy(
         columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
     blend_groups = None
     if params.blend is not None and "mixture" in spec.reads:  # greedy_blend: each document's group of the blend's column
-        from pipeline.mixture.blend import document_groups
 
         codes, names = document_groups(docs, params.blend)
         blend_groups = (np.full(n, -1, dtype=np.int64), names)

@@ -16,10 +16,25 @@ from functools import partial
 import numpy as np
 import polars as pl
 
+from pipeline.clean.removals import training_documents
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.data.tokens import open_tokens
+from pipeline.errors import StrataInputError
 from pipeline.ordering import strategies
-from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, segment_columns
+from pipeline.ordering.composition import ordering_ids
+from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, seed_dependent, segment_columns
+from pipeline.ordering.frozen_boundary import boundary_summary
+from pipeline.ordering.schedule import accounting, cluster_tokens, l1_distance, schedule_problems
+from pipeline.packing import frozen
+from pipeline.packing.pack import SequenceStore
+from pipeline.segments import warm_kernels
 from pipeline.stage import CheckFact, Connect, Markdown, StageParams, StageResult, setting
+from pipeline.storage.atomic import file_sha256, write_parquet
+from pipeline.storage.integrity import verify_ordering_inputs
 from pipeline.storage.layout import Store
+from pipeline.storage.lineage import newest_row
+from pipeline.storage.warehouse import latest_data_version, replace_rows
+from pipeline.threads import concurrently
 
 PERMUTATION_CHECK, CAPS_CHECK, MIXTURE_CHECK = "ordering_is_permutation", "schedule_within_caps", "schedule_realizes_mixture"
 
@@ -54,11 +69,6 @@ def base_order(layout, connect: Connect, spec, params: OrderParams, seed: int, c
     ``greedy_block_shuffle``) and its greedy mode, when its newest lineage row shows it was made by
     this code version from the sequences materialized now, with the same parameters and seed and
     no frozen prefix, and its file is unchanged since (SHA-256); else None: run the strategy."""
-    from pipeline.errors import StrataInputError
-    from pipeline.storage.atomic import file_sha256
-    from pipeline.storage.lineage import newest_row
-    from pipeline.storage.warehouse import latest_data_version
-
     base = spec.derived[0]
     path = layout.ordering(base)
     with connect() as con:
@@ -80,9 +90,6 @@ def base_order(layout, connect: Connect, spec, params: OrderParams, seed: int, c
 def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float, seed: int = 0) -> tuple[list, list[CheckFact], dict]:
     """For a strategy that realizes a mixture: its accounting written beside the order and both
     checks' facts (recomputed from the written files); (outputs, checks, metadata)."""
-    from pipeline.mixture.schedule import accounting, cluster_tokens, l1_distance, schedule_problems
-    from pipeline.storage.atomic import write_parquet
-
     spec = strategies.spec(strategy)
     path = layout.ordering_mixture(strategy)
     if spec.accounting is not None:  # a schedule with its own accounting (greedy_blend)
@@ -139,7 +146,6 @@ def ordering_documents(layout, params: OrderParams | None = None, strategy: str 
         corpus_cols = (*corpus_cols, blend)
     if corpus_cols:
         docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left").sort("doc_id")
-    from pipeline.clean.stage import training_documents
 
     return training_documents(layout, docs.with_columns(pl.col("n_tokens") + 1))
 
@@ -156,13 +162,6 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
     record (``frozen/<strategy>.*``, DuckDB ``ordering_frozen_prefix``). A training-time strategy
     gets the packing of its spec's ``packing_from``. The checks: the order is a permutation of the
     sequences, or a schedule within its caps that realizes the mixture."""
-    from pipeline.packing import frozen
-    from pipeline.segments import warm_kernels
-    from pipeline.storage.atomic import file_sha256, write_parquet
-    from pipeline.storage.integrity import verify_ordering_inputs
-    from pipeline.storage.warehouse import replace_rows
-    from pipeline.threads import concurrently
-
     params = order_params(stage_params, layout)
     spec = strategies.spec(strategy)
     verify_ordering_inputs(layout)  # the packing, documents and clusters against their recorded SHA-256: corrupt bytes stop here
@@ -210,8 +209,6 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
         check = CheckFact(PERMUTATION_CHECK, ok, {"strategy": strategy, "positions": int(order.size), "sequences": m})
     boundary = {}
     if n_frozen and ok:
-        from pipeline.reports.frozen_boundary import boundary_summary
-
         outputs += freeze(layout, connect, strategy, order, written.segments, n_frozen, previous, seq_len, stage_params.packing)
         boundary = boundary_summary(layout, strategy) or {}
     summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens",
@@ -235,12 +232,6 @@ def freeze(layout, connect: Connect, strategy: str, order: np.ndarray, segments:
     """Record the first ``n_frozen`` positions of the order just written (continuing ``previous``,
     a ``pipeline.packing.frozen.FrozenPrefix``), extend the version chain, and upsert the strategy's
     row of ``ordering_frozen_prefix``."""
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.data.tokens import open_tokens
-    from pipeline.packing import frozen
-    from pipeline.packing.pack import SequenceStore
-    from pipeline.storage.warehouse import replace_rows
-
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     # as sequences writes them
     store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=load_tokenizer(layout.tokenizer).pad_token_id)
@@ -265,10 +256,6 @@ def seeded_ordering(layout, stage_params: OrderStageParams, strategy: str, seed:
     """The order training seed ``seed`` trains on: the materialized ordering (the config's ``seed``) for
     a seed-free strategy or that seed, else the strategy re-run with ``seed`` (same parameters), so
     seeds vary the shuffle / noise, not only the model init."""
-    from pipeline.ordering.engine import seed_dependent
-    from pipeline.packing import frozen
-    from pipeline.reports.diagnostics import ordering_ids
-
     params, spec = order_params(stage_params, layout), strategies.spec(strategy)
     if frozen.load(layout, strategy) is not None:
         return load_ordering(layout, strategy)  # a frozen stream is one stream: every seed trains on it

@@ -7,10 +7,16 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from pipeline.clean.stage import packed_stream
+from pipeline.clean.removals import applied_file, packed_stream, removed_documents, tokens_by_reason
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.data.tokens import open_tokens
+from pipeline.packing import frozen
 from pipeline.packing.frozen import load_all
-from pipeline.packing.pack import conservation
+from pipeline.packing.pack import SequenceStore, conservation, pack, packing_stats, parse_packing
 from pipeline.stage import CheckFact, Connect, StageParams, StageResult, setting
+from pipeline.storage.atomic import write_json, write_parquet
+from pipeline.storage.layout import tokens_fingerprint
+from pipeline.storage.warehouse import replace_rows
 
 
 @dataclass(frozen=True)
@@ -32,15 +38,6 @@ def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
     frozen prefixes recorded under ``frozen/`` keep their sequences and only the other tokens are
     packed (``pipeline/packing/frozen.py``): a removed document a frozen prefix holds stays (it was
     trained on); ``freeze_prefix: 0`` forgets every frozen prefix."""
-    from pipeline.clean.stage import applied_file, removed_documents, tokens_by_reason
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.data.tokens import open_tokens
-    from pipeline.packing import frozen
-    from pipeline.packing.pack import SequenceStore, pack, packing_stats, parse_packing
-    from pipeline.storage.atomic import write_json, write_parquet
-    from pipeline.storage.layout import tokens_fingerprint
-    from pipeline.storage.warehouse import replace_rows
-
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     stream = np.diff(offsets)
     variant, atom = parse_packing(params.packing)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipeline.reports.figures import save_png
+from pipeline.render.figures import save_png
 
 
 def plot_campaign(rows: pl.DataFrame, out: Path) -> Path:

@@ -37,8 +37,9 @@ from pipeline.devices import device
 from pipeline.errors import StrataInputError
 from pipeline.ordering.strategies import names as strategy_names
 from pipeline.reports import sequential as Q
+from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
 from pipeline.reports.stats import TARGET_EFFECT, paired_differences
-from pipeline.reports.tables import higher_is_better, run_units
+from pipeline.reports.tables import run_units
 from pipeline.storage.atomic import write_text
 from pipeline.storage.layout import Layout
 from pipeline.storage.warehouse import latest_data_version, replace_rows
@@ -256,13 +257,15 @@ def _round_row(spec: CampaignSpec, iv, margin: float, base_mean: float, verdict:
             "budget_s": spec.budget_s, "budget_tokens": spec.budget_tokens}
 
 
-def decide_round(spec: CampaignSpec, campaign: str, state: CampaignState, m: Measured, created: datetime) -> Decision:
+def decide_round(spec: CampaignSpec, campaign: str, state: CampaignState, m: Measured, created: datetime, *,
+                 higher_is_better: bool) -> Decision:
     """Each strategy's interval and verdict after the round ``state`` ran (a verdict, once reached,
     stays), the round's rows, and the next round the planner chooses within the budget left; the
-    campaign stops when the planner says so or a round would add nothing."""
+    campaign stops when the planner says so or a round would add nothing. ``higher_is_better``: whether a
+    rise of the metric is better (the eval suites declare it: ``evals.suites.is_higher_better``)."""
     base_mean = float(m.units.filter(pl.col("strategy") == spec.baseline)["value"].mean())
     dsg = Q.design(spec.effect * base_mean if state.margin is None else state.margin, spec.alpha, spec.power)  # fixed at the pilot
-    hib = higher_is_better(spec.metric)
+    hib = higher_is_better
     resolved, states, rows = dict(state.resolved), [], []
     for s in spec.strategies:
         iv = Q.sequential_interval(paired_differences(m.units, spec.metric, s, spec.baseline), dsg)
@@ -449,8 +452,6 @@ class CampaignStore:
 
     def write_report(self, rows: pl.DataFrame, log: Callable[[str], None]) -> None:
         """``report/ablate.md`` and its figure from the campaign's rows; the markdown is logged too."""
-        from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
-
         layout = Layout(self.root)
         fig = plot_campaign(rows, layout.inside("report", "ablation_campaign.png"))
         md = campaign_markdown(rows, fig.name)

@@ -15,28 +15,28 @@ from typing import Mapping
 
 import numpy as np
 import polars as pl
-from matplotlib.figure import Figure
 
-from pipeline.reports.figures import save_png
+from pipeline.heavy import lazy
+from pipeline.render.figures import new_figure, save_png
 from pipeline.reports.stats import offdiagonal
+
+ticker = lazy("matplotlib.ticker")  # imported when the first figure is drawn (pipeline/heavy.py)
 
 GREEDY, RANDOM, OTHER = "#1f77b4", "#d62728", "#7f7f7f"
 
 
 def _log_x(ax) -> None:
-    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
-
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%.3g"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def plot_prefix_claim(t: np.ndarray, curves: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | os.PathLike) -> Path:
     """Prefix error against prefix length, log-log (Don't Shuffle, Optimize's chart): greedy's curve
     over each random shuffle's own curve (thin) and their median; prefixes where greedy is not
     below every shuffle are marked. A prefix error of 0 sits at the axis floor (no 0 on a log axis)."""
-    fig = Figure(figsize=(12, 4.6))
+    fig = new_figure(figsize=(12, 4.6))
     axes = fig.subplots(1, 2)
     for ax, (kind, (g, r)) in zip(axes, curves.items()):
         r = np.atleast_2d(r)
@@ -69,7 +69,7 @@ def plot_prefix_claim(t: np.ndarray, curves: Mapping[str, tuple[np.ndarray, np.n
 def plot_worst_best_claim(devs: Mapping[str, tuple[np.ndarray, list[np.ndarray]]], batch_size: int, path: str | os.PathLike) -> Path:
     """Per-batch token-share deviation of greedy and of the random shuffles (pooled), with greedy's
     worst batch and each shuffle's best batch marked."""
-    fig = Figure(figsize=(12, 4.4))
+    fig = new_figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 2)
     for ax, (kind, (g, r)) in zip(axes, devs.items()):
         pooled = np.concatenate(r)
@@ -99,7 +99,7 @@ def plot_stable_rank_claim(mats: Mapping[tuple[str, str], tuple[list[int], np.nd
     """Paired log stable-rank ratio greedy/random per probe batch (points, one colour per seed) and
     their mean, per checkpoint and block; above 0 = greedy higher."""
     keys = list(mats)
-    fig = Figure(figsize=(3.2 * max(len(keys), 1) + 1, 4.2))
+    fig = new_figure(figsize=(3.2 * max(len(keys), 1) + 1, 4.2))
     axes = np.atleast_1d(fig.subplots(1, max(len(keys), 1), sharey=True))
     for ax, key in zip(axes, keys):
         seeds, d = mats[key]
@@ -122,7 +122,7 @@ def plot_diversity_claim(table: pl.DataFrame, path: str | os.PathLike) -> Path:
     markers; beside it, the mean per-batch token-share deviation."""
     names = table["strategy"].to_list()
     x = np.arange(len(names))
-    fig = Figure(figsize=(12, 4.4))
+    fig = new_figure(figsize=(12, 4.4))
     a, b = fig.subplots(1, 2)
     mean, std, mn = (table[c].to_numpy() for c in ("clusters_per_seq_mean", "clusters_per_seq_std", "clusters_per_seq_min"))
     a.bar(x, mean, yerr=std, color=[OTHER if n not in ("stratified", "greedy", "random") else GREEDY if n == "greedy" else RANDOM
@@ -146,7 +146,7 @@ def plot_diversity_claim(table: pl.DataFrame, path: str | os.PathLike) -> Path:
 def plot_stationarity_claim(names: list[str], per_char: np.ndarray, z_star: float, path: str | os.PathLike) -> Path:
     """Greedy's largest standardized deviation per characteristic (over every tenth and the prefix)
     against the random shuffles' envelope z*: a bar past the line is a part outside random's band."""
-    fig = Figure(figsize=(8, 3.8))
+    fig = new_figure(figsize=(8, 3.8))
     ax = fig.subplots()
     y = np.arange(len(names))
     colors = [RANDOM if z > z_star else GREEDY for z in per_char]
@@ -167,7 +167,7 @@ def plot_fidelity_claim(greedy: np.ndarray, random: np.ndarray, path: str | os.P
     off-diagonal cosines."""
     og, orr = offdiagonal(greedy), offdiagonal(random)
     lo, hi = min(og.min(), orr.min()), max(og.max(), orr.max())
-    fig = Figure(figsize=(13, 4.2))
+    fig = new_figure(figsize=(13, 4.2))
     axes = fig.subplots(1, 3)
     for ax, name, m in ((axes[0], "greedy", greedy), (axes[1], "random", random)):
         im = ax.imshow(np.where(np.eye(m.shape[0], dtype=bool), np.nan, m), vmin=lo, vmax=hi, cmap="viridis")
@@ -190,7 +190,7 @@ def plot_fidelity_claim(greedy: np.ndarray, random: np.ndarray, path: str | os.P
 def plot_epoch_claim(logs: pl.DataFrame, path: str | os.PathLike) -> Path:
     """Loss and gradient norm per step for each order (mean over seeds, min-max band), epoch
     boundaries as vertical lines."""
-    fig = Figure(figsize=(12, 4.4))
+    fig = new_figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 2)
     colors = {"topical": RANDOM, "stratified": GREEDY}
     for ax, metric in zip(axes, ("loss", "grad_norm")):
@@ -219,7 +219,7 @@ def plot_packing_claim(units: pl.DataFrame, path: str | os.PathLike) -> Path:
     """Held-out loss per packing arm: each seed's mean over the held-out documents and their mean."""
     arms = sorted(units["arm"].unique().to_list(), key=lambda a: (a.split("-x")[0], float(a.split("-x")[1]) if "-x" in a else 1.0))
     per_seed = units.group_by("arm", "seed").agg(pl.col("loss").mean())
-    fig = Figure(figsize=(8, 4.4))
+    fig = new_figure(figsize=(8, 4.4))
     ax = fig.subplots()
     for i, arm in enumerate(arms):
         v = per_seed.filter(pl.col("arm") == arm)["loss"].to_numpy()
@@ -239,7 +239,7 @@ def plot_min_stable_rank_claim(cells: Mapping[tuple[str, str], tuple[np.ndarray,
     """Minimum stable rank over the probe batches, random's (x) against greedy's (y), one point per
     seed and layer matrix, per checkpoint and block; above the diagonal = greedy's worst batch higher."""
     keys = list(cells)
-    fig = Figure(figsize=(3.4 * max(len(keys), 1) + 1, 4.0))
+    fig = new_figure(figsize=(3.4 * max(len(keys), 1) + 1, 4.0))
     axes = np.atleast_1d(fig.subplots(1, max(len(keys), 1)))
     for ax, key in zip(axes, keys):
         g, r = (np.ravel(v) for v in cells[key])
@@ -258,7 +258,7 @@ def plot_min_stable_rank_claim(cells: Mapping[tuple[str, str], tuple[np.ndarray,
 def plot_packing_protocol_claim(lp: pl.DataFrame, path: str | os.PathLike) -> Path:
     """Packing & shuffling's protocol: training perplexity of each 1% slice of the last epoch per arm
     (geometric mean over seeds); the last slice is the final perplexity."""
-    fig = Figure(figsize=(8, 4.4))
+    fig = new_figure(figsize=(8, 4.4))
     ax = fig.subplots()
     for arm in sorted(set(lp["arm"])):
         m = lp.filter(pl.col("arm") == arm).group_by("slice").agg(pl.col("log_ppl").mean()).sort("slice")

@@ -30,9 +30,23 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.render.markdown import table_lines
 from pipeline.reports import diagnostics as D
-from pipeline.reports.markdown import table_lines
+from pipeline.reports import stationarity as S
+from pipeline.reports.claim_plots import (
+    plot_diversity_claim,
+    plot_epoch_claim,
+    plot_fidelity_claim,
+    plot_min_stable_rank_claim,
+    plot_packing_claim,
+    plot_packing_protocol_claim,
+    plot_prefix_claim,
+    plot_stable_rank_claim,
+    plot_stationarity_claim,
+    plot_worst_best_claim,
+)
 from pipeline.reports.stats import offdiagonal, paired_bootstrap
+from pipeline.training.loop import epoch_boundary_jumps
 
 Side = Literal[">", ">=", "<"]
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
@@ -144,7 +158,6 @@ CLAIMS: dict[str, ClaimFn] = {}
 
 def claim(name: str) -> Callable[[ClaimFn], ClaimFn]:
     """Register a claim function under ``name`` (rows come out in registration order)."""
-
     def register(fn: ClaimFn) -> ClaimFn:
         CLAIMS[name] = fn
         return fn
@@ -251,8 +264,6 @@ def prefix_error_claims(data: ClaimData) -> list[Claim]:
     prefix) pairs where greedy is strictly below; claimed: 1 (every prefix). Interval: two-way
     bootstrap over random shuffles x prefixes. Measured on the whole ordering (every one of its M
     sequences, no sample) at the prefixes of :func:`prefix_grid` (240 log-spaced, 64 even)."""
-    from pipeline.reports.claim_plots import plot_prefix_claim
-
     sched, randoms = _ordering_inputs(data)
     t = prefix_grid(sched.n_sequences)
     curves, out = {}, []
@@ -290,9 +301,6 @@ def stationarity_claims(data: ClaimData) -> list[Claim]:
     shuffles: its largest standardized deviation divided by the envelope's z* (at most 1 = every
     part inside random's band, the ordering_is_stationary check). Claimed: below 1. Interval:
     bootstrap over the random shuffles (each replicate recomputes the band's mean, spread and z*)."""
-    from pipeline.reports import stationarity as S
-    from pipeline.reports.claim_plots import plot_stationarity_claim
-
     sched, randoms = _ordering_inputs(data)
     if data.prefix < 1:
         raise MissingData("needs the sequences training consumes (max_steps x batch_size)")
@@ -335,8 +343,6 @@ def worst_best_claims(data: ClaimData) -> list[Claim]:
     max_j |rho_j(batch) - rho_j| (lower = more diverse), over the training batches of
     ``batch_size`` sequences. Strata's figure: greedy's worst minus random's best, mean over
     shuffles; claimed < 0. Interval: bootstrap over random shuffles."""
-    from pipeline.reports.claim_plots import plot_worst_best_claim
-
     sched, randoms = _ordering_inputs(data)
     b = data.batch_size
     devs, out = {}, []
@@ -393,8 +399,6 @@ def stable_rank_claims(data: ClaimData) -> list[Claim]:
     training. Strata's figure: the geometric-mean ratio greedy / random over the block's weight
     matrices, paired by seed and probe batch; claimed > 1. Interval: two-way bootstrap over seeds
     x probe batches."""
-    from pipeline.reports.claim_plots import plot_stable_rank_claim
-
     rows = data.stable_rank
     if rows is None or rows.height == 0 or "probe" not in rows.columns or not {"greedy", "random"} <= set(rows["strategy"]):
         raise MissingData("needs the stable_rank probes of the greedy and random runs (materialize training_runs)")
@@ -485,8 +489,6 @@ def min_stable_rank_claims(data: ClaimData) -> list[Claim]:
     claimed > 1. Interval: two-way bootstrap over seeds x probe batches, paired (one draw of
     probes for both runs; each replicate's minimum is over the drawn probes). The srank is of the
     matrix ``stable_rank_matrix`` names (the paper's: ``activations``, M in R^{T x d})."""
-    from pipeline.reports.claim_plots import plot_min_stable_rank_claim
-
     rows = data.stable_rank
     if rows is None or rows.height == 0 or "probe" not in rows.columns or not {"greedy", "random"} <= set(rows["strategy"]):
         raise MissingData("needs the stable_rank probes of the greedy and random runs (materialize training_runs)")
@@ -567,8 +569,6 @@ def diversity_claims(data: ClaimData) -> list[Claim]:
     sequence; claimed > 1. Interval: bootstrap over each strategy's sequences. The token-share
     deviation per batch stands beside it in ``claims_diversity``: stratified balances document
     *counts*, which on a corpus of many short and few long documents is not token balance."""
-    from pipeline.reports.claim_plots import plot_diversity_claim
-
     if not set(DOT_TABLE_STRATEGIES) <= set(data.diversity):
         raise MissingData("needs the clusters at claims_k and the packing (materialize clusters and sequences)")
     table = diversity_table(data.diversity, data.batch_size, data.diversity_k)
@@ -669,8 +669,6 @@ def fidelity_claims(data: ClaimData) -> list[Claim]:
     split, ``gradient_analyses``), are tighter for greedy than for random. Strata's figure: the
     standard deviation of the off-diagonal cosines, greedy minus random; claimed < 0. Interval:
     paired bootstrap over chunks."""
-    from pipeline.reports.claim_plots import plot_fidelity_claim
-
     if not {"greedy", "random"} <= set(data.fidelity):
         raise MissingData("needs the fidelity matrices of greedy and random (materialize gradient_analyses)")
     g, r = data.fidelity["greedy"], data.fidelity["random"]
@@ -718,8 +716,6 @@ def boundary_ratios(logs: pl.DataFrame) -> pl.DataFrame:
     over its mean in the last steps of the epoch before (``epoch_boundary_jumps`` with a one-step
     probe; the reference window is a tenth of an epoch, at least 5 steps). Columns of
     :data:`JUMP_SCHEMA`; ``logs`` has arm, seed, step, epoch, loss, grad_norm."""
-    from pipeline.training.loop import epoch_boundary_jumps
-
     rows = []
     for (arm, seed), run in logs.group_by(["arm", "seed"], maintain_order=True):
         jumps = epoch_boundary_jumps(run.sort("step").to_dicts(), post=1)
@@ -763,8 +759,6 @@ def epoch_boundary_claims(data: ClaimData) -> list[Claim]:
     one, paired by seed and boundary (both runs of a seed share the documents, the init and the
     learning-rate schedule, so the trend of the loss cancels). Interval: two-way bootstrap over
     seeds x boundaries. The per-order ratios are the table ``claims_epoch_jumps``."""
-    from pipeline.reports.claim_plots import plot_epoch_claim
-
     logs = data.claim_log
     if logs is None or logs.filter(pl.col("experiment") == "epoch_boundary").height == 0:
         raise MissingData("needs the claims' multi-epoch runs (strata claims --full)")
@@ -845,8 +839,6 @@ def packing_claims(data: ClaimData) -> list[Claim]:
     scored on the fixed held-out batch. Strata's figure: the difference of held-out loss
     (nats/token; claimed < 0), perplexities in the detail. Interval: two-way bootstrap over seeds x
     held-out documents."""
-    from pipeline.reports.claim_plots import plot_packing_claim
-
     units = data.claim_heldout
     if units is None or units.filter(pl.col("experiment") == "packing").height == 0:
         if data.claim_sequences is not None and data.claim_sequences.filter(pl.col("experiment") == "packing_epochs").height:
@@ -942,7 +934,6 @@ def packing_protocol_claims(data: ClaimData) -> list[Claim]:
     seqs = data.claim_sequences
     if seqs is None or seqs.filter(pl.col("experiment") == "packing_epochs").height == 0:
         raise MissingData("needs the claims' packing runs in the paper's protocol (strata claims --full; claims_packing_protocol: paper)")
-    from pipeline.reports.claim_plots import plot_packing_protocol_claim
 
     seqs = seqs.filter(pl.col("experiment") == "packing_epochs")
     lp = slice_log_perplexity(seqs)

@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.storage.duck import duck_connection
 
 PACKING_COLUMNS = ("sequences", "tokens_kept", "padding_fraction", "docs_cut")
 DEFAULT_METRICS = ("heldout_batch/loss", "heldout/mean/bits_per_byte")
@@ -21,8 +22,6 @@ DEFAULT_METRICS = ("heldout_batch/loss", "heldout/mean/bits_per_byte")
 
 def compare_runs(roots: list[Path], metrics: tuple[str, ...] = DEFAULT_METRICS) -> pl.DataFrame:
     """One row per (root, strategy): packing statistics and the mean of each ablation metric."""
-    from pipeline.storage.duck import duck_connection
-
     rows = []
     for root in roots:
         db = Path(root) / "strata.duckdb"

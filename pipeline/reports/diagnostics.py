@@ -19,10 +19,20 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering import kernels as K
+from pipeline.ordering.composition import (  # noqa: F401 (ordering_ids and the prefix errors: the diagnostics' API too)
+    Composition,
+    Schedule,
+    _order_of,
+    composition_of_docs,
+    log_spaced_points,
+    ordering_ids,
+    prefix_errors,
+    prefix_totals,
+)
+from pipeline.ordering.families import diagnosed
 from pipeline.ordering.features import length_bin_edges, length_bin_of
-from pipeline.reports import kernels as K
 from pipeline.reports import windows as W
-from pipeline.reports.composition import Composition, Schedule, composition_of_docs
 from pipeline.segments import as_integers
 from pipeline.threads import concurrently
 
@@ -30,24 +40,6 @@ METRIC_SCHEMA = {"strategy": pl.Utf8, "metric": pl.Utf8, "setting": pl.Utf8, "va
 DEFAULT_BATCH_SIZES = (8, 32, 128)
 
 Row = tuple[str, str, str, float]
-
-
-def _order_of(position: np.ndarray) -> np.ndarray:
-    order = np.empty_like(position)
-    order[position] = np.arange(position.size, dtype=position.dtype)
-    return order
-
-
-def ordering_ids(ordering: pl.DataFrame | np.ndarray) -> np.ndarray:
-    """Sequence ids in training order, from an ordering frame (position, sequence_id) or an array."""
-    if isinstance(ordering, pl.DataFrame):
-        missing = {"position", "sequence_id"} - set(ordering.columns)
-        if missing:
-            raise StrataInputError(
-                f"ordering lacks column(s) {sorted(missing)}", fix="pass a frame with columns position, sequence_id"
-            )
-        return ordering.sort("position")["sequence_id"].to_numpy().astype(np.int64)
-    return np.asarray(ordering, dtype=np.int64).ravel()
 
 
 def unroll(segments: pl.DataFrame, order: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
@@ -80,7 +72,7 @@ def prepare(
     given (share them between strategies), else from :func:`length_bin_edges` over all documents.
     ``doc_source`` (optional, indexed by doc_id) is a per-document source label of any type; it is
     kept as dense integer codes (sorted label text; integer labels in value order, e.g. the codes of
-    ``pipeline.reports.visual.label_codes``) for the stationarity diagnostics.
+    ``pipeline.storage.documents.label_codes``) for the stationarity diagnostics.
     ``target_share`` (per cluster): the ordering is a schedule realizing this mixture; it is
     unrolled (:func:`unroll`) and cluster deviations are measured against these shares.
     """
@@ -198,30 +190,6 @@ def batch_deviations(comp: Composition, position: np.ndarray, batch_size: int) -
                               tau_sorted, int(batch_size), int(n_batches))
 
 
-def log_spaced_points(n_sequences: int, n_points: int = 64) -> np.ndarray:
-    """About ``n_points`` distinct integers log-spaced over 1..n_sequences (prefix lengths t)."""
-    return np.unique(np.round(np.geomspace(1, n_sequences, max(n_points, 2))).astype(np.int64))
-
-
-def prefix_totals(comp: Composition, position: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cumulative group tokens T(t) (shape (len(t), G)) and tokens S(t) after the first t sequences."""
-    t = np.asarray(t, dtype=np.int64)
-    if t.size and (np.any(np.diff(t) <= 0) or t[0] < 1 or t[-1] > position.size):
-        raise StrataInputError(
-            "prefix lengths must increase within 1..M", fix="pass sorted distinct t (e.g. log_spaced_points)"
-        )
-    out = K.prefix_totals(_order_of(position), K.row_pointers(comp.seq, comp.n_sequences), comp.group, comp.tokens,
-                          comp.n_groups, t)
-    return out, out.sum(axis=1)
-
-
-def prefix_errors(comp: Composition, position: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """||T(t) - tau S(t)||_2 / S(t) after the first t sequences (Don't Shuffle, Optimize's tracked error, relative)."""
-    totals, s = prefix_totals(comp, position, t)
-    dev = totals - np.outer(s, comp.global_share())
-    return np.linalg.norm(dev, axis=1) / s
-
-
 def decile_drift(schedule: Schedule, n_parts: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """Per part of the schedule: token-weighted mean document length, and mean ||c_s||_2.
 
@@ -265,8 +233,6 @@ def diversity_rows(strategy: str, schedule: Schedule) -> list[Row]:
 def family_compositions(schedule: Schedule) -> list[tuple[str, Composition]]:
     """(metric name, composition) of every diagnosed characteristic family, in registry order
     (``pipeline/ordering/families/``: ``clusters`` and ``length_bins``, then any plugin's)."""
-    from pipeline.ordering.families import diagnosed
-
     out = []
     for spec in diagnosed():
         comp = spec.composition(schedule)

@@ -14,12 +14,13 @@ import polars as pl
 from pipeline.reports import diagnostics as D
 from pipeline.reports import visual as V
 from pipeline.storage.atomic import write_text
+from pipeline.storage.documents import document_features
 from pipeline.storage.layout import Layout
 
 
 def ordering_schedules(layout: Layout, strategies: Sequence[str], length_bins: int) -> tuple[pl.DataFrame, dict[str, D.Schedule]]:
     """The documents' features and each strategy's schedule, read from the data root."""
-    docs = V.document_features(layout)
+    docs = document_features(layout)
     return docs, {s: V.load_schedule(layout, s, docs, length_bins) for s in strategies}
 
 

@@ -14,34 +14,20 @@ from typing import Mapping
 
 import numpy as np
 import polars as pl
-from matplotlib.colors import hsv_to_rgb
-from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
+from pipeline.render.figures import cluster_colors, new_figure, save_png
 from pipeline.reports import diagnostics as D
 from pipeline.reports import stationarity as S
-from pipeline.reports.figures import save_png
 from pipeline.storage.atomic import atomic_path
+
+ticker = lazy("matplotlib.ticker")  # imported when the first figure is drawn (pipeline/heavy.py)
 
 
 def _check(schedules: Mapping[str, D.Schedule]) -> None:
     if not schedules:
         raise StrataInputError("no strategies to plot", fix="pass at least one {strategy: Schedule}")
-
-
-def cluster_colors(n_clusters: int) -> np.ndarray:
-    """(K, 3) RGB colours: tab10/tab20 for small K, else golden-ratio hues with varied
-    saturation and value, so neighbouring cluster ids get clearly different colours."""
-    from matplotlib import colormaps
-
-    if n_clusters <= 10:
-        return np.asarray(colormaps["tab10"].colors)[:n_clusters, :3]
-    if n_clusters <= 20:
-        return np.asarray(colormaps["tab20"].colors)[:n_clusters, :3]
-    j = np.arange(n_clusters)
-    hsv = np.stack([(j * 0.6180339887) % 1.0, 0.55 + 0.45 * ((j * 7) % 3) / 2, 0.95 - 0.3 * ((j * 5) % 4) / 3], axis=1)
-    return hsv_to_rgb(hsv)
 
 
 def _token_stream_clusters(schedule: D.Schedule, width: int) -> np.ndarray:
@@ -61,7 +47,7 @@ def plot_ordering_bars(schedules: Mapping[str, D.Schedule], path: str | os.PathL
     _check(schedules)
     k = max(s.clusters.n_groups for s in schedules.values())
     colors = cluster_colors(k)
-    fig = Figure(figsize=(13, 0.55 * len(schedules) + 1.1))
+    fig = new_figure(figsize=(13, 0.55 * len(schedules) + 1.1))
     axes = fig.subplots(len(schedules), 1, squeeze=False)[:, 0]
     for ax, (name, sched) in zip(axes, schedules.items()):
         img = colors[_token_stream_clusters(sched, width)][None, :, :]
@@ -93,7 +79,7 @@ def plot_window_diversity(
     """Diversity-ordered training's line chart: distinct clusters per window of ``window`` sequences along the
     schedule (averaged over ``n_points`` stretches), strategies overlaid."""
     _check(schedules)
-    fig = Figure(figsize=(10, 4.2))
+    fig = new_figure(figsize=(10, 4.2))
     ax = fig.subplots()
     for name, sched in schedules.items():
         u = D.window_unique(sched.clusters, sched.position, window).astype(np.float64)
@@ -113,7 +99,7 @@ def plot_window_diversity(
 def plot_prefix_errors(schedules: Mapping[str, D.Schedule], path: str | os.PathLike, n_points: int = 64) -> Path:
     """Don't Shuffle, Optimize's side-by-side chart: ||T(t) - tau S(t)|| / S(t) for clusters and for length bins."""
     _check(schedules)
-    fig = Figure(figsize=(12, 4.4))
+    fig = new_figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 2)
     for ax, kind, label in ((axes[0], "clusters", "clusters"), (axes[1], "bins", "document-length bins")):
         for name, sched in schedules.items():
@@ -135,7 +121,7 @@ def plot_batch_histograms(schedules: Mapping[str, D.Schedule], path: str | os.Pa
     """Histogram over batches of max_j |rho_j(batch) - rho_j(global)|, clusters and length bins,
     one outline per strategy on shared log-spaced bins (the best/worst batch are the ends)."""
     _check(schedules)
-    fig = Figure(figsize=(12, 4.4))
+    fig = new_figure(figsize=(12, 4.4))
     axes = fig.subplots(1, 2)
     for ax, kind, label in ((axes[0], "clusters", "cluster shares"), (axes[1], "bins", "length-bin shares")):
         devs = {}
@@ -150,9 +136,9 @@ def plot_batch_histograms(schedules: Mapping[str, D.Schedule], path: str | os.Pa
                 ax.hist(np.clip(d, edges[0], edges[-1]), bins=edges, histtype="step", lw=1.6,
                         label=f"{name} (worst {d.max():.3f})")
         ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%.3g"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel(f"per-batch max deviation of {label}")
         ax.set_ylabel("batches")
         ax.set_title(f"Batches of {batch_size} sequences: {label}", fontsize=11)
@@ -199,7 +185,7 @@ def plot_cluster_cloud(
     x = embeddings if hasattr(embeddings, "shape") else np.asarray(embeddings)  # the sharded matrix: only the sample is read
     pts, used = embed_2d(np.asarray(x[idx]), method, seed)
     k = int(cl.max()) + 1
-    fig = Figure(figsize=(7.5, 7))
+    fig = new_figure(figsize=(7.5, 7))
     ax = fig.subplots()
     ax.scatter(pts[:, 0], pts[:, 1], c=cluster_colors(k)[cl[idx]], s=5 if idx.size > 2000 else 14, alpha=0.7, lw=0)
     ax.set_title(f"Cluster cloud ({used}, {idx.size:,} of {cl.size:,} documents, K={k})", fontsize=11)
@@ -214,7 +200,7 @@ def plot_k_calibration(ks: np.ndarray, silhouettes: np.ndarray, recommended: int
     ks = np.asarray(ks)
     sil = np.asarray(silhouettes, dtype=np.float64)
     peak = float(sil.max())
-    fig = Figure(figsize=(8, 4.4))
+    fig = new_figure(figsize=(8, 4.4))
     ax = fig.subplots()
     ax.plot(ks, sil, "o-", lw=1.5, color="tab:blue")
     ax.axhline(peak - 0.05 * abs(peak), color="gray", ls="--", lw=1, label="5% below the peak")
@@ -222,7 +208,7 @@ def plot_k_calibration(ks: np.ndarray, silhouettes: np.ndarray, recommended: int
     ax.plot(ks[np.argmax(sil)], peak, "*", ms=14, color="tab:orange", label=f"peak {peak:.3f}")
     ax.set_xscale("log")
     ax.set_xticks(ks)
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xticklabels([str(k) for k in ks])
     ax.set_xlabel("number of clusters k")
     ax.set_ylabel("silhouette (cosine)")
@@ -263,7 +249,7 @@ def animate_ordering(
         rgb[cols >= k] = 0.35 * rgb[cols >= k] + 0.65
         return rgb[None]
 
-    fig = Figure(figsize=(9, 1.8), dpi=80)
+    fig = new_figure(figsize=(9, 1.8), dpi=80)
     canvas = FigureCanvasAgg(fig)
     ax = fig.subplots()
     im = ax.imshow(image(0), aspect="auto", interpolation="nearest")
@@ -312,7 +298,7 @@ def plot_stationarity(frame: pl.DataFrame, characteristic: str, path: str | os.P
         key = tuple(np.round([v["band_lo"][0], v["band_hi"][0], *v["p_band_lo"], *v["p_band_hi"]], 12))
         bands.setdefault(key, []).append(name)
     shared = max(bands, key=lambda k: (len(bands[k]), "random" in bands[k]))
-    fig = Figure(figsize=(9.5, 4.6))
+    fig = new_figure(figsize=(9.5, 4.6))
     ax = fig.subplots()
     one_sided = characteristic in S.SHARE
     ax.fill_between([-0.4, n - 0.6], shared[0], shared[1], color="0.82", lw=0, label=f"random's band ({', '.join(bands[shared])})")
@@ -364,7 +350,7 @@ def plot_window_deviation(frame: pl.DataFrame, strategy: str, path: str | os.Pat
     if frame.is_empty():
         raise StrataInputError(f"no window rows for {strategy!r}", fix="compute ordering_diagnostics with window_batch")
     kinds = [k for k in ("clusters", "length_bins") if (frame["kind"] == k).any()]
-    fig = Figure(figsize=(12, 4.4))
+    fig = new_figure(figsize=(12, 4.4))
     axes = np.atleast_1d(fig.subplots(1, len(kinds)))
     floor = 1e-6  # a deviation of 0 (a window of exactly the global mixture) sits at the axis floor
     for ax, kind in zip(axes, kinds):
@@ -380,9 +366,9 @@ def plot_window_deviation(frame: pl.DataFrame, strategy: str, path: str | os.Pat
                        label="above every shuffle")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.xaxis.set_major_locator(LogLocator(base=2))
-        ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=2))
+        ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%d"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("window length w (sequences; windows start every batch)")
         ax.set_ylabel(r"worst window: $\max_{[a:b]}\,\max_j\,|\mathrm{share}_j - \tau_j|$")
         label = "clusters" if kind == "clusters" else "document-length bins"

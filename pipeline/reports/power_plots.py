@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
 
-from pipeline.reports.figures import DPI, save_png
-from pipeline.reports.plots import cluster_colors
+from pipeline.heavy import lazy
+from pipeline.render.figures import DPI, cluster_colors, new_figure, save_png
 from pipeline.reports.stats import POOLED, Z_MDE
+
+ticker = lazy("matplotlib.ticker")  # imported when the first figure is drawn (pipeline/heavy.py)
 
 
 def _mde_rel(r: dict, seeds: np.ndarray, units: int) -> np.ndarray:
@@ -31,7 +31,7 @@ def plot_power(power: pl.DataFrame, checkpoints: pl.DataFrame, path: str | os.Pa
     """Power curves (left) and the measured Δ / MDE per checkpoint (right); see the module docstring."""
     p = power.filter(pl.col("strategy") == POOLED).row(0, named=True)
     rows = power.filter(pl.col("strategy") != POOLED).to_dicts()
-    fig = Figure(figsize=(12, 4.6), dpi=DPI)
+    fig = new_figure(figsize=(12, 4.6), dpi=DPI)
     ax, bx = fig.subplots(1, 2)
     top = max(64, 2 * (p["seeds_needed"] or 0))
     seeds = np.unique(np.geomspace(2, top, 60).round()).astype(np.int64)
@@ -49,7 +49,7 @@ def plot_power(power: pl.DataFrame, checkpoints: pl.DataFrame, path: str | os.Pa
     ax.set_xscale("log")
     ticks = [t for t in (2, 3, 5, 10, 20, 50, 100, 200, 500, 1000, 2000) if t <= seeds[-1]]
     ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_yscale("log")
     ax.set_xlabel("seeds per strategy")
     ax.set_ylabel(f"minimum detectable |Δ|, % of {p['baseline']}'s loss")

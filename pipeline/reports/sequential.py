@@ -61,10 +61,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+import duckdb
 import numpy as np
+import polars as pl
 
-from pipeline.reports.stats import VarianceComponents, variance_components
+from pipeline.errors import StrataInputError
+from pipeline.reports.stats import POOLED, VarianceComponents, power_table, variance_components
+from pipeline.reports.tables import run_units
 
 ALPHA = 0.05
 POWER = 0.8
@@ -428,15 +433,6 @@ def fit_paired_model(db_path, baseline: str = "random", metric: str = "heldout_b
     them), the components of eq. (2) of ``pipeline.reports.stats`` pooled over the strategies as the
     power statement pools them. Returns the model and what it was fitted on (strategies, seeds,
     units, the database). A clear ``StrataInputError`` when the database has no such runs."""
-    from pathlib import Path
-
-    import duckdb
-    import polars as pl
-
-    from pipeline.errors import StrataInputError
-    from pipeline.reports.stats import POOLED, power_table
-    from pipeline.reports.tables import run_units
-
     path = Path(db_path)
     if not path.is_file():
         raise StrataInputError("no DuckDB file to fit the paired model on", path=path,

@@ -4,6 +4,7 @@ ablation's strategy x metric report (``ablation_report``)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -11,8 +12,37 @@ from typing import Any, Callable
 import numpy as np
 import polars as pl
 
+from pipeline.clean.decontam import eval_sets
+from pipeline.clean.report import clean_section, plot_clean
+from pipeline.clean.report import read_tables as read_clean_tables
+from pipeline.data.paloma import read_paloma_docs
+from pipeline.names import POSITIVE_CONTROL
 from pipeline.ordering.engine import OrderParams
+from pipeline.ordering.frozen_boundary import boundary_summary
+from pipeline.ordering.strategies import training_time
+from pipeline.render.markdown import frame_table, image_markdown
+from pipeline.reports import diagnostics as D
+from pipeline.reports import stationarity as S
+from pipeline.reports import training_plots as T
+from pipeline.reports import visual as V
+from pipeline.reports import windows as W
+from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
+from pipeline.reports.band_cache import band_cache, window_band_cache
+from pipeline.reports.claim_inputs import claim_data
+from pipeline.reports.claims import CLAIM_TABLES, claims_frame, claims_report_section, claims_section, evaluate
+from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
+from pipeline.reports.plots import plot_k_calibration, plot_window_deviation
+from pipeline.reports.power_plots import plot_power
+from pipeline.reports.stats import control_verdict, delta_table, mde_by_checkpoint, power_table
+from pipeline.reports.tables import ablation_table, render_report, run_units
+from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
+from pipeline.represent.embedding_index import open_embeddings
+from pipeline.segments import warm_kernels
 from pipeline.stage import CheckFact, Connect, Markdown, StageParams, StageResult, setting
+from pipeline.storage.atomic import write_parquet, write_text
+from pipeline.storage.warehouse import replace_rows
+from pipeline.threads import concurrently
+from pipeline.training.gradients import summarize_stable_ranks
 
 STATIONARITY_CHECK, REPORT_CHECK = "ordering_is_stationary", "report_covers_strategies"
 
@@ -85,9 +115,6 @@ RUN_TABLES = ("train_log", "eval_results", "eval_units", "heldout_curve", "consu
 def stationarity_check(strategy: str, table: pl.DataFrame, n_random: int) -> CheckFact:
     """``ordering_is_stationary``: passes when no part of ``table`` is outside random's band; else
     a warning whose description names every characteristic and part outside it."""
-    from pipeline.names import POSITIVE_CONTROL
-    from pipeline.reports import stationarity as S
-
     if table.is_empty():
         return CheckFact(STATIONARITY_CHECK, True, {"strategy": strategy}, f"{strategy} has no schedule before training: nothing to test",
                          warn=True)
@@ -117,16 +144,12 @@ def window_metadata(layout, strategy: str, metrics: pl.DataFrame) -> tuple[list[
     """The worst-window figure ``diagnostics/<strategy>.windows.png`` and the facts that show it in
     the UI: the table of worst windows against random's band, the figure inline, and the window
     lengths where the ordering is above every shuffle."""
-    from pipeline.reports import visual as V
-    from pipeline.reports import windows as W
-    from pipeline.reports.plots import plot_window_deviation
-
     frame = W.window_frame(metrics, strategy)
     if frame.is_empty():
         return [], {}
     png = plot_window_deviation(frame, strategy, layout.inside("diagnostics", f"{strategy}.windows.png"))
     above = "; ".join(f"{kind}: w = {', '.join(map(str, ws))}" for kind, ws in W.above_random(frame).items() if ws)
-    return [png], {"worst_window": Markdown(W.markdown(frame) + "\n\n" + V.image_markdown(png, "worst window vs window length")),
+    return [png], {"worst_window": Markdown(W.markdown(frame) + "\n\n" + image_markdown(png, "worst window vs window length")),
                    "worst_window_above_random": above or "none"}
 
 
@@ -138,19 +161,6 @@ def diagnose_ordering(layout, params: DiagnoseParams, strategy: str, connect: Co
     DuckDB ``ordering_stationarity``, the check ``ordering_is_stationary``). The shuffles' bands are
     cached per packing (``pipeline/reports/band_cache.py``). A training-time strategy has no
     schedule before training: it gets no rows."""
-    from pipeline.ordering.strategies import training_time
-    from pipeline.reports import diagnostics as D
-    from pipeline.reports import stationarity as S
-    from pipeline.reports import visual as V
-    from pipeline.reports import windows as W
-    from pipeline.reports.band_cache import band_cache, window_band_cache
-    from pipeline.reports.frozen_boundary import boundary_summary
-    from pipeline.reports.markdown import frame_table
-    from pipeline.segments import warm_kernels
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.warehouse import replace_rows
-    from pipeline.threads import concurrently
-
     warm_kernels()  # numba's first load, beside this run's reading
     prefix = params.max_steps * params.batch_size
     reused = window_reused = False
@@ -205,17 +215,6 @@ def diagnostics_report(layout, params: DiagnosticsReportParams, connect: Connect
     ``report/diagnostics.md`` (from ``ordering_metrics`` and ``ordering_stationarity``), corpus-side
     metrics in DuckDB ``corpus_metrics``, the k calibration (silhouette vs k on a sample) in
     ``k_calibration``, and the check ``report_covers_strategies``."""
-    from pipeline.ordering.strategies import training_time
-    from pipeline.reports import diagnostics as D
-    from pipeline.reports import stationarity as S
-    from pipeline.reports import visual as V
-    from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
-    from pipeline.reports.markdown import frame_table
-    from pipeline.reports.plots import plot_k_calibration
-    from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
-    from pipeline.represent.embedding_index import open_embeddings
-    from pipeline.storage.warehouse import replace_rows
-
     strategies = [s for s in params.strategies if layout.ordering(s).exists() and s not in training_time()]
     docs, schedules = ordering_schedules(layout, strategies, params.length_bins)
     emb = open_embeddings(layout)
@@ -241,31 +240,19 @@ def diagnostics_report(layout, params: DiagnosticsReportParams, connect: Connect
     ui = "\n\n".join([frame_table(summary), "**stationarity: outside random's band**",
                        frame_table(V.stationarity_summary(stationarity))]
                       + (["**worst window (max over windows [a:b]) above random's**", frame_table(windows)] if windows.height else [])
-                      + [V.image_markdown(p, n) for n, p in figures.items()])
+                      + [image_markdown(p, n) for n, p in figures.items()])
     check = report_check([s for s in params.strategies if s not in training_time()], strategies, figures)
     return StageResult(outputs=[md_path, *figures.values()], rows={"strategies": len(strategies), "figures": len(figures)},
                        parameters={"strategies": strategies}, facts={"report": Markdown(ui)}, checks=[check])
 
 
-def ablation_report(layout, params: AblationReportParams, connect: Connect) -> StageResult:
+def ablation_report(layout, params: AblationReportParams, connect: Connect, higher_is_better: Callable[[str], bool]) -> StageResult:
     """Strategy x metric table (the fixed held-out batch's final loss and every evaluation metric,
     mean ± std over seeds; DuckDB ``ablation``), every strategy's difference to ``random`` with a
     paired-bootstrap interval (``ablation_delta``), the power of the run (``ablation_power``), and
     ``report.md`` with its figures under ``report/`` (the cleaning section, the claims' section and the latest
-    ``strata ablate`` campaign included where their tables exist)."""
-    from evals.paloma import read_paloma_docs
-    from pipeline.clean.decontam import eval_sets
-    from pipeline.clean.report import clean_section, plot_clean
-    from pipeline.clean.report import read_tables as read_clean_tables
-    from pipeline.names import POSITIVE_CONTROL
-    from pipeline.reports.claims import CLAIM_TABLES, claims_report_section
-    from pipeline.reports.markdown import frame_table
-    from pipeline.reports.stats import control_verdict, delta_table, mde_by_checkpoint, power_table
-    from pipeline.reports.tables import ablation_table, higher_is_better, render_report, run_units
-    from pipeline.reports.visual import image_markdown
-    from pipeline.storage.atomic import write_parquet, write_text
-    from pipeline.storage.warehouse import replace_rows
-
+    ``strata ablate`` campaign included where their tables exist). ``higher_is_better(metric)``: whether
+    a rise of ``suite/task/metric`` is better (the eval suites declare it: ``evals.suites.is_higher_better``)."""
     with connect() as con:
         tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
         read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in RUN_TABLES if t in tables}
@@ -290,8 +277,6 @@ def ablation_report(layout, params: AblationReportParams, connect: Connect) -> S
         replace_rows(con, "ablation_power", power, {})
     figures = {}
     if power.filter(pl.col("strategy") == "pooled").height:
-        from pipeline.reports.power_plots import plot_power
-
         checkpoints = mde_by_checkpoint(mine["heldout_curve"]) if "heldout_curve" in mine else pl.DataFrame()
         figures["power"] = plot_power(power, checkpoints, layout.inside("report", "power.png"))
     figures |= training_figures(mine, layout.inside("report"), params.seeds[0])
@@ -306,7 +291,6 @@ def ablation_report(layout, params: AblationReportParams, connect: Connect) -> S
     extra += "\n" + clean_section(cleaned, ", ".join(eval_sets(params, layout.heldout))) if cleaned else ""
     claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
     if "ablation_campaign" in tables:  # the latest `strata ablate` campaign: verdicts and its intervals round by round
-        from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
 
         with connect() as con:
             campaign = con.sql("SELECT * FROM ablation_campaign WHERE campaign = (SELECT arg_max(campaign, created_at) "
@@ -333,9 +317,6 @@ def ablation_report(layout, params: AblationReportParams, connect: Connect) -> S
 
 def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:
     """Loss curves, stable ranks, fidelity heatmaps and the ODM mixture (whatever data exists)."""
-    from pipeline.reports import training_plots as T
-    from pipeline.training.gradients import summarize_stable_ranks
-
     figs = {}
     curve = tables.get("heldout_curve")
     if curve is not None and curve.height:
@@ -369,14 +350,6 @@ def measure_claims(layout, params: ClaimsParams, connect: Connect, log: Callable
     ``claims_diversity``, ``claims_epoch_jumps`` and ``claims_not_measured``), a figure per claim
     and ``report/claims/claims.md``. Claims whose data the root lacks are listed as not measured;
     the claims' own runs (``claim_runs``), when they exist, are an input (``deps``)."""
-    import time
-
-    from pipeline.reports.claim_inputs import claim_data
-    from pipeline.reports.claims import claims_frame, claims_section, evaluate
-    from pipeline.reports.visual import image_markdown
-    from pipeline.storage.atomic import write_parquet, write_text
-    from pipeline.storage.warehouse import replace_rows
-
     out_dir = layout.inside("report", "claims")
     t0 = time.perf_counter()
 

@@ -66,9 +66,9 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.reports import kernels as K
-from pipeline.reports.composition import Composition, Schedule, composition_of_docs
-from pipeline.reports.markdown import table_lines
+from pipeline.ordering import kernels as K
+from pipeline.ordering.composition import Composition, Schedule, composition_of_docs
+from pipeline.render.markdown import table_lines
 from pipeline.segments import docs_per_sequence, grouped
 from pipeline.storage.atomic import write_npy
 from pipeline.threads import prefetch

@@ -22,18 +22,10 @@ import math
 import polars as pl
 
 from pipeline.names import POSITIVE_CONTROL
-from pipeline.reports.consumed import METRICS as DIVERSITY_METRICS
 from pipeline.reports.stats import HELDOUT_METRIC, POOLED, ControlVerdict, control_verdict
+from pipeline.training.consumed import METRICS as DIVERSITY_METRICS
 
 UNIT_SCHEMA = {"strategy": pl.String, "seed": pl.Int64, "metric": pl.String, "unit": pl.String, "value": pl.Float64}
-
-
-def higher_is_better(metric: str) -> bool:
-    """Whether higher is better for ``suite/task/metric``: the metric names the eval suites declare
-    (accuracies, Core scores); losses, perplexities, bits per byte: lower."""
-    from evals.suites import higher_is_better as declared
-
-    return metric.rsplit("/", 1)[-1] in declared()
 
 
 def run_units(heldout_curve: pl.DataFrame | None, evals: pl.DataFrame | None, eval_units: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -15,19 +15,9 @@ from typing import Mapping
 
 import numpy as np
 import polars as pl
-from matplotlib.figure import Figure
 
 from pipeline.errors import StrataInputError
-from pipeline.reports.figures import save_png
-from pipeline.reports.plots import cluster_colors
-
-
-def _need(df: pl.DataFrame, cols: tuple[str, ...], what: str) -> None:
-    if df.height == 0:
-        raise StrataInputError(f"no rows to plot for {what}", fix="run the training/analysis first")
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise StrataInputError(f"{what} frame lacks columns {missing}", fix=f"pass a frame with columns {list(cols)}")
+from pipeline.render.figures import cluster_colors, need_columns, new_figure, save_png
 
 
 def _smooth(y: np.ndarray, window: int) -> np.ndarray:
@@ -45,12 +35,12 @@ def plot_loss_curves(log: pl.DataFrame, path: str | os.PathLike, metric: str = "
     ``log`` has columns ``strategy, step, <metric>`` and optionally ``seed``. ``smooth`` is a
     trailing moving-average window (default: 2% of the steps), applied per run before averaging.
     """
-    _need(log, ("strategy", "step", metric), "loss curves")
+    need_columns(log, ("strategy", "step", metric), "loss curves")
     if "seed" not in log.columns:
         log = log.with_columns(seed=pl.lit(0))
     strategies = sorted(log["strategy"].unique().to_list())
     colors = cluster_colors(max(len(strategies), 1))
-    fig = Figure(figsize=(8, 4.5))
+    fig = new_figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     n_steps = int(log["step"].max()) + 1
     w = smooth if smooth is not None else max(1, n_steps // 50)
@@ -82,11 +72,11 @@ def plot_heldout_curves(curve: pl.DataFrame, path: str | os.PathLike) -> Path:
     every N steps; a run's value is the mean over the held-out documents). Two panels: the whole
     run, and the last half with its own y range, where the strategies differ.
     """
-    _need(curve, ("strategy", "seed", "step", "tokens_seen", "loss"), "held-out curves")
+    need_columns(curve, ("strategy", "seed", "step", "tokens_seen", "loss"), "held-out curves")
     runs = curve.group_by("strategy", "seed", "step").agg(pl.col("tokens_seen").first(), pl.col("loss").mean()).sort("step")
     strategies = sorted(runs["strategy"].unique().to_list())
     colors = cluster_colors(max(len(strategies), 1))
-    fig = Figure(figsize=(11, 4.5))
+    fig = new_figure(figsize=(11, 4.5))
     axes = fig.subplots(1, 2)
     half = float(runs["tokens_seen"].max()) / 2
     for ax, lo in zip(axes, (0.0, half)):
@@ -112,13 +102,13 @@ def plot_heldout_curves(curve: pl.DataFrame, path: str | os.PathLike) -> Path:
 
 def plot_mixture(mixture: pl.DataFrame, path: str | os.PathLike, title: str = "ODM mixture over training") -> Path:
     """Stacked area of the sampling probability of every cluster per step (``step, cluster, prob``)."""
-    _need(mixture, ("step", "cluster", "prob"), "mixture")
+    need_columns(mixture, ("step", "cluster", "prob"), "mixture")
     wide = mixture.pivot(on="cluster", index="step", values="prob", sort_columns=True).sort("step").fill_null(0.0)
     clusters = [c for c in wide.columns if c != "step"]
     clusters.sort(key=int)
     steps = wide["step"].to_numpy()
     probs = np.stack([wide[c].to_numpy() for c in clusters])
-    fig = Figure(figsize=(8, 4.5))
+    fig = new_figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     ax.stackplot(steps, probs, colors=cluster_colors(len(clusters)), labels=[f"cluster {c}" for c in clusters], lw=0)
     ax.set_xlim(steps.min(), steps.max())
@@ -145,7 +135,7 @@ def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
     ``summary`` is :func:`pipeline.training.gradients.summarize_stable_ranks` output with a ``strategy``
     column (and ``checkpoint``; several seeds are averaged).
     """
-    _need(summary, ("strategy", "layer_name", "layer", "min_stable_rank", "mean_stable_rank"), "stable ranks")
+    need_columns(summary, ("strategy", "layer_name", "layer", "min_stable_rank", "mean_stable_rank"), "stable ranks")
     if "checkpoint" not in summary.columns:
         summary = summary.with_columns(checkpoint=pl.lit("final"))
     agg = summary.group_by(["checkpoint", "strategy", "layer_name", "layer", "block", "matrix"]).agg(
@@ -158,7 +148,7 @@ def plot_stable_ranks(summary: pl.DataFrame, path: str | os.PathLike) -> Path:
     checkpoints = sorted(agg["checkpoint"].unique().to_list(), key=_checkpoint_key)
     strategies = sorted(agg["strategy"].unique().to_list())
     colors = cluster_colors(len(strategies))
-    fig = Figure(figsize=(max(8, 0.35 * len(order) + 3), 3.2 * len(checkpoints) + 0.6))
+    fig = new_figure(figsize=(max(8, 0.35 * len(order) + 3), 3.2 * len(checkpoints) + 0.6))
     axes = fig.subplots(len(checkpoints), 2, squeeze=False)
     for r, ck in enumerate(checkpoints):
         for c, (col, label) in enumerate((("min_stable_rank", "min"), ("mean_stable_rank", "mean"))):
@@ -194,7 +184,7 @@ def plot_fidelity(matrices: Mapping[str, np.ndarray], path: str | os.PathLike) -
         lo, hi = lo - 0.005, hi + 0.005
     cols = min(3, len(names))
     rows = -(-len(names) // cols)
-    fig = Figure(figsize=(4.2 * cols + 0.8, 3.9 * rows))
+    fig = new_figure(figsize=(4.2 * cols + 0.8, 3.9 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
     im = None
     for ax, n in zip(axes.ravel(), names):

@@ -17,7 +17,7 @@ the incomplete last batch is left out, as a trainer drops it.
 Cost: one pass gathers each batch's tokens per group (sparse: one entry per group a batch holds),
 then each length slides its window a batch at a time over a dense vector of the window's tokens
 per group, adding the batch that enters and subtracting the one that leaves
-(:func:`pipeline.reports.kernels.worst_windows`); a window is computed only when a bound does not
+(:func:`pipeline.ordering.kernels.worst_windows`); a window is computed only when a bound does not
 already place it below the worst found, so the cost is about the composition's entries per length,
 with no (sequences x groups) matrix.
 
@@ -37,8 +37,8 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.reports import kernels as K
-from pipeline.reports.markdown import table_lines
+from pipeline.ordering import kernels as K
+from pipeline.render.markdown import table_lines
 from pipeline.storage.atomic import write_npy
 
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from pipeline.errors import StrataInputError
 
@@ -56,8 +57,6 @@ def label_agreement(assign: np.ndarray, labels: np.ndarray | list) -> dict:
 
 def load_labels(path: str | os.PathLike) -> np.ndarray:
     """Cluster labels by doc_id from ``clusters.parquet`` (doc_id, cluster) or a 1-D integer ``.npy``."""
-    import polars as pl
-
     path = Path(path)
     if not path.is_file():
         raise StrataInputError("clustering file not found", path=path, fix="pass a clusters.parquet or a .npy label array")

@@ -15,6 +15,10 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
+
+faiss = lazy("faiss")  # imported on first use (pipeline/heavy.py)
+sklearn_metrics = lazy("sklearn.metrics")
 
 DEFAULT_KS = (5, 10, 15, 20, 25, 30, 40, 50, 75, 100)
 
@@ -83,8 +87,6 @@ def calibrate_k(
     faiss runs on ``threads`` OpenMP threads (restored afterwards): on a shared machine its
     spinning threads are slower than one thread for sample-sized problems.
     """
-    import faiss
-    from sklearn.metrics import silhouette_score
 
     # a memory map or the sharded matrix: only the sample is read
     x = embeddings if hasattr(embeddings, "shape") else np.asarray(embeddings)
@@ -113,7 +115,7 @@ def calibrate_k(
             if np.unique(labels).size < 2:
                 continue
             used.append(k)
-            scores.append(float(silhouette_score(dist, labels, metric="precomputed")))
+            scores.append(float(sklearn_metrics.silhouette_score(dist, labels, metric="precomputed")))
     finally:
         faiss.omp_set_num_threads(previous)
     if not used:

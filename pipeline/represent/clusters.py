@@ -33,8 +33,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
+from pipeline.represent.embedding_index import open_embeddings
+from pipeline.storage.atomic import atomic_dir
+from pipeline.storage.layout import Layout
+
+faiss = lazy("faiss")  # imported on first use (pipeline/heavy.py)
+sklearn_cluster = lazy("sklearn.cluster")
+sklearn_decomposition = lazy("sklearn.decomposition")
+threadpoolctl = lazy("threadpoolctl")
 
 BACKENDS = ("auto", "faiss", "sklearn")
 KMEANSPP_MAX_K = 1024
@@ -51,8 +61,6 @@ def pca_fit(x: np.ndarray, n_components: int, seed: int = 0) -> tuple[np.ndarray
     ``PCA_FIT_MAX`` rows; each axis's sign is fixed (largest-magnitude loading positive), so results
     are reproducible.
     """
-    from sklearn.decomposition import PCA
-
     n, d = x.shape
     if not 1 <= n_components <= d:
         raise StrataInputError(f"pca={n_components} components for {d}-dimensional embeddings is impossible",
@@ -60,7 +68,7 @@ def pca_fit(x: np.ndarray, n_components: int, seed: int = 0) -> tuple[np.ndarray
     if n < n_components:
         raise StrataInputError(f"pca={n_components} components from {n} embeddings is impossible", fix=f"use 0 (no PCA) or 1..{n}")
     fit = np.asarray(x) if n <= PCA_FIT_MAX else np.asarray(x[np.sort(np.random.default_rng(seed).choice(n, PCA_FIT_MAX, replace=False))])
-    pca = PCA(n_components, svd_solver="covariance_eigh").fit(fit)
+    pca = sklearn_decomposition.PCA(n_components, svd_solver="covariance_eigh").fit(fit)
     return pca.mean_.astype(np.float32), np.ascontiguousarray(pca.components_.T, dtype=np.float32)
 
 
@@ -203,8 +211,6 @@ def assign_batch(x: np.ndarray, centroids: np.ndarray, spherical: bool, threads:
 def save_model(model_dir: Path, centroids: np.ndarray, transform: Transform, meta: dict) -> str:
     """Write a trained model (centroids, PCA, ``meta``: what it was trained with and on) atomically;
     return its key (a digest of the arrays: per-shard assignments are named by it)."""
-    from pipeline.storage.atomic import atomic_dir
-
     arrays = {"centroids": centroids, **({"pca_mean": transform.pca[0], "pca_w": transform.pca[1]} if transform.pca else {})}
     key = model_key(arrays)
     with atomic_dir(model_dir) as tmp:
@@ -252,24 +258,20 @@ def _kmeanspp_seeds(train: np.ndarray, k: int, seed: int) -> np.ndarray | None:
     """k-means++ initial centroids for k <= KMEANSPP_MAX_K (module docstring), else None."""
     if k > KMEANSPP_MAX_K:
         return None
-    from sklearn.cluster import kmeans_plusplus
 
     m = min(train.shape[0], max(16 * k, 4096))
     rng = np.random.default_rng(seed)
     sample = train if m == train.shape[0] else train[np.sort(rng.choice(train.shape[0], m, replace=False))]
-    from threadpoolctl import threadpool_limits
 
     # One BLAS thread: its k sequential steps multiply tiny matrices, where threads only add
     # synchronization (above all on a busy machine), and results then do
     # not depend on the core count.
-    with threadpool_limits(1):
-        seeds, _ = kmeans_plusplus(sample, k, random_state=seed)
+    with threadpoolctl.threadpool_limits(1):
+        seeds, _ = sklearn_cluster.kmeans_plusplus(sample, k, random_state=seed)
     return np.ascontiguousarray(seeds, dtype=np.float32)
 
 
 def _faiss_train(train: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> np.ndarray:
-    import faiss
-
     before = faiss.omp_get_max_threads()
     if threads > 0:
         faiss.omp_set_num_threads(threads)
@@ -287,9 +289,20 @@ def _faiss_train(train: np.ndarray, k: int, seed: int, niter: int, spherical: bo
 
 def _sklearn_train(train: np.ndarray, k: int, seed: int, niter: int, spherical: bool, mppc: int, threads: int) -> np.ndarray:
     """MiniBatchKMeans on the same seeded training sample; spherical = unit inputs and centroids."""
-    from sklearn.cluster import MiniBatchKMeans
-
-    km = MiniBatchKMeans(n_clusters=k, random_state=seed, max_iter=niter, n_init=1, batch_size=min(train.shape[0], max(1024, 4 * k)))
+    km = sklearn_cluster.MiniBatchKMeans(n_clusters=k, random_state=seed, max_iter=niter, n_init=1,
+                                         batch_size=min(train.shape[0], max(1024, 4 * k)))
     km.fit(train)
     centroids = km.cluster_centers_.astype(np.float32)
     return _normalize(centroids) if spherical else centroids
+
+
+def diversity_clusters(layout: Layout, cfg, docs: pl.DataFrame) -> tuple[np.ndarray, int]:
+    """Cluster of every document (doc_id order) at ``claims.k`` clusters, and that k."""
+    k = cfg.claims_k or cfg.k
+    if k == cfg.k:
+        return docs["cluster"].to_numpy().astype(np.int64), k
+    emb = open_embeddings(layout)
+    k = min(k, emb.shape[0])
+    assign, _ = kmeans(emb, k, seed=cfg.seed, niter=cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
+                       max_points_per_centroid=cfg.kmeans_max_points_per_centroid)
+    return np.asarray(assign, dtype=np.int64), k

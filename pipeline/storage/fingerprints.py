@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from pipeline.storage.atomic import file_sha256
+
 
 def fingerprint_digest(fingerprint: str) -> str:
     """A short file-name-safe digest of a fingerprint."""
@@ -22,8 +24,6 @@ def embedding_fingerprint(model_path: str, max_tokens: int, **params: object) ->
 
     Hashing the files (not just the path) means replacing a model in place also invalidates the cache.
     """
-    from pipeline.storage.atomic import file_sha256
-
     root = Path(model_path)
     files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else ([root] if root.is_file() else [])
     h = hashlib.sha256(model_path.encode("utf-8"))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import verify_sha256
@@ -55,8 +56,6 @@ def intact(paths: Iterable[Path]) -> bool:
 def verify_token_store(layout) -> None:
     """The token store's index and every shard file it names, each against its recorded digest (the
     shard's attribute and the ``sha256`` the index holds for it)."""
-    import polars as pl
-
     verify_file(layout.tokens, "tokens")
     verify_file(layout.doc_offsets, "tokens")
     if not layout.tokens.is_file():

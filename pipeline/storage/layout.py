@@ -8,12 +8,18 @@ no stage: reading the packed sequences' tokens is the packing's (``pipeline/pack
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import polars as pl
+
 from pipeline.errors import StrataInputError
+from pipeline.storage.atomic import file_sha256
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,8 +34,6 @@ def artifact_digests(root: Path) -> dict[str, str]:
     """SHA-256 of every artifact file under the data root ``root``, by relative path: not the runs'
     bookkeeping (DuckDB, Dagster's storage) nor hidden files (logs, markers, temporaries). Two roots
     built from the same inputs and seed give equal digests (the data contract)."""
-    import hashlib
-
     out = {}
     for p in sorted(Path(root).rglob("*")):
         rel = p.relative_to(root)
@@ -46,8 +50,6 @@ def is_data_root(directory: Path) -> bool:
 def check_data_root(root: Path, *, write: bool = True) -> Path:
     """``root`` as a usable data root: created if missing and marked (:data:`ROOT_MARKER`); a path
     that is a file, or (with ``write``) a folder Strata cannot write into, is a StrataInputError."""
-    import os
-
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise StrataInputError("the data root is a file, not a directory", path=root,
@@ -185,15 +187,11 @@ class Ordering:
 
     @functools.cached_property
     def segments(self) -> "pl.DataFrame":
-        import polars as pl
-
         return pl.read_parquet(self.segments_path)
 
     @property
     def n_sequences(self) -> int:
         """Sequences of the packing (its largest sequence id + 1), read from that one column."""
-        import polars as pl
-
         top = pl.scan_parquet(self.segments_path).select(pl.col("sequence_id").max()).collect().item()
         return 0 if top is None else int(top) + 1
 
@@ -218,9 +216,6 @@ class Store:
         """``orderings/<strategy>.parquet`` with the segments it refers to: the strategy's own
         (``orderings/<strategy>.segments.parquet``, when it repacked), else ``sequences/segments.parquet``;
         and the target cluster shares of ``orderings/<strategy>.mixture.parquet`` when it realizes a mixture."""
-        import numpy as np
-        import polars as pl
-
         path = self.layout.ordering(strategy)
         if not path.exists():
             raise StrataInputError(f"no ordering for strategy {strategy!r}", path=path,
@@ -237,8 +232,6 @@ class Store:
         order. Both files are written in doc_id order, so the columns are put side by side; a
         polars hash join of 10M rows would hold about 0.8 GB. Tables out of that order (or of
         different documents) are joined (inner) and sorted."""
-        import polars as pl
-
         docs = pl.read_parquet(self.layout.documents, columns=["doc_id", *[c for c in columns if c != "doc_id"]])
         clusters = pl.read_parquet(self.layout.clusters, columns=["doc_id", "cluster"])
         if docs["doc_id"].equals(clusters["doc_id"]) and docs["doc_id"].is_sorted():
@@ -260,8 +253,4 @@ class Store:
 def tokens_fingerprint(layout: Layout) -> str:
     """SHA-256 of the token store's index and document offsets (their digests, taken while they were
     written): what ``sequences`` records as the store its segments point into."""
-    import hashlib
-
-    from pipeline.storage.atomic import file_sha256
-
     return hashlib.sha256(f"{file_sha256(layout.tokens)} {file_sha256(layout.doc_offsets)}".encode()).hexdigest()

@@ -33,7 +33,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Iterator
+
+from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
 
@@ -199,8 +202,6 @@ def errors(url: str, doing: str) -> Iterator[None]:
 def _bar(desc: str, unit: str, total: int | None = None):
     """A progress bar that appears only once the work has lasted :data:`PROGRESS_DELAY_S` (and
     then stays, with the final count, like the project's other bars)."""
-    from tqdm import tqdm
-
     scaled = unit == "B"
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=scaled, unit_divisor=1024 if scaled else 1000,
                 delay=PROGRESS_DELAY_S, mininterval=0.5)
@@ -412,8 +413,6 @@ def publish(local_dir, url: str, *, last: tuple[str, ...], marker: str) -> dict:
     all: the commit), objects of the previous export that the new one lacks deleted, and the
     temporary prefix removed, with those an interrupted earlier publish left there. Returns
     ``{"uploaded", "kept", "deleted"}`` counts."""
-    from pathlib import Path
-
     local_dir = Path(local_dir)
     fs = filesystem(url)
     base = strip(url).rstrip("/")

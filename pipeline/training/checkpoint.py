@@ -24,15 +24,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import polars as pl
 
+from pipeline.heavy import lazy
 from pipeline.storage.atomic import atomic_path
+
+torch = lazy("torch")  # imported on first use (pipeline/heavy.py)
 
 FORMAT = 1
 
 
 def _bytes_tensor(data: bytes):
-    import torch
-
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
 
 
@@ -63,8 +65,6 @@ def decode(obj: Any) -> Any:
             raw = obj["__ndarray__"].numpy().tobytes()
             return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
         if "__frame__" in obj:
-            import polars as pl
-
             return pl.read_ipc(io.BytesIO(obj["__frame__"].numpy().tobytes()))
         return {k: decode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -74,8 +74,6 @@ def decode(obj: Any) -> Any:
 
 def rng_state() -> dict:
     """The global RNG states: torch (CPU and every CUDA device), numpy's legacy generator, ``random``."""
-    import torch
-
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -85,8 +83,6 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    import torch
-
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -134,8 +130,6 @@ class Checkpointing:
         return self.every > 0 and steps_done % self.every == 0 and steps_done < n_steps
 
     def save(self, fingerprint: dict, payload: dict) -> None:
-        import torch
-
         body = {"format": FORMAT, "fingerprint": json.dumps(fingerprint, sort_keys=True), **payload,
                 "caller": self.state() if self.state is not None else {}}
         with atomic_path(self.path) as tmp:
@@ -143,8 +137,6 @@ class Checkpointing:
 
     def load(self, fingerprint: dict) -> dict | None:
         """The checkpoint written with this fingerprint, or None (absent, unreadable or other settings: logged)."""
-        import torch
-
         if not self.path.exists():
             return None
         try:

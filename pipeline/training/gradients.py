@@ -28,9 +28,12 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
 from pipeline.packing.pack import SequenceStore
 from pipeline.training.loop import autocast, batch_positions
 from pipeline.training.model import batch_tensors, mask_mode_of, token_losses
+
+torch = lazy("torch")  # imported on first use (pipeline/heavy.py)
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -38,8 +41,6 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 
 def stable_rank(m) -> float:
     """||M||_F^2 / ||M||_2^2 of a 2D matrix (numpy or torch); nan for the zero matrix."""
-    import torch
-
     t = torch.as_tensor(m).detach().float()
     if t.ndim != 2:
         raise StrataInputError(f"stable rank needs a matrix, got shape {tuple(t.shape)}", fix="pass a 2D array")
@@ -94,8 +95,6 @@ def gradient_stable_ranks(
     ``positions``, which pairs the probes of two runs), ``position, layer_name, layer, block,
     matrix, stable_rank``.
     """
-    import torch
-
     if len(positions) == 0:
         raise StrataInputError("no batch positions to probe", fix="pass e.g. the next few steps after a checkpoint")
     if matrix not in ("weights", "activations"):
@@ -126,8 +125,6 @@ def output_gradients(model, store: SequenceStore, ids: np.ndarray, cross_documen
     """(M, X) of every layer matrix of :func:`layer_matrices` on the batch ``ids``: M in R^{T x d_out}
     the gradient of the batch's mean loss with respect to the layer's output y_t = W x_t at each of
     the T = B * seq_len positions, X in R^{T x d_in} its inputs; so dLoss/dW = M^T X."""
-    import torch
-
     modules = [m for _, _, _, _, m in _modules(model)]
     dev = modules[0].weight.device.type
     seen: dict[int, tuple[object, object]] = {}
@@ -196,8 +193,6 @@ def chunk_gradients(
     names otherwise); embeddings are left out by default because their rows mostly encode token
     frequency.
     """
-    import torch
-
     order = np.asarray(order, dtype=np.int64)
     if n_chunks < 2 or order.size < n_chunks:
         raise StrataInputError(
@@ -235,8 +230,6 @@ def chunk_gradients(
 
 def cosine_matrix(vectors) -> np.ndarray:
     """(n, n) cosine similarities of the rows of ``vectors`` (float64)."""
-    import torch
-
     v = torch.as_tensor(vectors).double()
     norms = v.norm(dim=1)
     if (norms == 0).any():

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
+from pipeline.packing.pack import SequenceStore, pack_concat
+from pipeline.training.model import attention_inputs, next_token_labels, token_losses
+
+torch = lazy("torch")  # imported on first use (pipeline/heavy.py)
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,6 @@ def heldout_batch(texts: list[str], units: list[str], tokenizer, seq_len: int, n
 
 def heldout_tensors(hb: HeldoutBatch, rows: slice, device, mask_mode: str = "dense") -> dict:
     """Model inputs of some rows: one document per row, padding as its own segment (never scored)."""
-    import torch
-
-    from pipeline.training.model import attention_inputs, next_token_labels
-
     toks, filled = hb.tokens[rows], hb.filled[rows]
     seg = np.where(filled, 1, 2)
     labels = next_token_labels(toks, seg)
@@ -75,10 +76,6 @@ def heldout_tensors(hb: HeldoutBatch, rows: slice, device, mask_mode: str = "den
 
 def score_heldout(model, hb: HeldoutBatch, device, batch_size: int = 32, mask_mode: str = "dense") -> np.ndarray:
     """(n_docs,) float64 mean next-token loss (nats/token) of every held-out document."""
-    import torch
-
-    from pipeline.training.model import token_losses
-
     was_training = model.training
     model.eval()
     out = []
@@ -106,8 +103,6 @@ def heldout_store(texts: list[str], tokenizer, seq_len: int):
     on non-overlapping data" (TerRIFIC curricula, "The Merits of Our Scheduler") for the gradients
     of every schedule.
     """
-    from pipeline.packing.pack import SequenceStore, pack_concat
-
     eos = tokenizer.eos_token_id
     docs = [ids + [eos] for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"] if ids]
     lengths = np.array([len(d) for d in docs], dtype=np.int64)

@@ -3,7 +3,7 @@
 Every strategy gets the same model init (seeded), token budget, optimizer (AdamW, linear warmup
 then cosine decay to 10% of the peak), batch size and sequence length; only the order of the
 sequences differs. Step t trains on ``order[t*B:(t+1)*B]`` (wrapping into a next epoch if the
-budget exceeds the stream), or, for a training-time strategy such as ODM (``pipeline.training.odm``), on the
+budget exceeds the stream), or, for a training-time strategy such as ODM (``pipeline.ordering.odm``), on the
 ids a sampler returns. With ``epochs = N`` the run is N passes over the stream instead: each
 epoch is the same ``floor(M / B)`` batches in the same order (an incomplete last batch is dropped,
 as a data loader with ``drop_last`` does), so every epoch boundary is a clean restart of the
@@ -29,10 +29,13 @@ from tqdm import tqdm
 
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
 from pipeline.stage import StageParams, setting
 from pipeline.training.checkpoint import Checkpointing, rng_state, set_rng_state
 from pipeline.training.heldout import HeldoutBatch, score_heldout, score_steps
 from pipeline.training.model import MASK_MODES, batch_tensors, build_model, token_losses
+
+torch = lazy("torch")  # imported on first use (pipeline/heavy.py)
 
 if TYPE_CHECKING:  # any store with masked_batch / seq_len / n_sequences trains (a numpy export's OrderedSequences too)
     from pipeline.packing.pack import SequenceStore
@@ -128,8 +131,6 @@ def lr_at(step: int, s: TrainSettings) -> float:
 
 def autocast(dev: str):
     """bf16 autocast on CUDA, a no-op context on CPU."""
-    import torch
-
     return torch.autocast("cuda", dtype=torch.bfloat16) if dev == "cuda" else torch.autocast("cpu", enabled=False)
 
 
@@ -204,8 +205,6 @@ def train(
     ``on_losses(step, ids, loss_sums, tokens)`` gets each step's per-sequence training loss before
     the update: the summed next-token loss (nats) of sequence ``ids[i]`` and its scored tokens.
     """
-    import torch
-
     if sampler is None:
         if order is None or np.asarray(order).size == 0:
             raise StrataInputError("training needs a non-empty ordering or a sampler", fix="pass order=<sequence ids> or sampler=")

@@ -11,6 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
+
+torch = lazy("torch")  # imported on first use (pipeline/heavy.py)
+flex_attention = lazy("torch.nn.attention.flex_attention")
+F = lazy("torch.nn.functional")
+torch_checkpoint = lazy("torch.utils.checkpoint")
+transformers = lazy("transformers")
+
 PRESETS: dict[str, dict[str, int]] = {
     # Llama-style SwiGLU decoders; intermediate = 8/3 * hidden rounded up to a multiple of 64 (the
     # Llama convention: the 3-matrix MLP then holds ~8 h^2 weights, like a 4h GELU MLP).
@@ -28,8 +37,6 @@ MASK_MODES = ("dense", "flex")
 def attention_implementation(mask_mode: str) -> str:
     """The transformers attention backend of a mask mode (``dense`` -> sdpa, ``flex`` -> flex_attention)."""
     if mask_mode not in MASK_MODES:
-        from pipeline.errors import StrataInputError
-
         raise StrataInputError(f"unknown attention mask mode {mask_mode!r}", fix=f"use one of {MASK_MODES} (or 'auto')")
     return "flex_attention" if mask_mode == "flex" else "sdpa"
 
@@ -47,14 +54,10 @@ def model_config(preset: str, vocab_size: int, seq_len: int, eos_id: int, pad_id
     context length from here (``evals.lmeval.max_length``), so rolling windows and few-shot
     contexts never score RoPE at positions the model never trained on.
     """
-    from transformers import LlamaConfig
-
     if preset not in PRESETS:
-        from pipeline.errors import StrataInputError
-
         raise StrataInputError(f"unknown model preset {preset!r}", fix=f"use one of {sorted(PRESETS)}")
     spec = PRESETS[preset]
-    return LlamaConfig(
+    return transformers.LlamaConfig(
         vocab_size=vocab_size,
         max_position_embeddings=seq_len,
         num_key_value_heads=spec["num_attention_heads"],
@@ -69,23 +72,17 @@ def model_config(preset: str, vocab_size: int, seq_len: int, eos_id: int, pad_id
 
 def build_model(preset: str, vocab_size: int, seq_len: int, seed: int, eos_id: int, pad_id: int, mask_mode: str = "dense"):
     """A freshly initialized ``LlamaForCausalLM`` (same seed => same weights, whatever the mask mode)."""
-    import torch
-    from transformers import LlamaForCausalLM
-
     cfg = model_config(preset, vocab_size, seq_len, eos_id, pad_id, mask_mode)
     torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg)
+    return transformers.LlamaForCausalLM(cfg)
 
 
 def preset_parameters(preset: str, vocab_size: int) -> dict[str, int]:
     """Exact parameter counts of a preset, ``{"total", "non_embedding"}``, without allocating it
     (the model is built on torch's ``meta`` device)."""
-    import torch
-    from transformers import LlamaForCausalLM
-
     cfg = model_config(preset, vocab_size, 2048, 0, 0)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = transformers.LlamaForCausalLM(cfg)
     total = sum(p.numel() for p in model.parameters())
     return {"total": total, "non_embedding": total - vocab_size * cfg.hidden_size}
 
@@ -113,13 +110,9 @@ def attention_inputs(seg, cross_document: bool = False, mode: str = "dense", fil
     ``dense``: a 4D boolean tensor (B, 1, L, L) for SDPA. ``flex``: a FlexAttention
     ``BlockMask`` with the same mask_mod (for a model built with ``mask_mode="flex"``).
     """
-    import torch
-
     s = torch.as_tensor(seg)
     B, L = s.shape
     if mode == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
-
         f = None if filled is None else torch.as_tensor(filled, device=s.device)
 
         def mask_mod(b, h, q, kv):
@@ -130,7 +123,7 @@ def attention_inputs(seg, cross_document: bool = False, mode: str = "dense", fil
                 keep = keep & f[b, kv]
             return keep
 
-        return create_block_mask(mask_mod, B, None, L, L, device=s.device)
+        return flex_attention.create_block_mask(mask_mod, B, None, L, L, device=s.device)
     causal = torch.tril(torch.ones(L, L, dtype=torch.bool, device=s.device))
     if cross_document:
         mask = causal.expand(B, 1, L, L)
@@ -156,8 +149,6 @@ def batch_tensors(store, sequence_ids: np.ndarray, cross_document: bool, device,
     concatenated training). Padding (padding / best_fit packings) is never scored and never
     attended to by a real token.
     """
-    import torch
-
     toks, seg_rows, seg_starts, filled = store.masked_batch(sequence_ids)
     n, L = toks.shape
     seg, pos = document_layout(seg_starts, seg_rows, n, L)
@@ -186,10 +177,6 @@ def token_losses(model, batch: dict, max_logit_bytes: int = 4 << 30):
     recomputes them, a little slower, and the batch fits). Values
     and gradients equal the unchunked loss.
     """
-    import torch
-    import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint
-
     hidden = model.model(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
     ).last_hidden_state
@@ -206,5 +193,5 @@ def token_losses(model, batch: dict, max_logit_bytes: int = 4 << 30):
     parts = []
     for i in range(0, h.shape[0], chunk):
         args = (h[i : i + chunk], flat_y[i : i + chunk])
-        parts.append(checkpoint(chunk_loss, *args, use_reentrant=False) if torch.is_grad_enabled() else chunk_loss(*args))
+        parts.append(torch_checkpoint.checkpoint(chunk_loss, *args, use_reentrant=False) if torch.is_grad_enabled() else chunk_loss(*args))
     return torch.cat(parts).view(y.shape), y != -100

@@ -1,6 +1,6 @@
 """ODM outside Strata's trainer: a batch sampler over an ``hf`` or ``numpy`` export.
 
-Online Data Mixing's Algorithm 1 (``pipeline.training.odm.ODMPolicy``, the state Strata's own
+Online Data Mixing's Algorithm 1 (``pipeline.ordering.odm.ODMPolicy``, the state Strata's own
 trainer keeps) chooses the cluster of every micro-batch; the sampler serves that many positions of
 the export from the cluster's pool and learns from the losses it is told. A step is G
 micro-batches (``accumulation``), each drawn from one cluster under the step's policy; the rewards
@@ -24,7 +24,7 @@ recorded when it is drawn (one or two steps late).
 Clusters: :func:`export_clusters` follows the export's ``meta.json`` lineage to the ordering
 (position -> sequence id) and the segments it was written from in the data root (their SHA-256
 must still match), and takes each sequence's cluster as the cluster holding most of its tokens
-(``pipeline.training.odm.sequence_clusters``) from the root's ``clusters.parquet``.
+(``pipeline.ordering.odm.sequence_clusters``) from the root's ``clusters.parquet``.
 
 Served log (:meth:`ODMBatchSampler.write_log`, Parquet): one row per served sequence, in serving
 order: ``step``, ``micro_batch``, ``position`` (row of the export), ``sequence_id``, ``cluster``,
@@ -44,14 +44,13 @@ from torch.utils.data import IterableDataset, Sampler
 from transformers import TrainerCallback
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.odm import ClusterPools, ODMPolicy, sequence_clusters
 from pipeline.storage.atomic import file_sha256, write_parquet
-from pipeline.training.odm import ClusterPools, ODMPolicy, sequence_clusters
+from pipeline.storage.layout import Layout
 
 
 def export_clusters(export_dir: str | Path, data_root: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """(sequence id, cluster) of every position of an export written by ``strata export`` from ``data_root``."""
-    from pipeline.storage.layout import Layout
-
     meta_path = Path(export_dir) / "meta.json"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))

@@ -8,17 +8,34 @@ run trains on what the sampler serves instead of an order, and nothing here name
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
 import polars as pl
 
-from pipeline.ordering.stage import OrderStageParams
-from pipeline.stage import Connect, StageParams, StageResult, setting
-from pipeline.training.loop import TrainConfig
+from pipeline.data.paloma import read_paloma_docs
+from pipeline.data.tokenizer import load_tokenizer
+from pipeline.data.tokens import open_tokens
+from pipeline.errors import StrataInputError
+from pipeline.ordering import strategies
+from pipeline.ordering.stage import OrderStageParams, seeded_ordering
+from pipeline.packing.pack import SequenceStore
+from pipeline.render.markdown import frame_table
+from pipeline.represent.clusters import diversity_clusters
+from pipeline.stage import Connect, Markdown, StageParams, StageResult, setting
+from pipeline.storage.atomic import atomic_dir, write_parquet
+from pipeline.storage.documents import document_features
+from pipeline.storage.layout import Store
+from pipeline.storage.warehouse import latest_data_version, replace_rows
+from pipeline.training.checkpoint import Checkpointing
+from pipeline.training.consumed import consumed_diversity
+from pipeline.training.experiments import epoch_boundary_arms, packing_arms, paper_packing_arms, sequence_loss_rows, topic_groups
+from pipeline.training.gradients import fidelity_rows, gradient_stable_ranks, mixture_fidelity
+from pipeline.training.heldout import heldout_batch, heldout_store
+from pipeline.training.loop import TrainConfig, TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
 
 FROZEN_FRACTION = 0.2  # the frozen checkpoint of mixture fidelity: a model at 20% of a run's steps
 CLAIM_STRATEGIES = ("greedy", "random")  # their stable ranks are compared by the claims (claims_probe_batches each)
@@ -57,25 +74,9 @@ class GradientParams(StageParams):
 
 
 @dataclass(frozen=True)
-class EvaluateParams(StageParams):
-    """The evaluations' settings (``evaluations``): the limit, the seed and the values of the keys the
-    eval suites read (``evals/suites/``, each suite's ``reads``: they join the asset's parameters there)."""
-
-    eval_limit: int = setting()
-    seed: int = setting()
-    suites: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "EvaluateParams":
-        from evals.suites import reads
-
-        return cls(eval_limit=cfg.eval_limit, seed=cfg.seed, suites=cfg.subset(reads()))
-
-
-@dataclass(frozen=True)
 class ClaimRunsParams(StageParams):
     """The claims' own training runs (``claim_runs``); they train with training_runs' settings and
-    cluster at ``claims.k`` with the configured k-means (:func:`pipeline.reports.claim_inputs.diversity_clusters`)."""
+    cluster at ``claims.k`` with the configured k-means (:func:`pipeline.represent.clusters.diversity_clusters`)."""
 
     claims_k: int = setting("claims.k")
     claims_seeds: list[int] = setting("claims.seeds")
@@ -105,20 +106,12 @@ def probe_count(params: TrainRunParams, strategy: str) -> int:
 
 def sequence_store(layout, segments: pl.DataFrame, tok):
     """The sequences of ``segments`` read from the token store, padded with the tokenizer's pad id."""
-    from pipeline.data.tokens import open_tokens
-    from pipeline.packing.pack import SequenceStore
-    from pipeline.storage.layout import Store
-
     tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
     return SequenceStore(tokens, offsets, segments, Store(layout).sequences.seq_len, pad_id=tok.pad_token_id)
 
 
 def load_heldout_batch(layout, heldout_docs: int, tok):
     """The fixed held-out batch (same documents for every run): its first ``heldout_docs`` documents, or None without held-out documents."""
-    from evals.paloma import read_paloma_docs
-    from pipeline.storage.layout import Store
-    from pipeline.training.heldout import heldout_batch
-
     if not layout.heldout.exists() or not any(layout.heldout.rglob("*.jsonl.gz")):
         return None
     docs = read_paloma_docs(layout.heldout)  # sources in turn, so a small batch covers every source
@@ -142,15 +135,6 @@ def train_run(layout, params: TrainRunParams, strategy: str, seed: int, connect:
     ``epoch_jumps`` and a sampler's mixture table, if it names one (ODM's ``odm_mixture``).
     ``checkpoint_params`` (with the inputs' data versions) keys the resumable checkpoint
     ``ckpt.pt``, removed once the outputs are written."""
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.ordering import strategies
-    from pipeline.ordering.stage import seeded_ordering
-    from pipeline.storage.atomic import atomic_dir, write_parquet
-    from pipeline.storage.warehouse import latest_data_version
-    from pipeline.training.checkpoint import Checkpointing
-    from pipeline.training.gradients import gradient_stable_ranks
-    from pipeline.training.loop import TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
-
     spec = strategies.spec(strategy)
     order, segments = seeded_ordering(layout, params.ordering, strategy, seed)
     tok = load_tokenizer(layout.tokenizer)
@@ -222,10 +206,6 @@ def _write_tables(layout, connect: Connect, key: dict, log_df: pl.DataFrame, ser
                   run_dir: Path) -> list[Path]:
     """A run's DuckDB rows (replacing the rows of its strategy and seed) and, for a sampler that
     names a ``table``, its ``mixture_rows()`` there and in ``<table>.parquet``; returns the files written."""
-    from pipeline.reports.consumed import consumed_diversity
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.warehouse import replace_rows
-
     def keyed(df: pl.DataFrame) -> pl.DataFrame:
         return df.with_columns(strategy=pl.lit(key["strategy"]), seed=pl.lit(key["seed"]))
 
@@ -254,19 +234,6 @@ def gradient_analyses(layout, params: GradientParams, connect: Connect) -> Stage
     runs' steps, saved under ``gradients/frozen``; the cosine similarity of the gradients of
     ``fidelity_chunks`` consecutive chunks of each strategy's stream (``gradients/fidelity.parquet``,
     DuckDB ``fidelity``). A strategy trained by a sampler has no schedule beyond the stream it served."""
-    from dataclasses import replace
-
-    from evals.paloma import read_paloma_docs
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.errors import StrataInputError
-    from pipeline.ordering import strategies
-    from pipeline.storage.atomic import atomic_dir, write_parquet
-    from pipeline.storage.layout import Store
-    from pipeline.storage.warehouse import replace_rows
-    from pipeline.training.gradients import fidelity_rows, mixture_fidelity
-    from pipeline.training.heldout import heldout_store
-    from pipeline.training.loop import TrainSettings, checkpoint_steps, train
-
     tok = load_tokenizer(layout.tokenizer)
     if not layout.heldout.exists() or not any(layout.heldout.rglob("*.jsonl.gz")):
         raise StrataInputError("no held-out documents to train the frozen checkpoint on", path=layout.heldout,
@@ -305,44 +272,6 @@ def gradient_analyses(layout, params: GradientParams, connect: Connect) -> Stage
                        facts={"mean_offdiagonal_cosine": off})
 
 
-def evaluate_run(layout, params: EvaluateParams, strategy: str, seed: int, connect: Connect) -> StageResult:
-    """Evaluate the model of ``strategy`` x ``seed`` on every eval suite whose input is there
-    (``evals/suites/``): rows to ``evals/<strategy>.parquet`` (DuckDB ``eval_results``), the
-    per-document values beside it (``.units.parquet``, DuckDB ``eval_units``)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from evals.run import evaluate
-    from evals.suites import ordered
-    from pipeline.devices import device
-    from pipeline.reports.markdown import frame_table
-    from pipeline.stage import Markdown
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.warehouse import replace_rows
-
-    model_dir = layout.run_dir(strategy, seed) / "model"
-    dev = device()
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(dev).eval()
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    units: list[dict] = []
-    suites = ordered()
-    inputs = SimpleNamespace(**params.suites)  # each suite's input is a key it reads (path_key)
-    rows = evaluate(model, tok, {s.name: s.input(inputs, layout) for s in suites}, limit=params.eval_limit, device=dev,
-                    work_dir=layout.root / "lm_eval", seed=params.seed, units=units,
-                    options={k: params.suites[k] for k in sorted({k for s in suites for k in s.reads})})
-    df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
-    out = write_parquet(df, layout.eval_file(strategy, seed))
-    per_doc = pl.DataFrame(units, schema={"metric": pl.String, "unit": pl.String, "value": pl.Float64})
-    per_doc = per_doc.with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
-    out_units = write_parquet(per_doc, layout.eval_file(strategy, seed).with_suffix(".units.parquet"))
-    with connect() as con:
-        replace_rows(con, "eval_results", df, {"strategy": strategy, "seed": seed})
-        if per_doc.height:
-            replace_rows(con, "eval_units", per_doc, {"strategy": strategy, "seed": seed})
-    return StageResult(outputs=[out, out_units], rows={"results": df.height, "units": per_doc.height},
-                       parameters={"strategy": strategy, "seed": seed, "limit": params.eval_limit},
-                       facts={"results": Markdown(frame_table(df.select("suite", "task", "metric", "value")))})
-
-
 def train_claim_runs(layout, params: ClaimRunsParams, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
     """The training runs only the claims need (``pipeline/training/experiments.py``): multi-epoch
     runs of a corpus sample in a topical and in the stratified order (the epoch-boundary anomaly)
@@ -350,20 +279,6 @@ def train_claim_runs(layout, params: ClaimRunsParams, connect: Connect, log: Cal
     or at equal tokens), for every seed of ``claims_seeds``. Writes ``claim_runs/log.parquet``,
     ``arms.parquet`` and, where measured, ``heldout.parquet`` and ``sequences.parquet``, and the
     DuckDB tables ``claim_runs_log``, ``claim_runs_arms``, ``claim_runs_heldout`` and ``claim_runs_sequences``."""
-    import time
-
-    from pipeline.data.tokenizer import load_tokenizer
-    from pipeline.data.tokens import open_tokens
-    from pipeline.packing.pack import SequenceStore
-    from pipeline.reports.claim_inputs import diversity_clusters
-    from pipeline.reports.markdown import frame_table
-    from pipeline.reports.visual import document_features
-    from pipeline.stage import Markdown
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.warehouse import replace_rows
-    from pipeline.training.experiments import epoch_boundary_arms, packing_arms, paper_packing_arms, sequence_loss_rows, topic_groups
-    from pipeline.training.loop import TrainSettings, train
-
     docs = document_features(layout)
     lengths = docs["stream_length"].to_numpy()
     cluster, k = diversity_clusters(layout, params, docs)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pipeline import registry
 from pipeline.registry import Registry
 
 
@@ -27,7 +28,7 @@ class ExportFormat:
     extends: bool = False  # write also takes previous= (pipeline/export/extend.py) and copies its kept prefix
 
 
-REGISTRY: Registry[ExportFormat] = Registry(ExportFormat, __name__, "export format")
+REGISTRY: Registry[ExportFormat] = registry.EXPORT_FORMATS  # declared in pipeline/registry.py, where the config reads it
 
 
 def reads() -> tuple[str, ...]:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pipeline.export.formats import ExportFormat
+from pipeline.export.hf import export_hf
 
 
 def write(stream, out, meta, *, global_batch, world_size, progress=None):
-    from pipeline.export.hf import export_hf
-
     return export_hf(stream, out, meta, progress=progress)
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pipeline.export.formats import ExportFormat
+from pipeline.export.mds import export_mds
 
 
 def write(stream, out, meta, *, global_batch, world_size, progress=None):
-    from pipeline.export.mds import export_mds
-
     return export_mds(stream, out, meta, global_batch=global_batch, world_size=world_size, progress=progress)
 
 

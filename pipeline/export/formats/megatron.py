@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pipeline.export.formats import ExportFormat
+from pipeline.export.megatron import export_megatron
 
 
 def write(stream, out, meta, *, global_batch, world_size, progress=None, previous=None):
-    from pipeline.export.megatron import export_megatron
-
     return export_megatron(stream, out, meta, progress=progress, previous=previous)
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pipeline.export.formats import ExportFormat
+from pipeline.export.numpy_tokens import export_numpy
 
 
 def write(stream, out, meta, *, global_batch, world_size, progress=None, previous=None):
-    from pipeline.export.numpy_tokens import export_numpy
-
     return export_numpy(stream, out, meta, progress=progress, previous=previous)
 
 

@@ -22,7 +22,7 @@ A family name the registry lacks is a column of the documents table (e.g. ``sour
 family whose groups are the column's categories (:func:`spec_of`). Nothing else lists the
 families: the configuration's ``families:`` check, the greedy's matrix, the engine's documents
 columns, the curriculum's accepted families, the repair and the diagnostics read this registry.
-Spec modules import only the registry, the standard library and numpy at their top.
+Spec modules import their code at their top, and nothing heavy (``pipeline/heavy.py``).
 """
 
 from __future__ import annotations
@@ -31,11 +31,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from pipeline import registry
+from pipeline.errors import StrataInputError
+from pipeline.ordering.features import one_hot, quantile_classes
 from pipeline.registry import Registry
 
 if TYPE_CHECKING:
+    from pipeline.ordering.composition import Composition, Schedule
     from pipeline.ordering.features import Csr, SequenceFeatures
-    from pipeline.reports.composition import Composition, Schedule
 
 Level = Literal["tokens", "sequences"]
 
@@ -87,8 +90,6 @@ class SequenceFamily(FamilySpec):
         raise NotImplementedError
 
     def matrix(self, features: "SequenceFeatures", classes: int, unit: float) -> "Csr":
-        from pipeline.ordering.features import one_hot, quantile_classes
-
         return one_hot(quantile_classes(self.values(features), classes), unit)
 
 
@@ -102,8 +103,6 @@ class ColumnFamily(TokenFamily):
         self.name = name
 
     def tokens(self, features: "SequenceFeatures") -> "Csr":
-        from pipeline.errors import StrataInputError
-
         if self.name not in features.columns:
             have = ", ".join([*REGISTRY.names(), *features.columns])
             raise StrataInputError(
@@ -113,7 +112,7 @@ class ColumnFamily(TokenFamily):
         return features.columns[self.name]
 
 
-REGISTRY: Registry[FamilySpec] = Registry(FamilySpec, __name__, "characteristic family")
+REGISTRY: Registry[FamilySpec] = registry.FAMILIES  # declared in pipeline/registry.py, where the config reads it
 
 
 def spec_of(name: str) -> FamilySpec:

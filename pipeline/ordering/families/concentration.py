@@ -3,6 +3,7 @@ for one spread evenly over n clusters), each class at its share of the sequences
 
 from __future__ import annotations
 
+from pipeline.ordering.characteristics import concentration
 from pipeline.ordering.families import SequenceFamily
 
 
@@ -11,8 +12,6 @@ class Concentration(SequenceFamily):
     description = "quantile classes of ||c_s||_2 / l_s, each at its share of the sequences"
 
     def values(self, features):
-        from pipeline.ordering.characteristics import concentration
-
         return concentration(features)
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from pipeline import registry
 from pipeline.registry import Registry
 
 Level = Literal["sequence", "document", "training"]
@@ -111,7 +112,7 @@ class StrategySpec:
         return self.level != "training"
 
 
-REGISTRY: Registry[StrategySpec] = Registry(StrategySpec, __name__, "ordering strategy")
+REGISTRY: Registry[StrategySpec] = registry.STRATEGIES  # declared in pipeline/registry.py, where the config reads it
 
 
 def spec(name: str) -> StrategySpec:

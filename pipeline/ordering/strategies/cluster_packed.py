@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.ordering.engine import OrderingResult, order_frame, repack
 from pipeline.ordering.strategies import StrategySpec
+from pipeline.segments import ids_by_key
 
 
 def run(inp):
-    from pipeline.ordering.engine import OrderingResult, order_frame, repack
-    from pipeline.segments import ids_by_key
 
     # the present documents (cluster >= 0) by cluster, then by doc id: a counting sort on every core
     # (the documents are already in doc-id order, so counting keeps it; numpy's stable sort is serial)

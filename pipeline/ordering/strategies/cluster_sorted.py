@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from pipeline.ordering.control import cluster_sorted_order
+from pipeline.ordering.engine import OrderingResult, order_frame
 from pipeline.ordering.strategies import StrategySpec
 
 
 def run(inp):
-    from pipeline.ordering.control import cluster_sorted_order
-    from pipeline.ordering.engine import OrderingResult, order_frame
-
     return OrderingResult(order_frame(cluster_sorted_order(inp.segments, inp.cluster, inp.seed)), None)
 
 

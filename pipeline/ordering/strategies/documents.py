@@ -3,31 +3,24 @@ documents (``pipeline/ordering/documents.py``), then repack them."""
 
 from __future__ import annotations
 
+from pipeline.ordering.documents import bin_packing_order, round_robin_order, stratified_order, token_weighted_order
 from pipeline.ordering.strategies import StrategySpec
+from pipeline.packing.pack import check_seq_len
 
 
 def stratified(cluster, length, seq_len: int, params):
-    from pipeline.ordering.documents import stratified_order
-
     return stratified_order(cluster, length, params.within)
 
 
 def token_weighted(cluster, length, seq_len: int, params):
-    from pipeline.ordering.documents import token_weighted_order
-
     return token_weighted_order(cluster, length, params.within)
 
 
 def round_robin(cluster, length, seq_len: int, params):
-    from pipeline.ordering.documents import round_robin_order
-
     return round_robin_order(cluster, length, params.within)
 
 
 def bin_packing(cluster, length, seq_len: int, params):
-    from pipeline.ordering.documents import bin_packing_order
-    from pipeline.packing.pack import check_seq_len
-
     check_seq_len(seq_len)
     return bin_packing_order(cluster, length, seq_len, params.within)
 

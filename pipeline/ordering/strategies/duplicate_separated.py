@@ -3,11 +3,17 @@ its own and ordered (by the configured greedy, or by the paper's Idea 2), concat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.engine import OrderingResult, order_frame
+from pipeline.ordering.greedy import greedy_mode
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.ordering.strategies.greedy import GREEDY, greedy_rows
+from pipeline.packing.pack import pack_concat
 
 
 def duplicate_subsets(content_hash: np.ndarray, cluster: np.ndarray, seed: int) -> np.ndarray:
@@ -41,8 +47,6 @@ def idea2_params(params):
 
     then T_i += l_{s*,i}, S_tot += l_{s*}: the cluster family alone with variable l_s (objective
     f1), no noise and no batch repair (exact up to ``greedy_exact_max`` sequences, blocked above)."""
-    from dataclasses import replace
-
     return replace(params, objective="f1", families=(), noise=0.0, greedy_repair=False)
 
 
@@ -52,12 +56,6 @@ def run(inp):
     no sequence mixes two subsets; order each subset's sequences (``duplicate_order``: ``greedy``,
     the configured objective, or ``idea2``, the paper's Idea 2, :func:`idea2_params`); concatenate
     the subsets in subset order."""
-    import polars as pl
-
-    from pipeline.ordering.engine import OrderingResult, order_frame
-    from pipeline.ordering.greedy import greedy_mode
-    from pipeline.packing.pack import pack_concat
-
     if inp.content_hash is None:
         raise StrataInputError("duplicate_separated needs a content_hash per document", fix="add a content_hash column to the documents")
     mode = inp.params.duplicate_order

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.curriculum import curriculum_greedy_order, load_curriculum
+from pipeline.ordering.greedy import greedy_after_prefix, greedy_mode, greedy_scaled_order, greedy_windowed_order
 from pipeline.ordering.strategies import StrategySpec
 
 OBJECTIVE = ("objective", "families", "length_bins", "length_bin_weighting", "lam", "noise")  # the keys of the greedy's objective
@@ -14,8 +16,6 @@ GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "greedy_repair", "batc
 
 def greedy_rows(features, params, seed: int) -> np.ndarray:
     """The greedy order of ``features``' rows: exact up to ``greedy_exact_max`` sequences, blocked above."""
-    from pipeline.ordering.greedy import greedy_scaled_order
-
     p = params
     return greedy_scaled_order(features, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed, p.batch_size,
                                greedy_repair=p.greedy_repair)[0]
@@ -23,8 +23,6 @@ def greedy_rows(features, params, seed: int) -> np.ndarray:
 
 def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
     """``greedy`` after a frozen prefix: starts from the prefix's running counts (T_j, U_b, S)."""
-    from pipeline.ordering.greedy import greedy_after_prefix
-
     p = params
     return greedy_after_prefix(features, prefix_rows, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed,
                                p.batch_size, greedy_repair=p.greedy_repair)
@@ -36,14 +34,10 @@ def greedy_block_shuffle_after(features, prefix_rows, params, seed: int) -> np.n
 
 
 def greedy_fast(features, params, seed: int) -> np.ndarray:
-    from pipeline.ordering.greedy import greedy_windowed_order
-
     return greedy_windowed_order(features, params.objective_weights(), params.window, seed, params.noise)
 
 
 def greedy_curriculum(features, params, seed: int) -> np.ndarray:
-    from pipeline.ordering.curriculum import curriculum_greedy_order, load_curriculum
-
     if params.curriculum is None:
         raise StrataInputError("greedy_curriculum needs a curriculum",
                                fix="set curriculum: to a knots file (JSON/YAML), or turn the mixture stage on "
@@ -90,8 +84,6 @@ def block_unshuffle(order: np.ndarray, block_size: int, seed: int) -> np.ndarray
 def greedy_seed_free(n_sequences: int, params) -> bool:
     """Whether ``greedy``'s order ignores its seed: no noise and the exact greedy (the blocked greedy
     deals sequences to blocks with a seeded draw)."""
-    from pipeline.ordering.greedy import greedy_mode
-
     return params.noise == 0 and greedy_mode(n_sequences, params.greedy_exact_max) == "exact"
 
 

@@ -1,5 +1,5 @@
 """``greedy_blend``: a blend of named groups (sources, or any documents column) realized over the
-corpus and ordered by the greedy against its stages (``pipeline/mixture/blend.py``, docs/mixture.md).
+corpus and ordered by the greedy against its stages (``pipeline/ordering/blend.py``, docs/mixture.md).
 
 The schedule repeats or leaves out sequences of the base packing so that each stage's tokens hold
 the blend's weights over ``mixture.column`` (``mixture.weights`` or ``mixture.stages``) within
@@ -13,10 +13,34 @@ checked by the orderings stage.
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.blend import (
+    FrozenPlan,
+    blend_accounting,
+    blend_order,
+    document_groups,
+    document_plan,
+    document_uses,
+    frozen_document_uses,
+    group_tokens,
+    planned_after,
+    planned_counts,
+    row_caps,
+    stage_l1,
+)
+from pipeline.ordering.doc_arrays import document_arrays
+from pipeline.ordering.engine import Inputs, OrderingResult, order_frame
+from pipeline.ordering.schedule import accounting as cluster_accounting
+from pipeline.ordering.schedule import cluster_tokens
+from pipeline.ordering.stage import ordering_documents
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.ordering.strategies.greedy import GREEDY
+from pipeline.packing import frozen
+from pipeline.stage import CheckFact, Markdown
+from pipeline.storage.atomic import write_parquet
+from pipeline.storage.layout import Store
 
 BLEND_KEYS = ("mixture", "mixture_budget_tokens", "max_sequence_copies", "mixture_tolerance")
 STAGES_CHECK, USES_CHECK = "schedule_realizes_mixture", "schedule_within_caps"
@@ -32,8 +56,6 @@ def _need_blend(params):
 
 def _groups(inp):
     """(features, (rows x groups) tokens, group names) of the inputs' packing."""
-    from pipeline.mixture.blend import group_tokens
-
     f = inp.features()
     doc_group, names = inp.blend_groups
     seg_rows = np.searchsorted(f.sequence_ids, inp.segments["sequence_id"].to_numpy())
@@ -44,8 +66,6 @@ def _groups(inp):
 
 def _schedule(inp):
     """(features, group tokens, names, planned copies, stage weights) of the inputs' packing."""
-    from pipeline.mixture.blend import planned_counts
-
     p = inp.params
     blend = _need_blend(p)
     f, groups, names = _groups(inp)
@@ -56,9 +76,7 @@ def _schedule(inp):
 
 def _frozen_schedule(inp, prefix: np.ndarray):
     """(features, group tokens, names, ``FrozenPlan``) of a blend continuing the frozen ``prefix``
-    (sequence ids, repeating): ``pipeline.mixture.blend.planned_after``."""
-    from pipeline.mixture.blend import planned_after
-
+    (sequence ids, repeating): ``pipeline.ordering.blend.planned_after``."""
     p = inp.params
     blend = _need_blend(p)
     f, groups, names = _groups(inp)
@@ -73,9 +91,6 @@ def _frozen_schedule(inp, prefix: np.ndarray):
 def run_after(inp, prefix: np.ndarray):
     """The frozen ``prefix`` (its sequence ids, as consumed), then the blend's plan after it
     (``_frozen_schedule``) in greedy order against the stages' targets counted from the prefix's end."""
-    from pipeline.mixture.blend import blend_order
-    from pipeline.ordering.engine import OrderingResult, order_frame
-
     f, groups, _, plan = _frozen_schedule(inp, np.asarray(prefix, dtype=np.int64))
     p = inp.params
     after = np.zeros(0, dtype=np.int64)
@@ -87,9 +102,6 @@ def run_after(inp, prefix: np.ndarray):
 
 def run(inp):
     """The blend's schedule (sequence ids, repeating) in greedy order."""
-    from pipeline.mixture.blend import blend_order
-    from pipeline.ordering.engine import OrderingResult, order_frame
-
     f, groups, _, counts, weights = _schedule(inp)
     p = inp.params
     rows = blend_order(f, groups, counts, weights, p.blend.ends, p.objective_weights(), max(2, p.greedy_block), p.noise, inp.seed)
@@ -107,28 +119,6 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     and the rest's (the plan after it, ``_frozen_schedule``), each piece carries its cap, and
     ``<strategy>.plan.parquet`` (DuckDB ``blend_document_plan``) holds per document its token uses
     against the plan it replaced: a document that plan used and this one does not is ``dropped``."""
-    import polars as pl
-
-    from pipeline.mixture.blend import (
-        FrozenPlan,
-        blend_accounting,
-        document_groups,
-        document_plan,
-        document_uses,
-        frozen_document_uses,
-        row_caps,
-        stage_l1,
-    )
-    from pipeline.mixture.schedule import accounting as cluster_accounting
-    from pipeline.mixture.schedule import cluster_tokens
-    from pipeline.ordering.doc_arrays import document_arrays
-    from pipeline.ordering.engine import Inputs
-    from pipeline.ordering.stage import ordering_documents
-    from pipeline.packing import frozen
-    from pipeline.stage import CheckFact, Markdown
-    from pipeline.storage.atomic import write_parquet
-    from pipeline.storage.layout import Store
-
     blend = _need_blend(params)
     written = Store(layout).ordering(strategy)
     docs = ordering_documents(layout, params, strategy)

@@ -1,7 +1,7 @@
 """``greedy_mixture``: a learned mixture realized over the corpus, then ordered by the greedy.
 
 The schedule repeats or omits sequences of the base packing so that its tokens per cluster follow
-the mixture weights under a repetition cap (``pipeline/mixture/schedule.py``); the greedy (the
+the mixture weights under a repetition cap (``pipeline/ordering/schedule.py``); the greedy (the
 configured objective, ``stationary`` by default; exact or blocked as for ``greedy``) then orders
 the schedule's rows, copies as separate rows, against the schedule's own composition: the
 mixture's shares as realized.
@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import StrataInputError
+from pipeline.ordering.greedy import greedy_scaled_order
+from pipeline.ordering.schedule import load_weights, repeat_counts
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.ordering.strategies.greedy import GREEDY
 
@@ -20,8 +22,6 @@ MIXTURE = ("mixture_weights_file", "mixture_budget_tokens", "max_sequence_copies
 
 def mixture_targets(params, n_clusters: int) -> np.ndarray:
     """The mixture's token share per cluster (the weights file, normalized)."""
-    from pipeline.mixture.schedule import load_weights
-
     if not params.mixture_weights_file:
         raise StrataInputError("greedy_mixture needs mixture weights",
                                fix="turn the mixture stage on (mixture.enabled: true) and materialize mixture_weights, "
@@ -31,9 +31,6 @@ def mixture_targets(params, n_clusters: int) -> np.ndarray:
 
 def schedule_rows(features, params, seed: int) -> np.ndarray:
     """Rows of ``features`` in schedule order, row s repeated r_s times (0 <= r_s <= max_sequence_copies)."""
-    from pipeline.mixture.schedule import repeat_counts
-    from pipeline.ordering.greedy import greedy_scaled_order
-
     weights = mixture_targets(params, features.clusters.n_cols)
     budget = params.mixture_budget_tokens or float(features.lengths.sum())
     counts = repeat_counts(features, weights, budget, params.max_sequence_copies, seed)

@@ -1,7 +1,10 @@
-"""Markdown pipe tables: the one way every report, metadata block and CLI output writes them."""
+"""Markdown pipe tables (the one way every report, metadata block and CLI output writes them) and
+images inlined for the Dagster UI."""
 
 from __future__ import annotations
 
+import base64
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import polars as pl
@@ -21,3 +24,10 @@ def table_lines(header: Sequence[str], rows: Iterable[Sequence[object]], align: 
 def frame_table(df: pl.DataFrame) -> str:
     """``df`` as a pipe table, one row per row."""
     return "\n".join(table_lines(df.columns, df.iter_rows()))
+
+
+def image_markdown(path: Path, title: str) -> str:
+    """Inline a PNG or GIF as a data URI (shown by the Dagster UI's markdown metadata)."""
+    data = base64.b64encode(path.read_bytes()).decode()
+    mime = "image/gif" if path.suffix == ".gif" else "image/png"
+    return f"**{title}**\n\n![{title}](data:{mime};base64,{data})"

@@ -1,8 +1,9 @@
-"""The sparse composition of sequences (c_s, l_s of Don't Shuffle, Optimize's f1-f3) and the
-prepared schedule every ordering metric reads.
+"""The sparse composition of sequences (c_s, l_s of Don't Shuffle, Optimize's f1-f3), the
+prepared schedule every ordering metric reads, and the stream's cumulative error over its prefixes.
 
-Held apart from :mod:`pipeline.reports.diagnostics` so the characteristic families
-(``pipeline/ordering/families/``) can name these types without importing the metrics.
+Beneath the characteristic families (``pipeline/ordering/families/``: a family's composition of a
+schedule), the frozen boundary the ordering stage records (``frozen_boundary.py``) and the
+ordering diagnostics (``pipeline.reports.diagnostics``, which measure with these).
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 
-from pipeline.reports import kernels as K
+from pipeline.errors import StrataInputError
+from pipeline.ordering import kernels as K
 from pipeline.segments import as_integers, grouped
 
 
@@ -94,3 +97,45 @@ class Schedule:
     @property
     def n_sequences(self) -> int:
         return int(self.order.size)
+
+
+def _order_of(position: np.ndarray) -> np.ndarray:
+    order = np.empty_like(position)
+    order[position] = np.arange(position.size, dtype=position.dtype)
+    return order
+
+
+def ordering_ids(ordering: pl.DataFrame | np.ndarray) -> np.ndarray:
+    """Sequence ids in training order, from an ordering frame (position, sequence_id) or an array."""
+    if isinstance(ordering, pl.DataFrame):
+        missing = {"position", "sequence_id"} - set(ordering.columns)
+        if missing:
+            raise StrataInputError(
+                f"ordering lacks column(s) {sorted(missing)}", fix="pass a frame with columns position, sequence_id"
+            )
+        return ordering.sort("position")["sequence_id"].to_numpy().astype(np.int64)
+    return np.asarray(ordering, dtype=np.int64).ravel()
+
+
+def log_spaced_points(n_sequences: int, n_points: int = 64) -> np.ndarray:
+    """About ``n_points`` distinct integers log-spaced over 1..n_sequences (prefix lengths t)."""
+    return np.unique(np.round(np.geomspace(1, n_sequences, max(n_points, 2))).astype(np.int64))
+
+
+def prefix_totals(comp: Composition, position: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative group tokens T(t) (shape (len(t), G)) and tokens S(t) after the first t sequences."""
+    t = np.asarray(t, dtype=np.int64)
+    if t.size and (np.any(np.diff(t) <= 0) or t[0] < 1 or t[-1] > position.size):
+        raise StrataInputError(
+            "prefix lengths must increase within 1..M", fix="pass sorted distinct t (e.g. log_spaced_points)"
+        )
+    out = K.prefix_totals(_order_of(position), K.row_pointers(comp.seq, comp.n_sequences), comp.group, comp.tokens,
+                          comp.n_groups, t)
+    return out, out.sum(axis=1)
+
+
+def prefix_errors(comp: Composition, position: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """||T(t) - tau S(t)||_2 / S(t) after the first t sequences (Don't Shuffle, Optimize's tracked error, relative)."""
+    totals, s = prefix_totals(comp, position, t)
+    dev = totals - np.outer(s, comp.global_share())
+    return np.linalg.norm(dev, axis=1) / s

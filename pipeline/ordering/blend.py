@@ -8,7 +8,7 @@ stage k holds weights w_k from ``until_tokens`` of stage k-1 to its own (fractio
 
 1. **Counts.** Every packed sequence s is used r_s times so that the schedule's tokens of group g
    are sum_k w_kg B_k (B_k the stage's tokens): ``greedy_mixture``'s solver
-   (``pipeline.mixture.schedule.repeat_counts``) on the sequences' group tokens instead of their
+   (``pipeline.ordering.schedule.repeat_counts``) on the sequences' group tokens instead of their
    clusters, each sequence capped by the group it mostly holds: ceil(``max_repetition``) copies,
    and none for the sequences beyond ``max_fraction`` of the group's distinct tokens (a seeded
    subsample). The budget B (``mixture_budget_tokens``, 0 = the packing's tokens) is lowered until
@@ -32,7 +32,14 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
+from pipeline.ordering.characteristics import Family
+from pipeline.ordering.curriculum import targets_blocked_order
 from pipeline.ordering.features import Csr, SequenceFeatures
+from pipeline.ordering.greedy import Objective, _dominant
+from pipeline.ordering.schedule import repeat_counts
+
+sparse = lazy("scipy.sparse")  # imported on first use (pipeline/heavy.py)
 
 GROUP_FAMILY = "blend_group"  # the objective's family of the blend's groups (features.columns)
 GROUP_WEIGHT = 4.0  # the groups' family weighs this many times all other families together: the blend first
@@ -158,8 +165,6 @@ class StageTargets:
 def planned_counts(features: SequenceFeatures, groups: Csr, blend: Blend, names: list[str], budget: float,
                    max_sequence_copies: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Step 1 of the module docstring: the copies r_s of every row and the (stages x groups) weights."""
-    from pipeline.mixture.schedule import repeat_counts
-
     w = blend.matrix(names)
     share = np.diff(np.r_[0.0, blend.ends]) @ w  # each group's share of the whole schedule
     corpus = groups.column_totals()
@@ -179,8 +184,6 @@ def row_caps(features: SequenceFeatures, groups: Csr, max_rep: np.ndarray, max_f
     """Uses each row may have in the whole schedule: ceil(``max_repetition``) of the group it mostly
     holds, at most ``max_sequence_copies``, and 0 for the rows beyond ``max_fraction`` of their
     group's distinct tokens (a seeded subsample; the rows ``used`` > 0, a frozen prefix's, first)."""
-    from pipeline.ordering.greedy import _dominant
-
     dom = _dominant(groups)
     cap = np.minimum(int(max_sequence_copies), np.ceil(max_rep[dom] - 1e-9)).astype(np.int64)
     rng = np.random.default_rng(seed)
@@ -224,8 +227,6 @@ def planned_after(features: SequenceFeatures, groups: Csr, blend: Blend, names: 
     alone, each group's caps lowered by what the prefix used of it, each row's copies by its
     uses in the prefix. The whole schedule's tokens T <= ``budget`` are the most for which every
     group fits its remaining caps (bisection: a group's need grows with T)."""
-    from pipeline.mixture.schedule import repeat_counts
-
     w = blend.matrix(names)
     n = features.n_sequences
     used = np.bincount(np.asarray(prefix_rows, dtype=np.int64), minlength=n)
@@ -260,8 +261,6 @@ def balance_counts(groups: Csr, counts: np.ndarray, cap: np.ndarray, share: np.n
     leaves the totals a few sequences off, and a last stage of 10-30% of the tokens takes the
     whole error (the demo domains of tests/test_blend.py, seeds 0-7: the last 30%'s L1 up to 0.067 without
     this step, at most 0.028 with it)."""
-    from scipy import sparse
-
     counts = counts.astype(np.int64).copy()
     c = sparse.csr_matrix((groups.data, groups.indices, groups.indptr), shape=(groups.n_rows, groups.n_cols))
     sq = np.asarray(c.multiply(c).sum(axis=1)).ravel()
@@ -289,10 +288,6 @@ def blend_order(features: SequenceFeatures, groups: Csr, counts: np.ndarray, wei
     of ``prefix_tokens`` tokens the stages' ends stay fractions of the whole schedule (prefix
     included) and the targets are counted from the prefix's end: the rows follow the stages'
     weights from there on, and what the prefix realized (under an earlier mix) is not made up for."""
-    from pipeline.ordering.characteristics import Family
-    from pipeline.ordering.curriculum import targets_blocked_order
-    from pipeline.ordering.greedy import Objective
-
     rows = np.repeat(np.arange(features.n_sequences, dtype=np.int64), counts)
     if rows.size == 0:
         raise StrataInputError("the blend schedules no sequence", fix="raise mixture_budget_tokens (0 = the corpus's tokens)")
@@ -316,8 +311,6 @@ def within_groups(groups: Csr, other: Csr, lengths: np.ndarray) -> np.ndarray:
     clusters and length bins are held at their share *within each group*, so a stage that wants
     more of a group also gets that group's own clusters and lengths, and every window is
     stationary in all else."""
-    from scipy import sparse
-
     g = sparse.csr_matrix((groups.data, groups.indices, groups.indptr), shape=(groups.n_rows, groups.n_cols))
     o = sparse.csr_matrix((other.data, other.indices, other.indptr), shape=(other.n_rows, other.n_cols))
     joint = (g.T @ sparse.diags(1.0 / np.maximum(lengths, 1e-300)) @ o).toarray()

@@ -7,24 +7,21 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from matplotlib.figure import Figure
 
 from pipeline.ordering.curriculum import Curriculum
-from pipeline.reports.figures import save_png
-from pipeline.reports.plots import cluster_colors
-from pipeline.reports.training_plots import _need
+from pipeline.render.figures import cluster_colors, need_columns, new_figure, save_png
 
 
 def plot_weights(weights: pl.DataFrame, scores: pl.DataFrame, path: str | os.PathLike, corpus_share: np.ndarray | None = None) -> Path:
     """Left: cluster weights per iteration (stacked bars; ``iteration, cluster, weight``), corpus
     shares as the first bar. Right: target / held-out loss of each iteration's model
     (``iteration, metric, value``)."""
-    _need(weights, ("iteration", "cluster", "weight"), "mixture weights")
+    need_columns(weights, ("iteration", "cluster", "weight"), "mixture weights")
     wide = weights.pivot(on="cluster", index="iteration", values="weight", sort_columns=True).sort("iteration").fill_null(0.0)
     clusters = sorted((c for c in wide.columns if c != "iteration"), key=int)
     its = wide["iteration"].to_numpy()
     w = np.stack([wide[c].to_numpy() for c in clusters])
-    fig = Figure(figsize=(11, 4.2))
+    fig = new_figure(figsize=(11, 4.2))
     ax, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     labels = [str(int(i)) for i in its]
     if corpus_share is not None:
@@ -62,7 +59,7 @@ def plot_curriculum(cur: Curriculum, n_min: float, n_max: float, path: str | os.
     n = np.geomspace(n_min, n_max, 200)
     p = cur.probabilities(np.log(n))
     k = p.shape[1]
-    fig = Figure(figsize=(8, 4.5))
+    fig = new_figure(figsize=(8, 4.5))
     ax = fig.add_subplot()
     ax.stackplot(n, p.T, colors=cluster_colors(k), labels=[f"cluster {c}" for c in range(k)], lw=0)
     for s in cur.log_tokens:

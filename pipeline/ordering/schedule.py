@@ -33,8 +33,11 @@ import polars as pl
 import yaml
 
 from pipeline.errors import StrataInputError
+from pipeline.heavy import lazy
 from pipeline.ordering.features import SequenceFeatures
 from pipeline.ordering.greedy import _dominant
+
+sparse = lazy("scipy.sparse")  # imported on first use (pipeline/heavy.py)
 
 ACCOUNTING_SCHEMA = {
     "cluster": pl.Int64, "target_share": pl.Float64, "realized_share": pl.Float64, "corpus_tokens": pl.Int64,
@@ -89,8 +92,6 @@ def load_weights(path: str | Path, n_clusters: int) -> np.ndarray:
 def _solve_rates(C, inv_l: np.ndarray, want: np.ndarray, max_sequence_copies: int) -> np.ndarray:
     """r_s = clip(sum_j c_sj lambda_j / l_s, 0, R) with cluster tokens C^T r as near ``want`` as
     damped Newton steps on lambda (from the pure-sequence rates want_j / C_j) get."""
-    from scipy import sparse
-
     k = want.size
     corpus = np.asarray(C.sum(axis=0)).ravel()
     lam = np.where(corpus > 0, want / np.maximum(corpus, 1e-300), 0.0)
@@ -132,8 +133,6 @@ def sequence_rates(f: SequenceFeatures, weights: np.ndarray, budget: float, max_
     clusters the mixture wants less of), lower budgets B 2^(-i/2), i = 1..12, are tried and the
     largest one whose realized shares are nearest the weights (L1, within 1e-3 of the best) is kept:
     the mixture comes before the budget."""
-    from scipy import sparse
-
     c = f.clusters
     k = max(c.n_cols, weights.size)
     C = sparse.csr_matrix((c.data, c.indices, c.indptr), shape=(c.n_rows, k))

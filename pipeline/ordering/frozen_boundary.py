@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pipeline.reports.composition import composition
-from pipeline.reports.diagnostics import log_spaced_points, prefix_errors
+from pipeline.ordering.composition import composition, log_spaced_points, prefix_errors
+from pipeline.packing.frozen import load
+from pipeline.storage.layout import Store
 
 
 def boundary_errors(order: np.ndarray, segments: pl.DataFrame, doc_cluster: np.ndarray, n_frozen: int,
@@ -37,9 +38,6 @@ def boundary_errors(order: np.ndarray, segments: pl.DataFrame, doc_cluster: np.n
 def boundary_summary(layout, strategy: str) -> dict | None:
     """The frozen boundary of ``strategy``'s written ordering, as the UI shows it: P, the version,
     the prefix digest, the version chain and :func:`boundary_errors`; None without a frozen prefix."""
-    from pipeline.packing.frozen import load
-    from pipeline.storage.layout import Store
-
     rec = load(layout, strategy)
     if rec is None or not layout.ordering(strategy).exists():
         return None
