@@ -32,7 +32,6 @@ class Campaign:
     def __init__(self, spec: CampaignSpec, config_file: str | None, data_root: str | None, log=print, instance=None):
         self.spec, self.log = spec, log
         base = resolve_config(config_file, data_root)
-        spec.check(base)
         self.root = base.root
         self.base_data, self.base_seeds = C.base_config_data(config_file), list(base.seeds)
         self.config_path = self.root / "ablate_config.yaml"

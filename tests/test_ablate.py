@@ -37,18 +37,17 @@ def test_budget_parsing_and_seed_lists():
 
 
 def test_bad_campaigns_are_input_errors():
-    from pipeline.config import StrataConfig
+    from pipeline.cli.ablate import check_campaign
     from pipeline.reports.campaign import CampaignSpec
 
-    cfg = StrataConfig()
     with pytest.raises(StrataInputError, match="unknown strategy 'gready'"):
-        CampaignSpec(("gready",), budget_s=60).check(cfg)
+        check_campaign(CampaignSpec(("gready",), budget_s=60))
     with pytest.raises(StrataInputError, match="other than the baseline"):
-        CampaignSpec(("random",), budget_s=60).check(cfg)
+        check_campaign(CampaignSpec(("random",), budget_s=60))
     with pytest.raises(StrataInputError, match="one budget"):
-        CampaignSpec(("greedy",)).check(cfg)
+        check_campaign(CampaignSpec(("greedy",)))
     with pytest.raises(StrataInputError, match="fraction"):
-        CampaignSpec(("greedy",), effect=5.0, budget_s=60).check(cfg)
+        check_campaign(CampaignSpec(("greedy",), effect=5.0, budget_s=60))
 
 
 def _units(deltas: dict[str, float], seeds: int, docs: int, noise: float) -> pl.DataFrame:

@@ -205,7 +205,7 @@ def test_greedy_curriculum_reads_the_mixture_stage_curriculum(tmp_path):
 
 def test_no_error_names_a_cli_flag_as_the_fix_for_a_config_key():
     """Every StrataInputError raised in the library whose fix names a config key names no ``--flag``
-    (the CLI's own argument errors may name their flags)."""
+    (the CLI's own argument errors, ``pipeline/cli/``, may name their flags)."""
     import re
     from pathlib import Path
 
@@ -215,6 +215,8 @@ def test_no_error_names_a_cli_flag_as_the_fix_for_a_config_key():
     repo = Path(__file__).resolve().parents[1]
     bad = []
     for path in sorted((repo / "pipeline").rglob("*.py")):
+        if path.parent.name == "cli":
+            continue
         text = path.read_text(encoding="utf-8")
         for m in re.finditer(r"fix=(f?\"[^\"]*\"(?:\s*f?\"[^\"]*\")*)", text):
             fix = m.group(1)

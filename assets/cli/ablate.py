@@ -11,12 +11,14 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     (better / worse / equivalent within ±effect) or the budget is spent; resumes a killed campaign."""
     from assets.ablate import run_campaign
     from assets.runner import prepare_environment
+    from pipeline.cli.ablate import check_campaign
     from pipeline.config_source import config_or_demo
     from pipeline.reports.campaign import CampaignSpec, parse_budget
 
     t0 = time.perf_counter()
     budget_s, budget_tokens = parse_budget(args.budget)
     spec = CampaignSpec(tuple(args.strategies), args.baseline, args.metric, args.effect, budget_s, budget_tokens, args.pilot_seeds)
+    check_campaign(spec)
     config = config_or_demo(args.config, args.data_root)
     cfg = prepare_environment(config, args.data_root)
     rows = run_campaign(spec, config, str(cfg.root))

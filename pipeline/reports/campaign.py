@@ -35,7 +35,6 @@ from pipeline.config import StrataConfig, config_from_dict
 from pipeline.data.tokenizer import load_tokenizer
 from pipeline.devices import device
 from pipeline.errors import StrataInputError
-from pipeline.ordering.strategies import names as strategy_names
 from pipeline.reports import sequential as Q
 from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
 from pipeline.reports.stats import TARGET_EFFECT, paired_differences
@@ -72,22 +71,6 @@ class CampaignSpec:
                            "effect": self.effect, "budget_s": self.budget_s, "budget_tokens": self.budget_tokens,
                            "pilot_seeds": self.pilot_seeds, "alpha": self.alpha, "power": self.power}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-    def check(self, cfg) -> None:
-        known = set(strategy_names())  # every registered strategy (STRATA_PLUGINS' too)
-        for s in (*self.strategies, self.baseline):
-            if s not in known:
-                raise StrataInputError(f"unknown strategy {s!r}", fix=f"name strategies among {sorted(known)} (strata list strategies)")
-        if not self.strategies or self.baseline in self.strategies:
-            raise StrataInputError("strata ablate needs strategies other than the baseline",
-                                   fix=f"pass --strategies with names other than {self.baseline!r}, e.g. --strategies greedy")
-        if (self.budget_s is None) == (self.budget_tokens is None):
-            raise StrataInputError("strata ablate needs one budget", fix="pass --budget 60m (wall time) or --budget 5M tokens")
-        if not (0 < self.effect < 1):
-            raise StrataInputError(f"effect {self.effect!r} is not a fraction of the baseline",
-                                   fix="pass --effect 0.005 (0.5% of the baseline's mean)")
-        if self.pilot_seeds < 2:
-            raise StrataInputError("the pilot needs at least 2 seeds (the seed-to-seed spread)", fix="pass --pilot-seeds 3")
 
     @property
     def budget(self) -> float:
