@@ -13,13 +13,12 @@ import polars as pl
 import pytest
 from helpers import three_shard_corpus
 
+from pipeline.claims.stage import ClaimsParams
 from pipeline.cli import tools
 from pipeline.config import config_from_dict
 from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.errors import StrataInputError
-from pipeline.reports.claim_inputs import diversity_clusters
 from pipeline.reports.diagnostics import corpus_diagnostics
-from pipeline.reports.stage import ClaimsParams
 from pipeline.represent.calibrate import calibrate_k
 from pipeline.represent.clusters import assign_clusters, kmeans, train_kmeans
 from pipeline.represent.embedding_index import (
@@ -35,6 +34,7 @@ from pipeline.represent.embedding_shards import (
 )
 from pipeline.represent.embeddings import default_model_path
 from pipeline.storage.layout import Layout
+from pipeline.training.experiments import diversity_clusters
 
 
 def _matrix(tmp_path, max_docs: int):

@@ -29,6 +29,8 @@
   loss is kept (``train(on_losses=...)``), so slices are cut by sequence position within the epoch.
 
 Each seed draws its own sample / order and initializes the model; both arms of a seed share them.
+The documents' clusters are those at ``claims.k`` (:func:`diversity_clusters`), which Diversity-ordered
+training's table in the claims reads too.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from pipeline.errors import StrataInputError
 from pipeline.names import packing_name
 from pipeline.ordering.documents import stratified_order
 from pipeline.packing.pack import pack
+from pipeline.represent.embedding_index import open_embeddings
+from pipeline.storage.layout import Layout
 from pipeline.training.loop import TrainSettings
 
 
@@ -182,3 +186,17 @@ def sequence_loss_rows(step: int, batch_size: int, steps_per_epoch: int, loss_su
             "index": (step % steps_per_epoch) * batch_size + np.arange(n, dtype=np.int64),
             "epoch_size": np.full(n, steps_per_epoch * batch_size, dtype=np.int64),
             "loss_sum": np.asarray(loss_sums, dtype=np.float64), "tokens": np.asarray(tokens, dtype=np.int64)}
+
+
+def diversity_clusters(layout: Layout, cfg, docs: pl.DataFrame) -> tuple[np.ndarray, int]:
+    """Cluster of every document (doc_id order) at ``claims.k`` clusters, and that k."""
+    k = cfg.claims_k or cfg.k
+    if k == cfg.k:
+        return docs["cluster"].to_numpy().astype(np.int64), k
+    from pipeline.represent.clusters import kmeans
+
+    emb = open_embeddings(layout)
+    k = min(k, emb.shape[0])
+    assign, _ = kmeans(emb, k, seed=cfg.seed, niter=cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
+                       max_points_per_centroid=cfg.kmeans_max_points_per_centroid)
+    return np.asarray(assign, dtype=np.int64), k

@@ -1,4 +1,4 @@
-"""What the claims read from a data root (``pipeline.reports.claims.ClaimData``), gathered in one place.
+"""What the claims read from a data root (``pipeline.claims.measure.ClaimData``), gathered in one place.
 
 - The ordering claims of Don't Shuffle, Optimize compare the materialized ``greedy`` ordering of the
   base packing, whole (every position of ``orderings/greedy.parquet``: nothing is sampled or cut),
@@ -22,28 +22,15 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from pipeline.claims.measure import ClaimData
 from pipeline.errors import StrataInputError
 from pipeline.ordering import OrderParams, run_strategy
 from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D
-from pipeline.reports.claims import ClaimData
 from pipeline.reports.visual import document_features
-from pipeline.represent.embedding_index import has_embeddings, open_embeddings
+from pipeline.represent.embedding_index import has_embeddings
 from pipeline.storage.layout import Layout, Store
-
-
-def diversity_clusters(layout: Layout, cfg, docs: pl.DataFrame) -> tuple[np.ndarray, int]:
-    """Cluster of every document (doc_id order) at ``claims.k`` clusters, and that k."""
-    k = cfg.claims_k or cfg.k
-    if k == cfg.k:
-        return docs["cluster"].to_numpy().astype(np.int64), k
-    from pipeline.represent.clusters import kmeans
-
-    emb = open_embeddings(layout)
-    k = min(k, emb.shape[0])
-    assign, _ = kmeans(emb, k, seed=cfg.seed, niter=cfg.kmeans_iters, pca=cfg.pca_components, spherical=cfg.kmeans_spherical,
-                       max_points_per_centroid=cfg.kmeans_max_points_per_centroid)
-    return np.asarray(assign, dtype=np.int64), k
+from pipeline.training.experiments import diversity_clusters
 
 
 def diversity_schedules(docs: pl.DataFrame, cluster: np.ndarray, segments: pl.DataFrame, seq_len: int, params: OrderParams,
