@@ -1,11 +1,11 @@
-"""claims and claim_runs: each paper's measurable claim, reproduced on this corpus (pipeline/reports/claims.py)."""
+"""claims and claim_runs: each paper's measurable claim, reproduced on this corpus (pipeline/claims/)."""
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
 from assets.common import Recorder, StrataSettings
 from assets.params import PARAM_CLASSES, asset_config
-from pipeline.reports import stage as reports
+from pipeline.claims import stage as claim_stage
 from pipeline.training import stage as training
 
 ClaimsParams = PARAM_CLASSES["claims"]  # launchpad: this asset's parameters (assets/params.py)
@@ -21,11 +21,11 @@ def claims(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
     four-strategy table of Diversity-ordered training in ``claims_diversity``, the epoch-boundary
     jump ratios in ``claims_epoch_jumps``), a figure per claim and ``report/claims.md``. Claims
     whose data this root lacks (the runs of ``claim_runs``, until ``strata claims --full``) are
-    listed as not measured. One call of ``pipeline.reports.stage.measure_claims``."""
+    listed as not measured. One call of ``pipeline.claims.stage.measure_claims``."""
     rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings, config), settings.layout()
-    params = reports.ClaimsParams.from_config(cfg)
-    return rec.finish_stage(reports.measure_claims(layout, params, duckdb.get_connection, log=context.log.info))
+    params = claim_stage.ClaimsParams.from_config(cfg)
+    return rec.finish_stage(claim_stage.measure_claims(layout, params, duckdb.get_connection, log=context.log.info))
 
 
 @dg.asset(group_name="ablation", deps=["tokens", "clusters", "embeddings", "corpus"], code_version="1", kinds={"pytorch"})

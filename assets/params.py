@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError, create_model
 
 from evals import suites
 from evals.stage import EvaluateParams
+from pipeline.claims.stage import ClaimsParams
 from pipeline.clean.stage import CleanParams
 from pipeline.config import FORMER_NAMES, StrataConfig, is_config_key, validation_error
 from pipeline.data.stage import CorpusParams, CorpusShardParams, TokenizerParams, TokenShardParams
@@ -35,7 +36,7 @@ from pipeline.export.stage import ExportParams
 from pipeline.ordering import strategies
 from pipeline.ordering.stage import OrderStageParams
 from pipeline.packing.stage import PackParams
-from pipeline.reports.stage import AblationReportParams, ClaimsParams, DiagnoseParams, DiagnosticsReportParams
+from pipeline.reports.stage import AblationReportParams, DiagnoseParams, DiagnosticsReportParams
 from pipeline.represent.stage import CentroidParams, EmbedParams
 from pipeline.stage import StageParams
 from pipeline.training.stage import ClaimRunsParams, GradientParams, TrainRunParams

@@ -308,7 +308,7 @@ class ExportConfig(_Model):
 
 
 class ClaimsConfig(_Model):
-    """Each paper's measurable claim on this corpus (pipeline/reports/claims.py, ``strata claims``)."""
+    """Each paper's measurable claim on this corpus (pipeline/claims/, ``strata claims``)."""
 
     k: int = Field(30, ge=0)  # clusters of Diversity-ordered training's table (the paper's k=30); 0 = k
     shuffles: int = Field(20, ge=2)  # random shuffles greedy is compared with (prefix error, worst vs best batch)

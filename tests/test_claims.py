@@ -9,12 +9,17 @@ import numpy as np
 import polars as pl
 import pytest
 
+from pipeline.claims import measure as C
+from pipeline.claims.inputs import diversity_schedules
+from pipeline.claims.papers import diversity_ordered as dot
+from pipeline.claims.papers import dont_shuffle_optimize as dso
+from pipeline.claims.papers import packing_shuffling, terrific
 from pipeline.errors import StrataInputError
 from pipeline.ordering import OrderParams
 from pipeline.packing.pack import SequenceStore, pack_concat
-from pipeline.reports import claims as C
 from pipeline.reports import diagnostics as D
-from pipeline.reports.claim_inputs import diversity_schedules
+from pipeline.reports.claims_section import claims_report_section, claims_section
+from pipeline.reports.stats import offdiagonal
 from pipeline.training.experiments import (
     epoch_boundary_arms,
     packing_arms,
@@ -65,27 +70,27 @@ def test_prefix_claim_on_sorted_and_interleaved_orders(tmp_path):
     # where one pure sequence (first / missing) decides both errors, which then tie
     data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=500, schedule=_pure_schedule(inter, n),
                        random_positions=[_pure_schedule(sorted_order, n).position] * 3)
-    rows = {c.key: c for c in C.prefix_error_claims(data)}
-    t = C.prefix_grid(2 * n)
+    rows = {c.key: c for c in dso.prefix_error_claims(data)}
+    t = dso.prefix_grid(2 * n)
     c = rows["dso.prefix_error.clusters"]
     assert c.value == pytest.approx((t.size - 2) / t.size) and c.n == 3 * t.size
     assert c.verdict == "inconclusive" and "t = 1, 39" in c.detail and Path(c.figure).stat().st_size > 10_000
     # greedy = sorted, random = interleaved: never below
     data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=500, schedule=_pure_schedule(sorted_order, n),
                        random_positions=[_pure_schedule(inter, n).position] * 3)
-    c = {c.key: c for c in C.prefix_error_claims(data)}["dso.prefix_error.clusters"]
+    c = {c.key: c for c in dso.prefix_error_claims(data)}["dso.prefix_error.clusters"]
     assert c.value == 0.0 and c.verdict == "not reproduced"
 
 
 def test_prefix_fraction_interval_on_known_curves():
     rng = np.random.default_rng(0)
     r = np.abs(rng.normal(1.0, 0.1, (20, 100)))
-    ind = C.prefix_indicators(0.5 * r.min(axis=0), r)  # below every shuffle at every prefix
+    ind = dso.prefix_indicators(0.5 * r.min(axis=0), r)  # below every shuffle at every prefix
     mean, lo, hi = C.interval_2way(ind, 1000, 0)
     assert (mean, lo, hi) == (1.0, 1.0, 1.0) and C.verdict(lo, hi, 1.0, ">=") == "reproduced"
     g = 0.5 * r.min(axis=0)
     g[::10] = 2.0  # above every shuffle at 10 of 100 prefixes
-    mean, lo, hi = C.interval_2way(C.prefix_indicators(g, r), 1000, 0)
+    mean, lo, hi = C.interval_2way(dso.prefix_indicators(g, r), 1000, 0)
     assert mean == pytest.approx(0.9) and hi < 1.0 and C.verdict(lo, hi, 1.0, ">=") == "not reproduced"
 
 
@@ -95,12 +100,12 @@ def test_worst_vs_best_batch_on_sorted_and_interleaved_orders(tmp_path):
     # batches of 2: interleaved batches hold one sequence of each cluster (deviation 0), sorted ones
     # one cluster only (deviation |1 - 0.5| = 0.5)
     good = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=200, schedule=inter, random_positions=[sorted_order.position] * 4)
-    c = {c.key: c for c in C.worst_best_claims(good)}["dso.worst_vs_best_batch.clusters"]
+    c = {c.key: c for c in dso.worst_best_claims(good)}["dso.worst_vs_best_batch.clusters"]
     assert (c.value, c.ci_low, c.ci_high) == (-0.5, -0.5, -0.5) and c.verdict == "reproduced"
     bad = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=200, schedule=sorted_order, random_positions=[inter.position] * 4)
-    c = {c.key: c for c in C.worst_best_claims(bad)}["dso.worst_vs_best_batch.clusters"]
+    c = {c.key: c for c in dso.worst_best_claims(bad)}["dso.worst_vs_best_batch.clusters"]
     assert c.value == 0.5 and c.verdict == "not reproduced" and "held in 0/4" in c.detail
-    assert list(C.worst_best_gaps(np.array([0.1, 0.3]), [np.array([0.2, 0.5]), np.array([0.4])])) == pytest.approx([0.1, -0.1])
+    assert list(dso.worst_best_gaps(np.array([0.1, 0.3]), [np.array([0.2, 0.5]), np.array([0.4])])) == pytest.approx([0.1, -0.1])
 
 
 def _srank_rows(factor: float, noise: float = 0.02, seeds=(0, 1), probes: int = 16) -> pl.DataFrame:
@@ -121,21 +126,21 @@ def _srank_rows(factor: float, noise: float = 0.02, seeds=(0, 1), probes: int = 
 
 
 def test_stable_rank_claim_pairs_probes_and_reads_the_ratio(tmp_path):
-    up = {c.key: c for c in C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(1.1)))}
+    up = {c.key: c for c in dso.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(1.1)))}
     assert set(up) == {"dso.stable_rank.attention.20%", "dso.stable_rank.mlp.20%"}
     c = up["dso.stable_rank.mlp.20%"]
     assert c.value == pytest.approx(1.1, rel=0.01) and c.ci_low > 1.05 and c.verdict == "reproduced" and c.n == 32
     shuffled = _srank_rows(1.1).sample(fraction=1.0, shuffle=True, seed=5)  # row order must not move the interval
-    again = {c.key: c for c in C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=shuffled))}
+    again = {c.key: c for c in dso.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=shuffled))}
     assert all((again[k].value, again[k].ci_low, again[k].ci_high) == (up[k].value, up[k].ci_low, up[k].ci_high) for k in up)
-    down = C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(0.9)))
+    down = dso.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(0.9)))
     assert all(c.verdict == "not reproduced" for c in down)
-    d = C.log_ratio_matrix(_srank_rows(1.0, noise=0.0), "20%", "attention")
+    d = dso.log_ratio_matrix(_srank_rows(1.0, noise=0.0), "20%", "attention")
     assert d.shape == (2, 16) and np.allclose(d, 0.0)
-    same = C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(1.0, noise=0.0)))
+    same = dso.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, stable_rank=_srank_rows(1.0, noise=0.0)))
     assert all(c.value == pytest.approx(1.0) and c.verdict == "inconclusive" for c in same)
     with pytest.raises(C.MissingData):
-        C.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+        dso.stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
 
 
 def _alternating_srank_rows(greedy, random, probes: int = 8) -> pl.DataFrame:
@@ -152,25 +157,25 @@ def test_min_stable_rank_claim_reads_the_worst_batch(tmp_path):
     probes are paired, so a draw without a bad batch is rare); swapped, it is 1/2 (not reproduced)."""
     rows = _alternating_srank_rows(lambda p: 6.0, lambda p: 3.0 if p % 2 else 12.0)
     data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=rows)
-    (mean_row,) = C.stable_rank_claims(data)
+    (mean_row,) = dso.stable_rank_claims(data)
     assert mean_row.value == pytest.approx(1.0)
-    (c,) = C.min_stable_rank_claims(data)
-    assert c.key == "terrific.min_stable_rank.mlp.100%" and c.paper == C.TERRIFIC and c.n == 2 * 8
+    (c,) = terrific.min_stable_rank_claims(data)
+    assert c.key == "terrific.min_stable_rank.mlp.100%" and c.paper == terrific.TERRIFIC and c.n == 2 * 8
     assert c.value == pytest.approx(2.0) and c.ci_low == pytest.approx(2.0) and c.verdict == "reproduced"
     assert "12/12 (seed, matrix) cells" in c.detail
     shuffled = rows.sample(fraction=1.0, shuffle=True, seed=1)  # row order does not move the interval
-    (again,) = C.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=shuffled))
+    (again,) = terrific.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=shuffled))
     assert (again.value, again.ci_low, again.ci_high) == (c.value, c.ci_low, c.ci_high)
     swapped = _alternating_srank_rows(lambda p: 3.0 if p % 2 else 12.0, lambda p: 6.0)
-    (c,) = C.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=swapped))
+    (c,) = terrific.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=400, stable_rank=swapped))
     assert c.value == pytest.approx(0.5) and c.verdict == "not reproduced"
     # paired probes: srank 5 + p vs 2 + p, the minimum of any draw is at the same probe of both runs
-    la, lb = C.log_srank_cube(_alternating_srank_rows(lambda p: 5.0 + p, lambda p: 2.0 + p), "100%", "mlp")
+    la, lb = terrific.log_srank_cube(_alternating_srank_rows(lambda p: 5.0 + p, lambda p: 2.0 + p), "100%", "mlp")
     assert la.shape == (2, 8, 6)
-    mean, lo, hi = C.min_ratio_bootstrap(la, lb, 400, 0)
+    mean, lo, hi = terrific.min_ratio_bootstrap(la, lb, 400, 0)
     assert math.exp(mean) == pytest.approx(2.5) and math.exp(hi) == pytest.approx(2.5) and math.exp(lo) > 1.0
     with pytest.raises(C.MissingData):
-        C.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+        terrific.min_stable_rank_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
 
 
 def test_diversity_table_on_a_sorted_corpus(tmp_path):
@@ -185,7 +190,7 @@ def test_diversity_table_on_a_sorted_corpus(tmp_path):
     schedules = diversity_schedules(docs, cluster, base, seq_len, OrderParams(length_bins=4), 0, edges)
     assert set(schedules) == {"original", "round_robin", "stratified", "bin_packing", "random", "greedy"}
     data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=300, diversity=schedules, diversity_k=2)
-    rows = {c.key: c for c in C.diversity_claims(data)}
+    rows = {c.key: c for c in dot.diversity_claims(data)}
     table = data.tables_out["claims_diversity"]
     by = {r["strategy"]: r for r in table.iter_rows(named=True)}
     assert by["original"]["clusters_per_seq_mean"] == 1.0 and by["stratified"]["clusters_per_seq_mean"] == 2.0
@@ -207,7 +212,7 @@ def test_stratified_balances_counts_not_tokens(tmp_path):
     docs = pl.DataFrame({"doc_id": np.arange(400), "stream_length": length})
     base = pack_concat(rng.permutation(400), length, 32).segments
     schedules = diversity_schedules(docs, cluster, base, 32, OrderParams(length_bins=4), 0, D.length_bin_edges(length, 4))
-    table = C.diversity_table(schedules, 8, 4)
+    table = dot.diversity_table(schedules, 8, 4)
     dev = dict(table.select("strategy", "batch_token_share_dev_mean").iter_rows())
     assert dev["stratified"] > dev["greedy"]
 
@@ -221,11 +226,11 @@ def test_fidelity_spread_on_known_matrices(tmp_path):
     half = np.arange(n) < 5
     block = np.where(half[:, None] == half[None, :], 0.9, 0.3)  # two regimes: the schedule drifts at chunk 5
     np.fill_diagonal(block, 1.0)
-    mean, lo, hi = C.spread_bootstrap(flat, block, 500, 0)
-    assert mean == pytest.approx(C.offdiagonal(flat).std() - C.offdiagonal(block).std()) and hi < 0
-    c = C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, fidelity={"greedy": flat, "random": block}))[0]
+    mean, lo, hi = terrific.spread_bootstrap(flat, block, 500, 0)
+    assert mean == pytest.approx(offdiagonal(flat).std() - offdiagonal(block).std()) and hi < 0
+    c = terrific.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, fidelity={"greedy": flat, "random": block}))[0]
     assert c.verdict == "reproduced" and c.n == 10
-    c = C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, fidelity={"greedy": block, "random": flat}))[0]
+    c = terrific.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, fidelity={"greedy": block, "random": flat}))[0]
     assert c.verdict == "not reproduced"
 
 
@@ -238,19 +243,19 @@ def test_fidelity_range_is_the_papers_absolute_statement(tmp_path):
     tight = rng.uniform(0.9455, 0.9465, (n, n))
     tight = (tight + tight.T) / 2
     np.fill_diagonal(tight, 1.0)
-    rows = {c.key: c for c in C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500,
+    rows = {c.key: c for c in terrific.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500,
                                                              fidelity={"greedy": tight, "random": tight}))}
     c = rows["terrific.fidelity.greedy_range"]
-    off = C.offdiagonal(tight)
+    off = offdiagonal(tight)
     assert c.value == pytest.approx(off.max() - off.min()) and c.value < 0.001 and c.ci_high == pytest.approx(c.value)
     assert c.threshold == pytest.approx(0.002) and c.verdict == "reproduced" and "inside the paper's interval: yes" in c.detail
     loose = rng.uniform(0.93, 0.96, (n, n))
     loose = (loose + loose.T) / 2
     np.fill_diagonal(loose, 1.0)
-    c = {c.key: c for c in C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500,
+    c = {c.key: c for c in terrific.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500,
                                                           fidelity={"greedy": loose, "random": tight}))}["terrific.fidelity.greedy_range"]
     assert c.value > 0.01 and c.ci_low > 0.002 and c.verdict == "not reproduced" and "interval: no" in c.detail
-    assert C.range_bootstrap(loose, 500, 0)[2] == pytest.approx(c.value)
+    assert terrific.range_bootstrap(loose, 500, 0)[2] == pytest.approx(c.value)
 
 
 def _two_topics(n_docs: int, seq_len: int):
@@ -276,7 +281,8 @@ def test_fidelity_claim_with_real_gradients(tmp_path):
     model = build_model("tiny", VOCAB, 32, 0, EOS, PAD)
     shuffled = mixture_fidelity(model, store, np.random.default_rng(0).permutation(store.n_sequences), sequences_per_chunk=6, batch_size=6)
     drifting = mixture_fidelity(model, store, np.arange(store.n_sequences), sequences_per_chunk=6, batch_size=6)
-    c = C.fidelity_claims(C.ClaimData(out_dir=tmp_path, batch_size=6, n_boot=500, fidelity={"greedy": shuffled, "random": drifting}))[0]
+    data = C.ClaimData(out_dir=tmp_path, batch_size=6, n_boot=500, fidelity={"greedy": shuffled, "random": drifting})
+    c = terrific.fidelity_claims(data)[0]
     assert c.value < 0 and c.verdict == "reproduced"
 
 
@@ -310,7 +316,7 @@ def test_epoch_boundary_claim_on_a_cluster_sorted_corpus(tmp_path):
             _, log = train(store, np.arange(store.n_sequences), VOCAB, EOS, PAD, s, progress=False)
             rows += [{**r, "arm": arm, "seed": seed, "experiment": "epoch_boundary"} for r in log]
     data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=1000, claim_log=pl.DataFrame(rows))
-    out = {c.key: c for c in C.epoch_boundary_claims(data)}
+    out = {c.key: c for c in dot.epoch_boundary_claims(data)}
     c = out["dot.epoch_boundary.topical.grad_norm"]
     assert c.value > 1.5 and c.verdict == "reproduced" and c.n == 4
     assert out["dot.epoch_boundary.topical_minus_stratified.grad_norm"].verdict == "reproduced"
@@ -318,7 +324,7 @@ def test_epoch_boundary_claim_on_a_cluster_sorted_corpus(tmp_path):
     assert set(jumps["arm"]) == {"topical", "stratified"} and (jumps["boundaries"] == 2).all()
     assert Path(c.figure).stat().st_size > 10_000
     with pytest.raises(C.MissingData):
-        C.epoch_boundary_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+        dot.epoch_boundary_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
 
 
 def test_epoch_arms_group_one_sample_by_topic():
@@ -366,13 +372,13 @@ def test_packing_claims_on_known_losses(tmp_path):
                      for u in range(32)]
     arms = pl.DataFrame([{"experiment": "packing", "arm": a, "seed": 0, "steps": 10, "mean_doc_tokens": 500.0, "seq_len": 256}
                          for a in offsets])
-    out = {c.key: c for c in C.packing_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, claim_heldout=pl.DataFrame(rows),
-                                                          claim_arms=arms))}
+    data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=500, claim_heldout=pl.DataFrame(rows), claim_arms=arms)
+    out = {c.key: c for c in packing_shuffling.packing_claims(data)}
     assert set(out) == {"packing.padding-x1_vs_concat-x1", "packing.concat-x1_vs_concat-x0.5", "packing.concat-x1_vs_concat-x2"}
     assert out["packing.padding-x1_vs_concat-x1"].value == pytest.approx(-0.1, abs=0.01)
     assert all(c.verdict == "reproduced" for c in out.values())
     assert "mean document 500 tokens vs seq_len 256" in out["packing.concat-x1_vs_concat-x2"].detail
-    assert C.paired_units(pl.DataFrame(rows), "concat-x2", "concat-x1").shape == (3, 32)
+    assert packing_shuffling.paired_units(pl.DataFrame(rows), "concat-x2", "concat-x1").shape == (3, 32)
 
 
 def test_paper_packing_arms_two_epochs_below_the_mean_document():
@@ -423,9 +429,9 @@ def test_packing_protocol_claims_slice_the_last_epoch(tmp_path):
                          for a in per_token])
     last = {**per_token, "concat-x2": 3.95}  # x2 below x1 in the last 1% only
     data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=300, claim_sequences=_protocol_rows(per_token, last), claim_arms=arms)
-    lp = C.slice_log_perplexity(data.claim_sequences)
+    lp = packing_shuffling.slice_log_perplexity(data.claim_sequences)
     assert lp.height == 4 * 3 * 100 and lp.filter(pl.col("arm") == "concat-x1")["log_ppl"].to_numpy() == pytest.approx(4.0)
-    out = {c.key: c for c in C.packing_protocol_claims(data)}
+    out = {c.key: c for c in packing_shuffling.packing_protocol_claims(data)}
     assert set(out) == {f"packing.paper.{k}.{a}_vs_{b}" for k in ("final", "rank") for a, b in
                         (("padding-x1", "concat-x1"), ("concat-x1", "concat-x0.5"), ("concat-x1", "concat-x2"))}
     c = out["packing.paper.final.padding-x1_vs_concat-x1"]
@@ -435,12 +441,12 @@ def test_packing_protocol_claims_slice_the_last_epoch(tmp_path):
     assert out["packing.paper.final.concat-x1_vs_concat-x2"].verdict == "not reproduced"  # the last slice alone decides it
     r = out["packing.paper.rank.concat-x1_vs_concat-x2"]
     assert r.value == pytest.approx(0.99) and r.verdict == "reproduced" and "1x 1.01 [paper 1.05]" in r.detail
-    assert C.mean_ranks(lp, ["concat-x0.5", "concat-x1"]) == {"concat-x0.5": 2.0, "concat-x1": 1.0}
-    assert Path(c.figure).stat().st_size > 10_000 and C.packing_claims(data) == []  # no equal-token runs: nothing missing
+    assert packing_shuffling.mean_ranks(lp, ["concat-x0.5", "concat-x1"]) == {"concat-x0.5": 2.0, "concat-x1": 1.0}
+    assert Path(c.figure).stat().st_size > 10_000 and packing_shuffling.packing_claims(data) == []  # no equal-token runs: nothing missing
     with pytest.raises(StrataInputError, match="claims.packing_sequences"):
-        C.slice_log_perplexity(_protocol_rows(per_token, epoch_size=50))
+        packing_shuffling.slice_log_perplexity(_protocol_rows(per_token, epoch_size=50))
     with pytest.raises(C.MissingData):
-        C.packing_protocol_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
+        packing_shuffling.packing_protocol_claims(C.ClaimData(out_dir=tmp_path, batch_size=4))
 
 
 def test_train_reports_each_sequences_loss():
@@ -454,28 +460,57 @@ def test_train_reports_each_sequences_loss():
         assert (ids == np.arange(4 * step, 4 * step + 4)).all() and sums.sum() / n.sum() == pytest.approx(row["loss"], rel=1e-4)
 
 
-def test_registry_section_and_table(tmp_path):
-    calls = []
+TOY_CLAIM = '''
+"""toy_paper: a claim that is always measured, as a plugin module declares it."""
+from pipeline.claims.measure import Claim
+from pipeline.claims.papers import ClaimSpec
 
-    @C.claim("test_only_claim")
-    def extra(data: C.ClaimData) -> list[C.Claim]:  # a new row is one function
-        calls.append(data.batch_size)
-        return [C.Claim("x.y", "Paper", "a claim", "1.0", "somewhere", 0.5, 0.4, 0.6, 0.0, ">", "bootstrap", 10, figure="")]
+CALLS = []
 
+
+def measure(data):
+    CALLS.append(data.batch_size)
+    return [Claim("x.y", "Paper", "a claim", "1.0", "somewhere", 0.5, 0.4, 0.6, 0.0, ">", "bootstrap", 10, figure="")]
+
+
+SPECS = (ClaimSpec("test_only_claim", "Paper", "a claim that is always measured", measure, order=25),)
+'''
+
+BUILT_IN = ["dso_prefix_error", "dso_stationarity", "dso_worst_vs_best_batch", "dso_stable_rank", "terrific_min_stable_rank",
+            "dot_diversity_table", "terrific_fidelity", "dot_epoch_boundary", "packing", "packing_paper_protocol"]
+
+
+def test_registry_section_and_table(tmp_path, monkeypatch):
+    """The claims come from the registry in their order (the rows of DuckDB ``claims`` and
+    ``claims_not_measured``); a new claim is one spec, here a plugin's, measured at its ``order``."""
+    import sys
+
+    from pipeline.claims.papers import REGISTRY, ordered
+
+    assert [c.name for c in ordered()] == BUILT_IN
+    (tmp_path / "toy_claim.py").write_text(TOY_CLAIM)
+    monkeypatch.setenv("STRATA_PLUGINS", str(tmp_path / "toy_claim.py"))
+    REGISTRY.reload()
     try:
+        assert [c.name for c in ordered()] == [*BUILT_IN[:2], "test_only_claim", *BUILT_IN[2:]]
         found, missing = C.evaluate(C.ClaimData(out_dir=tmp_path, batch_size=7))
+        calls = sys.modules["strata_plugin_toy_claim"].CALLS
     finally:
-        del C.CLAIMS["test_only_claim"]
+        monkeypatch.delenv("STRATA_PLUGINS")
+        REGISTRY.reload()
+    assert "test_only_claim" not in REGISTRY.names()
     assert calls == [7] and [c.key for c in found] == ["x.y"] and found[0].verdict == "reproduced"
-    assert set(missing) == {"dso_prefix_error", "dso_stationarity", "dso_worst_vs_best_batch", "dso_stable_rank",
-                            "terrific_min_stable_rank", "dot_diversity_table",
-                            "terrific_fidelity", "dot_epoch_boundary", "packing", "packing_paper_protocol"}
+    assert list(missing) == BUILT_IN  # every built-in claim lacks its data here, listed in the claims' order
+    chosen = ["packing", "dso_stable_rank"]
+    assert list(C.evaluate(C.ClaimData(out_dir=tmp_path, batch_size=7), chosen)[1]) == chosen
+    with pytest.raises(StrataInputError, match="unknown claim 'dso_nothing'"):
+        C.evaluate(C.ClaimData(out_dir=tmp_path, batch_size=7), ["dso_nothing"])
     frame = C.claims_frame(found)
     assert frame.schema == pl.Schema(C.CLAIM_SCHEMA) and frame["verdict"][0] == "reproduced"
-    md, figs = C.claims_section(frame, missing=missing)
+    md, figs = claims_section(frame, missing=missing)
     assert "| Paper | a claim | 1.0 | 0.5 [0.4, 0.6] | > 0 | **reproduced** |" in md and "`packing` (" in md and figs == {}
     tables = {"claims": frame, "claims_not_measured": pl.DataFrame({"claim": ["packing"], "reason": ["needs runs"]})}
-    md2, _ = C.claims_report_section(tables.get)
+    md2, _ = claims_report_section(tables.get)
     assert "`packing` (needs runs)" in md2
 
 
@@ -503,7 +538,7 @@ def test_stationarity_claim_by_hand(tmp_path):
     for name, order in (("flat", flat), ("by_kind", by_kind)):
         sched = D.prepare(segments, order, cluster, lengths, length_bins=2)
         data = C.ClaimData(out_dir=tmp_path, batch_size=4, n_boot=300, schedule=sched, random_positions=randoms, prefix=40)
-        (row,) = C.stationarity_claims(data)
+        (row,) = dso.stationarity_claims(data)
         rows[name] = row
         names, n, values = S.profiles(sched, 40, [sched.order] + [np.argsort(p) for p in randoms])
         inside_by_hand = S.envelope_ratio(values[0], values[1:], n, np.isin(names, S.SHARE)[:, None])[0] <= 1
@@ -512,39 +547,39 @@ def test_stationarity_claim_by_hand(tmp_path):
     assert rows["by_kind"].value > 1 and rows["by_kind"].verdict == "not reproduced"
     assert "clusters_per_seq" in rows["by_kind"].detail and Path(rows["by_kind"].figure).exists()
     with pytest.raises(C.MissingData):
-        C.stationarity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, schedule=sched, random_positions=randoms))
+        dso.stationarity_claims(C.ClaimData(out_dir=tmp_path, batch_size=4, schedule=sched, random_positions=randoms))
 
 
 def test_prefix_claim_covers_the_whole_ordering_at_240_log_spaced_prefixes(tmp_path, monkeypatch):
+    from pipeline.claims import plots as claim_plots
     from pipeline.errors import StrataInputError
-    from pipeline.reports import claim_plots
 
     n = 2500  # M = 5,000 sequences
     m = 2 * n
     rng = np.random.default_rng(0)
     randoms = [_pure_schedule(rng.permutation(m), n).position for _ in range(3)]
-    t = C.prefix_grid(m)
+    t = dso.prefix_grid(m)
     log = D.log_spaced_points(m, 240)
     assert set(log[log < m].tolist()) <= set(t.tolist()) and t.size > log.size > 150 and t.max() > 0.98 * m
     figures = []
     save = claim_plots.save_png
     monkeypatch.setattr(claim_plots, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     data = C.ClaimData(out_dir=tmp_path, batch_size=2, n_boot=200, schedule=_pure_schedule(_interleaved(n), n), random_positions=randoms)
-    c = {c.key: c for c in C.prefix_error_claims(data)}["dso.prefix_error.clusters"]
+    c = {c.key: c for c in dso.prefix_error_claims(data)}["dso.prefix_error.clusters"]
     assert c.n == 3 * t.size and f"x {t.size} prefixes" in c.interval and "(5,000 sequences" in c.detail
     for ax in figures[0].axes:  # log-log: greedy's curve, each shuffle's own curve and their median
         assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
         assert sum(np.array_equal(line.get_xdata(), t) for line in ax.get_lines()) == 3 + 2
     cut = C.ClaimData(out_dir=tmp_path, batch_size=2, schedule=data.schedule, random_positions=[p[: m // 2] for p in randoms])
     with pytest.raises(StrataInputError):  # a shuffle of part of the stream is not compared with the whole ordering
-        C.prefix_error_claims(cut)
+        dso.prefix_error_claims(cut)
 
 
 def test_claim_data_reads_the_whole_greedy_ordering(tmp_path):
     from types import SimpleNamespace
 
+    from pipeline.claims.inputs import claim_data, permutation_positions
     from pipeline.errors import StrataInputError
-    from pipeline.reports.claim_inputs import claim_data, permutation_positions
     from pipeline.storage.layout import Layout
 
     rng = np.random.default_rng(1)

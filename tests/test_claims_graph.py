@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helpers import demo_slice
 
-from pipeline.reports.claims import VERDICTS
+from pipeline.claims.measure import VERDICTS
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ import polars as pl
 import pytest
 from helpers import three_shard_corpus
 
+from pipeline.claims.stage import ClaimsParams
 from pipeline.cli import tools
 from pipeline.config import config_from_dict
 from pipeline.data.shard_docs import kept_rows, manifest_shards
 from pipeline.errors import StrataInputError
 from pipeline.reports.diagnostics import corpus_diagnostics
-from pipeline.reports.stage import ClaimsParams
 from pipeline.represent.calibrate import calibrate_k
 from pipeline.represent.clusters import assign_clusters, diversity_clusters, kmeans, train_kmeans
 from pipeline.represent.embedding_index import (

@@ -147,6 +147,31 @@ def test_every_key_an_entry_reads_is_declared():
         assert suite.path_key is None or suite.path_key in suite.reads
 
 
+def test_every_claim_reads_declared_keys_and_inputs():
+    """Every config key a claim reads is a key the claims stage's params read, every input it names
+    a ClaimData field; ``strata list claims`` lists them in the claims' order, each with its paper."""
+    from dataclasses import fields
+
+    from assets.cli import REGISTRIES, registry_rows
+    from pipeline.claims.measure import ClaimData
+    from pipeline.claims.papers import REGISTRY as CLAIMS
+    from pipeline.claims.papers import ordered
+    from pipeline.claims.stage import ClaimsParams
+
+    claims = ordered()
+    assert len(claims) >= 10 and {c.paper for c in claims} == {"Don't Shuffle, Optimize", "Diversity-ordered training",
+                                                                "TerRIFIC curricula", "Packing & shuffling"}
+    # every key a claim reads is a config key the claims stage's params read (ClaimsParams)
+    read = set(ClaimsParams.reads())
+    assert {c.name: [k for k in c.reads if not is_config_key(k) or k not in read] for c in claims} == {c.name: [] for c in claims}
+    assert {"bootstrap_samples", "seed"} <= read  # what every claim's interval reads
+    inputs = {f.name for f in fields(ClaimData)}
+    assert {c.name: sorted(set(c.inputs) - inputs) for c in claims} == {c.name: [] for c in claims}
+    assert all(c.inputs for c in claims) and CLAIMS.get("dso_stable_rank").inputs == ("stable_rank",)
+    assert "claims" in REGISTRIES and [r[0] for r in registry_rows("claims")] == [c.name for c in claims]
+    assert registry_rows("claims")[0][1].startswith("claim of Don't Shuffle, Optimize")
+
+
 def test_reading_the_registries_imports_no_heavy_dependency():
     """Reading every registry (as the config's validation does) imports none of pipeline/heavy.py's
     list: spec modules import their stage's code at their top, and that code keeps its heavy

@@ -115,6 +115,11 @@ def registry_rows(family: str) -> list[tuple[str, str, str, str]]:
         return [(f.name, f"{f.level} family" + (", repaired" if f.repaired else "")
                  + (f", diagnosed as {f.diagnosed}" if f.diagnosed else ""),
                  "", f.description) for f in families.entries().values()]
+    if family == "claims":
+        from pipeline.claims.papers import ordered as claims
+
+        return [(c.name, f"claim of {c.paper}" + (f", from {', '.join(c.inputs)}" if c.inputs else ""), ", ".join(c.reads),
+                 c.description) for c in claims()]
     from evals.suites import ordered
 
     return [(s.name, "eval suite" + (f", higher is better: {', '.join(s.higher_is_better)}" if s.higher_is_better else ""),
@@ -122,7 +127,8 @@ def registry_rows(family: str) -> list[tuple[str, str, str, str]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Print the entries of the registries: ordering strategies, characteristic families, export formats, eval suites."""
+    """Print the entries of the registries: ordering strategies, characteristic families, export formats, eval suites,
+    the papers' claims."""
     from rich.console import Console
     from rich.table import Table
 
@@ -137,7 +143,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-REGISTRIES = ("strategies", "families", "formats", "suites")
+REGISTRIES = ("strategies", "families", "formats", "suites", "claims")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also train the claims' own runs (epoch boundary, packing; about 30 min on 2 cores at the demo's size)")
     claims.add_argument("--json", action="store_true", help="print the rows as JSON")
     claims.set_defaults(func=cmd_claims)
-    listing = sub.add_parser("list", help="the registries: ordering strategies, export formats, eval suites (with STRATA_PLUGINS' entries)")
+    listing = sub.add_parser("list", help="the registries: ordering strategies, families, export formats, eval suites, claims "
+                                          "(with STRATA_PLUGINS' entries)")
     listing.add_argument("family", nargs="?", choices=REGISTRIES, help="which registry (default: all)")
     listing.set_defaults(func=cmd_list)
     ablate.register(sub)

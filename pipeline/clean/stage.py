@@ -185,36 +185,18 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     scans, (main, held), held_scans, names, gathered = _gather(layout, params)
     run = gathered.run
     n, t0 = sum(s.n for s in scans), time.perf_counter()
-    exact_rep = np.arange(n, dtype=np.int64)
-    if main.exact and n:
-        exact_rep = exact_representatives(np.concatenate([np.asarray(s.take("hashes")) for s in scans]))
+    exact_rep = _exact_representatives(scans, n) if main.exact and n else np.arange(n, dtype=np.int64)
     t1 = time.perf_counter()
     near, candidates = _near_pairs(params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
     t2 = time.perf_counter()
     counts, common = _contamination(params, n, names, [(main, scans), (held, held_scans)])
     t3 = time.perf_counter()
-    semantic, largest = np.zeros((0, 2), np.int64), 0
-    if params.dedup.enabled and params.dedup.semantic and n:
-        near_rep = components(n, near)[exact_rep]
-        semantic, largest = semantic_candidates(layout, params, np.flatnonzero(near_rep == np.arange(n)))
+    semantic, largest = _semantic_pairs(layout, params, n, exact_rep, near)
     t4 = time.perf_counter()
     flags = counts >= params.decontam.min_overlap
     table = plan(n, exact_rep, near, semantic, flags, names, params.dedup.action, params.decontam.action == "drop")
-    docs = pl.read_parquet(layout.documents, columns=["doc_id", "source"]).sort("doc_id")
-    stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
-    clusters = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"])
-    full = (table.join(docs, on="doc_id", how="left").join(clusters, on="doc_id", how="left")
-            .with_columns(n_tokens=pl.Series(stream[:n].astype(np.int64))))  # stream tokens: the document's ids and its EOS
     out = write_parquet(table, clean_file(layout))
-    dups = full.filter(pl.col("dup_group") >= 0)
-    row, col = np.nonzero(flags)  # the flagged (document, set) pairs alone
-    contam = pl.DataFrame({"doc_id": row.astype(np.int64), "eval_set": [names[c] for c in col.tolist()], "ngrams": counts[row, col]},
-                          schema={"doc_id": pl.Int64, "eval_set": pl.String, "ngrams": pl.Int64})
-    contam = contam.join(
-        full.select("doc_id", "source", "cluster", "n_tokens", "removed"), on="doc_id", how="left")
-    removed = (full.filter(pl.col("removed").is_not_null()).group_by("removed").agg(documents=pl.len(), tokens=pl.col("n_tokens").sum())
-               .rename({"removed": "reason"}))
-    removed = pl.DataFrame({"reason": list(REASONS)}).join(removed, on="reason", how="left").fill_null(0)
+    dups, contam, removed = _clean_tables(layout, table, flags, counts, names, n)
     with connect() as con:
         replace_rows(con, "duplicates", dups, {})
         replace_rows(con, "contamination", contam, {})
@@ -243,5 +225,43 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
                "by_source_and_cluster": Markdown(image_markdown(png, "duplicates and contamination by source and by cluster"))},
         deps=gathered.deps("clean_shards"),
     )
+
+
+def _exact_representatives(scans: list, n: int) -> np.ndarray:
+    """Each document's exact-duplicate representative (the first document of its normalized-text
+    hash), over every shard's documents in corpus order."""
+    return exact_representatives(np.concatenate([np.asarray(s.take("hashes")) for s in scans]))
+
+
+def _semantic_pairs(layout, params, n: int, exact_rep: np.ndarray, near: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(semantic duplicate pairs, the largest cluster searched)`` among the near-duplicate
+    representatives (SemDeDup within each cluster), or none when semantic dedup is off."""
+    semantic, largest = np.zeros((0, 2), np.int64), 0
+    if params.dedup.enabled and params.dedup.semantic and n:
+        near_rep = components(n, near)[exact_rep]
+        semantic, largest = semantic_candidates(layout, params, np.flatnonzero(near_rep == np.arange(n)))
+    return semantic, largest
+
+
+def _clean_tables(layout, table: pl.DataFrame, flags: np.ndarray, counts: np.ndarray, names: list[str],
+                  n: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The DuckDB tables of the clean plan ``table``: ``duplicates`` (each duplicate with its
+    source, cluster and stream tokens), ``contamination`` (each flagged document and evaluation
+    set) and ``clean_removed`` (documents and tokens that leave training, per reason)."""
+    docs = pl.read_parquet(layout.documents, columns=["doc_id", "source"]).sort("doc_id")
+    stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
+    clusters = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"])
+    full = (table.join(docs, on="doc_id", how="left").join(clusters, on="doc_id", how="left")
+            .with_columns(n_tokens=pl.Series(stream[:n].astype(np.int64))))  # stream tokens: the document's ids and its EOS
+    dups = full.filter(pl.col("dup_group") >= 0)
+    row, col = np.nonzero(flags)  # the flagged (document, set) pairs alone
+    contam = pl.DataFrame({"doc_id": row.astype(np.int64), "eval_set": [names[c] for c in col.tolist()], "ngrams": counts[row, col]},
+                          schema={"doc_id": pl.Int64, "eval_set": pl.String, "ngrams": pl.Int64})
+    contam = contam.join(
+        full.select("doc_id", "source", "cluster", "n_tokens", "removed"), on="doc_id", how="left")
+    removed = (full.filter(pl.col("removed").is_not_null()).group_by("removed").agg(documents=pl.len(), tokens=pl.col("n_tokens").sum())
+               .rename({"removed": "reason"}))
+    removed = pl.DataFrame({"reason": list(REASONS)}).join(removed, on="reason", how="left").fill_null(0)
+    return dups, contam, removed
 
 

@@ -434,10 +434,36 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     come, never held together."""
     fps = unit_fingerprints(cfg)
     units = list(fps)
-    files, infos, reused = [], [], 0
+    files, infos, reused = _validate_units(cfg, fps, seed, heldout_fraction, shard_dir, batch_rows, log, engine, ray_cfg)
+    report = CorpusReport(units[0] if len(units) == 1 else str(cfg.path))
+    for unit, info in zip(units, infos):
+        report.n_read += info["n_read"]
+        report.skipped += [(int(a), str(b)) for a, b in info["skipped"]]
+        report.skipped_by_shard[unit] = len(info["skipped"])
+    valid = _training_rows(cfg, seed, units, files, report)
+    stream = _write_corpus(corpus_path, files, valid, batch_rows, heldout)
+    rows = [{"shard": u, "path": units[u], "fingerprint": fps[units[u]], "n_read": infos[u]["n_read"],
+             "n_skipped": report.skipped_by_shard[units[u]], **counts, "validated": f.name}
+            for u, (f, counts) in enumerate(zip(files, stream.shards))]
+    n_heldout = sum(counts["n_heldout"] for counts in stream.shards)
+    if stream.doc_id == 0:
+        raise StrataInputError("the corpus has no training documents left after the held-out split", path=report.path,
+                               fix="add documents or lower heldout_fraction")
+    stat = (pl.concat(stream.stats).with_columns(split=pl.when(pl.col("heldout")).then(pl.lit("heldout")).otherwise(pl.lit("train")))
+            .group_by("source", "split").agg(pl.col("n_docs").sum().cast(pl.Int64), pl.col("n_chars").sum().cast(pl.Int64))
+            .sort("source", "split"))
+    return CorpusBuild(pl.DataFrame(rows, schema=MANIFEST_SCHEMA), n_heldout, stat, report, reused, len(units) - reused)
+
+
+def _validate_units(cfg: CorpusConfig, fps: dict[str, str], seed: int, heldout_fraction: float, shard_dir: Path, batch_rows: int,
+                    log, engine: str, ray_cfg) -> tuple[list[Path], list[dict], int]:
+    """Validate every shard of ``fps`` into its file under ``shard_dir`` (one whose file and record
+    already exist is reused: its fingerprint names it), then delete the files of shards no longer
+    in the corpus. Returns (validated files, their records, shards reused), in shard order."""
+    files, reused = [], 0
     shard_dir.mkdir(parents=True, exist_ok=True)
     todo = []
-    for unit in units:
+    for unit in fps:
         out = validated_path(shard_dir, fps[unit], heldout_fraction, seed, batch_rows)
         files.append(out)
         if out.is_file() and out.with_suffix(".json").is_file():
@@ -454,12 +480,13 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
     for stale in shard_dir.iterdir():
         if stale.is_file() and stale.name not in keep_names:
             stale.unlink()
+    return files, infos, reused
 
-    report = CorpusReport(units[0] if len(units) == 1 else str(cfg.path))
-    for unit, info in zip(units, infos):
-        report.n_read += info["n_read"]
-        report.skipped += [(int(a), str(b)) for a, b in info["skipped"]]
-        report.skipped_by_shard[unit] = len(info["skipped"])
+
+def _training_rows(cfg: CorpusConfig, seed: int, units: list[str], files: list[Path], report: CorpusReport) -> list[np.ndarray]:
+    """The global steps over the validated shards: per shard, which rows stay in the corpus. A
+    document id seen before (in any shard) fails the build under ``on_error="fail"``, else is
+    skipped and counted in ``report``; above ``max_docs`` a seeded sample of the rest stays."""
     ids = parallel_map(lambda f: pl.read_parquet(f, columns=["id"])["id"], files)  # a file a core
     masks, first = duplicate_ids(ids)
     if first is not None and cfg.on_error == "fail":
@@ -484,72 +511,94 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
             idx = np.flatnonzero(v)
             v[idx[~chosen[at : at + idx.size]]] = False
             at += idx.size
+    return valid
 
-    schema = pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("source", pa.string()),
-                        ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32()),
-                        ("shard_row", pa.int64())])
-    rows, stats, n_heldout = [], [], 0
-    doc_id, rg = 0, 0
 
-    def batches() -> Iterator[tuple[int, int, "pa.RecordBatch"]]:
-        """(shard, first row in the shard, batch) of every shard's batches, in order."""
-        for u, f in enumerate(files):
-            row = 0
-            for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS):
-                yield u, row, batch
-                row += batch.num_rows
+def _corpus_schema() -> pa.Schema:
+    """The Arrow schema of ``corpus.parquet``: an index of the training documents, without their texts."""
+    return pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("source", pa.string()),
+                      ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32()),
+                      ("shard_row", pa.int64())])
 
-    # every shard's batches read (decompressed) on a thread ahead of the workers, each batch's
-    # frames (PreparedBatch) made on a thread a core, this loop numbering, hashing and handing them
-    # on in order
+
+def _shard_batches(files: list[Path], batch_rows: int) -> Iterator[tuple[int, int, pa.RecordBatch]]:
+    """(shard, first row in the shard, batch) of every validated shard's batches, in order."""
+    for u, f in enumerate(files):
+        row = 0
+        for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS):
+            yield u, row, batch
+            row += batch.num_rows
+
+
+@dataclass
+class _CorpusStream:
+    """The corpus as it is streamed out: the next doc_id and row group, every batch's (source,
+    held-out) counts, the held-out rows gathered until they fill a frame of :data:`HOLD_ROWS` for
+    ``hold``, and each shard's counts for the manifest as it is finished."""
+
+    write: Callable[[pl.DataFrame], object]
+    hold: Callable[[pl.DataFrame], object]
+    doc_id: int = 0
+    rg: int = 0
+    stats: list[pl.DataFrame] = field(default_factory=list)
+    held: list[pl.DataFrame] = field(default_factory=list)
+    shards: list[dict] = field(default_factory=list)
+
+    def shard(self, u: int, pending: PreparedBatch | None, ready: Iterator[PreparedBatch]) -> PreparedBatch | None:
+        """Hand on shard ``u``'s prepared batches (``pending``, then those ``ready`` gives while they
+        are shard ``u``'s): training rows numbered and written, one row group a batch, held-out rows
+        held. Returns the next shard's first batch."""
+        digest = hashlib.sha256()
+        start, rg_start, n_chars, n_held, train_row = self.doc_id, self.rg, 0, 0, 0
+        while pending is not None and pending.shard == u:
+            b, pending = pending, next(ready, None)
+            if b.heldout.height:
+                self.held.append(b.heldout)
+                n_held += b.heldout.height
+                if sum(h.height for h in self.held) >= HOLD_ROWS:
+                    self.hold(pl.concat(self.held))
+                    self.held = []
+            self.stats.append(b.stat)
+            shard_row = train_row
+            train_row += b.train_rows
+            if not b.train.height:
+                continue
+            n_chars += b.train_chars
+            digest.update(b.hashes)
+            out = b.train.select(
+                doc_id=pl.int_range(self.doc_id, self.doc_id + b.train.height, dtype=pl.Int64), id="id", source="source",
+                subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32),
+                shard_row=pl.col("shard_row") + shard_row,
+            )
+            self.write(out)
+            self.doc_id += b.train.height
+            self.rg += 1
+        self.shards.append({"n_heldout": n_held, "n_docs": self.doc_id - start, "doc_start": start, "row_group_start": rg_start,
+                            "row_group_end": self.rg, "n_chars": n_chars, "docs_digest": digest.hexdigest()[:32]})
+        return pending
+
+
+def _write_corpus(corpus_path: Path, files: list[Path], valid: list[np.ndarray], batch_rows: int,
+                  heldout: Callable[[pl.DataFrame], object] | None) -> _CorpusStream:
+    """Stream the rows ``valid`` keeps of every validated shard into ``corpus_path`` (atomically),
+    handing the held-out documents to ``heldout``; returns the finished stream's counts.
+
+    Every shard's batches are read (decompressed) on a thread ahead of the workers, each batch's
+    frames (:class:`PreparedBatch`) made on a thread a core, and :meth:`_CorpusStream.shard`
+    numbers, hashes and hands them on in order."""
+    schema = _corpus_schema()
     workers = cores()
-    read = prefetch(batches(), depth=4)
+    read = prefetch(_shard_batches(files, batch_rows), depth=4)
     prepared = ahead(lambda item: _prepare_batch(*item, valid), read, depth=2 * workers, workers=workers)
     with atomic_writer(corpus_path) as sink, contextlib.closing(read), contextlib.closing(prepared) as ready:
         with (pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer,
               # each row group compressed and written on a thread of its own, in order, while the next batch is worked on
               behind(lambda out: writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)) as write,
               behind(heldout or (lambda docs: None)) as hold):  # the held-out documents too, on a third
+            stream = _CorpusStream(write, hold)
             pending = next(ready, None)
-            held: list[pl.DataFrame] = []  # held-out rows gathered into frames of HOLD_ROWS or more for ``heldout``
-            for u, f in enumerate(files):
-                digest = hashlib.sha256()
-                start, rg_start, n_chars, n_held, train_row = doc_id, rg, 0, 0, 0
-                while pending is not None and pending.shard == u:
-                    b, pending = pending, next(ready, None)
-                    if b.heldout.height:
-                        held.append(b.heldout)
-                        n_held += b.heldout.height
-                        if sum(h.height for h in held) >= HOLD_ROWS:
-                            hold(pl.concat(held))
-                            held = []
-                    stats.append(b.stat)
-                    shard_row = train_row
-                    train_row += b.train_rows
-                    if not b.train.height:
-                        continue
-                    n_chars += b.train_chars
-                    digest.update(b.hashes)
-                    out = b.train.select(
-                        doc_id=pl.int_range(doc_id, doc_id + b.train.height, dtype=pl.Int64), id="id", source="source",
-                        subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32),
-                        shard_row=pl.col("shard_row") + shard_row,
-                    )
-                    write(out)
-                    doc_id += b.train.height
-                    rg += 1
-                info = infos[u]
-                n_heldout += n_held
-                rows.append({"shard": u, "path": units[u], "fingerprint": fps[units[u]], "n_read": info["n_read"],
-                             "n_skipped": report.skipped_by_shard[units[u]], "n_heldout": n_held, "n_docs": doc_id - start,
-                             "doc_start": start, "row_group_start": rg_start, "row_group_end": rg, "n_chars": n_chars,
-                             "docs_digest": digest.hexdigest()[:32], "validated": f.name})
-            if held:
-                hold(pl.concat(held))
-    if doc_id == 0:
-        raise StrataInputError("the corpus has no training documents left after the held-out split", path=report.path,
-                               fix="add documents or lower heldout_fraction")
-    stat = (pl.concat(stats).with_columns(split=pl.when(pl.col("heldout")).then(pl.lit("heldout")).otherwise(pl.lit("train")))
-            .group_by("source", "split").agg(pl.col("n_docs").sum().cast(pl.Int64), pl.col("n_chars").sum().cast(pl.Int64))
-            .sort("source", "split"))
-    return CorpusBuild(pl.DataFrame(rows, schema=MANIFEST_SCHEMA), n_heldout, stat, report, reused, len(units) - reused)
+            for u in range(len(files)):
+                pending = stream.shard(u, pending, ready)
+            if stream.held:
+                hold(pl.concat(stream.held))
+    return stream

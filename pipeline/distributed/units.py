@@ -48,20 +48,9 @@ def load_unit(path: Path) -> tuple[np.ndarray, ...]:
         return tuple(z[f"arr_{i}"] for i in range(len(z.files)))
 
 
-def map_corpus_shards(
-    shards: Sequence[UnitSource],
-    fn: Callable[..., Any],
-    unit_args: Callable[[Any, int, int], tuple],
-    assemble: Callable[[Any, Iterator[tuple]], None],
-    done: Callable[[Any], bool],
-    *,
-    stage: str,
-    key: str,
-    work_dir: Path,
-    cfg,
-    actors: bool = False,
-    checkpoint: bool = True,
-) -> dict[str, int]:
+def map_corpus_shards(shards: Sequence[UnitSource], fn: Callable[..., Any], unit_args: Callable[[Any, int, int], tuple],
+                      assemble: Callable[[Any, Iterator[tuple]], None], done: Callable[[Any], bool], *, stage: str, key: str,
+                      work_dir: Path, cfg, actors: bool = False, checkpoint: bool = True) -> dict[str, int]:
     """Compute the artifacts of every shard for which ``done(shard)`` is false.
 
     ``unit_args(shard, start, stop)`` gives ``fn``'s arguments for the shard's training rows
@@ -76,14 +65,8 @@ def map_corpus_shards(
     is written once. For stages whose units take seconds (tokenizing, ``shallow`` embeddings,
     cluster assignment) an interrupted run then recomputes its unfinished shard; unit files that
     an earlier run left are still used."""
-    n = cfg.shard_docs
     todo = list({s.name: s for s in shards if s.n_docs and not done(s)}.values())
-    units: dict[str, list[Shard]] = {
-        s.name: [Shard(f"{stage}[{s.unit}:{a}]", (), (work_dir / f"{stage}-{s.name}-{key}-{a}.npz",),
-                       load=lambda s=s, a=a, b=min(a + n, s.n_docs): unit_args(s, a, b))  # noqa: B008 (binds this unit's end)
-                 for a in range(0, s.n_docs, n)]
-        for s in todo
-    }
+    units = _shard_units(todo, unit_args, stage, key, work_dir, cfg.shard_docs)
     by_name = {s.name: s for s in todo}
     owner = {u.outputs[0]: d for d, us in units.items() for u in us}
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -98,23 +81,51 @@ def map_corpus_shards(
             f.unlink(missing_ok=True)
 
     if not checkpoint and cfg.engine == "local":
-        def inputs(unit: Shard) -> tuple | None:
-            return None if unit.done() else unit.arguments()
+        _compute_in_order(units, fn, finish, bar)
+    else:
+        _compute_to_files(units, flat, owner, fn, finish, bar, cfg.engine, cfg.ray, actors)
+    bar.close()
+    return {"shards": len(shards), "shards_computed": len(todo), "shards_reused": len(shards) - len(todo), "units": len(owner),
+            "units_resumed": resumed}
 
-        def compute(unit_inputs: tuple[Shard, tuple | None]) -> tuple:
-            unit, args = unit_inputs
-            if args is None:
-                return load_unit(unit.outputs[0])
-            out = fn(*args)
-            bar.update(1)
-            return out if isinstance(out, tuple) else (out,)
 
-        for name in list(units):
-            finish(name, ahead(compute, zip(units[name], ahead(inputs, units[name]))))
-        bar.close()
-        return {"shards": len(shards), "shards_computed": len(todo), "shards_reused": len(shards) - len(todo), "units": len(owner),
-                "units_resumed": resumed}
+def _shard_units(todo: list, unit_args: Callable[[Any, int, int], tuple], stage: str, key: str, work_dir: Path,
+                 n: int) -> dict[str, list[Shard]]:
+    """Each shard's units of ``n`` training rows, by shard name: a unit's file under ``work_dir``
+    (named by the stage, the shard, ``key`` and its first row) and its arguments, made when it is
+    computed (``unit_args``)."""
+    return {
+        s.name: [Shard(f"{stage}[{s.unit}:{a}]", (), (work_dir / f"{stage}-{s.name}-{key}-{a}.npz",),
+                       load=lambda s=s, a=a, b=min(a + n, s.n_docs): unit_args(s, a, b))  # noqa: B008 (binds this unit's end)
+                 for a in range(0, s.n_docs, n)]
+        for s in todo
+    }
 
+
+def _compute_in_order(units: dict[str, list[Shard]], fn: Callable[..., Any], finish: Callable[..., None], bar) -> None:
+    """Every shard's units computed on this machine in order, one ahead of ``finish`` (reading a
+    unit's inputs and writing the previous result overlap the computation) and handed to it as
+    they come, with no unit file written; a unit an earlier run left complete is loaded."""
+    def inputs(unit: Shard) -> tuple | None:
+        return None if unit.done() else unit.arguments()
+
+    def compute(unit_inputs: tuple[Shard, tuple | None]) -> tuple:
+        unit, args = unit_inputs
+        if args is None:
+            return load_unit(unit.outputs[0])
+        out = fn(*args)
+        bar.update(1)
+        return out if isinstance(out, tuple) else (out,)
+
+    for name in list(units):
+        finish(name, ahead(compute, zip(units[name], ahead(inputs, units[name]))))
+
+
+def _compute_to_files(units: dict[str, list[Shard]], flat: list[Shard], owner: dict[Path, str], fn: Callable[..., Any],
+                      finish: Callable[..., None], bar, engine: str, ray_cfg, actors: bool) -> None:
+    """Every unit of ``flat`` (all shards' units, listed before any is finished) computed on
+    ``engine`` into its file (a checkpoint), and each shard assembled by ``finish`` once its last
+    unit is saved; shards complete from an interrupted run first."""
     for name in [d for d, us in units.items() if all(u.done() for u in us)]:  # complete from an interrupted run
         finish(name)
 
@@ -125,7 +136,4 @@ def map_corpus_shards(
         if all(u.done() for u in units[name]):
             finish(name)
 
-    map_shards(fn, flat, save, engine=cfg.engine, ray_cfg=cfg.ray, actors=actors)
-    bar.close()
-    return {"shards": len(shards), "shards_computed": len(todo), "shards_reused": len(shards) - len(todo), "units": len(owner),
-            "units_resumed": resumed}
+    map_shards(fn, flat, save, engine=engine, ray_cfg=ray_cfg, actors=actors)

@@ -293,39 +293,8 @@ def targets_blocked_order(features: SequenceFeatures, targets, objective: Object
         sub = chars.take_rows(pool)
         n_pick = size if count == 0 and not (drain_in_rounds and size > MIN_ROUND) else max(1, size // 2)
         s0 = state.S
-        while n_pick > MIN_ROUND and targets.rate_change(s0 + 1.0, s0 + 1.0 + n_pick * lbar) > CURRICULUM_RTOL:
-            n_pick //= 2
-        span = max(n_pick * lbar, 1.0)
-        e0 = targets(s0)
-        pbar = (targets(s0 + span) - e0) / span
-        if count:  # pick at most half of what the pool holds of the cluster the curriculum wants most above its pool share
-            have = sub.column_totals()[cl[0] : cl[1]] / (sc * lengths[pool].sum())
-            short = pbar > have + SHORT_TOL
-            if short.any():
-                n_max = max(MIN_ROUND, int(size * float(np.min(have[short] / pbar[short])) * 0.5))
-                if n_pick > n_max:
-                    n_pick = n_max
-                    span = max(n_pick * lbar, 1.0)
-                    pbar = (targets(s0 + span) - e0) / span
-        got = state.X[cl[0] : cl[1]] / sc  # T_j, the stream's tokens of each cluster so far
-        lag = e0 - got
-        first = np.clip(lag, -CATCH_UP * lbar, CATCH_UP * lbar)  # made up at the round's start
-        spread = CATCH_UP_RATE * pbar * span  # made up evenly over the round
-        slope = np.maximum(pbar + np.clip(lag - first, -spread, spread) / span, 0.0)
-        start = got + first
-        t = t_glob.copy()
-        off = np.zeros_like(t)
-        t[cl[0] : cl[1]] = sc * slope
-        off[cl[0] : cl[1]] = sc * (start - slope * s0)
-        if lb is not None and targets.kappa is not None:
-            t[lb[0] : lb[1]] = sl * (pbar @ targets.kappa)
-            off[lb[0] : lb[1]] = sl * ((e0 - pbar * s0) @ targets.kappa)
-        for name, kappa in getattr(targets, "kappas", {}).items():  # a family held at its share within each target column
-            if name in chars.family_columns:
-                a, b = chars.family_columns[name]
-                sf = float(np.sqrt(weights[name]))
-                t[a:b] = sf * (pbar @ kappa)
-                off[a:b] = sf * ((e0 - pbar * s0) @ kappa)
+        n_pick, span, e0, pbar = _round_rate(targets, n_pick, s0, lbar, sub, lengths[pool], cl, sc, size, count > 0)
+        t, off = _round_targets(targets, chars, weights, t_glob, cl, lb, sc, sl, state.X[cl[0] : cl[1]] / sc, e0, pbar, span, s0, lbar)
         state.X -= off
         picked = greedy_rows(sub, lengths[pool], t, state, n_pick, noise, seed + rnd)
         state.X += off
@@ -338,6 +307,59 @@ def targets_blocked_order(features: SequenceFeatures, targets, objective: Object
         count += back.size
         rnd += 1
     return out
+
+
+def _round_rate(targets, n_pick: int, s0: float, lbar: float, sub: Csr, pool_lengths: np.ndarray, cl: tuple[int, int], sc: float,
+                size: int, pool_left: bool) -> tuple[int, float, np.ndarray, np.ndarray]:
+    """``(picks, their span of tokens, E(S) at the round's start, the target rate over the span)``
+    of one round of :func:`targets_blocked_order`: ``n_pick`` halved while the target rates change
+    by more than :data:`CURRICULUM_RTOL` across the span, and, while sequences remain beyond the
+    pool (``pool_left``), at most half of what the pool holds of the cluster the curriculum wants
+    most above its pool share."""
+    while n_pick > MIN_ROUND and targets.rate_change(s0 + 1.0, s0 + 1.0 + n_pick * lbar) > CURRICULUM_RTOL:
+        n_pick //= 2
+    span = max(n_pick * lbar, 1.0)
+    e0 = targets(s0)
+    pbar = (targets(s0 + span) - e0) / span
+    if pool_left:  # pick at most half of what the pool holds of the cluster the curriculum wants most above its pool share
+        have = sub.column_totals()[cl[0] : cl[1]] / (sc * pool_lengths.sum())
+        short = pbar > have + SHORT_TOL
+        if short.any():
+            n_max = max(MIN_ROUND, int(size * float(np.min(have[short] / pbar[short])) * 0.5))
+            if n_pick > n_max:
+                n_pick = n_max
+                span = max(n_pick * lbar, 1.0)
+                pbar = (targets(s0 + span) - e0) / span
+    return n_pick, span, e0, pbar
+
+
+def _round_targets(targets, chars, weights: dict[str, float], t_glob: np.ndarray, cl: tuple[int, int], lb: tuple[int, int] | None,
+                   sc: float, sl: float, got: np.ndarray, e0: np.ndarray, pbar: np.ndarray, span: float, s0: float,
+                   lbar: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(rates t, offsets)`` of one round's linear targets ``t * S + offset`` over every column:
+    the targeted clusters' rate ``pbar`` plus their lag behind E(S) (``got``: the stream's tokens
+    of each so far), made up partly at the round's start and partly over its span; the length bins
+    and the ``kappas`` families at their shares of those targets; every other column at its global
+    target ``t_glob``."""
+    lag = e0 - got
+    first = np.clip(lag, -CATCH_UP * lbar, CATCH_UP * lbar)  # made up at the round's start
+    spread = CATCH_UP_RATE * pbar * span  # made up evenly over the round
+    slope = np.maximum(pbar + np.clip(lag - first, -spread, spread) / span, 0.0)
+    start = got + first
+    t = t_glob.copy()
+    off = np.zeros_like(t)
+    t[cl[0] : cl[1]] = sc * slope
+    off[cl[0] : cl[1]] = sc * (start - slope * s0)
+    if lb is not None and targets.kappa is not None:
+        t[lb[0] : lb[1]] = sl * (pbar @ targets.kappa)
+        off[lb[0] : lb[1]] = sl * ((e0 - pbar * s0) @ targets.kappa)
+    for name, kappa in getattr(targets, "kappas", {}).items():  # a family held at its share within each target column
+        if name in chars.family_columns:
+            a, b = chars.family_columns[name]
+            sf = float(np.sqrt(weights[name]))
+            t[a:b] = sf * (pbar @ kappa)
+            off[a:b] = sf * ((e0 - pbar * s0) @ kappa)
+    return t, off
 
 
 def curriculum_batch_deviations(
@@ -389,21 +411,14 @@ def curriculum_exact_order(
     wc, lam, wn = weights["cluster"], weights.get("length_bin", 0.0), weights.get("norm", 0.0)
     seq_fams = Objective(tuple(f for f in objective.families if f.level == "sequences"))
     m = features.n_sequences
-    c = _scipy_csr(features.clusters, m)
-    bm = _scipy_csr(features.bins, m)
-    joint = features.cluster_bin_tokens
-    kappa_cond = joint / np.maximum(joint.sum(axis=1, keepdims=True), 1e-300)
-    c2 = np.asarray(c.multiply(c).sum(axis=1)).ravel()
-    b2 = np.asarray(bm.multiply(bm).sum(axis=1)).ravel()
+    mats = _cluster_bin_matrices(features)
+    c, bm, _, c2, _ = mats
     lengths = features.lengths
     norms = np.sqrt(c2)
     rho = norms.sum() / lengths.sum()
     N = 0.0
     if seq_fams.families:
-        chars = seq_fams.matrix(features)
-        xs, t_seq, unit = _scipy_csr(chars.x, m), chars.targets(lengths), chars.unit
-        a_seq = np.asarray(xs.multiply(xs).sum(axis=1)).ravel() - 2.0 * unit * (xs @ t_seq) + unit**2 * (t_seq @ t_seq)
-        Xs = np.zeros(xs.shape[1])
+        xs, t_seq, unit, a_seq, Xs = _sequence_family_terms(seq_fams, features, lengths)
     tol = tie_tolerance(max(lengths.max(), lengths.mean()), objective.total_weight)
     sigma = float(noise) * float(lengths.mean()) ** 2
     rng = np.random.default_rng(seed)
@@ -415,14 +430,7 @@ def curriculum_exact_order(
     out = np.empty(m, dtype=np.int64)
     score = np.empty(m)
     for step in range(m):
-        for length in np.unique(lengths[live]):
-            e = acc + curriculum.integral(S, S + length)
-            e *= (S + length) / e.sum()
-            dc = T - e
-            db = U - e @ kappa_cond
-            sel = live & (lengths == length)
-            sc = wc * (c2 + 2.0 * (c @ dc) + dc @ dc) + lam * (b2 + 2.0 * (bm @ db) + db @ db)
-            score[sel] = sc[sel]
+        _score_by_length(score, live, lengths, curriculum, acc, S, T, U, mats, wc, lam)
         if seq_fams.families:
             score += a_seq + 2.0 * (xs @ (Xs - t_seq * unit * step))
         if wn:
@@ -433,17 +441,59 @@ def curriculum_exact_order(
         r = int(np.flatnonzero(score <= score.min() + tol)[0])
         out[step] = r
         live[r] = False
-        lo, hi = c.indptr[r], c.indptr[r + 1]
-        T[c.indices[lo:hi]] += c.data[lo:hi]
-        lo, hi = bm.indptr[r], bm.indptr[r + 1]
-        U[bm.indices[lo:hi]] += bm.data[lo:hi]
+        _add_row(c, r, T)
+        _add_row(bm, r, U)
         if seq_fams.families:
-            lo, hi = xs.indptr[r], xs.indptr[r + 1]
-            Xs[xs.indices[lo:hi]] += xs.data[lo:hi]
+            _add_row(xs, r, Xs)
         acc = acc + curriculum.integral(S, S + lengths[r])
         S += lengths[r]
         N += norms[r]
     return out
+
+
+def _cluster_bin_matrices(features: SequenceFeatures):
+    """``(clusters, length bins, each cluster's length-bin shares, squared row norms of both)``:
+    the sparse tokens per sequence the exact curriculum greedy scores, and the shares that turn a
+    cluster target into a length-bin target."""
+    m = features.n_sequences
+    c = _scipy_csr(features.clusters, m)
+    bm = _scipy_csr(features.bins, m)
+    joint = features.cluster_bin_tokens
+    kappa_cond = joint / np.maximum(joint.sum(axis=1, keepdims=True), 1e-300)
+    c2 = np.asarray(c.multiply(c).sum(axis=1)).ravel()
+    b2 = np.asarray(bm.multiply(bm).sum(axis=1)).ravel()
+    return c, bm, kappa_cond, c2, b2
+
+
+def _sequence_family_terms(seq_fams: Objective, features: SequenceFeatures, lengths: np.ndarray):
+    """The sequence families' part of the exact greedy's scores: ``(their matrix, targets, unit,
+    each row's constant term, the stream's running sum (zeros))``."""
+    chars = seq_fams.matrix(features)
+    xs, t_seq, unit = _scipy_csr(chars.x, features.n_sequences), chars.targets(lengths), chars.unit
+    a_seq = np.asarray(xs.multiply(xs).sum(axis=1)).ravel() - 2.0 * unit * (xs @ t_seq) + unit**2 * (t_seq @ t_seq)
+    return xs, t_seq, unit, a_seq, np.zeros(xs.shape[1])
+
+
+def _score_by_length(score: np.ndarray, live: np.ndarray, lengths: np.ndarray, curriculum: Curriculum, acc: np.ndarray, S: float,
+                     T: np.ndarray, U: np.ndarray, mats: tuple, wc: float, lam: float) -> None:
+    """Each live sequence's cluster and length-bin terms of the exact curriculum greedy's score,
+    into ``score``: the curriculum's targets E(S + l) are the same for every sequence of length l,
+    so one sparse mat-vec per distinct length scores them all."""
+    c, bm, kappa_cond, c2, b2 = mats
+    for length in np.unique(lengths[live]):
+        e = acc + curriculum.integral(S, S + length)
+        e *= (S + length) / e.sum()
+        dc = T - e
+        db = U - e @ kappa_cond
+        sel = live & (lengths == length)
+        sc = wc * (c2 + 2.0 * (c @ dc) + dc @ dc) + lam * (b2 + 2.0 * (bm @ db) + db @ db)
+        score[sel] = sc[sel]
+
+
+def _add_row(x: sp.csr_matrix, r: int, into: np.ndarray) -> None:
+    """Add row ``r`` of ``x`` to the dense running sum ``into`` (in place)."""
+    lo, hi = x.indptr[r], x.indptr[r + 1]
+    into[x.indices[lo:hi]] += x.data[lo:hi]
 
 
 def _scipy_csr(x: Csr, m: int) -> sp.csr_matrix:

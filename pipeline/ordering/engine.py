@@ -275,31 +275,10 @@ def run_strategy(
     ntok = as_integers(_column(docs, "n_tokens", "documents"))
     cluster, length = document_arrays(doc_id, clus, ntok)  # checked and scattered on every core
     n = cluster.size
-    content_hash = None
-    if "content_hash" in docs.columns:  # dense ranks in sorted hash order: np.unique sees the same groups, in
-        content_hash = np.zeros(n, dtype=np.int64)  # the same order, as on the strings, at 8 bytes a document
-        content_hash[doc_id] = docs["content_hash"].rank("dense").to_numpy().astype(np.int64)
-    for c in ("sequence_id", "doc_id", "n_tokens"):
-        _column(segments, c, "segments")
-    # what the strategies read (the other columns are freed when the caller kept no reference)
-    segments = segments.select("sequence_id", "doc_id", "n_tokens")
-    if names_absent(segments["doc_id"].to_numpy(), cluster):
-        raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
-    columns = {}
-    for col in params.column_families():
-        if col not in docs.columns:
-            raise StrataInputError(
-                f"the family {col!r} names no column of the documents",
-                fix=f"use one of the documents columns {docs.columns} or a built-in family"
-            )
-        columns[col] = np.zeros(n, dtype=np.int64)  # dense codes in sorted category order (nulls: one category)
-        columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
-    blend_groups = None
-    if params.blend is not None and "mixture" in spec.reads:  # greedy_blend: each document's group of the blend's column
-
-        codes, names = document_groups(docs, params.blend)
-        blend_groups = (np.full(n, -1, dtype=np.int64), names)
-        blend_groups[0][doc_id] = codes
+    content_hash = _content_ranks(docs, doc_id, n)
+    segments = _base_segments(segments, cluster)
+    columns = _family_columns(docs, doc_id, n, params)
+    blend_groups = _blend_groups(docs, doc_id, n, params) if params.blend is not None and "mixture" in spec.reads else None
     del docs, doc_id, clus, ntok  # per-document frame: the arrays above hold what the strategies read
     present = np.flatnonzero(cluster >= 0)  # the doc ids present, ascending
     inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns, blend_groups)
@@ -313,6 +292,51 @@ def run_strategy(
         del inp
         return _ordered(spec, f, params, int(seed))
     return _run(spec, inp)
+
+
+def _content_ranks(docs: pl.DataFrame, doc_id: np.ndarray, n: int) -> np.ndarray | None:
+    """Per doc_id the dense rank of its content hash in sorted hash order (equal = same text), or
+    None without a ``content_hash`` column: np.unique sees the same groups, in the same order, as
+    on the strings, at 8 bytes a document."""
+    if "content_hash" not in docs.columns:
+        return None
+    content_hash = np.zeros(n, dtype=np.int64)
+    content_hash[doc_id] = docs["content_hash"].rank("dense").to_numpy().astype(np.int64)
+    return content_hash
+
+
+def _base_segments(segments: pl.DataFrame, cluster: np.ndarray) -> pl.DataFrame:
+    """The base packing's columns the strategies read (the other columns are freed when the caller
+    kept no reference), checked to name only documents present in ``cluster``."""
+    for c in ("sequence_id", "doc_id", "n_tokens"):
+        _column(segments, c, "segments")
+    segments = segments.select("sequence_id", "doc_id", "n_tokens")
+    if names_absent(segments["doc_id"].to_numpy(), cluster):
+        raise StrataInputError("a segment names a doc_id missing from the documents", fix="pack and order the same documents table")
+    return segments
+
+
+def _family_columns(docs: pl.DataFrame, doc_id: np.ndarray, n: int, params: OrderParams) -> dict[str, np.ndarray]:
+    """Per documents column a family names, each doc_id's dense code in sorted category order
+    (nulls: one category)."""
+    columns = {}
+    for col in params.column_families():
+        if col not in docs.columns:
+            raise StrataInputError(
+                f"the family {col!r} names no column of the documents",
+                fix=f"use one of the documents columns {docs.columns} or a built-in family"
+            )
+        columns[col] = np.zeros(n, dtype=np.int64)
+        columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
+    return columns
+
+
+def _blend_groups(docs: pl.DataFrame, doc_id: np.ndarray, n: int, params: OrderParams) -> tuple[np.ndarray, list[str]]:
+    """greedy_blend's groups: each doc_id's group (-1 where absent) of the blend's column, and the groups' names."""
+    codes, names = document_groups(docs, params.blend)
+    blend_groups = (np.full(n, -1, dtype=np.int64), names)
+    blend_groups[0][doc_id] = codes
+    return blend_groups
 
 
 def _ordered(spec: StrategySpec, f: SequenceFeatures | SequenceIds, params: OrderParams, seed: int) -> OrderingResult:

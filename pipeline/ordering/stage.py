@@ -169,44 +169,16 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
     n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
     previous = frozen.load(layout, strategy) if n_frozen else None
     prefix = previous.sequence_ids if previous is not None else None
-    name = spec.packing_from or strategy
-    base = base_order(layout, connect, spec, params, stage_params.seed, code_version) if spec.derived and not n_frozen else None
-    if base is not None:  # e.g. greedy_block_shuffle: the greedy partition's order, its blocks shuffled
-        result = OrderingResult(order_frame(spec.derived[1](base[0], params, stage_params.seed)), None, base[1])
-    else:
-        warm_kernels()  # numba's first load, beside the reading of the documents and segments
-        # contiguous columns: the strategies' NumPy views are not copies beside the frames' chunks; the
-        # documents are read by run_strategy itself, which frees the frame once it holds their arrays
-        result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(),
-                              lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)).rechunk(),
-                              seq_len, params, stage_params.seed, prefix=prefix)
-    seg_path = layout.ordering_segments(strategy)
-    if result.segments is not None:  # a repacking's segments written while the order is
-        outputs = concurrently(partial(write_parquet, result.order, layout.ordering(strategy)),
-                               partial(write_parquet, result.segments, seg_path))
-    else:
-        outputs = [write_parquet(result.order, layout.ordering(strategy))]
-        seg_path.unlink(missing_ok=True)
+    result, base = _computed_order(layout, connect, spec, strategy, params, stage_params.seed, code_version, seq_len, prefix, n_frozen)
+    outputs = _write_order(layout, strategy, result)
     n_positions, greedy_mode, repacked = result.order.height, result.greedy_mode, result.segments is not None
     del result
     written = Store(layout).ordering(strategy)
-    order, m = written.order, written.n_sequences
     more, mixture_checks, mixture_meta = schedule_checks(strategy, layout, params, stage_params.mixture_tolerance, stage_params.seed)
     tables = mixture_meta.pop("tables", {})  # a schedule's own DuckDB tables (greedy_blend)
     outputs += more
-    if spec.realizes_mixture:
-        ok = True
-        check = CheckFact(PERMUTATION_CHECK, True, {"strategy": strategy},
-                          f"{strategy} realizes a mixture: a schedule (see schedule_within_caps)")
-        with connect() as con:
-            replace_rows(con, "mixture_schedule",
-                         pl.read_parquet(layout.ordering_mixture(strategy)).with_columns(strategy=pl.lit(strategy)),
-                         {"strategy": strategy})
-            for table, rows in tables.items():
-                replace_rows(con, table, rows.with_columns(strategy=pl.lit(strategy)), {"strategy": strategy})
-    else:
-        ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
-        check = CheckFact(PERMUTATION_CHECK, ok, {"strategy": strategy, "positions": int(order.size), "sequences": m})
+    ok, check = _order_check(layout, connect, spec, strategy, written, tables)
+    order = written.order
     boundary = {}
     if n_frozen and ok:
         outputs += freeze(layout, connect, strategy, order, written.segments, n_frozen, previous, seq_len, stage_params.packing)
@@ -225,6 +197,57 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
         checks=[check, *mixture_checks],
         deps={"orderings": spec.derived[0]} if base is not None else {},
     )
+
+
+def _computed_order(layout, connect: Connect, spec, strategy: str, params, seed: int, code_version: str, seq_len: int,
+                    prefix: np.ndarray | None, n_frozen: int) -> tuple[OrderingResult, tuple | None]:
+    """``(the strategy's ordering, its base strategy's materialized order or None)``: a derived
+    strategy (e.g. greedy_block_shuffle) computed from its base's order when that was made from the
+    same inputs (never under a frozen prefix), else the strategy run on the documents and the
+    base packing (a training-time strategy: on its ``packing_from``'s), continuing ``prefix``."""
+    name = spec.packing_from or strategy
+    base = base_order(layout, connect, spec, params, seed, code_version) if spec.derived and not n_frozen else None
+    if base is not None:  # e.g. greedy_block_shuffle: the greedy partition's order, its blocks shuffled
+        return OrderingResult(order_frame(spec.derived[1](base[0], params, seed)), None, base[1]), base
+    warm_kernels()  # numba's first load, beside the reading of the documents and segments
+    # contiguous columns: the strategies' NumPy views are not copies beside the frames' chunks; the
+    # documents are read by run_strategy itself, which frees the frame once it holds their arrays
+    result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(),
+                          lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)).rechunk(),
+                          seq_len, params, seed, prefix=prefix)
+    return result, base
+
+
+def _write_order(layout, strategy: str, result: OrderingResult) -> list:
+    """``orderings/<strategy>.parquet`` and, for a repacking, its segments (written beside the
+    order; a stale segments file of an earlier repacking is removed)."""
+
+    seg_path = layout.ordering_segments(strategy)
+    if result.segments is not None:  # a repacking's segments written while the order is
+        return concurrently(partial(write_parquet, result.order, layout.ordering(strategy)),
+                            partial(write_parquet, result.segments, seg_path))
+    outputs = [write_parquet(result.order, layout.ordering(strategy))]
+    seg_path.unlink(missing_ok=True)
+    return outputs
+
+
+def _order_check(layout, connect: Connect, spec, strategy: str, written, tables: dict[str, pl.DataFrame]) -> tuple[bool, CheckFact]:
+    """``(ok, the permutation check)``: an order must hold every sequence once; a schedule (a
+    strategy that realizes a mixture) is checked by its accounting instead, whose tables are
+    written to DuckDB here (``mixture_schedule`` and the schedule's own)."""
+    order, m = written.order, written.n_sequences
+    if spec.realizes_mixture:
+        check = CheckFact(PERMUTATION_CHECK, True, {"strategy": strategy},
+                          f"{strategy} realizes a mixture: a schedule (see schedule_within_caps)")
+        with connect() as con:
+            replace_rows(con, "mixture_schedule",
+                         pl.read_parquet(layout.ordering_mixture(strategy)).with_columns(strategy=pl.lit(strategy)),
+                         {"strategy": strategy})
+            for table, rows in tables.items():
+                replace_rows(con, table, rows.with_columns(strategy=pl.lit(strategy)), {"strategy": strategy})
+        return True, check
+    ok = bool(order.size == m and np.array_equal(np.sort(order), np.arange(m)))
+    return ok, CheckFact(PERMUTATION_CHECK, ok, {"strategy": strategy, "positions": int(order.size), "sequences": m})
 
 
 def freeze(layout, connect: Connect, strategy: str, order: np.ndarray, segments: pl.DataFrame, n_frozen: int,

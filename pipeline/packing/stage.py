@@ -45,38 +45,18 @@ def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
     if not n_frozen:
         frozen.unfreeze(layout, connect)
     records = frozen.load_all(layout)
-    # the clean stage's removals (docs/cleaning.md), but a document a frozen prefix holds: it was trained on already
-    gone, kept_frozen = removed_documents(layout), 0
-    keys = frozen.doc_keys(layout) if records else None
-    if gone is not None and records:
-        held = gone["doc_id"].is_in(pl.Series(frozen.frozen_docs(records, keys)).implode())
-        kept_frozen, gone = int(held.sum()), gone.filter(~held)
+    gone, kept_frozen, keys = _removals(layout, records)
     mask = None
     if gone is not None:
         mask = np.zeros(stream.size, bool)
         mask[gone["doc_id"].to_numpy()] = True
-    if records:
-        packed, records = frozen.pack_frozen(records, keys, stream, variant, atom, params.seq_len, params.packing, params.seed,
-                                             leave_out=mask)
-    else:
-        order = np.random.default_rng(params.seed).permutation(stream.size)
-        if mask is not None:
-            order = order[~mask[order]]  # the rest keep their order
-        packed = pack(variant, order, stream, params.seq_len, atom_multiple=atom, seed=params.seed)
+    packed, records = _packed(records, keys, stream, variant, atom, params, mask)
     if records:  # before anything is overwritten
         pad_id = load_tokenizer(layout.tokenizer).pad_token_id
         frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, params.seq_len, pad_id=pad_id), tokens.dtype)
     removed = tokens_by_reason(gone, stream) if gone is not None else {}
     del tokens, offsets, stream  # per-document arrays: not held while the segments are written
-    write_parquet(packed.segments, layout.segments)
-    applied = [write_parquet(gone.select(pl.col("doc_id").cast(pl.Int64), pl.col("removed").cast(pl.String)), applied_file(layout))] \
-        if gone is not None else []
-    if gone is None:
-        applied_file(layout).unlink(missing_ok=True)  # an earlier packing's, which this one does not apply
-    saved = [path for record in records for path in frozen.save(layout, record)]
-    kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
-    write_json({"seq_len": params.seq_len, "packing": params.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout),
-                **({"cleaned": True} if gone is not None else {})}, layout.sequences_meta)
+    applied, saved, kept = _write_sequences(layout, params, packed, gone, records, n_frozen)
     numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
     numbers.update({f"tokens_removed_{reason}": float(t) for reason, t in removed.items()})
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
@@ -108,3 +88,46 @@ def token_conservation(layout, params: PackParams, connect: Connect) -> CheckFac
     meta = ({k: v for k, v in result.items() if k != "ok"} | {"reported_dropped": reported.get("tokens_dropped")}
             | {"tokens_in_corpus": int(corpus_stream.sum())} | {f"tokens_removed_{r}": t for r, t in removed.items()})
     return CheckFact("token_conservation", passed, meta)
+
+
+def _removals(layout, records: list) -> tuple[pl.DataFrame | None, int, object]:
+    """``(the documents the clean stage removes, how many of them a frozen prefix holds, the
+    frozen documents' keys)``: a document a frozen prefix holds stays (it was trained on already);
+    None without removals (docs/cleaning.md)."""
+
+    gone, kept_frozen = removed_documents(layout), 0
+    keys = frozen.doc_keys(layout) if records else None
+    if gone is not None and records:
+        held = gone["doc_id"].is_in(pl.Series(frozen.frozen_docs(records, keys)).implode())
+        kept_frozen, gone = int(held.sum()), gone.filter(~held)
+    return gone, kept_frozen, keys
+
+
+def _packed(records: list, keys, stream: np.ndarray, variant: str, atom, params: PackParams, mask: np.ndarray | None):
+    """``(the packing, the frozen records)``: the frozen prefixes' sequences kept and the other
+    tokens packed after them, or every document in a seeded shuffle; documents ``mask`` marks
+    are left out."""
+
+    if records:
+        return frozen.pack_frozen(records, keys, stream, variant, atom, params.seq_len, params.packing, params.seed, leave_out=mask)
+    order = np.random.default_rng(params.seed).permutation(stream.size)
+    if mask is not None:
+        order = order[~mask[order]]  # the rest keep their order
+    return pack(variant, order, stream, params.seq_len, atom_multiple=atom, seed=params.seed), records
+
+
+def _write_sequences(layout, params: PackParams, packed, gone: pl.DataFrame | None, records: list, n_frozen: int) -> tuple[list, list, int]:
+    """``sequences/segments.parquet``, the removals applied (``sequences/removed.parquet``, or an
+    earlier one deleted), the frozen records and ``sequences/meta.json``: ``(applied, frozen
+    files, sequences the frozen prefixes keep)``."""
+
+    write_parquet(packed.segments, layout.segments)
+    applied = [write_parquet(gone.select(pl.col("doc_id").cast(pl.Int64), pl.col("removed").cast(pl.String)), applied_file(layout))] \
+        if gone is not None else []
+    if gone is None:
+        applied_file(layout).unlink(missing_ok=True)  # an earlier packing's, which this one does not apply
+    saved = [path for record in records for path in frozen.save(layout, record)]
+    kept = int(np.unique(np.concatenate([r.sequence_ids for r in records])).size) if records else 0
+    write_json({"seq_len": params.seq_len, "packing": params.packing, "freeze_prefix": n_frozen, "tokens": tokens_fingerprint(layout),
+                **({"cleaned": True} if gone is not None else {})}, layout.sequences_meta)
+    return applied, saved, kept

@@ -53,18 +53,9 @@ def unroll(segments: pl.DataFrame, order: np.ndarray) -> tuple[pl.DataFrame, np.
     return seg.sort(["sequence_id", *within], maintain_order=True), np.arange(order.size, dtype=np.int64)
 
 
-def prepare(
-    segments: pl.DataFrame,
-    ordering: pl.DataFrame | np.ndarray,
-    doc_cluster: np.ndarray,
-    doc_length: np.ndarray,
-    *,
-    bin_edges: np.ndarray | None = None,
-    length_bins: int = 100,
-    n_clusters: int | None = None,
-    doc_source: np.ndarray | pl.Series | None = None,
-    target_share: np.ndarray | None = None,
-) -> Schedule:
+def prepare(segments: pl.DataFrame, ordering: pl.DataFrame | np.ndarray, doc_cluster: np.ndarray, doc_length: np.ndarray, *,
+            bin_edges: np.ndarray | None = None, length_bins: int = 100, n_clusters: int | None = None,
+            doc_source: np.ndarray | pl.Series | None = None, target_share: np.ndarray | None = None) -> Schedule:
     """Join an ordering with its packing's segments, document clusters and length bins.
 
     ``segments`` follows ``pipeline.packing.pack.SEGMENT_SCHEMA``; ``doc_cluster`` and ``doc_length``
@@ -80,29 +71,12 @@ def prepare(
     if target_share is not None:
         segments, order = unroll(segments, order)
     m = order.size
-    if m == 0:
-        raise StrataInputError("the ordering is empty", fix="schedule at least one sequence")
-    position = np.full(m, -1, dtype=np.int64)
-    if order.min() < 0 or order.max() >= m:
-        raise StrataInputError(
-            f"the ordering's sequence ids are not 0..{m - 1}",
-            fix="pass a permutation of the packing's sequence ids (a schedule that repeats or leaves out sequences: with its target_share)"
-        )
-    position[order] = np.arange(m, dtype=np.int64)
-    if (position < 0).any():
-        raise StrataInputError("the ordering repeats a sequence id",
-                               fix="pass a permutation (each sequence once), or a schedule with its target_share")
+    position = _positions(order)
     doc_cluster = as_integers(doc_cluster)  # any integer dtype: the documents' int32 columns are not copied
     doc_length = as_integers(doc_length)
     if doc_cluster.shape != doc_length.shape:
         raise StrataInputError("doc_cluster and doc_length differ in length", fix="pass one entry per doc_id in both")
-    seg_seq = segments["sequence_id"].to_numpy().astype(np.int64, copy=False)
-    seg_doc = segments["doc_id"].to_numpy().astype(np.int64, copy=False)
-    seg_tok = segments["n_tokens"].to_numpy()  # Int32: a segment's tokens
-    if seg_seq.size and (seg_seq.min() < 0 or seg_seq.max() >= m):
-        raise StrataInputError("segments name a sequence the ordering lacks", fix="use the ordering of this packing")
-    if seg_doc.size and (seg_doc.min() < 0 or seg_doc.max() >= doc_cluster.size):
-        raise StrataInputError("segments name a doc_id without a cluster", fix="pass doc_cluster for every document")
+    seg_seq, seg_doc, seg_tok = _segment_arrays(segments, m, doc_cluster.size)
     k = int(doc_cluster.max()) + 1 if n_clusters is None else int(n_clusters)
     if doc_cluster.min() < 0 or doc_cluster.max() >= k:
         raise StrataInputError(f"cluster ids must lie in 0..{k - 1}", fix="relabel clusters densely from 0")
@@ -131,6 +105,38 @@ def prepare(
         seg_doc=seg_doc,
         doc_source=source,
     )
+
+
+def _positions(order: np.ndarray) -> np.ndarray:
+    """The position of each sequence id in ``order``, which must be a permutation of 0..M-1 (an
+    empty ordering, an id out of range or a repeated one is refused)."""
+    m = order.size
+    if m == 0:
+        raise StrataInputError("the ordering is empty", fix="schedule at least one sequence")
+    position = np.full(m, -1, dtype=np.int64)
+    if order.min() < 0 or order.max() >= m:
+        raise StrataInputError(
+            f"the ordering's sequence ids are not 0..{m - 1}",
+            fix="pass a permutation of the packing's sequence ids (a schedule that repeats or leaves out sequences: with its target_share)"
+        )
+    position[order] = np.arange(m, dtype=np.int64)
+    if (position < 0).any():
+        raise StrataInputError("the ordering repeats a sequence id",
+                               fix="pass a permutation (each sequence once), or a schedule with its target_share")
+    return position
+
+
+def _segment_arrays(segments: pl.DataFrame, m: int, n_docs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The segments' sequence ids and doc ids (int64) and tokens, checked against an ordering of
+    ``m`` sequences and ``n_docs`` documents with a cluster."""
+    seg_seq = segments["sequence_id"].to_numpy().astype(np.int64, copy=False)
+    seg_doc = segments["doc_id"].to_numpy().astype(np.int64, copy=False)
+    seg_tok = segments["n_tokens"].to_numpy()  # Int32: a segment's tokens
+    if seg_seq.size and (seg_seq.min() < 0 or seg_seq.max() >= m):
+        raise StrataInputError("segments name a sequence the ordering lacks", fix="use the ordering of this packing")
+    if seg_doc.size and (seg_doc.min() < 0 or seg_doc.max() >= n_docs):
+        raise StrataInputError("segments name a doc_id without a cluster", fix="pass doc_cluster for every document")
+    return seg_seq, seg_doc, seg_tok
 
 
 def source_codes(doc_source: np.ndarray | pl.Series, n_docs: int) -> np.ndarray:

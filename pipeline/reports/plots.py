@@ -284,13 +284,7 @@ def plot_stationarity(frame: pl.DataFrame, characteristic: str, path: str | os.P
         raise StrataInputError(f"no rows for characteristic {characteristic!r}", fix="pass a stationarity_table with it")
     strategies = list(sub["strategy"].unique(maintain_order=True))
     colors = cluster_colors(len(strategies))  # tab10 up to 10 strategies
-    per: dict[str, dict[str, np.ndarray]] = {}
-    for name in strategies:
-        rows = sub.filter(pl.col("strategy") == name)
-        tenth = rows.filter(pl.col("part") != S.PREFIX).with_columns(i=pl.col("part").cast(pl.Int64)).sort("i")
-        pre = rows.filter(pl.col("part") == S.PREFIX)
-        per[name] = {k: tenth[k].to_numpy() for k in ("value", "band_lo", "band_hi", "inside")} | {
-            "p_" + k: pre[k].to_numpy() for k in ("value", "band_lo", "band_hi", "inside")}
+    per = _stationarity_series(sub, strategies)
     n = max(v["value"].size for v in per.values())
     x, xp = np.arange(n), n + 0.6
     bands: dict[tuple, list[str]] = {}
@@ -306,6 +300,42 @@ def plot_stationarity(frame: pl.DataFrame, characteristic: str, path: str | os.P
     if one_sided:  # the band's top is the threshold
         ax.hlines(shared[1], -0.4, n - 0.6, colors="0.35", lw=1.2)
         ax.hlines(shared[3], xp - 0.35, xp + 0.35, colors="0.35", lw=1.2)
+    _draw_strategies(ax, per, bands, shared, colors, x, xp)
+    ax.axvline((n - 1 + xp) / 2, color="0.4", lw=0.8)
+    ax.set_xticks([*x, xp])
+    ax.set_xticklabels([str(i) for i in x] + ["prefix" + (f"\n{prefix_sequences:,} seq." if prefix_sequences else "")])
+    ax.set_xlim(-0.6, xp + 0.6)
+    ax.set_xlabel("tenth of the stream  |  the prefix training consumes")
+    ax.set_ylabel(S.LABELS.get(characteristic, characteristic))
+    kind = "targeted by f3" if characteristic in S.TARGETED else "not targeted"
+    side = "; lower is better: only the band's top matters" if one_sided else ""
+    ax.set_title(f"Stationarity: {characteristic} ({kind}{side})", fontsize=11)
+    if one_sided:
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.tight_layout()
+    return save_png(fig, path, tight=False)
+
+
+def _stationarity_series(sub: pl.DataFrame, strategies: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Per strategy, one characteristic's value, band and inside flag in each tenth (in order), and
+    over the consumed prefix (keys with ``p_``)."""
+    per: dict[str, dict[str, np.ndarray]] = {}
+    for name in strategies:
+        rows = sub.filter(pl.col("strategy") == name)
+        tenth = rows.filter(pl.col("part") != S.PREFIX).with_columns(i=pl.col("part").cast(pl.Int64)).sort("i")
+        pre = rows.filter(pl.col("part") == S.PREFIX)
+        per[name] = {k: tenth[k].to_numpy() for k in ("value", "band_lo", "band_hi", "inside")} | {
+            "p_" + k: pre[k].to_numpy() for k in ("value", "band_lo", "band_hi", "inside")}
+    return per
+
+
+def _draw_strategies(ax, per: dict[str, dict[str, np.ndarray]], bands: dict[tuple, list[str]], shared: tuple, colors,
+                     x: np.ndarray, xp: float) -> None:
+    """Each strategy's tenths (a line) and prefix (a diamond, spread sideways), its own band dotted
+    where it is not the ``shared`` one, and every point outside its band ringed in red."""
+    n = x.size
     ring_x: list[float] = []
     ring_y: list[float] = []
     for i, (name, v) in enumerate(per.items()):
@@ -323,21 +353,6 @@ def plot_stationarity(frame: pl.DataFrame, characteristic: str, path: str | os.P
         ring_y += [*v["value"][~v["inside"]], *v["p_value"][~v["p_inside"]]]
     if ring_x:
         ax.scatter(ring_x, ring_y, s=130, facecolors="none", edgecolors="red", lw=1.4, zorder=5, label="outside its band")
-    ax.axvline((n - 1 + xp) / 2, color="0.4", lw=0.8)
-    ax.set_xticks([*x, xp])
-    ax.set_xticklabels([str(i) for i in x] + ["prefix" + (f"\n{prefix_sequences:,} seq." if prefix_sequences else "")])
-    ax.set_xlim(-0.6, xp + 0.6)
-    ax.set_xlabel("tenth of the stream  |  the prefix training consumes")
-    ax.set_ylabel(S.LABELS.get(characteristic, characteristic))
-    kind = "targeted by f3" if characteristic in S.TARGETED else "not targeted"
-    side = "; lower is better: only the band's top matters" if one_sided else ""
-    ax.set_title(f"Stationarity: {characteristic} ({kind}{side})", fontsize=11)
-    if one_sided:
-        ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    fig.tight_layout()
-    return save_png(fig, path, tight=False)
 
 
 def plot_window_deviation(frame: pl.DataFrame, strategy: str, path: str | os.PathLike) -> Path:

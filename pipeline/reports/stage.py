@@ -1,10 +1,9 @@
 """The report stage: each ordering's diagnostics (``ordering_diagnostics``), all strategies side by
-side (``diagnostics_report``), the papers' claims measured on this corpus (``claims``) and the
-ablation's strategy x metric report (``ablation_report``)."""
+side (``diagnostics_report``) and the ablation's strategy x metric report (``ablation_report``, with
+the section of the papers' claims that ``pipeline.claims.stage.measure_claims`` measured)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +16,6 @@ from pipeline.clean.report import clean_section, plot_clean
 from pipeline.clean.report import read_tables as read_clean_tables
 from pipeline.data.paloma import read_paloma_docs
 from pipeline.names import POSITIVE_CONTROL
-from pipeline.ordering.engine import OrderParams
 from pipeline.ordering.frozen_boundary import boundary_summary
 from pipeline.ordering.strategies import training_time
 from pipeline.render.markdown import frame_table, image_markdown
@@ -28,8 +26,7 @@ from pipeline.reports import visual as V
 from pipeline.reports import windows as W
 from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
 from pipeline.reports.band_cache import band_cache, window_band_cache
-from pipeline.reports.claim_inputs import claim_data
-from pipeline.reports.claims import CLAIM_TABLES, claims_frame, claims_report_section, claims_section, evaluate
+from pipeline.reports.claims_section import CLAIM_TABLES, claims_report_section
 from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
 from pipeline.reports.plots import plot_k_calibration, plot_window_deviation
 from pipeline.reports.power_plots import plot_power
@@ -85,27 +82,6 @@ class AblationReportParams(StageParams):
     wikitext_path: str = setting(versioned=False)
     paloma_dir: str = setting(versioned=False)
     dclm_dir: str = setting(versioned=False)
-
-
-@dataclass(frozen=True)
-class ClaimsParams(StageParams):
-    """The papers' claims measured on this corpus (``claims``); :func:`pipeline.reports.claim_inputs.claim_data` takes them."""
-
-    claims_k: int = setting("claims.k")
-    claims_shuffles: int = setting("claims.shuffles")
-    bootstrap_samples: int = setting()
-    batch_size: int = setting()
-    length_bins: int = setting()
-    seed: int = setting()
-    max_steps: int = setting(versioned=False)  # the prefix: upstream parameters from here on
-    seq_len: int = setting(versioned=False)
-    seeds: list[int] = setting(versioned=False)
-    k: int = setting(versioned=False)  # the pipeline's clusters (claims.k 0 = k), and their k-means settings
-    kmeans_iters: int = setting(versioned=False)
-    pca_components: int = setting(versioned=False)
-    kmeans_spherical: bool = setting(versioned=False)
-    kmeans_max_points_per_centroid: int = setting(versioned=False)
-    order: OrderParams = setting(versioned=False, convert=OrderParams)  # the random shuffles and the diversity schedules
 
 
 RUN_TABLES = ("train_log", "eval_results", "eval_units", "heldout_curve", "consumed_metrics", "stable_rank", "fidelity", "odm_mixture",
@@ -253,50 +229,11 @@ def ablation_report(layout, params: AblationReportParams, connect: Connect, high
     ``report.md`` with its figures under ``report/`` (the cleaning section, the claims' section and the latest
     ``strata ablate`` campaign included where their tables exist). ``higher_is_better(metric)``: whether
     a rise of ``suite/task/metric`` is better (the eval suites declare it: ``evals.suites.is_higher_better``)."""
-    with connect() as con:
-        tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in RUN_TABLES if t in tables}
-        claim_tables = {t: con.sql(f"SELECT * FROM {t}").pl() for t in CLAIM_TABLES if t in tables}
-    train_log = read["train_log"]
-    strategies = [s for s in params.strategies if s in set(train_log["strategy"])]
-    seeds = set(params.seeds)
-    mine = {t: df.filter(pl.col("strategy").is_in(strategies) & pl.col("seed").is_in(seeds)) if "seed" in df.columns
-            else df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
-    units = run_units(mine.get("heldout_curve"), mine.get("eval_results"), mine.get("eval_units"))
-    table = ablation_table(units)
-    deltas = delta_table(units, "random", params.bootstrap_samples, params.seed, higher_is_better)
-    verdict = control_verdict(deltas, POSITIVE_CONTROL)
-    heldout_available = read_paloma_docs(layout.heldout).height if any(layout.heldout.rglob("*.jsonl.gz")) else None
-    power = power_table(units, "random", POSITIVE_CONTROL, max_units=heldout_available,
-                        tokens_per_run=params.max_steps * params.batch_size * params.seq_len)
+    tables, mine, claim_tables, strategies = _report_inputs(connect, params)
+    table, deltas, verdict, power = _ablation_statistics(layout, params, connect, mine, higher_is_better)
     diversity = mine.get("consumed_metrics")
-    with connect() as con:
-        replace_rows(con, "ablation", table, {})
-        replace_rows(con, "ablation_delta", deltas, {})
-        con.execute("DROP TABLE IF EXISTS ablation_power")  # wholly derived: its columns follow this code's POWER_SCHEMA
-        replace_rows(con, "ablation_power", power, {})
-    figures = {}
-    if power.filter(pl.col("strategy") == "pooled").height:
-        checkpoints = mde_by_checkpoint(mine["heldout_curve"]) if "heldout_curve" in mine else pl.DataFrame()
-        figures["power"] = plot_power(power, checkpoints, layout.inside("report", "power.png"))
-    figures |= training_figures(mine, layout.inside("report"), params.seeds[0])
-    cleaned = read_clean_tables(connect)  # the clean stage's removals (docs/cleaning.md)
-    if cleaned:
-        figures["clean"] = plot_clean(cleaned, layout.inside("report", "clean.png"))
-    jumps = mine.get("epoch_jumps")
-    flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
-    extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
-    if flagged is not None and flagged.height:
-        extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + frame_table(flagged) + "\n"
-    extra += "\n" + clean_section(cleaned, ", ".join(eval_sets(params, layout.heldout))) if cleaned else ""
+    figures, extra = _report_figures(layout, params, connect, mine, power, tables)
     claims_md, claim_figures = claims_report_section(claim_tables.get, base=layout.root)
-    if "ablation_campaign" in tables:  # the latest `strata ablate` campaign: verdicts and its intervals round by round
-
-        with connect() as con:
-            campaign = con.sql("SELECT * FROM ablation_campaign WHERE campaign = (SELECT arg_max(campaign, created_at) "
-                               "FROM ablation_campaign) ORDER BY round, strategy").pl()
-        figures["ablation_campaign"] = plot_campaign(campaign, layout.inside("report", "ablation_campaign.png"))
-        extra += "\n" + campaign_markdown(campaign, "ablation_campaign.png")
     md = render_report(table, strategies=strategies, extra=extra, deltas=deltas, diversity=diversity, power=power, claims=claims_md)
     outputs = [write_text(md, layout.report), write_parquet(deltas, layout.inside("report", "ablation_delta.parquet")),
                write_parquet(power, layout.inside("report", "ablation_power.parquet"))]
@@ -313,6 +250,71 @@ def ablation_report(layout, params: AblationReportParams, connect: Connect, high
                               "positive_control": verdict.status,
                               "power_seeds_needed": plan[0]["seeds_needed"] if plan else None,
                               "power_heldout_docs_needed": plan[0]["units_needed"] if plan else None})
+
+
+def _report_inputs(connect: Connect, params: AblationReportParams):
+    """``(the warehouse's table names, the runs' tables of the configured strategies and seeds, the
+    claims' tables, the configured strategies that trained)``: what the ablation report reads."""
+    with connect() as con:
+        tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        read = {t: con.sql(f"SELECT * FROM {t}").pl() for t in RUN_TABLES if t in tables}
+        claim_tables = {t: con.sql(f"SELECT * FROM {t}").pl() for t in CLAIM_TABLES if t in tables}
+    train_log = read["train_log"]
+    strategies = [s for s in params.strategies if s in set(train_log["strategy"])]
+    seeds = set(params.seeds)
+    mine = {t: df.filter(pl.col("strategy").is_in(strategies) & pl.col("seed").is_in(seeds)) if "seed" in df.columns
+            else df.filter(pl.col("strategy").is_in(strategies)) for t, df in read.items()}
+    return tables, mine, claim_tables, strategies
+
+
+def _ablation_statistics(layout, params: AblationReportParams, connect: Connect, mine: dict[str, pl.DataFrame],
+                         higher_is_better: Callable[[str], bool]):
+    """``(ablation, ablation_delta, the positive control's verdict, ablation_power)`` from the runs'
+    units, the three tables written to DuckDB."""
+
+    units = run_units(mine.get("heldout_curve"), mine.get("eval_results"), mine.get("eval_units"))
+    table = ablation_table(units)
+    deltas = delta_table(units, "random", params.bootstrap_samples, params.seed, higher_is_better)
+    verdict = control_verdict(deltas, POSITIVE_CONTROL)
+    heldout_available = read_paloma_docs(layout.heldout).height if any(layout.heldout.rglob("*.jsonl.gz")) else None
+    power = power_table(units, "random", POSITIVE_CONTROL, max_units=heldout_available,
+                        tokens_per_run=params.max_steps * params.batch_size * params.seq_len)
+    with connect() as con:
+        replace_rows(con, "ablation", table, {})
+        replace_rows(con, "ablation_delta", deltas, {})
+        con.execute("DROP TABLE IF EXISTS ablation_power")  # wholly derived: its columns follow this code's POWER_SCHEMA
+        replace_rows(con, "ablation_power", power, {})
+    return table, deltas, verdict, power
+
+
+def _report_figures(layout, params: AblationReportParams, connect: Connect, mine: dict[str, pl.DataFrame], power: pl.DataFrame,
+                    tables: set[str]) -> tuple[dict[str, Path], str]:
+    """The report's figures under ``report/`` (power, training, cleaning, the latest ``strata
+    ablate`` campaign: whichever has data) and the markdown after its tables (the figures, the
+    flagged epoch-boundary jumps, the cleaning section, the campaign)."""
+
+    figures = {}
+    if power.filter(pl.col("strategy") == "pooled").height:
+        checkpoints = mde_by_checkpoint(mine["heldout_curve"]) if "heldout_curve" in mine else pl.DataFrame()
+        figures["power"] = plot_power(power, checkpoints, layout.inside("report", "power.png"))
+    figures |= training_figures(mine, layout.inside("report"), params.seeds[0])
+    cleaned = read_clean_tables(connect)  # the clean stage's removals (docs/cleaning.md)
+    if cleaned:
+        figures["clean"] = plot_clean(cleaned, layout.inside("report", "clean.png"))
+    jumps = mine.get("epoch_jumps")
+    flagged = jumps.filter(pl.col("flagged")) if jumps is not None and jumps.height else None
+    extra = "\n## Figures\n\n" + "\n".join(f"![{n}](report/{p.name})" for n, p in figures.items()) + "\n"
+    if flagged is not None and flagged.height:
+        extra += "\n## Epoch-boundary jumps (Diversity-ordered training)\n\n" + frame_table(flagged) + "\n"
+    extra += "\n" + clean_section(cleaned, ", ".join(eval_sets(params, layout.heldout))) if cleaned else ""
+    if "ablation_campaign" in tables:  # the latest `strata ablate` campaign: verdicts and its intervals round by round
+
+        with connect() as con:
+            campaign = con.sql("SELECT * FROM ablation_campaign WHERE campaign = (SELECT arg_max(campaign, created_at) "
+                               "FROM ablation_campaign) ORDER BY round, strategy").pl()
+        figures["ablation_campaign"] = plot_campaign(campaign, layout.inside("report", "ablation_campaign.png"))
+        extra += "\n" + campaign_markdown(campaign, "ablation_campaign.png")
+    return figures, extra
 
 
 def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) -> dict[str, Path]:
@@ -339,49 +341,3 @@ def training_figures(tables: dict[str, pl.DataFrame], out_dir: Path, seed: int) 
         mine = mix.filter(pl.col("seed") == seed).select("step", "cluster", "prob")
         figs["odm_mixture"] = T.plot_mixture(mine, out_dir / "odm_mixture.png")
     return figs
-
-
-CLAIM_SIDE_TABLES = ("claims_diversity", "claims_epoch_jumps")  # left by the claim functions in ClaimData.tables_out
-
-
-def measure_claims(layout, params: ClaimsParams, connect: Connect, log: Callable[[str], None] = print) -> StageResult:
-    """One row per claim of the papers, measured on this corpus: the paper's figure, Strata's figure
-    with a 95% interval and the verdict the interval decides (DuckDB ``claims``, with
-    ``claims_diversity``, ``claims_epoch_jumps`` and ``claims_not_measured``), a figure per claim
-    and ``report/claims/claims.md``. Claims whose data the root lacks are listed as not measured;
-    the claims' own runs (``claim_runs``), when they exist, are an input (``deps``)."""
-    out_dir = layout.inside("report", "claims")
-    t0 = time.perf_counter()
-
-    def read_table(name: str) -> pl.DataFrame | None:  # a short connection per read (claims may read later)
-        with connect() as con:
-            tables = {t for (t,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-            return con.sql(f"SELECT * FROM {name}").pl() if name in tables else None
-
-    data = claim_data(layout, params, params.order, read_table, out_dir, log=log)
-    deps = {"claim_runs": None} if data.claim_log is not None else {}  # the claims' own runs exist: their version is an input too
-    found, missing = evaluate(data, progress=lambda name: log(f"claim {name} ({time.perf_counter() - t0:.0f} s)"))
-    table = claims_frame(found).with_columns(  # figures relative to the data root: the same bytes wherever it lies
-        pl.col("figure").map_elements(lambda f: str(Path(f).relative_to(layout.root)) if f and Path(f).is_relative_to(layout.root) else f,
-                                      return_dtype=pl.String))
-    side = {name: data.tables_out.get(name) for name in CLAIM_SIDE_TABLES}
-    side["claims_not_measured"] = pl.DataFrame({"claim": list(missing), "reason": list(missing.values())},
-                                               schema={"claim": pl.String, "reason": pl.String})
-    outputs = [write_parquet(table, out_dir / "claims.parquet")]
-    with connect() as con:
-        replace_rows(con, "claims", table, {})
-        for name, df in side.items():
-            if df is not None:
-                replace_rows(con, name, df, {})
-                outputs.append(write_parquet(df, out_dir / f"{name}.parquet"))
-            else:
-                con.execute(f"DROP TABLE IF EXISTS {name}")
-    md, figures = claims_section(table, side["claims_diversity"], side["claims_epoch_jumps"], missing, base=out_dir, root=layout.root)
-    outputs.append(write_text(md, out_dir / "claims.md"))
-    ui, _ = claims_section(table, side["claims_diversity"], side["claims_epoch_jumps"], missing, root=layout.root)
-    ui = ui.split("\n![")[0] + "\n\n" + "\n\n".join(image_markdown(p, n) for n, p in figures.items())
-    verdicts = {v: int((table["verdict"] == v).sum()) for v in ("reproduced", "not reproduced", "inconclusive")}
-    return StageResult(outputs=[*outputs, *figures.values()], rows={"claims": table.height, "figures": len(figures)},
-                       parameters={"claims_k": params.claims_k, "claims_shuffles": params.claims_shuffles,
-                                   "bootstrap_samples": params.bootstrap_samples},
-                       facts={"report": Markdown(ui), "verdicts": verdicts, "not_measured": missing}, deps=deps)

@@ -185,7 +185,7 @@ def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str]
                   power: pl.DataFrame | None = None, control: str = POSITIVE_CONTROL, baseline: str = "random",
                   claims: str = "") -> str:
     """Markdown: first the positive-control sentence (``control_sentence``), then ``claims`` (the
-    papers' claims section, ``pipeline.reports.claims.claims_report_section``), then the power
+    papers' claims section, ``pipeline.reports.claims_section.claims_report_section``), then the power
     statement (``power_section``, when ``power`` is given), the mean ± std table (metrics as rows,
     strategies as columns, nothing bolded), the difference-to-baseline table with 95% intervals
     (bold only where the interval excludes zero and the control was detected or absent) and
@@ -209,6 +209,18 @@ def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str]
         "(lower is better except accuracies and Core). `heldout_batch/loss` is the next-token loss "
         "(nats/token) on the same held-out documents for every run, at the last step.",
         "",
+        *_mean_lines(table, strategies),
+    ]
+    if deltas is not None and deltas.height:
+        lines += _delta_lines(deltas, strategies, max_depth, bold)
+    if diversity is not None and diversity.height:
+        lines += _diversity_lines(diversity, strategies)
+    return "\n".join(lines) + "\n" + extra
+
+
+def _mean_lines(table: pl.DataFrame, strategies: list[str]) -> list[str]:
+    """The mean ± std table: one row per metric, one column per strategy, nothing bolded."""
+    lines = [
         "| metric | " + " | ".join(strategies) + " |",
         "|---|" + "---:|" * len(strategies),
     ]
@@ -216,47 +228,57 @@ def render_report(table: pl.DataFrame, max_depth: int = 3, strategies: list[str]
         rows = {r["strategy"]: r for r in table.filter(pl.col("metric") == metric).iter_rows(named=True)}
         cells = [_cell(rows[s]["mean"], rows[s]["std"], rows[s]["n_seeds"]) if s in rows else "" for s in strategies]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
-    if deltas is not None and deltas.height:
-        d = deltas.filter(pl.col("metric").map_elements(lambda m: _shown(m, max_depth), return_dtype=pl.Boolean))
-        base = d["baseline"][0] if d.height else "random"
-        others = [s for s in strategies if s != base and s in set(d["strategy"])]
-        n_boot = int(d["n_boot"].max()) if d.height else 0
-        lines += [
-            "",
-            f"## Difference to `{base}` (paired bootstrap, 95% interval)",
-            "",
-            f"Δ = strategy − {base}, paired by seed and held-out unit; interval from {n_boot:,} two-way "
-            "bootstrap replicates over seeds and units (metrics with 1 unit: paired t interval over seeds, "
-            "none with one seed). **Bold** only where the interval excludes zero "
-            + ("(nothing else is marked)" if bold else "— and here nothing is, because the positive control was not detected")
-            + ". MDE: the smallest |Δ| detectable at 5% / 80% power, (z₀.₉₇₅ + z₀.₈)·√Var(Δ̂) with "
-            "Var(Δ̂) = σ²_seed/n_seeds + σ²_doc/n_units + σ²_res/(n_seeds·n_units) from the spread of the paired "
-            "differences (1 unit: σ²_seed/n_seeds). Units per metric: held-out documents "
-            "(`heldout_batch/loss`, `*/doc_bits_per_byte`) or 1 (aggregate metrics: seeds only).",
-            "",
-            "| metric | " + " | ".join(f"{s} Δ [95% CI]" for s in others) + " | units | MDE (" + ", ".join(others) + ") |",
-            "|---|" + "---:|" * len(others) + "---:|---:|",
-        ]
-        for metric in d["metric"].unique().sort():
-            rows = {r["strategy"]: r for r in d.filter(pl.col("metric") == metric).iter_rows(named=True)}
-            cells = [_delta_cell(rows[s], bold) if s in rows else "" for s in others]
-            units = max(r["n_units"] for r in rows.values())
-            mdes = ", ".join(_fmt(rows[s]["mde"]) if s in rows else "—" for s in others)
-            lines.append(f"| {metric} | " + " | ".join(cells) + f" | {units} | {mdes} |")
-    if diversity is not None and diversity.height:
-        agg = diversity.group_by("strategy", "metric").agg(pl.col("value").mean())
-        lines += [
-            "",
-            "## Diversity of the consumed stream (Diversity-ordered training's table)",
-            "",
-            "Distinct clusters per training sequence and per batch, and the largest deviation of a "
-            "batch's cluster token shares from the global shares, over the ids training actually "
-            "consumed (mean over seeds).",
-            "",
-            "| strategy | " + " | ".join(DIVERSITY_METRICS) + " |",
-            "|---|" + "---:|" * len(DIVERSITY_METRICS),
-        ]
-        for s in [s for s in strategies if s in set(agg["strategy"])]:
-            vals = dict(agg.filter(pl.col("strategy") == s).select("metric", "value").iter_rows())
-            lines.append(f"| {s} | " + " | ".join(_fmt(vals.get(m)) for m in DIVERSITY_METRICS) + " |")
-    return "\n".join(lines) + "\n" + extra
+    return lines
+
+
+def _delta_lines(deltas: pl.DataFrame, strategies: list[str], max_depth: int, bold: bool) -> list[str]:
+    """The difference-to-baseline section: each strategy's Δ with its 95% interval per metric
+    (bold where the interval excludes zero, when ``bold``), the units and the MDEs."""
+    d = deltas.filter(pl.col("metric").map_elements(lambda m: _shown(m, max_depth), return_dtype=pl.Boolean))
+    base = d["baseline"][0] if d.height else "random"
+    others = [s for s in strategies if s != base and s in set(d["strategy"])]
+    n_boot = int(d["n_boot"].max()) if d.height else 0
+    lines = [
+        "",
+        f"## Difference to `{base}` (paired bootstrap, 95% interval)",
+        "",
+        f"Δ = strategy − {base}, paired by seed and held-out unit; interval from {n_boot:,} two-way "
+        "bootstrap replicates over seeds and units (metrics with 1 unit: paired t interval over seeds, "
+        "none with one seed). **Bold** only where the interval excludes zero "
+        + ("(nothing else is marked)" if bold else "— and here nothing is, because the positive control was not detected")
+        + ". MDE: the smallest |Δ| detectable at 5% / 80% power, (z₀.₉₇₅ + z₀.₈)·√Var(Δ̂) with "
+        "Var(Δ̂) = σ²_seed/n_seeds + σ²_doc/n_units + σ²_res/(n_seeds·n_units) from the spread of the paired "
+        "differences (1 unit: σ²_seed/n_seeds). Units per metric: held-out documents "
+        "(`heldout_batch/loss`, `*/doc_bits_per_byte`) or 1 (aggregate metrics: seeds only).",
+        "",
+        "| metric | " + " | ".join(f"{s} Δ [95% CI]" for s in others) + " | units | MDE (" + ", ".join(others) + ") |",
+        "|---|" + "---:|" * len(others) + "---:|---:|",
+    ]
+    for metric in d["metric"].unique().sort():
+        rows = {r["strategy"]: r for r in d.filter(pl.col("metric") == metric).iter_rows(named=True)}
+        cells = [_delta_cell(rows[s], bold) if s in rows else "" for s in others]
+        units = max(r["n_units"] for r in rows.values())
+        mdes = ", ".join(_fmt(rows[s]["mde"]) if s in rows else "—" for s in others)
+        lines.append(f"| {metric} | " + " | ".join(cells) + f" | {units} | {mdes} |")
+    return lines
+
+
+def _diversity_lines(diversity: pl.DataFrame, strategies: list[str]) -> list[str]:
+    """The consumed stream's diversity section: per strategy the mean over seeds of each of
+    :data:`DIVERSITY_METRICS`."""
+    agg = diversity.group_by("strategy", "metric").agg(pl.col("value").mean())
+    lines = [
+        "",
+        "## Diversity of the consumed stream (Diversity-ordered training's table)",
+        "",
+        "Distinct clusters per training sequence and per batch, and the largest deviation of a "
+        "batch's cluster token shares from the global shares, over the ids training actually "
+        "consumed (mean over seeds).",
+        "",
+        "| strategy | " + " | ".join(DIVERSITY_METRICS) + " |",
+        "|---|" + "---:|" * len(DIVERSITY_METRICS),
+    ]
+    for s in [s for s in strategies if s in set(agg["strategy"])]:
+        vals = dict(agg.filter(pl.col("strategy") == s).select("metric", "value").iter_rows())
+        lines.append(f"| {s} | " + " | ".join(_fmt(vals.get(m)) for m in DIVERSITY_METRICS) + " |")
+    return lines

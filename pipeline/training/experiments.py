@@ -29,6 +29,8 @@
   loss is kept (``train(on_losses=...)``), so slices are cut by sequence position within the epoch.
 
 Each seed draws its own sample / order and initializes the model; both arms of a seed share them.
+The documents' clusters are those at ``claims.k`` (:func:`pipeline.represent.clusters.diversity_clusters`),
+which Diversity-ordered training's table in the claims reads too.
 """
 
 from __future__ import annotations
@@ -182,3 +184,4 @@ def sequence_loss_rows(step: int, batch_size: int, steps_per_epoch: int, loss_su
             "index": (step % steps_per_epoch) * batch_size + np.arange(n, dtype=np.int64),
             "epoch_size": np.full(n, steps_per_epoch * batch_size, dtype=np.int64),
             "loss_sum": np.asarray(loss_sums, dtype=np.float64), "tokens": np.asarray(tokens, dtype=np.int64)}
+

@@ -166,24 +166,12 @@ def fingerprint(settings: TrainSettings, order: np.ndarray | None, n_sequences: 
     }
 
 
-def train(
-    store: SequenceStore,
-    order: np.ndarray | None,
-    vocab_size: int,
-    eos_id: int,
-    pad_id: int,
-    settings: TrainSettings,
-    on_step: Callable[[dict], None] | None = None,
-    progress: bool = True,
-    sampler: BatchSampler | None = None,
-    checkpoints: Iterable[int] = (),
-    on_checkpoint: Callable[[int, object], None] | None = None,
-    heldout: HeldoutBatch | None = None,
-    on_heldout: Callable[[int, int, np.ndarray], None] | None = None,
-    stop_after: int | None = None,
-    checkpointing: Checkpointing | None = None,
-    on_losses: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
-):
+def train(store: SequenceStore, order: np.ndarray | None, vocab_size: int, eos_id: int, pad_id: int, settings: TrainSettings,
+          on_step: Callable[[dict], None] | None = None, progress: bool = True, sampler: BatchSampler | None = None,
+          checkpoints: Iterable[int] = (), on_checkpoint: Callable[[int, object], None] | None = None,
+          heldout: HeldoutBatch | None = None, on_heldout: Callable[[int, int, np.ndarray], None] | None = None,
+          stop_after: int | None = None, checkpointing: Checkpointing | None = None,
+          on_losses: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None):
     """Train a fresh model on ``order`` (or on what ``sampler`` serves); return ``(model, log rows)``.
 
     The run lasts ``settings.steps(M)`` steps (``max_steps``, or ``epochs`` passes); ``stop_after``
@@ -205,6 +193,45 @@ def train(
     ``on_losses(step, ids, loss_sums, tokens)`` gets each step's per-sequence training loss before
     the update: the summed next-token loss (nats) of sequence ``ids[i]`` and its scored tokens.
     """
+    order, M, n_steps, last = _run_length(store, order, settings, sampler, stop_after)
+    settings = replace(settings, max_steps=n_steps)  # the lr schedule and the held-out steps follow the run's length
+    dev = device()
+    mode = settings.mask_mode(dev)
+    if checkpointing is not None and sampler is not None and not callable(getattr(sampler, "state_dict", None)):
+        raise StrataInputError(f"the sampler {type(sampler).__name__} has no state_dict(), so its run cannot be checkpointed",
+                               fix="give the sampler state_dict() / load_state_dict(), or set checkpoint_every: 0")
+    model = _fresh_model(settings, vocab_size, store.seq_len, eos_id, pad_id, mode, dev)
+    score_at = set(score_steps(settings.max_steps, settings.heldout_every)) if heldout is not None else set()
+    run = _Run(store, order, M, sampler, settings, model, _optimizer(model, settings, dev), dev, mode, autocast(dev), heldout,
+               on_heldout, score_at)
+    probe_at = set(checkpoints)
+    start, tokens_seen, rows = 0, 0, []
+    if checkpointing is not None:
+        key = {**fingerprint(settings, order, M, vocab_size, eos_id, pad_id, dev, sampler), "caller": checkpointing.key}
+        start, tokens_seen, rows = run.resume(checkpointing, key, n_steps)
+    model.train()
+    if start == 0:
+        run.score(0, 0)
+    for step in tqdm(range(start, last), desc="train", unit="step", disable=not progress, initial=start, total=last):
+        row = run.step(step, tokens_seen, on_losses)
+        tokens_seen = row["tokens_seen"]
+        rows.append(row)
+        if on_step is not None:
+            on_step(row)
+        if on_checkpoint is not None and step + 1 in probe_at:
+            on_checkpoint(step + 1, model)
+        run.score(step + 1, tokens_seen)
+        if checkpointing is not None and checkpointing.due(step + 1, n_steps):
+            checkpointing.save(key, run.state(step + 1, tokens_seen, rows))
+    model.eval()
+    return model, rows
+
+
+def _run_length(store: SequenceStore, order: np.ndarray | None, settings: TrainSettings, sampler: BatchSampler | None,
+                stop_after: int | None) -> tuple[np.ndarray | None, int, int, int]:
+    """(``order`` as int64, the M sequences of the stream, the run's steps, the step it stops at):
+    the stream is ``order`` or, with a sampler, the store's sequences; ``stop_after`` ends the run
+    early without changing its length (the learning-rate schedule's)."""
     if sampler is None:
         if order is None or np.asarray(order).size == 0:
             raise StrataInputError("training needs a non-empty ordering or a sampler", fix="pass order=<sequence ids> or sampler=")
@@ -213,74 +240,104 @@ def train(
     else:
         M = store.n_sequences
     n_steps = settings.steps(M)
-    settings = replace(settings, max_steps=n_steps)  # the lr schedule and the held-out steps follow the run's length
     last = n_steps if stop_after is None else max(0, min(n_steps, int(stop_after)))
-    dev = device()
-    mode = settings.mask_mode(dev)
-    if checkpointing is not None and sampler is not None and not callable(getattr(sampler, "state_dict", None)):
-        raise StrataInputError(f"the sampler {type(sampler).__name__} has no state_dict(), so its run cannot be checkpointed",
-                               fix="give the sampler state_dict() / load_state_dict(), or set checkpoint_every: 0")
-    model = build_model(settings.preset, vocab_size, store.seq_len, settings.seed, eos_id, pad_id, mode).to(dev)
+    return order, M, n_steps, last
+
+
+def _fresh_model(settings: TrainSettings, vocab_size: int, seq_len: int, eos_id: int, pad_id: int, mode: str, dev: str):
+    """The run's model, initialized from ``settings.seed`` and moved to ``dev``; with ``settings.compile`` its
+    decoder's forward is compiled."""
+    model = build_model(settings.preset, vocab_size, seq_len, settings.seed, eos_id, pad_id, mode).to(dev)
     if settings.compile:
         model.model.compile()  # in place: the decoder's forward is compiled, state_dict keys unchanged
+    return model
+
+
+def _optimizer(model, settings: TrainSettings, dev: str):
+    """AdamW over the model's parameters, weight decay on the matrices (2 or more dimensions) only."""
+    import torch
+
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
+    return torch.optim.AdamW(
         [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=settings.lr, betas=(0.9, 0.95), fused=dev == "cuda",
     )
-    amp = autocast(dev)
-    B, L = settings.batch_size, store.seq_len
-    probe_at = set(checkpoints)
-    score_at = set(score_steps(settings.max_steps, settings.heldout_every)) if heldout is not None else set()
 
-    def score(steps_done: int, tokens: int) -> None:
-        if steps_done in score_at and on_heldout is not None:
-            with amp:
-                on_heldout(steps_done, tokens, score_heldout(model, heldout, dev, B, mode))
 
-    rows: list[dict] = []
-    start = tokens_seen = 0
-    if checkpointing is not None:
-        key = {**fingerprint(settings, order, M, vocab_size, eos_id, pad_id, dev, sampler), "caller": checkpointing.key}
+@dataclass
+class _Run:
+    """What one call of :func:`train` holds fixed: the stream (``order`` of M sequences, or the
+    sampler), the settings, the model and its optimizer, where they run, and the held-out
+    scoring at ``score_at`` steps done. :meth:`step` is one optimizer step."""
+
+    store: SequenceStore
+    order: np.ndarray | None
+    M: int
+    sampler: BatchSampler | None
+    settings: TrainSettings
+    model: object
+    opt: object
+    dev: str
+    mode: str
+    amp: object
+    heldout: HeldoutBatch | None
+    on_heldout: Callable[[int, int, np.ndarray], None] | None
+    score_at: set[int]
+
+    def score(self, steps_done: int, tokens: int) -> None:
+        """The held-out batch's per-document losses to ``on_heldout``, at the steps of ``score_at``."""
+        if steps_done in self.score_at and self.on_heldout is not None:
+            with self.amp:
+                self.on_heldout(steps_done, tokens, score_heldout(self.model, self.heldout, self.dev, self.settings.batch_size,
+                                                                  self.mode))
+
+    def resume(self, checkpointing: Checkpointing, key: dict, n_steps: int) -> tuple[int, int, list[dict]]:
+        """The model, optimizer, sampler, caller's state and RNG as the checkpoint of ``key`` saved them:
+        (its steps done, tokens seen, log rows); (0, 0, []) when there is none."""
         saved = checkpointing.load(key)
-        if saved is not None:
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
-            if sampler is not None:
-                sampler.load_state_dict(saved["sampler"])
-            if checkpointing.restore is not None:
-                checkpointing.restore(saved["caller"])
-            set_rng_state(saved["rng"])
-            start, tokens_seen, rows = int(saved["step"]), int(saved["tokens_seen"]), list(saved["rows"])
-            checkpointing.resumed_from = start
-            checkpointing.log(f"resuming from {checkpointing.path} at step {start} of {n_steps}")
-    model.train()
-    if start == 0:
-        score(0, 0)
-    for step in tqdm(range(start, last), desc="train", unit="step", disable=not progress, initial=start, total=last):
+        if saved is None:
+            return 0, 0, []
+        self.model.load_state_dict(saved["model"])
+        self.opt.load_state_dict(saved["optimizer"])
+        if self.sampler is not None:
+            self.sampler.load_state_dict(saved["sampler"])
+        if checkpointing.restore is not None:
+            checkpointing.restore(saved["caller"])
+        set_rng_state(saved["rng"])
+        start, tokens_seen, rows = int(saved["step"]), int(saved["tokens_seen"]), list(saved["rows"])
+        checkpointing.resumed_from = start
+        checkpointing.log(f"resuming from {checkpointing.path} at step {start} of {n_steps}")
+        return start, tokens_seen, rows
+
+    def step(self, step: int, tokens_seen: int, on_losses: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None) -> dict:
+        """Step ``step``: the batch the order (or the sampler) serves, the update at the step's
+        learning rate, the sampler's per-sequence losses, ``on_losses``; returns the step's log row."""
+        import torch
+
         t0 = time.perf_counter()
-        ids = sampler.next_batch(B) if sampler is not None else order[batch_positions(step, B, M, settings.epochs)]
-        batch = batch_tensors(store, ids, settings.cross_document, dev, mode)
+        settings, B, L, M = self.settings, self.settings.batch_size, self.store.seq_len, self.M
+        ids = self.sampler.next_batch(B) if self.sampler is not None else self.order[batch_positions(step, B, M, settings.epochs)]
+        batch = batch_tensors(self.store, ids, settings.cross_document, self.dev, self.mode)
         lr = lr_at(step, settings)
-        for group in opt.param_groups:
+        for group in self.opt.param_groups:
             group["lr"] = lr
-        with amp:
-            tok_loss, scored = token_losses(model, batch)
+        with self.amp:
+            tok_loss, scored = token_losses(self.model, batch)
         tok_loss = tok_loss * scored
         loss = tok_loss.sum() / scored.sum().clamp(min=1)
-        opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-        opt.step()
-        if sampler is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+        self.opt.step()
+        if self.sampler is not None:
             per_seq = tok_loss.detach().sum(1) / scored.sum(1).clamp(min=1)
-            sampler.update(ids, per_seq.cpu().numpy())
+            self.sampler.update(ids, per_seq.cpu().numpy())
         if on_losses is not None:
             on_losses(step, np.asarray(ids), tok_loss.detach().float().sum(1).cpu().numpy().astype(np.float64),
                       scored.sum(1).cpu().numpy().astype(np.int64))
         tokens_seen += int(batch["filled"].sum())
-        row = {
+        return {
             "step": step,
             "loss": float(loss.item()),
             "grad_norm": float(grad_norm.item()),
@@ -289,20 +346,14 @@ def train(
             "epoch": int(step // (M // B)) if settings.epochs > 0 else int((step * B) // M),
             "tokens_per_s": B * L / (time.perf_counter() - t0),
         }
-        rows.append(row)
-        if on_step is not None:
-            on_step(row)
-        if on_checkpoint is not None and step + 1 in probe_at:
-            on_checkpoint(step + 1, model)
-        score(step + 1, tokens_seen)
-        if checkpointing is not None and checkpointing.due(step + 1, n_steps):
-            checkpointing.save(key, {
-                "step": step + 1, "tokens_seen": tokens_seen, "rows": rows, "model": model.state_dict(),
-                "optimizer": opt.state_dict(), "rng": rng_state(),
-                "sampler": sampler.state_dict() if sampler is not None else {},
-            })
-    model.eval()
-    return model, rows
+
+    def state(self, steps_done: int, tokens_seen: int, rows: list[dict]) -> dict:
+        """What a checkpoint after ``steps_done`` steps holds (what :meth:`resume` restores)."""
+        return {
+            "step": steps_done, "tokens_seen": tokens_seen, "rows": rows, "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(), "rng": rng_state(),
+            "sampler": self.sampler.state_dict() if self.sampler is not None else {},
+        }
 
 
 def epoch_boundary_jumps(

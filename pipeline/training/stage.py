@@ -32,7 +32,13 @@ from pipeline.storage.layout import Store
 from pipeline.storage.warehouse import latest_data_version, replace_rows
 from pipeline.training.checkpoint import Checkpointing
 from pipeline.training.consumed import consumed_diversity
-from pipeline.training.experiments import epoch_boundary_arms, packing_arms, paper_packing_arms, sequence_loss_rows, topic_groups
+from pipeline.training.experiments import (
+    epoch_boundary_arms,
+    packing_arms,
+    paper_packing_arms,
+    sequence_loss_rows,
+    topic_groups,
+)
 from pipeline.training.gradients import fidelity_rows, gradient_stable_ranks, mixture_fidelity
 from pipeline.training.heldout import heldout_batch, heldout_store
 from pipeline.training.loop import TrainConfig, TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
@@ -135,6 +141,7 @@ def train_run(layout, params: TrainRunParams, strategy: str, seed: int, connect:
     ``epoch_jumps`` and a sampler's mixture table, if it names one (ODM's ``odm_mixture``).
     ``checkpoint_params`` (with the inputs' data versions) keys the resumable checkpoint
     ``ckpt.pt``, removed once the outputs are written."""
+
     spec = strategies.spec(strategy)
     order, segments = seeded_ordering(layout, params.ordering, strategy, seed)
     tok = load_tokenizer(layout.tokenizer)
@@ -150,14 +157,50 @@ def train_run(layout, params: TrainRunParams, strategy: str, seed: int, connect:
     n_steps = ts.steps(store.n_sequences if spec.sampler is not None else order.size)
     sampler = spec.sampler(segments, doc_clusters(layout), n_steps, seed, params) if spec.sampler is not None else None
     probes: list[pl.DataFrame] = []
+    ckpt = _run_checkpointing(run_dir, params, connect, strategy, checkpoint_params, curve, probes, log)
+    fractions, probe = _stable_rank_probes(params, strategy, store, order, sampler, n_steps, probes)
+    model, log_rows = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
+                            sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe, heldout=held,
+                            on_heldout=on_heldout, checkpointing=ckpt)
+    with atomic_dir(run_dir / "model") as tmp:
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+    outputs, log_df, curve_df, jumps = _write_run(layout, connect, params, strategy, seed, log_rows, curve, order, segments, n_steps,
+                                                  sampler, probes)
+    ckpt.remove()
+    last = curve_df.filter(pl.col("step") == pl.col("step").max()) if curve_df.height else None
+    return StageResult(
+        outputs=[run_dir / "model" / "model.safetensors", *outputs],
+        rows={"steps": len(log_rows), "tokens": int(log_df["tokens_seen"].max())},
+        parameters={**ts.__dict__, "strategy": strategy},
+        facts={"heldout_batch_loss": float(last["loss"].mean()) if last is not None else float("nan"),
+               "tokens_per_s": float(log_df["tokens_per_s"].median()), "params": sum(p.numel() for p in model.parameters()),
+               "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0,
+               "resumed_from_step": ckpt.resumed_from if ckpt.resumed_from is not None else 0},
+    )
+
+
+def _run_checkpointing(run_dir, params: TrainRunParams, connect: Connect, strategy: str, checkpoint_params: dict[str, Any],
+                       curve: list[dict], probes: list[pl.DataFrame], log: Callable[[str], None]):
+    """The run's resumable checkpoint (``ckpt.pt``), keyed by its inputs' data versions and
+    ``checkpoint_params``; it saves and restores the held-out ``curve`` and the stable-rank
+    ``probes`` gathered so far beside the model."""
 
     def restore(state: dict) -> None:
         curve[:], probes[:] = state["curve"], state["probes"]
 
     with connect() as con:
         inputs = {f"{a}[{p}]" if p else a: latest_data_version(con, a, p) for a, p in (*RUN_INPUTS, ("orderings", strategy))}
-    ckpt = Checkpointing(run_dir / "ckpt.pt", params.checkpoint_every, key={"inputs": inputs, "params": checkpoint_params},
+    return Checkpointing(run_dir / "ckpt.pt", params.checkpoint_every, key={"inputs": inputs, "params": checkpoint_params},
                          state=lambda: {"curve": curve, "probes": probes}, restore=restore, log=log)
+
+
+def _stable_rank_probes(params: TrainRunParams, strategy: str, store, order: np.ndarray, sampler, n_steps: int,
+                        probes: list[pl.DataFrame]):
+    """``({step: fraction of the run}, probe)``: at the steps of ``probe_fractions`` the training
+    loop calls ``probe(steps_done, model)``, which appends the stable ranks of the gradients of
+    :func:`probe_count` batches to ``probes``."""
+
     fractions = {checkpoint_steps(n_steps, [f])[0]: f for f in params.probe_fractions}
     n_probe = probe_count(params, strategy)
 
@@ -170,12 +213,15 @@ def train_run(layout, params: TrainRunParams, strategy: str, seed: int, connect:
                                      params.train.cross_document, epochs, matrix=params.stable_rank_matrix)
         probes.append(rows.with_columns(checkpoint=pl.lit(f"{round(fractions[steps_done] * 100)}%")))
 
-    model, log_rows = train(store, None if sampler else order, len(tok), tok.eos_token_id, tok.pad_token_id, ts,
-                            sampler=sampler, checkpoints=sorted(fractions), on_checkpoint=probe, heldout=held,
-                            on_heldout=on_heldout, checkpointing=ckpt)
-    with atomic_dir(run_dir / "model") as tmp:
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
+    return fractions, probe
+
+
+def _write_run(layout, connect: Connect, params: TrainRunParams, strategy: str, seed: int, log_rows: list[dict], curve: list[dict],
+               order: np.ndarray, segments: pl.DataFrame, n_steps: int, sampler, probes: list[pl.DataFrame]):
+    """A trained run's files (``log.parquet``, ``stream.parquet``, ``heldout_curve.parquet``) and
+    DuckDB rows (:func:`_write_tables`): ``(outputs, log frame, held-out curve, epoch jumps)``."""
+
+    run_dir = layout.run_dir(strategy, seed)
     key = {"strategy": strategy, "seed": seed}
     log_df = pl.DataFrame(log_rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))
     served = sampler.served_ids() if sampler is not None else stream_ids(order, n_steps, params.train.batch_size, params.train.epochs)
@@ -188,17 +234,7 @@ def train_run(layout, params: TrainRunParams, strategy: str, seed: int, connect:
     outputs.append(write_parquet(curve_df, run_dir / "heldout_curve.parquet"))
     outputs += _write_tables(layout, connect, key, log_df, served, segments, params.train.batch_size, curve_df, probes, jumps, sampler,
                              run_dir)
-    ckpt.remove()
-    last = curve_df.filter(pl.col("step") == pl.col("step").max()) if curve_df.height else None
-    return StageResult(
-        outputs=[run_dir / "model" / "model.safetensors", *outputs],
-        rows={"steps": len(log_rows), "tokens": int(log_df["tokens_seen"].max())},
-        parameters={**ts.__dict__, "strategy": strategy},
-        facts={"heldout_batch_loss": float(last["loss"].mean()) if last is not None else float("nan"),
-               "tokens_per_s": float(log_df["tokens_per_s"].median()), "params": sum(p.numel() for p in model.parameters()),
-               "epoch_jumps_flagged": int(jumps["flagged"].sum()) if jumps.height else 0,
-               "resumed_from_step": ckpt.resumed_from if ckpt.resumed_from is not None else 0},
-    )
+    return outputs, log_df, curve_df, jumps
 
 
 def _write_tables(layout, connect: Connect, key: dict, log_df: pl.DataFrame, served: np.ndarray, segments: pl.DataFrame,
@@ -279,6 +315,42 @@ def train_claim_runs(layout, params: ClaimRunsParams, connect: Connect, log: Cal
     or at equal tokens), for every seed of ``claims_seeds``. Writes ``claim_runs/log.parquet``,
     ``arms.parquet`` and, where measured, ``heldout.parquet`` and ``sequences.parquet``, and the
     DuckDB tables ``claim_runs_log``, ``claim_runs_arms``, ``claim_runs_heldout`` and ``claim_runs_sequences``."""
+
+    arms, k = _claim_arms(layout, params)
+    tok = load_tokenizer(layout.tokenizer)
+    held = load_heldout_batch(layout, params.heldout_docs, tok)
+    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+    total = sum(a.steps for a in arms)
+    logs, units, info, seq_losses = [], [], [], []
+    done, t0 = 0, time.perf_counter()
+    for i, arm in enumerate(arms):
+        eta = f", about {(time.perf_counter() - t0) / done * (total - done) / 60:.1f} min left" if done else ""
+        log(f"claim run {i + 1}/{len(arms)}: {arm.experiment} {arm.arm} seed {arm.seed}, {arm.steps} steps "
+            f"({done}/{total} steps done{eta})")
+        run_log, final, per_seq = _train_claim_arm(arm, tokens, offsets, tok, held, params.seq_len)
+        done += len(run_log)
+        key = {"experiment": arm.experiment, "arm": arm.arm, "seed": arm.seed}
+        if per_seq:
+            seq_losses.append(pl.concat([pl.DataFrame(r) for r in per_seq]).with_columns(**{c: pl.lit(v) for c, v in key.items()}))
+        logs.append(pl.DataFrame(run_log).drop("tokens_per_s").with_columns(**{c: pl.lit(v) for c, v in key.items()}))
+        if final:
+            last = max(final)
+            units.append(pl.DataFrame({"unit": held.units, "loss": final[last]}).with_columns(
+                step=pl.lit(last), **{c: pl.lit(v) for c, v in key.items()}))
+        info.append({**key, "steps": len(run_log), "tokens": int(run_log[-1]["tokens_seen"]), "k": k, **arm.info})
+    log_df, arms_df = pl.concat(logs), pl.DataFrame(info, infer_schema_length=None)
+    outputs = _write_claim_runs(layout, connect, log_df, arms_df, units, seq_losses)
+    return StageResult(outputs=outputs, rows={"runs": len(arms), "steps": total},
+                       parameters={"claims_seeds": params.claims_seeds, "claims_epochs": params.claims_epochs,
+                                   "claims_atoms": params.claims_atoms, "claims_packing_protocol": params.claims_packing_protocol},
+                       facts={"runs": Markdown(frame_table(arms_df)), "minutes": round((time.perf_counter() - t0) / 60, 2)})
+
+
+def _claim_arms(layout, params: ClaimRunsParams) -> tuple[list, int]:
+    """The claims' runs (``pipeline/training/experiments.py``) and the k of the clusters their
+    documents are grouped by: the epoch-boundary arms, then the packing arms (in the paper's
+    protocol or at equal tokens)."""
+
     docs = document_features(layout)
     lengths = docs["stream_length"].to_numpy()
     cluster, k = diversity_clusters(layout, params, docs)
@@ -291,43 +363,30 @@ def train_claim_runs(layout, params: ClaimRunsParams, connect: Connect, log: Cal
         packing = packing_arms(lengths, params.seq_len, params.claims_atoms, params.claims_seeds, base)
     arms = epoch_boundary_arms(lengths, cluster, topic, params.seq_len, params.claims_epoch_sequences, params.claims_epochs,
                                params.claims_seeds, base, kind) + packing
-    tok = load_tokenizer(layout.tokenizer)
-    held = load_heldout_batch(layout, params.heldout_docs, tok)
-    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    total = sum(a.steps for a in arms)
+    return arms, k
 
-    def run_arm(arm) -> tuple[list[dict], dict[int, np.ndarray], list[dict]]:
-        """One arm trained: its log, the held-out batch's losses by step (packing arms), its
-        per-sequence losses (the paper's packing protocol)."""
-        store = SequenceStore(tokens, offsets, arm.segments, arm.seq_len or params.seq_len, pad_id=tok.pad_token_id)
-        final: dict[int, np.ndarray] = {}
-        scored = held if arm.experiment == "packing" else None
-        per_seq: list[dict] = []
-        per_epoch = arm.order.size // arm.settings.batch_size
-        keep = (lambda step, _ids, sums, n: per_seq.append(sequence_loss_rows(step, arm.settings.batch_size, per_epoch, sums, n))
-                ) if arm.experiment == "packing_epochs" else None
-        _, run_log = train(store, arm.order, len(tok), tok.eos_token_id, tok.pad_token_id, arm.settings, heldout=scored,
-                           on_heldout=lambda step, _tokens, losses: final.update({step: losses}), on_losses=keep)
-        return run_log, final, per_seq
 
-    logs, units, info, seq_losses = [], [], [], []
-    done, t0 = 0, time.perf_counter()
-    for i, arm in enumerate(arms):
-        eta = f", about {(time.perf_counter() - t0) / done * (total - done) / 60:.1f} min left" if done else ""
-        log(f"claim run {i + 1}/{len(arms)}: {arm.experiment} {arm.arm} seed {arm.seed}, {arm.steps} steps "
-            f"({done}/{total} steps done{eta})")
-        run_log, final, per_seq = run_arm(arm)
-        done += len(run_log)
-        key = {"experiment": arm.experiment, "arm": arm.arm, "seed": arm.seed}
-        if per_seq:
-            seq_losses.append(pl.concat([pl.DataFrame(r) for r in per_seq]).with_columns(**{c: pl.lit(v) for c, v in key.items()}))
-        logs.append(pl.DataFrame(run_log).drop("tokens_per_s").with_columns(**{c: pl.lit(v) for c, v in key.items()}))
-        if final:
-            last = max(final)
-            units.append(pl.DataFrame({"unit": held.units, "loss": final[last]}).with_columns(
-                step=pl.lit(last), **{c: pl.lit(v) for c, v in key.items()}))
-        info.append({**key, "steps": len(run_log), "tokens": int(run_log[-1]["tokens_seen"]), "k": k, **arm.info})
-    log_df, arms_df = pl.concat(logs), pl.DataFrame(info, infer_schema_length=None)
+def _train_claim_arm(arm, tokens, offsets, tok, held, seq_len: int) -> tuple[list[dict], dict[int, np.ndarray], list[dict]]:
+    """One arm trained: its log, the held-out batch's losses by step (packing arms), its
+    per-sequence losses (the paper's packing protocol)."""
+
+    store = SequenceStore(tokens, offsets, arm.segments, arm.seq_len or seq_len, pad_id=tok.pad_token_id)
+    final: dict[int, np.ndarray] = {}
+    scored = held if arm.experiment == "packing" else None
+    per_seq: list[dict] = []
+    per_epoch = arm.order.size // arm.settings.batch_size
+    keep = (lambda step, _ids, sums, n: per_seq.append(sequence_loss_rows(step, arm.settings.batch_size, per_epoch, sums, n))
+            ) if arm.experiment == "packing_epochs" else None
+    _, run_log = train(store, arm.order, len(tok), tok.eos_token_id, tok.pad_token_id, arm.settings, heldout=scored,
+                       on_heldout=lambda step, _tokens, losses: final.update({step: losses}), on_losses=keep)
+    return run_log, final, per_seq
+
+
+def _write_claim_runs(layout, connect: Connect, log_df: pl.DataFrame, arms_df: pl.DataFrame, units: list[pl.DataFrame],
+                      seq_losses: list[pl.DataFrame]) -> list:
+    """``claim_runs/`` and its DuckDB tables: every run's log and arm, and the held-out and
+    per-sequence losses where some arm measured them (else their table is dropped, not left stale)."""
+
     out_dir = layout.inside("claim_runs")
     outputs = [write_parquet(log_df, out_dir / "log.parquet"), write_parquet(arms_df, out_dir / "arms.parquet")]
     with connect() as con:
@@ -340,7 +399,4 @@ def train_claim_runs(layout, params: ClaimRunsParams, connect: Connect, log: Cal
                 outputs.append(write_parquet(table, out_dir / f"{name}.parquet"))
             else:
                 con.execute(f"DROP TABLE IF EXISTS claim_runs_{name}")
-    return StageResult(outputs=outputs, rows={"runs": len(arms), "steps": total},
-                       parameters={"claims_seeds": params.claims_seeds, "claims_epochs": params.claims_epochs,
-                                   "claims_atoms": params.claims_atoms, "claims_packing_protocol": params.claims_packing_protocol},
-                       facts={"runs": Markdown(frame_table(arms_df)), "minutes": round((time.perf_counter() - t0) / 60, 2)})
+    return outputs

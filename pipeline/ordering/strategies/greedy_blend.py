@@ -121,6 +121,40 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     against the plan it replaced: a document that plan used and this one does not is ``dropped``."""
     blend = _need_blend(params)
     written = Store(layout).ordering(strategy)
+    docs, seg, codes, names, inp = _accounting_inputs(layout, params, strategy, blend, seed)
+    doc_id = docs["doc_id"].to_numpy()
+    rec, plan, f, groups, planned, weights = _replanned(layout, params, strategy, blend, names, inp, seed)
+    n_prefix = rec.sequences if rec is not None else 0
+    seq_groups, planned_by_id = _by_sequence_id(f, groups, len(names), planned)
+    n_seq = seq_groups.shape[0]
+    table = blend_accounting(written.order, seq_groups, weights, blend.ends, names, blend.caps(names, "max_repetition", 1.0),
+                             blend.caps(names, "max_fraction", 1.0), frozen=n_prefix)
+    doc_groups = dict(zip(doc_id.tolist(), [names[c] for c in codes]))
+    uses = (document_uses(seg, doc_groups, planned_by_id, written.order) if plan is None else
+            frozen_document_uses(seg, doc_groups, plan, f.sequence_ids, written.order, n_prefix))
+    clusters = _cluster_accounting(written, docs, doc_id, inp.cluster.size)
+    outs = [write_parquet(table, layout.inside("orderings", f"{strategy}.blend.parquet")),
+            write_parquet(uses, layout.inside("orderings", f"{strategy}.uses.parquet")),
+            write_parquet(clusters, layout.ordering_mixture(strategy))]
+    tables = {}
+    if plan is not None:
+        plan_path = layout.inside("orderings", f"{strategy}.plan.parquet")
+        previous = pl.read_parquet(plan_path) if plan_path.exists() else None  # the plan this order replaces
+        outs.append(write_parquet(document_plan(uses, frozen.doc_keys(layout), previous), plan_path))
+        tables["blend_document_plan"] = pl.read_parquet(plan_path)
+    back, back_uses = pl.read_parquet(outs[0]), pl.read_parquet(outs[1])
+    problems = _accounting_problems(written.order, rec, plan is not None, n_prefix, table, uses, back, back_uses, planned, n_seq,
+                                    params.max_sequence_copies)
+    dropped = tables["blend_document_plan"].filter(pl.col("status") == "dropped") if plan is not None else None
+    worst, checks, meta = _accounting_checks(strategy, blend, back, written.order, n_prefix, dropped, problems, tolerance)
+    return outs, checks, {"l1_to_target": worst, **meta, "tables": {"blend_stages": back, "blend_document_uses": back_uses, **tables}}
+
+
+def _accounting_inputs(layout, params, strategy: str, blend, seed: int):
+    """What the accounting solves the plan again from, as the order was made: the ordering's
+    documents, the base packing's segments, each document's group (codes into the blend's group
+    names) and the engine's ``Inputs``."""
+
     docs = ordering_documents(layout, params, strategy)
     seg = pl.read_parquet(layout.segments, columns=["sequence_id", "doc_id", "n_tokens"])
     doc_id = docs["doc_id"].to_numpy()
@@ -130,6 +164,15 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     by_doc[doc_id] = codes
     inp = Inputs(cluster, length, np.flatnonzero(cluster >= 0), None, seg, Store(layout).sequences.seq_len, params, seed, {},
                  (by_doc, names))
+    return docs, seg, codes, names, inp
+
+
+def _replanned(layout, params, strategy: str, blend, names, inp, seed: int):
+    """The plan the order realized, solved again: ``(frozen record, frozen plan, features, group
+    tokens, planned copies, weights)``. After a frozen prefix it is the plan that continued it;
+    under ``freeze_prefix`` without a record yet, the whole plan split with an empty prefix; the
+    record and frozen plan are None otherwise."""
+
     n_frozen = Store(layout).sequences.freeze_prefix
     rec = frozen.load(layout, strategy) if n_frozen else None
     plan = None
@@ -142,39 +185,44 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
             caps = row_caps(f, groups, blend.caps(names, "max_repetition", 1.0), blend.caps(names, "max_fraction", 1.0),
                             params.max_sequence_copies, seed)
             plan = FrozenPlan(np.zeros_like(planned), planned, caps, weights, 0.0)
-    n_prefix = rec.sequences if rec is not None else 0
-    dense = np.zeros((f.n_sequences, len(names)))
+    return rec, plan, f, groups, planned, weights
+
+
+def _by_sequence_id(f, groups, n_groups: int, planned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's tokens per sequence (a dense ``(sequence ids x groups)`` matrix) and the planned
+    copies per sequence id, indexed by the packing's sequence ids rather than the features' rows."""
+    dense = np.zeros((f.n_sequences, n_groups))
     rows = np.repeat(np.arange(groups.n_rows), np.diff(groups.indptr))
     dense[rows, groups.indices] = groups.data
     n_seq = int(f.sequence_ids.max()) + 1
-    seq_groups = np.zeros((n_seq, len(names)))
+    seq_groups = np.zeros((n_seq, n_groups))
     seq_groups[f.sequence_ids] = dense
     planned_by_id = np.zeros(n_seq, dtype=np.int64)
     planned_by_id[f.sequence_ids] = planned
-    table = blend_accounting(written.order, seq_groups, weights, blend.ends, names, blend.caps(names, "max_repetition", 1.0),
-                             blend.caps(names, "max_fraction", 1.0), frozen=n_prefix)
-    doc_groups = dict(zip(doc_id.tolist(), [names[c] for c in codes]))
-    uses = (document_uses(seg, doc_groups, planned_by_id, written.order) if plan is None else
-            frozen_document_uses(seg, doc_groups, plan, f.sequence_ids, written.order, n_prefix))
-    doc_cluster = np.zeros(cluster.size, dtype=np.int64)
+    return seq_groups, planned_by_id
+
+
+def _cluster_accounting(written, docs, doc_id: np.ndarray, n_docs: int):
+    """The schedule's tokens per cluster, each cluster's target being its own share of the
+    schedule (a blend targets groups, not clusters): the mixture accounting every schedule writes."""
+
+    doc_cluster = np.zeros(n_docs, dtype=np.int64)
     doc_cluster[doc_id] = docs["cluster"].to_numpy()
     pieces = cluster_tokens(written.segments, doc_cluster)
     realized = cluster_accounting(written.order, pieces, np.zeros(int(docs["cluster"].max()) + 1))
     share = realized["realized_share"].to_numpy()
-    clusters = cluster_accounting(written.order, pieces, share)
-    outs = [write_parquet(table, layout.inside("orderings", f"{strategy}.blend.parquet")),
-            write_parquet(uses, layout.inside("orderings", f"{strategy}.uses.parquet")),
-            write_parquet(clusters, layout.ordering_mixture(strategy))]
-    tables = {}
-    if plan is not None:
-        plan_path = layout.inside("orderings", f"{strategy}.plan.parquet")
-        previous = pl.read_parquet(plan_path) if plan_path.exists() else None  # the plan this order replaces
-        outs.append(write_parquet(document_plan(uses, frozen.doc_keys(layout), previous), plan_path))
-        tables["blend_document_plan"] = pl.read_parquet(plan_path)
-    back, back_uses = pl.read_parquet(outs[0]), pl.read_parquet(outs[1])
+    return cluster_accounting(written.order, pieces, share)
+
+
+def _accounting_problems(order: np.ndarray, rec, frozen_plan: bool, n_prefix: int, table, uses, back, back_uses,
+                         planned: np.ndarray, n_seq: int, max_copies: int) -> list[str]:
+    """What the written order and accounting (``back``, ``back_uses``, read back) break: the frozen
+    prefix not kept or a piece beyond its cap, files that differ from what was computed, pieces
+    used other than planned, positions or sequences outside the plan, too many copies, a group over
+    its ``max_fraction``. Empty when the order realizes its plan."""
     problems = []
-    if plan is not None:
-        if n_prefix and not np.array_equal(written.order[:n_prefix], rec.sequence_ids):
+    if frozen_plan:
+        if n_prefix and not np.array_equal(order[:n_prefix], rec.sequence_ids):
             problems.append(f"the order does not start with its frozen prefix of {n_prefix} positions")
         over = back_uses.filter(pl.col("realized_uses") > pl.col("cap"))
         if over.height:
@@ -186,29 +234,37 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     if differ.height:
         problems.append(f"{differ.height} document pieces used other than planned, e.g. doc {differ['doc_id'][0]}: "
                         f"planned {differ['planned_uses'][0]}, realized {differ['realized_uses'][0]}")
-    if int(written.order.size) != int(planned.sum()):
-        problems.append(f"the order holds {written.order.size} positions, the plan {int(planned.sum())}")
-    if written.order.size and (written.order.min() < 0 or written.order.max() >= n_seq):
+    if int(order.size) != int(planned.sum()):
+        problems.append(f"the order holds {order.size} positions, the plan {int(planned.sum())}")
+    if order.size and (order.min() < 0 or order.max() >= n_seq):
         problems.append("the order names sequences outside the packing")
-    copies = int(np.bincount(written.order).max()) if written.order.size else 0
-    if copies > params.max_sequence_copies:
-        problems.append(f"a sequence appears {copies} times > max_sequence_copies={params.max_sequence_copies}")
+    copies = int(np.bincount(order).max()) if order.size else 0
+    if copies > max_copies:
+        problems.append(f"a sequence appears {copies} times > max_sequence_copies={max_copies}")
     per_group = back.filter(pl.col("stage") == 0)
     over = per_group.filter(pl.col("distinct_fraction") > pl.col("max_fraction") + 1e-9)
     if over.height:
         problems.append(f"groups {over['group'].to_list()} use more of their distinct tokens than mixture.max_fraction")
+    return problems
+
+
+def _accounting_checks(strategy: str, blend, back, order: np.ndarray, n_prefix: int, dropped, problems: list[str],
+                       tolerance: float):
+    """``(worst stage L1, [uses check, stages check], metadata)``: the uses check fails on any of
+    ``problems``; the stages check warns when a stage's group shares are further than
+    ``tolerance`` (L1) from the blend. ``dropped``: the documents the replaced plan used and this
+    one does not (None without a frozen plan)."""
+
     # after a frozen prefix, the stages the rest reaches (a stage inside the prefix was realized under its own mix)
     l1 = stage_l1(back.filter(pl.col("realized_tokens").sum().over("stage") > 0) if n_prefix else back)
     worst = max(l1.values(), default=0.0)
-    dropped = tables["blend_document_plan"].filter(pl.col("status") == "dropped") if plan is not None else None
     meta = {"strategy": strategy, "column": blend.column, "stages": len(blend.ends), "l1_per_stage": {str(k): v for k, v in l1.items()},
-            "tolerance": tolerance, "positions": int(written.order.size), "repeated_positions": int(written.order.size
-                                                                                                  - np.unique(written.order).size),
+            "tolerance": tolerance, "positions": int(order.size), "repeated_positions": int(order.size - np.unique(order).size),
             "per_stage": Markdown(back.select("stage", "group", "target_share", "realized_share", "repetition", "distinct_fraction")
                                   .to_pandas().to_markdown(index=False)),
-            **({"frozen_positions": n_prefix, "documents_dropped": dropped.height} if plan is not None else {})}
+            **({"frozen_positions": n_prefix, "documents_dropped": dropped.height} if dropped is not None else {})}
     kept = ("every document piece used as planned (DuckDB blend_document_uses); within max_sequence_copies and mixture.max_fraction"
-            + ("" if plan is None else f"; frozen prefix of {n_prefix} positions kept, every piece within its cap"
+            + ("" if dropped is None else f"; frozen prefix of {n_prefix} positions kept, every piece within its cap"
                + (f"; {dropped.height} documents the replaced plan used are planned 0 times now (blend_document_plan "
                   "status dropped)" if dropped.height else "")))
     checks = [
@@ -220,7 +276,7 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
                                "mixture.max_repetition or max_sequence_copies, lower mixture_budget_tokens, or accept it "
                                "(mixture_tolerance)")),
     ]
-    return outs, checks, {"l1_to_target": worst, **meta, "tables": {"blend_stages": back, "blend_document_uses": back_uses, **tables}}
+    return worst, checks, meta
 
 
 SPECS = (

@@ -1,4 +1,4 @@
-"""Figures of the claims (PNG), one per claim family (``pipeline.reports.claims``).
+"""Figures of the claims (PNG), one per claim (the paper modules of ``pipeline.claims.papers``).
 
 Each shows the quantity the claim's verdict is computed from: both orders' prefix errors, the
 batch deviations with greedy's worst and random's best batch marked, the paired stable-rank log

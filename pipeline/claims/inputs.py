@@ -1,4 +1,4 @@
-"""What the claims read from a data root (``pipeline.reports.claims.ClaimData``), gathered in one place.
+"""What the claims read from a data root (``pipeline.claims.measure.ClaimData``), gathered in one place.
 
 - The ordering claims of Don't Shuffle, Optimize compare the materialized ``greedy`` ordering of the
   base packing, whole (every position of ``orderings/greedy.parquet``: nothing is sampled or cut),
@@ -22,11 +22,11 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from pipeline.claims.measure import ClaimData
 from pipeline.errors import StrataInputError
 from pipeline.ordering import OrderParams, run_strategy
 from pipeline.packing.pack import pack_concat
 from pipeline.reports import diagnostics as D
-from pipeline.reports.claims import ClaimData
 from pipeline.represent.clusters import diversity_clusters
 from pipeline.represent.embedding_index import has_embeddings
 from pipeline.storage.documents import document_features
