@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import resource
 import time
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -14,8 +12,9 @@ from assets.dagster_internals import BaseAssetGraph, asset_graph
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.config_source import RECORDED_CONFIG
 from pipeline.stage import CheckFact, Markdown, StageResult
-from pipeline.storage.layout import Layout
+from pipeline.storage.layout import Layout, table_columns
 from pipeline.storage.warehouse import record_lineage
+from pipeline.threads import process_cpu_s
 
 
 class StrataSettings(dg.ConfigurableResource):
@@ -153,24 +152,6 @@ def run_key(context: dg.AssetExecutionContext) -> tuple[str, int]:
     return dims["strategy"], int(dims["seed"])
 
 
-def column_schema(outputs: list[Path]) -> dg.TableSchema | None:
-    """The columns of the first Parquet table among ``outputs`` (the asset's table; its DuckDB rows
-    have the same columns), as Dagster shows them in the asset's *Columns*; None when there is none."""
-    import pyarrow.parquet as pq
-
-    for p in outputs:
-        if str(p).endswith(".parquet") and Path(p).is_file():
-            schema = pq.read_schema(p)
-            return dg.TableSchema(columns=[dg.TableColumn(name=f.name, type=str(f.type)) for f in schema])
-    return None
-
-
-def process_cpu_s() -> float:
-    """CPU seconds this process has used so far, every thread (user + system)."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def upstream_partition(upstream: dg.PartitionsDefinition | None, own: dg.PartitionsDefinition | None, key: str | None):
     """The partition of an upstream asset (partitioned by ``upstream``) that the materialization of
     partition ``key`` of an asset partitioned by ``own`` read: None for an unpartitioned upstream,
@@ -232,9 +213,8 @@ class Recorder:
         meta = {f"rows/{k}": v for k, v in rows.items()}
         if outputs:  # none: a shard partition with no training documents
             meta["path"] = dg.MetadataValue.path(str(outputs[0]))
-        schema = column_schema(outputs)
-        if schema is not None:
-            meta["dagster/column_schema"] = schema
+        if (columns := table_columns(outputs)) is not None:  # the asset's table, shown in its *Columns*
+            meta["dagster/column_schema"] = dg.TableSchema(columns=[dg.TableColumn(name=n, type=t) for n, t in columns])
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
         meta["cpu_s"] = round(process_cpu_s() - self.c0, 2)
         meta.update({**shown(result.facts), **(metadata or {})})

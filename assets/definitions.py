@@ -36,9 +36,10 @@ from assets import (  # noqa: E402
 )
 from assets.ablate_job import ablate as ablate_job  # noqa: E402
 from assets.common import StrataSettings, sync_partitions  # noqa: E402
-from assets.params import PARAMS, params_hash, with_config_versions  # noqa: E402
+from assets.params import PARAMS, with_config_versions  # noqa: E402
 from pipeline.config import resolve_config  # noqa: E402
 from pipeline.config_source import config_source  # noqa: E402
+from pipeline.overrides import params_hash  # noqa: E402
 
 _MODULES = [corpus, tokens, embeddings, clean, sequences, orderings, exports, diagnostics, training, evaluations, claims, checks, mixture]
 

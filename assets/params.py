@@ -15,26 +15,25 @@ From it come
 
 from __future__ import annotations
 
-import hashlib
 import json
-import types
 import typing
 from typing import Any, Optional
 
 import dagster as dg
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import create_model
 
 from evals import suites
 from evals.stage import EvaluateParams
 from pipeline.claims.stage import ClaimsParams
 from pipeline.clean.stage import CleanParams
-from pipeline.config import FORMER_NAMES, StrataConfig, is_config_key, validation_error
+from pipeline.config import StrataConfig, is_config_key
 from pipeline.data.stage import CorpusParams, CorpusShardParams, TokenizerParams, TokenShardParams
 from pipeline.errors import StrataInputError
 from pipeline.export import formats
 from pipeline.export.stage import ExportParams
 from pipeline.ordering import strategies
 from pipeline.ordering.stage import OrderStageParams
+from pipeline.overrides import is_section, key_annotation, launchpad_field, launchpad_type, params_hash, with_overrides
 from pipeline.packing.stage import PackParams
 from pipeline.reports.stage import AblationReportParams, DiagnoseParams, DiagnosticsReportParams
 from pipeline.represent.stage import CentroidParams, EmbedParams
@@ -97,14 +96,6 @@ PARAMS: dict[str, tuple[str, ...]] = {asset: asset_params(asset) for asset in ST
 # asset -> assets whose parameters it reads too, without reading their data: claim_runs trains with
 # training_runs' settings. Its code version covers them; they stay in training_runs' launchpad.
 READS_PARAMS_OF: dict[str, tuple[str, ...]] = {"claim_runs": ("training_runs",)}
-
-
-def params_hash(keys: tuple[str, ...] | list[str], cfg: StrataConfig) -> str:
-    """A short hash of the values of ``keys``; a group's key that was a flat key is hashed under that
-    former name (``claims.k`` as ``claims_k``), so the move into groups changed no code version."""
-    values = cfg.subset(sorted(keys))
-    blob = json.dumps({FORMER_NAMES.get(k, k): v for k, v in values.items()}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
 def version_keys(assets: list) -> dict[str, tuple[str, ...]]:
@@ -207,41 +198,10 @@ def with_config_versions(assets: list, cfg: StrataConfig) -> list:
     return [a.map_asset_specs(version) if isinstance(a, dg.AssetsDefinition) and a.is_materializable else a for a in assets]
 
 
-def _launchpad_type(annotation: Any) -> Any:
-    """The dg.Config type of a StrataConfig field: Literals and unions with str (``freeze_prefix``)
-    become str (StrataConfig validates and converts them)."""
-    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    if typing.get_origin(annotation) is typing.Literal or (union and str in typing.get_args(annotation)):
-        return str
-    if typing.get_origin(annotation) is list:
-        return list[_launchpad_type(typing.get_args(annotation)[0])]
-    return annotation
-
-
-def _annotation(key: str) -> Any:
-    """The type of the config ``key`` (dotted for a group's key, e.g. ``claims.shuffles``)."""
-    model: Any = StrataConfig
-    for part in key.split("."):
-        annotation = model.model_fields[part].annotation
-        model = annotation
-    return annotation
-
-
-def _nested(key: str) -> bool:
-    """Whether ``key`` is a nested section of the config (corpus, dedup, mixture, ...): no launchpad field takes one."""
-    annotation = _annotation(key)
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
-def launchpad_field(key: str) -> str:
-    """The launchpad field of the config ``key``: its name, a group's key with ``_`` (``claims.shuffles``: ``claims_shuffles``)."""
-    return key.replace(".", "_")
-
-
 # Keys several assets read (and the nested sections, e.g. the corpus, which raw_corpus observes) are set in the config
 # file only: overriding e.g. seq_len for one asset would disagree with the others.
 SHARED = {key for key in {k for keys in PARAMS.values() for k in keys}
-          if _nested(key) or sum(key in keys for keys in PARAMS.values()) > 1}
+          if is_section(key) or sum(key in keys for keys in PARAMS.values()) > 1}
 
 
 def _config_class(asset: str) -> type[dg.Config]:
@@ -249,34 +209,13 @@ def _config_class(asset: str) -> type[dg.Config]:
     for key in PARAMS[asset]:
         if key in SHARED:
             continue
-        fields[launchpad_field(key)] = (Optional[_launchpad_type(_annotation(key))], None)
+        fields[launchpad_field(key)] = (Optional[launchpad_type(key_annotation(key))], None)
     name = "".join(p.capitalize() for p in asset.split("_")) + "Params"
     doc = f"Parameters of `{asset}` for this run; empty = the config file's value (README 'Configuration')."
     return typing.cast(type[dg.Config], create_model(name, __base__=dg.Config, __doc__=doc, **fields))
 
 
 PARAM_CLASSES: dict[str, type[dg.Config]] = {asset: _config_class(asset) for asset in PARAMS}
-
-
-def with_launchpad(cfg: StrataConfig, asset: str, given: dict[str, Any]) -> tuple[StrataConfig, dict[str, Any]]:
-    """``cfg`` with the launchpad fields ``given`` for ``asset`` (None: the config file's value), and
-    the overrides by config key (``claims_shuffles`` sets ``claims.shuffles``): those that differ."""
-    fields = {launchpad_field(k): k for k in PARAMS.get(asset, ())}
-    overrides = {fields.get(f, f): v for f, v in given.items() if v is not None}
-    overrides = {k: v for k, v in overrides.items() if v != cfg.subset([k])[k]}
-    if not overrides:
-        return cfg, overrides
-    data = cfg.model_dump()
-    for key, value in overrides.items():
-        *groups, last = key.split(".")
-        target = data
-        for group in groups:
-            target = target[group]
-        target[last] = value
-    try:
-        return StrataConfig.model_validate(data), overrides
-    except ValidationError as exc:
-        raise validation_error(exc, "launchpad config") from None
 
 
 def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config | None = None) -> StrataConfig:
@@ -299,7 +238,7 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
             f"the configuration of `{name}` changed since the Dagster definitions were loaded",
             fix="reload the definitions (Dagster UI: Deployment > Reload; `strata run` and `strata status` reload by themselves)",
         )
-    cfg, overrides = with_launchpad(cfg, name, params.model_dump() if params is not None else {})
+    cfg, overrides = with_overrides(cfg, PARAMS.get(name, ()), params.model_dump() if params is not None else {})
     if overrides:
         context.log.warning(f"launchpad overrides for this run: {overrides} (the code version describes the config file)")
         context.add_asset_metadata({"launchpad_overrides": dg.MetadataValue.json(overrides)})
@@ -307,4 +246,4 @@ def asset_config(context: dg.AssetExecutionContext, settings, params: dg.Config 
     return cfg
 
 
-__all__ = ["PARAMS", "PARAM_CLASSES", "asset_config", "params_hash", "version_keys", "with_config_versions"]
+__all__ = ["PARAMS", "PARAM_CLASSES", "asset_config", "version_keys", "with_config_versions"]

@@ -19,17 +19,14 @@ partitions one after another. How to measure it: docs/scale.md ("Partitions side
 
 from __future__ import annotations
 
-import os
-import re
 import sys
-import traceback
 from functools import partial
-from pathlib import Path
 from typing import Callable, Iterable
 
 import dagster as dg
 
 from pipeline.distributed.processes import run_in_processes
+from pipeline.distributed.run_log import RunTerminal, run_failed, run_log_path
 from pipeline.errors import StrataInputError, StrataRunError
 
 # The per-shard assets whose partitions run side by side, and the most runs at once by default
@@ -54,61 +51,6 @@ def side_by_side_workers(names: Iterable[str], n_partitions: int, setting: int, 
     return workers if workers >= 2 and n_partitions >= 2 * workers else 1
 
 
-_RECORD = re.compile(r"^(?:\x1b\[[0-9;]*m)*\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")  # a Dagster log record's first line
-
-
-class _Terminal:
-    """``sys.stderr`` during a run: every byte goes to the run's log file; the terminal gets the same
-    except the body of Dagster's ERROR records (the repeated error and ~80 lines of stack trace),
-    which it replaces by one line naming the log file."""
-
-    def __init__(self, term, log: Path):
-        self.term, self.path, self.skipping = term, log, False
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.log = open(log, "a", encoding="utf-8", errors="replace")
-
-    def write(self, text: str) -> int:
-        self.log.write(text)
-        if _RECORD.match(text):
-            self.skipping = " - ERROR - " in text
-            if self.skipping:
-                self.term.write(text.splitlines()[0] + f"\n  (the error and its trace: {self.path})\n")
-                return len(text)
-        if not self.skipping:
-            self.term.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        self.log.flush()
-        self.term.flush()
-
-    def isatty(self) -> bool:
-        return self.term.isatty()
-
-    def __getattr__(self, name):
-        return getattr(self.term, name)
-
-
-def run_log_path() -> Path | None:
-    """The log file of this ``strata run`` (``STRATA_RUN_LOG``, set by ``materialize_all``), if any."""
-    value = os.environ.get("STRATA_RUN_LOG")
-    return Path(value) if value else None
-
-
-def _run_failed(selection: list[str], partition: str | None, cause: BaseException | None, log: Path | None) -> StrataRunError:
-    """The :class:`StrataRunError` of a failed run, the current exception's trace appended to ``log``."""
-    what = ", ".join(selection) + (f" [{partition}]" if partition else "")
-    first = (str(cause).strip().splitlines() or [""])[0][:300] if cause is not None else ""
-    why = f": {type(cause).__name__}" + (f": {first}" if first else "") if cause is not None else ""
-    if log is None:
-        return StrataRunError(f"materialization failed: {what}{why}")
-    if cause is not None:
-        with open(log, "a", encoding="utf-8", errors="replace") as fh:
-            fh.write(f"\nstrata: materialization failed: {what}\n{traceback.format_exc()}")
-    return StrataRunError(f"materialization failed: {what}{why}. Fix: the error and its trace are in {log}; "
-                          "fix the cause and rerun (what finished is kept)")
-
-
 def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,
                     log_level: str = "INFO", tags: dict | None = None) -> None:
     """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself,
@@ -117,7 +59,7 @@ def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInsta
     log = run_log_path()
     saved = sys.stderr
     if log is not None:
-        sys.stderr = _Terminal(saved, log)
+        sys.stderr = RunTerminal(saved, log)
     try:
         result = dg.materialize(
             all_assets, selection=selection, partition_key=partition, instance=instance, resources=resources,
@@ -126,19 +68,19 @@ def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInsta
     except (dg.DagsterUserCodeExecutionError, StrataInputError) as exc:
         err = exc.user_exception if isinstance(exc, dg.DagsterUserCodeExecutionError) else exc
         if not isinstance(err, StrataInputError):
-            raise _run_failed(selection, partition, err, log) from (None if log is not None else exc)
+            raise run_failed(selection, partition, err, log) from (None if log is not None else exc)
         if log is None or str(log) in err.fix:
             raise err from None
         raise StrataInputError(err.problem, path=err.path, line=err.line,
                                fix=f"{err.fix} (Dagster's log of the run, with the trace: {log})") from None
     except Exception as exc:  # Dagster's own errors and anything raised outside the asset's code
-        raise _run_failed(selection, partition, exc, log) from (None if log is not None else exc)
+        raise run_failed(selection, partition, exc, log) from (None if log is not None else exc)
     finally:
         if log is not None:
             sys.stderr.log.close()
             sys.stderr = saved
     if not result.success:
-        raise _run_failed(selection, partition, None, log)
+        raise run_failed(selection, partition, None, log)
 
 
 def _start(config_file: str | None, data_root: str, instance_ref, log_level: str, tags: dict) -> None:

@@ -17,7 +17,7 @@ import dagster as dg
 from assets.common import config_partitions
 from assets.partition_runs import materialize_run, run_partitions
 from pipeline.config import StrataConfig, resolve_config
-from pipeline.config_source import config_source, record_config
+from pipeline.config_source import record_config, run_config
 from pipeline.errors import StrataInputError
 
 Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions definition (None: unpartitioned) and its assets
@@ -91,18 +91,9 @@ def partition_keys(pdef, cfg: StrataConfig, within: dict[str, str] | None = None
 
 
 def prepare_environment(config_file: str | None, data_root: str | None) -> StrataConfig:
-    """Resolve the configuration (see :func:`resolve_config`; without a file, the data root's recorded
-    one, :func:`pipeline.config_source.config_source`), point ``STRATA_CONFIG`` at it and set up a persistent
-    Dagster instance under the data root."""
-    if not config_file:
-        config_file, data_root = config_source(data_root)
-    if config_file:
-        config_file = str(Path(config_file).resolve())
-        os.environ["STRATA_CONFIG"] = config_file
-    cfg = resolve_config(config_file, data_root)
-    from pipeline.storage.layout import check_data_root
-
-    check_data_root(cfg.root)  # created, marked as a data root (never read as corpus) and writable, or a clean error
+    """The run's configuration (:func:`pipeline.config_source.run_config`) and a persistent Dagster
+    instance under the data root (unless ``DAGSTER_HOME`` is set)."""
+    cfg = run_config(config_file, data_root)
     if not os.environ.get("DAGSTER_HOME"):
         home = cfg.root / "dagster"
         home.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from assets.common import SHARD_PARTITIONS
 from assets.dagster_internals import DATA_VERSION_TAG, AssetKeyPartitionKey, CachingStaleStatusResolver, StaleStatus, resolver_for
 from pipeline.config import StrataConfig
 from pipeline.data.corpus import corpus_fingerprint, corpus_units, shard_key, shard_versions
+from pipeline.overrides import changed_values
 from pipeline.storage.lineage import OnDisk
 
 RAW = dg.AssetKey("raw_corpus")
@@ -81,9 +82,7 @@ def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition
     recorded = records[0].asset_materialization.metadata.get("parameter_values")
     if recorded is None:
         return []
-    before = recorded.value
-    now = cfg.subset(list(before))
-    return [f"{k}: {before[k]!r} -> {now[k]!r}" for k in sorted(before) if before[k] != now[k]]
+    return changed_values(recorded.value, cfg)
 
 
 def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:

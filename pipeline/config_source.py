@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import yaml
 
-from pipeline.config import StrataConfig, config_from_dict, read_config_data, resolve_config
+from pipeline.config import MOVED_KEYS, StrataConfig, config_from_dict, read_config_data, resolve_config
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import write_text
+from pipeline.storage.layout import check_data_root
 
 RECORDED_CONFIG = "strata_config.yaml"
 
@@ -75,6 +76,20 @@ def config_or_demo(config_file: str | None, data_root: str | None, environ: Mapp
     return str(demo) if config is None and demo.is_file() else config
 
 
+def run_config(config_file: str | None, data_root: str | None) -> StrataConfig:
+    """The configuration a ``strata`` run uses (:func:`resolve_config`; without a file, the data
+    root's recorded one, :func:`config_source`), ``STRATA_CONFIG`` pointed at its file, and the data
+    root created, marked as one (never read as corpus) and writable, or a clean error."""
+    if not config_file:
+        config_file, data_root = config_source(data_root)
+    if config_file:
+        config_file = str(Path(config_file).resolve())
+        os.environ["STRATA_CONFIG"] = config_file
+    cfg = resolve_config(config_file, data_root)
+    check_data_root(cfg.root)
+    return cfg
+
+
 def freeze_prefix_config(config_file: str, data_root: str | None, freeze_prefix: str) -> Path:
     """``config_file`` with ``freeze_prefix`` set, written to ``<data root>/run_config.yaml`` (``strata
     run --freeze-prefix``); a missing or malformed file, or a bad value, stops here naming the fix."""
@@ -87,5 +102,45 @@ def freeze_prefix_config(config_file: str, data_root: str | None, freeze_prefix:
     root = resolve_config(config_file, data_root).root
     root.mkdir(parents=True, exist_ok=True)
     path = root / "run_config.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
+    return path
+
+
+# Three seeds of the seven default strategies (21 runs): 30 steps x 16 x 256 tokens per run (122,880),
+# the held-out batch every 10 steps (4 points per curve), embeddings of each document's first 128
+# tokens (all-MiniLM-L6-v2's training length). At these 30 steps the positive control (cluster_sorted)
+# trains on 3-4 of the 32 clusters and is detected (docs/training.md, "Positive control and power").
+# greedy and random probe 11 batches per checkpoint each, so the claims pair 3 x 11 = 33 (>= 32) probe
+# batches per checkpoint for the stable rank (claims.probe_batches; the default 32 is per run).
+# Why these settings: docs/training.md, "The demo". Everything else is StrataConfig's default.
+DEMO_SETTINGS: dict[str, Any] = {"seeds": [0, 1, 2], "max_steps": 30, "warmup_steps": 3, "heldout_every": 10,
+                                 "embed_max_tokens": 128, "claims": {"probe_batches": 11}}
+
+
+def merged(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with the keys of ``given``: a group's mapping (``claims: {k: 10}``) merged key by key,
+    a former flat key (``claims_k``) kept as given (read with its warning) in place of its group's key."""
+    out = dict(base)
+    for key, value in given.items():
+        if key in MOVED_KEYS:
+            group, name = MOVED_KEYS[key].split(".")
+            if isinstance(out.get(group), dict):
+                out[group] = {k: v for k, v in out[group].items() if k != name}
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def write_demo_config(root: Path, config_file: str | None, eval_keys: Mapping[str, str] | None = None) -> Path:
+    """Write ``<root>/demo_config.yaml``: demo settings, then a given config file's keys, then the
+    eval suites' path keys ``eval_keys`` (``evals.suites.eval_paths`` of ``strata demo --evals DIR``)."""
+    data: dict[str, Any] = dict(DEMO_SETTINGS)
+    if config_file:
+        loaded = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict):
+            raise StrataInputError("config must be a mapping of keys to values", path=config_file, fix="see README 'Configuration'")
+        data = merged(data, loaded)
+    data.update(eval_keys or {})
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "demo_config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
     return path

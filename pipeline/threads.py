@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
@@ -28,6 +29,12 @@ def set_thread_policy() -> None:
 def cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process has used so far, every thread (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def task_size(n: int, most: int) -> int:

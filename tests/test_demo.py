@@ -6,8 +6,9 @@ import pytest
 import yaml
 from helpers import DATA
 
-from assets.cli.demo import eval_paths, write_demo_config
+from evals.suites import eval_paths
 from pipeline.config import StrataConfig, load_config
+from pipeline.config_source import write_demo_config
 from pipeline.errors import StrataInputError
 
 
@@ -22,7 +23,7 @@ def test_demo_config_has_three_seeds_and_the_default_strategies(tmp_path):
 
 @pytest.mark.skipif(not (DATA / "eval").is_dir(), reason="shared eval data not found")
 def test_evals_dir_turns_on_wikitext_paloma_and_dclm(tmp_path):
-    cfg = load_config(write_demo_config(tmp_path, None, str(DATA / "eval")))
+    cfg = load_config(write_demo_config(tmp_path, None, eval_paths(DATA / "eval")))
     assert cfg.wikitext_path.endswith("wikitext/wiki.test.raw")
     assert cfg.paloma_dir.endswith("paloma_fixture") and cfg.dclm_dir.endswith("dclm_core")
     given = tmp_path / "mine.yaml"

@@ -141,7 +141,7 @@ LAYERS = (
     ("registry", "segments"),
     ("names", "storage"),
     ("render", "config"),
-    ("config_source",),
+    ("config_source", "overrides"),
     ("distributed",),
     ("data",),
     ("represent",),

@@ -94,7 +94,7 @@ def test_params_table_is_derived_from_the_stage_params():
 
 def test_moved_keys_hash_as_their_former_names():
     """A group's key that was a flat key is hashed under its former name: the move changed no code version."""
-    from assets.params import params_hash
+    from pipeline.overrides import params_hash
 
     cfg = config_from_dict({"claims": {"k": 5, "shuffles": 7}, "export": {"formats": ["numpy", "mds"]}})
     assert params_hash(["claims.k", "claims.shuffles", "export.formats", "seed"], cfg) == \
@@ -116,10 +116,12 @@ def test_stage_functions_take_params_not_the_config():
 def test_launchpad_fields_of_group_keys_set_the_group():
     """The claims asset's launchpad field claims_shuffles overrides claims.shuffles; an unchanged or
     empty field is no override."""
-    from assets.params import PARAM_CLASSES, with_launchpad
+    from assets.params import PARAM_CLASSES, PARAMS
+    from pipeline.overrides import with_overrides
 
     assert "claims_shuffles" in PARAM_CLASSES["claims"].model_fields
     cfg = StrataConfig()
+    with_launchpad = lambda cfg, asset, given: with_overrides(cfg, PARAMS[asset], given)  # noqa: E731
     got, overrides = with_launchpad(cfg, "claims", {"claims_shuffles": 9})
     assert overrides == {"claims.shuffles": 9} and got.claims.shuffles == 9 and got.claims.k == cfg.claims.k
     assert with_launchpad(cfg, "claims", {"claims_shuffles": None}) == (cfg, {})

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from assets.common import TRAIN_POOL, sync_partitions
-from assets.params import PARAM_CLASSES, PARAMS, SHARED, launchpad_field
+from assets.params import PARAM_CLASSES, PARAMS, SHARED
 from pipeline.config import StrataConfig, is_config_key
+from pipeline.overrides import launchpad_field
 
 REPO = Path(__file__).resolve().parents[1]
 

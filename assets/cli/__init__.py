@@ -9,7 +9,6 @@ import time
 
 from pipeline.cli import EXIT_FAILED, EXIT_INPUT, EXIT_USAGE, Parser, print_claims, print_report, print_status, run_command
 from pipeline.config_source import config_or_demo, freeze_prefix_config
-from pipeline.errors import StrataInputError
 
 __all__ = ["EXIT_FAILED", "EXIT_INPUT", "EXIT_USAGE", "build_parser", "main", "registry_rows"]
 
@@ -32,10 +31,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     WikiText / Paloma / DCLM-core from ``--evals DIR``)."""
     from pathlib import Path
 
-    from assets.cli.demo import write_demo_config
+    from evals.suites import eval_paths
+    from pipeline.config_source import write_demo_config
 
     root = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").resolve()
-    code = _materialize(str(write_demo_config(root, args.config, args.evals)), str(root))
+    demo_config = write_demo_config(root, args.config, eval_paths(args.evals) if args.evals else None)
+    code = _materialize(str(demo_config), str(root))
     from pipeline.clean.report import read_tables, summary_line
     from pipeline.storage.duck import duck_connection
 
@@ -77,69 +78,34 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_claims(args: argparse.Namespace) -> int:
     """Measure each paper's claim on this data root (materialize ``claims``; with ``--full`` first the
     claims' own runs, ``claim_runs``) and print one row per claim with its verdict."""
-    import duckdb
-
     from assets.runner import materialize_all, prepare_environment
+    from pipeline.cli.report import claims_selection
     from pipeline.storage.layout import Layout
 
     t0 = time.perf_counter()
     config = config_or_demo(args.config, args.data_root)
     cfg = prepare_environment(config, args.data_root)
     layout = Layout(cfg.root)
-    if not layout.ordering("greedy").exists() and not layout.segments.exists():
-        raise StrataInputError("no packed sequences in the data root", path=cfg.root,
-                               fix="run `strata demo` or `strata run` first (the claims read its orderings and runs), or pass --data-root")
-    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
-        has_report = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
-    select = " or ".join(f"key:{a}" for a in (["claim_runs"] if args.full else []) + ["claims"]
-                                              + (["ablation_report"] if has_report else []))
+    select = claims_selection(layout, args.full)
     materialize_all(config, str(cfg.root), select=select, log=(lambda m: print(m, file=sys.stderr)) if args.json else print)
     print_claims(layout, args.json, lambda: f"\ntotal time: {time.perf_counter() - t0:.0f} s")
     return 0
 
 
 def registry_rows(family: str) -> list[tuple[str, str, str, str]]:
-    """(name, kind, config keys read, description) of every entry of a registry."""
-    if family == "strategies":
-        from pipeline.ordering.strategies import REGISTRY as strategies
+    """(name, kind, config keys read, description) of every entry of a registry (the eval suites' are evals')."""
+    from evals.suites import suite_rows
+    from pipeline.cli.registries import library_rows
 
-        return [(s.name, f"{s.level}{'' if s.seed_free else ', seeded'}{', greedy' if s.greedy_based else ''}", ", ".join(s.reads),
-                 s.description) for s in strategies.entries().values()]
-    if family == "formats":
-        from pipeline.export.formats import REGISTRY as formats
-
-        return [(f.name, "export format", ", ".join(f.reads), f.description) for f in formats.entries().values()]
-    if family == "families":
-        from pipeline.ordering.families import REGISTRY as families
-
-        return [(f.name, f"{f.level} family" + (", repaired" if f.repaired else "")
-                 + (f", diagnosed as {f.diagnosed}" if f.diagnosed else ""),
-                 "", f.description) for f in families.entries().values()]
-    if family == "claims":
-        from pipeline.claims.papers import ordered as claims
-
-        return [(c.name, f"claim of {c.paper}" + (f", from {', '.join(c.inputs)}" if c.inputs else ""), ", ".join(c.reads),
-                 c.description) for c in claims()]
-    from evals.suites import ordered
-
-    return [(s.name, "eval suite" + (f", higher is better: {', '.join(s.higher_is_better)}" if s.higher_is_better else ""),
-             ", ".join(s.reads), s.description) for s in ordered()]
+    return suite_rows() if family == "suites" else library_rows(family)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the entries of the registries: ordering strategies, characteristic families, export formats, eval suites,
     the papers' claims."""
-    from rich.console import Console
-    from rich.table import Table
+    from pipeline.cli.registries import print_registries
 
-    console = Console()
-    for family in [args.family] if args.family else REGISTRIES:
-        table = Table(title=family)
-        for col in ("name", "kind", "reads", "description"):
-            table.add_column(col, overflow="fold")
-        for row in registry_rows(family):
-            table.add_row(*row)
-        console.print(table)
+    print_registries({family: registry_rows(family) for family in ([args.family] if args.family else REGISTRIES)})
     return 0
 
 

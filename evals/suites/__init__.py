@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.errors import StrataInputError
 from pipeline.registry import Registry
 
 
@@ -62,3 +63,27 @@ def is_higher_better(metric: str) -> bool:
     (accuracies, Core scores); losses, perplexities, bits per byte: lower. The ablation report and
     ``strata ablate`` are given it (pipeline/ never imports evals/)."""
     return metric.rsplit("/", 1)[-1] in higher_is_better()
+
+
+def suite_rows() -> list[tuple[str, str, str, str]]:
+    """``strata list suites``: (name, kind, config keys read, description) of every suite, in run order."""
+    return [(s.name, "eval suite" + (f", higher is better: {', '.join(s.higher_is_better)}" if s.higher_is_better else ""),
+             ", ".join(s.reads), s.description) for s in ordered()]
+
+
+def eval_paths(evals_dir: str | Path) -> dict[str, str]:
+    """Config keys for a folder laid out as ``shared/data/eval``, each eval suite's ``find_in``
+    (``evals/suites/``): ``wikitext/wiki.test.raw``, ``paloma/`` or ``paloma_fixture/`` (Paloma's
+    ``<source>/<split>/*.jsonl.gz``) and ``dclm_core/`` (llm-foundry's ``local_data/`` +
+    ``eval_meta_data.csv``); the ones present."""
+    root = Path(evals_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise StrataInputError("evals folder not found", path=root, fix="pass a folder laid out like shared/data/eval")
+    out: dict[str, str] = {}
+    for suite in ordered():
+        if suite.find_in is not None:
+            out.update(suite.find_in(root))
+    if not out:
+        raise StrataInputError("no wikitext/wiki.test.raw, paloma[_fixture]/ or dclm_core/ in the evals folder", path=root,
+                               fix="pass a folder laid out like shared/data/eval")
+    return out

@@ -61,6 +61,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def claims_selection(layout: Layout, full: bool) -> str:
+    """The assets ``strata claims`` materializes: ``claims`` (first the claims' own runs, ``claim_runs``,
+    with ``full``), then the ablation report where the root has one; an error when nothing is packed."""
+    if not layout.ordering("greedy").exists() and not layout.segments.exists():
+        raise StrataInputError("no packed sequences in the data root", path=layout.root,
+                               fix="run `strata demo` or `strata run` first (the claims read its orderings and runs), or pass --data-root")
+    with duckdb.connect(str(layout.duckdb), read_only=True) as con:
+        has_report = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
+    return " or ".join(f"key:{a}" for a in (["claim_runs"] if full else []) + ["claims"] + (["ablation_report"] if has_report else []))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``report`` to the ``strata`` command."""
     report = sub.add_parser("report", help="ordering diagnostics + ablation table of a data root (terminal, report/ PNGs)")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from pipeline.errors import StrataInputError
 from pipeline.storage.atomic import file_sha256
@@ -28,6 +29,15 @@ if TYPE_CHECKING:
 
 ROOT_MARKER = ".strata-root"  # written into every data root Strata prepares: corpus discovery never reads below it
 BOOKKEEPING = ("strata.duckdb", "strata.duckdb.wal", "dagster")  # the runs' records, not artifacts
+
+
+def table_columns(outputs: list[Path]) -> list[tuple[str, str]] | None:
+    """(name, Arrow type) of the columns of the first Parquet table among ``outputs`` (a stage's
+    table; its DuckDB rows have the same columns); None when there is none."""
+    for p in outputs:
+        if str(p).endswith(".parquet") and Path(p).is_file():
+            return [(f.name, str(f.type)) for f in pq.read_schema(p)]
+    return None
 
 
 def artifact_digests(root: Path) -> dict[str, str]:
