@@ -43,7 +43,7 @@ from pipeline.render.markdown import frame_table
 from pipeline.stage import Connect, Markdown, StageParams, StageResult, setting
 from pipeline.storage.atomic import atomic_dir, write_bin, write_npy, write_parquet, write_text
 from pipeline.storage.warehouse import replace_rows
-from pipeline.training.loop import TrainSettings, train
+from pipeline.training.loop import TrainConfig, TrainSettings, train
 
 MIXTURE_STRATEGIES = ("greedy_mixture", "greedy_curriculum")  # the partitions of mixture_runs
 BASELINES = ("random", "greedy")  # the training_runs models mixture_ablation scores too
@@ -58,13 +58,7 @@ class MixtureParams(StageParams):
     mixture: Any = setting()  # pipeline.config.MixtureConfig
     seed: int = setting()
     seeds: list[int] = setting()
-    model_preset: str = setting()
-    batch_size: int = setting()
-    max_steps: int = setting()
-    lr: float = setting()
-    warmup_steps: int = setting()
-    weight_decay: float = setting()
-    cross_document: bool = setting()
+    train: TrainConfig = setting(convert=TrainConfig)  # the proxy models train as training_runs' do
     seq_len: int = setting()
     lam: float = setting()
     length_bins: int = setting()
@@ -146,11 +140,10 @@ def meta_context(params: MixtureParams, layout, log: Callable[[str], None] = lam
         raise StrataInputError("a training document has no cluster", fix="rematerialize clusters after tokens")
     tdocs = pl.read_parquet(mixture_dir(layout, "target", "documents.parquet"))
     ttok, toff = open_tokens(mixture_dir(layout, "target", "tokens.bin"), mixture_dir(layout, "target", "doc_offsets.npy"))
-    ts = TrainSettings(preset=params.model_preset, batch_size=params.batch_size, max_steps=params.max_steps, lr=params.lr,
-                       warmup_steps=params.warmup_steps, weight_decay=params.weight_decay, seed=params.seeds[0],
-                       cross_document=params.cross_document)
+    # epochs 0: each proxy run is max_steps long, over the stream the mixture's loop builds for it
+    ts = replace(TrainSettings.from_config(params.train, params.seeds[0]), epochs=0)
     inf = InfluenceSettings(dim=m.projection_dim, nnz=m.projection_nnz, clip=m.clip, ridge=m.ridge, score_clip=m.score_clip,
-                            batch=min(8, params.batch_size), seed=params.seed)
+                            batch=min(8, params.train.batch_size), seed=params.seed)
     return make_context(tokens, offsets, doc_cluster, ttok, toff, tdocs["role"].to_numpy(), tdocs["general"].to_numpy(),
                         vocab_size=len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, train_settings=ts, seq_len=params.seq_len,
                         influence=inf,
