@@ -13,7 +13,6 @@ dtype, sequence length, count, EOS and pad ids, strategy and lineage.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.export.extend import Previous, copy_prefix
+from pipeline.export.numpy_reader import open_numpy
 from pipeline.export.pieces import sequence_pieces
 from pipeline.storage.atomic import write_json, write_parquet
 
@@ -178,9 +178,4 @@ def export_numpy(stream: OrderedStream, out: Path, meta: dict, progress=None, pr
     return [out / "tokens.bin", out / "label_mask.bin", out / "segments.parquet", out / "meta.json"]
 
 
-def open_numpy(export_dir: str | Path) -> tuple[np.memmap, dict]:
-    """Memory-map a ``numpy`` export: ``(tokens (n_sequences, seq_len), meta)``."""
-    d = Path(export_dir)
-    meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
-    tokens = np.memmap(d / "tokens.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_sequences"], meta["seq_len"]))
-    return tokens, meta
+__all__ = ["export_numpy", "open_numpy", "ordered_segments", "write_tokens"]

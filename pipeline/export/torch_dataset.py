@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from pipeline.export.batches import check_batching, rank_positions
-from pipeline.export.numpy_tokens import open_numpy
+from pipeline.export.numpy_reader import open_numpy
 from pipeline.export.pieces import positions_in_pieces, sequence_pieces
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import polars as pl
 
 from pipeline.heavy import lazy
 from pipeline.storage.atomic import atomic_path
@@ -64,8 +63,8 @@ def decode(obj: Any) -> Any:
         if "__ndarray__" in obj:
             raw = obj["__ndarray__"].numpy().tobytes()
             return np.frombuffer(raw, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
-        if "__frame__" in obj:
-            return pl.read_ipc(io.BytesIO(obj["__frame__"].numpy().tobytes()))
+        if "__frame__" in obj:  # written by a caller that holds frames, so polars is loaded (the loop runs without it)
+            return sys.modules["polars"].read_ipc(io.BytesIO(obj["__frame__"].numpy().tobytes()))
         return {k: decode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(decode(v) for v in obj)

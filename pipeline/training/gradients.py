@@ -14,7 +14,7 @@
   consecutive chunks of a schedule, and the 10 x 10 matrix of their cosine similarities. A schedule
   without drift has a flat matrix (TerRIFIC curricula reports 0.945-0.947 everywhere). As the paper
   does ("a frozen model checkpoint (trained on non-overlapping data)"), the checkpoint is trained on
-  documents no schedule holds (the held-out split: ``pipeline.training.heldout.heldout_store``).
+  documents no schedule holds (the held-out split: ``pipeline.training.heldout_store.heldout_store``).
 
 Gradients come from ``torch.autograd.grad``: no optimizer step, ``.grad`` buffers untouched, the
 model's train/eval mode restored. Forward passes use bf16 autocast on CUDA.

@@ -16,7 +16,6 @@ import numpy as np
 
 from pipeline.errors import StrataInputError
 from pipeline.heavy import lazy
-from pipeline.packing.pack import SequenceStore, pack_concat
 from pipeline.training.model import attention_inputs, next_token_labels, token_losses
 
 torch = lazy("torch")  # imported on first use (pipeline/heavy.py)
@@ -93,25 +92,3 @@ def score_steps(max_steps: int, every: int) -> list[int]:
     if every <= 0:
         return [max_steps]
     return sorted(set(range(0, max_steps + 1, every)) | {max_steps})
-
-
-def heldout_store(texts: list[str], tokenizer, seq_len: int):
-    """The held-out documents as training data: each tokenized (text + EOS), all packed in order by
-    ``concat`` into ``seq_len``-token sequences; returns a ``SequenceStore``.
-
-    No ablation run trains on these documents, so a model trained on them is a checkpoint "trained
-    on non-overlapping data" (TerRIFIC curricula, "The Merits of Our Scheduler") for the gradients
-    of every schedule.
-    """
-    eos = tokenizer.eos_token_id
-    docs = [ids + [eos] for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"] if ids]
-    lengths = np.array([len(d) for d in docs], dtype=np.int64)
-    if lengths.sum() < seq_len:
-        raise StrataInputError(
-            f"the held-out split holds {int(lengths.sum())} tokens, less than one sequence of {seq_len}",
-            fix="raise heldout_fraction (the frozen checkpoint of mixture fidelity trains on the held-out split)",
-        )
-    flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs])
-    packed = pack_concat(np.arange(lengths.size), lengths, seq_len)
-    pad = tokenizer.pad_token_id
-    return SequenceStore(flat, np.concatenate([[0], np.cumsum(lengths)]), packed.segments, seq_len, pad_id=eos if pad is None else pad)

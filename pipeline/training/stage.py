@@ -40,7 +40,8 @@ from pipeline.training.experiments import (
     topic_groups,
 )
 from pipeline.training.gradients import fidelity_rows, gradient_stable_ranks, mixture_fidelity
-from pipeline.training.heldout import heldout_batch, heldout_store
+from pipeline.training.heldout import heldout_batch
+from pipeline.training.heldout_store import heldout_store
 from pipeline.training.loop import TrainConfig, TrainSettings, checkpoint_steps, epoch_boundary_jumps, stream_ids, train
 
 FROZEN_FRACTION = 0.2  # the frozen checkpoint of mixture fidelity: a model at 20% of a run's steps
