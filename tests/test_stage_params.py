@@ -77,6 +77,7 @@ def test_params_table_is_derived_from_the_stage_params():
         assert set(P.PARAMS[asset]) == set(own) | set(P.REGISTRY_READS.get(asset, ())), asset
     assert "claims.k" in P.PARAMS["claims"] and "odm.clock" in P.PARAMS["training_runs"]
     assert "export.world_size" in P.PARAMS["exports"]  # mds's reads
+    assert "tokenizer_sample_chars" in P.PARAMS["tokenizer"]  # another sample trains another tokenizer
 
     @dataclasses.dataclass(frozen=True)
     class MorePack(PackParams):

@@ -51,7 +51,7 @@ class TokenizerParams(StageParams):
     tokenizer: str = setting()  # "" = train a BPE
     vocab_size: int = setting()
     seed: int = setting(versioned=False)  # the sample (the corpus' parameters)
-    tokenizer_sample_chars: int = setting(versioned=False)
+    tokenizer_sample_chars: int = setting()  # the sample the BPE trains on: another gives another tokenizer
 
 
 @dataclass(frozen=True)
