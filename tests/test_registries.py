@@ -46,7 +46,7 @@ def write(stream, out, meta, *, global_batch, world_size, progress=None):
     return [path]
 
 
-SPECS = (ExportFormat("toy_ids", "sequence ids, one per line", write, reads=("tokenizer_sample_chars",)),)
+SPECS = (ExportFormat("toy_ids", "sequence ids, one per line", write, reads=("checkpoint_every",)),)
 '''
 
 TOY_SUITE = '''
@@ -210,7 +210,7 @@ def test_toy_strategy_format_and_suite_from_one_file_each(tmp_path):
     assert out["config"] == [["random", "toy_reverse"], ["numpy", "toy_ids"]]
     # each toy's key joins its asset's parameters and, read by no other asset, its launchpad fields
     assert "shard_docs" in out["params"]["orderings"] and "shard_docs" in out["launchpad"]["orderings"]
-    assert "tokenizer_sample_chars" in out["launchpad"]["exports"]
+    assert "checkpoint_every" in out["launchpad"]["exports"]
     assert "embed_batch_size" in out["launchpad"]["evaluations"]
     assert out["rows"] == [{"suite": "toy", "task": "all", "metric": "toy_score", "value": 8.0, "n": 1}]
     assert out["higher_is_better"] is True and out["better"] == [True]  # a rise of the toy's score counts as better
