@@ -47,4 +47,5 @@ def plot_quality(docs: pl.DataFrame, threshold: float | None, path: str | os.Pat
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(by)
         ax.set_ylabel("score")
+        ax.ticklabel_format(axis="y", useOffset=False)  # scores as they are, not as offsets from one
     return save_png(fig, path)
