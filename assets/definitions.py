@@ -29,6 +29,7 @@ from assets import (  # noqa: E402
     loaded,
     mixture,
     orderings,
+    quality,
     sequences,
     sync,
     tokens,
@@ -41,7 +42,8 @@ from pipeline.config import resolve_config  # noqa: E402
 from pipeline.config_source import config_source  # noqa: E402
 from pipeline.overrides import params_hash  # noqa: E402
 
-_MODULES = [corpus, tokens, embeddings, clean, sequences, orderings, exports, diagnostics, training, evaluations, claims, checks, mixture]
+_MODULES = [corpus, tokens, embeddings, clean, quality, sequences, orderings, exports, diagnostics, training, evaluations, claims, checks,
+            mixture]
 
 
 def config_sensor(config_file: str | None, data_root: str | None, built_from) -> dg.SensorDefinition:

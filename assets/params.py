@@ -35,6 +35,7 @@ from pipeline.ordering import strategies
 from pipeline.ordering.stage import OrderStageParams
 from pipeline.overrides import is_section, key_annotation, launchpad_field, launchpad_type, params_hash, with_overrides
 from pipeline.packing.stage import PackParams
+from pipeline.quality.stage import QualityParams
 from pipeline.reports.stage import AblationReportParams, DiagnoseParams, DiagnosticsReportParams
 from pipeline.represent.stage import CentroidParams, EmbedParams
 from pipeline.stage import StageParams
@@ -43,7 +44,7 @@ from pipeline.training.stage import ClaimRunsParams, GradientParams, TrainRunPar
 RAW_CORPUS = dg.AssetKey("raw_corpus")
 RAW_SHARDS = dg.AssetKey("raw_shards")
 # Partitioned by corpus shard: each follows its own shard (corpus_shards[p] <- raw_shards[p]), not the whole corpus.
-SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards", "clean_shards")
+SHARD_ASSETS = ("corpus_shards", "token_shards", "embedding_shards", "cluster_shards", "clean_shards", "quality_shards")
 # asset -> the params model of the stage it calls (None: the asset has no parameters of its own, only its upstream
 # assets'). A params model's keys() leave out speed knobs (embed_batch_size), checkpoint_every (a resumed run's
 # outputs are byte-identical) and keys an upstream asset's parameters cover (versioned=False, pipeline/stage.py).
@@ -63,6 +64,8 @@ STAGE_PARAMS: dict[str, type[StageParams] | None] = {
     # reruns its partitions without reading a text
     "clean_shards": CleanParams,
     "clean": CleanParams,
+    "quality_shards": QualityParams,  # the score files are named by the scorer's fingerprint
+    "quality": QualityParams,
     "sequences": PackParams,
     "orderings": OrderStageParams,
     "exports": ExportParams,

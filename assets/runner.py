@@ -26,9 +26,12 @@ ORDER_TIERS = {"first": 0, "": 1, "last": 2}  # an asset's tag strata/order -> w
 
 def optional_enabled(name: str, group: str | None, cfg: StrataConfig) -> bool:
     """Whether ``strata run`` without ``--select`` materializes this asset: the mixture stage only with
-    ``mixture.enabled``, the claims' own training runs only with ``claims_full``."""
+    ``mixture.enabled``, the quality stage only with ``quality.enabled``, the claims' own training
+    runs only with ``claims_full``."""
     if group == "mixture":
         return cfg.mixture.enabled
+    if group == "quality":
+        return cfg.quality.enabled
     if name == "claim_runs":
         return cfg.claims.full
     return True

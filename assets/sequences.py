@@ -11,7 +11,7 @@ from pipeline.packing import stage
 SequencesParams = PARAM_CLASSES["sequences"]  # launchpad: this asset's parameters (assets/params.py)
 
 
-@dg.asset(group_name="data", deps=["tokens", "clusters", "clean"], code_version="1", kinds={"parquet"})
+@dg.asset(group_name="data", deps=["tokens", "clusters", "clean", "quality"], code_version="1", kinds={"parquet"})
 def sequences(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
               config: SequencesParams) -> dg.MaterializeResult:
     """Pack documents (seeded shuffle) into ``seq_len``-token sequences with the configured

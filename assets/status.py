@@ -86,8 +86,8 @@ def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition
 
 
 def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
-    """Every materializable asset and partition of the config, in graph order (the mixture stage only when
-    enabled; ``claim_runs`` once materialized or with ``claims_full``). An asset Dagster calls fresh or
+    """Every materializable asset and partition of the config, in graph order (the mixture and quality
+    stages only when enabled; ``claim_runs`` once materialized or with ``claims_full``). An asset Dagster calls fresh or
     stale whose files this data root does not hold (:class:`OnDisk`) is missing."""
     return graph_statuses(defs.resolve_asset_graph(), instance, cfg)
 
@@ -103,6 +103,8 @@ def graph_statuses(graph, instance: dg.DagsterInstance, cfg: StrataConfig) -> li
             continue
         if node.group_name == "mixture" and not cfg.mixture.enabled:
             continue  # the TerRIFIC stage is not part of this config (mixture.enabled: false)
+        if node.group_name == "quality" and not cfg.quality.enabled:
+            continue  # the quality stage is not part of this config (quality.enabled: false)
         for part in _partitions(key.to_user_string(), node.partitions_def, cfg):
             status = res.get_status(key, part)
             if key.to_user_string() == "claim_runs" and status == StaleStatus.MISSING and not cfg.claims.full:

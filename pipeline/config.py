@@ -28,7 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from pipeline.errors import StrataInputError
 from pipeline.names import ATOM_MULTIPLES, EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
-from pipeline.registry import EXPORT_FORMATS, FAMILIES, STRATEGIES
+from pipeline.registry import EXPORT_FORMATS, FAMILIES, SCORERS, STRATEGIES
 from pipeline.storage.layout import check_data_root
 
 __all__ = ["ClaimsConfig", "ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "ExportConfig", "FORMER_NAMES",
@@ -265,6 +265,41 @@ class DecontamConfig(_Model):
     key_prefix: ClassVar[str] = "decontam."
 
 
+class QualityFilterConfig(_Model):
+    """Which scored documents leave training (``quality.filter``): both unset keeps every document."""
+
+    threshold: float | None = None  # a document scoring below it leaves training (reason "quality")
+    keep_top: float = Field(1.0, gt=0.0, le=1.0)  # the share of the tokens kept, the best-scoring documents first
+
+    key_prefix: ClassVar[str] = "quality.filter."
+
+
+class QualityConfig(_Model):
+    """A quality score per training document (pipeline/quality/, docs/quality.md): off by default."""
+
+    enabled: bool = False  # true: strata run scores every shard (quality_shards, quality) and the documents gain `quality`
+    scorer: str = "fasttext"  # a scorer of pipeline/quality/scorers/: fasttext | fasttext_trained | hf_classifier
+    path: str = ""  # fasttext: the classifier .bin; hf_classifier: the model directory
+    label: str = ""  # the positive label ("" = __label__hq for fastText, the last label of a classifier)
+    positives: str = ""  # fasttext_trained: the positive class's documents (JSONL/Parquet text field, or one a line)
+    negatives: str = ""  # fasttext_trained: the negative class's documents
+    epochs: int = Field(5, ge=1)  # fasttext_trained: training epochs
+    dim: int = Field(64, ge=1)  # fasttext_trained: word-vector size
+    lr: float = Field(0.1, gt=0.0)  # fasttext_trained: learning rate
+    heldout_share: float = Field(0.1, ge=0.0, lt=1.0)  # fasttext_trained: share of each class held out for the AUC
+    seed: int = Field(0, ge=0)  # fasttext_trained: the split and the training
+    max_tokens: int = Field(512, ge=1)  # hf_classifier: first N tokens of each document
+    batch_size: int = Field(32, ge=1)  # hf_classifier: documents per forward pass
+    filter: QualityFilterConfig = Field(default_factory=QualityFilterConfig)
+
+    key_prefix: ClassVar[str] = "quality."
+
+    @field_validator("scorer")
+    @classmethod
+    def _scorer(cls, value: str) -> str:
+        return _registered([value], SCORERS.names(), "quality scorers")[0]
+
+
 class OdmConfig(_Model):
     """The ``odm`` strategy's sampler: Online Data Mixing's Exp3 bandit over the clusters (pipeline/ordering/odm.py)."""
 
@@ -450,6 +485,7 @@ class StrataConfig(_Model):
     dedup: DedupConfig = Field(default_factory=DedupConfig)  # the clean stage's duplicates (docs/cleaning.md)
     decontam: DecontamConfig = Field(default_factory=DecontamConfig)  # the clean stage's contamination check (docs/cleaning.md)
     # after batch_size: their checks read it
+    quality: QualityConfig = Field(default_factory=QualityConfig)  # quality scores, filter (docs/quality.md)
     odm: OdmConfig = Field(default_factory=OdmConfig)  # the odm strategy's sampler (pipeline/ordering/odm.py)
     export: ExportConfig = Field(default_factory=ExportConfig)  # the exports asset and `strata export` (docs/export.md)
     claims: ClaimsConfig = Field(default_factory=ClaimsConfig)  # each paper's measurable claim (`strata claims`)

@@ -29,6 +29,7 @@ HEAVY: dict[str, str] = {
     "threadpoolctl": "bounding BLAS threads around scikit-learn's k-means",
     "scipy.sparse": "sparse matrices and their connected components (scipy's own package is numba's import)",
     "scipy.stats": "the t and normal distributions of the reports' intervals",
+    "fasttext": "the fastText quality scorers (fasttext-numpy2-wheel): the quality stage only",
     "datasketch": "MinHash near-duplicate detection (imports scipy)",
     "matplotlib": "every figure: the reports and the stages' UI figures",
     "PIL": "the ordering animation (GIF)",

@@ -7,7 +7,7 @@ modules (dotted names or ``.py`` files, separated by ``os.pathsep``), each decla
 like a built-in module; every registry takes the entries of its own spec type.
 
 The built-in registries of the library are declared here (:data:`STRATEGIES`, :data:`FAMILIES`,
-:data:`EXPORT_FORMATS`), each by the package its entries live in and the name of its spec type,
+:data:`EXPORT_FORMATS`, :data:`SCORERS`), each by the package its entries live in and the name of its spec type,
 both imported when the registry is first read: the configuration (``pipeline/config.py``, beneath
 every stage) validates names against them without importing a stage package, and each package's
 ``REGISTRY`` is the handle declared here. Spec modules import their stage's code at their top;
@@ -112,3 +112,4 @@ class Registry(Generic[T]):
 STRATEGIES: Registry = Registry("pipeline.ordering.strategies:StrategySpec", "pipeline.ordering.strategies", "ordering strategy")
 FAMILIES: Registry = Registry("pipeline.ordering.families:FamilySpec", "pipeline.ordering.families", "characteristic family")
 EXPORT_FORMATS: Registry = Registry("pipeline.export.formats:ExportFormat", "pipeline.export.formats", "export format")
+SCORERS: Registry = Registry("pipeline.quality.scorers:Scorer", "pipeline.quality.scorers", "quality scorer")

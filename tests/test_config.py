@@ -87,9 +87,10 @@ def test_names_declared_for_the_config_match_the_stages():
     assert set(PRESETS) == set(names.MODEL_PRESETS), "declare new model presets in pipeline/names.py"
     assert METHODS == names.EMBED_METHODS and WITHIN_SORTS == names.WITHIN_SORTS
     assert all(preset(o, 1.0) for o in names.OBJECTIVES if o != "custom")  # every named objective is a preset
-    f = sequence_features(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([3, 4, 5]), np.array([1, 2, 3]), 2)
     from pipeline.ordering import families
 
+    read = {n: np.array([0, 1, 1]) for n in families.names() if families.spec_of(n).column is not None}  # quality_bin's codes
+    f = sequence_features(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([3, 4, 5]), np.array([1, 2, 3]), 2, seg_columns=read)
     assert len(families.names("tokens")) >= 3 and len(families.names("sequences")) >= 3
     for name in families.names():  # every registered family is built
         assert family_matrix(f, Family(name), 1.0).n_rows == 2
@@ -147,7 +148,7 @@ def test_select_uses_dagster_selection_syntax(tmp_path):
     defs = build_definitions(None, str(tmp_path / "root"))
     assert selected_keys(defs, "*orderings") == {"raw_corpus", "corpus_shards", "corpus", "tokenizer", "token_shards", "tokens",
                                                  "embedding_shards", "embeddings", "centroids", "cluster_shards", "clusters",
-                                                 "clean_shards", "clean", "sequences", "orderings"}
+                                                 "clean_shards", "clean", "quality_shards", "quality", "sequences", "orderings"}
     assert selected_keys(defs, "evaluations+") == {"evaluations", "ablation_report"}
     with pytest.raises(StrataInputError, match="selects no asset|cannot resolve"):
         selected_keys(defs, "no_such_asset")

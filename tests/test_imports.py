@@ -146,6 +146,7 @@ LAYERS = (
     ("data",),
     ("represent",),
     ("clean",),
+    ("quality",),
     ("packing",),
     ("ordering",),
     ("training", "export"),
@@ -155,7 +156,8 @@ LAYERS = (
     ("cli",),
 )
 RANK = {node: i for i, layer in enumerate(LAYERS) for node in layer}
-STAGES = ("data", "represent", "clean", "packing", "ordering", "training", "mixture", "reports", "claims", "export", "distributed")
+STAGES = ("data", "represent", "clean", "quality", "packing",
+          "ordering", "training", "mixture", "reports", "claims", "export", "distributed")
 
 
 def node_of(name: str) -> str | None:

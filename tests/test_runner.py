@@ -38,17 +38,19 @@ def test_plan_follows_the_graph_and_the_config(graph_and_cfg):
     _check_topological(defs, batches)
     planned = {n for _, names in batches for n in names}
     materializable = {k.to_user_string() for k in graph.materializable_asset_keys}
-    optional = {n for n in materializable if graph.get(dg.AssetKey(n)).group_name == "mixture"} | {"claim_runs"}
+    optional = {n for n in materializable if graph.get(dg.AssetKey(n)).group_name in ("mixture", "quality")} | {"claim_runs"}
     assert planned == (materializable - optional) | {"raw_corpus"}
     assert [names for _, names in batches][:2] == [["corpus_shards", "clean_shards"], ["raw_corpus", "corpus", "tokenizer"]]
     assert batches[-1] == (None, ["diagnostics_report", "gradient_analyses", "claims", "ablation_report"])
 
     on = cfg.model_copy(update={"claims": cfg.claims.model_copy(update={"full": True}),
-                                "mixture": cfg.mixture.model_copy(update={"enabled": True})})
+                                "mixture": cfg.mixture.model_copy(update={"enabled": True}),
+                                "quality": cfg.quality.model_copy(update={"enabled": True})})
     batches = plan(defs, selected_keys(defs, None), on)
     _check_topological(defs, batches)
     assert {n for _, names in batches for n in names} == materializable | {"raw_corpus"}
     order = [n for _, names in batches for n in names]
+    assert order.index("quality") < order.index("sequences"), "the packing applies the quality filter"
     learning = ["mixture_target", "mixture_iterations", "mixture_weights", "mixture_curriculum"]
     assert max(map(order.index, learning)) < order.index("orderings"), "greedy_mixture's ordering reads the learned weights"
     assert order[-2:] == ["mixture_runs", "mixture_ablation"], "the mixture stage's ablation runs after everything else"

@@ -1,5 +1,6 @@
-"""What the clean stage's table removes, as the stages after it read it: the documents the packing
-leaves out (and their tokens by reason), the duplicate groups ``duplicate_separated`` keeps apart,
+"""What the clean stage's table removes (and the quality stage's filter, ``quality/documents.parquet``),
+as the stages after it read it: the documents the packing leaves out (and their tokens by reason),
+the duplicate groups ``duplicate_separated`` keeps apart,
 the ordering's documents without the removed ones. Apart from ``stage.py`` so the packing and the
 ordering read the clean table without importing the cleaning itself.
 """
@@ -20,13 +21,16 @@ def clean_file(layout) -> Path:
     return layout.inside("clean", "documents.parquet")
 
 
-def removed_documents(layout) -> pl.DataFrame | None:
-    """doc_id and removed (the reason) of the documents the clean stage takes out of training, or
-    None when there is no clean table (a data root cleaned by no run) or it removes nothing."""
-    path = clean_file(layout)
-    if not path.is_file():
+def removed_documents(layout, quality: bool = False) -> pl.DataFrame | None:
+    """doc_id and removed (the reason) of the documents the clean stage takes out of training and,
+    with ``quality`` (``quality.enabled``), those the quality filter takes out (a document both
+    remove keeps clean's reason); None when neither table is there (a data root cleaned by no run)
+    or they remove nothing."""
+    paths = [p for p in (clean_file(layout), layout.quality if quality else None) if p is not None and p.is_file()]
+    if not paths:
         return None
-    gone = pl.read_parquet(path, columns=["doc_id", "removed"]).filter(pl.col("removed").is_not_null())
+    gone = pl.concat([pl.read_parquet(p, columns=["doc_id", "removed"]).filter(pl.col("removed").is_not_null()) for p in paths])
+    gone = gone.unique("doc_id", keep="first", maintain_order=True).sort("doc_id") if len(paths) > 1 else gone
     return gone if gone.height else None
 
 
@@ -48,13 +52,13 @@ def applied_removals(layout) -> pl.DataFrame | None:
 
 
 def tokens_by_reason(gone: pl.DataFrame | None, stream: np.ndarray) -> dict[str, int]:
-    """Stream tokens (ids and EOS) of the documents ``gone`` (doc_id, removed) by reason (every
-    reason, 0 where none)."""
+    """Stream tokens (ids and EOS) of the documents ``gone`` (doc_id, removed) by reason (every clean
+    reason, 0 where none; ``quality`` when the quality filter removed any)."""
     out = dict.fromkeys(REASONS, 0)
     if gone is not None:
         tok = np.asarray(stream, np.int64)[gone["doc_id"].to_numpy()]
         for reason, t in zip(gone["removed"].to_list(), tok.tolist()):
-            out[reason] += int(t)
+            out[reason] = out.get(reason, 0) + int(t)  # the quality filter's reason beside clean's
     return out
 
 

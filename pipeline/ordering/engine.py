@@ -20,7 +20,6 @@ from pipeline.names import WITHIN_SORTS
 from pipeline.ordering import strategies
 from pipeline.ordering.blend import Blend, document_groups
 from pipeline.ordering.doc_arrays import document_arrays, names_absent
-from pipeline.ordering.families import ColumnFamily
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
 from pipeline.ordering.greedy import Objective, greedy_mode
 from pipeline.ordering.strategies import StrategySpec
@@ -95,8 +94,12 @@ class OrderParams:
         return Objective.named(self.objective, self.lam, self.families)
 
     def column_families(self) -> list[str]:
-        """Families that name a documents column (e.g. ``source``): the inputs must carry it."""
-        return [f.name for f in self.objective_weights().families if isinstance(f.spec, ColumnFamily)]
+        """Families that read a documents column (e.g. ``source``, ``quality_bin``): the inputs must carry it."""
+        return [f.name for f in self.objective_weights().families if f.spec.column is not None]
+
+    def document_columns(self) -> list[str]:
+        """The documents columns those families read (``quality_bin`` reads ``quality``)."""
+        return list(dict.fromkeys(f.spec.column for f in self.objective_weights().families if f.spec.column is not None))
 
 
 def _blend(cfg: Any) -> Any:
@@ -320,14 +323,17 @@ def _family_columns(docs: pl.DataFrame, doc_id: np.ndarray, n: int, params: Orde
     """Per documents column a family names, each doc_id's dense code in sorted category order
     (nulls: one category)."""
     columns = {}
-    for col in params.column_families():
-        if col not in docs.columns:
+    for f in params.objective_weights().families:
+        if f.spec.column is None:
+            continue
+        if f.spec.column not in docs.columns:
             raise StrataInputError(
-                f"the family {col!r} names no column of the documents",
+                f"the family {f.name!r} names no column of the documents ({f.spec.column!r})",
                 fix=f"use one of the documents columns {docs.columns} or a built-in family"
+                    + (" (quality: enable the quality stage, docs/quality.md)" if f.spec.column == "quality" else "")
             )
-        columns[col] = np.zeros(n, dtype=np.int64)
-        columns[col][doc_id] = docs[col].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
+        columns[f.name] = np.zeros(n, dtype=np.int64)
+        columns[f.name][doc_id] = f.spec.codes(docs)
     return columns
 
 

@@ -136,10 +136,10 @@ def ordering_documents(layout, params: OrderParams | None = None, strategy: str 
     ``params``' families name (e.g. source) and the ``corpus.parquet`` columns ``strategy`` reads
     (e.g. content_hash; other strategies never hold the 64-character hashes); without the documents
     the clean stage removed, content_hash equal within each duplicate group (docs/cleaning.md)."""
-    extra = params.column_families() if params is not None else []
+    extra = params.document_columns() if params is not None else []
     blend = params.blend.column if params is not None and params.blend is not None and strategy is not None \
         and "mixture" in strategies.spec(strategy).reads else None  # greedy_blend's column
-    have = pl.read_parquet_schema(layout.documents)
+    have = [*pl.read_parquet_schema(layout.documents), *Store(layout).quality_columns()]
     docs = Store(layout).document_clusters(["n_tokens"] + [c for c in dict.fromkeys([*extra, *([blend] if blend else [])]) if c in have])
     corpus_cols = strategies.spec(strategy).documents if strategy is not None else ()
     if blend and blend not in have and blend in pl.read_parquet_schema(layout.corpus):

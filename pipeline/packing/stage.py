@@ -27,6 +27,7 @@ class PackParams(StageParams):
     packing: str = setting()  # concat | padding | best_fit, atom shuffles as e.g. "concat-x0.5"
     seed: int = setting()  # the documents' shuffle before packing
     freeze_prefix: int | str = setting()  # a frozen prefix kept (docs/reliability.md); 0 = off
+    quality: bool = setting("quality.enabled", versioned=False)  # the quality filter's removals applied (quality's parameter)
 
 
 def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
@@ -45,7 +46,7 @@ def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
     if not n_frozen:
         frozen.unfreeze(layout, connect)
     records = frozen.load_all(layout)
-    gone, kept_frozen, keys = _removals(layout, records)
+    gone, kept_frozen, keys = _removals(layout, records, params.quality)
     mask = None
     if gone is not None:
         mask = np.zeros(stream.size, bool)
@@ -90,12 +91,12 @@ def token_conservation(layout, params: PackParams, connect: Connect) -> CheckFac
     return CheckFact("token_conservation", passed, meta)
 
 
-def _removals(layout, records: list) -> tuple[pl.DataFrame | None, int, object]:
-    """``(the documents the clean stage removes, how many of them a frozen prefix holds, the
+def _removals(layout, records: list, quality: bool) -> tuple[pl.DataFrame | None, int, object]:
+    """``(the documents the clean stage (and with ``quality`` the quality filter) removes, how many of them a frozen prefix holds, the
     frozen documents' keys)``: a document a frozen prefix holds stays (it was trained on already);
     None without removals (docs/cleaning.md)."""
 
-    gone, kept_frozen = removed_documents(layout), 0
+    gone, kept_frozen = removed_documents(layout, quality), 0
     keys = frozen.doc_keys(layout) if records else None
     if gone is not None and records:
         held = gone["doc_id"].is_in(pl.Series(frozen.frozen_docs(records, keys)).implode())

@@ -119,6 +119,11 @@ class Layout:
         return self.root / "documents.parquet"
 
     @property
+    def quality(self) -> Path:
+        """The quality stage's per-document table (doc_id, quality, removed): the documents' ``quality`` column."""
+        return self.root / "quality" / "documents.parquet"
+
+    @property
     def embeddings(self) -> Path:
         """The embedding matrix's index over the shard files (:mod:`pipeline.represent.embedding_index`)."""
         return self.root / "embeddings" / "runs.parquet"
@@ -238,15 +243,25 @@ class Store:
         return Ordering(strategy, order, own.exists(), path, seg_path, target)
 
     def document_clusters(self, columns: "list[str] | tuple[str, ...]" = ("n_tokens",)) -> "pl.DataFrame":
-        """``doc_id``, the ``documents.parquet`` ``columns`` and each document's ``cluster``, in doc_id
-        order. Both files are written in doc_id order, so the columns are put side by side; a
+        """``doc_id``, the ``documents.parquet`` ``columns`` (and the quality stage's ``quality``) and
+        each document's ``cluster``, in doc_id order. Both files are written in doc_id order, so the columns are put side by side; a
         polars hash join of 10M rows would hold about 0.8 GB. Tables out of that order (or of
         different documents) are joined (inner) and sorted."""
-        docs = pl.read_parquet(self.layout.documents, columns=["doc_id", *[c for c in columns if c != "doc_id"]])
+        cols = [c for c in columns if c != "doc_id"]
+        scored = [c for c in cols if c not in pl.read_parquet_schema(self.layout.documents) and c in self.quality_columns()]
+        docs = pl.read_parquet(self.layout.documents, columns=["doc_id", *[c for c in cols if c not in scored]])
+        if scored:  # the quality stage's columns (quality/documents.parquet), in the documents' doc_id order
+            docs = docs.join(pl.read_parquet(self.layout.quality, columns=["doc_id", *scored]), on="doc_id", how="left",
+                             maintain_order="left")
         clusters = pl.read_parquet(self.layout.clusters, columns=["doc_id", "cluster"])
         if docs["doc_id"].equals(clusters["doc_id"]) and docs["doc_id"].is_sorted():
             return docs.with_columns(clusters["cluster"])
         return docs.join(clusters, on="doc_id").sort("doc_id")
+
+    def quality_columns(self) -> tuple[str, ...]:
+        """The columns the quality stage adds to the documents (``quality``), none before it ran."""
+        path = self.layout.quality
+        return tuple(c for c in pl.read_parquet_schema(path) if c not in ("doc_id", "removed")) if path.is_file() else ()
 
     @property
     def sequences(self) -> Sequences:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import polars as pl
 
 from pipeline import registry
 from pipeline.errors import StrataInputError
@@ -51,6 +52,11 @@ class FamilySpec:
     description: str
     repaired: bool = False  # the swap repair scores each batch's share of its groups (token families)
     diagnosed: str | None = None  # the ordering diagnostics' name of its metrics (None: not diagnosed)
+    column: str | None = None  # a documents column the engine reads for it (its codes: features.columns[name])
+
+    def codes(self, docs: "pl.DataFrame") -> np.ndarray:
+        """Each row of ``docs`` (the ordering's documents, with ``column`` and ``n_tokens``) as a dense group id 0..G-1."""
+        return docs[self.column].cast(pl.String).fill_null("").rank("dense").to_numpy().astype(np.int64) - 1
 
     def matrix(self, features: "SequenceFeatures", classes: int, unit: float) -> "Csr":
         """x^f for every row of ``features``, unscaled by the family's weight (``classes``: the
@@ -101,6 +107,7 @@ class ColumnFamily(TokenFamily):
 
     def __init__(self, name: str):
         self.name = name
+        self.column = name
 
     def tokens(self, features: "SequenceFeatures") -> "Csr":
         if self.name not in features.columns:

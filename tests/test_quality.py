@@ -1,0 +1,177 @@
+"""Quality scores (pipeline/quality/): each scorer on a tiny model built here, the filter's
+accounting, the quality family and the bad inputs (exit 2 naming the path or the document)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from helpers import DATA, demo_domains
+
+from pipeline.config import QualityConfig
+from pipeline.errors import StrataInputError
+from pipeline.quality import scorers
+from pipeline.quality.filter import removed_mask
+from pipeline.quality.scorers.fasttext_trained import auc
+from pipeline.quality.shards import finite
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """Positives (Python documentation) and negatives (fortunes) of the demo corpus, 60 each, as JSONL
+    and plain text files, and 20 unseen documents of each class."""
+    docs = demo_domains(("technical_docs", "quotes_humor"), 80)
+    pos = [d["text"] for d in docs if d["domain"] == "technical_docs"]
+    neg = [d["text"] for d in docs if d["domain"] == "quotes_humor"]
+    root = tmp_path_factory.mktemp("labels")
+    (root / "pos.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in pos[:60]) + "\n")
+    (root / "neg.txt").write_text("\n".join(t.replace("\n", " ") for t in neg[:60]) + "\n")
+    return root, pos[60:], neg[60:]
+
+
+def test_auc_is_the_mann_whitney_statistic():
+    assert auc(np.array([0.9, 0.8]), np.array([0.1, 0.2])) == 1.0
+    assert auc(np.array([0.1]), np.array([0.9])) == 0.0
+    assert auc(np.array([0.5, 0.9]), np.array([0.5, 0.1])) == pytest.approx((0.5 + 1 + 1 + 1) / 4)  # the tie counts half
+
+
+def test_trained_fasttext_separates_the_classes_and_is_trained_once(labelled, tmp_path):
+    root, pos, neg = labelled
+    cfg = QualityConfig(scorer="fasttext_trained", positives=str(root / "pos.jsonl"), negatives=str(root / "neg.txt"), epochs=10)
+    spec = scorers.spec("fasttext_trained")
+    prepared = spec.prepare(cfg, tmp_path / "models")
+    assert prepared.facts["trained_positives"] == 54 and prepared.facts["heldout_negatives"] == 6
+    assert prepared.facts["heldout_auc"] >= 0.9, prepared.facts
+    model = tmp_path / "models" / f"{prepared.key}.bin"
+    stamp = model.stat().st_mtime_ns
+    again = spec.prepare(cfg, tmp_path / "models")
+    assert again.key == prepared.key and model.stat().st_mtime_ns == stamp  # not trained again
+    s_pos = spec.score(prepared.model, prepared.options, pos)
+    s_neg = spec.score(prepared.model, prepared.options, neg)
+    assert auc(s_pos, s_neg) >= 0.9 and ((0 <= s_pos) & (s_pos <= 1.0001)).all()
+    retrained = spec.prepare(cfg.model_copy(update={"seed": 0}), tmp_path / "other")  # same inputs, another folder
+    assert (tmp_path / "other" / f"{retrained.key}.bin").read_bytes() == model.read_bytes()  # byte-identical training
+
+
+def test_fasttext_file_scores_the_positive_label(labelled, tmp_path):
+    import fasttext
+
+    root, pos, neg = labelled
+    positives = [json.loads(line)["text"] for line in (root / "pos.jsonl").read_text().splitlines()]
+    lines = [f"__label__good {t.replace(chr(10), ' ')}" for t in positives]
+    lines += [f"__label__bad {t}" for t in (root / "neg.txt").read_text().splitlines()]
+    np.random.default_rng(0).shuffle(lines)
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n")
+    model = fasttext.train_supervised(str(tmp_path / "train.txt"), epoch=10, wordNgrams=2, thread=1, seed=0, verbose=0, dim=32)
+    model.save_model(str(tmp_path / "m.bin"))
+    spec = scorers.spec("fasttext")
+    with pytest.raises(StrataInputError, match=r"no label '__label__hq' \(its labels"):
+        spec.prepare(QualityConfig(path=str(tmp_path / "m.bin")), tmp_path)
+    prepared = spec.prepare(QualityConfig(path=str(tmp_path / "m.bin"), label="__label__good"), tmp_path)
+    got = spec.score(prepared.model, prepared.options, pos[:5] + neg[:5])
+    labels, probs = model.predict([t.replace("\n", " ") for t in pos[:5] + neg[:5]], k=-1)
+    want = [p[list(ls).index("__label__good")] for ls, p in zip(labels, probs)]
+    np.testing.assert_allclose(got, want)
+    assert got[:5].mean() > got[5:].mean()
+    other = spec.prepare(QualityConfig(path=str(tmp_path / "m.bin"), label="__label__bad"), tmp_path)
+    assert other.key != prepared.key  # the label is part of the fingerprint
+
+
+def _tiny_classifier(path, num_labels: int, head: bool = True):
+    """A 2-layer BERT with a GPT-NeoX tokenizer (shared data), random weights, saved with its tokenizer."""
+    import torch
+    import transformers
+
+    tok_file = next(iter(sorted((DATA / "tokenizers").glob("*tokenizer.json"))), None)
+    if tok_file is None:
+        pytest.skip("no tokenizer.json under the shared data")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_file))
+    tok.pad_token = tok.pad_token or tok.eos_token or "<|endoftext|>"
+    config = transformers.BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=128, num_labels=num_labels,
+                                     id2label={i: f"class{i}" for i in range(num_labels)},
+                                     label2id={f"class{i}": i for i in range(num_labels)})
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config) if head else transformers.BertModel(config)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return model.eval(), tok
+
+
+def test_hf_classifier_regression_and_label_probability(labelled, tmp_path):
+    import torch
+
+    _, pos, neg = labelled
+    texts = pos[:3] + neg[:4]
+    spec = scorers.spec("hf_classifier")
+    model, tok = _tiny_classifier(tmp_path / "reg", 1)
+    prepared = spec.prepare(QualityConfig(scorer="hf_classifier", path=str(tmp_path / "reg"), max_tokens=48, batch_size=3), tmp_path)
+    got = spec.score(prepared.model, prepared.options, texts)
+    with torch.inference_mode():
+        want = [float(model(**tok(t, truncation=True, max_length=48, return_tensors="pt")).logits[0, 0]) for t in texts]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)  # batched with padding = one at a time
+    model3, tok3 = _tiny_classifier(tmp_path / "cls", 3)
+    prepared = spec.prepare(QualityConfig(scorer="hf_classifier", path=str(tmp_path / "cls"), label="class1"), tmp_path)
+    got = spec.score(prepared.model, prepared.options, texts[:2])
+    with torch.inference_mode():
+        want = [float(torch.softmax(model3(**tok3(t, return_tensors="pt", truncation=True, max_length=128)).logits, -1)[0, 1])
+                for t in texts[:2]]
+    np.testing.assert_allclose(got, want, rtol=1e-4)  # the model's 128 positions bound quality.max_tokens (512)
+
+
+def test_bad_models_and_labels_files_exit_2_naming_the_path(labelled, tmp_path):
+    root, _, _ = labelled
+    (tmp_path / "notft.bin").write_bytes(b"this is not a fastText model\n" * 10)
+    with pytest.raises(StrataInputError, match=r"notft\.bin: not a fastText model file"):
+        scorers.spec("fasttext").prepare(QualityConfig(path=str(tmp_path / "notft.bin")), tmp_path)
+    with pytest.raises(StrataInputError, match=r"quality\.path names no fasttext model"):
+        scorers.spec("fasttext").prepare(QualityConfig(path=str(tmp_path / "missing.bin")), tmp_path)
+    _tiny_classifier(tmp_path / "base", 1, head=False)
+    with pytest.raises(StrataInputError, match=r"base: .*no trained classification head|base: cannot load"):
+        scorers.spec("hf_classifier").prepare(QualityConfig(scorer="hf_classifier", path=str(tmp_path / "base")), tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StrataInputError, match=r"empty: no config\.json"):
+        scorers.spec("hf_classifier").prepare(QualityConfig(scorer="hf_classifier", path=str(tmp_path / "empty")), tmp_path)
+    trained = scorers.spec("fasttext_trained")
+    with pytest.raises(StrataInputError, match=r"nope\.jsonl: the negatives file is missing"):
+        trained.prepare(QualityConfig(positives=str(root / "pos.jsonl"), negatives=str(tmp_path / "nope.jsonl")), tmp_path)
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(StrataInputError, match=r"blank\.txt: the positives file holds no document: a classifier needs both"):
+        trained.prepare(QualityConfig(positives=str(tmp_path / "blank.txt"), negatives=str(root / "neg.txt")), tmp_path)
+
+
+def test_a_nan_score_names_the_document(tmp_path):
+    from pipeline.config import CorpusConfig
+    from pipeline.data.corpus import build_corpus
+    from pipeline.data.shard_docs import manifest_shards
+
+    pl.DataFrame({"id": ["a", "b", "c"], "text": ["one doc", "two doc", "three doc"]}).write_parquet(tmp_path / "c.parquet")
+    build = build_corpus(CorpusConfig(path=str(tmp_path / "c.parquet")), 0, 0.0, tmp_path / "shards", tmp_path / "corpus.parquet")
+    (_, shard), = manifest_shards(build.manifest, tmp_path / "shards")
+    assert finite(np.array([0.1, 0.2, 0.3]), shard, "x").size == 3
+    with pytest.raises(StrataInputError, match=r"returned nan for the document 'b' \(training row 1; 1 documents"):
+        finite(np.array([0.1, np.nan, 0.3]), shard, "x")
+
+
+def test_the_filter_removes_by_threshold_and_by_kept_token_share():
+    scores, tokens = np.array([0.9, 0.1, 0.5, 0.5, 0.7]), np.array([10, 10, 30, 10, 40])
+    assert removed_mask(scores, tokens, None, 1.0).tolist() == [False] * 5
+    assert removed_mask(scores, tokens, 0.5, 1.0).tolist() == [False, True, False, False, False]
+    # best first: 0.9 (10), 0.7 (40) hold 50 of 100 tokens; the next (0.5, doc 2) crosses 50%: kept only below the share
+    assert removed_mask(scores, tokens, None, 0.5).tolist() == [False, True, True, True, False]
+    assert removed_mask(scores, tokens, None, 0.55).tolist() == [False, True, False, True, False]
+    assert removed_mask(scores, tokens, 0.8, 0.55).tolist() == [False, True, True, True, True]  # either rule removes
+
+
+def test_quality_bins_are_token_quartiles():
+    from pipeline.ordering.families import spec_of
+    from pipeline.ordering.families.quality_bin import token_quantile_bins
+
+    assert token_quantile_bins(np.array([0.4, 0.1, 0.3, 0.2]), np.ones(4), 4).tolist() == [3, 0, 2, 1]
+    # a document's bin is that of its middle token: 25, 55, 70 and 90 of the 100 tokens
+    assert token_quantile_bins(np.array([0.1, 0.5, 0.6, 0.9]), np.array([50, 10, 20, 20]), 4).tolist() == [1, 2, 2, 3]
+    fam = spec_of("quality_bin")
+    docs = pl.DataFrame({"quality": [0.4, 0.1, 0.3, 0.2], "n_tokens": [1, 1, 1, 1]})
+    assert fam.column == "quality" and fam.codes(docs).tolist() == [3, 0, 2, 1]
