@@ -260,6 +260,21 @@ def test_consumed_diversity_hand_computed():
     assert m["batch_share_dev_max"] == pytest.approx(2 / 3) and m["batch_share_dev_mean"] == pytest.approx(0.5)
 
 
+def test_consumed_diversity_sums_in_batch_order():
+    """The means and stds are numpy's over the batches in order, to the bit (group_by's row order is
+    arbitrary, and a sum in another order differs in the last bit)."""
+    rng = np.random.default_rng(0)
+    seg = pl.DataFrame({"sequence_id": np.repeat(np.arange(400), 3), "doc_id": np.arange(1200),
+                        "n_tokens": rng.integers(1, 50, 1200)})
+    cluster = rng.integers(0, 37, 1200)
+    stream = rng.permutation(400)
+    m = consumed_diversity(stream, seg, cluster, batch_size=3)
+    per = [len({int(c) for q in stream[i:i + 3] for c in cluster[q * 3:q * 3 + 3]}) for i in range(0, 400, 3)]
+    assert m["clusters_per_batch_std"] == float(np.asarray(per, dtype=np.float64).std())
+    assert m["clusters_per_batch_mean"] == float(np.asarray(per, dtype=np.float64).mean())
+    assert all(consumed_diversity(stream, seg, cluster, batch_size=3) == m for _ in range(5))
+
+
 def test_unreachable_targets_name_the_documents_they_need():
     a, b = np.array([0.0, 0.02, 0.04]), np.array([0.0, 0.1])
     units = _grid({"greedy": a[:, None] + b[None, :] - 0.02}, 2)

@@ -43,13 +43,14 @@ def consumed_diversity(stream: np.ndarray, segments: pl.DataFrame, doc_cluster: 
     if per_seq["n"].null_count():
         raise StrataInputError("the stream names a sequence the segments lack", fix="pass the segments of the packing trained on")
     in_batch = served.join(seg, on="seq").group_by("batch", "cluster").agg(pl.col("tokens").sum())
-    per_batch = in_batch.group_by("batch").agg(pl.len().alias("n"))
+    # sorted by batch: a mean or std summed in group_by's arbitrary row order differs in the last bit run to run
+    per_batch = in_batch.group_by("batch").agg(pl.len().alias("n")).sort("batch")
     dev = (
         in_batch.with_columns(bshare=pl.col("tokens") / pl.col("tokens").sum().over("batch"))
         .join(pl.DataFrame({"batch": per_batch["batch"]}).join(total.select("cluster", "share"), how="cross"),
               on=["batch", "cluster"], how="right")
         .with_columns(d=(pl.col("bshare").fill_null(0.0) - pl.col("share")).abs())
-        .group_by("batch").agg(pl.col("d").max())["d"].to_numpy()
+        .group_by("batch").agg(pl.col("d").max()).sort("batch")["d"].to_numpy()
     )
     s, b = per_seq["n"].to_numpy().astype(np.float64), per_batch["n"].to_numpy().astype(np.float64)
     return {
