@@ -6,12 +6,11 @@ GraphQL layer uses, over the same instance and definitions, after the same corpu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dagster as dg
 
 from assets.common import SHARD_PARTITIONS
 from assets.dagster_internals import DATA_VERSION_TAG, AssetKeyPartitionKey, CachingStaleStatusResolver, StaleStatus, resolver_for
+from pipeline.cli.staleness import Row
 from pipeline.config import StrataConfig
 from pipeline.data.corpus import corpus_fingerprint, corpus_units, shard_key, shard_versions
 from pipeline.overrides import changed_values
@@ -19,14 +18,6 @@ from pipeline.storage.lineage import OnDisk
 
 RAW = dg.AssetKey("raw_corpus")
 RAW_SHARDS = dg.AssetKey("raw_shards")
-
-
-@dataclass(frozen=True)
-class Row:
-    asset: str
-    partition: str | None
-    status: str  # fresh | stale | missing
-    why: str  # root causes of staleness, "" otherwise
 
 
 def observe_corpus(instance: dg.DagsterInstance, cfg: StrataConfig) -> str:

@@ -20,33 +20,14 @@ import dagster as dg
 from assets.common import StrataSettings
 from assets.dagster_internals import asset_graph
 from assets.params import PARAMS
+from pipeline.cli.staleness import check_summary
 from pipeline.config import StrataConfig
 
 CHECK = "up_to_date"
-SHOWN = 20  # stale partitions listed in the description; the metadata lists them all
-
-
-def _cause(rows) -> str:
-    """What made ``rows`` (stale) stale, shortest first: the config keys that changed, else the root causes."""
-    changed = sorted({r.why.split(" — config changed: ", 1)[1] for r in rows if " — config changed: " in r.why})
-    if changed:
-        return "config changed: " + "; ".join(changed)
-    roots = sorted({w for r in rows for w in r.why.split(" — ")[0].split("; ") if w})
-    return "root cause: " + "; ".join(roots[:3]) + ("; …" if len(roots) > 3 else "")
-
-
 def evaluation(asset: str, rows) -> dg.AssetCheckEvaluation:
     """The check's result for ``asset`` from its :class:`assets.status.Row` s (metadata as text, which
     the UI does not plot)."""
-    stale = [r for r in rows if r.status == "stale"]
-    label = [r.partition if r.partition is not None else asset for r in stale]
-    whole = len(rows) == 1 and rows[0].partition is None
-    if not stale:
-        description = "up to date" + ("" if whole else f" ({len(rows)} partition{'s' * (len(rows) != 1)} of the config)")
-    else:
-        what = "stale" if whole else f"{len(stale)} of {len(rows)} partitions stale: {', '.join(label[:SHOWN])}" + (
-            ", …" if len(label) > SHOWN else "")
-        description = f"{what} ({_cause(stale)}; rematerialize {'it' if whole else 'them'})"
+    stale, label, description = check_summary(asset, rows)
     metadata = {"stale": f"{len(stale)} of {len(rows)}",
                 "missing": str(sum(r.status == "missing" for r in rows)),
                 "stale_partitions": dg.MetadataValue.md("\n".join(f"- `{p}`: {r.why}" for p, r in zip(label, stale)) or "none")}
