@@ -169,7 +169,8 @@ def test_up_to_date_checks_show_stale_partitions(graph):
     path.write_text(yaml.safe_dump({**cfg, "k": 8}))
     defs = build_definitions(str(path), None, sync_checks=True)
     graph_ = defs.resolve_asset_graph()
-    assert {k.asset_key.to_user_string() for k in graph_.asset_check_keys if k.name == sync.CHECK} == ALL | {"claim_runs", "quality_shards", "quality"}
+    checked = {k.asset_key.to_user_string() for k in graph_.asset_check_keys if k.name == sync.CHECK}
+    assert checked == ALL | {"claim_runs", "quality_shards", "quality"}
     config = config_from_dict({**cfg, "k": 8})
     results = {e.asset_key.to_user_string(): e for e in sync.evaluations(graph_, instance, config)}
     failed = {a for a, e in results.items() if not e.passed}
