@@ -99,8 +99,7 @@ def freeze_prefix_config(config_file: str, data_root: str | None, freeze_prefix:
         config_from_dict({**data, "data_root": "."})
     except StrataInputError as err:
         raise StrataInputError(err.problem, path=config_file, fix=err.fix) from None
-    root = resolve_config(config_file, data_root).root
-    root.mkdir(parents=True, exist_ok=True)
+    root = check_data_root(resolve_config(config_file, data_root).root)  # before run_config.yaml goes in
     path = root / "run_config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
     return path
@@ -140,7 +139,7 @@ def write_demo_config(root: Path, config_file: str | None, eval_keys: Mapping[st
             raise StrataInputError("config must be a mapping of keys to values", path=config_file, fix="see README 'Configuration'")
         data = merged(data, loaded)
     data.update(eval_keys or {})
-    root.mkdir(parents=True, exist_ok=True)
+    check_data_root(root)  # a folder of the user's is refused before demo_config.yaml goes in
     path = root / "demo_config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
     return path

@@ -438,8 +438,11 @@ def test_an_unexpected_failure_in_an_asset_is_one_clean_line_naming_the_log(tmp_
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i} says hello"}) + "\n" for i in range(20)))
+    from pipeline.storage.layout import ROOT_MARKER
+
     root = tmp_path / "root"
     root.mkdir()
+    (root / ROOT_MARKER).write_text("")  # a data root Strata made (a folder of the user's is refused before any step)
     (root / "tokens").write_text("a file where the token store's folder goes\n")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"corpus: {{path: {corpus}}}\nvocab_size: 300\nheldout_fraction: 0.0\n")
@@ -490,3 +493,32 @@ def test_a_symlink_cycle_under_a_glob_is_refused_not_followed_forever(tmp_path):
         with pytest.raises(StrataInputError, match="symbolic link cycle") as err:
             discover_shards(spec)
         assert "Fix:" in str(err.value)
+
+
+@pytest.mark.parametrize("spelling", [".", "./", "~", "--data-root ."])
+def test_a_users_folder_as_data_root_is_refused_whatever_its_spelling(tmp_path, capsys, monkeypatch, spelling):
+    """A data root that holds files and no Strata marker is another's folder: `strata run` refuses
+    it before writing anything (exit 2, the path and the fix), however it is spelled; every file stays."""
+    work = tmp_path / "w"
+    (work / "heldout").mkdir(parents=True)
+    (work / "heldout" / "keep.txt").write_text("x\n")
+    (work / "tokenizer").mkdir()
+    (work / "tokenizer" / "mine.json").write_text("{}\n")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i} says hello"}) + "\n" for i in range(20)))
+    root_key = "" if spelling.startswith("--") else f"data_root: '{spelling}'\n"
+    (work / "cfg.yaml").write_text(f"corpus: {{path: {corpus}}}\nvocab_size: 300\n{root_key}")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(work))
+    monkeypatch.setenv("STRATA_RUN_LOG", "")
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.delenv("STRATA_HOME", raising=False)
+    before = _snapshot(work)
+    extra = ["--data-root", "."] if spelling.startswith("--") else []
+    rc, err = _run(capsys, ["run", "--config", "cfg.yaml", *extra, "--select", "*tokenizer"])
+    assert rc == 2 and "not a Strata data root" in err and str(work) in err and "Fix:" in err and "Traceback" not in err
+    assert _snapshot(work) == before and sorted(p.name for p in work.iterdir()) == ["cfg.yaml", "heldout", "tokenizer"]
+    for command in (["demo", "--data-root", "."], ["run", "--config", "cfg.yaml", "--data-root", ".", "--freeze-prefix", "0"]):
+        rc, err = _run(capsys, command)
+        assert rc == 2 and "not a Strata data root" in err, command
+    assert _snapshot(work) == before

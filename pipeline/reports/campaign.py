@@ -40,7 +40,7 @@ from pipeline.reports.ablate_report import campaign_markdown, plot_campaign
 from pipeline.reports.stats import TARGET_EFFECT, paired_differences
 from pipeline.reports.tables import run_units
 from pipeline.storage.atomic import write_text
-from pipeline.storage.layout import Layout
+from pipeline.storage.layout import Layout, check_data_root
 from pipeline.storage.warehouse import latest_data_version, replace_rows
 from pipeline.training.heldout import score_heldout
 from pipeline.training.stage import load_heldout_batch
@@ -143,7 +143,7 @@ def write_config(path: Path, base_data: dict, base_seeds: list[int], spec: Campa
     data["strategies"] = list(dict.fromkeys([*strategies, spec.baseline, *spec.strategies]))
     data["seeds"] = sorted(set(base_seeds) | set(seeds))
     config_from_dict({**data, "data_root": str(root)})
-    root.mkdir(parents=True, exist_ok=True)
+    check_data_root(root)  # a folder of the user's is refused before the campaign's config goes in
     path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
 
 

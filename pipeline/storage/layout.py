@@ -57,15 +57,36 @@ def is_data_root(directory: Path) -> bool:
     return (directory / ROOT_MARKER).is_file() or (directory / "strata.duckdb").is_file()
 
 
+def foreign_entries(root: Path) -> list[str]:
+    """The names in the folder ``root`` that make it another's folder, not a Strata data root: every
+    entry, unless the folder is a data root (:func:`is_data_root`); only ``dagster`` (an instance
+    the README's ``DAGSTER_HOME=<data root>/dagster`` made before the first run) is allowed in a
+    folder not yet marked."""
+    root = Path(root)
+    if not root.is_dir() or is_data_root(root):
+        return []
+    return sorted(e.name for e in root.iterdir() if e.name != "dagster")
+
+
 def check_data_root(root: Path, *, write: bool = True) -> Path:
     """``root`` as a usable data root: created if missing and marked (:data:`ROOT_MARKER`); a path
-    that is a file, or (with ``write``) a folder Strata cannot write into, is a StrataInputError."""
+    that is a file, or (with ``write``) a folder Strata cannot write into, is a StrataInputError.
+    With ``write``, so is a folder that holds anything and is not a data root, whatever its
+    spelling (``.``, ``~``, a project folder): Strata replaces and prunes folders under its data
+    root, and must never delete a file it did not write."""
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise StrataInputError("the data root is a file, not a directory", path=root,
                                fix="set data_root (or STRATA_HOME) to a directory; Strata creates it if missing")
     if not write:
         return root
+    if foreign := foreign_entries(root):
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise StrataInputError(
+            f"the data root is a folder that is not empty ({shown}) and is not a Strata data root (no {ROOT_MARKER}): "
+            "Strata would replace and prune folders in it", path=root,
+            fix=f"set data_root (or --data-root, STRATA_HOME) to a new or empty directory, e.g. {root / '.strata'}; "
+                f"a data root Strata made holds {ROOT_MARKER}")
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-probe-{os.getpid()}.tmp"  # os.access says yes to root on a read-only folder
