@@ -16,6 +16,7 @@ import dagster as dg
 
 from assets.common import config_partitions
 from assets.partition_runs import materialize_run, run_partitions
+from evals.suites import check_heldout
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.config_source import record_config, run_config
 from pipeline.errors import StrataInputError
@@ -24,14 +25,17 @@ Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions defin
 ORDER_TIERS = {"first": 0, "": 1, "last": 2}  # an asset's tag strata/order -> when plan() runs it among the ready ones
 
 
-def optional_enabled(name: str, group: str | None, cfg: StrataConfig) -> bool:
-    """Whether ``strata run`` without ``--select`` materializes this asset: the mixture stage only with
-    ``mixture.enabled``, the quality stage only with ``quality.enabled``, the claims' own training
-    runs only with ``claims_full``."""
-    if group == "mixture":
-        return cfg.mixture.enabled
+def optional_enabled(name: str, group: str | None, cfg: StrataConfig, selected: bool = False) -> bool:
+    """Whether ``strata run`` materializes this asset: the quality stage only with ``quality.enabled``,
+    whatever the selection (it is upstream of ``sequences``, so every selection of what follows would
+    name it); without ``--select``, the mixture stage only with ``mixture.enabled`` and the claims'
+    own training runs only with ``claims_full``."""
     if group == "quality":
         return cfg.quality.enabled
+    if selected:
+        return True
+    if group == "mixture":
+        return cfg.mixture.enabled
     if name == "claim_runs":
         return cfg.claims.full
     return True
@@ -48,7 +52,7 @@ def plan(defs: dg.Definitions, chosen: set[str], cfg: StrataConfig, selected: bo
     graph = defs.resolve_asset_graph()
     rank = {k: i for i, k in enumerate(graph.toposorted_asset_keys)}
     wanted = {k for k in graph.materializable_asset_keys if k.to_user_string() in chosen
-              and (selected or optional_enabled(k.to_user_string(), graph.get(k).group_name, cfg))}
+              and optional_enabled(k.to_user_string(), graph.get(k).group_name, cfg, selected)}
     sources = {k for k in graph.observable_asset_keys - graph.materializable_asset_keys
                if k.to_user_string() in chosen and graph.get(k).partitions_def is None}
     parents = {k: set(graph.get(k).parent_keys) & wanted for k in wanted}
@@ -169,6 +173,7 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     cfg = resolve_config(config_file, data_root)
     defs = build_definitions(config_file, str(cfg.root))
     chosen = selected_keys(defs, select)
+    check_heldout(cfg, chosen)  # heldout_fraction 0 with assets that need a held-out split: stop before any step
     # Dagster's records of this call's runs, traces included (hidden: not an artifact); workers inherit it
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     os.environ["STRATA_RUN_LOG"] = str(cfg.root / ".logs" / f"run-{stamp}-{os.getpid()}.log")

@@ -21,10 +21,11 @@ RECORDED_CONFIG = "strata_config.yaml"
 def record_config(cfg: StrataConfig) -> Path:
     """Write ``<data root>/strata_config.yaml`` atomically: every key of ``cfg``, defaults included,
     but ``data_root``, which is the folder the file lies in (so a root's bytes do not depend on where
-    it lies); unchanged bytes are not rewritten. Returns its path."""
+    it lies); unchanged bytes are not rewritten. The root is checked (and marked) first: a folder of
+    the user's is refused (:func:`check_data_root`). Returns its path."""
     data = cfg.model_dump(mode="json", exclude={"data_root"})
     text = yaml.safe_dump(data, sort_keys=True)
-    path = cfg.root / RECORDED_CONFIG
+    path = check_data_root(cfg.root) / RECORDED_CONFIG
     if not (path.is_file() and path.read_text(encoding="utf-8") == text):
         write_text(text, path)
     return path

@@ -179,6 +179,7 @@ def test_k_larger_than_corpus_is_a_clear_error(tmp_path, request, write_jsonl):
     corpus = write_jsonl([{"id": str(i), "text": f"document number {i} " * 5} for i in range(5)])
     cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(corpus)}, "k": 50, "heldout_fraction": 0.0, "vocab_size": 300}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    proc = _strata(["run", "--config", str(tmp_path / "cfg.yaml")], {"DAGSTER_HOME": ""}, request.config.rootpath)
+    proc = _strata(["run", "--config", str(tmp_path / "cfg.yaml"), "--select", "*clusters"], {"DAGSTER_HOME": ""},
+                   request.config.rootpath)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "k=50 clusters for 5 documents is impossible" in proc.stderr and "Fix: set k between 1 and 5" in proc.stderr

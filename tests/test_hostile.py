@@ -522,3 +522,24 @@ def test_a_users_folder_as_data_root_is_refused_whatever_its_spelling(tmp_path, 
         rc, err = _run(capsys, command)
         assert rc == 2 and "not a Strata data root" in err, command
     assert _snapshot(work) == before
+
+
+def test_heldout_fraction_zero_is_refused_before_it_reaches_the_evaluations(tmp_path, capsys, monkeypatch):
+    """Without a held-out split and no other eval suite, the evaluations (and gradient_analyses) cannot
+    run: `strata run` of a selection holding them stops before any step, naming heldout_fraction."""
+    from evals.suites import check_heldout
+    from pipeline.config import config_from_dict
+
+    monkeypatch.setenv("STRATA_RUN_LOG", "")
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i} says hello"}) + "\n" for i in range(20)))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"corpus: {{path: {corpus}}}\nvocab_size: 300\nheldout_fraction: 0\n")
+    rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--select", "evaluations"])
+    assert rc == 2 and "heldout_fraction" in err and "evaluations" in err and "Fix:" in err and "Traceback" not in err
+    assert not (tmp_path / "root" / "corpus").exists()  # nothing ran
+    with pytest.raises(StrataInputError, match="gradient_analyses"):
+        check_heldout(config_from_dict({"heldout_fraction": 0.0, "wikitext_path": str(corpus)}), {"evaluations", "gradient_analyses"})
+    check_heldout(config_from_dict({"heldout_fraction": 0.0, "wikitext_path": str(corpus)}), {"evaluations"})  # another suite: fine
+    check_heldout(config_from_dict({"heldout_fraction": 0.0}), {"corpus", "orderings", "exports"})  # nothing needs it

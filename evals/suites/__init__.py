@@ -65,6 +65,24 @@ def is_higher_better(metric: str) -> bool:
     return metric.rsplit("/", 1)[-1] in higher_is_better()
 
 
+def check_heldout(cfg: Any, chosen: set[str]) -> None:
+    """A StrataInputError before anything runs when ``heldout_fraction: 0`` leaves no held-out split and
+    the selection ``chosen`` holds an asset that cannot do without one: ``gradient_analyses`` (its
+    frozen checkpoint trains on held-out documents), and ``evaluations`` unless another suite's input
+    is configured (each suite's ``path_key``: the held-out split is the default suite's input)."""
+    if cfg.heldout_fraction > 0:
+        return
+    keys = [s.path_key for s in ordered() if s.path_key]
+    needs = [a for a in ("evaluations", "gradient_analyses") if a in chosen
+             and (a == "gradient_analyses" or not any(getattr(cfg, k, "") for k in keys))]
+    if needs:
+        raise StrataInputError(
+            f"heldout_fraction: 0 leaves no held-out split, which {' and '.join(needs)} cannot do without"
+            + (f" (no other eval suite is configured: {', '.join(keys)})" if "evaluations" in needs else ""),
+            fix="set heldout_fraction > 0 (e.g. 0.02), or select only the assets that need no held-out documents "
+                "(e.g. strata run --select '*orderings' or '*exports')")
+
+
 def suite_rows() -> list[tuple[str, str, str, str]]:
     """``strata list suites``: (name, kind, config keys read, description) of every suite, in run order."""
     return [(s.name, "eval suite" + (f", higher is better: {', '.join(s.higher_is_better)}" if s.higher_is_better else ""),
