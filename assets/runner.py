@@ -18,27 +18,11 @@ from assets.common import config_partitions
 from assets.partition_runs import materialize_run, run_partitions
 from evals.suites import check_heldout
 from pipeline.config import StrataConfig, resolve_config
-from pipeline.config_source import record_config, run_config
+from pipeline.config_source import optional_enabled, record_config, run_config
 from pipeline.errors import StrataInputError
 
 Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions definition (None: unpartitioned) and its assets
 ORDER_TIERS = {"first": 0, "": 1, "last": 2}  # an asset's tag strata/order -> when plan() runs it among the ready ones
-
-
-def optional_enabled(name: str, group: str | None, cfg: StrataConfig, selected: bool = False) -> bool:
-    """Whether ``strata run`` materializes this asset: the quality stage only with ``quality.enabled``,
-    whatever the selection (it is upstream of ``sequences``, so every selection of what follows would
-    name it); without ``--select``, the mixture stage only with ``mixture.enabled`` and the claims'
-    own training runs only with ``claims_full``."""
-    if group == "quality":
-        return cfg.quality.enabled
-    if selected:
-        return True
-    if group == "mixture":
-        return cfg.mixture.enabled
-    if name == "claim_runs":
-        return cfg.claims.full
-    return True
 
 
 def plan(defs: dg.Definitions, chosen: set[str], cfg: StrataConfig, selected: bool = False) -> list[Batch]:

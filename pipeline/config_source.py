@@ -91,6 +91,22 @@ def run_config(config_file: str | None, data_root: str | None) -> StrataConfig:
     return cfg
 
 
+def optional_enabled(name: str, group: str | None, cfg: StrataConfig, selected: bool = False) -> bool:
+    """Whether ``strata run`` materializes this asset: the quality stage only with ``quality.enabled``,
+    whatever the selection (it is upstream of ``sequences``, so every selection of what follows would
+    name it); without ``--select``, the mixture stage only with ``mixture.enabled`` and the claims'
+    own training runs only with ``claims_full``."""
+    if group == "quality":
+        return cfg.quality.enabled
+    if selected:
+        return True
+    if group == "mixture":
+        return cfg.mixture.enabled
+    if name == "claim_runs":
+        return cfg.claims.full
+    return True
+
+
 def freeze_prefix_config(config_file: str, data_root: str | None, freeze_prefix: str) -> Path:
     """``config_file`` with ``freeze_prefix`` set, written to ``<data root>/run_config.yaml`` (``strata
     run --freeze-prefix``); a missing or malformed file, or a bad value, stops here naming the fix."""
