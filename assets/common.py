@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
@@ -168,13 +168,15 @@ def upstream_partition(upstream: dg.PartitionsDefinition | None, own: dg.Partiti
     return "*"
 
 
-def declared_inputs(graph: BaseAssetGraph, key: dg.AssetKey, partition: str | None) -> dict[str, str | None]:
+def declared_inputs(graph: BaseAssetGraph, key: dg.AssetKey, partition: str | None,
+                    ran: Callable[[dg.AssetKey], bool] = lambda _: True) -> dict[str, str | None]:
     """The lineage inputs of ``key[partition]``, from its definition's one dependency list (``deps``):
     each upstream asset that writes lineage rows (materializable: not the corpus sources, whose
-    versions the shards' fingerprints carry) with the partition :func:`upstream_partition` names."""
+    versions the shards' fingerprints carry) with the partition :func:`upstream_partition` names;
+    an optional stage's asset (the quality group) only once it ``ran``: switched off, it is no input."""
     node = graph.get(key)
     return {p.to_user_string(): upstream_partition(graph.get(p).partitions_def, node.partitions_def, partition)
-            for p in sorted(node.parent_keys) if graph.get(p).is_materializable}
+            for p in sorted(node.parent_keys) if graph.get(p).is_materializable and (graph.get(p).group_name != "quality" or ran(p))}
 
 
 class Recorder:
@@ -195,7 +197,8 @@ class Recorder:
         self.context, self.duckdb = context, duckdb
         self.t0, self.c0 = time.perf_counter(), process_cpu_s()
         self.partition = context.partition_key if context.has_partition_key else None
-        self.deps = declared_inputs(asset_graph(context, whole=True), context.asset_key, self.partition)
+        self.deps = declared_inputs(asset_graph(context, whole=True), context.asset_key, self.partition,
+                                    lambda k: context.instance.get_latest_materialization_event(k) is not None)
 
     def finish_stage(self, result: StageResult, metadata: dict[str, Any] | None = None) -> dg.MaterializeResult:
         """The materialization of a stage function's result (``pipeline/stage.py``): its lineage row

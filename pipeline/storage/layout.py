@@ -85,7 +85,7 @@ def check_data_root(root: Path, *, write: bool = True) -> Path:
         raise StrataInputError(
             f"the data root is a folder that is not empty ({shown}) and is not a Strata data root (no {ROOT_MARKER}): "
             "Strata would replace and prune folders in it", path=root,
-            fix=f"set data_root (or --data-root, STRATA_HOME) to a new or empty directory, e.g. {root / '.strata'}; "
+            fix=f"set data_root (or STRATA_HOME) to a new or empty directory, e.g. {root / '.strata'}; "
                 f"a data root Strata made holds {ROOT_MARKER}")
     try:
         root.mkdir(parents=True, exist_ok=True)
