@@ -165,7 +165,8 @@ def test_lineage_inputs_are_the_declared_deps(run):
     inputs = {(a, p): json.loads(i) for a, p, i in rows}
     for (asset, partition), found in inputs.items():
         node = graph.get(dg.AssetKey(asset))
-        declared = {k.to_user_string() for k in node.parent_keys if graph.get(k).is_materializable}
+        declared = {k.to_user_string() for k in node.parent_keys if graph.get(k).is_materializable
+                    and graph.get(k).group_name != "quality"}  # quality is off here: a stage that never ran is no input
         assert {k.split("[")[0] for k in found} == declared, (asset, partition)
     shards = sorted(p for a, p in inputs if a == "corpus_shards")
     assert set(inputs["tokens", ""]) == {"corpus", "tokenizer", *(f"token_shards[{p}]" for p in shards)}
