@@ -30,6 +30,7 @@ from pipeline.errors import StrataInputError
 from pipeline.names import ATOM_MULTIPLES, EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
 from pipeline.registry import EXPORT_FORMATS, FAMILIES, SCORERS, STRATEGIES
 from pipeline.storage.layout import check_data_root
+from pipeline.storage.remote import CREDENTIALS_FIX, carries_credentials, is_url
 
 __all__ = ["ClaimsConfig", "ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "ExportConfig", "FORMER_NAMES",
            "MOVED_KEYS", "MixtureConfig", "OdmConfig", "RayConfig", "StrataConfig", "config_default", "config_from_dict", "config_value",
@@ -46,7 +47,8 @@ class ConfigKeyRenamed(FutureWarning):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True)
+    # inputs stay out of a ValidationError's text (a URL may hold a secret); validation_error names the safe ones
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True, hide_input_in_errors=True)
     renamed_keys: ClassVar[dict[str, str]] = {}  # former key -> its key now, still read with a ConfigKeyRenamed warning
     key_prefix: ClassVar[str] = ""  # where the model sits in a config file, e.g. "mixture."
     finite_exempt: ClassVar[tuple[str, ...]] = ()  # fields whose own validator refuses inf and NaN with its range
@@ -80,6 +82,17 @@ class _Model(BaseModel):
             raise ValueError("use a finite number (not inf or nan), e.g. 0.001")
         if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
             raise ValueError("use finite numbers (not inf or nan)")
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _no_credentials(cls, value: Any) -> Any:
+        """An object-store URL that carries credentials (``s3://KEY:SECRET@bucket/…``) or parameters is
+        refused at load, before anything is written (the data root's ``strata_config.yaml`` records
+        every key), and its value is never echoed (:func:`validation_error`)."""
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and is_url(v) and carries_credentials(v):
+                raise PydanticCustomError("url_credentials", "the URL carries credentials or parameters")
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -704,6 +717,10 @@ def validation_error(exc: ValidationError, where: str = "config") -> StrataInput
             c = err["ctx"]
             problems.append(f"config value {c['key']}={c['value']!r} is impossible")
             fixes.append(f"{c['key']}: {c['error']}")
+            continue
+        if err["type"] == "url_credentials":  # the value holds a secret: named by its key only
+            problems.append(f"config value {loc} is an object-store URL that carries credentials or parameters (not shown)")
+            fixes.append(f"{loc}: write it as s3://bucket/key and {CREDENTIALS_FIX}")
             continue
         if err["type"] == "renamed_key":
             old, new = err["ctx"]["old"], err["ctx"]["new"]

@@ -23,7 +23,7 @@ from pipeline.clean.ngrams import text_ngrams
 from pipeline.data.dclm_tasks import TASK_FILES, core_tasks, read_jsonl, task_file
 from pipeline.data.paloma import read_paloma_docs
 from pipeline.data.wikitext import read_articles
-from pipeline.storage.atomic import atomic_dir
+from pipeline.storage.atomic import atomic_dir, is_sidecar
 
 COMMON_MIN = 3  # an n-gram in at most this many units of a set is always kept, however small the set
 
@@ -231,7 +231,7 @@ def sources_fingerprint(sources: dict[str, Path]) -> str:
     by relative path): equal fingerprints, equal n-grams."""
     h = hashlib.sha256()
     for name, path in sorted(sources.items()):
-        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        files = sorted(f for f in path.rglob("*") if f.is_file() and not is_sidecar(f)) if path.is_dir() else [path]
         h.update(f"{name}\0".encode())
         for f in files:
             h.update(f"{f.relative_to(path) if path.is_dir() else f.name}\0".encode())

@@ -19,7 +19,8 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.storage.atomic import verify_sha256
+from pipeline.storage.atomic import SIDECAR_SUFFIX, record_mismatch, sidecar_of, verify_sha256
+from pipeline.storage.layout import BOOKKEEPING
 
 # the asset that rewrites each verified input: the fix a mismatch names
 _PRODUCERS = {"segments.parquet": "sequences", "meta.json": "sequences", "runs.parquet": "tokens", "doc_offsets.npy": "tokens",
@@ -79,6 +80,24 @@ def verify_export_inputs(layout, strategy: str) -> None:
     verify_file(layout.segments, "sequences")
     verify_file(layout.sequences_meta, "sequences")
     verify_token_store(layout)
+
+
+def failing_digests(root: Path) -> dict[str, tuple[str, str]]:
+    """Every file under the data root ``root`` whose bytes are not those Strata recorded when it wrote
+    it (its sidecar, ``pipeline/storage/atomic.py``), by path relative to the root: ``(recorded,
+    now)`` SHA-256 digests. Reads every recorded file (a flipped byte keeps size and modification time);
+    the runs' bookkeeping (Dagster's storage) is left out. What ``strata status`` reports."""
+    root = Path(root)
+    bad = {}
+    for record in sorted(root.rglob(f".*{SIDECAR_SUFFIX}")):
+        path = sidecar_of(record)
+        rel = path.relative_to(root)
+        if rel.parts[0] in BOOKKEEPING or not path.is_file():
+            continue
+        found = record_mismatch(path)
+        if found is not None:
+            bad[rel.as_posix()] = found
+    return bad
 
 
 def check_order(order: np.ndarray, n_sequences: int, path: Path, schedule: bool = False) -> None:
