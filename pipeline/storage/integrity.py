@@ -2,8 +2,9 @@
 wrote it (``pipeline/storage/atomic.py``), and an ordering against what it must be.
 
 A one-byte flip keeps a file's size and modification time, so neither is evidence: what exports and
-orderings read is hashed again and compared with the recorded digest (the file's
-``user.strata.sha256`` attribute; for token shards also the ``sha256`` column of the store's index).
+orderings read is hashed again and compared with the recorded digest (the sidecar ``.<name>.sha256``
+beside the file, which travels with a copy of the data root; for token shards also the ``sha256``
+column of the store's index).
 A mismatch is a StrataInputError naming the file and the asset to rematerialize, never a new truth.
 A per-shard stage checks the same before it reuses a shard's artifact (:func:`intact`) and computes
 a changed one again. Each file is read once per process (:func:`pipeline.storage.atomic.verify_sha256`).
@@ -56,7 +57,7 @@ def intact(paths: Iterable[Path]) -> bool:
 
 def verify_token_store(layout) -> None:
     """The token store's index and every shard file it names, each against its recorded digest (the
-    shard's attribute and the ``sha256`` the index holds for it)."""
+    shard's digest record and the ``sha256`` the index holds for it)."""
     verify_file(layout.tokens, "tokens")
     verify_file(layout.doc_offsets, "tokens")
     if not layout.tokens.is_file():
