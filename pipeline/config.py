@@ -256,11 +256,21 @@ class DedupConfig(_Model):
     near: bool = True  # MinHash + LSH (datasketch) over word n-grams
     near_ngram: int = Field(5, ge=1)  # words per shingle of the MinHash
     near_threshold: float = Field(0.8, gt=0.0, le=1.0)  # Jaccard similarity of the shingle sets a near pair reaches
-    near_num_perm: int = Field(64, ge=16, le=1024)  # MinHash permutations (more: a closer estimate, slower)
+    # MinHash permutations (more: a closer estimate, larger signatures), cut into near_num_perm // near_rows LSH
+    # bands of near_rows values: 72 = 12 bands x 6 rows makes a pair at Jaccard 0.8 a candidate with
+    # probability 1 - (1 - 0.8^6)^12 = 0.974 (docs/cleaning.md)
+    near_num_perm: int = Field(72, ge=16, le=1024)
+    near_rows: int = Field(6, ge=1, le=1024)
     semantic: bool = True  # SemDeDup: within each k-means cluster, pairs of embeddings above semantic_threshold (faiss)
     semantic_threshold: float = Field(0.95, gt=0.0, le=1.0)  # cosine similarity of a semantic pair (SemDeDup's 1 - eps)
 
     key_prefix: ClassVar[str] = "dedup."
+
+    @model_validator(mode="after")
+    def _rows_fit(self) -> "DedupConfig":
+        if self.near_rows > self.near_num_perm:
+            raise ValueError(f"set dedup.near_rows to at most dedup.near_num_perm ({self.near_num_perm}); 6 is the default")
+        return self
 
 
 class DecontamConfig(_Model):
