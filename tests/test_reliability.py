@@ -538,3 +538,22 @@ def test_layout_refuses_symlink_escape_and_strategy_names(tmp_path):
 def test_ui_binds_localhost_by_default():
     text = (REPO / "README.md").read_text()
     assert re.findall(r"dagster dev\b[^\n]*", text) and all("-h 127.0.0.1" in c for c in re.findall(r"dagster dev\b[^\n`]*", text))
+
+
+def test_two_runs_started_together_on_a_fresh_root_both_succeed(tmp_path):
+    """Two ``strata run`` started at once on a new data root: one sets up the Dagster instance and
+    materializes while the other says whom it waits for, then finds the artifacts fresh. Neither
+    dies in SQLite, and no traceback reaches the terminal."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": r["text"], "domain": r["domain"]}) + "\n"
+                              for i, r in enumerate(demo_slice(40))))
+    root = tmp_path / "root"
+    cfg = _write_cfg(tmp_path / "cfg.yaml", _cfg(root, corpus))
+    cmd = [sys.executable, "-m", "assets.cli", "run", "--config", str(cfg), "--select", "corpus"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(cfg), cwd=REPO)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0 and "Traceback" not in err + out, err[-3000:]
+    assert any("waiting for strata run" in err for _, err in outs)
+    assert (root / "corpus.parquet").is_file()
