@@ -826,9 +826,11 @@ def read_config_data(path: str | os.PathLike) -> dict[str, Any]:
         raise StrataInputError(f"config is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", path=path,
                                line=raw[: exc.start].count(b"\n") + 1, fix="save the file as UTF-8") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text, object_pairs_hook=_unique_pairs(path)) if path.suffix == ".json" else _load_yaml(text, path)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise StrataInputError(f"config is not valid YAML/JSON ({exc})", path=path, fix="correct the syntax") from None
+    except StrataInputError:
+        raise  # a key given twice: its own message
     except (RecursionError, ValueError) as exc:
         raise StrataInputError(f"config cannot be read ({type(exc).__name__})", path=path,
                                fix="write a flat mapping of keys to values") from None
@@ -837,6 +839,40 @@ def read_config_data(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StrataInputError("config must be a mapping of keys to values", path=path, fix="see README 'Headless, on your own corpus'")
     return data
+
+
+def _load_yaml(text: str, path: Path) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (YAML would keep the last
+    silently), naming the file, the line of the second and the key."""
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise StrataInputError(f"config key {key!r} is given twice (lines {seen[key]} and {line}); YAML would keep the last",
+                                       path=path, line=line, fix=f"keep one {key!r} in that mapping and delete the other")
+            seen[key] = line
+        return loader.construct_mapping(node, deep=deep)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _unique_pairs(path: Path):
+    """A ``json.loads`` object hook that refuses a key given twice in one object, naming it."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise StrataInputError(f"config key {key!r} is given twice in one object; JSON would keep the last", path=path,
+                                       fix=f"keep one {key!r} and delete the other")
+            out[key] = value
+        return out
+    return hook
 
 
 def load_config(path: str | os.PathLike) -> StrataConfig:

@@ -632,6 +632,7 @@ def test_credentials_in_a_url_never_reach_the_data_root(tmp_path, capsys, monkey
     """``s3://KEY:SECRET@bucket/…`` is refused at load, before strata_config.yaml (world-readable) is written."""
     monkeypatch.setenv("STRATA_RUN_LOG", "")
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.delenv("STRATA_CONFIG", raising=False)  # the run sets it: undone after, a later test must not load this file
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("corpus: {path: 's3://AKIAEXAMPLE:SeCrEtKeY@bucket/corpus/'}\nexport_dir: ''\n")
     root = tmp_path / "root"
@@ -673,3 +674,79 @@ def test_heldout_fraction_zero_is_refused_before_it_reaches_the_evaluations(tmp_
         check_heldout(config_from_dict({"heldout_fraction": 0.0, "wikitext_path": str(corpus)}), {"evaluations", "gradient_analyses"})
     check_heldout(config_from_dict({"heldout_fraction": 0.0, "wikitext_path": str(corpus)}), {"evaluations"})  # another suite: fine
     check_heldout(config_from_dict({"heldout_fraction": 0.0}), {"corpus", "orderings", "exports"})  # nothing needs it
+# --------------------------------------------------------------------------- storage that refuses a write (issue 58)
+
+
+def test_a_full_disk_during_an_export_is_exit_2_naming_the_path_and_the_old_export_stays(export_root, tmp_path, capsys):
+    """The file-size limit (``ulimit -f``, what a full volume looks like to a writer) hit while an
+    export replaces an earlier one: exit 2 naming the folder and the fix, no traceback, and the
+    earlier export byte for byte as it was."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "exp"
+    assert _run(capsys, _export(export_root, out))[0] == 0
+    before = _snapshot(out)
+    limit = max(512, (out / "tokens.bin").stat().st_size // 4)
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", *_export(export_root, out)], capture_output=True, text=True,
+                          preexec_fn=small_files, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and str(out) in proc.stderr and "ulimit -f" in proc.stderr and "Fix:" in proc.stderr
+    _survived(before, out)
+    assert set(_snapshot(out)) == set(before)
+
+
+def test_out_a_symlink_to_a_users_directory_is_refused(export_root, tmp_path, capsys):
+    """``--out`` a symbolic link (to an empty folder or to an earlier export): exit 2 naming the link
+    and its target; the link and every file behind it stay."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (tmp_path / "exp").mkdir()
+    assert _run(capsys, _export(export_root, tmp_path / "exp"))[0] == 0
+    for target in (mine, tmp_path / "exp"):
+        link = tmp_path / f"link-{target.name}"
+        link.symlink_to(target)
+        before = _snapshot(target)
+        rc, err = _run(capsys, _export(export_root, link))
+        assert rc == 2 and "symbolic link" in err and str(target) in err and "Fix:" in err and "Traceback" not in err, err
+        assert link.is_symlink() and link.resolve() == target.resolve()
+        _survived(before, target)
+        assert set(_snapshot(target)) == set(before)
+
+
+def test_a_config_key_given_twice_names_the_file_line_and_key(tmp_path, capsys):
+    """YAML and JSON keep the last of a key given twice, silently: the config is refused instead."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("seed: 1\ndedup:\n  near_threshold: 0.8\n  near_threshold: 0.7\n")
+    rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--select", "no_such_asset"])
+    assert rc == 2 and f"{cfg}, line 4" in err and "'near_threshold' is given twice" in err and "Fix:" in err, err
+    cfg.write_text("seed: 1\nvocab_size: 512\nseed: 2\n")
+    rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--select", "no_such_asset"])
+    assert rc == 2 and f"{cfg}, line 3" in err and "'seed' is given twice" in err, err
+    (tmp_path / "cfg.json").write_text('{"seed": 1, "seed": 2}')
+    rc, err = _run(capsys, ["run", "--config", str(tmp_path / "cfg.json"), "--data-root", str(tmp_path / "root"),
+                            "--select", "no_such_asset"])
+    assert rc == 2 and "'seed' is given twice" in err, err
+
+
+def test_storage_refusals_name_the_path_and_the_fix(tmp_path, capsys):
+    """Each way the storage refuses a write maps to exit 2 with the path and a fix (a read-only root
+    cannot be made here: the tests run as root, which ignores mode bits, and cannot mount)."""
+    import errno
+
+    from pipeline.errors import storage_error
+
+    for code, words in ((errno.ENOSPC, "no space"), (errno.EROFS, "read-only"), (errno.EACCES, "permission"),
+                        (errno.EFBIG, "ulimit -f"), (errno.EDQUOT, "quota")):
+        err = storage_error(OSError(code, os.strerror(code), str(tmp_path / "report" / "a.png")))
+        assert err is not None and str(tmp_path / "report" / "a.png") in str(err) and words in str(err) and "Fix:" in str(err)
+    short = OSError("4992 requested and 1248 written")
+    short.filename = str(tmp_path / "exp")
+    assert "ulimit -f" in str(storage_error(short)) and str(tmp_path / "exp") in str(storage_error(short))
+    assert storage_error(OSError(errno.ENOENT, "No such file")) is None and storage_error(ValueError("x")) is None

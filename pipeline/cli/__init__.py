@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
-from pipeline.errors import StrataInputError, StrataRunError
+from pipeline.errors import StrataInputError, StrataRunError, storage_error
 from pipeline.storage.layout import Layout
 
 EXIT_FAILED = 1  # a step failed otherwise (StrataRunError): the message names the cause and the log file with the trace
@@ -45,6 +45,11 @@ def run_command(args: argparse.Namespace) -> int:
     except StrataRunError as err:
         print(f"strata: error: {err}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as err:  # the storage refusing a write (full, read-only, the file-size limit): exit 2, the path and the fix
+        if (clean := storage_error(err)) is None:
+            raise
+        print(f"strata: error: {clean}", file=sys.stderr)
+        return EXIT_INPUT
 
 
 def print_report(path: Path) -> None:

@@ -58,6 +58,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are ordinary files
         forget_sha256(path)  # the record of the bytes replaced; atomic_writer records the new ones
         os.replace(tmp_path, path)
+    except OSError as exc:
+        if exc.filename is None:  # a write to an open file names none: name the artifact (a full disk says where)
+            exc.filename = str(path)
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -206,7 +210,12 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:
+            if exc.filename is None:  # name the directory being written (a full disk says where)
+                exc.filename = str(path)
+            raise
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
