@@ -491,7 +491,7 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.02, help="planted copies of each kind, a share of the base documents")
     ap.add_argument("--threshold", type=float, default=0.8, help="dedup.near_threshold")
     ap.add_argument("--sweep", type=_floats, default=[0.7, 0.75, 0.85], help="more near thresholds, comma-separated (empty: none)")
-    ap.add_argument("--num-perm", type=int, default=64)
+    ap.add_argument("--num-perm", type=int, default=72, help="dedup.near_num_perm (LSH bands of 6 rows, as the config's)")
     ap.add_argument("--ngram", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--semantic-docs", type=int, default=2000, help="base documents of the semantic corpus (0: skip it)")

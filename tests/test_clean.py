@@ -336,5 +336,6 @@ def test_a_scan_is_named_by_what_its_bytes_depend_on():
     base = key()
     assert key(dedup={"action": "drop", "near_threshold": 0.7, "semantic_threshold": 0.9}) == base
     assert key(decontam={"common_share": 1.0, "min_overlap": 3}) == base
+    assert key(dedup={"near_rows": 8}) == base  # the bands are cut from the stored signatures by the gather
     assert len({base, key(dedup={"near_num_perm": 128}), key(seed=1), key(dedup={"exact": False})}) == 4
     assert scan_spec(StrataConfig.model_validate({}), "/x/clean/evals/def").key != base
