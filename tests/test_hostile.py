@@ -632,7 +632,8 @@ def test_credentials_in_a_url_never_reach_the_data_root(tmp_path, capsys, monkey
     """``s3://KEY:SECRET@bucket/…`` is refused at load, before strata_config.yaml (world-readable) is written."""
     monkeypatch.setenv("STRATA_RUN_LOG", "")
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    monkeypatch.delenv("STRATA_CONFIG", raising=False)  # the run sets it: undone after, a later test must not load this file
+    monkeypatch.setenv("STRATA_CONFIG", "")  # the run sets it: recorded, so that it is unset again after this test
+    monkeypatch.delenv("STRATA_CONFIG")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("corpus: {path: 's3://AKIAEXAMPLE:SeCrEtKeY@bucket/corpus/'}\nexport_dir: ''\n")
     root = tmp_path / "root"
