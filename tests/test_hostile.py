@@ -721,8 +721,10 @@ def test_out_a_symlink_to_a_users_directory_is_refused(export_root, tmp_path, ca
         assert set(_snapshot(target)) == set(before)
 
 
-def test_a_config_key_given_twice_names_the_file_line_and_key(tmp_path, capsys):
+def test_a_config_key_given_twice_names_the_file_line_and_key(tmp_path, capsys, monkeypatch):
     """YAML and JSON keep the last of a key given twice, silently: the config is refused instead."""
+    monkeypatch.setenv("STRATA_CONFIG", "")  # the run sets it: recorded, so that it is unset again after this test
+    monkeypatch.delenv("STRATA_CONFIG")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("seed: 1\ndedup:\n  near_threshold: 0.8\n  near_threshold: 0.7\n")
     rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--select", "no_such_asset"])
