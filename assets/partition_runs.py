@@ -27,7 +27,7 @@ import dagster as dg
 
 from pipeline.distributed.processes import run_in_processes
 from pipeline.distributed.run_log import RunTerminal, run_failed, run_log_path
-from pipeline.errors import StrataInputError, StrataRunError
+from pipeline.errors import StrataInputError, StrataRunError, storage_error
 
 # The per-shard assets whose partitions run side by side, and the most runs at once by default
 # (None: one a core). corpus_shards' runs each keep about one core busy; cluster_shards' faiss
@@ -67,6 +67,9 @@ def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInsta
         )
     except (dg.DagsterUserCodeExecutionError, StrataInputError) as exc:
         err = exc.user_exception if isinstance(exc, dg.DagsterUserCodeExecutionError) else exc
+        if not isinstance(err, StrataInputError) and (storage := storage_error(err)) is not None:
+            run_failed(selection, partition, err, log)  # the trace to the run's log
+            err = storage  # a full volume, a read-only one, the file-size limit: the path and the fix, exit 2
         if not isinstance(err, StrataInputError):
             raise run_failed(selection, partition, err, log) from (None if log is not None else exc)
         if log is None or str(log) in err.fix:

@@ -20,6 +20,8 @@ from evals.suites import check_heldout
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.config_source import optional_enabled, record_config, run_config
 from pipeline.errors import StrataInputError
+from pipeline.storage.layout import check_data_root
+from pipeline.storage.lock import SETUP_LOCK, root_lock
 
 Batch = tuple["dg.PartitionsDefinition | None", list[str]]  # a partitions definition (None: unpartitioned) and its assets
 ORDER_TIERS = {"first": 0, "": 1, "last": 2}  # an asset's tag strata/order -> when plan() runs it among the ready ones
@@ -92,6 +94,9 @@ def prepare_environment(config_file: str | None, data_root: str | None) -> Strat
         if not config.exists():
             config.write_text("telemetry:\n  enabled: false\n")
         os.environ["DAGSTER_HOME"] = str(home)
+    # a new home's SQLite schema, created by one process at a time (the lock lies in the home, not in a data root)
+    with root_lock(os.environ["DAGSTER_HOME"], SETUP_LOCK, "a strata process setting up the Dagster instance"):
+        dg.DagsterInstance.get().dispose()
     return cfg
 
 
@@ -148,16 +153,26 @@ def materialize_all(config_file: str | None = None, data_root: str | None = None
     unpartitioned batches once, corpus-shard batches for each partition that is missing or stale (new
     or edited shards; all of them after a new tokenizer or k-means model), strategy batches per
     strategy, each followed by its strategy x seed runs. Returns the path of ``report.md`` when
-    ``ablation_report`` was among them."""
-    from assets.common import sync_partitions
-    from assets.definitions import build_definitions
-
+    ``ablation_report`` was among them. One process at a time materializes a data root
+    (:func:`pipeline.storage.lock.root_lock`): a second waits, saying for whom."""
     if config_file is None:
         config_file = os.environ.get("STRATA_CONFIG") or None
     cfg = resolve_config(config_file, data_root)
+    from assets.definitions import build_definitions
+
     defs = build_definitions(config_file, str(cfg.root))
     chosen = selected_keys(defs, select)
     check_heldout(cfg, chosen)  # heldout_fraction 0 with assets that need a held-out split: stop before any step
+    check_data_root(cfg.root)  # a folder of the user's is refused before the lock file goes in
+    with root_lock(cfg.root, what=f"strata run (started {time.strftime('%H:%M:%S')})"):
+        return _materialize_all(cfg, defs, chosen, config_file, select, log, log_level, instance)
+
+
+def _materialize_all(cfg: StrataConfig, defs: dg.Definitions, chosen: set[str], config_file: str | None, select: str | None,
+                     log, log_level: str, instance: dg.DagsterInstance | None) -> Path | None:
+    """:func:`materialize_all` of the ``chosen`` assets of ``defs`` once the data root's run lock is held."""
+    from assets.common import sync_partitions
+
     # Dagster's records of this call's runs, traces included (hidden: not an artifact); workers inherit it
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     os.environ["STRATA_RUN_LOG"] = str(cfg.root / ".logs" / f"run-{stamp}-{os.getpid()}.log")

@@ -76,17 +76,20 @@ def changed_parameters(instance: dg.DagsterInstance, key: dg.AssetKey, partition
     return changed_values(recorded.value, cfg)
 
 
-def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
+def statuses(defs: dg.Definitions, instance: dg.DagsterInstance, cfg: StrataConfig,
+             corrupt: dict[str, tuple[str, str]] | None = None) -> list[Row]:
     """Every materializable asset and partition of the config, in graph order (the mixture and quality
     stages only when enabled; ``claim_runs`` once materialized or with ``claims_full``). An asset Dagster calls fresh or
-    stale whose files this data root does not hold (:class:`OnDisk`) is missing."""
-    return graph_statuses(defs.resolve_asset_graph(), instance, cfg)
+    stale whose files this data root does not hold (:class:`OnDisk`) is missing; one with an output
+    among the ``corrupt`` files (:func:`pipeline.storage.integrity.failing_digests`) is corrupt."""
+    return graph_statuses(defs.resolve_asset_graph(), instance, cfg, corrupt)
 
 
-def graph_statuses(graph, instance: dg.DagsterInstance, cfg: StrataConfig) -> list[Row]:
+def graph_statuses(graph, instance: dg.DagsterInstance, cfg: StrataConfig,
+                   corrupt: dict[str, tuple[str, str]] | None = None) -> list[Row]:
     """:func:`statuses` over an asset graph (a sensor's or a check's repository's)."""
     res = resolver_for(graph, instance)
-    disk = OnDisk(cfg.root)
+    disk = OnDisk(cfg.root, corrupt)
     rows = []
     for key in graph.toposorted_asset_keys:
         node = graph.get(key)
@@ -115,6 +118,8 @@ def graph_statuses(graph, instance: dg.DagsterInstance, cfg: StrataConfig) -> li
             label = status.value.lower()
             if status != StaleStatus.MISSING and (gone := disk.problem(key.to_user_string(), None if part is None else str(part))):
                 label, why = "missing", gone
+            elif status != StaleStatus.MISSING and (bad := disk.corrupt_outputs(key.to_user_string(), None if part is None else str(part))):
+                label, why = "corrupt", bad
             rows.append(Row(key.to_user_string(), None if part is None else str(part), label, why))
     return rows
 

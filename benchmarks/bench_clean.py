@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import random
 import re
 import resource
@@ -55,11 +56,11 @@ from bench_ablate import commit, machine  # noqa: E402
 from pipeline.clean.decontam import EvalNgrams  # noqa: E402
 from pipeline.clean.exact import text_hashes  # noqa: E402
 from pipeline.clean.groups import components  # noqa: E402
-from pipeline.clean.near import NearIndex  # noqa: E402
+from pipeline.clean.near import signature_pairs, signature_rows  # noqa: E402
 from pipeline.clean.ngrams import text_ngrams  # noqa: E402
 from pipeline.clean.plan import duplicate_groups  # noqa: E402
 
-DATA = REPO.parent / "shared" / "data"
+DATA = Path(os.environ.get("STRATA_SHARED", REPO.parent / "shared")) / "data"
 BOILER = "Subscribe to our newsletter for updates. Cookie policy. Terms of use. All rights reserved worldwide today."
 KINDS = ("exact", "near_edit_1pct", "near_edit_3pct", "near_reorder", "near_boilerplate")
 EDIT_SHARE = {"near_edit_1pct": 0.01, "near_edit_3pct": 0.03}
@@ -191,9 +192,8 @@ def scan(texts: list[str], threshold: float, num_perm: int, ngram: int, batch: i
     """The stage's text pass over ``texts`` (doc ids = positions): exact representatives, near
     pairs among them, contamination counts (docs x sets), seconds per detector (and the resident
     MB at the start and at the end, the index still held), LSH candidates."""
-    near = NearIndex(threshold, num_perm, ngram, seed=1)
     seen: dict[int, int] = {}
-    reps, pairs, counts = [], [], []
+    reps, keys, sigs, counts = [], [], [], []
     sec = {"exact": 0.0, "near": 0.0, "decontam": 0.0, "rss_start_mb": rss_mb()}
     for a in range(0, len(texts), batch):
         ids = np.arange(a, min(a + batch, len(texts)))
@@ -203,16 +203,20 @@ def scan(texts: list[str], threshold: float, num_perm: int, ngram: int, batch: i
         sec["exact"] += time.perf_counter() - t
         t = time.perf_counter()
         first = np.flatnonzero(rep == ids)
-        pairs.append(near.add(ids[first].tolist(), [part[i] for i in first]))
+        keys.append(ids[first])
+        sigs.append(signature_rows([part[i] for i in first], num_perm, ngram, seed=1))
         sec["near"] += time.perf_counter() - t
         if evals is not None:
             t = time.perf_counter()
             counts.append(evals.overlaps(part))
             sec["decontam"] += time.perf_counter() - t
         reps.append(rep)
+    t = time.perf_counter()
+    pairs, candidates = signature_pairs(np.concatenate(keys), np.concatenate(sigs), threshold)
+    sec["near"] += time.perf_counter() - t
     sec["rss_mb"] = rss_mb()
-    return (np.concatenate(reps), np.concatenate(pairs), np.concatenate(counts) if counts else np.zeros((len(texts), 0), np.int64),
-            sec, near.candidates)
+    return (np.concatenate(reps), pairs, np.concatenate(counts) if counts else np.zeros((len(texts), 0), np.int64),
+            sec, candidates)
 
 
 def true_jaccard(texts: list[str], pairs: np.ndarray, ngram: int) -> np.ndarray:
@@ -487,7 +491,7 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.02, help="planted copies of each kind, a share of the base documents")
     ap.add_argument("--threshold", type=float, default=0.8, help="dedup.near_threshold")
     ap.add_argument("--sweep", type=_floats, default=[0.7, 0.75, 0.85], help="more near thresholds, comma-separated (empty: none)")
-    ap.add_argument("--num-perm", type=int, default=64)
+    ap.add_argument("--num-perm", type=int, default=72, help="dedup.near_num_perm (LSH bands of 6 rows, as the config's)")
     ap.add_argument("--ngram", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--semantic-docs", type=int, default=2000, help="base documents of the semantic corpus (0: skip it)")

@@ -257,6 +257,29 @@ def clean_shards(results: Path, name: str = "clean_shards_1m") -> str:
     return "\n".join(lines)
 
 
+def near_recall(results: Path, name: str = "near_recall") -> str:
+    """``bench_near_recall.py``: each MinHash setting's LSH banding against the exact Jaccard of planted
+    near copies (docs/cleaning.md, "Near-duplicate recall"); the default setting in bold."""
+    doc = _load(results, name)
+    lines = ["| permutations | bands × rows | P(candidate) at 0.8 | LSH recall (≥ 0.8) | recall (≥ 0.8) | 0.80–0.85 | 0.85–0.90 |"
+             " 0.90–1 | found with true J < 0.7 | candidates | LSH s |", "|---:" * 11 + "|"]
+    for s in doc["settings"]:
+        default = (s["num_perm"], s["rows"]) == (72, 6) and s["how"].startswith("pipeline")
+        perms = f"{s['num_perm']}" + (" (datasketch, before)" if s["how"].startswith("datasketch") else " (default)" if default else "")
+        bands = f"{s['bands']} × {s['rows']}" + (" (datatrove)" if (s["bands"], s["rows"]) == (14, 8) else "")
+        by = s["recall_by_true_jaccard"]
+        cells = [perms, bands, f"{s['s_curve_at_threshold']:.3f}", f"{s['lsh_recall']:.3f}", f"{s['recall']:.3f}",
+                 f"{by['0.8-0.85']:.3f}", f"{by['0.85-0.9']:.3f}", f"{by['0.9-1']:.3f}", f"{s['found_pairs_below_threshold_minus_0.1']}",
+                 f"{s['candidates']:,}", f"{s['lsh_s']:.2f}"]
+        lines.append("| " + " | ".join(f"**{c}**" if default else c for c in cells) + " |")
+    lines.append("")
+    base = doc["docs"] - doc["planted_pairs"]
+    lines.append(f"`{doc['benchmark']} --docs {base} --copies {doc['planted_pairs']}` ({doc['docs']:,} documents,"
+                 f" {doc['planted_pairs']:,} planted pairs) at {doc['commit'][:12]}, {doc['date'][:10]}, {_machine(doc)};"
+                 f" {doc['wall_s']:.0f} s wall. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -268,6 +291,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "mixture_anchors": mixture_anchors,
     "clean_1m": lambda results: clean_planted(results, "clean_1m"),
     "clean_shards_1m": clean_shards,
+    "near_recall": near_recall,
 }
 
 

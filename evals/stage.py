@@ -14,6 +14,7 @@ import polars as pl
 from evals.run import evaluate
 from evals.suites import ordered, reads
 from pipeline.devices import device
+from pipeline.errors import StrataInputError
 from pipeline.render.markdown import frame_table
 from pipeline.stage import Connect, Markdown, StageParams, StageResult, setting
 from pipeline.storage.atomic import write_parquet
@@ -40,14 +41,21 @@ def evaluate_run(layout, params: EvaluateParams, strategy: str, seed: int, conne
     per-document values beside it (``.units.parquet``, DuckDB ``eval_units``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    suites = ordered()
+    settings = SimpleNamespace(**params.suites)  # each suite's input is a key it reads (path_key)
+    inputs = {s.name: s.input(settings, layout) for s in suites}
+    if not any(inputs.values()):  # a launch from the UI, which check_heldout (strata run) did not see
+        keys = [s.path_key for s in suites if s.path_key]
+        raise StrataInputError(f"no eval suite has an input: the held-out split is empty (heldout_fraction 0, or no held-out "
+                               f"document) and none of {', '.join(keys)} is set", path=layout.heldout,
+                               fix=f"set heldout_fraction > 0 (e.g. 0.02) or one of {', '.join(keys)}, or leave evaluations out "
+                                   "(e.g. strata run --select '*orderings')")
     model_dir = layout.run_dir(strategy, seed) / "model"
     dev = device()
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(dev).eval()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     units: list[dict] = []
-    suites = ordered()
-    inputs = SimpleNamespace(**params.suites)  # each suite's input is a key it reads (path_key)
-    rows = evaluate(model, tok, {s.name: s.input(inputs, layout) for s in suites}, limit=params.eval_limit, device=dev,
+    rows = evaluate(model, tok, inputs, limit=params.eval_limit, device=dev,
                     work_dir=layout.root / "lm_eval", seed=params.seed, units=units,
                     options={k: params.suites[k] for k in sorted({k for s in suites for k in s.reads})})
     df = pl.DataFrame(rows).with_columns(strategy=pl.lit(strategy), seed=pl.lit(seed))

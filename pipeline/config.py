@@ -30,6 +30,7 @@ from pipeline.errors import StrataInputError
 from pipeline.names import ATOM_MULTIPLES, EMBED_METHODS, MODEL_PRESETS, OBJECTIVES, PACKING_SPECS, WITHIN_SORTS
 from pipeline.registry import EXPORT_FORMATS, FAMILIES, SCORERS, STRATEGIES
 from pipeline.storage.layout import check_data_root
+from pipeline.storage.remote import CREDENTIALS_FIX, carries_credentials, is_url
 
 __all__ = ["ClaimsConfig", "ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "ExportConfig", "FORMER_NAMES",
            "MOVED_KEYS", "MixtureConfig", "OdmConfig", "RayConfig", "StrataConfig", "config_default", "config_from_dict", "config_value",
@@ -46,7 +47,8 @@ class ConfigKeyRenamed(FutureWarning):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True)
+    # inputs stay out of a ValidationError's text (a URL may hold a secret); validation_error names the safe ones
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True, hide_input_in_errors=True)
     renamed_keys: ClassVar[dict[str, str]] = {}  # former key -> its key now, still read with a ConfigKeyRenamed warning
     key_prefix: ClassVar[str] = ""  # where the model sits in a config file, e.g. "mixture."
     finite_exempt: ClassVar[tuple[str, ...]] = ()  # fields whose own validator refuses inf and NaN with its range
@@ -80,6 +82,17 @@ class _Model(BaseModel):
             raise ValueError("use a finite number (not inf or nan), e.g. 0.001")
         if isinstance(value, list) and any(isinstance(v, float) and not math.isfinite(v) for v in value):
             raise ValueError("use finite numbers (not inf or nan)")
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _no_credentials(cls, value: Any) -> Any:
+        """An object-store URL that carries credentials (``s3://KEY:SECRET@bucket/…``) or parameters is
+        refused at load, before anything is written (the data root's ``strata_config.yaml`` records
+        every key), and its value is never echoed (:func:`validation_error`)."""
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and is_url(v) and carries_credentials(v):
+                raise PydanticCustomError("url_credentials", "the URL carries credentials or parameters")
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -243,11 +256,21 @@ class DedupConfig(_Model):
     near: bool = True  # MinHash + LSH (datasketch) over word n-grams
     near_ngram: int = Field(5, ge=1)  # words per shingle of the MinHash
     near_threshold: float = Field(0.8, gt=0.0, le=1.0)  # Jaccard similarity of the shingle sets a near pair reaches
-    near_num_perm: int = Field(64, ge=16, le=1024)  # MinHash permutations (more: a closer estimate, slower)
+    # MinHash permutations (more: a closer estimate, larger signatures), cut into near_num_perm // near_rows LSH
+    # bands of near_rows values: 72 = 12 bands x 6 rows makes a pair at Jaccard 0.8 a candidate with
+    # probability 1 - (1 - 0.8^6)^12 = 0.974 (docs/cleaning.md)
+    near_num_perm: int = Field(72, ge=16, le=1024)
+    near_rows: int = Field(6, ge=1, le=1024)
     semantic: bool = True  # SemDeDup: within each k-means cluster, pairs of embeddings above semantic_threshold (faiss)
     semantic_threshold: float = Field(0.95, gt=0.0, le=1.0)  # cosine similarity of a semantic pair (SemDeDup's 1 - eps)
 
     key_prefix: ClassVar[str] = "dedup."
+
+    @model_validator(mode="after")
+    def _rows_fit(self) -> "DedupConfig":
+        if self.near_rows > self.near_num_perm:
+            raise ValueError(f"set dedup.near_rows to at most dedup.near_num_perm ({self.near_num_perm}); 6 is the default")
+        return self
 
 
 class DecontamConfig(_Model):
@@ -705,6 +728,10 @@ def validation_error(exc: ValidationError, where: str = "config") -> StrataInput
             problems.append(f"config value {c['key']}={c['value']!r} is impossible")
             fixes.append(f"{c['key']}: {c['error']}")
             continue
+        if err["type"] == "url_credentials":  # the value holds a secret: named by its key only
+            problems.append(f"config value {loc} is an object-store URL that carries credentials or parameters (not shown)")
+            fixes.append(f"{loc}: write it as s3://bucket/key and {CREDENTIALS_FIX}")
+            continue
         if err["type"] == "renamed_key":
             old, new = err["ctx"]["old"], err["ctx"]["new"]
             problems.append(f"config keys {old} (its former name) and {new} are both given")
@@ -799,9 +826,11 @@ def read_config_data(path: str | os.PathLike) -> dict[str, Any]:
         raise StrataInputError(f"config is not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})", path=path,
                                line=raw[: exc.start].count(b"\n") + 1, fix="save the file as UTF-8") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text, object_pairs_hook=_unique_pairs(path)) if path.suffix == ".json" else _load_yaml(text, path)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise StrataInputError(f"config is not valid YAML/JSON ({exc})", path=path, fix="correct the syntax") from None
+    except StrataInputError:
+        raise  # a key given twice: its own message
     except (RecursionError, ValueError) as exc:
         raise StrataInputError(f"config cannot be read ({type(exc).__name__})", path=path,
                                fix="write a flat mapping of keys to values") from None
@@ -810,6 +839,40 @@ def read_config_data(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StrataInputError("config must be a mapping of keys to values", path=path, fix="see README 'Headless, on your own corpus'")
     return data
+
+
+def _load_yaml(text: str, path: Path) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (YAML would keep the last
+    silently), naming the file, the line of the second and the key."""
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise StrataInputError(f"config key {key!r} is given twice (lines {seen[key]} and {line}); YAML would keep the last",
+                                       path=path, line=line, fix=f"keep one {key!r} in that mapping and delete the other")
+            seen[key] = line
+        return loader.construct_mapping(node, deep=deep)
+
+    _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _unique_pairs(path: Path):
+    """A ``json.loads`` object hook that refuses a key given twice in one object, naming it."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise StrataInputError(f"config key {key!r} is given twice in one object; JSON would keep the last", path=path,
+                                       fix=f"keep one {key!r} and delete the other")
+            out[key] = value
+        return out
+    return hook
 
 
 def load_config(path: str | os.PathLike) -> StrataConfig:

@@ -122,7 +122,8 @@ def test_an_evaluation_sets_boilerplate_never_flags_but_its_passages_do():
 
 def test_boilerplate_many_training_documents_share_never_flags():
     """Two held-out man pages carry the footer (too few for the held-out side to call it common), forty
-    training documents too: the footer is boilerplate; a held-out page's own text still flags."""
+    training documents too: the footer is boilerplate (several evaluation units and many training
+    documents hold it); a held-out page's own text still flags."""
     from pipeline.clean.decontam import common_grams
 
     footer = ("This is free software; see the source for copying conditions. There is NO warranty; not even for "
@@ -135,9 +136,69 @@ def test_boilerplate_many_training_documents_share_never_flags():
     found = evals.hits(training)[0]
     assert len(np.unique(found[:, 0])) == 41  # every footer carrier and the copied passage
     for share, flagged in ((1.0, set(range(41))), (0.01, {40})):
-        boiler = common_grams(found, evals.hashes[0].size, len(training), share)
+        boiler = common_grams(found, evals.hashes[0].size, len(training), share, evals.units_with[0])
         kept = found[~boiler[found[:, 1]]]
         assert set(np.unique(kept[:, 0]).tolist()) == flagged
+
+
+def _synthetic_docs(n: int, words: int, seed: int) -> list[str]:
+    """``n`` seeded texts of ``words`` made-up words (they share no 13-gram with real text)."""
+    rng = np.random.default_rng(seed)
+    vocab = np.array([f"w{i}q" for i in range(5000)])
+    return [" ".join(vocab[rng.integers(0, vocab.size, words)]) for _ in range(n)]
+
+
+def test_a_benchmark_passage_copied_into_many_training_documents_is_always_flagged(tmp_path):
+    """One WikiText paragraph planted in 1 to 600 of 2,000 training documents is flagged in every
+    copy at the default ``common_share`` (a passage sits in one evaluation unit, however many
+    training documents copy it), while a footer two evaluation units and a hundred training
+    documents share is left out as boilerplate, and reported with each document holding it."""
+    import polars as pl
+
+    from pipeline.clean.shards import ScanSpec, ShardScan, scan_unit
+    from pipeline.clean.stage import _contamination
+    from pipeline.config import StrataConfig
+
+    if not WIKITEXT.is_file():
+        pytest.skip(f"WikiText-2 raw test file not found at {WIKITEXT}")
+    from pipeline.data.wikitext import read_articles
+
+    footer = "Retrieved from the online encyclopedia under the free licence all text is available under the same terms ok"
+    articles = read_articles(WIKITEXT)
+    units = [articles[0] + " " + footer, articles[1] + " " + footer] + list(articles[2:])
+    cache = EvalNgrams.build({"wikitext": lambda: units}, 13).save(tmp_path / "evals")
+    spec = ScanSpec(exact=False, near=None, evals=str(cache))
+    passage = max(articles[5].split("\n"), key=len).strip()
+    cfg = StrataConfig.model_validate({})
+    assert cfg.decontam.common_share == 0.01 and cfg.decontam.min_overlap == 1
+    base = _synthetic_docs(2000, 60, 0)
+    footed = list(range(1, 2000, 20))  # 100 documents carry the footer, none of them a planted copy
+
+    def scanned(copies: int) -> tuple[list[int], list]:
+        texts = list(base)
+        planted = list(range(0, 2000, 2000 // copies))[:copies]
+        for i in planted:
+            texts[i] = texts[i][:200] + " " + passage + " " + texts[i][200:]
+        for i in footed:
+            texts[i] += " " + footer
+        np.save(tmp_path / f"hits{copies}.npy", scan_unit(texts, False, None, str(cache))[3])
+        return planted, [ShardScan(0, len(texts), None, {"hits": tmp_path / f"hits{copies}.npy"})]
+
+    missed = {}
+    for copies in (1, 4, 15, 25, 60, 200, 600):
+        planted, scans = scanned(copies)
+        counts = _contamination(cfg, 2000, ("wikitext",), [(spec, scans)])[0]
+        flagged = np.flatnonzero(counts[:, 0] >= cfg.decontam.min_overlap).tolist()
+        assert set(flagged) <= set(planted)
+        missed[copies] = copies - len(flagged)
+    assert missed == dict.fromkeys(missed, 0)
+    rows: list = []  # what the stage writes to clean/skipped_hits.parquet
+    _, common, skipped, ngrams = _contamination(cfg, 2000, ("wikitext",), [(spec, scanned(600)[1])], rows.append)
+    assert common[0] == ngrams.height > 0 and set(ngrams["eval_set"]) == {"wikitext"}
+    assert (ngrams["eval_units"] >= 2).all() and (ngrams["training_docs"] == len(footed)).all()
+    holders = pl.concat(rows)
+    assert sorted(holders["doc_id"].unique().to_list()) == footed == np.flatnonzero(skipped[:, 0]).tolist()
+    assert set(holders["ngram"].to_list()) == set(ngrams["ngram"].to_list())
 
 
 def test_groups_kinds_and_actions():
@@ -165,20 +226,75 @@ def test_a_bad_clean_key_exits_2_naming_the_key_and_the_fix(tmp_path):
     assert proc.returncode == 2 and "dedup.action" in proc.stderr and "keep_one" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_stored_signatures_give_the_pairs_the_texts_give():
-    """The gather's path (signatures computed per shard, read back through ``lookup``) finds the
-    pairs the text path finds, in two batches as two shards would give them."""
-    from pipeline.clean.near import NearIndex, signature_rows
+def _shard_scans(tmp_path, texts: list[str], cfg, cut: int) -> list:
+    """``texts`` scanned as two shards (``[:cut]``, ``[cut:]``) by the per-shard scan, their
+    signature files read back as the gather reads them."""
+    from pipeline.clean.shards import ShardScan, scan_spec, scan_unit
 
+    near = scan_spec(cfg, None).near
+    scans = []
+    for j, (a, b) in enumerate(((0, cut), (cut, len(texts)))):
+        np.save(tmp_path / f"{j}.sig.npy", scan_unit(texts[a:b], False, near, None)[2])
+        scans.append(ShardScan(a, b - a, None, {"sig": tmp_path / f"{j}.sig.npy"}))
+    return scans
+
+
+def test_stored_signatures_give_the_pairs_the_texts_give(tmp_path):
+    """The gather's path (signatures computed per shard, read back from their files) finds the
+    pairs the text path finds, across two shards."""
+    from pipeline.clean.stage import _near_pairs
+    from pipeline.config import StrataConfig
+
+    cfg = StrataConfig.model_validate({})
+    d = cfg.dedup
     base = _long_texts(6, words=200)
     edited = base[0].split()
     edited[40] = "zzedit"
     texts = base + [" ".join(edited), base[3].upper(), ""]
-    want, _ = near_pairs([(list(range(len(texts))), texts)], threshold=0.8, num_perm=64, ngram=5, seed=3)
-    sigs = signature_rows(texts, 64, 5, seed=3)
-    index = NearIndex(0.8, 64, 5, seed=3, lookup=lambda doc: sigs[doc])
-    got = np.concatenate([index.add_signatures(range(0, 4), sigs[:4]), index.add_signatures(range(4, 9), sigs[4:])])
-    assert got.tolist() == want.tolist() and {tuple(p) for p in got.tolist()} >= {(0, 6)}
+    want, _ = near_pairs([(list(range(len(texts))), texts)], d.near_threshold, d.near_num_perm, d.near_ngram, cfg.seed + 1)
+    got, _ = _near_pairs(cfg, _shard_scans(tmp_path, texts, cfg, 4), np.arange(len(texts)))
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, want.tolist())) and {(0, 6), (3, 7)} <= set(map(tuple, got.tolist()))
+
+
+def test_near_copies_at_the_threshold_are_lsh_candidates(tmp_path):
+    """Planted near copies across the threshold (0% to 5% of the words replaced, a footer on every
+    third): of the pairs at true Jaccard >= ``dedup.near_threshold`` whose signatures agree on that
+    share of values (what the check keeps), the default LSH bands make >= 95% candidates. Pairs
+    just above the threshold whose 72-value estimate falls under it are lost to the estimate, not
+    to the LSH (docs/cleaning.md)."""
+    from pipeline.clean.ngrams import text_ngrams
+    from pipeline.clean.stage import _near_pairs
+    from pipeline.config import StrataConfig
+
+    cfg = StrataConfig.model_validate({})
+    d = cfg.dedup
+    rng = np.random.default_rng(7)
+    texts = _synthetic_docs(400, 150, 1)
+    pairs = []
+    for j, o in enumerate(rng.choice(400, 200, replace=False).tolist()):
+        words = texts[o].split()
+        for i in rng.choice(len(words), round(len(words) * 0.05 * j / 199), replace=False):
+            words[i] = "zz" + words[i]
+        pairs.append((o, len(texts)))
+        texts.append(" ".join(words) + (" with a footer of twelve words that every third copy carries at its end" if j % 3 == 0 else ""))
+    truth = []
+    for a, b in pairs:
+        flat, off = text_ngrams([texts[a], texts[b]], d.near_ngram, short=True)
+        x, y = set(flat[off[0]:off[1]].tolist()), set(flat[off[1]:off[2]].tolist())
+        truth.append(len(x & y) / len(x | y))
+    truth = np.array(truth)
+    scans = _shard_scans(tmp_path, texts, cfg, 300)
+    sig = np.concatenate([np.load(s.files["sig"]) for s in scans])
+    agree = np.array([np.mean(sig[a] == sig[b]) >= d.near_threshold for a, b in pairs])
+    found = {tuple(p) for p in _near_pairs(cfg, scans, np.arange(len(texts)))[0].tolist()}
+    hit = np.array([(min(a, b), max(a, b)) in found for a, b in pairs])
+    want = truth >= d.near_threshold
+    assert want.sum() >= 80 and (want & agree).sum() >= 60  # the planted pairs spread across the threshold
+    assert hit[want & agree].mean() >= 0.95, (hit[want & agree].mean(), hit[want].mean(), agree[want].mean())
+    assert hit[want].mean() >= agree[want].mean() - 0.05  # within 5 points of what the estimate's noise leaves
+    from pipeline.clean.near import candidate_probability
+
+    assert candidate_probability(d.near_threshold, d.near_num_perm // d.near_rows, d.near_rows) >= 0.95
 
 
 def test_evaluation_ngrams_saved_and_loaded_keep_the_boilerplate_rule(tmp_path):
@@ -220,5 +336,6 @@ def test_a_scan_is_named_by_what_its_bytes_depend_on():
     base = key()
     assert key(dedup={"action": "drop", "near_threshold": 0.7, "semantic_threshold": 0.9}) == base
     assert key(decontam={"common_share": 1.0, "min_overlap": 3}) == base
+    assert key(dedup={"near_rows": 8}) == base  # the bands are cut from the stored signatures by the gather
     assert len({base, key(dedup={"near_num_perm": 128}), key(seed=1), key(dedup={"exact": False})}) == 4
     assert scan_spec(StrataConfig.model_validate({}), "/x/clean/evals/def").key != base

@@ -74,8 +74,10 @@ def _through_orderings(config: Path) -> None:
 
 
 def _artifacts(root: Path) -> dict[str, bytes]:
+    from pipeline.storage.atomic import is_sidecar  # digest records hold modification times, not artifact bytes
+
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.startswith("strata.duckdb")}
+            if p.is_file() and not p.name.startswith("strata.duckdb") and not is_sidecar(p)}
 
 
 def _metadata(result, asset: str) -> dict:

@@ -33,6 +33,7 @@ from pipeline.represent.embedding_shards import (
     embedding_key,
 )
 from pipeline.represent.embeddings import default_model_path
+from pipeline.storage.atomic import sidecar
 from pipeline.storage.layout import Layout
 
 
@@ -156,10 +157,11 @@ def test_norm_records_stand_for_the_rows_until_a_file_changes(tmp_path):
     with pytest.raises(StrataInputError, match="changed on disk since Strata wrote it"):
         shard_norms(path)
 
-    def replace(rows: np.ndarray) -> None:  # another file moved into its place: no record of Strata's
+    def replace(rows: np.ndarray) -> None:  # another file moved into its place, its digest record removed: no record of Strata's
         tmp = path.with_name("other.npy")
         np.save(tmp, rows)
         os.replace(tmp, path)
+        sidecar(path).unlink(missing_ok=True)  # the record lies beside the file (it survives copies); kept, it would refuse the file
 
     replace(rows)
     norms, from_record = shard_norms(path)

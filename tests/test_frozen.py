@@ -407,9 +407,12 @@ def test_blocked_greedy_after_a_skewed_prefix_recovers_faster():
 
 
 def _tree(d) -> dict:
-    """Relative path -> (bytes, inode, mtime_ns) of every file under ``d``."""
+    """Relative path -> (bytes, inode, mtime_ns) of every file under ``d`` but the digest records
+    (``pipeline/storage/atomic.py``: sidecar), which hold modification times, not the export's bytes."""
+    from pipeline.storage.atomic import is_sidecar
+
     return {p.relative_to(d).as_posix(): (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
-            for p in sorted(d.rglob("*")) if p.is_file()}
+            for p in sorted(d.rglob("*")) if p.is_file() and not is_sidecar(p)}
 
 
 @pytest.mark.parametrize("fmt", ["numpy", "megatron", "hf", "mds"])

@@ -524,6 +524,138 @@ def test_a_users_folder_as_data_root_is_refused_whatever_its_spelling(tmp_path, 
     assert _snapshot(work) == before
 
 
+def test_prune_removes_only_files_strata_wrote(tmp_path):
+    """A stage's pruning removes the stale artifacts Strata wrote (their digest record with them) and
+    leaves a file it did not write, a hidden file and a kept artifact."""
+    from pipeline.data.shard_docs import prune
+    from pipeline.storage.atomic import write_bin
+
+    d = tmp_path / "shards"
+    write_bin(np.arange(4), d / "kept.bin")
+    write_bin(np.arange(5), d / "stale.bin")
+    (d / "mine.bin").write_bytes(b"a user's file\n")
+    (d / ".notes").write_text("hidden\n")
+    assert prune(d, {"kept.bin"}) == 1
+    assert sorted(p.name for p in d.iterdir()) == [".kept.bin.sha256", ".notes", "kept.bin", "mine.bin"]
+    assert (d / ".kept.bin.sha256").is_file()
+
+
+def _copy_without_attributes(src: Path, dst: Path) -> Path:
+    """What ``cp -r``, ``rsync -a`` without ``-X``, tar or an object store leave: bytes, no extended attributes."""
+    import shutil
+
+    shutil.copytree(src, dst, copy_function=shutil.copyfile)
+    from pipeline.storage import atomic
+
+    atomic._DIGESTS.clear()  # another process, on the copy
+    atomic._VERIFIED.clear()
+    return dst
+
+
+def test_bit_rot_in_a_copied_root_is_named_by_status_and_stops_the_export(recorded_root, tmp_path, capsys, monkeypatch):
+    from pipeline.storage.layout import ROOT_MARKER
+
+    (recorded_root / ROOT_MARKER).write_text("")
+    copy = _copy_without_attributes(recorded_root, tmp_path / "copy")
+    (copy.parent / "cfg.yaml").write_text((recorded_root.parent / "cfg.yaml").read_text())
+    out = tmp_path / "out"
+    assert _run(capsys, _export(copy, out))[0] == 0  # intact after the copy
+    _flip_byte(copy / "sequences" / "segments.parquet")
+    rc, err = _run(capsys, _export(copy, tmp_path / "out2"))
+    assert rc == 2 and "segments.parquet" in err and "changed on disk" in err and "Fix:" in err
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "text": "one document"}) + "\n")
+    (tmp_path / "status.yaml").write_text(f"corpus: {{path: {corpus}}}\n")
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.delenv("STRATA_CONFIG", raising=False)
+    capsys.readouterr()
+    from assets.cli import main
+
+    assert main(["status", "--config", str(tmp_path / "status.yaml"), "--data-root", str(copy)]) == 0
+    shown = capsys.readouterr().out
+    assert "corrupt" in shown and "sequences/segments.parquet" in shown.replace("\n", "")
+    assert "tokens/" not in shown.split("corrupt", 1)[1]  # only the file that changed
+
+
+def test_a_flipped_token_shard_in_a_copied_root_is_rebuilt_never_taken_as_the_truth(tmp_path, caplog):
+    """After a copy that drops extended attributes, a token shard's flipped byte is still caught (the
+    record lies beside the file): the shard is computed again, byte-identical, never reused with its new digest."""
+    import logging
+
+    from helpers import three_shard_corpus
+
+    from pipeline.config import config_from_dict
+    from pipeline.data.shard_docs import manifest_shards
+    from pipeline.data.token_shards import token_files, tokenize_shards, tokenizer_key
+    from pipeline.data.tokenizer import train_bpe
+    from pipeline.storage.atomic import recorded_sha256
+
+    build, out, by_id = three_shard_corpus(tmp_path, 0)
+    tok = train_bpe(list(by_id.values()), 400)
+    cfg = config_from_dict({"data_root": str(out), "shard_docs": 16})
+    shards = [s for _, s in manifest_shards(build.manifest, out / "corpus" / "shards")]
+    assert tokenize_shards(shards, tok, out / "tokens" / "shards", out / "work", cfg)["shards_computed"] == 3
+    copy = _copy_without_attributes(out, tmp_path / "copy")
+    shards = [s for _, s in manifest_shards(build.manifest, copy / "corpus" / "shards")]
+    shard_dir = copy / "tokens" / "shards"
+    victim = token_files(shard_dir, shards[1], tokenizer_key(tok))[0]
+    first, recorded = victim.read_bytes(), recorded_sha256(victim)
+    assert recorded == hashlib.sha256(first).hexdigest()
+    _flip_byte(victim, at=len(first) // 2)
+    with caplog.at_level(logging.WARNING, logger="pipeline.storage.integrity"):
+        run = tokenize_shards(shards, tok, shard_dir, copy / "work", cfg)
+    assert run["shards_computed"] == 1 and run["shards_reused"] == 2
+    assert any("changed on disk" in r.getMessage() for r in caplog.records)
+    assert victim.read_bytes() == first and recorded_sha256(victim) == recorded
+
+
+def test_a_dangling_shard_symlink_is_refused_not_dropped(tmp_path):
+    """A shard that is a symlink to a disk not mounted stops discovery (exit 2 naming it): its documents
+    would be dropped and its shard's artifacts pruned without a word."""
+    import polars as pl
+
+    from pipeline.data.shards import discover_shards
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pl.DataFrame({"id": ["a"], "text": ["hello"]}).write_parquet(corpus / "part-0.parquet")
+    (corpus / "part-1.parquet").symlink_to(tmp_path / "unmounted" / "part-1.parquet")
+    (corpus / "README.link").symlink_to(tmp_path / "unmounted" / "README")  # not a shard's name: not corpus
+    for spec in (str(corpus), str(corpus / "*.parquet")):
+        with pytest.raises(StrataInputError, match="symbolic link") as err:
+            discover_shards(spec)
+        assert "part-1.parquet" in str(err.value) and "Fix:" in str(err.value)
+    assert discover_shards(str(corpus / "part-0.parquet")) == [(corpus / "part-0.parquet").resolve()]
+
+
+def test_credentials_in_a_url_never_reach_the_data_root(tmp_path, capsys, monkeypatch):
+    """``s3://KEY:SECRET@bucket/…`` is refused at load, before strata_config.yaml (world-readable) is written."""
+    monkeypatch.setenv("STRATA_RUN_LOG", "")
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.setenv("STRATA_CONFIG", "")  # the run sets it: recorded, so that it is unset again after this test
+    monkeypatch.delenv("STRATA_CONFIG")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("corpus: {path: 's3://AKIAEXAMPLE:SeCrEtKeY@bucket/corpus/'}\nexport_dir: ''\n")
+    root = tmp_path / "root"
+    rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(root), "--select", "corpus_shards"])
+    assert rc == 2 and "corpus.path" in err and "credentials" in err and "Fix:" in err and "Traceback" not in err
+    assert "SeCrEt" not in err and "AKIAEXAMPLE" not in err
+    assert not root.exists() or not any("SeCrEt" in p.read_text(errors="replace") for p in root.rglob("*") if p.is_file())
+
+
+def test_credentials_in_the_endpoint_url_are_a_clean_error_never_echoed(monkeypatch):
+    from pipeline.data.shards import discover_shards
+    from pipeline.storage import remote
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://AKIAEXAMPLE:SeCrEtKeY@127.0.0.1:9")
+    with pytest.raises(StrataInputError, match="AWS_ENDPOINT_URL") as err:
+        discover_shards("s3://bucket/corpus/")
+    assert "SeCrEt" not in str(err.value) and "AKIAEXAMPLE" not in str(err.value) and "Fix:" in str(err.value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "localhost:9000")
+    with pytest.raises(StrataInputError, match="not an http"):
+        remote.endpoint()
+
+
 def test_heldout_fraction_zero_is_refused_before_it_reaches_the_evaluations(tmp_path, capsys, monkeypatch):
     """Without a held-out split and no other eval suite, the evaluations (and gradient_analyses) cannot
     run: `strata run` of a selection holding them stops before any step, naming heldout_fraction."""
@@ -543,3 +675,81 @@ def test_heldout_fraction_zero_is_refused_before_it_reaches_the_evaluations(tmp_
         check_heldout(config_from_dict({"heldout_fraction": 0.0, "wikitext_path": str(corpus)}), {"evaluations", "gradient_analyses"})
     check_heldout(config_from_dict({"heldout_fraction": 0.0, "wikitext_path": str(corpus)}), {"evaluations"})  # another suite: fine
     check_heldout(config_from_dict({"heldout_fraction": 0.0}), {"corpus", "orderings", "exports"})  # nothing needs it
+# --------------------------------------------------------------------------- storage that refuses a write (issue 58)
+
+
+def test_a_full_disk_during_an_export_is_exit_2_naming_the_path_and_the_old_export_stays(export_root, tmp_path, capsys):
+    """The file-size limit (``ulimit -f``, what a full volume looks like to a writer) hit while an
+    export replaces an earlier one: exit 2 naming the folder and the fix, no traceback, and the
+    earlier export byte for byte as it was."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "exp"
+    assert _run(capsys, _export(export_root, out))[0] == 0
+    before = _snapshot(out)
+    limit = max(512, (out / "tokens.bin").stat().st_size // 4)
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", *_export(export_root, out)], capture_output=True, text=True,
+                          preexec_fn=small_files, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and str(out) in proc.stderr and "ulimit -f" in proc.stderr and "Fix:" in proc.stderr
+    _survived(before, out)
+    assert set(_snapshot(out)) == set(before)
+
+
+def test_out_a_symlink_to_a_users_directory_is_refused(export_root, tmp_path, capsys):
+    """``--out`` a symbolic link (to an empty folder or to an earlier export): exit 2 naming the link
+    and its target; the link and every file behind it stay."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (tmp_path / "exp").mkdir()
+    assert _run(capsys, _export(export_root, tmp_path / "exp"))[0] == 0
+    for target in (mine, tmp_path / "exp"):
+        link = tmp_path / f"link-{target.name}"
+        link.symlink_to(target)
+        before = _snapshot(target)
+        rc, err = _run(capsys, _export(export_root, link))
+        assert rc == 2 and "symbolic link" in err and str(target) in err and "Fix:" in err and "Traceback" not in err, err
+        assert link.is_symlink() and link.resolve() == target.resolve()
+        _survived(before, target)
+        assert set(_snapshot(target)) == set(before)
+
+
+def test_a_config_key_given_twice_names_the_file_line_and_key(tmp_path, capsys, monkeypatch):
+    """YAML and JSON keep the last of a key given twice, silently: the config is refused instead."""
+    monkeypatch.setenv("STRATA_CONFIG", "")  # the run sets it: recorded, so that it is unset again after this test
+    monkeypatch.delenv("STRATA_CONFIG")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("seed: 1\ndedup:\n  near_threshold: 0.8\n  near_threshold: 0.7\n")
+    rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--select", "no_such_asset"])
+    assert rc == 2 and f"{cfg}, line 4" in err and "'near_threshold' is given twice" in err and "Fix:" in err, err
+    cfg.write_text("seed: 1\nvocab_size: 512\nseed: 2\n")
+    rc, err = _run(capsys, ["run", "--config", str(cfg), "--data-root", str(tmp_path / "root"), "--select", "no_such_asset"])
+    assert rc == 2 and f"{cfg}, line 3" in err and "'seed' is given twice" in err, err
+    (tmp_path / "cfg.json").write_text('{"seed": 1, "seed": 2}')
+    rc, err = _run(capsys, ["run", "--config", str(tmp_path / "cfg.json"), "--data-root", str(tmp_path / "root"),
+                            "--select", "no_such_asset"])
+    assert rc == 2 and "'seed' is given twice" in err, err
+
+
+def test_storage_refusals_name_the_path_and_the_fix(tmp_path, capsys):
+    """Each way the storage refuses a write maps to exit 2 with the path and a fix (a read-only root
+    cannot be made here: the tests run as root, which ignores mode bits, and cannot mount)."""
+    import errno
+
+    from pipeline.errors import storage_error
+
+    for code, words in ((errno.ENOSPC, "no space"), (errno.EROFS, "read-only"), (errno.EACCES, "permission"),
+                        (errno.EFBIG, "ulimit -f"), (errno.EDQUOT, "quota")):
+        err = storage_error(OSError(code, os.strerror(code), str(tmp_path / "report" / "a.png")))
+        assert err is not None and str(tmp_path / "report" / "a.png") in str(err) and words in str(err) and "Fix:" in str(err)
+    short = OSError("4992 requested and 1248 written")
+    short.filename = str(tmp_path / "exp")
+    assert "ulimit -f" in str(storage_error(short)) and str(tmp_path / "exp") in str(storage_error(short))
+    assert storage_error(OSError(errno.ENOENT, "No such file")) is None and storage_error(ValueError("x")) is None

@@ -33,6 +33,7 @@ from test_training import EOS, PAD, VOCAB, make_store, repetitive_docs
 from pipeline.errors import StrataInputError
 from pipeline.ordering.odm import ODMSampler, sequence_clusters
 from pipeline.packing.pack import SequenceStore
+from pipeline.storage.atomic import is_sidecar, sidecar_of
 from pipeline.storage.layout import Layout
 from pipeline.training.checkpoint import Checkpointing, decode, encode
 from pipeline.training.heldout import HeldoutBatch
@@ -213,7 +214,8 @@ def _killed(cfg: Path, strategy: str) -> subprocess.CompletedProcess:
 def _outputs(layout: Layout, strategy: str) -> dict:
     """Every file of the run directory (bytes) and the run's DuckDB rows (tokens_per_s, a wall-clock figure, left out)."""
     run_dir = layout.run_dir(strategy, 0)
-    files = {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    # digest records (pipeline/storage/atomic.py: sidecar) hold modification times, not artifact bytes
+    files = {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file() and not is_sidecar(p)}
     rows = {}
     with duckdb.connect(str(layout.duckdb), read_only=True) as con:
         present = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
@@ -268,7 +270,8 @@ def killed_runs(tmp_path_factory):
     third = _strata(cfg, "--select", "key:training_runs")  # random again from step 0, odm resumes
     assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-4000:]
     resumed["odm"] = _outputs(layout, "odm")
-    leftovers = sorted(str(p) for p in layout.inside("runs").rglob("*") if p.name.startswith(".") or p.name == "ckpt.pt")
+    leftovers = sorted(str(p) for p in layout.inside("runs").rglob("*")
+                       if (p.name.startswith(".") and not (is_sidecar(p) and sidecar_of(p).is_file())) or p.name == "ckpt.pt")
     return reference, resumed, {"random": second.stdout + second.stderr, "odm": third.stdout + third.stderr}, leftovers
 
 

@@ -20,6 +20,7 @@ from pipeline.data.corpus import build_corpus, corpus_units, shard_key, unit_fin
 from pipeline.data.shards import discover_shards
 from pipeline.errors import StrataInputError
 from pipeline.storage import remote
+from pipeline.storage.atomic import is_sidecar
 
 
 def _lines(records) -> bytes:
@@ -160,9 +161,19 @@ def test_storage_failures_are_input_errors_naming_the_url_and_the_fix(case, s3_b
 
 
 def test_credentials_in_a_url_are_refused_and_never_echoed():
-    with pytest.raises(StrataInputError) as err:
-        corpus_units(CorpusConfig(path="s3://AKIAXX:topsecretvalue@bucket/data/"))
-    assert "topsecretvalue" not in str(err.value) and "AKIAXX" not in str(err.value)
+    from pydantic import ValidationError
+
+    from pipeline.config import config_from_dict
+
+    url = "s3://AKIAXX:topsecretvalue@bucket/data/"
+    with pytest.raises(StrataInputError) as err:  # at load, before anything is written (tests/test_hostile.py)
+        config_from_dict({"corpus": {"path": url}})
+    with pytest.raises(ValidationError) as invalid:
+        CorpusConfig(path=url)
+    with pytest.raises(StrataInputError) as found:  # and at discovery, for a config built without validation
+        corpus_units(CorpusConfig.model_construct(path=url))
+    for shown in (str(err.value), str(invalid.value), str(found.value)):
+        assert "topsecretvalue" not in shown and "AKIAXX" not in shown
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):
@@ -259,7 +270,8 @@ def test_exports_to_a_bucket_equal_the_disk_export_and_megatron_reads_them(s3_bu
         local = tmp_path / fmt
         export_stream(stream, fmt, local, global_batch=G)
         objs = _objects(s3_bucket, f"exports/{fmt}")
-        on_disk = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+        # the local digest records (pipeline/storage/atomic.py: sidecar) stay local: the store keeps its own checksums
+        on_disk = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file() and not is_sidecar(p))
         assert sorted(objs) == on_disk and EXPORT_MARKER in objs and "meta.json" in objs
         for rel in (r for r in on_disk if r != EXPORT_MARKER):
             assert s3_bucket.fs().cat(f"{s3_bucket.name}/exports/{fmt}/{rel}") == (local / rel).read_bytes(), rel
@@ -324,3 +336,19 @@ def test_listings_and_reads_show_progress_once_they_last(s3_bucket, tmp_path, mo
     read = capfd.readouterr().err
     assert "read big.jsonl: 100%" in read and f"{len(body) / 1024 ** 2:.2f}M/{len(body) / 1024 ** 2:.2f}M" in read, read[-2000:]
     assert "read t.parquet:" in read and "read s2.jsonl: 100%" in read
+
+
+def test_objects_whose_key_has_a_dot_component_are_refused_not_skipped(s3_bucket):
+    """``a/./b.jsonl`` and ``a/../b.jsonl`` are distinct objects to the store, but paths and tools
+    normalize them into other names: refused naming one and the fix, never silently dropped."""
+    s3_bucket.put("c/ok.jsonl", _lines([{"id": "1", "text": "hello"}]))
+    for key in ("c/./dot.jsonl", "c/sub/../up.jsonl"):
+        s3_bucket.put(key, _lines([{"id": "2", "text": "lost?"}]))
+        listed = [o.url for o in remote.list_objects(f"{s3_bucket.url}/c")]
+        if not any(key.split("/")[-1] in u and ("/./" in u or "/../" in u) for u in listed):
+            pytest.skip(f"the server normalizes {key!r} itself")
+        with pytest.raises(StrataInputError, match="'.' or '..' component") as err:
+            discover_shards(f"{s3_bucket.url}/c/")
+        assert key.split("/", 1)[1] in str(err.value) and "Fix:" in str(err.value)
+        s3_bucket.fs().rm(f"{s3_bucket.name}/{key}")
+    assert discover_shards(f"{s3_bucket.url}/c/") == [f"{s3_bucket.url}/c/ok.jsonl"]

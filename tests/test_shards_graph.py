@@ -158,7 +158,7 @@ def _same_clean_as_one_pass(layout: Layout, texts: list[str]) -> None:
     evals = EvalNgrams.build(eval_sets(cfg, layout.heldout), cfg.decontam.ngram, common_share=cfg.decontam.common_share)
     assert evals.names == ("heldout",)
     found = evals.hits(texts)[0]
-    found = found[~common_grams(found, evals.hashes[0].size, len(texts), cfg.decontam.common_share)[found[:, 1]]]
+    found = found[~common_grams(found, evals.hashes[0].size, len(texts), cfg.decontam.common_share, evals.units_with[0])[found[:, 1]]]
     flags = (np.bincount(found[:, 0], minlength=len(texts)) >= cfg.decontam.min_overlap)[:, None]
     expected = plan(len(texts), rep, near, np.zeros((0, 2), np.int64), flags, evals.names, d.action, True)
     got = pl.read_parquet(layout.inside("clean", "documents.parquet"))

@@ -9,6 +9,7 @@ import time
 
 from pipeline.cli import EXIT_FAILED, EXIT_INPUT, EXIT_USAGE, Parser, print_claims, print_report, print_status, run_command
 from pipeline.config_source import config_or_demo, freeze_prefix_config
+from pipeline.storage.integrity import failing_digests
 
 __all__ = ["EXIT_FAILED", "EXIT_INPUT", "EXIT_USAGE", "build_parser", "main", "registry_rows"]
 
@@ -58,7 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Every asset and partition of the configuration: fresh, stale (and why) or missing."""
+    """Every asset and partition of the configuration: fresh, stale (and why), missing, or corrupt (an
+    output whose bytes are not those Strata recorded when it wrote them)."""
     import dagster as dg
 
     from assets.common import sync_partitions
@@ -71,7 +73,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     instance = dg.DagsterInstance.get()
     sync_partitions(instance, cfg, defs.resolve_asset_graph())
     observe_corpus(instance, cfg)
-    print_status(statuses(defs, instance, cfg), cfg.root, args.json)
+    corrupt = failing_digests(cfg.root)  # every file Strata recorded, read again
+    print_status(statuses(defs, instance, cfg, corrupt), cfg.root, args.json, corrupt)
     return 0
 
 

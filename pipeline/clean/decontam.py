@@ -4,10 +4,19 @@ hashed once into a sorted array; training documents stream past it in batches.
 
 An n-gram found in many units of one set (documents, DCLM-core rows, WikiText articles) is that
 set's boilerplate — a license header, a task template — not a passage a model could have
-memorized; so is an evaluation n-gram found in many training documents (the footer man pages
-share, when a few man pages are held out). An n-gram in more than ``decontam.common_share`` of a
-set's units, or of the training documents, and in more than ``COMMON_MIN`` of them never flags
-(:func:`common_grams`; ``common_share: 1.0`` counts every n-gram, the plain 13-gram overlap)."""
+memorized. An n-gram in more than ``decontam.common_share`` of a set's units and in more than
+``COMMON_MIN`` of them never flags.
+
+The training side cannot tell boilerplate from a leak on its own: a benchmark passage copied into
+many training documents is the worst contamination, not boilerplate, and is found in as many
+documents as a shared footer. What tells them apart is the evaluation side: a leaked passage sits
+in one evaluation unit, a footer in several (the man pages of the held-out split that share a
+license footer, too few of them for the rule above). So an n-gram in at least ``SHARED_MIN``
+units of its set *and* in more than ``common_share`` of the training documents (and more than
+``COMMON_MIN`` of them) is boilerplate too; an n-gram of one evaluation unit always flags, however
+many training documents hold it (:func:`common_grams`). Every n-gram left out is reported with
+the documents holding it (the ``clean`` stage). ``common_share: 1.0`` counts every n-gram, the
+plain 13-gram overlap."""
 
 from __future__ import annotations
 
@@ -23,9 +32,10 @@ from pipeline.clean.ngrams import text_ngrams
 from pipeline.data.dclm_tasks import TASK_FILES, core_tasks, read_jsonl, task_file
 from pipeline.data.paloma import read_paloma_docs
 from pipeline.data.wikitext import read_articles
-from pipeline.storage.atomic import atomic_dir
+from pipeline.storage.atomic import atomic_dir, is_sidecar
 
 COMMON_MIN = 3  # an n-gram in at most this many units of a set is always kept, however small the set
+SHARED_MIN = 2  # units of its set an n-gram needs before many training documents make it boilerplate (a leak sits in one)
 
 
 def _batched(texts: Iterable, size: int) -> Iterator[list]:
@@ -141,11 +151,20 @@ def over_share(units_with: np.ndarray, n_units: int, share: float) -> np.ndarray
     return np.asarray(units_with) > max(COMMON_MIN, int(share * n_units))
 
 
-def common_grams(pairs: np.ndarray, n_grams: int, n_docs: int, share: float) -> np.ndarray:
+def common_grams(pairs: np.ndarray, n_grams: int, n_docs: int, share: float, units_with: np.ndarray) -> np.ndarray:
     """Boolean per n-gram of one set: found in more than ``share`` of the ``n_docs`` training
     documents and in more than :data:`COMMON_MIN` of them (``pairs``: (document, n-gram) hits, each
-    once); none when ``share`` is 1."""
-    return over_share(np.bincount(pairs[:, 1], minlength=n_grams), n_docs, share)
+    once), and in at least :data:`SHARED_MIN` of the set's units (``units_with``: the units holding
+    each n-gram); none when ``share`` is 1."""
+    return trained_boilerplate(np.bincount(pairs[:, 1], minlength=n_grams), n_docs, share, units_with)
+
+
+def trained_boilerplate(docs_with: np.ndarray, n_docs: int, share: float, units_with: np.ndarray) -> np.ndarray:
+    """Boolean per n-gram of one set: in more than ``share`` of the ``n_docs`` training documents
+    and more than :data:`COMMON_MIN` of them (``docs_with``: the documents holding each), and in
+    :data:`SHARED_MIN` or more of the set's units (``units_with``). A passage of one evaluation unit
+    is never boilerplate, however many training documents copy it: that is the leak to find."""
+    return over_share(docs_with, n_docs, share) & (np.asarray(units_with) >= SHARED_MIN)
 
 
 def _unique_per_unit(grams: np.ndarray, unit: np.ndarray) -> np.ndarray:
@@ -231,7 +250,7 @@ def sources_fingerprint(sources: dict[str, Path]) -> str:
     by relative path): equal fingerprints, equal n-grams."""
     h = hashlib.sha256()
     for name, path in sorted(sources.items()):
-        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        files = sorted(f for f in path.rglob("*") if f.is_file() and not is_sidecar(f)) if path.is_dir() else [path]
         h.update(f"{name}\0".encode())
         for f in files:
             h.update(f"{f.relative_to(path) if path.is_dir() else f.name}\0".encode())

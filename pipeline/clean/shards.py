@@ -6,7 +6,8 @@ shard's training documents in units of ``shard_docs`` rows on the configured eng
 
 - ``<validated>-<key>.hashes.npy``: (n,) uint64, each document's normalized-text hash (``dedup.exact``);
 - ``<validated>-<key>.sig.npy``: (n, ``dedup.near_num_perm``) uint32, each document's MinHash
-  signature (``dedup.near``);
+  signature (``dedup.near``; the LSH bands are cut from it by the gather, so ``dedup.near_rows``
+  is not part of the key, while ``near_num_perm`` is);
 - ``<validated>-<key>.hits.npy``: (k, 3) int64, (row, set, n-gram) for each evaluation n-gram a
   document holds, each once (``decontam``; the set and n-gram index into the evaluation cache).
 
@@ -155,10 +156,6 @@ class ShardScan:
         """The ``hashes`` or ``sig`` rows of the gathered documents (``sig`` memory-mapped)."""
         arr = np.load(self.files[part], mmap_mode="r")
         return arr if self.rows is None else arr[self.rows]
-
-    def signature(self, doc: int) -> np.ndarray:
-        row = doc - self.start if self.rows is None else int(self.rows[doc - self.start])
-        return self._sig[row]
 
     @functools.cached_property
     def _sig(self) -> np.ndarray:

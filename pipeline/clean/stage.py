@@ -3,10 +3,14 @@ MinHash signatures, n-gram hits against the fixed evaluation sets, :mod:`pipelin
 then the gather (``clean``) across shards, in doc_id order: a document is an exact or near
 duplicate of any earlier one, whichever shard holds it; the held-out split's n-grams; SemDeDup
 over the clusters. Writes ``clean/documents.parquet`` (what :func:`removed_documents` reads for the
-packing and the orderings) and DuckDB ``duplicates``, ``contamination`` and ``clean_removed``."""
+packing and the orderings), what the decontamination left out as boilerplate
+(``clean/skipped_ngrams.parquet``: one row an n-gram; ``clean/skipped_hits.parquet``: one row a
+document holding one) and DuckDB ``duplicates``, ``contamination``, ``contamination_skipped`` and
+``clean_removed``."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -15,11 +19,12 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
-from pipeline.clean.decontam import EvalNgrams, eval_sources, over_share
+from pipeline.clean.decontam import EvalNgrams, eval_sources, trained_boilerplate
 from pipeline.clean.exact import exact_representatives
 from pipeline.clean.groups import components
-from pipeline.clean.near import NearIndex
+from pipeline.clean.near import EMPTY, band_keys, lsh_pairs
 from pipeline.clean.plan import REASONS, plan
 from pipeline.clean.removals import clean_file
 from pipeline.clean.report import plot_clean
@@ -31,10 +36,10 @@ from pipeline.data.stage import CorpusShardParams
 from pipeline.render.markdown import frame_table, image_markdown
 from pipeline.represent.embedding_index import open_embeddings
 from pipeline.stage import Connect, EngineParams, Markdown, StageResult, setting
-from pipeline.storage.atomic import write_parquet
+from pipeline.storage.atomic import atomic_writer, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
-BATCH = 4096  # documents added to the LSH index at a time
+BATCH = 4096  # documents whose signatures are read (and cut into band keys) at a time
 
 
 @dataclass(frozen=True)
@@ -116,33 +121,74 @@ def _gather(layout, params: CleanParams) -> tuple[list, tuple, list, tuple[str, 
 
 
 def _near_pairs(params: CleanParams, scans: list, exact_rep: np.ndarray) -> tuple[np.ndarray, int]:
-    """Near pairs among the exact representatives, each queried against every earlier one (across
-    shards) in doc_id order, from the stored signatures (memory-mapped: the index holds no copy)."""
+    """Near pairs among the exact representatives, each against every other (across shards), from
+    the stored signatures (memory-mapped: one band key a document and band is held, and the
+    signatures of a chunk of candidate pairs at a time)."""
     d = params.dedup
-    starts = np.array([s.start for s in scans], np.int64)
-
-    def lookup(doc: int) -> np.ndarray:
-        return scans[int(np.searchsorted(starts, doc, side="right")) - 1].signature(doc)
-
-    index = NearIndex(d.near_threshold, d.near_num_perm, d.near_ngram, seed=params.seed + 1, lookup=lookup)
-    found = []
+    rows = d.near_rows
+    keys, keyed = [], []
     for scan in scans:
         ids = np.arange(scan.start, scan.start + scan.n, dtype=np.int64)
         local = np.flatnonzero(exact_rep[ids] == ids)
         for a in range(0, local.size, BATCH):
-            part = local[a:a + BATCH]
-            found.append(index.add_signatures((scan.start + part).tolist(), scan.signatures(part)))
-    return (np.concatenate(found) if found else np.zeros((0, 2), np.int64)), index.candidates
+            sig = scan.signatures(local[a:a + BATCH])
+            real = ~(sig == EMPTY).all(axis=1)  # an empty text's signature is no document's near duplicate
+            keys.append(scan.start + local[a:a + BATCH][real])
+            keyed.append(band_keys(sig[real], d.near_num_perm // rows, rows))
+    if not keys:
+        return np.zeros((0, 2), np.int64), 0
+    keys_all = np.concatenate(keys)
+    starts = np.array([s.start for s in scans], np.int64)
+
+    def fetch(positions: np.ndarray) -> np.ndarray:
+        docs = keys_all[positions]
+        out = np.empty((docs.size, d.near_num_perm), np.uint32)
+        which = np.searchsorted(starts, docs, side="right") - 1
+        for j in np.unique(which):
+            at = np.flatnonzero(which == j)
+            order = np.argsort(docs[at], kind="stable")
+            out[at[order]] = scans[j].signatures(docs[at][order] - scans[j].start)
+        return out
+
+    return lsh_pairs(keys_all, np.concatenate(keyed), fetch, d.near_threshold)
 
 
-def _contamination(params: CleanParams, n: int, names: tuple[str, ...], parts: list[tuple[object, list]]) -> tuple[np.ndarray, list[int]]:
-    """(n, sets) distinct shared n-grams per document and set, the boilerplate left out (an n-gram
-    in more than ``decontam.common_share`` of its set's units or of the training documents, and in
-    more than 3 of them), and the n-grams left out of each set. ``parts``: (scan spec, its shard
-    scans). Two passes over the shards' hits, one shard in memory at a time: the training documents
-    holding each n-gram, then each document's count of the n-grams that are not boilerplate."""
-    share = params.decontam.common_share
+SKIPPED_SCHEMA = {"eval_set": pl.String, "ngram": pl.UInt64, "doc_id": pl.Int64}  # clean/skipped_hits.parquet
+SKIPPED_NGRAMS_SCHEMA = {"eval_set": pl.String, "ngram": pl.UInt64, "eval_units": pl.Int64, "training_docs": pl.Int64,
+                         "reason": pl.String}  # clean/skipped_ngrams.parquet
+REASON_UNITS, REASON_TRAINING = "in many units of the set", "in many training documents and several units of the set"
+
+
+def _skip_masks(evals: EvalNgrams, docs_with: list[np.ndarray], n: int, share: float, names: tuple[str, ...],
+                common: list[int], rows: list[pl.DataFrame]) -> list[np.ndarray]:
+    """Per set of ``evals``, which of its n-grams are boilerplate (:mod:`pipeline.clean.decontam`: in
+    many of its units, or in several of them and many of the ``n`` training documents); their count
+    goes to ``common`` and one row each (SKIPPED_NGRAMS_SCHEMA) to ``rows``."""
+    skip = []
+    for local, (name, boiler) in enumerate(zip(evals.names, evals.boilerplate(share))):
+        trained = trained_boilerplate(docs_with[local], n, share, evals.units_with[local]) & ~boiler
+        common[names.index(name)] = int(boiler.sum()) + int(trained.sum())
+        skip.append(boiler | trained)
+        at = np.flatnonzero(boiler | trained)
+        rows.append(pl.DataFrame({"eval_set": [name] * at.size, "ngram": np.asarray(evals.hashes[local])[at],
+                                  "eval_units": np.asarray(evals.units_with[local])[at].astype(np.int64),
+                                  "training_docs": docs_with[local][at],
+                                  "reason": np.where(boiler[at], REASON_UNITS, REASON_TRAINING).tolist()},
+                                 schema=SKIPPED_NGRAMS_SCHEMA))
+    return skip
+
+
+def _contamination(params: CleanParams, n: int, names: tuple[str, ...], parts: list[tuple[object, list]], sink=None
+                   ) -> tuple[np.ndarray, list[int], np.ndarray, pl.DataFrame]:
+    """(n, sets) distinct shared n-grams per document and set, the boilerplate left out
+    (:func:`_skip_masks`), the n-grams left out of each set, (n, sets) the distinct left-out
+    n-grams each document holds, and one row a left-out n-gram (SKIPPED_NGRAMS_SCHEMA). ``parts``:
+    (scan spec, its shard scans). ``sink``, when given, receives each shard's (eval_set, ngram, doc_id) rows of
+    left-out n-grams (SKIPPED_SCHEMA). Two passes over the shards' hits, one shard in memory at a
+    time: the training documents holding each n-gram, then each document's count of the n-grams
+    that are not boilerplate and of those that are."""
     counts, common = np.zeros((n, len(names)), np.int64), [0] * len(names)
+    skipped, rows = np.zeros((n, len(names)), np.int64), []
     for spec, scans in parts:
         if spec is None or not spec.evals:
             continue
@@ -153,18 +199,32 @@ def _contamination(params: CleanParams, n: int, names: tuple[str, ...], parts: l
             hits = scan.hits()
             for local, k in enumerate(sizes):
                 docs_with[local] += np.bincount(hits[hits[:, 1] == local, 2], minlength=k)
-        skip = []
-        for local, (name, boiler) in enumerate(zip(evals.names, evals.boilerplate(share))):
-            trained = over_share(docs_with[local], n, share) & ~boiler
-            common[names.index(name)] = int(boiler.sum()) + int(trained.sum())
-            skip.append(boiler | trained)
+        skip = _skip_masks(evals, docs_with, n, params.decontam.common_share, names, common, rows)
         for scan in scans:
             hits = scan.hits()
             for local, name in enumerate(evals.names):
                 found = hits[hits[:, 1] == local]
-                found = found[~skip[local][found[:, 2]]]
-                counts[:, names.index(name)] += np.bincount(found[:, 0], minlength=n)  # distinct shared n-grams per document
-    return counts, common
+                left = skip[local][found[:, 2]]
+                counts[:, names.index(name)] += np.bincount(found[~left, 0], minlength=n)  # distinct shared n-grams per document
+                out = found[left]
+                skipped[:, names.index(name)] += np.bincount(out[:, 0], minlength=n)
+                if sink is not None and out.shape[0]:
+                    sink(pl.DataFrame({"eval_set": [name] * out.shape[0], "ngram": np.asarray(evals.hashes[local])[out[:, 2]],
+                                       "doc_id": out[:, 0]}, schema=SKIPPED_SCHEMA))
+    return counts, common, skipped, pl.concat(rows) if rows else pl.DataFrame(schema=SKIPPED_NGRAMS_SCHEMA)
+
+
+@contextlib.contextmanager
+def _skipped_sink(path: Path):
+    """A function that appends (eval_set, ngram, doc_id) frames to the Parquet file ``path``, written
+    atomically (an empty file with the columns when none came)."""
+    schema = pl.DataFrame(schema=SKIPPED_SCHEMA).to_arrow().schema
+    with atomic_writer(path) as fh:
+        writer = pq.ParquetWriter(fh, schema, compression="zstd", write_statistics=False)
+        try:
+            yield lambda frame: writer.write_table(frame.to_arrow().cast(schema))
+        finally:
+            writer.close()
 
 
 def semantic_candidates(layout, params: CleanParams, survivors: np.ndarray) -> tuple[np.ndarray, int]:
@@ -189,24 +249,28 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     t1 = time.perf_counter()
     near, candidates = _near_pairs(params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
     t2 = time.perf_counter()
-    counts, common = _contamination(params, n, names, [(main, scans), (held, held_scans)])
+    hits_file = layout.inside("clean", "skipped_hits.parquet")
+    with _skipped_sink(hits_file) as sink:
+        counts, common, skipped, skipped_ngrams = _contamination(params, n, names, [(main, scans), (held, held_scans)], sink)
     t3 = time.perf_counter()
     semantic, largest = _semantic_pairs(layout, params, n, exact_rep, near)
     t4 = time.perf_counter()
     flags = counts >= params.decontam.min_overlap
     table = plan(n, exact_rep, near, semantic, flags, names, params.dedup.action, params.decontam.action == "drop")
     out = write_parquet(table, clean_file(layout))
-    dups, contam, removed = _clean_tables(layout, table, flags, counts, names, n)
+    skipped_file = write_parquet(skipped_ngrams, layout.inside("clean", "skipped_ngrams.parquet"))
+    dups, contam, removed, held_skipped = _clean_tables(layout, table, flags, counts, skipped, names, n)
     with connect() as con:
         replace_rows(con, "duplicates", dups, {})
         replace_rows(con, "contamination", contam, {})
+        replace_rows(con, "contamination_skipped", held_skipped, {})
         replace_rows(con, "clean_removed", removed, {})
     png = plot_clean({"duplicates": dups, "contamination": contam}, layout.inside("clean", "clean.png"))
     kinds = dict(dups.group_by("dup_kind").len().iter_rows())
     per_set = dict(contam.group_by("eval_set").len().iter_rows())
     gone = dict(zip(removed["reason"], removed["tokens"]))
     return StageResult(
-        outputs=[out, png],
+        outputs=[out, png, skipped_file, hits_file],
         rows={"documents": n, "duplicate_docs": dups.height, "contaminated_docs": int(flags.any(axis=1).sum()),
               "removed_docs": int(removed["documents"].sum())},
         parameters={"dedup": params.dedup.model_dump(), "decontam": params.decontam.model_dump(), "seed": params.seed,
@@ -214,6 +278,7 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
         facts={**{f"{k}_duplicates": int(kinds.get(k, 0)) for k in ("exact", "near", "semantic")},
                **{f"contaminated_{s}": int(per_set.get(s, 0)) for s in names},
                **{f"boilerplate_ngrams_{s}": c for s, c in zip(names, common)},
+               **_left_out_facts(skipped_ngrams, held_skipped, skipped, names),
                **{f"tokens_removed_{r}": int(gone.get(r, 0)) for r in REASONS},
                "checked_against": ", ".join(names) or "none", "lsh_candidates": candidates, "largest_cluster_searched": largest,
                "shards_scanned_here": run["shards_computed"], "shards_reused": run["shards_reused"],
@@ -243,11 +308,13 @@ def _semantic_pairs(layout, params, n: int, exact_rep: np.ndarray, near: np.ndar
     return semantic, largest
 
 
-def _clean_tables(layout, table: pl.DataFrame, flags: np.ndarray, counts: np.ndarray, names: list[str],
-                  n: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _clean_tables(layout, table: pl.DataFrame, flags: np.ndarray, counts: np.ndarray, skipped: np.ndarray, names: list[str],
+                  n: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The DuckDB tables of the clean plan ``table``: ``duplicates`` (each duplicate with its
     source, cluster and stream tokens), ``contamination`` (each flagged document and evaluation
-    set) and ``clean_removed`` (documents and tokens that leave training, per reason)."""
+    set), ``clean_removed`` (documents and tokens that leave training, per reason) and
+    ``contamination_skipped`` (each document and set whose n-grams the decontamination left out as
+    boilerplate, ``skipped``: their count per document and set)."""
     docs = pl.read_parquet(layout.documents, columns=["doc_id", "source"]).sort("doc_id")
     stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
     clusters = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"])
@@ -262,6 +329,22 @@ def _clean_tables(layout, table: pl.DataFrame, flags: np.ndarray, counts: np.nda
     removed = (full.filter(pl.col("removed").is_not_null()).group_by("removed").agg(documents=pl.len(), tokens=pl.col("n_tokens").sum())
                .rename({"removed": "reason"}))
     removed = pl.DataFrame({"reason": list(REASONS)}).join(removed, on="reason", how="left").fill_null(0)
-    return dups, contam, removed
+    srow, scol = np.nonzero(skipped)  # the documents holding n-grams left out as boilerplate, per set
+    held_skipped = pl.DataFrame({"doc_id": srow.astype(np.int64), "eval_set": [names[c] for c in scol.tolist()],
+                                 "skipped_ngrams": skipped[srow, scol]},
+                                schema={"doc_id": pl.Int64, "eval_set": pl.String, "skipped_ngrams": pl.Int64})
+    held_skipped = held_skipped.join(full.select("doc_id", "source", "removed"), on="doc_id", how="left")
+    return dups, contam, removed, held_skipped
+
+
+def _left_out_facts(skipped_ngrams: pl.DataFrame, held_skipped: pl.DataFrame, skipped: np.ndarray,
+                    names: tuple[str, ...]) -> dict[str, Any]:
+    """What the UI shows of the n-grams left out as boilerplate: per set the documents holding one,
+    and a table per set and reason (n-grams, the most training documents one is in, documents)."""
+    left_out = (skipped_ngrams.group_by("eval_set", "reason").agg(ngrams=pl.len(), most_training_docs=pl.col("training_docs").max())
+                .join(held_skipped.group_by("eval_set").agg(documents_holding=pl.len()), on="eval_set", how="left")
+                .fill_null(0).sort("eval_set", "reason"))
+    return {**{f"documents_holding_boilerplate_{s}": int((skipped[:, j] > 0).sum()) for j, s in enumerate(names)},
+            "boilerplate_left_out": Markdown(frame_table(left_out) if left_out.height else "none")}
 
 

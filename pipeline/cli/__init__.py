@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
-from pipeline.errors import StrataInputError, StrataRunError
+from pipeline.errors import StrataInputError, StrataRunError, storage_error
 from pipeline.storage.layout import Layout
 
 EXIT_FAILED = 1  # a step failed otherwise (StrataRunError): the message names the cause and the log file with the trace
@@ -45,6 +45,11 @@ def run_command(args: argparse.Namespace) -> int:
     except StrataRunError as err:
         print(f"strata: error: {err}", file=sys.stderr)
         return EXIT_FAILED
+    except OSError as err:  # the storage refusing a write (full, read-only, the file-size limit): exit 2, the path and the fix
+        if (clean := storage_error(err)) is None:
+            raise
+        print(f"strata: error: {clean}", file=sys.stderr)
+        return EXIT_INPUT
 
 
 def print_report(path: Path) -> None:
@@ -52,12 +57,14 @@ def print_report(path: Path) -> None:
     Console().print(Markdown(Path(path).read_text(encoding="utf-8")))
 
 
-def print_status(rows: list, root: Path, as_json: bool) -> None:
-    """``strata status``'s rows (asset, partition, status, why): a table with the counts, or JSON."""
+def print_status(rows: list, root: Path, as_json: bool, corrupt: dict[str, tuple[str, str]] | None = None) -> None:
+    """``strata status``'s rows (asset, partition, status, why): a table with the counts, or JSON;
+    then each ``corrupt`` file (:func:`pipeline.storage.integrity.failing_digests`) with its fix."""
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=1))
         return
-    colors = {"fresh": "green", "stale": "yellow", "missing": "red"}
+    corrupt = corrupt or {}
+    colors = {"fresh": "green", "stale": "yellow", "missing": "red", "corrupt": "red"}
     table = Table(title=f"Strata status ({root})")
     for col in ("asset", "partition", "status", "why"):
         table.add_column(col, overflow="fold")
@@ -65,7 +72,11 @@ def print_status(rows: list, root: Path, as_json: bool) -> None:
         table.add_row(r.asset, r.partition or "", f"[{colors[r.status]}]{r.status}[/]", r.why)
     console = Console()
     console.print(table)
-    console.print(", ".join(f"{n} {s}" for s, n in {s: sum(r.status == s for r in rows) for s in colors}.items()))
+    counts = {s: sum(r.status == s for r in rows) for s in colors if s != "corrupt" or corrupt}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    for rel, (want, now) in corrupt.items():
+        console.print(f"[red]corrupt[/]: {root / rel}: its bytes (SHA-256 {now[:16]}...) are not those Strata wrote "
+                      f"({want[:16]}...); rematerialize the asset that writes it (strata run), or restore the file", soft_wrap=True)
 
 
 def print_claims(layout: Layout, as_json: bool, footer: Callable[[], str] = str) -> None:

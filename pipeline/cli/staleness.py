@@ -12,7 +12,7 @@ SHOWN = 20  # stale partitions listed in the description; the metadata lists the
 class Row:
     asset: str
     partition: str | None
-    status: str  # fresh | stale | missing
+    status: str  # fresh | stale | missing | corrupt
     why: str  # root causes of staleness, "" otherwise
 
 

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from pipeline.config import CorpusConfig
 from pipeline.data.builtin_corpus import builtin_documents
 from pipeline.data.hf_hub import data_files, file_records
+from pipeline.data.shard_docs import prune
 from pipeline.data.shards import (
     BATCH_ROWS,
     SHARD_COLUMNS,
@@ -476,10 +477,7 @@ def _validate_units(cfg: CorpusConfig, fps: dict[str, str], seed: int, heldout_f
     map_shards(validate_unit_remote if remote else validate_unit, todo, _save_validated if remote else _saved,
                engine=engine if remote else "local", ray_cfg=ray_cfg, progress=(lambda s: log(f"validated {s.name}")) if log else None)
     infos = [json.loads(f.with_suffix(".json").read_text()) for f in files]
-    keep_names = {p.name for f in files for p in (f, f.with_suffix(".json"))}
-    for stale in shard_dir.iterdir():
-        if stale.is_file() and stale.name not in keep_names:
-            stale.unlink()
+    prune(shard_dir, {p.name for f in files for p in (f, f.with_suffix(".json"))})
     return files, infos, reused
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from pipeline.storage.atomic import forget_sha256, is_sidecar, recorded_sha256, sidecar_of
 from pipeline.threads import ahead, cores
 
 
@@ -84,11 +85,18 @@ def read_docs(corpus_path: Path, start: int, stop: int, columns: Sequence[str]) 
 
 
 def prune(shard_dir: Path, keep: set[str]) -> int:
-    """Remove a stage's shard artifacts not named in ``keep`` (shards no longer in the corpus); their count."""
+    """Remove a stage's shard artifacts not named in ``keep`` (shards no longer in the corpus), each
+    with its digest record; their count. Only files Strata wrote are removed: those with a recorded
+    SHA-256 (:func:`pipeline.storage.atomic.recorded_sha256`). A file without one (put there by
+    hand), hidden files and folders are left alone, and a record whose file is gone goes too."""
     gone = 0
-    for p in shard_dir.iterdir() if shard_dir.is_dir() else ():
-        if p.is_file() and p.name not in keep:
+    for p in sorted(shard_dir.iterdir()) if shard_dir.is_dir() else ():
+        if is_sidecar(p) and sidecar_of(p).name not in keep and not sidecar_of(p).exists():
+            p.unlink(missing_ok=True)  # the record of a file removed earlier
+        elif (p.is_file() and not p.is_symlink() and not p.name.startswith(".") and p.name not in keep
+              and recorded_sha256(p) is not None):
             p.unlink()
+            forget_sha256(p)
             gone += 1
     return gone
 

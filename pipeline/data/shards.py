@@ -90,7 +90,9 @@ def _entries(spec: str | Sequence[str]) -> list[str]:
 def _walk(base: Path, entry: str) -> Iterator[Path]:
     """Every file below the directory ``base`` (symlinks followed), sorted, never inside a data root
     (:func:`pipeline.storage.layout.is_data_root`) or a hidden folder; a symlink back to a folder
-    it lies in (a cycle, which ``**`` would follow forever) is a StrataInputError naming it."""
+    it lies in (a cycle, which ``**`` would follow forever) is a StrataInputError naming it. Entries
+    that are neither a folder nor a file (a dangling symlink: a disk not mounted) come too, so that
+    one with a shard's name is refused (:func:`_check_files`), never silently dropped."""
     def visit(d: Path, ancestors: frozenset) -> Iterator[Path]:
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
@@ -100,11 +102,10 @@ def _walk(base: Path, entry: str) -> Iterator[Path]:
             p = Path(e.path)
             try:
                 is_dir = e.is_dir()
-            except OSError:
-                continue
+            except OSError:  # a symlink that cannot be followed (a loop, no permission): not a file either
+                is_dir = False
             if not is_dir:
-                if e.is_file():
-                    yield p
+                yield p
                 continue
             if e.name.startswith(".") or is_data_root(p):
                 continue
@@ -117,6 +118,22 @@ def _walk(base: Path, entry: str) -> Iterator[Path]:
 
     st = base.stat()
     yield from visit(base, frozenset({(st.st_dev, st.st_ino)}))
+
+
+def _check_files(files: list[Path]) -> list[Path]:
+    """``files`` when each is a readable regular file (symlinks followed), else a StrataInputError
+    naming the first that is not: a dangling symlink (an unmounted disk) would drop its documents,
+    and prune its shard's artifacts, without a word."""
+    for p in files:
+        if p.is_file():
+            continue
+        if p.is_symlink():
+            target = os.readlink(p)
+            raise StrataInputError(f"the corpus shard is a symbolic link to {target}, which cannot be read (missing, or a disk "
+                                   "not mounted)", path=p, fix="mount or restore its target, or remove the link to leave the shard out")
+        raise StrataInputError("the corpus shard is not a regular file", path=p,
+                               fix="replace it by the shard file, or move it out of corpus.path")
+    return files
 
 
 def _in_data_root(path: Path) -> Path | None:
@@ -158,6 +175,14 @@ def _discover_remote(entry: str) -> list[str]:
     if "" in marked:
         raise StrataInputError("the corpus prefix holds a Strata export or data root (its marker object)", path=base,
                                fix="point corpus.path at the corpus itself")
+
+    dotted = sorted(r for r in rel if is_shard(r) and any(p in (".", "..") for p in r.split("/")))
+    if dotted:  # read literally by the store, normalized away by paths and tools: refused, never skipped
+        raise StrataInputError(f"{len(dotted)} corpus object(s) under the prefix have a '.' or '..' component in their key "
+                               f"(e.g. {dotted[0]!r}), which Strata does not read: the key names another object once "
+                               "normalized, and skipping it would drop its documents", path=base,
+                               fix="copy each to a key without '.' or '..' components (and delete the old one), or move it out of "
+                                   "corpus.path")
 
     def kept(r: str) -> bool:
         folders = r.split("/")[:-1]
@@ -202,8 +227,8 @@ def discover_shards(spec: str | Sequence[str]) -> list[Path | str]:
                 files = []
             else:
                 rx = re.compile(_translate(pattern))
-                files = [p for p in _walk(base, entry) if is_shard(p) and not p.name.startswith(".")
-                         and rx.fullmatch(p.relative_to(base).as_posix())]
+                files = _check_files([p for p in _walk(base, entry) if is_shard(p) and not p.name.startswith(".")
+                                      and rx.fullmatch(p.relative_to(base).as_posix())])
             if not files:
                 raise StrataInputError(f"no corpus shards match the pattern {entry!r}", path=path.parent,
                                        fix=f"point corpus.path at {FORMATS} files")
@@ -211,7 +236,7 @@ def discover_shards(spec: str | Sequence[str]) -> list[Path | str]:
             if (root := (path if _in_data_root(path / "x") == path.resolve() else _in_data_root(path))) is not None:
                 raise StrataInputError(f"the corpus folder is (or lies inside) the Strata data root {root}", path=path,
                                        fix="point corpus.path at the corpus itself, outside the data root")
-            files = [p for p in _walk(path, entry) if is_shard(p) and not p.name.startswith(".")]
+            files = _check_files([p for p in _walk(path, entry) if is_shard(p) and not p.name.startswith(".")])
             if not files:
                 raise StrataInputError("the corpus directory holds no shard files", path=path, fix=f"put {FORMATS} files in it")
         elif path.is_file():

@@ -17,7 +17,7 @@ from pipeline.data.tokenizer import load_tokenizer, sample_chooser, train_bpe
 from pipeline.data.tokens import token_dtype
 from pipeline.render.markdown import frame_table
 from pipeline.stage import Connect, EngineParams, Markdown, StageParams, StageResult, setting
-from pipeline.storage.atomic import atomic_dir, write_parquet
+from pipeline.storage.atomic import atomic_dir, is_sidecar, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
 
@@ -119,7 +119,7 @@ def train_tokenizer(layout, params: TokenizerParams) -> StageResult:
                                  sample_chooser(total, params.tokenizer_sample_chars, params.seed))
             tok = train_bpe(texts, params.vocab_size)
         tok.save_pretrained(str(tmp))
-    files = sorted(p for p in layout.tokenizer.iterdir() if p.is_file())
+    files = sorted(p for p in layout.tokenizer.iterdir() if p.is_file() and not is_sidecar(p))
     return StageResult(outputs=files, rows={"vocab_size": len(tok)},
                        parameters={"tokenizer": params.tokenizer or "bpe", "vocab_size": params.vocab_size,
                                    "sample_chars": params.tokenizer_sample_chars, "seed": params.seed},

@@ -34,6 +34,8 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 
+from pipeline.storage.atomic import is_sidecar
+
 FLAT = {"numpy": "tokens.bin", "megatron": "tokens.bin"}  # formats whose token file starts with the prefix's rows
 
 
@@ -110,7 +112,7 @@ def copy_prefix(src: Path, dst: BinaryIO, n_bytes: int) -> None:
 
 
 def _listing(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if p.is_file() and not p.is_symlink()) if d.is_dir() else []
+    return sorted(p.name for p in d.iterdir() if p.is_file() and not p.is_symlink() and not is_sidecar(p)) if d.is_dir() else []
 
 
 def link_identical(previous: Path, tmp: Path) -> list[Path]:

@@ -75,7 +75,12 @@ def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: b
     if data_root is not None and resolved.is_relative_to(root) and not resolved.is_relative_to(root / "exports"):
         raise StrataInputError(f"--out {given} lies inside the data root's stores ({root}): the export would replace Strata's own files",
                                path=resolved, fix="pass a directory outside the data root (or under its exports/ folder) to --out")
-    if out.is_symlink() and not out.is_dir() or out.exists() and not out.is_dir():
+    if out.is_symlink():
+        raise StrataInputError(f"--out {given} is a symbolic link (to {resolved}): an export replaces its directory whole, "
+                               "which would replace the link, not write into its target", path=out,
+                               fix=f"pass the directory itself (--out {resolved}) if it is an export or empty, or a new directory; "
+                                   "the link and its target are left as they are")
+    if out.exists() and not out.is_dir():
         raise StrataInputError(f"--out {given} is an existing file, not a directory", path=resolved,
                                fix="pass a new or empty directory to --out (the file is left as it is)")
     if out.is_dir() and not (out / EXPORT_MARKER).is_file():

@@ -22,7 +22,7 @@ from pipeline.represent.embedding_norms import NormRange, norms_file, shard_norm
 from pipeline.represent.embedding_shards import embed_shards, embedding_file, embedding_key
 from pipeline.represent.embeddings import default_model_path, same_tokenizer
 from pipeline.stage import CheckFact, Connect, EngineParams, StageParams, StageResult, setting
-from pipeline.storage.atomic import write_npy, write_parquet
+from pipeline.storage.atomic import is_sidecar, write_npy, write_parquet
 from pipeline.storage.warehouse import replace_rows
 
 
@@ -91,7 +91,7 @@ def train_centroids(layout, params: CentroidParams) -> StageResult:
                 "trained_on": int(min(emb.shape[0], params.k * params.kmeans_max_points_per_centroid))}
         meta["key"] = save_model(model_dir, cents, transform, meta)
         write_npy(cents, layout.centroids)
-    files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    files = sorted(p for p in model_dir.iterdir() if p.is_file() and not is_sidecar(p))
     return StageResult(
         outputs=[layout.centroids, *files],
         rows={"clusters": int(np.load(layout.centroids, mmap_mode="r").shape[0]), "trained_on": meta["trained_on"]},

@@ -6,11 +6,16 @@ partial file: either the previous complete version or the new complete version e
 Content hashes are taken while writing: :func:`atomic_writer` (and every ``write_*`` helper
 here) feeds each byte to SHA-256 as it goes to the file and remembers the digest for the
 renamed file, keyed by its inode, size and change times, so :func:`file_sha256` of an artifact
-this process wrote never reads it back. The digest also goes into the file's extended attribute
-``user.strata.sha256`` with the size and modification time it holds for, so another process
-(a later run, a Dagster step of its own) takes it from there while the file is unchanged; where
-the file system has no user attributes the file is read once. A file written otherwise is read
-once and then remembered in this process.
+this process wrote never reads it back. The digest also goes into a hidden sidecar file beside
+it, ``.<name>.sha256`` (:func:`sidecar`), with the size and modification time it holds for, so
+another process (a later run, a Dagster step of its own) takes it from there while the file is
+unchanged. The record lies in the folder, not in the file's metadata, so it travels with every
+copy of the data root (``cp -r``, ``rsync -a``, tar, an object store drop extended attributes):
+a copied file whose bytes no longer match its record is corrupt, never a new truth. Only
+:func:`atomic_writer` writes a record, for the bytes it just wrote; replacing a file through
+:func:`atomic_path` drops its record first. Roots written before sidecars carried the record in
+the extended attribute ``user.strata.sha256``, which is still read where there is no sidecar. A
+file written otherwise is read once and then remembered in this process.
 """
 
 from __future__ import annotations
@@ -51,7 +56,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are ordinary files
+        forget_sha256(path)  # the record of the bytes replaced; atomic_writer records the new ones
         os.replace(tmp_path, path)
+    except OSError as exc:
+        if exc.filename is None:  # a write to an open file names none: name the artifact (a full disk says where)
+            exc.filename = str(path)
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -65,29 +75,86 @@ def _stat_key(path: Path) -> tuple[int, int, int, int]:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-XATTR = "user.strata.sha256"
+XATTR = "user.strata.sha256"  # where roots written before sidecars keep the record
+SIDECAR_SUFFIX = ".sha256"
+
+
+def sidecar(path: str | os.PathLike) -> Path:
+    """The hidden file beside ``path`` that holds the SHA-256 Strata recorded when it wrote it:
+    ``.<name>.sha256``, one line ``<sha256> <size> <mtime_ns>``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{SIDECAR_SUFFIX}")
+
+
+def is_sidecar(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a digest record (:func:`sidecar`), which goes with its file and is never an artifact."""
+    name = Path(path).name
+    return name.startswith(".") and name.endswith(SIDECAR_SUFFIX) and len(name) > len(SIDECAR_SUFFIX) + 1
+
+
+def sidecar_of(record: str | os.PathLike) -> Path:
+    """The file a digest record (:func:`is_sidecar`) belongs to."""
+    record = Path(record)
+    return record.with_name(record.name[1:-len(SIDECAR_SUFFIX)])
 
 
 def remember_sha256(path: str | os.PathLike, digest: str) -> None:
     """Record ``digest`` as the SHA-256 of ``path`` as it is now (until it changes on disk), in this
-    process and in the file's extended attribute."""
+    process and in its sidecar (written atomically). Called for bytes this process just wrote, never
+    for a file it only read."""
     path = Path(path).resolve()
     st = path.stat()
+    record = sidecar(path)
     try:
-        os.setxattr(path, XATTR, f"{digest} {st.st_size} {st.st_mtime_ns}".encode())
-    except (AttributeError, OSError):  # no user attributes here: this process remembers it
+        fd, tmp = tempfile.mkstemp(prefix=f"{record.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(f"{digest} {st.st_size} {st.st_mtime_ns}\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o666 & ~_UMASK)
+            os.replace(tmp, record)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError:  # a folder that takes no new file: this process remembers it
         pass
     _DIGESTS[str(path)] = (_stat_key(path), digest)
 
 
-def _attribute_sha256(path: Path) -> str | None:
-    """The digest in ``path``'s extended attribute, if it was taken for the file as it is now."""
+def forget_sha256(path: str | os.PathLike) -> None:
+    """Drop the record of ``path`` (its sidecar, and this process's memory): its bytes are about to be
+    replaced, or it is being removed."""
+    path = Path(path)
+    sidecar(path).unlink(missing_ok=True)
+    _DIGESTS.pop(str(path.resolve()), None)
+
+
+def _record(path: Path) -> tuple[str, int, int] | None:
+    """``(sha256, size, mtime_ns)`` Strata recorded for ``path``: its sidecar, else (a root written
+    before sidecars) its extended attribute; None when there is none or it cannot be read."""
     try:
-        digest, size, mtime = os.getxattr(path, XATTR).decode().split()
-    except (AttributeError, OSError, ValueError):
+        text = sidecar(path).read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError):
+        try:
+            text = os.getxattr(path, XATTR).decode()
+        except (AttributeError, OSError, UnicodeDecodeError):
+            return None
+    try:
+        digest, size, mtime = text.split()
+        int(digest, 16)
+        return digest, int(size), int(mtime)
+    except ValueError:
+        return None
+
+
+def _attribute_sha256(path: Path) -> str | None:
+    """The digest recorded for ``path`` (:func:`_record`), if it was taken for the file as it is now."""
+    rec = _record(path)
+    if rec is None:
         return None
     st = path.stat()
-    return digest if (int(size), int(mtime)) == (st.st_size, st.st_mtime_ns) else None
+    return rec[0] if (rec[1], rec[2]) == (st.st_size, st.st_mtime_ns) else None
 
 
 class HashingWriter:
@@ -143,7 +210,12 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:
+            if exc.filename is None:  # name the directory being written (a full disk says where)
+                exc.filename = str(path)
+            raise
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
@@ -214,12 +286,21 @@ def write_json(obj: object, path: str | os.PathLike) -> Path:
 
 
 def recorded_sha256(path: str | os.PathLike) -> str | None:
-    """The SHA-256 Strata recorded for ``path`` when it wrote it (its extended attribute), whatever the
-    file's size and modification time are now; None when nothing was recorded."""
-    try:
-        return os.getxattr(Path(path), XATTR).decode().split()[0]
-    except (AttributeError, OSError, ValueError, IndexError):
+    """The SHA-256 Strata recorded for ``path`` when it wrote it (its sidecar, :func:`sidecar`), whatever
+    the file's size and modification time are now; None when nothing was recorded."""
+    rec = _record(Path(path))
+    return None if rec is None else rec[0]
+
+
+def record_mismatch(path: str | os.PathLike) -> tuple[str, str] | None:
+    """``(recorded, now)`` SHA-256 digests when the bytes of ``path`` (read again: size and modification time
+    are no evidence) are not those Strata recorded when it wrote it; None when they are, or when
+    nothing was recorded. Never records anything."""
+    want = recorded_sha256(path)
+    if want is None:
         return None
+    now = _read_sha256(Path(path))
+    return None if now == want else (want, now)
 
 
 def corrupted(path: Path, recorded: str, now: str, fix: str | None = None) -> "Exception":

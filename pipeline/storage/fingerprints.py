@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pipeline.storage.atomic import file_sha256
+from pipeline.storage.atomic import file_sha256, is_sidecar
 
 
 def fingerprint_digest(fingerprint: str) -> str:
@@ -25,7 +25,7 @@ def embedding_fingerprint(model_path: str, max_tokens: int, **params: object) ->
     Hashing the files (not just the path) means replacing a model in place also invalidates the cache.
     """
     root = Path(model_path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else ([root] if root.is_file() else [])
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not is_sidecar(p)) if root.is_dir() else ([root] if root.is_file() else [])
     h = hashlib.sha256(model_path.encode("utf-8"))
     for p in files:
         h.update(str(p.relative_to(root) if root.is_dir() else p.name).encode())

@@ -2,8 +2,9 @@
 wrote it (``pipeline/storage/atomic.py``), and an ordering against what it must be.
 
 A one-byte flip keeps a file's size and modification time, so neither is evidence: what exports and
-orderings read is hashed again and compared with the recorded digest (the file's
-``user.strata.sha256`` attribute; for token shards also the ``sha256`` column of the store's index).
+orderings read is hashed again and compared with the recorded digest (the sidecar ``.<name>.sha256``
+beside the file, which travels with a copy of the data root; for token shards also the ``sha256``
+column of the store's index).
 A mismatch is a StrataInputError naming the file and the asset to rematerialize, never a new truth.
 A per-shard stage checks the same before it reuses a shard's artifact (:func:`intact`) and computes
 a changed one again. Each file is read once per process (:func:`pipeline.storage.atomic.verify_sha256`).
@@ -19,7 +20,8 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.storage.atomic import verify_sha256
+from pipeline.storage.atomic import SIDECAR_SUFFIX, record_mismatch, sidecar_of, verify_sha256
+from pipeline.storage.layout import BOOKKEEPING
 
 # the asset that rewrites each verified input: the fix a mismatch names
 _PRODUCERS = {"segments.parquet": "sequences", "meta.json": "sequences", "runs.parquet": "tokens", "doc_offsets.npy": "tokens",
@@ -55,7 +57,7 @@ def intact(paths: Iterable[Path]) -> bool:
 
 def verify_token_store(layout) -> None:
     """The token store's index and every shard file it names, each against its recorded digest (the
-    shard's attribute and the ``sha256`` the index holds for it)."""
+    shard's digest record and the ``sha256`` the index holds for it)."""
     verify_file(layout.tokens, "tokens")
     verify_file(layout.doc_offsets, "tokens")
     if not layout.tokens.is_file():
@@ -79,6 +81,24 @@ def verify_export_inputs(layout, strategy: str) -> None:
     verify_file(layout.segments, "sequences")
     verify_file(layout.sequences_meta, "sequences")
     verify_token_store(layout)
+
+
+def failing_digests(root: Path) -> dict[str, tuple[str, str]]:
+    """Every file under the data root ``root`` whose bytes are not those Strata recorded when it wrote
+    it (its sidecar, ``pipeline/storage/atomic.py``), by path relative to the root: ``(recorded,
+    now)`` SHA-256 digests. Reads every recorded file (a flipped byte keeps size and modification time);
+    the runs' bookkeeping (Dagster's storage) is left out. What ``strata status`` reports."""
+    root = Path(root)
+    bad = {}
+    for record in sorted(root.rglob(f".*{SIDECAR_SUFFIX}")):
+        path = sidecar_of(record)
+        rel = path.relative_to(root)
+        if rel.parts[0] in BOOKKEEPING or not path.is_file():
+            continue
+        found = record_mismatch(path)
+        if found is not None:
+            bad[rel.as_posix()] = found
+    return bad
 
 
 def check_order(order: np.ndarray, n_sequences: int, path: Path, schedule: bool = False) -> None:

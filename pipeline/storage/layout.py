@@ -89,12 +89,12 @@ def check_data_root(root: Path, *, write: bool = True) -> Path:
                 f"a data root Strata made holds {ROOT_MARKER}")
     try:
         root.mkdir(parents=True, exist_ok=True)
+        marker = root / ROOT_MARKER  # first: another process checking the new root at once finds it marked
+        if not marker.exists():
+            marker.write_text("This folder is a Strata data root; Strata never reads it as corpus.\n", encoding="utf-8")
         probe = root / f".write-probe-{os.getpid()}.tmp"  # os.access says yes to root on a read-only folder
         probe.write_bytes(b"")
         probe.unlink()
-        marker = root / ROOT_MARKER
-        if not marker.exists():
-            marker.write_text("This folder is a Strata data root; Strata never reads it as corpus.\n", encoding="utf-8")
     except OSError as exc:
         raise StrataInputError(f"the data root cannot be written ({exc.strerror or exc})", path=root,
                                fix="make it writable (chmod u+w) or set data_root to another directory") from None

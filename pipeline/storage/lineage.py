@@ -113,10 +113,12 @@ class OnDisk:
     """What the data root itself holds (its lineage rows and their output files), beside what Dagster's
     history remembers (``assets/status.py``): a ``DAGSTER_HOME`` shared with another data root (the
     README's ``export DAGSTER_HOME=...``) remembers that root's materializations, which must not
-    make an empty root look fresh."""
+    make an empty root look fresh. ``corrupt``: the files whose bytes are not those Strata recorded
+    when it wrote them (:func:`pipeline.storage.integrity.failing_digests`)."""
 
-    def __init__(self, root):
+    def __init__(self, root, corrupt: dict[str, tuple[str, str]] | None = None):
         self.root = Path(root).resolve()
+        self.corrupt = corrupt or {}  # relative path -> (recorded, now) SHA-256
         self.rows: dict[tuple[str, str], dict] | None = None  # (asset, partition) -> outputs; None: no lineage at all
         db = self.root / "strata.duckdb"
         if not db.is_file():
@@ -140,3 +142,22 @@ class OnDisk:
             return ""  # nothing recorded to check against: Dagster's word
         gone = [p for p in outputs if Path(p).is_relative_to(self.root) and not Path(p).exists()]
         return f"{len(gone)} output file(s) not on disk, e.g. {gone[0]}" if gone else ""
+
+    def _corrupt_of(self, output: str) -> str | None:
+        """The corrupt file (relative path) a lineage output names: its path under this root, or, in a
+        copy of the root that lineage recorded elsewhere, the recorded path's tail."""
+        if Path(output).is_relative_to(self.root):
+            rel = Path(output).relative_to(self.root).as_posix()
+            return rel if rel in self.corrupt else None
+        return next((rel for rel in self.corrupt if output.endswith("/" + rel)), None)
+
+    def corrupt_outputs(self, asset: str, partition: str | None) -> str:
+        """Which outputs of ``asset[partition]`` fail their recorded SHA-256 ("" when none does)."""
+        if not self.corrupt or not self.rows:
+            return ""
+        bad = sorted({rel for p in self.rows.get((asset, partition or ""), {}) if (rel := self._corrupt_of(p))})
+        if not bad:
+            return ""
+        want, now = self.corrupt[bad[0]]
+        return (f"{len(bad)} output file(s) fail the SHA-256 recorded when Strata wrote them, e.g. {bad[0]} "
+                f"(recorded {want[:16]}..., its bytes now {now[:16]}...): rematerialize it, or restore the file")

@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 from tqdm import tqdm
 
 from pipeline.errors import StrataInputError
+from pipeline.storage.atomic import is_sidecar
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 BLOCK_SIZE = 8 << 20  # bytes buffered per open object (one range request at a time): the bound on a shard read in flight
@@ -68,11 +70,17 @@ def join(url: str, *parts: str) -> str:
     return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
 
+def carries_credentials(url: str) -> bool:
+    """Whether the object-store URL ``url`` carries credentials or parameters (``KEY:SECRET@`` before
+    the bucket, ``?…``): such a URL is refused, and never echoed."""
+    return "@" in strip(url).split("/", 1)[0] or "?" in url
+
+
 def check_url(url: str) -> str:
     """``url`` if it names a bucket and carries no credentials, else a StrataInputError."""
     rest = strip(url)
     bucket = rest.split("/", 1)[0]
-    if "@" in bucket or "?" in url:
+    if carries_credentials(url):
         raise StrataInputError(f"{_SCHEME.match(url).group(0)}…: the URL carries credentials or parameters",  # type: ignore[union-attr]
                                fix=f"write the URL as scheme://bucket/key and {CREDENTIALS_FIX}")
     if not bucket:
@@ -81,10 +89,26 @@ def check_url(url: str) -> str:
 
 
 def endpoint() -> str | None:
-    """The S3 endpoint the environment names (None: the client's default, AWS itself)."""
+    """The S3 endpoint the environment names (None: the client's default, AWS itself). One that
+    carries credentials (``http://KEY:SECRET@host``) or is not an ``http(s)://host[:port]`` URL is a
+    StrataInputError naming the variable; its value is shown only when it holds no credentials."""
     for name in ENDPOINT_VARIABLES:
-        if os.environ.get(name):
-            return os.environ[name]
+        value = os.environ.get(name)
+        if not value:
+            continue
+        try:
+            parts = urlsplit(value)
+            secret = "@" in parts.netloc or bool(parts.query)
+            parts.port  # noqa: B018 - a port that is not a number raises here
+        except ValueError:
+            parts, secret = None, "@" in value
+        if secret:
+            raise StrataInputError(f"the endpoint in {name} carries credentials or parameters (not shown)",
+                                   fix=f"set {name} to scheme://host[:port] only, e.g. http://localhost:9000, and {CREDENTIALS_FIX}")
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise StrataInputError(f"the endpoint in {name} ({value!r}) is not an http(s)://host[:port] URL",
+                                   fix=f"set {name} to e.g. http://localhost:9000 or https://s3.example.com, or unset it for AWS")
+        return value
     return None
 
 
@@ -405,7 +429,7 @@ def _local_md5(path) -> str:
 
 def publish(local_dir, url: str, *, last: tuple[str, ...], marker: str) -> dict:
     """Upload the finished export ``local_dir`` to the prefix ``url`` so that no reader sees a
-    half-written one: every file goes first under a temporary prefix beside it
+    half-written one: every file (but the local digest records) goes first under a temporary prefix beside it
     (``<url>/.strata-tmp-<id>/``); then the commit markers of the previous export there (``last``,
     e.g. ``meta.json`` and an index) are removed, the data objects copied into place server-side
     (an object byte-identical to the one already there — same MD5 — is not rewritten), the
@@ -417,7 +441,8 @@ def publish(local_dir, url: str, *, last: tuple[str, ...], marker: str) -> dict:
     fs = filesystem(url)
     base = strip(url).rstrip("/")
     tmp = f"{base}/.strata-tmp-{uuid.uuid4().hex[:12]}"
-    files = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
+    # the local digest records stay local: the object store keeps its own checksum of each object
+    files = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file() and not is_sidecar(p))
     listed = {strip(i.url)[len(base) + 1:]: i for i in prefix_contents(url)}
     before = {k: v for k, v in listed.items() if not k.startswith(".strata-tmp-")}
     orphans = [f"{base}/{k}" for k in listed if k.startswith(".strata-tmp-")]  # a killed publish's uploads

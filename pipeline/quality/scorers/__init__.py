@@ -23,7 +23,7 @@ import numpy as np
 from pipeline import registry
 from pipeline.errors import StrataInputError
 from pipeline.registry import Registry
-from pipeline.storage.atomic import file_sha256
+from pipeline.storage.atomic import file_sha256, is_sidecar
 
 VERSION = "1"  # of the scores' bytes: a change here rescored every shard
 
@@ -81,7 +81,7 @@ def model_bytes(path: Path) -> str:
     if path.is_file():
         return file_sha256(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and not is_sidecar(p)):
         h.update(f"{f.relative_to(path).as_posix()}\0{file_sha256(f)}\n".encode())
     return h.hexdigest()
 
