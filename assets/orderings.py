@@ -19,14 +19,20 @@ CAPS_CHECK = dg.AssetCheckSpec(
 MIXTURE_CHECK = dg.AssetCheckSpec(
     "schedule_realizes_mixture", asset="orderings", blocking=False,
     description="A schedule's realized cluster token shares lie within mixture_tolerance (L1) of the target mixture. "
-                "Warns where the corpus cannot give the mixture under max_sequence_copies.")
+                "Warns where the corpus cannot give the mixture under max_sequence_copies; `strata run` prints the warning at its end.")
+
+BUDGET_CHECK = dg.AssetCheckSpec(
+    "schedule_meets_budget", asset="orderings", blocking=False,
+    description="A blend's schedule holds the tokens asked (mixture_budget_tokens, 0 = the packing's) within one sequence. "
+                "Warns, naming the group whose caps bind and the share of the corpus used, where the caps cut it "
+                "(mixture.on_infeasible: error stops instead).")
 
 
 OrderingsParams = PARAM_CLASSES["orderings"]  # launchpad: this asset's parameters (assets/params.py)
 
 
 @dg.asset(group_name="orderings", deps=["sequences"], partitions_def=STRATEGY_PARTITIONS, code_version="2", kinds={"parquet"},
-          check_specs=[PERMUTATION_CHECK, CAPS_CHECK, MIXTURE_CHECK])
+          check_specs=[PERMUTATION_CHECK, CAPS_CHECK, MIXTURE_CHECK, BUDGET_CHECK])
 def orderings(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource,
               config: OrderingsParams) -> dg.MaterializeResult:
     """Order the sequences with the partition's strategy: ``orderings/<strategy>.parquet`` (position, sequence_id).

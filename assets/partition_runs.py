@@ -52,10 +52,12 @@ def side_by_side_workers(names: Iterable[str], n_partitions: int, setting: int, 
 
 
 def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInstance, selection: list[str], partition: str | None,
-                    log_level: str = "INFO", tags: dict | None = None) -> None:
+                    log_level: str = "INFO", tags: dict | None = None) -> list[str]:
     """One Dagster run of ``selection`` (for ``partition``); a Strata input error is raised as itself,
     its fix naming the run's log file (:func:`run_log_path`), where Dagster's trace went instead of
-    the terminal; any other failure as a :class:`StrataRunError` naming the cause and that log file."""
+    the terminal; any other failure as a :class:`StrataRunError` naming the cause and that log file.
+    Returns one line per warning check that failed (``asset[partition] check: description``), which
+    ``strata run`` prints at its end: a warning that only the UI shows is not seen."""
     log = run_log_path()
     saved = sys.stderr
     if log is not None:
@@ -84,6 +86,8 @@ def materialize_run(all_assets: list, resources: dict, instance: dg.DagsterInsta
             sys.stderr = saved
     if not result.success:
         raise run_failed(selection, partition, None, log)
+    return [f"{e.asset_key.to_user_string()}{f'[{partition}]' if partition else ''} {e.check_name}: {e.description}"
+            for e in result.get_asset_check_evaluations() if not e.passed and e.severity == dg.AssetCheckSeverity.WARN]
 
 
 def _start(config_file: str | None, data_root: str, instance_ref, log_level: str, tags: dict) -> None:

@@ -185,11 +185,13 @@ def _materialize_all(cfg: StrataConfig, defs: dg.Definitions, chosen: set[str], 
     all_assets = list(defs.assets) + list(defs.asset_checks or [])
     resources = defs.resources
 
+    warned: list[str] = []  # failed warning checks, printed at the end
+
     def run(group: list[str], partition: str | None = None) -> None:
         selection = [a for a in group if a in chosen]
         if selection:
             log(f"==> materializing {', '.join(selection)}" + (f" [{partition}]" if partition else ""))
-            materialize_run(all_assets, resources, instance, selection, partition, log_level, tags)
+            warned.extend(materialize_run(all_assets, resources, instance, selection, partition, log_level, tags))
 
     from assets.common import SHARD_PARTITIONS
     from assets.status import shards_to_run
@@ -210,5 +212,7 @@ def _materialize_all(cfg: StrataConfig, defs: dg.Definitions, chosen: set[str], 
                 run(names, key)
                 for sub in partition_keys(inner[0], cfg, {pdef.name: key}) if inner else []:
                     run(inner[1], sub)
+    for line in warned:
+        log(f"warning: {line}")
     return cfg.root / "report.md" if "ablation_report" in chosen else None
 

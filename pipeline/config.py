@@ -46,6 +46,10 @@ class ConfigKeyRenamed(FutureWarning):
     """A config file uses a key's former name: it is read as the new key (``renamed_keys``); rename it."""
 
 
+class BlendWeightsNormalized(UserWarning):
+    """A blend's weights (``mixture.weights`` or a stage's) do not sum to 1: each is divided by their sum."""
+
+
 class _Model(BaseModel):
     # inputs stay out of a ValidationError's text (a URL may hold a secret); validation_error names the safe ones
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, validate_default=True, hide_input_in_errors=True)
@@ -201,6 +205,8 @@ class MixtureConfig(_Model):
     stages: list[MixtureStage] = Field(default_factory=list)  # instead of weights: piecewise-constant weights by tokens
     max_repetition: dict[str | int, float] = Field(default_factory=dict)  # group -> most uses of its tokens / its tokens (default 1.0)
     max_fraction: dict[str | int, float] = Field(default_factory=dict)  # group -> largest fraction of its distinct tokens used (1.0)
+    # weights the caps cannot give at mixture_budget_tokens: shrink (the largest schedule they allow, with a warning) | error
+    on_infeasible: Literal["shrink", "error"] = "shrink"
 
     renamed_keys: ClassVar[dict[str, str]] = {"max_repeat": "max_cluster_epochs"}
     key_prefix: ClassVar[str] = "mixture."
@@ -240,6 +246,13 @@ class MixtureConfig(_Model):
     def _one_blend(self) -> "MixtureConfig":
         if self.weights and self.stages:
             raise ValueError("give either mixture.weights (one stage) or mixture.stages, not both")
+        given = [("mixture.weights", self.weights)] if self.weights else [(f"mixture.stages[{i}].weights", s.weights)
+                                                                          for i, s in enumerate(self.stages)]
+        for key, weights in given:
+            total = float(sum(weights.values()))
+            if abs(total - 1.0) > 1e-6:  # normalized where the blend is read (pipeline.ordering.blend.Blend.matrix)
+                shares = ", ".join(f"{k}: {v / total:.4g}" for k, v in weights.items())
+                warnings.warn(f"{key} sum to {total:g}, not 1: normalized to {{{shares}}}", BlendWeightsNormalized, stacklevel=2)
         if self.bins == 1:
             raise ValueError("set mixture.bins to 0 (the column's values are the groups) or to >= 2 quantile bins")
         return self

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import polars as pl
 
+from pipeline.data.blend_names import check_blend_names
 from pipeline.data.corpus import build_corpus, shard_key
 from pipeline.data.gather import gather_shards, partition_shard, shard_facts, validated_shard
 from pipeline.data.paloma import PalomaWriter
@@ -42,6 +43,8 @@ class CorpusParams(StageParams):
     seed: int = setting()  # the held-out split
     engine: str = setting(versioned=False)
     ray: Any = setting(versioned=False)
+    mixture: Any = setting(versioned=False)  # a blend's group names, checked against the corpus (pipeline.data.blend_names)
+    strategies: list = setting(versioned=False)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ def build_stage(layout, params: CorpusParams, connect: Connect, log: Callable[[s
         built = build_corpus(params.corpus, params.seed, params.heldout_fraction, layout.shard_dir("corpus"), layout.corpus, log=log,
                              engine=params.engine, ray_cfg=params.ray, heldout=held.add)
     write_parquet(built.manifest, layout.shards)
+    check_blend_names(layout.corpus, params.mixture, params.strategies)  # before the tokenizer and the embeddings
     held_files = sorted(layout.heldout.rglob("*.jsonl.gz"))
     with connect() as con:
         replace_rows(con, "corpus_stats", built.stats, {})

@@ -36,8 +36,8 @@ from pipeline.heavy import lazy
 from pipeline.ordering.characteristics import Family
 from pipeline.ordering.curriculum import targets_blocked_order
 from pipeline.ordering.features import Csr, SequenceFeatures
-from pipeline.ordering.greedy import Objective, _dominant
-from pipeline.ordering.schedule import repeat_counts
+from pipeline.ordering.greedy import Objective
+from pipeline.ordering.schedule import round_counts, solve_rates
 
 sparse = lazy("scipy.sparse")  # imported on first use (pipeline/heavy.py)
 
@@ -60,6 +60,7 @@ class Blend:
     weights: tuple[tuple[tuple[str, float], ...], ...]  # per stage: (group, weight) pairs
     max_repetition: tuple[tuple[str, float], ...] = ()
     max_fraction: tuple[tuple[str, float], ...] = ()
+    on_infeasible: str = "shrink"  # the caps cannot give the weights at the budget: shrink it (warned) | error
 
     @staticmethod
     def from_config(mixture) -> "Blend | None":
@@ -75,7 +76,7 @@ class Blend:
             return tuple(sorted((str(k), float(v)) for k, v in d.items()))
 
         return Blend(mixture.column, mixture.bins, tuple(float(e) for e, _ in stages), tuple(pairs(w) for _, w in stages),
-                     pairs(mixture.max_repetition), pairs(mixture.max_fraction))
+                     pairs(mixture.max_repetition), pairs(mixture.max_fraction), mixture.on_infeasible)
 
     def key(self, i: int) -> str:
         """The config key of stage i's weights (for error messages)."""
@@ -162,39 +163,123 @@ class StageTargets:
         return float(max(np.abs(self.w[k] - self.w[k0]).max() for k in range(k0, k1 + 1)))
 
 
+@dataclass(frozen=True)
+class BudgetFit:
+    """The schedule's size against the budget asked: ``asked`` tokens (``mixture_budget_tokens``, 0 =
+    the packing's), ``allowed`` the largest schedule (tokens, to within one sequence) whose group
+    tokens meet the weights within every cap, ``binding`` the group whose caps stop it there (""
+    when the budget asked fits), ``corpus`` the packing's tokens."""
+
+    asked: float
+    allowed: float
+    binding: str
+    corpus: float
+
+    def warning(self, blend: "Blend") -> str:
+        """What a shrunk schedule tells the user ("" when the budget asked fits)."""
+        if not self.binding:
+            return ""
+        rep, frac = dict(blend.max_repetition).get(self.binding, 1.0), dict(blend.max_fraction).get(self.binding, 1.0)
+        return (f"the caps allow {self.allowed:,.0f} of the {self.asked:,.0f} tokens asked ({self.allowed / max(self.corpus, 1.0):.1%} "
+                f"of the corpus's {self.corpus:,.0f}): the group {self.binding!r} binds (max_repetition {rep:g}, max_fraction {frac:g})")
+
+
+FEASIBLE = 1e-7  # a budget is met when the rates' group tokens are off the wanted ones by at most this fraction of them
+
+
+def fit_budget(features: SequenceFeatures, groups: Csr, want, asked: float, hi: float, lo: float, cap: np.ndarray,
+               names: list[str], bound: str) -> tuple[BudgetFit, np.ndarray]:
+    """``(the fit, the continuous copies r_s at its size)``: the largest size T in [lo, hi] (tokens;
+    ``hi`` what every group's total cap allows, ``bound`` the group setting it) for which copies
+    0 <= r_s <= ``cap``_s give each group the tokens ``want(T)`` (its weights' share of T - lo),
+    by bisection down to one sequence's tokens (what the rows can give grows with T, so the
+    largest one that fits is where it stops fitting). The group that stops it: the one furthest
+    short of ``want`` just above it."""
+    C = sparse.csr_matrix((groups.data, groups.indices, groups.indptr), shape=(groups.n_rows, groups.n_cols))
+    inv_l = 1.0 / np.maximum(features.lengths.astype(np.float64), 1.0)
+
+    def rates(t: float) -> tuple[bool, np.ndarray, np.ndarray]:
+        need = want(t)
+        r = solve_rates(C, inv_l, need, cap)
+        got = C.T @ r
+        return bool(np.abs(got - need).sum() <= FEASIBLE * max(need.sum(), 1.0)), r, got
+
+    corpus = float(features.lengths.sum())
+    ok, r, _ = rates(hi)
+    if ok:
+        return BudgetFit(asked, hi, bound if hi < asked - 0.5 else "", corpus), r
+    short = hi
+    step = max(float(features.lengths.min()), 1.0)
+    r = np.zeros(features.n_sequences)
+    while short - lo > step:
+        mid = (lo + short) / 2
+        ok, r_mid, got = rates(mid)
+        lo, short, r = (mid, short, r_mid) if ok else (lo, mid, r)
+    need = want(short)
+    _, _, got = rates(short)
+    binding = names[int(np.argmax((need - got) / np.maximum(need, 1e-300)))]
+    return BudgetFit(asked, lo, binding, corpus), r
+
+
 def planned_counts(features: SequenceFeatures, groups: Csr, blend: Blend, names: list[str], budget: float,
-                   max_sequence_copies: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Step 1 of the module docstring: the copies r_s of every row and the (stages x groups) weights."""
+                   max_sequence_copies: int, seed: int) -> tuple[np.ndarray, np.ndarray, BudgetFit]:
+    """Step 1 of the module docstring: the copies r_s of every row, the (stages x groups) weights and
+    the schedule's size against ``budget`` (:class:`BudgetFit`; ``mixture.on_infeasible: error``
+    stops where the caps cannot give the weights at ``budget``)."""
     w = blend.matrix(names)
     share = np.diff(np.r_[0.0, blend.ends]) @ w  # each group's share of the whole schedule
     corpus = groups.column_totals()
     max_rep, max_frac = blend.caps(names, "max_repetition", 1.0), blend.caps(names, "max_fraction", 1.0)
-    fits = np.where(share > 0, max_rep * max_frac * corpus / np.maximum(share, 1e-300), np.inf)
-    budget = float(min(budget, fits.min()))  # every group's tokens within its caps: the weights before the budget
-    if not budget > 0:
+    if ((share > 0) & (corpus <= 0)).any():
         raise StrataInputError("the blend gives weight to a group this corpus holds no tokens of",
                                fix=f"give weight to groups among {[n for n, c in zip(names, corpus) if c > 0]}")
-    cap = row_caps(features, groups, max_rep, max_frac, max_sequence_copies, seed)
-    counts = repeat_counts(replace(features, clusters=groups), share, budget, int(max_sequence_copies), seed, caps=cap)
-    return balance_counts(groups, counts, cap, share), w
+    fits = np.where(share > 0, max_rep * max_frac * corpus / np.maximum(share, 1e-300), np.inf)
+    cap = np.minimum(row_caps(features, groups, max_rep, max_frac, max_sequence_copies, seed), int(max_sequence_copies))
+    fit, r = fit_budget(features, groups, lambda t: share * t, float(budget), float(min(budget, fits.min())), 0.0, cap, names,
+                        names[int(np.argmin(fits))])
+    _infeasible(blend, fit)
+    counts = round_counts(replace(features, clusters=groups), r, cap, seed)
+    return balance_counts(groups, counts, cap, share, total=fit.allowed), w, fit
+
+
+def _infeasible(blend: Blend, fit: BudgetFit) -> None:
+    """``mixture.on_infeasible: error``: the shrunk schedule is an error naming the binding group."""
+    if fit.binding and blend.on_infeasible == "error":
+        raise StrataInputError(f"the blend cannot be met at the budget asked: {fit.warning(blend)}",
+                               fix=f"set mixture_budget_tokens <= {int(fit.allowed):,}, raise mixture.max_repetition of "
+                                   f"{fit.binding!r} (or max_sequence_copies), lower its weight, or set mixture.on_infeasible: shrink")
 
 
 def row_caps(features: SequenceFeatures, groups: Csr, max_rep: np.ndarray, max_frac: np.ndarray, max_sequence_copies: int,
              seed: int, used: np.ndarray | None = None) -> np.ndarray:
-    """Uses each row may have in the whole schedule: ceil(``max_repetition``) of the group it mostly
-    holds, at most ``max_sequence_copies``, and 0 for the rows beyond ``max_fraction`` of their
-    group's distinct tokens (a seeded subsample; the rows ``used`` > 0, a frozen prefix's, first)."""
-    dom = _dominant(groups)
-    cap = np.minimum(int(max_sequence_copies), np.ceil(max_rep[dom] - 1e-9)).astype(np.int64)
+    """Uses each row may have in the whole schedule, held per document piece: the least
+    ceil(``max_repetition``) among the groups it holds tokens of (a piece is never used more often
+    than its own group allows, whichever group fills the rest of its sequence), at most
+    ``max_sequence_copies``; and 0 for the rows beyond ``max_fraction`` of a group's distinct tokens:
+    a seeded subsample of the rows holding the group (the rows ``used`` > 0, a frozen prefix's,
+    first) keeps at most that fraction of the group's tokens."""
+    rows = np.repeat(np.arange(groups.n_rows), np.diff(groups.indptr))
+    piece = np.minimum(int(max_sequence_copies), np.ceil(max_rep - 1e-9)).astype(np.int64)
+    cap = np.full(groups.n_rows, int(max_sequence_copies), dtype=np.int64)
+    np.minimum.at(cap, rows, piece[groups.indices])
     rng = np.random.default_rng(seed)
-    for g in np.flatnonzero(max_frac < 1.0):  # a seeded subsample of the group's sequences holds its max_fraction
-        rows = np.flatnonzero(dom == g)
-        rows = rows[rng.permutation(rows.size)]
+    for g in np.flatnonzero(max_frac < 1.0):  # a seeded subsample of the rows holding the group keeps its max_fraction
+        at = groups.indices == g
+        holding, tokens = rows[at], groups.data[at]
+        perm = rng.permutation(holding.size)
+        holding, tokens = holding[perm], tokens[perm]
         if used is not None:  # the rows a frozen prefix already used stay in the subsample
-            rows = rows[np.argsort(used[rows] == 0, kind="stable")]
-        kept = np.cumsum(features.lengths[rows]) <= max_frac[g] * features.lengths[rows].sum() + 1e-9
-        cap[rows[~kept]] = 0
+            first = np.argsort(used[holding] == 0, kind="stable")
+            holding, tokens = holding[first], tokens[first]
+        kept = np.cumsum(tokens) <= max_frac[g] * tokens.sum() + 1e-9
+        cap[holding[~kept]] = 0
     return cap
+
+
+def piece_caps(blend: "Blend", names: list[str], max_sequence_copies: int) -> dict[str, int]:
+    """Each group's cap on the uses of one of its document pieces: ceil(``max_repetition``), at most ``max_sequence_copies``."""
+    rep = blend.caps(names, "max_repetition", 1.0)
+    return {n: int(min(max_sequence_copies, np.ceil(r - 1e-9))) for n, r in zip(names, rep)}
 
 
 @dataclass(frozen=True)
@@ -207,6 +292,7 @@ class FrozenPlan:
     cap: np.ndarray
     weights: np.ndarray
     prefix_tokens: float
+    fit: BudgetFit | None = None  # the whole schedule's size against the budget asked
 
 
 def suffix_need(blend_ends: tuple[float, ...], weights: np.ndarray, prefix_tokens: float, total: float) -> np.ndarray:
@@ -237,40 +323,46 @@ def planned_after(features: SequenceFeatures, groups: Csr, blend: Blend, names: 
     dense[np.repeat(np.arange(n), np.diff(groups.indptr)), groups.indices] = groups.data
     room = max_rep * max_frac * groups.column_totals() - used @ dense + 1e-6  # tokens each group may still give
     cap = row_caps(features, groups, max_rep, max_frac, max_sequence_copies, seed, used)
-    suffix = np.zeros(n, dtype=np.int64)
-    total = max(float(budget), t_p)
+    total, bound = max(float(budget), t_p), ""
     if (suffix_need(blend.ends, w, t_p, total) > room).any():
         lo, hi = t_p, total
         for _ in range(60):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if (suffix_need(blend.ends, w, t_p, mid) <= room).all() else (lo, mid)
-        total = lo
-    rest = cap - np.minimum(cap, used)
-    if total - t_p >= 1.0 and rest.any():
-        need = suffix_need(blend.ends, w, t_p, total)
+        total, bound = lo, names[int(np.argmax(suffix_need(blend.ends, w, t_p, hi) - room))]
+    rest = np.minimum(cap - np.minimum(cap, used), int(max_sequence_copies))
+    fit, r = fit_budget(features, groups, lambda t: suffix_need(blend.ends, w, t_p, t), max(float(budget), t_p), total, t_p, rest,
+                        names, bound)
+    _infeasible(blend, fit)
+    suffix = np.zeros(n, dtype=np.int64)
+    need = suffix_need(blend.ends, w, t_p, fit.allowed)
+    if fit.allowed - t_p >= 1.0 and rest.any() and need.sum() > 0:
         share = need / need.sum()
-        counts = repeat_counts(replace(features, clusters=groups), share, total - t_p, int(max_sequence_copies), seed, caps=rest)
-        suffix = balance_counts(groups, counts, rest, share)
-    return FrozenPlan(used, suffix, cap, w, t_p)
+        suffix = balance_counts(groups, round_counts(replace(features, clusters=groups), r, rest, seed), rest, share,
+                                total=fit.allowed - t_p)
+    return FrozenPlan(used, suffix, cap, w, t_p, fit)
 
 
-def balance_counts(groups: Csr, counts: np.ndarray, cap: np.ndarray, share: np.ndarray, steps_per_group: int = 20) -> np.ndarray:
-    """The rounded copies nudged one copy at a time towards the groups' shares of the schedule:
-    each step adds or removes the one copy (within 0..cap) that most lowers the squared distance
-    of the group tokens from ``share`` x their total, until none does. Rounding mixed sequences
-    leaves the totals a few sequences off, and a last stage of 10-30% of the tokens takes the
-    whole error (the demo domains of tests/test_blend.py, seeds 0-7: the last 30%'s L1 up to 0.067 without
-    this step, at most 0.028 with it)."""
+def balance_counts(groups: Csr, counts: np.ndarray, cap: np.ndarray, share: np.ndarray, steps_per_group: int = 20,
+                   total: float | None = None) -> np.ndarray:
+    """The rounded copies nudged one copy at a time towards the groups' tokens: ``share`` x
+    ``total`` (or, without a total, x their own total): each step adds or removes the one copy
+    (within 0..cap) that most lowers the squared distance of the group tokens from it, until none
+    does. Rounding mixed sequences leaves the totals a few sequences off, and a last stage of
+    10-30% of the tokens takes the whole error (the demo domains of tests/test_blend.py, seeds
+    0-7: the last 30%'s L1 up to 0.067 without this step, at most 0.028 with it); with ``total``
+    the schedule's size too comes within a sequence of the one planned."""
     counts = counts.astype(np.int64).copy()
     c = sparse.csr_matrix((groups.data, groups.indices, groups.indptr), shape=(groups.n_rows, groups.n_cols))
     sq = np.asarray(c.multiply(c).sum(axis=1)).ravel()
     size = np.asarray(c.sum(axis=1)).ravel()
     got = c.T @ counts
-    for _ in range(steps_per_group * groups.n_cols):
-        d = got - share * got.sum()  # excess tokens of each group
-        # adding row s changes the excess by c_s - share l_s: the squared norm by 2 d.(c_s - share l_s) + |c_s - share l_s|^2
-        proj = c @ d - size * float(share @ d)
-        own = sq - 2.0 * size * (c @ share) + size**2 * float(share @ share)
+    fixed = total is not None
+    for _ in range(steps_per_group * groups.n_cols + (int(size.size) if fixed else 0)):
+        d = got - share * (total if fixed else got.sum())  # excess tokens of each group
+        # adding row s changes the excess by c_s - share l_s (by c_s with a fixed total): the squared norm by 2 d.(that) + |that|^2
+        proj = c @ d - (0.0 if fixed else size * float(share @ d))
+        own = sq if fixed else sq - 2.0 * size * (c @ share) + size**2 * float(share @ share)
         add = np.where(counts < cap, 2.0 * proj + own, np.inf)
         drop = np.where(counts > 0, -2.0 * proj + own, np.inf)
         i, j = int(np.argmin(add)), int(np.argmin(drop))
@@ -284,25 +376,59 @@ def balance_counts(groups: Csr, counts: np.ndarray, cap: np.ndarray, share: np.n
 
 def blend_order(features: SequenceFeatures, groups: Csr, counts: np.ndarray, weights: np.ndarray, ends: tuple[float, ...],
                 objective, greedy_block: int, noise: float, seed: int, prefix_tokens: float = 0.0) -> np.ndarray:
-    """Step 2: the rows of the schedule (row s ``counts[s]`` times) in order. After a frozen prefix
-    of ``prefix_tokens`` tokens the stages' ends stay fractions of the whole schedule (prefix
-    included) and the targets are counted from the prefix's end: the rows follow the stages'
-    weights from there on, and what the prefix realized (under an earlier mix) is not made up for."""
-    rows = np.repeat(np.arange(features.n_sequences, dtype=np.int64), counts)
-    if rows.size == 0:
+    """Step 2: the rows of the schedule (row s ``counts[s]`` times) in order, stage by stage: each
+    stage's copies are chosen first (:func:`stage_counts`), so every stage holds its own weights
+    and no stretch of the stream is what the earlier stages left; then each stage is ordered by
+    the greedy against its constant weights. After a frozen prefix of ``prefix_tokens`` tokens the
+    stages' ends stay fractions of the whole schedule (prefix included) and the stages are counted
+    from the prefix's end: what the prefix realized (under an earlier mix) is not made up for."""
+    if not counts.sum():
         raise StrataInputError("the blend schedules no sequence", fix="raise mixture_budget_tokens (0 = the corpus's tokens)")
-    sched = features.take_rows(rows)
-    sched = replace(sched, columns={**sched.columns, GROUP_FAMILY: groups.take_rows(rows)})
+    lengths = features.lengths.astype(np.float64)
+    total = float(counts @ lengths)
+    stage_ends = np.maximum(np.asarray(ends) * (total + prefix_tokens) - prefix_tokens, 0.0)
+    per_stage = stage_counts(features, groups, counts, weights, np.diff(np.r_[0.0, stage_ends]), seed)
+    rows_all = np.repeat(np.arange(features.n_sequences, dtype=np.int64), counts)
+    sched_groups = groups.take_rows(rows_all)
+    kappas = {"cluster": within_groups(sched_groups, features.clusters.take_rows(rows_all), lengths[rows_all]),
+              "length_bin": within_groups(sched_groups, features.bins.take_rows(rows_all), lengths[rows_all])}
     others = tuple(f for f in objective.families if f.name != GROUP_FAMILY)
     obj = Objective((Family(GROUP_FAMILY, GROUP_WEIGHT * sum(f.weight for f in others)), *others))
-    total = float(sched.lengths.sum())
-    kappas = {"cluster": within_groups(sched.columns[GROUP_FAMILY], sched.clusters, sched.lengths),
-              "length_bin": within_groups(sched.columns[GROUP_FAMILY], sched.bins, sched.lengths)}
-    targets = StageTargets(np.maximum(np.asarray(ends) * (total + prefix_tokens) - prefix_tokens, 0.0), weights, kappas)
     weights_by = {f.name: f.weight for f in obj.families}
-    order = targets_blocked_order(sched, targets, obj, weights_by, greedy_block, noise, seed, drain_in_rounds=True,
-                                  targeted=GROUP_FAMILY)
-    return rows[order]
+    out = []
+    for k in range(len(ends)):
+        rows = np.repeat(np.arange(features.n_sequences, dtype=np.int64), per_stage[k])
+        if not rows.size:
+            continue
+        sched = features.take_rows(rows)
+        sched = replace(sched, columns={**sched.columns, GROUP_FAMILY: groups.take_rows(rows)})
+        targets = StageTargets(np.array([np.inf]), weights[k : k + 1], kappas)
+        order = targets_blocked_order(sched, targets, obj, weights_by, greedy_block, noise, seed + k, drain_in_rounds=True,
+                                      targeted=GROUP_FAMILY)
+        out.append(rows[order])
+    return np.concatenate(out)
+
+
+def stage_counts(features: SequenceFeatures, groups: Csr, counts: np.ndarray, weights: np.ndarray, stage_tokens: np.ndarray,
+                 seed: int) -> np.ndarray:
+    """(stages x rows) copies: the schedule's ``counts`` dealt to the stages so that stage k holds
+    about ``stage_tokens[k]`` tokens with group tokens ``weights[k]`` x those, stage by stage: the
+    copies of least squared repetition that give its group tokens (the rates of step 1 on the
+    copies not yet dealt), rounded and balanced as in step 1; the last stage takes the rest. As
+    the counts hold every stage's group tokens, the rest is the last stage's own mix."""
+    out = np.zeros((len(stage_tokens), counts.size), dtype=np.int64)
+    left = counts.astype(np.int64).copy()
+    C = sparse.csr_matrix((groups.data, groups.indices, groups.indptr), shape=(groups.n_rows, groups.n_cols))
+    inv_l = 1.0 / np.maximum(features.lengths.astype(np.float64), 1.0)
+    for k, tokens in enumerate(stage_tokens[:-1]):
+        if tokens <= 0 or not left.any():
+            continue
+        r = solve_rates(C, inv_l, weights[k] * tokens, left)
+        take = round_counts(replace(features, clusters=groups), r, left, seed + k)
+        out[k] = balance_counts(groups, take, left, weights[k], total=float(tokens))
+        left -= out[k]
+    out[-1] = left
+    return out
 
 
 def within_groups(groups: Csr, other: Csr, lengths: np.ndarray) -> np.ndarray:
@@ -368,10 +494,11 @@ def stage_l1(table: pl.DataFrame) -> dict[int, float]:
     return dict(zip(t["stage"].to_list(), t["l1"].to_list()))
 
 
-def document_uses(segments: pl.DataFrame, doc_group: dict[int, str], planned: np.ndarray, order: np.ndarray) -> pl.DataFrame:
+def document_uses(segments: pl.DataFrame, doc_group: dict[int, str], planned: np.ndarray, order: np.ndarray,
+                  caps: dict[str, int]) -> pl.DataFrame:
     """One row per document piece of the packing (doc_id, sequence_id, n_tokens, group): its
-    planned uses (the solver's copies of its sequence) and realized uses (the sequence's
-    occurrences in the written order)."""
+    planned uses (the solver's copies of its sequence), realized uses (the sequence's
+    occurrences in the written order) and cap (its own group's, ``caps``: :func:`piece_caps`)."""
     n = int(segments["sequence_id"].max()) + 1
     realized = np.bincount(order, minlength=n)
     sid = segments["sequence_id"].to_numpy()
@@ -380,15 +507,15 @@ def document_uses(segments: pl.DataFrame, doc_group: dict[int, str], planned: np
         "n_tokens": segments["n_tokens"].cast(pl.Int64),
         "group": pl.Series([doc_group[int(d)] for d in segments["doc_id"].to_list()], dtype=pl.String),
         "planned_uses": pl.Series(planned[sid].astype(np.int64)), "realized_uses": pl.Series(realized[sid].astype(np.int64)),
-    })
+    }).with_columns(cap=pl.col("group").replace_strict(caps, return_dtype=pl.Int64))
 
 
 def frozen_document_uses(segments: pl.DataFrame, doc_group: dict[int, str], plan: FrozenPlan, sequence_ids: np.ndarray,
-                         order: np.ndarray, frozen: int) -> pl.DataFrame:
+                         order: np.ndarray, frozen: int, caps: dict[str, int]) -> pl.DataFrame:
     """:func:`document_uses` after a frozen prefix of ``frozen`` positions, split: per document piece
     its planned uses in the prefix (the frozen record's) and after it (the plan's), the same
-    realized in the written order's positions before and after ``frozen``, and its cap on all uses
-    (``plan`` rows are ``sequence_ids``' rows). planned_uses and realized_uses are the sums."""
+    realized in the written order's positions before and after ``frozen`` (``plan`` rows are
+    ``sequence_ids``' rows), and its own cap on all uses. planned_uses and realized_uses are the sums."""
     n = int(max(int(segments["sequence_id"].max()), int(sequence_ids.max()))) + 1
 
     def by_id(values: np.ndarray) -> np.ndarray:
@@ -396,14 +523,14 @@ def frozen_document_uses(segments: pl.DataFrame, doc_group: dict[int, str], plan
         out[sequence_ids] = values
         return out
 
-    pre, post, cap = by_id(plan.prefix), by_id(plan.suffix), by_id(plan.cap)
+    pre, post = by_id(plan.prefix), by_id(plan.suffix)
     got_pre = np.bincount(order[:frozen], minlength=n)
     got_post = np.bincount(order[frozen:], minlength=n)
     sid = segments["sequence_id"].to_numpy()
-    base = document_uses(segments, doc_group, pre + post, order)
+    base = document_uses(segments, doc_group, pre + post, order, caps)
     return base.with_columns(
         prefix_planned=pl.Series(pre[sid]), suffix_planned=pl.Series(post[sid]), prefix_realized=pl.Series(got_pre[sid].astype(np.int64)),
-        suffix_realized=pl.Series(got_post[sid].astype(np.int64)), cap=pl.Series(cap[sid]))
+        suffix_realized=pl.Series(got_post[sid].astype(np.int64))).select(*base.columns[:-1], pl.exclude(base.columns), "cap")
 
 
 PLAN_SCHEMA = {"doc_id": pl.Int64, "id": pl.String, "content_hash": pl.String, "group": pl.String, "n_tokens": pl.Int64,

@@ -89,7 +89,7 @@ def load_weights(path: str | Path, n_clusters: int) -> np.ndarray:
     return w / w.sum()
 
 
-def _solve_rates(C, inv_l: np.ndarray, want: np.ndarray, max_sequence_copies: int) -> np.ndarray:
+def solve_rates(C, inv_l: np.ndarray, want: np.ndarray, max_sequence_copies: int) -> np.ndarray:
     """r_s = clip(sum_j c_sj lambda_j / l_s, 0, R) with cluster tokens C^T r as near ``want`` as
     damped Newton steps on lambda (from the pure-sequence rates want_j / C_j) get."""
     k = want.size
@@ -139,12 +139,12 @@ def sequence_rates(f: SequenceFeatures, weights: np.ndarray, budget: float, max_
     w = np.zeros(k)
     w[: weights.size] = weights
     inv_l = 1.0 / f.lengths
-    r = _solve_rates(C, inv_l, w * budget, max_sequence_copies)
+    r = solve_rates(C, inv_l, w * budget, max_sequence_copies)
     if _share_l1(C, r, w) <= 1e-6:
         return r
     tried = [(r, _share_l1(C, r, w))]
     for i in range(1, BUDGET_STEPS + 1):
-        r_i = _solve_rates(C, inv_l, w * budget * 2.0 ** (-i / 2), max_sequence_copies)
+        r_i = solve_rates(C, inv_l, w * budget * 2.0 ** (-i / 2), max_sequence_copies)
         tried.append((r_i, _share_l1(C, r_i, w)))
     best = min(err for _, err in tried)
     return next(r_i for r_i, err in tried if err <= best + 1e-3)
@@ -159,7 +159,13 @@ def repeat_counts(f: SequenceFeatures, weights: np.ndarray, budget: float, max_s
     if not budget > 0:
         raise StrataInputError(f"the token budget {budget} is impossible", fix="use mixture_budget_tokens > 0 (0 = the corpus's tokens)")
     cap = int(max_sequence_copies) if caps is None else np.minimum(np.asarray(caps, dtype=np.int64), int(max_sequence_copies))
-    r = sequence_rates(f, np.asarray(weights, dtype=np.float64), float(budget), cap)
+    return round_counts(f, sequence_rates(f, np.asarray(weights, dtype=np.float64), float(budget), cap), cap, seed)
+
+
+def round_counts(f: SequenceFeatures, r: np.ndarray, cap, seed: int) -> np.ndarray:
+    """Step 2 of the module docstring: continuous copies ``r`` rounded by a seeded systematic
+    sample of their fractions within each dominant cluster of ``f``, at most ``cap`` (a number or
+    one a row)."""
     base = np.floor(r).astype(np.int64)
     frac = r - base
     rng = np.random.default_rng(seed)

@@ -21,6 +21,7 @@ from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
 from pipeline.errors import StrataInputError
 from pipeline.ordering import strategies
+from pipeline.ordering.blend_kept import check_groups_kept
 from pipeline.ordering.composition import ordering_ids
 from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, seed_dependent, segment_columns
 from pipeline.ordering.frozen_boundary import boundary_summary
@@ -37,6 +38,7 @@ from pipeline.storage.warehouse import latest_data_version, replace_rows
 from pipeline.threads import concurrently
 
 PERMUTATION_CHECK, CAPS_CHECK, MIXTURE_CHECK = "ordering_is_permutation", "schedule_within_caps", "schedule_realizes_mixture"
+BUDGET_CHECK = "schedule_meets_budget"  # a blend's schedule as large as the budget asked (warns where its caps cut it)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float
         if path.exists():
             path.unlink()
         skip = "not a schedule: the permutation check applies"
-        return [], [CheckFact(c, True, {"strategy": strategy}, skip) for c in (CAPS_CHECK, MIXTURE_CHECK)], {}
+        return [], [CheckFact(c, True, {"strategy": strategy}, skip) for c in (CAPS_CHECK, MIXTURE_CHECK, BUDGET_CHECK)], {}
     written = Store(layout).ordering(strategy)
     docs = Store(layout).document_clusters([])
     doc_cluster = np.full(int(docs["doc_id"].max()) + 1, 0, dtype=np.int64)
@@ -127,6 +129,7 @@ def schedule_checks(strategy: str, layout, params: OrderParams, tolerance: float
                   description=(f"realized shares within L1 {l1:.4f} of the mixture (tolerance {tolerance})" if l1 <= tolerance else
                                f"the corpus gives the mixture only within L1 {l1:.4f} > {tolerance}: raise max_sequence_copies, "
                                "lower mixture_budget_tokens, or accept it (mixture_tolerance)")),
+        CheckFact(BUDGET_CHECK, True, meta, "not a blend: its budget is lowered to the mixture (see schedule_realizes_mixture)"),
     ]
     return [out], checks, meta
 
@@ -169,6 +172,8 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
     n_frozen = Store(layout).sequences.freeze_prefix  # the packing's: sequences kept the frozen sequences
     previous = frozen.load(layout, strategy) if n_frozen else None
     prefix = previous.sequence_ids if previous is not None else None
+    if params.blend is not None and "mixture" in spec.reads:
+        check_groups_kept(layout, params.blend)  # a group the clean stage emptied is named as such
     result, base = _computed_order(layout, connect, spec, strategy, params, stage_params.seed, code_version, seq_len, prefix, n_frozen)
     outputs = _write_order(layout, strategy, result)
     n_positions, greedy_mode, repacked = result.order.height, result.greedy_mode, result.segments is not None
@@ -184,7 +189,7 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
         outputs += freeze(layout, connect, strategy, order, written.segments, n_frozen, previous, seq_len, stage_params.packing)
         boundary = boundary_summary(layout, strategy) or {}
     summary = {k: v for k, v in mixture_meta.items() if k in ("l1_to_target", "scheduled_tokens", "omitted_tokens", "repeated_tokens",
-                                                              "per_cluster")}
+                                                              "per_cluster") or k.startswith("budget_")}
     return StageResult(
         outputs=outputs,
         rows={"sequences": n_positions},

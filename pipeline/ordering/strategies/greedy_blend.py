@@ -25,6 +25,7 @@ from pipeline.ordering.blend import (
     document_uses,
     frozen_document_uses,
     group_tokens,
+    piece_caps,
     planned_after,
     planned_counts,
     row_caps,
@@ -43,7 +44,9 @@ from pipeline.storage.atomic import write_parquet
 from pipeline.storage.layout import Store
 
 BLEND_KEYS = ("mixture", "mixture_budget_tokens", "max_sequence_copies", "mixture_tolerance")
-STAGES_CHECK, USES_CHECK = "schedule_realizes_mixture", "schedule_within_caps"
+STAGES_CHECK, USES_CHECK, BUDGET_CHECK = "schedule_realizes_mixture", "schedule_within_caps", "schedule_meets_budget"
+BUDGET_SCHEMA = {"asked_tokens": pl.Int64, "allowed_tokens": pl.Int64, "scheduled_tokens": pl.Int64, "corpus_tokens": pl.Int64,
+                 "binding_group": pl.String, "on_infeasible": pl.String}
 
 
 def _need_blend(params):
@@ -65,13 +68,13 @@ def _groups(inp):
 
 
 def _schedule(inp):
-    """(features, group tokens, names, planned copies, stage weights) of the inputs' packing."""
+    """(features, group tokens, names, planned copies, stage weights, ``BudgetFit``) of the inputs' packing."""
     p = inp.params
     blend = _need_blend(p)
     f, groups, names = _groups(inp)
     budget = p.mixture_budget_tokens or float(f.lengths.sum())
-    counts, weights = planned_counts(f, groups, blend, names, budget, p.max_sequence_copies, inp.seed)
-    return f, groups, names, counts, weights
+    counts, weights, fit = planned_counts(f, groups, blend, names, budget, p.max_sequence_copies, inp.seed)
+    return f, groups, names, counts, weights, fit
 
 
 def _frozen_schedule(inp, prefix: np.ndarray):
@@ -102,7 +105,7 @@ def run_after(inp, prefix: np.ndarray):
 
 def run(inp):
     """The blend's schedule (sequence ids, repeating) in greedy order."""
-    f, groups, _, counts, weights = _schedule(inp)
+    f, groups, _, counts, weights, _ = _schedule(inp)
     p = inp.params
     rows = blend_order(f, groups, counts, weights, p.blend.ends, p.objective_weights(), max(2, p.greedy_block), p.noise, inp.seed)
     return OrderingResult(order_frame(f.sequence_ids[rows]), None, "blocked")
@@ -123,15 +126,16 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     written = Store(layout).ordering(strategy)
     docs, seg, codes, names, inp = _accounting_inputs(layout, params, strategy, blend, seed)
     doc_id = docs["doc_id"].to_numpy()
-    rec, plan, f, groups, planned, weights = _replanned(layout, params, strategy, blend, names, inp, seed)
+    rec, plan, f, groups, planned, weights, fit = _replanned(layout, params, strategy, blend, names, inp, seed)
     n_prefix = rec.sequences if rec is not None else 0
     seq_groups, planned_by_id = _by_sequence_id(f, groups, len(names), planned)
     n_seq = seq_groups.shape[0]
     table = blend_accounting(written.order, seq_groups, weights, blend.ends, names, blend.caps(names, "max_repetition", 1.0),
                              blend.caps(names, "max_fraction", 1.0), frozen=n_prefix)
     doc_groups = dict(zip(doc_id.tolist(), [names[c] for c in codes]))
-    uses = (document_uses(seg, doc_groups, planned_by_id, written.order) if plan is None else
-            frozen_document_uses(seg, doc_groups, plan, f.sequence_ids, written.order, n_prefix))
+    caps = piece_caps(blend, names, params.max_sequence_copies)
+    uses = (document_uses(seg, doc_groups, planned_by_id, written.order, caps) if plan is None else
+            frozen_document_uses(seg, doc_groups, plan, f.sequence_ids, written.order, n_prefix, caps))
     clusters = _cluster_accounting(written, docs, doc_id, inp.cluster.size)
     outs = [write_parquet(table, layout.inside("orderings", f"{strategy}.blend.parquet")),
             write_parquet(uses, layout.inside("orderings", f"{strategy}.uses.parquet")),
@@ -147,7 +151,9 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
                                     params.max_sequence_copies)
     dropped = tables["blend_document_plan"].filter(pl.col("status") == "dropped") if plan is not None else None
     worst, checks, meta = _accounting_checks(strategy, blend, back, written.order, n_prefix, dropped, problems, tolerance)
-    return outs, checks, {"l1_to_target": worst, **meta, "tables": {"blend_stages": back, "blend_document_uses": back_uses, **tables}}
+    budget, check = _budget(blend, fit, int(back.filter(pl.col("stage") == 0)["scheduled_tokens"].sum()), meta)
+    tables = {"blend_stages": back, "blend_document_uses": back_uses, "blend_budget": budget, **tables}
+    return outs, [*checks, check], {"l1_to_target": worst, **meta, "tables": tables}
 
 
 def _accounting_inputs(layout, params, strategy: str, blend, seed: int):
@@ -178,14 +184,14 @@ def _replanned(layout, params, strategy: str, blend, names, inp, seed: int):
     plan = None
     if rec is not None:  # the order continued this frozen prefix (the record is replaced after these checks)
         f, groups, _, plan = _frozen_schedule(inp, rec.sequence_ids)
-        planned, weights = plan.prefix + plan.suffix, plan.weights
+        planned, weights, fit = plan.prefix + plan.suffix, plan.weights, plan.fit
     else:
-        f, groups, _, planned, weights = _schedule(inp)
+        f, groups, _, planned, weights, fit = _schedule(inp)
         if n_frozen:  # frozen from this order on: the split, with an empty prefix
             caps = row_caps(f, groups, blend.caps(names, "max_repetition", 1.0), blend.caps(names, "max_fraction", 1.0),
                             params.max_sequence_copies, seed)
-            plan = FrozenPlan(np.zeros_like(planned), planned, caps, weights, 0.0)
-    return rec, plan, f, groups, planned, weights
+            plan = FrozenPlan(np.zeros_like(planned), planned, caps, weights, 0.0, fit)
+    return rec, plan, f, groups, planned, weights, fit
 
 
 def _by_sequence_id(f, groups, n_groups: int, planned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -221,13 +227,13 @@ def _accounting_problems(order: np.ndarray, rec, frozen_plan: bool, n_prefix: in
     used other than planned, positions or sequences outside the plan, too many copies, a group over
     its ``max_fraction``. Empty when the order realizes its plan."""
     problems = []
-    if frozen_plan:
-        if n_prefix and not np.array_equal(order[:n_prefix], rec.sequence_ids):
-            problems.append(f"the order does not start with its frozen prefix of {n_prefix} positions")
-        over = back_uses.filter(pl.col("realized_uses") > pl.col("cap"))
-        if over.height:
-            problems.append(f"{over.height} document pieces used beyond their cap, e.g. doc {over['doc_id'][0]}: "
-                            f"{over['realized_uses'][0]} uses > cap {over['cap'][0]} ({over['prefix_realized'][0]} in the frozen prefix)")
+    if frozen_plan and n_prefix and not np.array_equal(order[:n_prefix], rec.sequence_ids):
+        problems.append(f"the order does not start with its frozen prefix of {n_prefix} positions")
+    over = back_uses.filter(pl.col("realized_uses") > pl.col("cap"))  # per piece: its own group's cap
+    if over.height:
+        problems.append(f"{over.height} document pieces ({int(over['n_tokens'].sum()):,} tokens) used beyond their own group's cap, "
+                        f"e.g. doc {over['doc_id'][0]} ({over['group'][0]}): {over['realized_uses'][0]} uses > cap {over['cap'][0]}"
+                        + (f" ({over['prefix_realized'][0]} in the frozen prefix)" if frozen_plan else ""))
     if not back.equals(table) or not back_uses.equals(uses):
         problems.append("the written accounting differs from the order's")
     differ = back_uses.filter(pl.col("planned_uses") != pl.col("realized_uses"))
@@ -263,8 +269,9 @@ def _accounting_checks(strategy: str, blend, back, order: np.ndarray, n_prefix: 
             "per_stage": Markdown(back.select("stage", "group", "target_share", "realized_share", "repetition", "distinct_fraction")
                                   .to_pandas().to_markdown(index=False)),
             **({"frozen_positions": n_prefix, "documents_dropped": dropped.height} if dropped is not None else {})}
-    kept = ("every document piece used as planned (DuckDB blend_document_uses); within max_sequence_copies and mixture.max_fraction"
-            + ("" if dropped is None else f"; frozen prefix of {n_prefix} positions kept, every piece within its cap"
+    kept = ("every document piece used as planned (DuckDB blend_document_uses), at most its own group's cap; within "
+            "max_sequence_copies and mixture.max_fraction"
+            + ("" if dropped is None else f"; frozen prefix of {n_prefix} positions kept"
                + (f"; {dropped.height} documents the replaced plan used are planned 0 times now (blend_document_plan "
                   "status dropped)" if dropped.height else "")))
     checks = [
@@ -272,11 +279,27 @@ def _accounting_checks(strategy: str, blend, back, order: np.ndarray, n_prefix: 
         CheckFact(STAGES_CHECK, worst <= tolerance, meta, warn=True,
                   description=(f"every stage's group shares within L1 {worst:.4f} of the blend (tolerance {tolerance})"
                                if worst <= tolerance else
-                               f"a stage's group shares are L1 {worst:.4f} > {tolerance} from the blend: raise "
+                               f"stages {[k for k, v in l1.items() if v > tolerance]} (of {len(blend.ends)}, from 0) miss their weights: "
+                               f"L1 {worst:.4f} > {tolerance} from the blend: raise "
                                "mixture.max_repetition or max_sequence_copies, lower mixture_budget_tokens, or accept it "
                                "(mixture_tolerance)")),
     ]
     return worst, checks, meta
+
+
+def _budget(blend, fit, scheduled: int, meta: dict) -> tuple[pl.DataFrame, CheckFact]:
+    """The schedule's size against the budget asked (DuckDB ``blend_budget``, one row; the keys
+    ``budget_*`` of ``meta``) and the check ``schedule_meets_budget``, which warns, naming the
+    binding group and the share of the corpus used, when the caps cut the schedule."""
+    row = {"asked_tokens": int(round(fit.asked)), "allowed_tokens": int(fit.allowed), "scheduled_tokens": scheduled,
+           "corpus_tokens": int(fit.corpus), "binding_group": fit.binding or None, "on_infeasible": blend.on_infeasible}
+    meta.update({"budget_asked_tokens": row["asked_tokens"], "budget_allowed_tokens": row["allowed_tokens"],
+                 "budget_binding_group": fit.binding or "none", "scheduled_tokens": scheduled,
+                 "scheduled_share_of_corpus": scheduled / max(fit.corpus, 1.0)})
+    text = (f"{fit.warning(blend)}; scheduled {scheduled:,} tokens. Fix: raise mixture.max_repetition of {fit.binding!r} "
+            "(or max_sequence_copies), lower its weight or mixture_budget_tokens, or set mixture.on_infeasible: error"
+            if fit.binding else f"the schedule holds the {scheduled:,} tokens asked (within one sequence): no cap binds")
+    return pl.DataFrame([row], schema=BUDGET_SCHEMA), CheckFact(BUDGET_CHECK, not fit.binding, meta, text, warn=True)
 
 
 SPECS = (
