@@ -192,6 +192,7 @@ def test_a_worker_killed_mid_part_is_retried_to_the_same_bytes(small, tmp_path):
     assert again.tobytes() == clean.tobytes()
 
 
+@pytest.mark.integration
 def test_a_local_ray_cluster_gives_the_local_engines_bytes(small, tmp_path):
     """engine: ray runs each part as a Ray task on a real (one-node, local) cluster: the same bytes."""
     pytest.importorskip("ray")
