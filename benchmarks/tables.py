@@ -280,6 +280,30 @@ def near_recall(results: Path, name: str = "near_recall") -> str:
     return "\n".join(lines)
 
 
+def partitioned_order(results: Path, name: str = "partitioned_order_1m") -> str:
+    """``bench_partitioned_order.py``: the one-process greedy and the partitioned one, side by side."""
+    doc = _load(results, name)
+    pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
+    lines = ["| ordering | parts | wall s | CPU s: driver + workers | peak RSS MB: driver / largest worker |"
+             " prefixes below all 5 shuffles: clusters, all / last 90% | length bins | worst window / best shuffle's, max over lengths:"
+             " clusters / bins | batch dev. mean: clusters / bins | vs one process |", "|---|---:" + "|---:" * 8 + "|"]
+    single = doc["cases"][0]
+    for r in doc["cases"]:
+        ratio = " / ".join(f"{r[f'{k}_batch_dev'] / single[f'{k}_batch_dev']:.3f}x" for k in ("cluster", "bin"))
+        workers = f"{r['largest_worker_peak_rss_mb']:,.0f}" if r["parts"] > 1 else "—"
+        lines.append(f"| {r['mode']} | {r['parts']} | {r['seconds']:.1f} | {r['driver_cpu_s']:.1f} + {r['workers_cpu_s']:.1f} |"
+                     f" {r['driver_peak_rss_mb']:,.0f} / {workers} |"
+                     f" {pct(r['cluster_below_all'])} / {pct(r['cluster_below_last90'])} |"
+                     f" {pct(r['bin_below_all'])} / {pct(r['bin_below_last90'])} |"
+                     f" {r['cluster_window_ratio_max']:.3f} / {r['bin_window_ratio_max']:.3f} |"
+                     f" {r['cluster_batch_dev']:.4f} / {r['bin_batch_dev']:.4f} | {ratio} |")
+    lines.append("")
+    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}; M = {single['M']:,} sequences,"
+                 f" K = {doc['K']}, L = {doc['L']}, {doc['length_bins']} length bins, objective {doc['objective']}, batch {doc['batch']},"
+                 f" {doc['points']} log-spaced prefixes, {doc['shuffles']} shuffles. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -292,6 +316,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "clean_1m": lambda results: clean_planted(results, "clean_1m"),
     "clean_shards_1m": clean_shards,
     "near_recall": near_recall,
+    "partitioned_order_1m": partitioned_order,
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from pipeline.distributed.processes import map_processes
 from pipeline.distributed.ray_engine import map_shards_ray
 from pipeline.distributed.shards import Shard, ShardFailure, call_shard
 from pipeline.errors import StrataInputError
@@ -55,3 +56,16 @@ def map_shards(
     if failures:
         raise failures[min(failures)].error()
     return len(todo)
+
+
+def map_tasks(fn: Callable[..., Any], shards: Sequence[Shard], *, engine: str = "local", ray_cfg: Any = None, workers: int = 1,
+              retries: int = 3) -> int:
+    """Run every shard not yet done whose function writes its own artifacts (under a data root every
+    worker reads and writes) and returns their paths: with ``engine: local`` each in a worker process
+    of its own (``workers`` at once), with ``engine: ray`` each a Ray task; a worker that dies is
+    retried (``retries``; Ray: ``ray.max_retries``). Return how many ran."""
+    if engine == "ray":
+        return map_shards(fn, shards, lambda shard, result: None, engine="ray", ray_cfg=ray_cfg)
+    if engine != "local":
+        raise StrataInputError(f"unknown engine {engine!r}", fix="use engine: local or engine: ray")
+    return map_processes(fn, shards, workers, retries)

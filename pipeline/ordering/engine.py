@@ -9,6 +9,7 @@ new segments and the order refers to those sequence ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +23,8 @@ from pipeline.ordering.blend import Blend, document_groups
 from pipeline.ordering.doc_arrays import document_arrays, names_absent
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
 from pipeline.ordering.greedy import Objective, greedy_mode
+from pipeline.ordering.partitioned import Corpus, partitioned_ids
+from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, n_parts, part_sizes
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
 from pipeline.segments import as_integers
@@ -57,6 +60,7 @@ class OrderParams:
     greedy_exact_max: int = _default("greedy_exact_max")  # greedy family: exact greedy up to this many sequences, blocked above
     greedy_block: int = _default("greedy_block")  # sequences per block of the blocked greedy
     greedy_repair: bool = _default("greedy_repair")  # greedy family: swap-repair the worst batches after the greedy
+    order_part_bytes: int = _default("order_part_bytes")  # greedy family: bytes a part's ordering may hold (pipeline.ordering.partitioned)
     # greedy_mixture: JSON/YAML cluster -> weight, or the stage's weights
     mixture_weights_file: str | None = _default("mixture_weights_file")
     mixture_budget_tokens: int = _default("mixture_budget_tokens")  # greedy_mixture: tokens to schedule (0 = the packing's tokens)
@@ -72,6 +76,7 @@ class OrderParams:
             length_bin_weighting=cfg.length_bin_weighting, lam=cfg.lam, noise=cfg.noise, batch_size=cfg.batch_size,
             curriculum=cfg.curriculum or None, within=cfg.within, window=cfg.window,
             greedy_exact_max=cfg.greedy_exact_max, greedy_block=cfg.greedy_block, greedy_repair=cfg.greedy_repair,
+            order_part_bytes=cfg.order_part_bytes,
             mixture_weights_file=cfg.mixture_weights_file or None, mixture_budget_tokens=cfg.mixture_budget_tokens,
             max_sequence_copies=cfg.max_sequence_copies, duplicate_order=cfg.duplicate_order, blend=_blend(cfg),
         )
@@ -248,7 +253,8 @@ def segment_columns(name: str, frozen: bool = False) -> list[str]:
 
 def run_strategy(
     name: str, docs: pl.DataFrame | Callable[[], pl.DataFrame], segments: pl.DataFrame | Callable[[], pl.DataFrame],
-    seq_len: int, params: OrderParams, seed: int, prefix: np.ndarray | None = None,
+    seq_len: int, params: OrderParams, seed: int, prefix: np.ndarray | None = None, *, engine: str = "local",
+    ray_cfg: Any = None, work_dir: Path | None = None,
 ) -> OrderingResult:
     """Order the training stream with strategy ``name`` (the one call of the asset and the CLI).
 
@@ -262,6 +268,10 @@ def run_strategy(
     are built (the orderings asset, at 10M documents). Only what the strategy reads is read and
     validated (:func:`segment_columns`): an order of the sequence ids alone (``random``) reads
     neither the documents nor the segments' other columns, a document-level strategy no segments.
+
+    A strategy that reads ``order_part_bytes`` orders a packing above that bound in parts
+    (:func:`_parts`; ``pipeline/ordering/partitioned.py``): each part in a worker process of its own
+    (``engine: local``) or a Ray task (``engine: ray``), its files under ``work_dir``.
     """
     spec = strategies.spec(name)
     if not spec.scheduled:
@@ -270,6 +280,7 @@ def run_strategy(
     if spec.level == "document":  # it repacks the documents: the base packing is not read
         segments = pl.DataFrame(schema={"sequence_id": pl.Int64, "doc_id": pl.Int64, "n_tokens": pl.Int32})
     segments = segments() if callable(segments) else segments
+    parts = _parts(spec, segments, params, prefix is not None)
     if spec.ids_only and prefix is None:
         return _ordered(spec, SequenceIds.of_segments(_column(segments, "sequence_id", "segments")), params, int(seed))
     docs = docs() if callable(docs) else docs
@@ -286,6 +297,8 @@ def run_strategy(
     present = np.flatnonzero(cluster >= 0)  # the doc ids present, ascending
     inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns, blend_groups)
     del cluster, length, present, content_hash, segments, columns  # held by ``inp`` alone
+    if parts > 1:
+        return _partitioned(name, inp, parts, engine, ray_cfg, work_dir)
     if prefix is not None:
         return _run_frozen(spec, inp, np.asarray(prefix, dtype=np.int64))
     if spec.level == "sequence" and spec.run is None:
@@ -295,6 +308,34 @@ def run_strategy(
         del inp
         return _ordered(spec, f, params, int(seed))
     return _run(spec, inp)
+
+
+def _parts(spec: StrategySpec, segments: pl.DataFrame, params: OrderParams, frozen: bool) -> int:
+    """The parts a strategy that reads ``order_part_bytes`` orders the packing in (1 for any other);
+    more than one for a strategy without a ``part_order``, or under a frozen prefix, is refused."""
+    if "order_part_bytes" not in spec.reads:
+        return 1
+    m = SequenceIds.of_segments(_column(segments, "sequence_id", "segments")).n_sequences
+    parts = n_parts(m, params.order_part_bytes, params.batch_size)
+    if parts > 1 and (frozen or spec.part_order is None):
+        what = "a frozen prefix (freeze_prefix)" if frozen else f"{spec.name!r}"
+        need = m * PART_BYTES_PER_SEQUENCE
+        raise StrataInputError(
+            f"{m:,} sequences need {parts} parts of order_part_bytes={params.order_part_bytes:,}, and {what} is ordered in one part only",
+            fix=f"set order_part_bytes: 0 or >= {need:,} (one process orders all sequences, about {PART_BYTES_PER_SEQUENCE} bytes each), "
+                "or use greedy / greedy_block_shuffle / greedy_curriculum without a frozen prefix (docs/scale.md)")
+    return parts
+
+
+def _partitioned(name: str, inp: Inputs, parts: int, engine: str, ray_cfg: Any, work_dir: Path | None) -> OrderingResult:
+    """The strategy's order in ``parts`` parts (``pipeline.ordering.partitioned``); its greedy mode is each part's."""
+    seg, p, seed = inp.segments, inp.params, inp.seed
+    corpus = Corpus(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), inp.cluster, inp.length,
+                    inp.columns, p)
+    del inp, seg
+    ids = partitioned_ids(name, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir)
+    largest = int(part_sizes(ids.size, parts, p.batch_size).max())
+    return OrderingResult(order_frame(ids), None, greedy_mode(largest, p.greedy_exact_max))
 
 
 def _content_ranks(docs: pl.DataFrame, doc_id: np.ndarray, n: int) -> np.ndarray | None:

@@ -254,18 +254,21 @@ def packed_sequence_features(
     length_bins: int,
     doc_columns: Mapping[str, np.ndarray] | None = None,
     length_bin_weighting: Literal["tokens", "documents"] = "tokens",
+    bin_edges: np.ndarray | None = None,
 ) -> SequenceFeatures:
     """:func:`sequence_features` of a packing's segments, the documents' cluster, stream length and
     column codes given per document (indexed by doc_id): the same result, built group by group
     from segments grouped by ascending sequence id (a packing's order) without per-segment copies
     of the documents' values (at 10M documents, about 1 GB less). Segments in any other order go
-    through :func:`sequence_features`."""
+    through :func:`sequence_features`. ``bin_edges``: the length bins' edges as they are (a
+    stretch of a packing binned as the whole packing is), else the quantiles of these segments'
+    documents."""
     seq = np.asarray(seg_sequence).astype(np.int64, copy=False)
     doc = np.asarray(seg_doc).astype(np.int64, copy=False)
     tokens = np.asarray(seg_tokens)
     doc_columns = doc_columns or {}
     if seq.size == 0 or not grouped(seq):
-        return sequence_features(seq, np.asarray(doc_cluster)[doc], np.asarray(doc_length)[doc], tokens, length_bins, doc,
+        return sequence_features(seq, np.asarray(doc_cluster)[doc], np.asarray(doc_length)[doc], tokens, length_bins, doc, bin_edges,
                                  seg_columns={k: np.asarray(v)[doc] for k, v in doc_columns.items()},
                                  length_bin_weighting=length_bin_weighting)
     if tokens.min() <= 0:
@@ -273,8 +276,10 @@ def packed_sequence_features(
     doc_cluster = np.asarray(doc_cluster).astype(np.int64, copy=False)
 
     def binned() -> tuple[np.ndarray, np.ndarray]:  # one pass on one core: beside the clusters' matrix
-        first = _first_of_each(doc)  # one length per distinct document (the edges do not depend on their order)
-        edges = length_bin_edges(np.asarray(doc_length)[doc[first]], length_bins, length_bin_weighting)
+        if bin_edges is not None:
+            edges = np.asarray(bin_edges, dtype=np.int64)
+        else:  # one length per distinct document (the edges do not depend on their order)
+            edges = length_bin_edges(np.asarray(doc_length)[doc[_first_of_each(doc)]], length_bins, length_bin_weighting)
         return edges, length_bin_of(doc_length, edges).astype(np.int32)
 
     def by_cluster() -> tuple[np.ndarray, Csr]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -51,6 +52,8 @@ class OrderStageParams(StageParams):
     mixture_enabled: bool = setting("mixture.enabled", versioned=False)  # greedy_curriculum takes the learned curriculum
     mixture_tolerance: float = setting(versioned=False)  # a schedule's check (greedy_mixture's reads)
     packing: str = setting(versioned=False)  # a frozen prefix's record (sequences' parameter)
+    engine: str = setting(versioned=False)  # where a partitioned ordering's parts run: local (worker processes) | ray (tasks)
+    ray: Any = setting(versioned=False)  # pipeline.config.RayConfig
 
 
 def order_params(stage_params: OrderStageParams, layout) -> OrderParams:
@@ -174,7 +177,7 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
     prefix = previous.sequence_ids if previous is not None else None
     if params.blend is not None and "mixture" in spec.reads:
         check_groups_kept(layout, params.blend)  # a group the clean stage emptied is named as such
-    result, base = _computed_order(layout, connect, spec, strategy, params, stage_params.seed, code_version, seq_len, prefix, n_frozen)
+        result, base = _computed_order(layout, connect, spec, strategy, stage_params, params, code_version, seq_len, prefix, n_frozen)
     outputs = _write_order(layout, strategy, result)
     n_positions, greedy_mode, repacked = result.order.height, result.greedy_mode, result.segments is not None
     del result
@@ -204,13 +207,13 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
     )
 
 
-def _computed_order(layout, connect: Connect, spec, strategy: str, params, seed: int, code_version: str, seq_len: int,
-                    prefix: np.ndarray | None, n_frozen: int) -> tuple[OrderingResult, tuple | None]:
+def _computed_order(layout, connect: Connect, spec, strategy: str, stage_params: OrderStageParams, params, code_version: str,
+                    seq_len: int, prefix: np.ndarray | None, n_frozen: int) -> tuple[OrderingResult, tuple | None]:
     """``(the strategy's ordering, its base strategy's materialized order or None)``: a derived
     strategy (e.g. greedy_block_shuffle) computed from its base's order when that was made from the
     same inputs (never under a frozen prefix), else the strategy run on the documents and the
     base packing (a training-time strategy: on its ``packing_from``'s), continuing ``prefix``."""
-    name = spec.packing_from or strategy
+    name, seed = spec.packing_from or strategy, stage_params.seed
     base = base_order(layout, connect, spec, params, seed, code_version) if spec.derived and not n_frozen else None
     if base is not None:  # e.g. greedy_block_shuffle: the greedy partition's order, its blocks shuffled
         return OrderingResult(order_frame(spec.derived[1](base[0], params, seed)), None, base[1]), base
@@ -219,8 +222,13 @@ def _computed_order(layout, connect: Connect, spec, strategy: str, params, seed:
     # documents are read by run_strategy itself, which frees the frame once it holds their arrays
     result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(),
                           lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)).rechunk(),
-                          seq_len, params, seed, prefix=prefix)
+                          seq_len, params, seed, prefix=prefix, **_engine(layout, stage_params))
     return result, base
+
+
+def _engine(layout, stage_params: OrderStageParams) -> dict:
+    """Where a partitioned ordering's parts run and keep their files (``work/orderings/`` under the data root)."""
+    return {"engine": stage_params.engine, "ray_cfg": stage_params.ray, "work_dir": layout.inside("work", "orderings")}
 
 
 def _write_order(layout, strategy: str, result: OrderingResult) -> list:
@@ -294,5 +302,5 @@ def seeded_ordering(layout, stage_params: OrderStageParams, strategy: str, seed:
         if (reseeded := spec.reseed(order, params, stage_params.seed, seed)) is not None:
             return reseeded, segments
     docs, segments = ordering_inputs(layout, params, strategy)
-    result = run_strategy(strategy, docs, segments, Store(layout).sequences.seq_len, params, seed)
+    result = run_strategy(strategy, docs, segments, Store(layout).sequences.seq_len, params, seed, **_engine(layout, stage_params))
     return ordering_ids(result.order), (result.segments if result.segments is not None else segments)

@@ -16,6 +16,10 @@ configuration keys it reads and how it runs:
 - a sequence-level spec may give ``order_after(features, prefix_rows, params, seed)``: the rows
   after a frozen prefix in order, continuing from the prefix (the greedy starts from its running
   counts); without it the rows after the prefix are ordered by ``order`` alone;
+- a sequence-level spec that reads ``order_part_bytes`` may give ``part_order(features, params,
+  seed)``: the order of one part when the corpus is dealt into parts, each ordered in a worker of
+  its own and interleaved batch by batch (``pipeline/ordering/partitioned.py``); without it, a
+  corpus that needs more than one part is refused;
 - a ``run`` spec may give ``run_after(inputs, prefix_ids)``: its whole result with the frozen
   prefix first (``greedy_blend``: the blend's plan after the prefix, its uses counted); a ``run``
   spec without it refuses ``freeze_prefix``;
@@ -78,6 +82,10 @@ class StrategySpec:
     # orderings/<strategy>.mixture.parquet (per cluster, as a mixture's) and its own files; metadata["tables"]:
     # DuckDB table -> rows (the stage writes them with a strategy column)
     accounting: Callable[..., Any] | None = None
+    # (features, params, seed) -> rows: the order of one part of a partitioned ordering (``order_part_bytes``;
+    # pipeline/ordering/partitioned.py), the parts interleaved batch by batch being its order (or, with ``derived``,
+    # its base's); None: it refuses more than one part
+    part_order: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):

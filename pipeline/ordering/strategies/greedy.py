@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from pipeline.errors import StrataInputError
@@ -11,7 +13,8 @@ from pipeline.ordering.greedy import greedy_after_prefix, greedy_mode, greedy_sc
 from pipeline.ordering.strategies import StrategySpec
 
 OBJECTIVE = ("objective", "families", "length_bins", "length_bin_weighting", "lam", "noise")  # the keys of the greedy's objective
-GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "greedy_repair", "batch_size")  # batch_size: the repair's batch
+# batch_size: the repair's batch (and a partitioned order's interleave); order_part_bytes: the parts (pipeline.ordering.partitioned)
+GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "greedy_repair", "batch_size", "order_part_bytes")
 
 
 def greedy_rows(features, params, seed: int) -> np.ndarray:
@@ -37,14 +40,24 @@ def greedy_fast(features, params, seed: int) -> np.ndarray:
     return greedy_windowed_order(features, params.objective_weights(), params.window, seed, params.noise)
 
 
-def greedy_curriculum(features, params, seed: int) -> np.ndarray:
+def greedy_curriculum(features, params, seed: int, share: float = 1.0) -> np.ndarray:
+    """The curriculum greedy; ``share``: these sequences' share of the stream's tokens (a part of a
+    partitioned ordering), whose knots then sit at that share of their tokens."""
     if params.curriculum is None:
         raise StrataInputError("greedy_curriculum needs a curriculum",
                                fix="set curriculum: to a knots file (JSON/YAML), or turn the mixture stage on "
                                    "(mixture.enabled: true): greedy_curriculum then reads its mixture/curriculum.yaml")
     cur = load_curriculum(params.curriculum, features.clusters.n_cols)
+    if share != 1.0:  # a part at share w of the tokens: E_part(S) = w E(S / w), i.e. the knots at w N
+        cur = replace(cur, log_tokens=cur.log_tokens + np.log(share))
     return curriculum_greedy_order(features, cur, params.objective_weights(), params.noise, seed,
                                    greedy_exact_max=params.greedy_exact_max, greedy_block=params.greedy_block)
+
+
+def greedy_curriculum_part(features, params, seed: int) -> np.ndarray:
+    """``greedy_curriculum`` on one part of a partitioned ordering: the part's features carry the
+    corpus's (cluster, bin) tokens, so its share of the stream's tokens is theirs over the corpus's."""
+    return greedy_curriculum(features, params, seed, float(features.lengths.sum() / features.cluster_bin_tokens.sum()))
 
 
 def greedy_block_shuffle(features, params, seed: int) -> np.ndarray:
@@ -106,15 +119,15 @@ def reseed_curriculum(order: np.ndarray, params, from_seed: int, to_seed: int) -
 SPECS = (
     StrategySpec("greedy", "sequence", "greedy of Don't Shuffle, Optimize / TerRIFIC curricula (objective f1|f2|f3, bins, lam, noise): "
                  "exact up to greedy_exact_max sequences, blocked above", seed_free=True, reads=GREEDY, greedy_based=True,
-                 order=greedy_rows, order_after=greedy_after),
+                 order=greedy_rows, order_after=greedy_after, part_order=greedy_rows),
     StrategySpec("greedy_fast", "sequence", "greedy restricted to a sliding pool of `window` candidates (approximate, O(M*window))",
                  seed_free=False, reads=(*OBJECTIVE, "window"), order=greedy_fast),
     StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula): "
                  "exact up to greedy_exact_max sequences, blocked above", seed_free=False,
-                 reads=(*OBJECTIVE, "curriculum", "greedy_exact_max", "greedy_block"), greedy_based=True, order=greedy_curriculum,
-                 reseed=reseed_curriculum),
+                 reads=(*OBJECTIVE, "curriculum", "greedy_exact_max", "greedy_block", "batch_size", "order_part_bytes"), greedy_based=True,
+                 order=greedy_curriculum, reseed=reseed_curriculum, part_order=greedy_curriculum_part),
     StrategySpec("greedy_block_shuffle", "sequence",
                  "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
                  seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle,
-                 order_after=greedy_block_shuffle_after, derived=("greedy", shuffle_greedy_blocks)),
+                 order_after=greedy_block_shuffle_after, derived=("greedy", shuffle_greedy_blocks), part_order=greedy_rows),
 )

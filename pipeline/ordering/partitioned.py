@@ -1,0 +1,161 @@
+"""Partitioned ordering: a corpus too large for one process's greedy, ordered part by part.
+
+The driver reads the base packing's segments and the per-document arrays (as the one-process
+ordering does), then builds the sequences' features a chunk of ``DEAL_CHUNK`` sequences at a time
+(the corpus's length-bin edges and column widths, so every chunk is binned as the whole packing)
+and deals each chunk into the P parts (``pipeline.ordering.parts``), writing each part's share of
+the chunk as a file under the work folder. It never holds the features of more than one chunk,
+nor any part's greedy: what it keeps across chunks is the deal's P x G totals and the corpus's
+(cluster, length bin) token table (K x B).
+
+Each part is ordered by the strategy's ``part_order`` (today's greedy, on the part's features as
+if they were the corpus) in a worker process of its own (``engine: local``) or as a Ray task
+(``engine: ray``): the worker reads its files and writes its order (sequence ids) as a file, whose
+path is all that comes back. A worker that dies is run again from the same files, so the same
+bytes come out. The driver interleaves the parts' orders batch by batch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from pipeline.distributed.engine import map_tasks
+from pipeline.distributed.shards import Shard
+from pipeline.ordering import strategies
+from pipeline.ordering.characteristics import Characteristics
+from pipeline.ordering.features import Csr, length_bin_edges, packed_sequence_features
+from pipeline.ordering.greedy import Objective
+from pipeline.ordering.parts import Deal, interleave, load_part, part_sizes, save_piece
+from pipeline.segments import grouped, stable_argsort
+from pipeline.storage.atomic import atomic_path, write_npy
+
+DEAL_CHUNK = 1 << 18  # sequences whose features the deal holds at once
+
+
+def order_part(strategy: str, params: Any, seed: int, pieces: list[str], meta: str, out: str) -> str:
+    """A worker's task: part's features from its ``pieces`` (and the corpus's bin edges and
+    (cluster, bin) tokens in ``meta``), ordered by the strategy's ``part_order``; its sequence ids
+    in order written to ``out``, whose path is returned."""
+    with np.load(meta, allow_pickle=False) as z:
+        edges, joint = z["bin_edges"], z["joint"]
+    f = load_part([Path(p) for p in pieces], edges, joint)
+    rows = strategies.spec(strategy).part_order(f, params, seed)
+    write_npy(f.sequence_ids[np.asarray(rows, dtype=np.int64)], out)
+    return out
+
+
+class Corpus:
+    """What the deal reads: the base packing's segments grouped by ascending sequence id, the
+    per-document cluster, stream length and column codes, and the objective's settings."""
+
+    def __init__(self, seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray, cluster: np.ndarray, length: np.ndarray,
+                 columns: Mapping[str, np.ndarray], params: Any):
+        if not grouped(seq):
+            by = stable_argsort(seq)
+            seq, doc, tokens = seq[by], doc[by], tokens[by]
+        self.seq, self.doc, self.tokens = seq, doc, tokens
+        self.cluster, self.length, self.columns, self.params = cluster, length, dict(columns), params
+        self.starts = np.append(np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]]), seq.size)
+        first = np.zeros(int(doc.max()) + 1 if doc.size else 0, dtype=bool)
+        first[doc] = True  # the documents the segments hold: the one-process features' bins and widths
+        held = np.flatnonzero(first)
+        self.bin_edges = length_bin_edges(length[held], params.length_bins, params.length_bin_weighting)
+        self.n_clusters = int(cluster[held].max()) + 1
+        self.widths = {name: int(codes[held].max()) + 1 for name, codes in self.columns.items()}
+
+    @property
+    def n_sequences(self) -> int:
+        return self.starts.size - 1
+
+    def chunk(self, a: int, b: int):
+        """The features of sequences ``[a, b)`` (rows in ascending id), binned and sized as the whole packing's."""
+        lo, hi = self.starts[a], self.starts[b]
+        f = packed_sequence_features(self.seq[lo:hi], self.doc[lo:hi], self.tokens[lo:hi], self.cluster, self.length,
+                                     self.params.length_bins, self.columns, self.params.length_bin_weighting,
+                                     bin_edges=self.bin_edges)
+        joint = np.zeros((self.n_clusters, self.bin_edges.size + 1))
+        joint[: f.cluster_bin_tokens.shape[0]] += f.cluster_bin_tokens
+        cols = {k: replace(v, n_cols=self.widths[k]) for k, v in f.columns.items()}
+        return replace(f, clusters=replace(f.clusters, n_cols=self.n_clusters), columns=cols), joint
+
+
+def _offsets(chars: Characteristics, objective: Objective) -> dict[str, tuple[int, int]]:
+    """Each family's first column and width in the deal's columns, the same for every chunk: a
+    token family's width is the corpus's, a sequence family's its ``classes`` (a chunk's quantile
+    classes may merge)."""
+    out, at = {}, 0
+    for fam in [f for f in objective.families if f.level == "tokens"] + [f for f in objective.families if f.level == "sequences"]:
+        a, b = chars.family_columns[fam.name]
+        width = fam.classes if fam.level == "sequences" else b - a
+        out[fam.name] = (at, width)
+        at += width
+    return out
+
+
+def _deal_matrix(chars: Characteristics, offsets: dict[str, tuple[int, int]]) -> Csr:
+    """The chunk's objective matrix with its columns moved to the deal's (:func:`_offsets`)."""
+    remap = np.zeros(chars.n_cols, dtype=np.int64)
+    for name, (a, b) in chars.family_columns.items():
+        remap[a:b] = offsets[name][0] + np.arange(b - a)
+    x = chars.x
+    return Csr(x.indptr, remap[x.indices], x.data, sum(w for _, w in offsets.values()))
+
+
+def deal(corpus: Corpus, sizes: np.ndarray, work: Path) -> tuple[list[list[str]], str]:
+    """Deal the sequences into ``len(sizes)`` parts of those sizes, chunk by chunk; each part's
+    share of a chunk is written to ``work``. Return each part's files and the file of the corpus's
+    bin edges and (cluster, bin) tokens."""
+    objective = corpus.params.objective_weights()
+    state, offsets, pieces = None, None, [[] for _ in sizes]
+    joint = np.zeros((corpus.n_clusters, corpus.bin_edges.size + 1))
+    for c, a in enumerate(range(0, corpus.n_sequences, DEAL_CHUNK)):
+        f, chunk_joint = corpus.chunk(a, min(a + DEAL_CHUNK, corpus.n_sequences))
+        joint += chunk_joint
+        chars = objective.matrix(f)
+        offsets = offsets or _offsets(chars, objective)
+        x = _deal_matrix(chars, offsets)
+        state = state or Deal(sizes, x.n_cols)
+        part = state.rows(x)
+        for p in range(sizes.size):
+            rows = np.flatnonzero(part == p)
+            if rows.size:
+                pieces[p].append(str(save_piece(f.take_rows(rows), work / f"part{p:05d}.{c:06d}.npz")))
+    meta = work / "corpus.npz"
+    with atomic_path(meta) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, bin_edges=corpus.bin_edges, joint=joint)
+    return pieces, str(meta)
+
+
+def partitioned_ids(strategy: str, corpus: Corpus, parts: int, seed: int, *, engine: str = "local", ray_cfg: Any = None,
+                    work_dir: Path | None = None) -> np.ndarray:
+    """The strategy's order (sequence ids) of ``corpus`` in ``parts`` parts: the deal, each part
+    ordered by a worker (a process of its own, or a Ray task), the parts interleaved batch by batch
+    and, for a strategy derived from another's order (``greedy_block_shuffle``), its function of it."""
+    spec, params = strategies.spec(strategy), corpus.params
+    sizes = part_sizes(corpus.n_sequences, parts, params.batch_size)
+    base = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{strategy}-{seed}-", dir=base))
+    try:
+        pieces, meta = deal(corpus, sizes, work)
+        outs = [work / f"order{p:05d}.npy" for p in range(parts)]
+        shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p])), (outs[p],))
+                  for p in range(parts)]
+        retries = ray_cfg.max_retries if ray_cfg is not None else 3
+        map_tasks(order_part, shards, engine=engine, ray_cfg=ray_cfg, workers=min(parts, len(os.sched_getaffinity(0))),
+                  retries=retries)
+        orders = [np.load(out, allow_pickle=False) for out in outs]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for p, order in enumerate(orders):
+        if order.size != sizes[p]:
+            raise RuntimeError(f"part {p} of {strategy!r} came back with {order.size} sequences, not {sizes[p]}")
+    ids = interleave(orders, params.batch_size)
+    return np.asarray(spec.derived[1](ids, params, seed)) if spec.derived is not None else ids

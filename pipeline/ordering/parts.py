@@ -1,0 +1,151 @@
+"""The pieces of a partitioned ordering: how many parts, the stratified deal, the parts' files, the interleave.
+
+A corpus too large for one process's ordering is dealt into P parts (:func:`n_parts`, from
+``order_part_bytes``). The deal (:class:`Deal`) goes through the sequences once and gives each to
+the part whose column totals lag the most where this sequence has tokens, among the parts not
+``SLACK`` = one sequence ahead of their share of the sequences dealt (so the parts' sequence
+counts stay within one of their shares, and end exactly at :func:`part_sizes`): the part minimizing
+``sum_g x_sg (X_pg - w_p T_g)``,
+the increase of ``sum_p ||X_p - w_p T||^2`` (X_p: the part's totals over every column of the
+objective, the characteristic families of ``pipeline.ordering.characteristics``; T: the totals
+dealt so far; w_p: the part's share of the sequences). So every part holds the global composition
+of every family the objective names, clusters, length bins, documents columns and the stationary
+families' classes, to within one or two sequences' worth of tokens per group (a greedy vector
+balancing: ``tests/test_partitioned.py`` holds it to two).
+
+Each part is then ordered by the strategy as if it were the whole corpus, and the global stream
+interleaves the parts batch by batch (:func:`interleave`): batch b is part (b mod P)'s batch
+(b div P). Every training batch is one part's batch, and every prefix and window of the stream
+holds about equal stretches of every part, each on target, so Don't Shuffle, Optimize's
+guarantees of a part hold for the whole stream (docs/scale.md has the measurements).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from pipeline.ordering.features import Csr, SequenceFeatures
+from pipeline.storage.atomic import atomic_path
+
+# the greedy's peak memory per sequence, features and instance included: 10M sequences (K = 1,000,
+# L = 2,048) in 4.0 GB (benchmarks/results/order_prefix.json); a part holds order_part_bytes / this
+PART_BYTES_PER_SEQUENCE = 400
+
+
+def n_parts(n_sequences: int, order_part_bytes: int, batch: int) -> int:
+    """P: the fewest parts whose orderings each stay under ``order_part_bytes`` (0: one part), at
+    most one a full batch (a part holds whole batches)."""
+    if order_part_bytes <= 0:
+        return 1
+    p = -(-int(n_sequences) * PART_BYTES_PER_SEQUENCE // int(order_part_bytes))
+    return int(max(1, min(p, n_sequences // max(1, batch))))
+
+
+def part_sizes(n_sequences: int, parts: int, batch: int) -> np.ndarray:
+    """Sequences of each part so that batch b of the stream is part (b mod P)'s batch (b div P):
+    part p holds the full batches b = p, p + P, ... and the last, incomplete batch goes to the part
+    whose turn it is."""
+    full, rest = divmod(int(n_sequences), int(batch))
+    p = np.arange(parts)
+    sizes = (full - p + parts - 1) // parts * batch
+    sizes[full % parts] += rest
+    return sizes.astype(np.int64)
+
+
+def interleave(orders: list[np.ndarray], batch: int) -> np.ndarray:
+    """The stream of the parts' orders (sized by :func:`part_sizes`): batch b = part (b mod P)'s
+    batch (b div P)."""
+    parts = len(orders)
+    out = np.empty(sum(o.size for o in orders), dtype=np.int64)
+    for p, order in enumerate(orders):
+        i = np.arange(order.size)
+        out[(i // batch * parts + p) * batch + i % batch] = order
+    return out
+
+
+SLACK = 1.0  # a part this many sequences ahead of its share of those dealt takes no more until the others catch up
+
+
+class Deal:
+    """The deal's running state, O(P x G) numbers: each part's column totals ``X``, the totals
+    dealt ``T``, each part's sequences and quota."""
+
+    def __init__(self, sizes: np.ndarray, n_cols: int):
+        self.quota = np.asarray(sizes, dtype=np.int64)
+        self.share = self.quota / float(self.quota.sum())
+        self.X = np.zeros((self.quota.size, n_cols))
+        self.T = np.zeros(n_cols)
+        self.counts = np.zeros(self.quota.size, dtype=np.int64)
+
+    def rows(self, x: Csr) -> np.ndarray:
+        """The part of each row of ``x`` (the rows' objective columns, in this deal's column order)."""
+        out = np.empty(x.n_rows, dtype=np.int64)
+        _deal(x.indptr, x.indices, np.asarray(x.data, np.float64), self.quota, self.share, self.counts, self.X, self.T, SLACK, out)
+        return out
+
+
+@njit(cache=True)
+def _deal(indptr, indices, data, quota, share, counts, X, T, slack, out):
+    """Each sequence to the part minimizing sum_g x_sg (X_pg - w_p T_g) among those with room left
+    and fewer than ``slack`` sequences ahead of their share w_p of the sequences dealt (ties: the
+    lowest part). One part always qualifies: the one furthest behind is behind by >= 0 and has room."""
+    dealt = counts.sum()
+    for r in range(indptr.size - 1):
+        for k in range(indptr[r], indptr[r + 1]):
+            T[indices[k]] += data[k]
+        best, at = np.inf, -1
+        for p in range(quota.size):
+            if counts[p] >= quota[p] or counts[p] - share[p] * dealt >= slack:
+                continue
+            score = 0.0
+            for k in range(indptr[r], indptr[r + 1]):
+                score += data[k] * (X[p, indices[k]] - share[p] * T[indices[k]])
+            if at < 0 or score < best:
+                best, at = score, p
+        out[r] = at
+        counts[at] += 1
+        dealt += 1
+        for k in range(indptr[r], indptr[r + 1]):
+            X[at, indices[k]] += data[k]
+
+
+def _csr_arrays(name: str, x: Csr) -> dict[str, np.ndarray]:
+    return {f"{name}.indptr": x.indptr, f"{name}.indices": x.indices, f"{name}.data": x.data, f"{name}.n_cols": np.int64(x.n_cols)}
+
+
+def save_piece(f: SequenceFeatures, path: Path) -> Path:
+    """One chunk's sequences of one part, as a ``.npz`` (atomically): ids, lengths, spans and matrices."""
+    arrays = {"sequence_ids": f.sequence_ids, "lengths": f.lengths, "spans": f.spans, **_csr_arrays("clusters", f.clusters),
+              **_csr_arrays("bins", f.bins)}
+    for name, x in f.columns.items():
+        arrays.update(_csr_arrays(f"column.{name}", x))
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+    return path
+
+
+def _concat_csr(pieces: list[dict], name: str) -> Csr:
+    indptr, ends = [np.zeros(1, dtype=np.int64)], 0
+    for z in pieces:
+        indptr.append(z[f"{name}.indptr"][1:] + ends)
+        ends += int(z[f"{name}.indptr"][-1])
+    return Csr(np.concatenate(indptr), np.concatenate([z[f"{name}.indices"] for z in pieces]),
+               np.concatenate([z[f"{name}.data"] for z in pieces]), int(pieces[0][f"{name}.n_cols"]))
+
+
+def load_part(paths: list[Path], bin_edges: np.ndarray, joint: np.ndarray) -> SequenceFeatures:
+    """A part's features from its pieces (in chunk order: its sequence ids ascend), with the
+    corpus's length-bin edges and (cluster, bin) tokens, as ``SequenceFeatures.take_rows`` keeps them."""
+    pieces = []
+    for path in paths:
+        with np.load(path, allow_pickle=False) as z:
+            pieces.append({k: z[k] for k in z.files})
+    columns = sorted({k[len("column."):].rsplit(".", 1)[0] for k in pieces[0] if k.startswith("column.")})
+    return SequenceFeatures(
+        np.concatenate([z["sequence_ids"] for z in pieces]), _concat_csr(pieces, "clusters"), _concat_csr(pieces, "bins"),
+        np.concatenate([z["lengths"] for z in pieces]), bin_edges, joint, np.concatenate([z["spans"] for z in pieces]),
+        {c: _concat_csr(pieces, f"column.{c}") for c in columns},
+    )
