@@ -177,7 +177,7 @@ def order_strategy(layout, stage_params: OrderStageParams, strategy: str, connec
     prefix = previous.sequence_ids if previous is not None else None
     if params.blend is not None and "mixture" in spec.reads:
         check_groups_kept(layout, params.blend)  # a group the clean stage emptied is named as such
-        result, base = _computed_order(layout, connect, spec, strategy, stage_params, params, code_version, seq_len, prefix, n_frozen)
+    result, base = _computed_order(layout, connect, spec, strategy, stage_params, params, code_version, seq_len, prefix, n_frozen)
     outputs = _write_order(layout, strategy, result)
     n_positions, greedy_mode, repacked = result.order.height, result.greedy_mode, result.segments is not None
     del result
