@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,13 @@ import pytest
 from pipeline.offline import set_offline
 
 set_offline()
+
+# numba's on-disk cache numbers a kernel's specializations by the index it reads: two processes
+# compiling different specializations of one kernel at once can pair one's index entry with the
+# other's machine code, and the next process to load it crashes. The two xdist workers (and the
+# processes they start, which inherit this) each keep a cache of their own.
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "numba" / worker))
 
 
 def pytest_collection_modifyitems(config, items):

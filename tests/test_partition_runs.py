@@ -87,11 +87,12 @@ def test_workers_are_used_only_where_they_pay():
 def _artifacts(root: Path) -> set[Path]:
     """The data root's files, less the records of the run itself (Dagster's storage, the run's log in
     ``.logs``, the DuckDB file and the recorded config, which names ``partition_workers``) and the
-    digest records (``pipeline/storage/atomic.py``: sidecar), which hold modification times."""
+    digest records (``pipeline/storage/atomic.py``: sidecar), which hold modification times, and the run lock (its holder's pid)."""
     from pipeline.storage.atomic import is_sidecar
+    from pipeline.storage.lock import RUN_LOCK
 
     return {p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] not in ("dagster", ".logs")
-            and not p.name.startswith("strata.duckdb") and p.name != "strata_config.yaml" and not is_sidecar(p)}
+            and not p.name.startswith("strata.duckdb") and p.name not in ("strata_config.yaml", RUN_LOCK) and not is_sidecar(p)}
 
 
 def test_side_by_side_writes_the_same_bytes_and_versions(roots):

@@ -213,7 +213,7 @@ def test_rerun_after_kill_and_second_run_give_identical_bytes(reference_run, kil
     # data root and an export, the run's log, or the digest records of files that are there and match them.
     from pipeline.storage.atomic import is_sidecar, record_mismatch, sidecar_of
 
-    marks = (".strata-root", ".strata-export")
+    marks = (".strata-root", ".strata-export", ".strata-run.lock")
     leftovers = [p for p in root.rglob(".*") if "dagster" not in p.parts and ".logs" not in p.relative_to(root).parts
                  and p.name not in marks]
     records = [p for p in leftovers if is_sidecar(p)]

@@ -78,7 +78,7 @@ def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: b
     if out.is_symlink():
         raise StrataInputError(f"--out {given} is a symbolic link (to {resolved}): an export replaces its directory whole, "
                                "which would replace the link, not write into its target", path=out,
-                               fix=f"pass the directory itself (--out {resolved}) if it is an export or empty, or a new directory; "
+                               fix=f"pass the directory itself (--out {resolved}) if Strata wrote it or it is empty, or a new directory; "
                                    "the link and its target are left as they are")
     if out.exists() and not out.is_dir():
         raise StrataInputError(f"--out {given} is an existing file, not a directory", path=resolved,
