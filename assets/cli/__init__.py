@@ -8,6 +8,7 @@ import sys
 import time
 
 from pipeline.cli import EXIT_FAILED, EXIT_INPUT, EXIT_USAGE, Parser, print_claims, print_report, print_status, run_command
+from pipeline.cli.graph import REGISTRIES
 from pipeline.config_source import config_or_demo, freeze_prefix_config
 from pipeline.storage.integrity import failing_digests
 
@@ -112,48 +113,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-REGISTRIES = ("strategies", "families", "formats", "suites", "claims")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from assets.cli import ablate
-    from pipeline.cli import export, report, schedule, tools
+    from pipeline.cli import export, graph, report, schedule, tools
 
     parser = Parser(prog="strata", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the whole pipeline on the built-in offline corpus")
-    demo.add_argument("--data-root", default=None, help="data root (default: $STRATA_HOME or ./.strata)")
-    demo.add_argument("--evals", default=None, metavar="DIR",
-                      help="folder laid out like shared/data/eval (wikitext/, paloma[_fixture]/, dclm_core/): turns those evals on")
-    demo.add_argument("--config", default=None, help=argparse.SUPPRESS)
-    demo.set_defaults(func=cmd_demo)
-    run = sub.add_parser("run", help="run the whole pipeline headless from a config file")
-    run.add_argument("--config", required=True, help="YAML/JSON config (see README 'Configuration')")
-    run.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
-    run.add_argument("--select", default=None,
-                     help="Dagster asset selection, e.g. '*orderings' (everything up to the orderings), 'training_runs+'")
-    run.add_argument("--freeze-prefix", default=None, metavar="N|consumed:STEPSxBATCH|consumed:RUN_DIR",
-                     help="keep the first N positions of every stream byte-identical while data is added (docs/reliability.md); "
-                          "0 unfreezes")
-    run.set_defaults(func=cmd_run)
-    status = sub.add_parser("status", help="every asset/partition: fresh, stale (and why) or missing")
-    status.add_argument("--config", default=None,
-                        help="YAML/JSON config (default: $STRATA_CONFIG, else the data root's strata_config.yaml, else the defaults)")
-    status.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
-    status.add_argument("--json", action="store_true", help="print JSON rows (asset, partition, status, why)")
-    status.set_defaults(func=cmd_status)
+    graph.register(sub, {"demo": cmd_demo, "run": cmd_run, "status": cmd_status, "claims": cmd_claims, "list": cmd_list})
     report.register(sub)
-    claims = sub.add_parser("claims", help="each paper's measurable claim on this data root: figure, 95%% interval, verdict")
-    claims.add_argument("--config", default=None, help="YAML/JSON config of the data root (default: $STRATA_CONFIG, else the defaults)")
-    claims.add_argument("--data-root", default=None, help="data root; wins over data_root of the config, then $STRATA_HOME, then ./.strata")
-    claims.add_argument("--full", action="store_true",
-                        help="also train the claims' own runs (epoch boundary, packing; about 30 min on 2 cores at the demo's size)")
-    claims.add_argument("--json", action="store_true", help="print the rows as JSON")
-    claims.set_defaults(func=cmd_claims)
-    listing = sub.add_parser("list", help="the registries: ordering strategies, families, export formats, eval suites, claims "
-                                          "(with STRATA_PLUGINS' entries)")
-    listing.add_argument("family", nargs="?", choices=REGISTRIES, help="which registry (default: all)")
-    listing.set_defaults(func=cmd_list)
     ablate.register(sub)
     schedule.register(sub)
     tools.register(sub)
