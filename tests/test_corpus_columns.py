@@ -240,3 +240,32 @@ def test_blend_column_checked_when_the_corpus_is_known(tmp_path):
     check_blend_names(corpus, MixtureConfig(column="n_tokens", bins=2, weights={0: 0.5, 1: 0.5}), blend)  # computed later
     with pytest.raises(StrataInputError, match="'fr'"):
         check_blend_names(corpus, MixtureConfig(column="lang", weights={"en": 0.5, "fr": 0.5}), blend)
+
+
+def test_a_numeric_column_family_holds_its_token_quartiles():
+    """A numeric documents column named as a family (a corpus score) is held in its token quartiles:
+    every prefix of the greedy's stream keeps the quartiles' token shares far closer than without
+    it, where the scores run in document order through the packing."""
+    from pipeline.ordering.composition import composition, prefix_errors
+    from pipeline.ordering.engine import OrderParams, run_strategy
+    from pipeline.ordering.families import spec_of
+    from pipeline.packing.pack import pack_concat
+
+    rng = np.random.default_rng(3)
+    n = 1200
+    lengths = rng.integers(2, 220, n)
+    docs = pl.DataFrame({"doc_id": np.arange(n), "cluster": rng.integers(0, 4, n), "n_tokens": lengths,
+                         "score": np.sort(rng.random(n))})  # the score grows with doc_id: the packing's order is the score's
+    seg = pack_concat(np.arange(n), lengths, 128).segments
+    codes = spec_of("score").codes(docs)
+    assert set(codes.tolist()) == {0, 1, 2, 3} and np.all(np.diff(codes) >= 0)  # token quartiles, not 1,200 categories
+    quartile = codes[seg["doc_id"].to_numpy()]
+    errors = []
+    for params in (OrderParams(objective="f3", length_bins=16),
+                   OrderParams(objective="custom", families=("cluster", "length_bin", "score"), length_bins=16)):
+        order = run_strategy("greedy", docs, seg, 128, params, 0).order["sequence_id"].to_numpy()
+        comp = composition(seg["sequence_id"].to_numpy(), quartile, seg["n_tokens"].to_numpy(), order.size, 4)
+        position = np.empty(order.size, dtype=np.int64)
+        position[order] = np.arange(order.size)
+        errors.append(prefix_errors(comp, position, np.arange(16, order.size, 16)).mean())
+    assert errors[1] < 0.5 * errors[0], errors
