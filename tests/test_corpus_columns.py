@@ -135,6 +135,7 @@ RECORD_CASES = [("missing", {"score": ...}, "'score' that corpus.columns declare
                 ("string", {"score": "high"}, "'score' (corpus.columns: number) is 'high', not a finite number"),
                 ("nan", {"score": float("nan")}, "'score' (corpus.columns: number) is nan, not a finite number"),
                 ("bool", {"score": True}, "is True, not a finite number"),
+                ("huge", {"score": 10**400}, "..., not a finite number"),  # beyond a double
                 ("lang", {"lang": 3}, "'lang' (corpus.columns: string) is int, not a string")]
 
 

@@ -350,8 +350,10 @@ def check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -
     doc_id = rec.get(cfg.id_field, line)
     source = rec.get(cfg.source_field, "corpus")
     subdomain = rec.get("subdomain", source)
+    if not cfg.columns:
+        return str(doc_id), text, str(source), str(subdomain)
     return (str(doc_id), text, str(source), str(subdomain), *(_column_value(rec, name, cfg.columns[name], where, line)
-                                                             for name in declared_columns(cfg)))
+                                                             for name in sorted(cfg.columns)))
 
 
 def _column_value(rec: dict, name: str, kind: str, where: Path | str, line: int) -> float | str:
@@ -363,11 +365,16 @@ def _column_value(rec: dict, name: str, kind: str, where: Path | str, line: int)
                                line=line, fix=f"give every record a {kind} {name!r}, remove {name} from corpus.columns, or set "
                                               "corpus.on_error: skip")
     if kind == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise StrataInputError(f"the field {name!r} (corpus.columns: number) is {value!r}, not a finite number", path=where,
+        try:
+            number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+        except OverflowError:  # an integer beyond a double's range
+            number = math.inf
+        if not math.isfinite(number):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise StrataInputError(f"the field {name!r} (corpus.columns: number) is {shown}, not a finite number", path=where,
                                    line=line, fix=f"write {name} as a JSON number, declare it {{{name}: string}}, or set "
                                                   "corpus.on_error: skip")
-        return float(value)
+        return number
     if not isinstance(value, str):
         raise StrataInputError(f"the field {name!r} (corpus.columns: string) is {type(value).__name__}, not a string", path=where,
                                line=line, fix=f"write {name} as a JSON string, declare it {{{name}: number}}, or set corpus.on_error: skip")
