@@ -45,8 +45,9 @@ def corpus(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: 
            config: CorpusParams) -> dg.MaterializeResult:
     """Read and validate every corpus shard as a stream of batches; split off a seeded held-out set.
 
-    Writes ``corpus.parquet`` (doc_id, id, source, subdomain, content_hash, shard, shard_row; the
-    texts stay in the validated shards) for training, ``corpus/shards.parquet`` (one row per shard) and ``heldout/<source>/val/*.jsonl.gz``
+    Writes ``corpus.parquet`` (doc_id, id, source, subdomain, content_hash, shard, shard_row, then
+    the fields ``corpus.columns`` declares; the texts stay in the validated shards) for training,
+    ``corpus/shards.parquet`` (one row per shard) and ``heldout/<source>/val/*.jsonl.gz``
     (Paloma layout) for evaluation. It gathers the validated shards of ``corpus_shards`` (kept
     under ``corpus/shards/`` by content fingerprint) and validates any shard still missing, so an
     unchanged shard is not read again. With ``engine: ray`` the shards are read

@@ -38,7 +38,7 @@ def token_shards(context: dg.AssetExecutionContext, settings: StrataSettings, du
 @dg.asset(group_name="data", deps=["corpus", "tokenizer", "token_shards"], code_version="5", kinds={"numpy"})
 def tokens(context: dg.AssetExecutionContext, settings: StrataSettings, duckdb: DuckDBResource) -> dg.MaterializeResult:
     """Token ids of every document (``runs.parquet``: an index over the ``token_shards`` files, in
-    corpus order, + ``doc_offsets.npy``) and ``documents.parquet``.
+    corpus order, + ``doc_offsets.npy``) and ``documents.parquet`` (with the columns ``corpus.columns`` declares).
 
     Indexes the ``token_shards`` files in corpus order, the ids never copied (only the kept
     documents where ``corpus`` dropped some: duplicate ids, ``max_docs``); a shard whose files are

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 from pipeline.errors import StrataInputError
@@ -33,7 +33,8 @@ from pipeline.storage.layout import check_data_root
 from pipeline.storage.remote import CREDENTIALS_FIX, carries_credentials, is_url
 
 __all__ = ["ClaimsConfig", "ConfigKeyRenamed", "CorpusConfig", "DecontamConfig", "DedupConfig", "ExportConfig", "FORMER_NAMES",
-           "MOVED_KEYS", "MixtureConfig", "OdmConfig", "RayConfig", "StrataConfig", "config_default", "config_from_dict", "config_value",
+           "MOVED_KEYS", "MixtureConfig", "OdmConfig", "RayConfig", "STRATA_COLUMNS", "StrataConfig", "config_default",
+           "config_from_dict", "config_value",
            "is_config_key",
            "load_config", "resolve_config", "validation_error"]
 
@@ -106,6 +107,12 @@ class _Model(BaseModel):
             raise validation_error(exc) from None
 
 
+# the documents columns Strata makes (corpus.parquet, documents.parquet, clusters, the quality stage) and the fields of a
+# validated shard: a declared corpus column (corpus.columns) cannot take one of these names
+STRATA_COLUMNS = ("doc_id", "id", "text", "source", "subdomain", "line", "content_hash", "heldout", "shard", "shard_row",
+                  "n_tokens", "n_chars", "n_bytes", "cluster", "quality", "removed")
+
+
 class CorpusConfig(_Model):
     """Where documents come from. ``path`` empty => the built-in corpus (see builtin_corpus.py)."""
 
@@ -122,6 +129,9 @@ class CorpusConfig(_Model):
     max_docs: int = Field(0, ge=0)  # 0 = all (a seeded sample otherwise)
     builtin_max_docs: int = Field(3000, ge=1)  # cap of the built-in corpus (deterministic selection)
     on_error: Literal["fail", "skip"] = "fail"
+    # fields of the corpus records carried through to the documents table, each typed: {score: number, lang: string}
+    # (a mixture.column, a characteristic family; docs/mixture.md "Your corpus's own columns")
+    columns: dict[str, Literal["number", "string"]] = Field(default_factory=dict)
 
     @field_validator("path")
     @classmethod
@@ -129,6 +139,39 @@ class CorpusConfig(_Model):
         if isinstance(value, list) and (not value or not all(value)):
             raise ValueError("use a file, directory or glob (a string), or a non-empty list of them")
         return value
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, value: dict[str, str]) -> dict[str, str]:
+        taken = [c for c in value if c in STRATA_COLUMNS]
+        if taken:
+            raise ValueError(f"{taken} {'is' if len(taken) == 1 else 'are'} Strata's own documents column(s) "
+                             f"({', '.join(STRATA_COLUMNS)}); rename the field in your corpus (e.g. {taken[0]}_upstream) "
+                             "and declare that name")
+        bad = [c for c in value if not c or c != c.strip() or c.startswith("_")]
+        if bad:
+            raise ValueError(f"column names {bad} cannot be read; name each field as it is in the records, e.g. {{score: number}}")
+        families = [c for c in value if c in FAMILIES.names()]
+        if families:
+            raise ValueError(f"{families} {'is' if len(families) == 1 else 'are'} the name of a characteristic family, which "
+                             "families: would read instead of the column; rename the field in your corpus and declare that name")
+        return value
+
+    @model_validator(mode="after")
+    def _columns_not_fields(self) -> "CorpusConfig":
+        if self.text_field in self.columns:
+            raise ValueError(f"corpus.columns names the text field {self.text_field!r}; the text is never a documents column: "
+                             "remove it from corpus.columns")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """Without declared columns the dump is what it was before ``columns`` existed, so the
+        corpus's fingerprints and the assets' code versions of a data root stay the same."""
+        out = handler(self)
+        if isinstance(out, dict) and not out.get("columns"):
+            out.pop("columns", None)
+        return out
 
 
 class RayConfig(_Model):

@@ -116,6 +116,19 @@ def test_corpus_edit_marks_everything_stale_then_back(graph):
     assert stale == set(), rows
 
 
+def test_declaring_corpus_columns_marks_everything_stale(graph):
+    """``corpus.columns`` declared: every shard's reading options and the corpus's parameters changed,
+    so everything is stale (a rerun reads the shards again); the config without it is up to date,
+    as it was before the key existed."""
+    instance, cfg, tmp = graph
+    declared = {**cfg, "corpus": {**cfg["corpus"], "columns": {"score": "number"}}}
+    stale, missing, rows = _stale(instance, declared, tmp)
+    assert stale == ALL and not missing, rows
+    assert any("raw_shards" in r.why for r in rows if r.asset == "corpus_shards"), rows
+    stale, _, rows = _stale(instance, cfg, tmp)
+    assert stale == set(), rows
+
+
 def _materialize(instance, cfg: dict, tmp, name: str, selection: list[str], run_config: dict | None = None):
     from assets.definitions import build_definitions
 

@@ -17,6 +17,7 @@ from pipeline.config import MixtureConfig
 from pipeline.errors import StrataInputError
 
 BLEND_STRATEGY = "greedy_blend"  # the strategy that reads mixture.weights / mixture.stages
+LATER_COLUMNS = ("n_tokens", "n_chars", "n_bytes", "cluster", "quality")  # documents columns Strata computes after the corpus
 
 
 def named_groups(mixture: MixtureConfig) -> list[tuple[str, list[str]]]:
@@ -31,10 +32,18 @@ def check_blend_names(corpus: Path, mixture: MixtureConfig, strategies: list[str
     """Stop with the key, the unknown group and the values the corpus holds when a blend
     ``greedy_blend`` realizes names a group its corpus column does not hold. Nothing to check
     without a blend or ``greedy_blend``, for a binned column (groups "0".."n-1") or a column the
-    corpus lacks (one Strata computes later: the ordering checks it)."""
-    if BLEND_STRATEGY not in strategies or not (mixture.weights or mixture.stages) or mixture.bins:
+    corpus lacks (one Strata computes later: the ordering checks it); a column that is neither
+    (not declared in ``corpus.columns``) stops with the columns there are."""
+    if BLEND_STRATEGY not in strategies or not (mixture.weights or mixture.stages):
         return
-    if mixture.column not in pl.read_parquet_schema(corpus):
+    schema = pl.read_parquet_schema(corpus)
+    if mixture.column not in schema and mixture.column not in LATER_COLUMNS:
+        options = sorted({*schema, *LATER_COLUMNS} - {"doc_id", "content_hash", "shard", "shard_row"})
+        raise StrataInputError(f"mixture.column names {mixture.column!r}, which is no column of the documents", path=corpus,
+                               fix=f"use one of {options}; a field of your corpus records becomes a documents column when "
+                                   f"corpus.columns declares it, e.g. corpus: {{columns: {{{mixture.column}: number}}}} "
+                                   "(docs/mixture.md, \"Your corpus's own columns\")")
+    if mixture.bins or mixture.column not in schema:
         return
     values = sorted(pl.read_parquet(corpus, columns=[mixture.column])[mixture.column].drop_nulls().cast(pl.String).unique().to_list())
     for key, names in named_groups(mixture):

@@ -43,6 +43,7 @@ from pipeline.data.shards import (
     BATCH_ROWS,
     SHARD_COLUMNS,
     ShardReport,
+    declared_columns,
     discover_shards,
     is_shard,
     read_records,
@@ -92,9 +93,12 @@ def _has_path(cfg: CorpusConfig) -> bool:
 
 def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int = BATCH_ROWS,
               fingerprint: str | None = None) -> Iterator[pl.DataFrame]:
-    """Validated batches (``id, text, source, subdomain, line``) of one unit of :func:`corpus_units`
-    (an object URL read only while it is the version ``fingerprint`` names, when given)."""
+    """Validated batches (``id, text, source, subdomain, line`` and the declared ``corpus.columns``) of
+    one unit of :func:`corpus_units` (an object URL read only while it is the version ``fingerprint`` names, when given)."""
     if unit == "builtin":
+        if cfg.columns:
+            raise StrataInputError(f"corpus.columns declares {sorted(cfg.columns)}, but the built-in corpus has no such fields",
+                                   fix="set corpus.path (or corpus.hf_dataset) to your corpus, or remove corpus.columns")
         rows = builtin_documents(cfg.builtin_max_docs)
         report.n_read = len(rows)
         return iter([pl.DataFrame(rows, schema=list(SHARD_COLUMNS)[:4], orient="row")
@@ -326,14 +330,15 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     with atomic_writer(out) as sink:
         writer = None
         try:
-            tables = map(partial(_shard_table, heldout_fraction=heldout_fraction, seed=seed),
+            tables = map(partial(_shard_table, heldout_fraction=heldout_fraction, seed=seed, extra=list(declared_columns(cfg))),
                          read_unit(unit, cfg, sr, batch_rows, fingerprint))
             for table in prefetch(tables):
                 if writer is None:
                     writer = pq.ParquetWriter(sink, table.schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False)
                 writer.write_table(table, row_group_size=len(table))
             if writer is None:
-                empty = pl.DataFrame(schema={**SHARD_COLUMNS, "content_hash": pl.String, "heldout": pl.Boolean}).select(SHARD_FILE_COLUMNS)
+                empty = pl.DataFrame(schema={**SHARD_COLUMNS, "content_hash": pl.String, "heldout": pl.Boolean,
+                                             **declared_columns(cfg)}).select(*SHARD_FILE_COLUMNS, *declared_columns(cfg))
                 empty.write_parquet(sink, statistics=False)
         finally:
             if writer is not None:
@@ -347,11 +352,12 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
     return info
 
 
-def _shard_table(batch: pl.DataFrame, heldout_fraction: float, seed: int) -> pa.Table:
-    """One validated batch with its content hashes and held-out flags, as the Arrow table written."""
+def _shard_table(batch: pl.DataFrame, heldout_fraction: float, seed: int, extra: list[str] = ()) -> pa.Table:
+    """One validated batch with its content hashes and held-out flags (and the declared corpus
+    columns ``extra`` after them), as the Arrow table written."""
     hashes = content_hashes(batch["text"])
     batch = batch.with_columns(hashes, heldout=pl.Series(heldout_mask(hashes, heldout_fraction, seed)))
-    return batch.select(SHARD_FILE_COLUMNS).to_arrow()
+    return batch.select(*SHARD_FILE_COLUMNS, *extra).to_arrow()
 
 
 def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int,
@@ -398,7 +404,7 @@ class PreparedBatch:
     hashes: bytes
 
 
-def _prepare_batch(u: int, row: int, batch, valid: list[np.ndarray]) -> PreparedBatch:
+def _prepare_batch(u: int, row: int, batch, valid: list[np.ndarray], extra: list[str] = ()) -> PreparedBatch:
     """:class:`PreparedBatch` of the batch at ``row`` of shard ``u``, keeping the rows ``valid[u]``
     keeps (repeated ids and documents ``max_docs`` left out are dropped). Independent of every other
     batch: the numbering that depends on the batches before it is :func:`build_corpus`'s."""
@@ -411,7 +417,7 @@ def _prepare_batch(u: int, row: int, batch, valid: list[np.ndarray]) -> Prepared
         df = df.filter(pl.Series(keep))
     # the columns each side needs, then its rows: the training rows' texts are never copied
     ho = df.select("id", "text", "source", "subdomain").filter(df["heldout"])
-    train = df.select("id", "source", "subdomain", "content_hash", "shard_row").filter(~df["heldout"])
+    train = df.select("id", "source", "subdomain", "content_hash", "shard_row", *extra).filter(~df["heldout"])
     stat = df.group_by("source", "heldout").agg(n_docs=pl.len(), n_chars=pl.col("text").str.len_chars().cast(pl.Int64).sum())
     chars = int(stat.filter(~pl.col("heldout"))["n_chars"].sum())
     hashes = train["content_hash"].str.join("\n").item().encode() + b"\n" if train.height else b""
@@ -442,7 +448,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
         report.skipped += [(int(a), str(b)) for a, b in info["skipped"]]
         report.skipped_by_shard[unit] = len(info["skipped"])
     valid = _training_rows(cfg, seed, units, files, report)
-    stream = _write_corpus(corpus_path, files, valid, batch_rows, heldout)
+    stream = _write_corpus(corpus_path, files, valid, batch_rows, heldout, declared_columns(cfg))
     rows = [{"shard": u, "path": units[u], "fingerprint": fps[units[u]], "n_read": infos[u]["n_read"],
              "n_skipped": report.skipped_by_shard[units[u]], **counts, "validated": f.name}
             for u, (f, counts) in enumerate(zip(files, stream.shards))]
@@ -512,18 +518,25 @@ def _training_rows(cfg: CorpusConfig, seed: int, units: list[str], files: list[P
     return valid
 
 
-def _corpus_schema() -> pa.Schema:
-    """The Arrow schema of ``corpus.parquet``: an index of the training documents, without their texts."""
+def _corpus_schema(extra: dict[str, pl.DataType] | None = None) -> pa.Schema:
+    """The Arrow schema of ``corpus.parquet``: an index of the training documents, without their
+    texts, and the corpus columns ``extra`` declared (``corpus.columns``) after it."""
+    kinds = {pl.Float64: pa.float64(), pl.String: pa.string()}
     return pa.schema([("doc_id", pa.int64()), ("id", pa.string()), ("source", pa.string()),
                       ("subdomain", pa.string()), ("content_hash", pa.string()), ("shard", pa.int32()),
-                      ("shard_row", pa.int64())])
+                      ("shard_row", pa.int64()), *((name, kinds[dtype]) for name, dtype in (extra or {}).items())])
 
 
-def _shard_batches(files: list[Path], batch_rows: int) -> Iterator[tuple[int, int, pa.RecordBatch]]:
+def corpus_columns(corpus_path: Path) -> list[str]:
+    """The declared corpus columns (``corpus.columns``) ``corpus.parquet`` holds: those after its own."""
+    return [c for c in pl.read_parquet_schema(corpus_path) if c not in _corpus_schema().names]
+
+
+def _shard_batches(files: list[Path], batch_rows: int, extra: list[str] = ()) -> Iterator[tuple[int, int, pa.RecordBatch]]:
     """(shard, first row in the shard, batch) of every validated shard's batches, in order."""
     for u, f in enumerate(files):
         row = 0
-        for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=READ_COLUMNS):
+        for batch in pq.ParquetFile(f, pre_buffer=False).iter_batches(batch_size=batch_rows, columns=[*READ_COLUMNS, *extra]):
             yield u, row, batch
             row += batch.num_rows
 
@@ -536,6 +549,7 @@ class _CorpusStream:
 
     write: Callable[[pl.DataFrame], object]
     hold: Callable[[pl.DataFrame], object]
+    extra: list[str] = field(default_factory=list)  # the declared corpus columns, after corpus.parquet's own
     doc_id: int = 0
     rg: int = 0
     stats: list[pl.DataFrame] = field(default_factory=list)
@@ -564,9 +578,9 @@ class _CorpusStream:
             n_chars += b.train_chars
             digest.update(b.hashes)
             out = b.train.select(
-                doc_id=pl.int_range(self.doc_id, self.doc_id + b.train.height, dtype=pl.Int64), id="id", source="source",
-                subdomain="subdomain", content_hash="content_hash", shard=pl.lit(u, dtype=pl.Int32),
-                shard_row=pl.col("shard_row") + shard_row,
+                pl.int_range(self.doc_id, self.doc_id + b.train.height, dtype=pl.Int64).alias("doc_id"), "id", "source",
+                "subdomain", "content_hash", pl.lit(u, dtype=pl.Int32).alias("shard"),
+                (pl.col("shard_row") + shard_row).alias("shard_row"), *self.extra,
             )
             self.write(out)
             self.doc_id += b.train.height
@@ -577,23 +591,24 @@ class _CorpusStream:
 
 
 def _write_corpus(corpus_path: Path, files: list[Path], valid: list[np.ndarray], batch_rows: int,
-                  heldout: Callable[[pl.DataFrame], object] | None) -> _CorpusStream:
+                  heldout: Callable[[pl.DataFrame], object] | None, extra: dict[str, pl.DataType] | None = None) -> _CorpusStream:
     """Stream the rows ``valid`` keeps of every validated shard into ``corpus_path`` (atomically),
     handing the held-out documents to ``heldout``; returns the finished stream's counts.
 
     Every shard's batches are read (decompressed) on a thread ahead of the workers, each batch's
     frames (:class:`PreparedBatch`) made on a thread a core, and :meth:`_CorpusStream.shard`
     numbers, hashes and hands them on in order."""
-    schema = _corpus_schema()
+    schema = _corpus_schema(extra)
+    names = list(extra or {})
     workers = cores()
-    read = prefetch(_shard_batches(files, batch_rows), depth=4)
-    prepared = ahead(lambda item: _prepare_batch(*item, valid), read, depth=2 * workers, workers=workers)
+    read = prefetch(_shard_batches(files, batch_rows, names), depth=4)
+    prepared = ahead(lambda item: _prepare_batch(*item, valid, names), read, depth=2 * workers, workers=workers)
     with atomic_writer(corpus_path) as sink, contextlib.closing(read), contextlib.closing(prepared) as ready:
         with (pq.ParquetWriter(sink, schema, compression="zstd", compression_level=ZSTD_LEVEL, write_statistics=False) as writer,
               # each row group compressed and written on a thread of its own, in order, while the next batch is worked on
               behind(lambda out: writer.write_table(out.to_arrow().cast(schema), row_group_size=out.height)) as write,
               behind(heldout or (lambda docs: None)) as hold):  # the held-out documents too, on a third
-            stream = _CorpusStream(write, hold)
+            stream = _CorpusStream(write, hold, names)
             pending = next(ready, None)
             for u in range(len(files)):
                 pending = stream.shard(u, pending, ready)

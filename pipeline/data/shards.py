@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -47,6 +48,13 @@ SHARD_SUFFIXES = (".parquet", *(s + c for s in JSONL_SUFFIXES for c in COMPRESSI
 BATCH_ROWS = 8192  # records per batch: peak memory of reading is this many documents' text
 SHARD_COLUMNS = {"id": pl.String, "text": pl.String, "source": pl.String, "subdomain": pl.String, "line": pl.Int64}
 FORMATS = "Parquet (.parquet) or JSONL (.jsonl/.json/.ndjson, optionally .gz or .zst)"
+COLUMN_TYPES = {"number": pl.Float64, "string": pl.String}  # a declared corpus column's type (corpus.columns) as it is stored
+
+
+def declared_columns(cfg: CorpusConfig) -> dict[str, pl.DataType]:
+    """The corpus columns ``corpus.columns`` declares, by name, with their stored types: what every
+    record of the corpus must hold, carried through to ``corpus.parquet`` and ``documents.parquet``."""
+    return {name: COLUMN_TYPES[kind] for name, kind in sorted(cfg.columns.items())}
 
 
 @dataclass
@@ -62,11 +70,11 @@ class ShardReport:
 _SURROGATE = re.compile("[\ud800-\udfff]")  # in a str from json.loads a surrogate is always lone (pairs decode to one code point)
 
 
-def replace_surrogates(row: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
-    """``row`` with every lone surrogate replaced by U+FFFD (UTF-8 cannot encode one), and whether any was."""
-    if not any(_SURROGATE.search(v) for v in row):
+def replace_surrogates(row: tuple) -> tuple[tuple, bool]:
+    """``row`` with every lone surrogate of its strings replaced by U+FFFD (UTF-8 cannot encode one), and whether any was."""
+    if not any(isinstance(v, str) and _SURROGATE.search(v) for v in row):
         return row, False
-    return tuple(_SURROGATE.sub("\ufffd", v) for v in row), True
+    return tuple(_SURROGATE.sub("\ufffd", v) if isinstance(v, str) else v for v in row), True
 
 
 def is_shard(path: Path | str) -> bool:
@@ -290,7 +298,9 @@ def _translate(pattern: str) -> str:
 
 
 def _options(cfg: CorpusConfig) -> str:
-    return json.dumps({k: v for k, v in cfg.model_dump().items() if k in ("text_field", "id_field", "source_field", "on_error")},
+    """The reading options a shard's data version covers; ``columns`` only when some are declared
+    (so a corpus without them keeps the fingerprints it had before the key existed)."""
+    return json.dumps({k: v for k, v in cfg.model_dump().items() if k in ("text_field", "id_field", "source_field", "on_error", "columns")},
                       sort_keys=True)
 
 
@@ -318,8 +328,9 @@ def _file_fingerprint(path: str, size: int, mtime_ns: int, opts: str, chunk: int
 # --------------------------------------------------------------------------- validation
 
 
-def check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -> tuple[str, str, str, str]:
-    """``(id, text, source, subdomain)`` of one JSON record, or a StrataInputError naming ``where``/``line``."""
+def check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -> tuple:
+    """``(id, text, source, subdomain, *declared columns)`` of one JSON record (the columns of
+    :func:`declared_columns`, in its order), or a StrataInputError naming ``where``/``line``."""
     if not isinstance(rec, dict):
         raise StrataInputError("record is not a JSON object", path=where, line=line, fix="write one JSON object per line")
     if cfg.text_field not in rec:
@@ -339,20 +350,50 @@ def check_record(rec: object, cfg: CorpusConfig, where: Path | str, line: int) -
     doc_id = rec.get(cfg.id_field, line)
     source = rec.get(cfg.source_field, "corpus")
     subdomain = rec.get("subdomain", source)
-    return str(doc_id), text, str(source), str(subdomain)
+    if not cfg.columns:
+        return str(doc_id), text, str(source), str(subdomain)
+    return (str(doc_id), text, str(source), str(subdomain), *(_column_value(rec, name, cfg.columns[name], where, line)
+                                                             for name in sorted(cfg.columns)))
 
 
-def _frame(rows: list[tuple[str, str, str, str]], lines: list[int]) -> pl.DataFrame:
-    df = pl.DataFrame(rows, schema=list(SHARD_COLUMNS)[:4], orient="row")
-    return df.with_columns(line=pl.Series(lines, dtype=pl.Int64)).cast(SHARD_COLUMNS)
+def _column_value(rec: dict, name: str, kind: str, where: Path | str, line: int) -> float | str:
+    """The value of the declared column ``name`` (``corpus.columns``) in one record, checked against its type."""
+    value = rec.get(name)
+    if value is None:
+        what = "missing" if name not in rec else "null"
+        raise StrataInputError(f"the field {name!r} that corpus.columns declares is {what} (keys: {sorted(rec)[:8]})", path=where,
+                               line=line, fix=f"give every record a {kind} {name!r}, remove {name} from corpus.columns, or set "
+                                              "corpus.on_error: skip")
+    if kind == "number":
+        try:
+            number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+        except OverflowError:  # an integer beyond a double's range
+            number = math.inf
+        if not math.isfinite(number):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise StrataInputError(f"the field {name!r} (corpus.columns: number) is {shown}, not a finite number", path=where,
+                                   line=line, fix=f"write {name} as a JSON number, declare it {{{name}: string}}, or set "
+                                                  "corpus.on_error: skip")
+        return number
+    if not isinstance(value, str):
+        raise StrataInputError(f"the field {name!r} (corpus.columns: string) is {type(value).__name__}, not a string", path=where,
+                               line=line, fix=f"write {name} as a JSON string, declare it {{{name}: number}}, or set corpus.on_error: skip")
+    return value
+
+
+def _frame(rows: list[tuple], lines: list[int], extra: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    extra = extra or {}
+    df = pl.DataFrame(rows, schema=[*list(SHARD_COLUMNS)[:4], *extra], orient="row")
+    return df.with_columns(line=pl.Series(lines, dtype=pl.Int64)).cast({**SHARD_COLUMNS, **extra}).select(*SHARD_COLUMNS, *extra)
 
 
 def _batches(items: Iterable[tuple[int, Any]], parse: Callable[[Any, int], Any], cfg: CorpusConfig, where: str | Path,
              report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
     """Validated batches of up to ``batch_rows`` records from ``(line, item)`` pairs; ``parse(item,
     line)`` gives the record. A bad record stops the run, or with ``on_error: skip`` is counted in ``report``."""
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple] = []
     lines: list[int] = []
+    extra = declared_columns(cfg)
     for line_no, item in items:
         report.n_read += 1
         try:
@@ -365,10 +406,10 @@ def _batches(items: Iterable[tuple[int, Any]], parse: Callable[[Any, int], Any],
                 raise
             report.skipped.append((line_no, err.problem))
         if len(rows) >= batch_rows:
-            yield _frame(rows, lines)
+            yield _frame(rows, lines, extra)
             rows, lines = [], []
     if rows:
-        yield _frame(rows, lines)
+        yield _frame(rows, lines, extra)
 
 
 @contextlib.contextmanager
@@ -450,7 +491,9 @@ def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardRepo
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise StrataInputError(f"text column {cfg.text_field!r} is {kind}, not a string", path=path, line=1,
                                fix="store the document text as a string column")
-    cols = [c for c in dict.fromkeys([cfg.text_field, cfg.id_field, cfg.source_field, "subdomain"]) if c in names]
+    extra = declared_columns(cfg)
+    _check_declared(pf.schema_arrow, cfg, path)
+    cols = [c for c in dict.fromkeys([cfg.text_field, cfg.id_field, cfg.source_field, "subdomain", *extra]) if c in names]
     row = 0
     try:
         batches = pf.iter_batches(batch_size=batch_rows, columns=cols, use_threads=True)
@@ -479,13 +522,14 @@ def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardRepo
                 report.skipped += [(int(i) + row + 1, "document text is empty, null or whitespace") for i in np.flatnonzero(bad)]
             if bad_utf8 is not None:
                 bad = bad | bad_utf8[0]
+            values, bad = _declared_values(df, extra, cfg, path, row, bad, report)
             doc_id = df[cfg.id_field].cast(pl.String) if cfg.id_field in df.columns else line.cast(pl.String)
             doc_id = doc_id.fill_null(line.cast(pl.String))
             source = (df[cfg.source_field].cast(pl.String) if cfg.source_field in df.columns
                       else pl.Series([None] * n, dtype=pl.String)).fill_null("corpus")
             sub = (df["subdomain"].cast(pl.String) if "subdomain" in df.columns
                    else pl.Series([None] * n, dtype=pl.String)).fill_null(source)
-            out = pl.DataFrame({"id": doc_id, "text": text, "source": source, "subdomain": sub, "line": line})
+            out = pl.DataFrame({"id": doc_id, "text": text, "source": source, "subdomain": sub, "line": line, **values})
             row += n
             if not bad.all():  # a batch of skipped rows only yields nothing (an empty batch is no row group)
                 yield out.filter(pl.Series(~bad)) if bad.any() else out
@@ -496,6 +540,45 @@ def _parquet_batches(src, path: Path | str, cfg: CorpusConfig, report: ShardRepo
             raise err from None
         raise StrataInputError(f"cannot read Parquet after row {row} ({exc})", path=path,
                                fix="check the file is a complete Parquet file") from exc
+
+
+def _check_declared(schema: pa.Schema, cfg: CorpusConfig, path: Path | str) -> None:
+    """Every column ``corpus.columns`` declares is in the Parquet shard, of its type (a number: an
+    integer or floating column; a string: a string column), else a StrataInputError naming it."""
+    for name, kind in sorted(cfg.columns.items()):
+        if name not in schema.names:
+            raise StrataInputError(f"missing column {name!r} that corpus.columns declares (columns: {schema.names[:8]})", path=path,
+                                   line=1, fix=f"add the column to every shard, or remove {name} from corpus.columns")
+        t = schema.field(name).type
+        ok = ((pa.types.is_integer(t) or pa.types.is_floating(t)) if kind == "number"
+              else (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)))
+        if not ok:
+            raise StrataInputError(f"the column {name!r} (corpus.columns: {kind}) is {t}", path=path, line=1,
+                                   fix=f"store {name} as a {'numeric' if kind == 'number' else 'string'} column, or declare it "
+                                       f"{{{name}: {'string' if kind == 'number' else 'number'}}}")
+
+
+def _declared_values(df: pl.DataFrame, extra: dict[str, pl.DataType], cfg: CorpusConfig, path: Path | str, row: int, bad: np.ndarray,
+                     report: ShardReport) -> tuple[dict[str, pl.Series], np.ndarray]:
+    """The declared columns of a Parquet batch (their stored types) and ``bad`` with the rows that
+    lack a value (null, or a number that is NaN or infinite) added: the first stops the run under
+    ``on_error: fail``, else they are skipped and counted."""
+    values = {}
+    for name, dtype in extra.items():
+        col = df[name].cast(dtype)
+        missing = col.is_null() | (~col.is_finite()).fill_null(True) if dtype == pl.Float64 else col.is_null()
+        miss = missing.to_numpy() & ~bad
+        if miss.any():
+            first = int(np.flatnonzero(miss)[0])
+            what = "null" if col[first] is None else f"{col[first]}, not a finite number"
+            if cfg.on_error == "fail":
+                raise StrataInputError(f"the column {name!r} that corpus.columns declares is {what}", path=path, line=row + first + 1,
+                                       fix=f"give every row a value of {name}, remove {name} from corpus.columns, or set "
+                                           "corpus.on_error: skip (the line is the 1-based row)")
+            report.skipped += [(int(i) + row + 1, f"the declared column {name!r} has no value") for i in np.flatnonzero(miss)]
+            bad = bad | miss
+        values[name] = col
+    return values, bad
 
 
 def _valid_utf8(batch):

@@ -128,11 +128,13 @@ def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtyp
                   runs_path: Path, offsets_path: Path, documents_path: Path) -> np.ndarray:
     """Write the token store's index over the shards' files (``runs_path``, see
     :mod:`pipeline.data.token_index`: no copy of the ids), ``doc_offsets.npy`` and
-    ``documents.parquet`` (doc_id, id, source, subdomain of ``corpus.parquet`` plus token/char/byte
-    counts; the content hashes stay in ``corpus.parquet``); returns
+    ``documents.parquet`` (doc_id, id, source, subdomain and the declared ``corpus.columns`` of
+    ``corpus.parquet`` plus token/char/byte counts; the content hashes stay in ``corpus.parquet``); returns
     ``n_tokens`` per document. Memory: the counts, runs and documents rows of the shards read
     ahead (two a core, :func:`pipeline.threads.ahead`)."""
-    cols = ["doc_id", "id", "source", "subdomain"]
+    from pipeline.data.corpus import corpus_columns  # the corpus stage's module: imported where used
+
+    cols = ["doc_id", "id", "source", "subdomain", *corpus_columns(corpus_path)]
 
     def part(item: tuple[dict, ShardDocs]) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray, pa.Table]:
         """One shard's token file, runs (local starts, lengths), kept counts and documents rows."""

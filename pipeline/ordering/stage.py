@@ -146,6 +146,7 @@ def ordering_documents(layout, params: OrderParams | None = None, strategy: str 
     blend = params.blend.column if params is not None and params.blend is not None and strategy is not None \
         and "mixture" in strategies.spec(strategy).reads else None  # greedy_blend's column
     have = [*pl.read_parquet_schema(layout.documents), *Store(layout).quality_columns()]
+    _check_named_columns(layout, have, [c for c in extra if c != "quality"], blend)  # quality: the engine names the quality stage
     docs = Store(layout).document_clusters(["n_tokens"] + [c for c in dict.fromkeys([*extra, *([blend] if blend else [])]) if c in have])
     corpus_cols = strategies.spec(strategy).documents if strategy is not None else ()
     if blend and blend not in have and blend in pl.read_parquet_schema(layout.corpus):
@@ -154,6 +155,20 @@ def ordering_documents(layout, params: OrderParams | None = None, strategy: str 
         docs = docs.join(pl.read_parquet(layout.corpus, columns=["doc_id", *corpus_cols]), on="doc_id", how="left").sort("doc_id")
 
     return training_documents(layout, docs.with_columns(pl.col("n_tokens") + 1))
+
+
+def _check_named_columns(layout, have: list[str], families: list[str], blend: str | None) -> None:
+    """A documents column a family or ``mixture.column`` names that neither the documents table nor
+    ``corpus.parquet`` holds stops here, listing the columns there are, the declared corpus columns
+    (``corpus.columns``) among them."""
+    corpus = list(pl.read_parquet_schema(layout.corpus)) if layout.corpus.is_file() else []
+    options = sorted({*have, *corpus, "cluster"} - {"doc_id", "content_hash", "shard", "shard_row"})
+    for key, name in [*(("families", f) for f in families), *([("mixture.column", blend)] if blend else [])]:
+        if name not in have and name not in corpus:
+            raise StrataInputError(f"{key} names {name!r}, which is no column of the documents", path=layout.documents,
+                                   fix=f"use one of {options}; a field of your corpus records becomes a documents column when "
+                                       f"corpus.columns declares it, e.g. corpus: {{columns: {{{name}: number}}}} "
+                                       "(docs/mixture.md, \"Your corpus's own columns\")")
 
 
 def ordering_inputs(layout, params: OrderParams | None = None, strategy: str | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:

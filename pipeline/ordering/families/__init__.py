@@ -18,8 +18,9 @@ and one with ``diagnosed`` set is scored by the ordering diagnostics
 (``pipeline.reports.diagnostics``: ``batch_dev_<diagnosed>_*`` and ``prefix_error_<diagnosed>``)
 through ``composition(schedule)``, its groups' tokens per sequence of a prepared schedule.
 
-A family name the registry lacks is a column of the documents table (e.g. ``source``): a token
-family whose groups are the column's categories (:func:`spec_of`). Nothing else lists the
+A family name the registry lacks is a column of the documents table (e.g. ``source``, or a corpus
+column ``corpus.columns`` declares): a token family whose groups are the column's categories, or a
+numeric column's token quartiles (:func:`spec_of`). Nothing else lists the
 families: the configuration's ``families:`` check, the greedy's matrix, the engine's documents
 columns, the curriculum's accepted families, the repair and the diagnostics read this registry.
 Spec modules import their code at their top, and nothing heavy (``pipeline/heavy.py``).
@@ -103,11 +104,21 @@ class ColumnFamily(TokenFamily):
     """A documents column named as a family (e.g. ``source``): tokens per category of the column,
     which the engine reads into ``features.columns`` (``OrderParams.column_families``)."""
 
-    description = "tokens per category of this documents column"
+    description = "tokens per category of this documents column (a numeric column: per token quartile of its values)"
 
     def __init__(self, name: str):
         self.name = name
         self.column = name
+
+    def codes(self, docs: "pl.DataFrame") -> np.ndarray:
+        """A string column's categories; a numeric one (a score of the corpus, ``corpus.columns``) in
+        its token quartiles, as ``quality_bin`` cuts the quality score: its distinct values are no groups."""
+        if not docs[self.column].dtype.is_numeric():
+            return super().codes(docs)
+        from pipeline.ordering.families.quality_bin import BINS, token_quantile_bins  # a family module: imports this one
+
+        values = docs[self.column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+        return token_quantile_bins(values, docs["n_tokens"].to_numpy(), BINS)
 
     def tokens(self, features: "SequenceFeatures") -> "Csr":
         if self.name not in features.columns:
