@@ -314,7 +314,7 @@ class QualityConfig(_Model):
     """A quality score per training document (pipeline/quality/, docs/quality.md): off by default."""
 
     enabled: bool = False  # true: strata run scores every shard (quality_shards, quality) and the documents gain `quality`
-    scorer: str = "fasttext"  # a scorer of pipeline/quality/scorers/: fasttext | fasttext_trained | hf_classifier
+    scorer: str = "fasttext"  # a scorer of the registry: fasttext | fasttext_trained | hf_classifier | perplexity
     path: str = ""  # fasttext: the classifier .bin; hf_classifier: the model directory
     label: str = ""  # the positive label ("" = __label__hq for fastText, the last label of a classifier)
     positives: str = ""  # fasttext_trained: the positive class's documents (JSONL/Parquet text field, or one a line)
@@ -324,8 +324,12 @@ class QualityConfig(_Model):
     lr: float = Field(0.1, gt=0.0)  # fasttext_trained: learning rate
     heldout_share: float = Field(0.1, ge=0.0, lt=1.0)  # fasttext_trained: share of each class held out for the AUC
     seed: int = Field(0, ge=0)  # fasttext_trained: the split and the training
-    max_tokens: int = Field(512, ge=1)  # hf_classifier: first N tokens of each document
-    batch_size: int = Field(32, ge=1)  # hf_classifier: documents per forward pass
+    max_tokens: int = Field(512, ge=1)  # hf_classifier, perplexity: first N tokens of each document
+    batch_size: int = Field(32, ge=1)  # hf_classifier, perplexity: documents per forward pass
+    target: str = ""  # perplexity: the reference documents its model trains on (JSONL/Parquet text field, or one a line)
+    ref_preset: str = "tiny"  # perplexity: the reference model's preset (pipeline/training/model.py PRESETS)
+    ref_steps: int = Field(200, ge=1)  # perplexity: the reference model's training steps
+    ref_vocab: int = Field(4096, ge=300)  # perplexity: the byte-level BPE's vocabulary, trained on the target
     filter: QualityFilterConfig = Field(default_factory=QualityFilterConfig)
 
     key_prefix: ClassVar[str] = "quality."
