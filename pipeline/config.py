@@ -156,6 +156,9 @@ class MixtureStage(_Model):
     # where the stage ends: a fraction of the schedule's tokens (<= 1), the last stage 1.0
     until_tokens: float = Field(1.0, gt=0.0, le=1.0)
     weights: dict[str | int, float] = Field(default_factory=dict)  # group -> weight (normalized); unlisted groups get 0
+    # the first ramp_tokens (a fraction of the schedule's tokens) of the stage move linearly from the previous
+    # stage's weights to its own, in mixture.ramp_steps constant steps (0: the weights change at the boundary)
+    ramp_tokens: float = Field(0.0, ge=0.0, lt=1.0)
 
     key_prefix: ClassVar[str] = "mixture.stages[]."
 
@@ -203,6 +206,7 @@ class MixtureConfig(_Model):
     bins: int = Field(0, ge=0)  # 0: the column's values are the groups; n >= 2: a numeric column cut into n token quantiles "0".."n-1"
     weights: dict[str | int, float] = Field(default_factory=dict)  # group -> weight, one stage over the whole schedule
     stages: list[MixtureStage] = Field(default_factory=list)  # instead of weights: piecewise-constant weights by tokens
+    ramp_steps: int = Field(8, ge=1)  # constant steps of each stage's ramp_tokens (each the ramp's mean over its stretch)
     max_repetition: dict[str | int, float] = Field(default_factory=dict)  # group -> most uses of its tokens / its tokens (default 1.0)
     max_fraction: dict[str | int, float] = Field(default_factory=dict)  # group -> largest fraction of its distinct tokens used (1.0)
     # weights the caps cannot give at mixture_budget_tokens: shrink (the largest schedule they allow, with a warning) | error
@@ -225,6 +229,12 @@ class MixtureConfig(_Model):
                              f"(got {ends}), e.g. [{{until_tokens: 0.9, weights: {{...}}}}, {{weights: {{...}}}}]")
         if any(not s.weights for s in value):
             raise ValueError("give every stage its weights, e.g. {until_tokens: 0.9, weights: {web: 0.7, code: 0.3}}")
+        if value and value[0].ramp_tokens > 0:
+            raise ValueError("the first stage has no earlier weights to ramp from: set mixture.stages[0].ramp_tokens to 0")
+        for i, (start, stage) in enumerate(zip([0.0, *ends], value)):
+            if stage.ramp_tokens > stage.until_tokens - start + 1e-9:
+                raise ValueError(f"mixture.stages[{i}].ramp_tokens {stage.ramp_tokens:g} is longer than the stage "
+                                 f"({start:g} to {stage.until_tokens:g}): give at most {stage.until_tokens - start:g}")
         return value
 
     @field_validator("max_repetition")
