@@ -13,7 +13,9 @@ lengths around 450 characters, written as Parquet shards). Models are built here
 * **hf_classifier**: a 2-layer BERT-like sequence classifier (hidden 64, one regression output)
   initialised here with the shared GPT-NeoX tokenizer and saved with ``save_pretrained``. Strata:
   ``score_unit`` on ``--hf-docs`` documents; the library alone: the same batches through the
-  tokenizer and a plain forward pass under ``torch.inference_mode`` (no pipeline object).
+  tokenizer and a plain forward pass under ``torch.inference_mode`` (no pipeline object), both on
+  ``--torch-threads`` threads (1 by default: two threads that wait on each other on a shared
+  2-core machine time the neighbours' load more than either path).
 
 Each timing is the best of ``--repeats`` interleaved runs (the machine is shared). The ratio is
 Strata's seconds over the library's (issue target: at most 1.1). Then ``--big`` documents (1M by
@@ -123,11 +125,14 @@ def hf_model(path: Path, hidden: int):
     return tok_file.name
 
 
-def hf_throughput(work: Path, texts: list[str], repeats: int, max_tokens: int, batch: int) -> dict:
+def hf_throughput(work: Path, texts: list[str], repeats: int, max_tokens: int, batch: int, threads: int) -> dict:
     import torch
     import transformers
 
     from pipeline.quality.scorers import score_unit
+
+    if threads:
+        torch.set_num_threads(threads)  # both paths: on a shared machine, threads that wait on each other time the neighbours
 
     tokenizer = hf_model(work / "bert", 64)
     options = json.dumps({"label": "", "max_tokens": max_tokens, "batch_size": batch}, sort_keys=True)
@@ -203,6 +208,7 @@ def main() -> None:
     ap.add_argument("--hf-docs", type=int, default=1000, help="documents of the hf_classifier comparison")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch threads of the hf_classifier comparison (0: torch's default)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--per-class", type=int, default=1000, help="labelled demo documents of each class for the fastText model")
     ap.add_argument("--big", type=int, default=1_000_000, help="documents scored through the per-shard path (0: skip)")
@@ -223,7 +229,8 @@ def main() -> None:
         doc = {**start, "fasttext_model": {"trained_per_class": args.per_class, "model_mb": model_mb, **prepared.facts},
                "fasttext": fasttext_throughput(prepared, texts[: args.docs], args.repeats)}
         print(json.dumps(doc["fasttext"]), flush=True)
-        doc["hf_classifier"] = hf_throughput(work, texts[: args.hf_docs], args.repeats, args.max_tokens, args.batch_size)
+        doc["hf_classifier"] = hf_throughput(work, texts[: args.hf_docs], args.repeats, args.max_tokens, args.batch_size,
+                                             args.torch_threads)
         print(json.dumps(doc["hf_classifier"]), flush=True)
         if args.big:
             doc["big"] = big_run(work, prepared, args.big, args.shard_docs)
