@@ -312,7 +312,8 @@ def quality_scoring(results: Path) -> str:
     lines = ["| scorer | documents | Strata s | library alone s | Strata / library |", "|---|---:|---:|---:|---:|",
              f"| `fasttext` (`predict(k=-1)` on one-line texts) | {ft['docs']:,} | {ft['strata_s']:.3f} | {ft['library_s']:.3f} |"
              f" **{ft['ratio']:.2f}×** |",
-             f"| `hf_classifier` ({hf['model']}, {hf['max_tokens']} tokens, batches of {hf['batch_size']}; tokenizer + forward) |"
+             f"| `hf_classifier` ({hf['model']}, {hf['max_tokens']} tokens, batches of {hf['batch_size']}, {hf['torch_threads']}"
+             f" torch thread{'s' if hf['torch_threads'] != 1 else ''}; tokenizer + forward) |"
              f" {hf['docs']:,} | {hf['strata_s']:.3f} | {hf['library_s']:.3f} | **{hf['ratio']:.2f}×** |"]
     if big:
         lines += ["", "| documents | characters | shards | scoring wall s | documents / s | CPU s | peak RSS |",
