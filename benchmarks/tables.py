@@ -304,6 +304,30 @@ def partitioned_order(results: Path, name: str = "partitioned_order_1m") -> str:
     return "\n".join(lines)
 
 
+def quality_scoring(results: Path) -> str:
+    """``bench_quality.py``: each scorer through Strata against its library alone, then 1M documents
+    through the quality stage's per-shard path."""
+    doc = _load(results, "quality_scoring")
+    ft, hf, big = doc["fasttext"], doc["hf_classifier"], doc.get("big")
+    lines = ["| scorer | documents | Strata s | library alone s | Strata / library |", "|---|---:|---:|---:|---:|",
+             f"| `fasttext` (`predict(k=-1)` on one-line texts) | {ft['docs']:,} | {ft['strata_s']:.3f} | {ft['library_s']:.3f} |"
+             f" **{ft['ratio']:.2f}×** |",
+             f"| `hf_classifier` ({hf['model']}, {hf['max_tokens']} tokens, batches of {hf['batch_size']}, {hf['torch_threads']}"
+             f" torch thread{'s' if hf['torch_threads'] != 1 else ''}; tokenizer + forward) |"
+             f" {hf['docs']:,} | {hf['strata_s']:.3f} | {hf['library_s']:.3f} | **{hf['ratio']:.2f}×** |"]
+    if big:
+        lines += ["", "| documents | characters | shards | scoring wall s | documents / s | CPU s | peak RSS |",
+                  "|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| {big['scored']:,} | {big['chars'] / 1e6:,.0f} M | {big['shards']} of {big['shard_docs']:,} |"
+                  f" {big['score_wall_s']:.1f} | {big['docs_per_s']:,} | {big['cpu_s']:.1f} | {big['peak_rss_mb']:,} MB |"]
+    m = doc["fasttext_model"]
+    lines.append("")
+    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}; best of the interleaved repeats;"
+                 f" the fastText model ({m['model_mb']} MB, held-out AUC {m.get('heldout_auc', float('nan')):.3f}) trained by"
+                 " `fasttext_trained` on demo documents. From `benchmarks/results/quality_scoring.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -317,6 +341,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "clean_shards_1m": clean_shards,
     "near_recall": near_recall,
     "partitioned_order_1m": partitioned_order,
+    "quality_scoring": quality_scoring,
 }
 
 

@@ -199,6 +199,9 @@ class MixtureStage(_Model):
     # where the stage ends: a fraction of the schedule's tokens (<= 1), the last stage 1.0
     until_tokens: float = Field(1.0, gt=0.0, le=1.0)
     weights: dict[str | int, float] = Field(default_factory=dict)  # group -> weight (normalized); unlisted groups get 0
+    # the first ramp_tokens (a fraction of the schedule's tokens) of the stage move linearly from the previous
+    # stage's weights to its own, in mixture.ramp_steps constant steps (0: the weights change at the boundary)
+    ramp_tokens: float = Field(0.0, ge=0.0, lt=1.0)
 
     key_prefix: ClassVar[str] = "mixture.stages[]."
 
@@ -246,6 +249,7 @@ class MixtureConfig(_Model):
     bins: int = Field(0, ge=0)  # 0: the column's values are the groups; n >= 2: a numeric column cut into n token quantiles "0".."n-1"
     weights: dict[str | int, float] = Field(default_factory=dict)  # group -> weight, one stage over the whole schedule
     stages: list[MixtureStage] = Field(default_factory=list)  # instead of weights: piecewise-constant weights by tokens
+    ramp_steps: int = Field(8, ge=1)  # constant steps of each stage's ramp_tokens (each the ramp's mean over its stretch)
     max_repetition: dict[str | int, float] = Field(default_factory=dict)  # group -> most uses of its tokens / its tokens (default 1.0)
     max_fraction: dict[str | int, float] = Field(default_factory=dict)  # group -> largest fraction of its distinct tokens used (1.0)
     # weights the caps cannot give at mixture_budget_tokens: shrink (the largest schedule they allow, with a warning) | error
@@ -268,6 +272,12 @@ class MixtureConfig(_Model):
                              f"(got {ends}), e.g. [{{until_tokens: 0.9, weights: {{...}}}}, {{weights: {{...}}}}]")
         if any(not s.weights for s in value):
             raise ValueError("give every stage its weights, e.g. {until_tokens: 0.9, weights: {web: 0.7, code: 0.3}}")
+        if value and value[0].ramp_tokens > 0:
+            raise ValueError("the first stage has no earlier weights to ramp from: set mixture.stages[0].ramp_tokens to 0")
+        for i, (start, stage) in enumerate(zip([0.0, *ends], value)):
+            if stage.ramp_tokens > stage.until_tokens - start + 1e-9:
+                raise ValueError(f"mixture.stages[{i}].ramp_tokens {stage.ramp_tokens:g} is longer than the stage "
+                                 f"({start:g} to {stage.until_tokens:g}): give at most {stage.until_tokens - start:g}")
         return value
 
     @field_validator("max_repetition")
@@ -357,7 +367,7 @@ class QualityConfig(_Model):
     """A quality score per training document (pipeline/quality/, docs/quality.md): off by default."""
 
     enabled: bool = False  # true: strata run scores every shard (quality_shards, quality) and the documents gain `quality`
-    scorer: str = "fasttext"  # a scorer of pipeline/quality/scorers/: fasttext | fasttext_trained | hf_classifier
+    scorer: str = "fasttext"  # a scorer of the registry: fasttext | fasttext_trained | hf_classifier | perplexity
     path: str = ""  # fasttext: the classifier .bin; hf_classifier: the model directory
     label: str = ""  # the positive label ("" = __label__hq for fastText, the last label of a classifier)
     positives: str = ""  # fasttext_trained: the positive class's documents (JSONL/Parquet text field, or one a line)
@@ -367,8 +377,12 @@ class QualityConfig(_Model):
     lr: float = Field(0.1, gt=0.0)  # fasttext_trained: learning rate
     heldout_share: float = Field(0.1, ge=0.0, lt=1.0)  # fasttext_trained: share of each class held out for the AUC
     seed: int = Field(0, ge=0)  # fasttext_trained: the split and the training
-    max_tokens: int = Field(512, ge=1)  # hf_classifier: first N tokens of each document
-    batch_size: int = Field(32, ge=1)  # hf_classifier: documents per forward pass
+    max_tokens: int = Field(512, ge=1)  # hf_classifier, perplexity: first N tokens of each document
+    batch_size: int = Field(32, ge=1)  # hf_classifier, perplexity: documents per forward pass
+    target: str = ""  # perplexity: the reference documents its model trains on (JSONL/Parquet text field, or one a line)
+    ref_preset: str = "tiny"  # perplexity: the reference model's preset (pipeline/training/model.py PRESETS)
+    ref_steps: int = Field(200, ge=1)  # perplexity: the reference model's training steps
+    ref_vocab: int = Field(4096, ge=300)  # perplexity: the byte-level BPE's vocabulary, trained on the target
     filter: QualityFilterConfig = Field(default_factory=QualityFilterConfig)
 
     key_prefix: ClassVar[str] = "quality."

@@ -57,11 +57,13 @@ def plugin_modules() -> list[ModuleType]:
 
 
 class Registry(Generic[T]):
-    """Entries of one spec type by name: the modules of ``package``, then the plugins'. ``kind`` is
-    the spec type, or its ``"module:Name"``, imported when the entries are first read."""
+    """Entries of one spec type by name: the modules of ``package``, then those of the packages
+    ``also`` (entries that live higher in the package graph, e.g. a scorer that trains Strata's own
+    model), then the plugins'. ``kind`` is the spec type, or its ``"module:Name"``, imported when
+    the entries are first read."""
 
-    def __init__(self, kind: type[T] | str, package: str, what: str):
-        self._kind, self.package, self.what = kind, package, what
+    def __init__(self, kind: type[T] | str, package: str, what: str, also: tuple[str, ...] = ()):
+        self._kind, self.package, self.what, self.also = kind, package, what, also
         self._entries: dict[str, T] | None = None
 
     @property
@@ -72,10 +74,11 @@ class Registry(Generic[T]):
         return self._kind  # type: ignore[return-value]
 
     def _modules(self) -> Iterator[ModuleType]:
-        pkg = importlib.import_module(self.package)
-        for info in pkgutil.iter_modules(pkg.__path__):
-            if not info.name.startswith("_"):
-                yield importlib.import_module(f"{self.package}.{info.name}")
+        for package in (self.package, *self.also):
+            pkg = importlib.import_module(package)
+            for info in pkgutil.iter_modules(pkg.__path__):
+                if not info.name.startswith("_"):
+                    yield importlib.import_module(f"{package}.{info.name}")
         yield from plugin_modules()
 
     def _put(self, entries: dict[str, T], spec: T, where: str) -> None:
@@ -112,4 +115,7 @@ class Registry(Generic[T]):
 STRATEGIES: Registry = Registry("pipeline.ordering.strategies:StrategySpec", "pipeline.ordering.strategies", "ordering strategy")
 FAMILIES: Registry = Registry("pipeline.ordering.families:FamilySpec", "pipeline.ordering.families", "characteristic family")
 EXPORT_FORMATS: Registry = Registry("pipeline.export.formats:ExportFormat", "pipeline.export.formats", "export format")
-SCORERS: Registry = Registry("pipeline.quality.scorers:Scorer", "pipeline.quality.scorers", "quality scorer")
+# the perplexity scorer trains Strata's own model (pipeline/training/), above the quality stage in the
+# package graph: its package is read at run time, like a plugin, and imports the quality stage's Scorer
+SCORERS: Registry = Registry("pipeline.quality.scorers:Scorer", "pipeline.quality.scorers", "quality scorer",
+                             also=("pipeline.training.scorers",))

@@ -572,3 +572,41 @@ def test_a_group_the_clean_stage_emptied_is_named(tmp_path):
     check_groups_kept(layout, Blend.from_config(StrataConfig(mixture={"weights": {"web": 1.0}}).mixture))  # web kept: nothing to say
     with pytest.raises(StrataInputError, match="group 'code'"):  # a group named by a cap only
         check_groups_kept(layout, Blend.from_config(StrataConfig(mixture={"weights": {"web": 1.0}, "max_repetition": {"code": 2}}).mixture))
+
+
+RAMPED = [{"until_tokens": 0.4, "weights": {"web": 0.6, "code": 0.2, "religious_text": 0.2}},
+          {"ramp_tokens": 0.4, "weights": {"web": 0.2, "code": 0.2, "religious_text": 0.6}}]  # 0.4 -> 0.8: linear, then held
+
+
+def test_a_ramp_is_constant_steps_whose_cumulative_targets_are_the_line():
+    blend = params(stages=RAMPED, ramp_steps=4).blend
+    assert blend.ends == pytest.approx((0.4, 0.5, 0.6, 0.7, 0.8, 1.0)) and blend.origin == (0, 1, 1, 1, 1, 1)
+    w = blend.matrix(SOURCES)
+    assert w[1:5, SOURCES.index("religious_text")] == pytest.approx([0.25, 0.35, 0.45, 0.55])  # the line at each step's middle
+    x = np.linspace(0.4, 0.8, 4001)  # the linear ramp's cumulative religious_text tokens, integrated here
+    line = 0.2 + (x - 0.4) / 0.4 * 0.4
+    cum = np.r_[0.0, np.cumsum((line[1:] + line[:-1]) / 2 * np.diff(x))]
+    steps = np.cumsum(np.diff(np.r_[0.4, blend.ends[1:5]]) * w[1:5, SOURCES.index("religious_text")])
+    np.testing.assert_allclose(steps, cum[[1000, 2000, 3000, 4000]], atol=1e-9)  # equal at every step's end
+    assert blend.key(3) == "mixture.stages[1].weights"  # a step names the configured stage
+    whole = params(stages=[RAMPED[0], {**RAMPED[1], "ramp_tokens": 0.6}], ramp_steps=3).blend
+    assert whole.ends[-1] == 1.0 and len(whole.ends) == 4  # a ramp over the whole stage: no held part
+    plain = params(stages=STAGES).blend
+    assert plain.origin == () and plain.ends == (0.7, 1.0)  # no ramp: the stages as configured
+
+
+def test_bad_ramps_name_the_stage():
+    with pytest.raises(ValueError, match=r"first stage has no earlier weights to ramp from"):
+        params(stages=[{**RAMPED[0], "ramp_tokens": 0.1}, RAMPED[1]])
+    with pytest.raises(ValueError, match=r"mixture\.stages\[1\]\.ramp_tokens 0\.7 is longer than the stage \(0\.4 to 1\)"):
+        params(stages=[RAMPED[0], {**RAMPED[1], "ramp_tokens": 0.7}])
+
+
+def test_a_ramp_is_realized_step_by_step(corpus):
+    docs, seg = corpus
+    p = params(stages=RAMPED, ramp_steps=4, max_repetition={"religious_text": 2.0})
+    order = run_strategy("greedy_blend", docs, seg, L, p, seed=0).order["sequence_id"].to_numpy()
+    g = group_matrix(docs, seg)
+    got, want = stage_shares(order, g, list(p.blend.ends)), p.blend.matrix(SOURCES)
+    assert np.abs(got - want).sum(axis=1).max() <= TOLERANCE, (got, want)  # every step at its weights
+    assert (np.diff(got[:, SOURCES.index("religious_text")]) > 0.04).all(), got  # religious_text rises step by step

@@ -4,6 +4,7 @@ accounting, the quality family and the bad inputs (exit 2 naming the path or the
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -175,3 +176,78 @@ def test_quality_bins_are_token_quartiles():
     fam = spec_of("quality_bin")
     docs = pl.DataFrame({"quality": [0.4, 0.1, 0.3, 0.2], "n_tokens": [1, 1, 1, 1]})
     assert fam.column == "quality" and fam.codes(docs).tolist() == [3, 0, 2, 1]
+
+
+def _random_characters(n: int, length: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    alphabet = np.array(list("abcdefghijklmnopqrstuvwxyzQXZJK0123456789{}#%&  "))
+    return ["".join(rng.choice(alphabet, length)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def reference(labelled, tmp_path_factory):
+    """A perplexity scorer's reference model trained on 60 Python documentation pages (seconds on a CPU)."""
+    root, _, _ = labelled
+    cfg = QualityConfig(scorer="perplexity", target=str(root / "pos.jsonl"), max_tokens=64, batch_size=4, ref_steps=150, ref_vocab=512)
+    models = tmp_path_factory.mktemp("reference")
+    return cfg, models, scorers.spec("perplexity").prepare(cfg, models)
+
+
+def test_perplexity_prefers_text_like_the_target(labelled, reference):
+    import math
+
+    _, pos, neg = labelled
+    cfg, _, prepared = reference
+    spec = scorers.spec("perplexity")
+    assert prepared.facts["target_documents"] == 60 and prepared.facts["reference_vocab"] <= 512
+    s_pos = spec.score(prepared.model, prepared.options, pos)
+    s_rand = spec.score(prepared.model, prepared.options, _random_characters(20, 400, 0))
+    assert np.isfinite(s_pos).all() and (s_pos < 0).all()  # minus a mean loss in nats: never above 0
+    # a few unseen pages are tables or markup the 60 target pages hardly show; most beat every random string
+    assert auc(s_pos, s_rand) >= 0.9 and np.median(s_pos) > s_rand.max(), (s_pos, s_rand)
+    assert math.exp(-np.median(s_pos)) < math.exp(-np.median(s_rand)) / 2  # perplexity = exp(-score): under half
+    assert auc(s_pos, spec.score(prepared.model, prepared.options, neg)) > 0.65  # English fortunes: nearer, still below
+
+
+def test_perplexity_is_the_model_loss_and_batching_does_not_change_it(labelled, reference):
+    import torch
+    import transformers
+
+    from pipeline.data.tokenizer import load_tokenizer
+
+    _, pos, neg = labelled
+    _, _, prepared = reference
+    spec = scorers.spec("perplexity")
+    texts = [pos[0], "", neg[0][:30], pos[1]]
+    got = spec.score(prepared.model, prepared.options, texts)
+    assert np.isnan(got[1]) and np.isfinite(got[[0, 2, 3]]).all()  # an empty text has no perplexity
+    model = transformers.AutoModelForCausalLM.from_pretrained(prepared.model, local_files_only=True).eval()
+    tok = load_tokenizer(prepared.model)
+    for text, score in zip([texts[0], texts[2], texts[3]], got[[0, 2, 3]]):
+        ids = (tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])[:64]
+        with torch.no_grad():
+            loss = float(model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss)  # mean next-token nats
+        assert score == pytest.approx(-loss, rel=1e-4, abs=1e-4)
+    one_by_one = [spec.score(prepared.model, prepared.options, [t])[0] for t in (texts[0], texts[3])]
+    np.testing.assert_allclose(one_by_one, got[[0, 3]], rtol=1e-4)
+    by_name = scorers.score_unit("perplexity", prepared.model, json.dumps(prepared.options), texts)  # the stage's worker function
+    np.testing.assert_array_equal(by_name, got)
+
+
+def test_perplexity_trains_once_and_refuses_a_bad_target(labelled, reference, tmp_path):
+    root, _, _ = labelled
+    cfg, models, prepared = reference
+    spec = scorers.spec("perplexity")
+    weights = next(Path(prepared.model).glob("*.safetensors"))
+    stamp = weights.stat().st_mtime_ns
+    again = spec.prepare(cfg, models)
+    assert again.key == prepared.key and weights.stat().st_mtime_ns == stamp  # not trained again
+    assert spec.prepare(cfg.model_copy(update={"batch_size": 8}), models).key != prepared.key  # options in the fingerprint
+    with pytest.raises(StrataInputError, match=r"nope\.txt: the target file is missing"):
+        spec.prepare(cfg.model_copy(update={"target": str(tmp_path / "nope.txt")}), tmp_path)
+    (tmp_path / "blank.txt").write_text("\n\n")
+    with pytest.raises(StrataInputError, match=r"blank\.txt: the target file holds no document: the reference model needs text"):
+        spec.prepare(cfg.model_copy(update={"target": str(tmp_path / "blank.txt")}), tmp_path)
+    (tmp_path / "short.txt").write_text("a few words\n")
+    with pytest.raises(StrataInputError, match=r"the target file \(quality\.target\) holds \d+ tokens, less than one sequence of 64"):
+        spec.prepare(cfg.model_copy(update={"target": str(tmp_path / "short.txt")}), tmp_path / "m")

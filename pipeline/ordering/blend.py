@@ -3,7 +3,8 @@
 A *blend* (``mixture.weights`` or ``mixture.stages``, docs/mixture.md "Blends") gives each group of
 a documents column (``mixture.column``: ``source`` by default; a numeric column cut into
 ``mixture.bins`` token quantiles) a share of the schedule's tokens, piecewise constant by tokens:
-stage k holds weights w_k from ``until_tokens`` of stage k-1 to its own (fractions of the schedule).
+stage k holds weights w_k from ``until_tokens`` of stage k-1 to its own (fractions of the schedule;
+a stage's linear ramp from the previous weights is realized as constant steps: :func:`ramp_stages`).
 ``greedy_blend`` realizes it in three steps:
 
 1. **Counts.** Every packed sequence s is used r_s times so that the schedule's tokens of group g
@@ -61,26 +62,31 @@ class Blend:
     max_repetition: tuple[tuple[str, float], ...] = ()
     max_fraction: tuple[tuple[str, float], ...] = ()
     on_infeasible: str = "shrink"  # the caps cannot give the weights at the budget: shrink it (warned) | error
+    origin: tuple[int, ...] = ()  # with ramps: per stage, the configured stage it comes from (a ramp's steps: that stage's)
 
     @staticmethod
     def from_config(mixture) -> "Blend | None":
-        """The blend of a ``MixtureConfig`` (``mixture.weights`` or ``mixture.stages``), None without one."""
+        """The blend of a ``MixtureConfig`` (``mixture.weights`` or ``mixture.stages``), None without
+        one; a stage's ramp (``ramp_tokens``) becomes ``mixture.ramp_steps`` stages of their own
+        (:func:`ramp_stages`)."""
         if mixture.stages:
-            stages = [(s.until_tokens, s.weights) for s in mixture.stages]
+            stages = ramp_stages([(s.until_tokens, s.ramp_tokens, s.weights) for s in mixture.stages], mixture.ramp_steps)
         elif mixture.weights:
-            stages = [(1.0, mixture.weights)]
+            stages = [(1.0, mixture.weights, 0)]
         else:
             return None
 
         def pairs(d: dict) -> tuple:
             return tuple(sorted((str(k), float(v)) for k, v in d.items()))
 
-        return Blend(mixture.column, mixture.bins, tuple(float(e) for e, _ in stages), tuple(pairs(w) for _, w in stages),
-                     pairs(mixture.max_repetition), pairs(mixture.max_fraction), mixture.on_infeasible)
+        return Blend(mixture.column, mixture.bins, tuple(float(e) for e, _, _ in stages), tuple(pairs(w) for _, w, _ in stages),
+                     pairs(mixture.max_repetition), pairs(mixture.max_fraction), mixture.on_infeasible,
+                     tuple(k for _, _, k in stages) if len(stages) > len(mixture.stages or [1]) else ())
 
     def key(self, i: int) -> str:
         """The config key of stage i's weights (for error messages)."""
-        return f"mixture.stages[{i}].weights" if len(self.ends) > 1 or self.ends != (1.0,) else "mixture.weights"
+        configured = self.origin[i] if self.origin else i
+        return f"mixture.stages[{configured}].weights" if len(self.ends) > 1 or self.ends != (1.0,) else "mixture.weights"
 
     def matrix(self, names: list[str]) -> np.ndarray:
         """(stages x groups) weights, each row normalized; names the blend gives that the column lacks are errors."""
@@ -105,6 +111,32 @@ class Blend:
                 raise StrataInputError(f"mixture.{what} names the group {name!r}, which the column {self.column!r} does not hold",
                                        fix=f"name groups among {names}")
         return np.array([given.get(n, default) for n in names])
+
+
+def ramp_stages(stages: list[tuple[float, float, dict]], steps: int) -> list[tuple[float, dict, int]]:
+    """(end, weights, configured stage) of each stage the blend realizes, from the configured
+    (``until_tokens``, ``ramp_tokens``, weights): a stage with a ramp of r tokens (a fraction of
+    the schedule) starting at the previous stage's end a first moves linearly from the previous
+    stage's weights to its own, as ``steps`` constant stages of r / steps each whose weights are
+    the line's at the step's middle (its mean over the step: each step's group tokens are the
+    linear ramp's, so the cumulative targets are the ramp's at every step's end), then holds its
+    own weights to its end. A ramp's weights are interpolated between shares (each stage's weights
+    normalized first); a stage without one keeps its weights as configured."""
+    out: list[tuple[float, dict, int]] = []
+    start, before = 0.0, None
+    for k, (end, ramp, weights) in enumerate(stages):
+        total = float(sum(weights.values()))
+        share = {str(g): float(w) / total for g, w in weights.items()}
+        if ramp > 0 and before is not None:
+            names = sorted(set(before) | set(share))
+            for j in range(steps):
+                t, stop = (j + 0.5) / steps, start + ramp * (j + 1) / steps
+                out.append((float(end) if abs(stop - end) <= 1e-9 else stop,
+                            {g: (1 - t) * before.get(g, 0.0) + t * share.get(g, 0.0) for g in names}, k))
+        if not out or end > out[-1][0]:
+            out.append((float(end), weights, k))  # as configured (normalized where the blend is read)
+        start, before = float(end), share
+    return out
 
 
 def document_groups(docs: pl.DataFrame, blend: Blend) -> tuple[np.ndarray, list[str]]:

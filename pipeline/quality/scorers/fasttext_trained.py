@@ -27,9 +27,10 @@ fasttext = lazy("fasttext")
 NEGATIVE = "__label__cc"
 
 
-def read_texts(path: str, what: str) -> list[str]:
-    """The texts of a labels file: JSONL (``.jsonl``, ``.jsonl.gz``) or Parquet with a ``text``
-    field, else plain text, one document a line; exit 2 when it is missing or holds none."""
+def read_texts(path: str, what: str, why: str = "a classifier needs both classes") -> list[str]:
+    """The texts of a labels file (``quality.<what>``): JSONL (``.jsonl``, ``.jsonl.gz``) or Parquet
+    with a ``text`` field, else plain text, one document a line; exit 2 when it is missing or holds
+    none (``why`` it needs one)."""
     p = Path(path).expanduser()
     if not path or not p.is_file():
         raise StrataInputError(f"the {what} file is missing", path=path or None,
@@ -45,7 +46,7 @@ def read_texts(path: str, what: str) -> list[str]:
         texts = p.read_text(encoding="utf-8").splitlines()
     texts = [t for t in texts if t.strip()]
     if not texts:
-        raise StrataInputError(f"the {what} file holds no document: a classifier needs both classes", path=p,
+        raise StrataInputError(f"the {what} file holds no document: {why}", path=p,
                                fix=f"put {what} documents in it")
     return texts
 
