@@ -9,7 +9,7 @@ from typing import Any, Callable
 import polars as pl
 
 from pipeline.data.blend_names import check_blend_names
-from pipeline.data.corpus import build_corpus, shard_key
+from pipeline.data.corpus import build_corpus, corpus_columns, shard_key
 from pipeline.data.gather import gather_shards, partition_shard, shard_facts, validated_shard
 from pipeline.data.paloma import PalomaWriter
 from pipeline.data.shard_docs import chosen_texts
@@ -154,7 +154,8 @@ def gather_token_ids(layout, params: TokenShardParams) -> StageResult:
     g = gather_shards(layout, "tokens", lambda docs: tokenize_shards(docs, tok, shard_dir, layout.inside("work", "tokens"), params),
                       lambda s: token_files(shard_dir, s, key))
     dtype = token_dtype(len(tok))
-    n_tokens = gather_tokens(g.shards, key, dtype, shard_dir, layout.corpus, layout.tokens, layout.doc_offsets, layout.documents)
+    n_tokens = gather_tokens(g.shards, key, dtype, shard_dir, layout.corpus, layout.tokens, layout.doc_offsets, layout.documents,
+                             corpus_columns(layout.corpus))
     return StageResult(
         outputs=[layout.documents, layout.tokens, layout.doc_offsets],
         rows={"documents": int(n_tokens.size), "tokens": int(n_tokens.sum() + n_tokens.size)},

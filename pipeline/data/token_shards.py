@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache, partial
 from itertools import chain
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -125,16 +125,14 @@ def tokenize_shards(shards: list[ShardDocs], tok, shard_dir: Path, work_dir: Pat
 
 
 def gather_tokens(shards: list[tuple[dict, ShardDocs]], key: str, dtype: np.dtype, shard_dir: Path, corpus_path: Path,
-                  runs_path: Path, offsets_path: Path, documents_path: Path) -> np.ndarray:
+                  runs_path: Path, offsets_path: Path, documents_path: Path, extra: Sequence[str] = ()) -> np.ndarray:
     """Write the token store's index over the shards' files (``runs_path``, see
     :mod:`pipeline.data.token_index`: no copy of the ids), ``doc_offsets.npy`` and
-    ``documents.parquet`` (doc_id, id, source, subdomain and the declared ``corpus.columns`` of
-    ``corpus.parquet`` plus token/char/byte counts; the content hashes stay in ``corpus.parquet``); returns
-    ``n_tokens`` per document. Memory: the counts, runs and documents rows of the shards read
+    ``documents.parquet`` (doc_id, id, source, subdomain and the ``extra`` columns of
+    ``corpus.parquet``, the declared ``corpus.columns``, plus token/char/byte counts; the content
+    hashes stay in ``corpus.parquet``); returns ``n_tokens`` per document. Memory: the counts, runs and documents rows of the shards read
     ahead (two a core, :func:`pipeline.threads.ahead`)."""
-    from pipeline.data.corpus import corpus_columns  # the corpus stage's module: imported where used
-
-    cols = ["doc_id", "id", "source", "subdomain", *corpus_columns(corpus_path)]
+    cols = ["doc_id", "id", "source", "subdomain", *extra]
 
     def part(item: tuple[dict, ShardDocs]) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray, pa.Table]:
         """One shard's token file, runs (local starts, lengths), kept counts and documents rows."""

@@ -36,6 +36,7 @@ import polars as pl
 from pipeline import registry
 from pipeline.errors import StrataInputError
 from pipeline.ordering.features import one_hot, quantile_classes
+from pipeline.ordering.quantiles import BINS, token_quantile_bins
 from pipeline.registry import Registry
 
 if TYPE_CHECKING:
@@ -115,8 +116,6 @@ class ColumnFamily(TokenFamily):
         its token quartiles, as ``quality_bin`` cuts the quality score: its distinct values are no groups."""
         if not docs[self.column].dtype.is_numeric():
             return super().codes(docs)
-        from pipeline.ordering.families.quality_bin import BINS, token_quantile_bins  # a family module: imports this one
-
         values = docs[self.column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
         return token_quantile_bins(values, docs["n_tokens"].to_numpy(), BINS)
 
