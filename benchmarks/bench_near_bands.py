@@ -6,8 +6,11 @@ The gather reads only the stored MinHash signatures, so the corpus here is signa
 rows of seeded random values (distinct documents: their values agree by chance only) in ``--shards``
 files, of which ``--copies`` are planted near copies of an earlier row with a share of their values,
 drawn evenly from 0 to 0.35, replaced (so the copies' signature agreement spreads across the 0.8
-threshold). Each case runs in a fresh process of its own (``--case``), so each peak is its own; the
-driver's peak includes its imports (``rss_before_mb``: after the imports, before the gather).
+threshold). Each case runs in a fresh process of its own (``--case``), so each peak is its own
+(``VmHWM``; the signature files' pages a process reads count in it); the driver's peak includes its
+imports (``rss_before_mb``: after the imports, before the gather). A task's peak is measured by
+running each band group's task again, alone, in a process spawned as the engine spawns them
+(``task_rss_before_mb``: its RSS once the task's module is imported).
 
     nice -n 15 python benchmarks/bench_near_bands.py --docs 200000   # writes benchmarks/results/near_bands.json
 """
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -32,9 +34,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_ablate import commit, machine  # noqa: E402
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (the peak) of this process, in MB: per address space, so a
+    spawned process's figures are its own (``ru_maxrss`` keeps the parent's peak across the exec)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -55,6 +59,33 @@ def generate(folder: Path, docs: int, copies: int, shards: int, num_perm: int, s
     np.save(folder / "planted.npy", np.column_stack([orig, copy]))
 
 
+def _task_peak(*args) -> tuple[float, float]:
+    """One band group's task (:func:`pipeline.clean.near_bands.band_group_pairs`) in this spawned
+    process: (RSS once its module is imported, peak RSS after the task), MB."""
+    from pipeline.clean.near_bands import band_group_pairs
+
+    before = _status_mb("VmRSS")
+    band_group_pairs(*args)
+    return before, _status_mb("VmHWM")
+
+
+def task_peaks(scans: list, exact_rep: np.ndarray, d, tasks: int, folder: Path) -> tuple[float, float]:
+    """Each band group's task run again, alone, in a process spawned as the engine spawns them: the
+    largest (baseline, peak) RSS, MB."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from pipeline.clean.near_bands import _members_file, band_groups
+
+    folder.mkdir(exist_ok=True)
+    shards = [_members_file(s, exact_rep, folder / f"members{j}.npy") for j, s in enumerate(scans)]
+    out = []
+    for g, (a, b) in enumerate(band_groups(d.near_num_perm // d.near_rows, tasks)):
+        with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+            out.append(pool.submit(_task_peak, shards, a, b, d.near_rows, d.near_threshold, str(folder / f"pairs{g}.npy")).result())
+    return max(o[0] for o in out), max(o[1] for o in out)
+
+
 def case(folder: Path, tasks: int, out: Path) -> dict:
     """One run of the gather's near pairs over the files of ``folder`` (``tasks`` 0: one index)."""
     from pipeline.clean.near_bands import band_near_pairs
@@ -71,7 +102,7 @@ def case(folder: Path, tasks: int, out: Path) -> dict:
         scans.append(ShardScan(start, n, None, {"sig": f}))
         start += n
     exact_rep = np.arange(start, dtype=np.int64)
-    before = _rss_mb()
+    before = _status_mb("VmRSS")
     t = time.perf_counter()
     if tasks:
         pairs, candidates = band_near_pairs(scans, exact_rep, d.near_num_perm, d.near_rows, d.near_threshold, tasks, folder / "work")
@@ -79,10 +110,11 @@ def case(folder: Path, tasks: int, out: Path) -> dict:
         pairs, candidates = _near_pairs(cfg, scans, exact_rep)
     wall = time.perf_counter() - t
     np.save(out, pairs)
+    peak = _status_mb("VmHWM")
+    task_before, task_peak = task_peaks(scans, exact_rep, d, tasks, folder / "peaks") if tasks else (None, None)
     return {"tasks": tasks, "wall_s": round(wall, 2), "pairs": int(pairs.shape[0]), "candidates": int(candidates),
-            "rss_before_mb": round(before, 1),
-            "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "largest_task_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1) if tasks else None}
+            "rss_before_mb": round(before, 1), "driver_peak_rss_mb": round(peak, 1),
+            "task_rss_before_mb": task_before and round(task_before, 1), "largest_task_peak_rss_mb": task_peak and round(task_peak, 1)}
 
 
 def main() -> None:
