@@ -307,17 +307,18 @@ def partitioned_order(results: Path, name: str = "partitioned_order_1m") -> str:
 def near_bands(results: Path, name: str = "near_bands") -> str:
     """``bench_near_bands.py``: the clean gather's near pairs from one index and from band-group tasks."""
     doc = _load(results, name)
-    lines = ["| near pairs | wall s | driver peak RSS MB (after imports) | largest task peak RSS MB | pairs | candidates compared |"
-             " pairs equal the one index's |", "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| near pairs | wall s | driver peak RSS MB (after imports) | largest task peak RSS MB (after imports) | pairs |"
+             " candidates compared | pairs equal the one index's |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in doc["cases"]:
         how = "one index in the driver (`near_band_tasks: 0`)" if not r["tasks"] else f"`near_band_tasks: {r['tasks']}`"
-        task = f"{r['largest_task_peak_rss_mb']:,.0f}" if r["tasks"] else "—"
+        task = f"{r['largest_task_peak_rss_mb']:,.0f} ({r['task_rss_before_mb']:,.0f})" if r["tasks"] else "—"
         lines.append(f"| {how} | {r['wall_s']:.2f} | {r['driver_peak_rss_mb']:,.0f} ({r['rss_before_mb']:,.0f}) | {task} |"
                      f" {r['pairs']:,} | {r['candidates']:,} | {'yes' if r['same_pairs_as_one_index'] else '**no**'} |")
     lines.append("")
     lines.append(f"`{doc['benchmark']} --docs {doc['docs']} --copies {doc['copies']}` ({doc['shards']} signature files,"
                  f" {doc['planted_pairs_found']:,} of the planted copies found) at {doc['commit'][:12]}, {doc['date'][:10]},"
-                 f" {_machine(doc)}. From `benchmarks/results/{name}.json`.")
+                 f" {_machine(doc)}; a peak counts the signature files' pages its process read (memory-mapped)."
+                 f" From `benchmarks/results/{name}.json`.")
     return "\n".join(lines)
 
 
