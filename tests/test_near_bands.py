@@ -150,3 +150,19 @@ def test_union_find_matches_connected_components_on_random_graphs():
         first = np.full(label.max() + 1, n)
         np.minimum.at(first, label, np.arange(n))
         assert np.array_equal(representatives(n, pairs), first[label])
+
+
+@pytest.mark.integration
+def test_a_local_ray_cluster_gives_the_local_engines_pairs(tmp_path, planted):
+    """engine: ray runs each band group as a Ray task on a real (one-node, local) cluster: the same pairs."""
+    pytest.importorskip("ray")
+    from pipeline.clean.stage import _near_pairs
+    from pipeline.config import RayConfig
+    from pipeline.distributed.local_cluster import local_cluster
+
+    cfg, texts, truth, scans, exact_rep = planted
+    d = cfg.dedup
+    with local_cluster([2]) as (address, _):
+        got, _ = band_near_pairs(scans, exact_rep, d.near_num_perm, d.near_rows, d.near_threshold, 3, tmp_path / "work",
+                                 engine="ray", ray_cfg=RayConfig(address=address))
+    assert np.array_equal(got, _near_pairs(cfg, scans, exact_rep)[0])
