@@ -328,6 +328,24 @@ def quality_scoring(results: Path) -> str:
     return "\n".join(lines)
 
 
+def near_bands(results: Path, name: str = "near_bands") -> str:
+    """``bench_near_bands.py``: the clean gather's near pairs from one index and from band-group tasks."""
+    doc = _load(results, name)
+    lines = ["| near pairs | wall s | driver peak RSS MB (after imports) | largest task peak RSS MB (after imports) | pairs |"
+             " candidates compared | pairs equal the one index's |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in doc["cases"]:
+        how = "one index in the driver (`near_band_tasks: 0`)" if not r["tasks"] else f"`near_band_tasks: {r['tasks']}`"
+        task = f"{r['largest_task_peak_rss_mb']:,.0f} ({r['task_rss_before_mb']:,.0f})" if r["tasks"] else "—"
+        lines.append(f"| {how} | {r['wall_s']:.2f} | {r['driver_peak_rss_mb']:,.0f} ({r['rss_before_mb']:,.0f}) | {task} |"
+                     f" {r['pairs']:,} | {r['candidates']:,} | {'yes' if r['same_pairs_as_one_index'] else '**no**'} |")
+    lines.append("")
+    lines.append(f"`{doc['benchmark']} --docs {doc['docs']} --copies {doc['copies']}` ({doc['shards']} signature files,"
+                 f" {doc['planted_pairs_found']:,} of the planted copies found) at {doc['commit'][:12]}, {doc['date'][:10]},"
+                 f" {_machine(doc)}; a peak counts the signature files' pages its process read (memory-mapped)."
+                 f" From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -340,6 +358,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "clean_1m": lambda results: clean_planted(results, "clean_1m"),
     "clean_shards_1m": clean_shards,
     "near_recall": near_recall,
+    "near_bands": near_bands,
+    "near_bands_1m": lambda results: near_bands(results, "near_bands_1m"),
     "partitioned_order_1m": partitioned_order,
     "quality_scoring": quality_scoring,
 }

@@ -489,6 +489,9 @@ class StrataConfig(_Model):
     shard_docs: int = Field(4096, ge=1)  # documents per work shard of tokens/embeddings (both engines: fixes batch composition)
     # corpus_shards / cluster_shards partitions strata run runs at once (0 = one a core; cluster_shards 2 at most)
     partition_workers: int = Field(0, ge=0)
+    # the clean gather's near duplicates: 0 = one index of every LSH band in its own process; N = the bands in N groups,
+    # each a task on the engine (a worker process, or a Ray task) writing its pairs under work/clean/ (docs/scale.md)
+    near_band_tasks: int = Field(0, ge=0)
     automation: Literal["manual", "eager"] = "manual"  # eager: Dagster declarative automation reruns stale assets
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     heldout_fraction: float = Field(0.02, ge=0.0, lt=0.5)  # seeded split of documents excluded from training

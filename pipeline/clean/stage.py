@@ -25,6 +25,7 @@ from pipeline.clean.decontam import EvalNgrams, eval_sources, trained_boilerplat
 from pipeline.clean.exact import exact_representatives
 from pipeline.clean.groups import components
 from pipeline.clean.near import EMPTY, band_keys, lsh_pairs
+from pipeline.clean.near_bands import near_by_bands
 from pipeline.clean.plan import REASONS, plan
 from pipeline.clean.removals import clean_file
 from pipeline.clean.report import plot_clean
@@ -53,6 +54,7 @@ class CleanParams(EngineParams):
     dclm_dir: str = setting()
     seed: int = setting()  # the MinHash permutations
     corpus_shard: CorpusShardParams = setting(versioned=False, convert=CorpusShardParams)  # a partition's shard (corpus_shards')
+    near_band_tasks: int = setting(versioned=False)  # the near-pair gather's band groups, each a task (0: one index here)
 
 
 def _specs(layout, params: CleanParams) -> tuple:
@@ -247,7 +249,8 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     n, t0 = sum(s.n for s in scans), time.perf_counter()
     exact_rep = _exact_representatives(scans, n) if main.exact and n else np.arange(n, dtype=np.int64)
     t1 = time.perf_counter()
-    near, candidates = _near_pairs(params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
+    near_of = near_by_bands if params.near_band_tasks else lambda _, *args: _near_pairs(*args)  # band groups as tasks, or one index here
+    near, candidates = near_of(layout, params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
     t2 = time.perf_counter()
     hits_file = layout.inside("clean", "skipped_hits.parquet")
     with _skipped_sink(hits_file) as sink:
