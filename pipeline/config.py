@@ -122,6 +122,10 @@ class CorpusConfig(_Model):
     max_docs: int = Field(0, ge=0)  # 0 = all (a seeded sample otherwise)
     builtin_max_docs: int = Field(3000, ge=1)  # cap of the built-in corpus (deterministic selection)
     on_error: Literal["fail", "skip"] = "fail"
+    # pack shard files smaller than this many bytes into one unit (one corpus_shard partition) of
+    # about this many bytes, so thousands of small files cost their bytes, not a Dagster run each
+    # (pipeline/data/shards.py: group_files); 0 = one partition per file
+    group_bytes: int = Field(0, ge=0)
 
     @field_validator("path")
     @classmethod
