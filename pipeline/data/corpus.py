@@ -235,7 +235,7 @@ def _duplicate_error(first, units: list[str], lines: list[pl.Series], infos: lis
     else:
         records = "[" + ", ".join(f"{_row_file(units[u], files[u], r)} line {int(lines[u][r])}" for u, r in where[:5]) + "]"
     return StrataInputError(
-        f"duplicate document id {doc!r} (records {records})", path=_row_file(units[unit], files[unit], where[-1][1], full=True),
+        f"duplicate document id {doc!r} (records {records})", path=_row_file(units[unit], files[unit], where[1][1], full=True),
         fix="give every document a unique id, set corpus.id_field to a unique field, or corpus.on_error: skip",
     )
 
