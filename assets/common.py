@@ -39,8 +39,8 @@ class StrataSettings(dg.ConfigurableResource):
 # `strata_config` sensor (Dagster UI) and `strata status` sync them (sync_partitions), so adding a
 # strategy to the config file needs no restart.
 STRATEGY_PARTITIONS = dg.DynamicPartitionsDefinition(name="strategy")
-# Corpus shards (one partition per shard file, keyed by pipeline.data.corpus.shard_key) are
-# discovered from corpus.path the same way.
+# Corpus shards (one partition per shard file, or per group of small files with corpus.group_bytes,
+# keyed by pipeline.data.corpus.shard_key) are discovered from corpus.path the same way.
 SHARD_PARTITIONS = dg.DynamicPartitionsDefinition(name="corpus_shard")
 SEED_PARTITIONS = dg.DynamicPartitionsDefinition(name="seed")
 RUN_PARTITIONS = dg.MultiPartitionsDefinition({"strategy": STRATEGY_PARTITIONS, "seed": SEED_PARTITIONS})

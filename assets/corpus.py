@@ -17,8 +17,8 @@ def raw_corpus(settings: StrataSettings) -> dg.DataVersion:
 
 
 @dg.observable_source_asset(group_name="data", partitions_def=SHARD_PARTITIONS,
-                            description="One corpus shard per partition; its data version is a hash of the shard's bytes and the "
-                                        "reading options.")
+                            description="One corpus shard (or group of small files: corpus.group_bytes) per partition; its data "
+                                        "version is a hash of the shard's bytes and the reading options.")
 def raw_shards(context: dg.AssetExecutionContext, settings: StrataSettings) -> dg.DataVersionsByPartition:
     versions = shard_versions(settings.config().corpus)
     return dg.DataVersionsByPartition({k: dg.DataVersion(fp) for k, (_, fp) in versions.items()})

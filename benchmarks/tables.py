@@ -47,7 +47,7 @@ def _load(results: Path, name: str) -> dict:
 
 def _machine(doc: dict) -> str:
     m = doc.get("machine") or {}
-    load = m.get("loadavg_at_start")
+    load = m.get("loadavg_at_start", m.get("load_average_at_start"))
     load = f" (load average {load:.1f} at the start)" if load is not None else ""
     return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores{load}"
 
@@ -346,6 +346,27 @@ def near_bands(results: Path, name: str = "near_bands") -> str:
     return "\n".join(lines)
 
 
+def small_files(results: Path, name: str = "small_files") -> str:
+    """``bench_small_files.py``: ``strata run --select corpus_shards`` over one-document files, a
+    partition a file against grouped by ``corpus.group_bytes``, and the same documents in one file."""
+    doc = _load(results, name)
+    what = {"files": "a partition a file", "grouped": "grouped", "grouped_edit": "grouped, one file edited, run again",
+            "grouped_large": "grouped", "one_file": "the same documents in one file"}
+    lines = ["| run | files | `group_bytes` | partitions run | wall s | s a partition | ms a file | Dagster storage KB | KB a file |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["runs"]:
+        lines.append(f"| {what.get(r['run'], r['run'])} | {r['files']:,} | {r['group_bytes']:,} | {r['partitions_run']:,} |"
+                     f" {r['process_wall_s']:.1f} | {r['wall_s_per_partition']:.2f} | {r['wall_ms_per_file']:,.1f} |"
+                     f" {r['dagster_storage_bytes'] / 1000:,.0f} | {r['dagster_bytes_per_file'] / 1000:,.1f} |")
+    same = "equal" if doc["grouped_large_documents_equal_one_file"] else "NOT equal"
+    lines.append("")
+    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}; wall: the whole `strata run` process"
+                 " (its start and the corpus's listing included); Dagster storage: the data root's after the run (the edited run's"
+                 f" holds the first run's too). The grouped files' validated documents (id, text, source, in order) are {same} to"
+                 f" the one file's. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -362,6 +383,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "near_bands_1m": lambda results: near_bands(results, "near_bands_1m"),
     "partitioned_order_1m": partitioned_order,
     "quality_scoring": quality_scoring,
+    "small_files": small_files,
 }
 
 

@@ -132,6 +132,10 @@ class CorpusConfig(_Model):
     # fields of the corpus records carried through to the documents table, each typed: {score: number, lang: string}
     # (a mixture.column, a characteristic family; docs/mixture.md "Your corpus's own columns")
     columns: dict[str, Literal["number", "string"]] = Field(default_factory=dict)
+    # pack shard files smaller than this many bytes into one unit (one corpus_shard partition) of
+    # about this many bytes, so thousands of small files cost their bytes, not a Dagster run each
+    # (pipeline/data/shards.py: group_files); 0 = one partition per file
+    group_bytes: int = Field(0, ge=0)
 
     @field_validator("path")
     @classmethod

@@ -45,10 +45,12 @@ from pipeline.data.shards import (
     ShardReport,
     declared_columns,
     discover_shards,
+    group_files,
     is_shard,
     read_records,
     read_shard,
     shard_fingerprint,
+    shard_size,
 )
 from pipeline.distributed.engine import map_shards
 from pipeline.distributed.shards import Shard
@@ -77,14 +79,43 @@ class CorpusReport:
     lines: list[int] = field(default_factory=list)  # file line (or row) of each kept record
 
 
+# the end of a unit that is a group of small shard files: the group's first file, then this (no
+# shard's name ends so, :func:`pipeline.data.shards.is_shard`)
+GROUP_MARK = "+group"
+
+
 def corpus_units(cfg: CorpusConfig) -> list[str]:
     """The corpus's units of reading: shard file paths and object URLs (those of ``corpus.path``,
-    or the data files of ``corpus.hf_dataset``'s split), or ``builtin``."""
+    or the data files of ``corpus.hf_dataset``'s split), or ``builtin``. With ``corpus.group_bytes``
+    the small files of ``corpus.path`` come in groups (:func:`corpus_groups`): a group of two or
+    more files is the unit ``<its first file>+group``."""
     if _has_path(cfg):
+        if cfg.group_bytes:
+            return list(corpus_groups(cfg))
         return [str(p) for p in discover_shards(cfg.path)]
     if cfg.hf_dataset:
         return data_files(cfg.hf_dataset, cfg.hf_split)
     return ["builtin"]
+
+
+def corpus_groups(cfg: CorpusConfig) -> dict[str, list[str]]:
+    """``{unit: its shard files}`` of ``corpus.path`` grouped by ``corpus.group_bytes``
+    (:func:`pipeline.data.shards.group_files`), in corpus order; a file alone is its own unit."""
+    files = discover_shards(cfg.path)
+    groups = group_files(files, parallel_map(shard_size, files), cfg.group_bytes) if cfg.group_bytes else [[f] for f in files]
+    return {(str(g[0]) + GROUP_MARK if len(g) > 1 else str(g[0])): [str(f) for f in g] for g in groups}
+
+
+def unit_files(unit: str, cfg: CorpusConfig) -> list[str]:
+    """The shard files a unit reads: a group's files (the corpus listed again), else the unit itself."""
+    if not unit.endswith(GROUP_MARK):
+        return [unit]
+    files = corpus_groups(cfg).get(unit)
+    if files is None:
+        raise StrataInputError("the group of small shard files is not in the corpus any more (a file was added, removed or "
+                               "resized, or corpus.group_bytes changed)", path=unit.removesuffix(GROUP_MARK),
+                               fix="run `strata status` (it syncs the shard partitions) and run again")
+    return files
 
 
 def _has_path(cfg: CorpusConfig) -> bool:
@@ -106,7 +137,37 @@ def read_unit(unit: str, cfg: CorpusConfig, report: ShardReport, batch_rows: int
     if cfg.hf_dataset and not _has_path(cfg) and not is_shard(unit):  # a data file of another format (CSV, Arrow …)
 
         return read_records(file_records(cfg.hf_dataset, unit), cfg, unit, report, batch_rows)
+    if unit.endswith(GROUP_MARK):
+        return _read_group(unit_files(unit, cfg), cfg, report, batch_rows)
     return read_shard(_shard_path(unit), cfg, report, batch_rows, expect=fingerprint)
+
+
+def _read_group(files: list[str], cfg: CorpusConfig, report: ShardReport, batch_rows: int) -> Iterator[pl.DataFrame]:
+    """Validated batches of a group's files read one after the other, cut into batches of
+    ``batch_rows`` records as one file's would be. Each record keeps its file's line (or row); a
+    bad record stops the run naming its file and line, or, skipped, is counted as ``<file>: <reason>``;
+    ``report.files`` gets each file's ``[path, records kept]``, in order, which says which file a
+    row of the validated shard came from."""
+    held: list[pl.DataFrame] = []
+    n_held = 0
+    for f in files:
+        sub = ShardReport(f)
+        kept = 0
+        for batch in read_shard(_shard_path(f), cfg, sub, batch_rows):
+            kept += batch.height
+            held.append(batch)
+            n_held += batch.height
+            while n_held >= batch_rows:
+                joined = pl.concat(held)
+                yield joined.head(batch_rows)
+                rest = joined.slice(batch_rows)
+                held, n_held = ([rest] if rest.height else []), rest.height
+        report.n_read += sub.n_read
+        report.skipped += [(line, f"{f.rsplit('/', 1)[-1]}: {reason}") for line, reason in sub.skipped]
+        report.surrogates_replaced += sub.surrogates_replaced
+        report.files.append([f, kept])
+    if n_held:
+        yield pl.concat(held)
 
 
 def _shard_path(unit: str) -> Path | str:
@@ -170,16 +231,30 @@ def max_docs_sample(n: int, max_docs: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, max_docs, replace=False))
 
 
-def _duplicate_error(first, units: list[str], lines: list[pl.Series]) -> StrataInputError:
+def _duplicate_error(first, units: list[str], lines: list[pl.Series], infos: list[dict] | None = None) -> StrataInputError:
     unit, doc, where = first
-    if len(units) == 1:
+    files = [_row_files(info) for info in infos] if infos else [None] * len(units)
+    if len(units) == 1 and files[0] is None:
         records = str([int(lines[u][r]) for u, r in where[:5]])
     else:
-        records = "[" + ", ".join(f"{Path(units[u]).name} line {int(lines[u][r])}" for u, r in where[:5]) + "]"
+        records = "[" + ", ".join(f"{_row_file(units[u], files[u], r)} line {int(lines[u][r])}" for u, r in where[:5]) + "]"
     return StrataInputError(
-        f"duplicate document id {doc!r} (records {records})", path=units[unit],
+        f"duplicate document id {doc!r} (records {records})", path=_row_file(units[unit], files[unit], where[1][1], full=True),
         fix="give every document a unique id, set corpus.id_field to a unique field, or corpus.on_error: skip",
     )
+
+
+def _row_files(info: dict) -> tuple[np.ndarray, list[str]] | None:
+    """Where each file of a group's validated shard begins (rows) and the files, from its report; None for one file."""
+    if "files" not in info:
+        return None
+    return np.cumsum([0, *(int(n) for _, n in info["files"])]), [f for f, _ in info["files"]]
+
+
+def _row_file(unit: str, files: tuple[np.ndarray, list[str]] | None, row: int, full: bool = False) -> str:
+    """The file (its name, or its path with ``full``) that row ``row`` of a unit's validated shard came from."""
+    path = unit if files is None else files[1][int(np.searchsorted(files[0], row, side="right")) - 1]
+    return path if full else Path(path).name
 
 
 def content_hashes(texts: pl.Series) -> pl.Series:
@@ -232,14 +307,30 @@ def corpus_fingerprint(cfg: CorpusConfig) -> str:
 def unit_fingerprints(cfg: CorpusConfig) -> dict[str, str]:
     """Content fingerprint of each unit of :func:`corpus_units`, the files read and hashed on a
     thread a core (reads and SHA-256 release the GIL)."""
+    if _has_path(cfg) and cfg.group_bytes:  # every file hashed on a thread a core, then each group's from its files'
+        groups = corpus_groups(cfg)
+        files = [f for fs in groups.values() for f in fs]
+        fps = dict(zip(files, parallel_map(lambda f: shard_fingerprint(_shard_path(f), cfg), files)))
+        return {unit: fps[fs[0]] if fs == [unit] else _group_fingerprint(fs, fps) for unit, fs in groups.items()}
     units = corpus_units(cfg)
     return dict(zip(units, parallel_map(lambda unit: unit_fingerprint(unit, cfg), units)))
+
+
+def _group_fingerprint(files: list[str], fps: dict[str, str]) -> str:
+    """A group's data version: its files' paths and fingerprints."""
+    h = hashlib.sha256(b"group")
+    for f in files:
+        h.update(f"{f}\0{fps[f]}\0".encode())
+    return h.hexdigest()[:32]
 
 
 def unit_fingerprint(unit: str, cfg: CorpusConfig) -> str:
     """Content fingerprint of one unit (a file's bytes, an object's version, the built-in documents)."""
     if unit == "builtin":
         return _builtin_fingerprint(cfg.builtin_max_docs)
+    if unit.endswith(GROUP_MARK):
+        files = unit_files(unit, cfg)
+        return _group_fingerprint(files, {f: shard_fingerprint(_shard_path(f), cfg) for f in files})
     return shard_fingerprint(_shard_path(unit), cfg)
 
 
@@ -269,6 +360,11 @@ def shard_versions(cfg: CorpusConfig) -> dict[str, tuple[str, str]]:
 def shard_version(cfg: CorpusConfig, key: str) -> tuple[str, str] | None:
     """``(unit, content fingerprint)`` of the shard with partition key ``key`` (reading only that
     shard), or None when the corpus has no such shard."""
+    if _has_path(cfg) and cfg.group_bytes:  # the corpus listed once
+        for unit, files in corpus_groups(cfg).items():
+            if shard_key(unit) == key:
+                return unit, _group_fingerprint(files, {f: shard_fingerprint(_shard_path(f), cfg) for f in files})
+        return None
     for unit in corpus_units(cfg):
         if shard_key(unit) == key:
             return unit, unit_fingerprint(unit, cfg)
@@ -344,6 +440,8 @@ def validate_unit(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: i
             if writer is not None:
                 writer.close()
     info = {"unit": unit, "n_read": sr.n_read, "skipped": [[int(line), reason] for line, reason in sr.skipped]}
+    if sr.files:  # a group of files: which file each run of rows came from
+        info["files"] = sr.files
     if sr.surrogates_replaced:  # lone UTF-16 surrogates (half an emoji) replaced by U+FFFD: counted, logged
         info["surrogates_replaced"] = sr.surrogates_replaced
         logging.getLogger(__name__).warning("%s: %d record(s) held lone UTF-16 surrogates, replaced by U+FFFD", unit,
@@ -447,7 +545,7 @@ def build_corpus(cfg: CorpusConfig, seed: int, heldout_fraction: float, shard_di
         report.n_read += info["n_read"]
         report.skipped += [(int(a), str(b)) for a, b in info["skipped"]]
         report.skipped_by_shard[unit] = len(info["skipped"])
-    valid = _training_rows(cfg, seed, units, files, report)
+    valid = _training_rows(cfg, seed, units, files, report, infos)
     stream = _write_corpus(corpus_path, files, valid, batch_rows, heldout, declared_columns(cfg))
     rows = [{"shard": u, "path": units[u], "fingerprint": fps[units[u]], "n_read": infos[u]["n_read"],
              "n_skipped": report.skipped_by_shard[units[u]], **counts, "validated": f.name}
@@ -487,7 +585,8 @@ def _validate_units(cfg: CorpusConfig, fps: dict[str, str], seed: int, heldout_f
     return files, infos, reused
 
 
-def _training_rows(cfg: CorpusConfig, seed: int, units: list[str], files: list[Path], report: CorpusReport) -> list[np.ndarray]:
+def _training_rows(cfg: CorpusConfig, seed: int, units: list[str], files: list[Path], report: CorpusReport,
+                   infos: list[dict] | None = None) -> list[np.ndarray]:
     """The global steps over the validated shards: per shard, which rows stay in the corpus. A
     document id seen before (in any shard) fails the build under ``on_error="fail"``, else is
     skipped and counted in ``report``; above ``max_docs`` a seeded sample of the rest stays."""
@@ -496,11 +595,14 @@ def _training_rows(cfg: CorpusConfig, seed: int, units: list[str], files: list[P
     if first is not None and cfg.on_error == "fail":
         lines = [pl.read_parquet(f, columns=["line"])["line"] if any(u == i for i, _ in first[2]) else pl.Series([], dtype=pl.Int64)
                  for u, f in enumerate(files)]
-        raise _duplicate_error(first, units, lines)
+        raise _duplicate_error(first, units, lines, infos)
     for u, m in enumerate(masks):
         if m.any():
             lines = pl.read_parquet(files[u], columns=["line"])["line"].filter(pl.Series(m))
-            report.skipped += [(int(line), f"duplicate document id {doc!r}") for line, doc in zip(lines, ids[u].filter(pl.Series(m)))]
+            rows = _row_files(infos[u]) if infos else None
+            name = [f"{_row_file(units[u], rows, r)}: " if rows else "" for r in np.flatnonzero(m)]
+            report.skipped += [(int(line), f"{at}duplicate document id {doc!r}")
+                               for line, doc, at in zip(lines, ids[u].filter(pl.Series(m)), name)]
             report.skipped_by_shard[units[u]] += int(m.sum())
     del ids
     valid = [~m for m in masks]

@@ -65,6 +65,7 @@ class ShardReport:
     n_read: int = 0
     skipped: list[tuple[int, str]] = field(default_factory=list)
     surrogates_replaced: int = 0  # records whose strings held lone UTF-16 surrogates, replaced by U+FFFD
+    files: list[list] = field(default_factory=list)  # a group of files: [file, records kept] of each, in order
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # in a str from json.loads a surrogate is always lone (pairs decode to one code point)
@@ -632,3 +633,45 @@ def read_records(records, cfg: CorpusConfig, where: str, report: ShardReport, ba
     """Validated batches from an iterable of dict records (a data file ``datasets`` streams)."""
     return _batches(enumerate(records, start=1), lambda record, _: record, cfg, where, report, batch_rows)
 
+
+
+# --------------------------------------------------------------------------- small files grouped
+
+GROUP_CAP = 2  # a group never passes this many times ``group_bytes`` (a file at least group_bytes stays alone)
+
+
+def shard_size(path: Path | str) -> int:
+    """Bytes of a shard file (an object's size from its listing)."""
+    if _is_url(path):
+        return remote.object_info(str(path)).size
+    return Path(path).stat().st_size
+
+
+def starts_group(path: Path | str, size: int, group_bytes: int) -> bool:
+    """Whether a file smaller than ``group_bytes`` begins a new group: true with probability about
+    ``size / group_bytes`` (its size rounded up to a power of two), drawn from a hash of its name
+    alone. So a group holds about ``group_bytes`` (half to all of it on average) and where the
+    groups begin depends on each file's own name and rough size, never on the files around it:
+    adding, removing or editing a file changes its own group (two, when it now begins one), not
+    every group after it."""
+    weight = 1 << max(int(size) - 1, 0).bit_length()
+    draw = int.from_bytes(hashlib.sha256(_name(path).encode()).digest()[:8], "big")
+    return draw * group_bytes < weight << 64
+
+
+def group_files(files: Sequence[Path | str], sizes: Sequence[int], group_bytes: int) -> list[list[Path | str]]:
+    """``files`` (in their order) cut into groups: a file of ``group_bytes`` or more alone, the
+    smaller ones packed in order into groups that begin where :func:`starts_group` says (or where
+    adding the next file would pass ``GROUP_CAP`` times ``group_bytes``). ``group_bytes`` 0: every
+    file alone."""
+    groups: list[list[Path | str]] = []
+    total, open_ = 0, False  # bytes of the last group; whether small files may join it
+    for path, size in zip(files, sizes):
+        small = 0 < group_bytes and size < group_bytes
+        if small and open_ and total + size <= GROUP_CAP * group_bytes and not starts_group(path, size, group_bytes):
+            groups[-1].append(path)
+            total += size
+        else:
+            groups.append([path])
+            total, open_ = size, small
+    return groups
