@@ -152,3 +152,16 @@ def test_strata_run_makes_a_partition_a_group_and_reruns_only_an_edited_one(tmp_
         (raw / "f-0050.jsonl").write_text(_doc(50).replace("document", "Document"))
         materialize_all(str(cfg_path), None, select="corpus_shards", log=lambda *_: None, log_level="WARNING", instance=instance)
         assert runs() == first + 1  # the edited file's group only
+
+
+def test_many_files_without_grouping_are_warned_once(tmp_path, monkeypatch, caplog):
+    import pipeline.data.corpus as corpus
+
+    raw = _files(tmp_path / "raw", 12)
+    monkeypatch.setattr(corpus, "MANY_FILES", 10)
+    with caplog.at_level("WARNING", logger="pipeline.data.corpus"):
+        corpus_units(_cfg(raw, group=0))
+        corpus_units(_cfg(raw, group=0))
+        corpus_units(_cfg(raw))  # grouped: nothing to say
+    warned = [r.getMessage() for r in caplog.records if "group_bytes" in r.getMessage()]
+    assert len(warned) == 1 and "12 shard files" in warned[0], warned

@@ -84,6 +84,10 @@ class CorpusReport:
 GROUP_MARK = "+group"
 
 
+MANY_FILES = 1000  # shard files past which a corpus without corpus.group_bytes is warned of a partition each
+_WARNED_MANY: set[str] = set()
+
+
 def corpus_units(cfg: CorpusConfig) -> list[str]:
     """The corpus's units of reading: shard file paths and object URLs (those of ``corpus.path``,
     or the data files of ``corpus.hf_dataset``'s split), or ``builtin``. With ``corpus.group_bytes``
@@ -92,7 +96,13 @@ def corpus_units(cfg: CorpusConfig) -> list[str]:
     if _has_path(cfg):
         if cfg.group_bytes:
             return list(corpus_groups(cfg))
-        return [str(p) for p in discover_shards(cfg.path)]
+        files = [str(p) for p in discover_shards(cfg.path)]
+        if len(files) > MANY_FILES and str(cfg.path) not in _WARNED_MANY:
+            _WARNED_MANY.add(str(cfg.path))  # once a process: status and the runner list the corpus often
+            logging.getLogger(__name__).warning(
+                "%s: %d shard files, each a corpus_shard partition (a Dagster run each); set corpus.group_bytes "
+                "(e.g. 268435456) to read the small ones in groups (docs/scale.md)", cfg.path, len(files))
+        return files
     if cfg.hf_dataset:
         return data_files(cfg.hf_dataset, cfg.hf_split)
     return ["builtin"]
