@@ -39,27 +39,28 @@ def signature_rows(texts: Sequence[str], num_perm: int, ngram: int, seed: int = 
     A text's shingles go into its MinHash ``chunk`` (:data:`SHINGLE_CHUNK`) at a time: the MinHash of
     a union is the elementwise minimum of the parts' MinHashes, so the signature is the same, and the
     permuted values held at once are ``chunk * num_perm`` however long the text (one 50 MB text has
-    about 8M shingles: 4.6 GB of permuted values in one batch at 72 permutations). A text longer than
+    about 8.3M shingles: 4.8 GB of permuted values in one batch at 72 permutations). A text longer than
     ``limit`` characters (:data:`LONG_CHARS <pipeline.clean.ngrams.LONG_CHARS>`) is shingled piece by
     piece (:func:`pipeline.clean.ngrams.long_text_ngrams`), so its words are not all held at once either."""
     chunk, limit = int(chunk or SHINGLE_CHUNK), int(limit or LONG_CHARS)
     out = np.empty((len(texts), int(num_perm)), np.uint32)
     base = datasketch.MinHash(num_perm=int(num_perm), seed=int(seed), hashfunc=_identity)
 
-    def fold(mh, shingles: np.ndarray) -> None:
-        for at in range(0, shingles.size, chunk):
-            mh.update_batch((shingles[at:at + chunk] & _LOW32).tolist())
+    def fold(mh, shingles: list) -> None:
+        for at in range(0, len(shingles), chunk):
+            mh.update_batch(shingles[at:at + chunk])
 
     whole = [i for i, t in enumerate(texts) if len(t) <= limit]
     flat, offsets = text_ngrams([texts[i] for i in whole], ngram, short=True)
+    low = (flat & _LOW32).tolist()  # texts of at most ``limit`` characters: what one batch always held
     for j, i in enumerate(whole):
         mh = base.copy()
-        fold(mh, flat[offsets[j]:offsets[j + 1]])
+        fold(mh, low[offsets[j]:offsets[j + 1]])
         out[i] = mh.hashvalues
     for i in sorted(set(range(len(texts))) - set(whole)):
         mh = base.copy()
         for shingles in long_text_ngrams(texts[i], ngram, short=True, limit=limit):
-            fold(mh, shingles)
+            fold(mh, (shingles & _LOW32).tolist())
         out[i] = mh.hashvalues
     return out
 
