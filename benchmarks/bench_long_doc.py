@@ -104,11 +104,11 @@ def run(corpus: Path, root: Path, env: dict) -> dict:
     cfg = {"corpus": {"path": str(corpus), "source_field": "domain"}, "data_root": str(root), "heldout_fraction": 0.05,
            "vocab_size": 4096, "k": 8, "seq_len": 512, "strategies": ["random", "greedy"], "batch_size": 32,
            "embed_method": "shallow", "embed_max_tokens": 64}
-    root.mkdir(parents=True)
-    (root / "cfg.yaml").write_text(json.dumps(cfg))
+    cfg_path = root.parent / "cfg.yaml"  # outside the data root, which Strata makes itself
+    cfg_path.write_text(json.dumps(cfg))
     peak, stage, stage_peak = [0], ["start"], {}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "run", "--config", str(root / "cfg.yaml"), "--select", "*orderings"],
+    proc = subprocess.Popen([sys.executable, "-m", "assets.cli", "run", "--config", str(cfg_path), "--select", "*orderings"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done = threading.Event()
 

@@ -462,7 +462,20 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
           f"(CPU/wall {cpu / wall:.2f}), peak anon {peak / 2**30:.2f} GB, wrote {written / 2**30:.2f} GB; load average "
           f"{os.getloadavg()[0]:.1f}\ndata root {whole / 2**30:.2f} GB (" + ", ".join(f"{k} {v / 2**20:,.0f} MB" for k, v in sizes.items())
           + ")")
-    return {"wall_s": wall, "cpu_s": cpu, "peak_anon_gb": peak / 2**30, "written_gb": written / 2**30, "root_gb": whole / 2**30}
+    clean = {}  # the clean stage's files by kind: bytes, and bytes a training document
+    import pyarrow.parquet as pq
+
+    n_train = pq.read_metadata(root / "documents.parquet").num_rows if (root / "documents.parquet").is_file() else None
+    for f in (root / "clean").rglob("*") if (root / "clean").is_dir() else ():
+        if f.is_file():
+            kind = ".".join(f.name.split(".")[-2:]) if f.parent.name == "shards" else f.relative_to(root / "clean").parts[0]
+            clean[kind] = clean.get(kind, 0) + f.stat().st_size
+    return {"docs": n_docs, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "peak_anon_gb": round(peak / 2**30, 3),
+            "written_gb": round(written / 2**30, 3), "root_gb": round(whole / 2**30, 3),
+            "root_mb_by_folder": {k: round(v / 2**20, 1) for k, v in sizes.items()},
+            "clean_bytes_by_kind": clean, "training_docs": n_train,
+            "clean_bytes_per_training_doc": {k: round(v / n_train, 1) for k, v in clean.items()} if n_train else None,
+            "load_average_at_end": round(os.getloadavg()[0], 1)}
 
 
 def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
@@ -617,6 +630,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_scale"))
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and data root")
     ap.add_argument("--strata-run", action="store_true", help="run the path as one `strata run` instead of stage by stage")
+    ap.add_argument("--out", help="with --strata-run: write the figures (and the clean files' bytes a document) to this JSON")
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
     ap.add_argument("--no-baselines", action="store_true",
                     help="skip the tokenizers library's own throughput beside the two tokenizing stages")
@@ -632,7 +646,14 @@ def main() -> None:
     peaks = {}
     for n in args.docs:
         if args.strata_run:
-            measure_run(n, args.work, args.shard_docs, args.strategies, args.reuse, options)
+            result = measure_run(n, args.work, args.shard_docs, args.strategies, args.reuse, options)
+            if args.out:
+                from bench_ablate import commit
+
+                Path(args.out).write_text(json.dumps({"benchmark": "bench_scale.py --strata-run", "commit": commit(),
+                                                      "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                      "shard_docs": args.shard_docs, "strategies": args.strategies,
+                                                      **result}, indent=2) + "\n")
             if not args.keep:
                 shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
             continue

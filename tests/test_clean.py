@@ -14,9 +14,11 @@ from helpers import DATA, demo_slice
 
 from pipeline.clean.decontam import EvalNgrams
 from pipeline.clean.exact import exact_representatives, text_hashes
-from pipeline.clean.near import near_pairs
+from pipeline.clean.near import near_pairs, signature_rows
+from pipeline.clean.ngrams import text_ngrams
 from pipeline.clean.plan import duplicate_groups, plan
 from pipeline.clean.semantic import semantic_pairs
+from pipeline.data.text_pieces import pieces
 
 WIKITEXT = DATA / "eval" / "wikitext" / "wiki.test.raw"
 
@@ -339,3 +341,30 @@ def test_a_scan_is_named_by_what_its_bytes_depend_on():
     assert key(dedup={"near_rows": 8}) == base  # the bands are cut from the stored signatures by the gather
     assert len({base, key(dedup={"near_num_perm": 128}), key(seed=1), key(dedup={"exact": False})}) == 4
     assert scan_spec(StrataConfig.model_validate({}), "/x/clean/evals/def").key != base
+
+
+def test_a_long_text_read_in_pieces_gives_the_signature_and_hits_of_the_whole():
+    """A text longer than ``limit`` is shingled and looked up piece by piece, its shingles folded
+    into the MinHash ``chunk`` at a time: the same signatures and hits as the whole text in one
+    batch (and as datasketch given every shingle at once). The n-grams across each cut are among
+    the evaluation n-grams, so a wrong overlap of words between pieces loses hits."""
+    import datasketch
+
+    texts = _long_texts(4, words=300)
+    long = texts[0] + "\n\n" + texts[1]
+    assert len(list(pieces(long, 200))) > 10
+    few = "x" * 500 + " Σ y"  # longer than the limit, fewer words than a shingle: one shingle of all of them
+    batch = [texts[2], long, "", few, "short text", texts[3]]
+    whole = signature_rows(batch, 72, 5, 7, limit=10**9, chunk=10**9)
+    assert (signature_rows(batch, 72, 5, 7, limit=200, chunk=3) == whole).all()
+    flat, offsets = text_ngrams(batch, 5, short=True)
+    sets = [(flat[offsets[i]:offsets[i + 1]] & np.uint64(0xFFFFFFFF)).tolist() for i in range(len(batch))]
+    ref = datasketch.MinHash.bulk(sets, num_perm=72, seed=7, hashfunc=lambda v: v)
+    assert (whole == np.array([m.hashvalues for m in ref], np.uint32)).all()
+
+    evals = EvalNgrams.build({"long": lambda: [long], "other": lambda: [texts[3]]}, 13)
+    at_once = evals.hits(batch, limit=10**9)
+    in_pieces = evals.hits(batch, limit=200)
+    assert at_once[0].shape[0] == evals.hashes[0].size and set(at_once[0][:, 0]) == {1}  # every n-gram of the long text
+    assert all((a == b).all() and a.shape == b.shape for a, b in zip(at_once, in_pieces))
+    assert evals.hits([few, long], limit=200)[0].shape[0] == evals.hashes[0].size

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from pipeline.clean.ngrams import text_ngrams
+from pipeline.clean.ngrams import LONG_CHARS, long_text_ngrams, text_ngrams
 from pipeline.data.dclm_tasks import TASK_FILES, core_tasks, read_jsonl, task_file
 from pipeline.data.paloma import read_paloma_docs
 from pipeline.data.wikitext import read_articles
@@ -110,21 +110,42 @@ class EvalNgrams:
                    tuple(meta["common"]), tuple(np.load(Path(path) / f"{j}.units.npy", mmap_mode="r") for j in k),
                    tuple(meta["n_units"]))
 
-    def hits(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def hits(self, texts: Sequence[str], limit: int | None = None) -> list[np.ndarray]:
         """Per set, the (k, 2) int64 pairs (text index, index of the n-gram in that set's array) of
-        the set's n-grams each text holds, each pair once."""
-        flat, offsets = text_ngrams(texts, self.n)
-        text_of = np.repeat(np.arange(len(texts)), np.diff(offsets))
+        the set's n-grams each text holds, each pair once. A text longer than ``limit`` characters
+        (:data:`LONG_CHARS <pipeline.clean.ngrams.LONG_CHARS>`) is looked up piece by piece
+        (:func:`pipeline.clean.ngrams.long_text_ngrams`), in memory that does not grow with it."""
+        limit = int(limit or LONG_CHARS)
+        whole = np.array([i for i, t in enumerate(texts) if len(t) <= limit], np.int64)
+        flat, offsets = text_ngrams([texts[i] for i in whole], self.n)
+        text_of = whole[np.repeat(np.arange(whole.size), np.diff(offsets))]
+        found = [[self._pairs(h, flat, text_of)] for h in self.hashes]
+        for i in sorted(set(range(len(texts))) - set(whole.tolist())):
+            parts: list[list[np.ndarray]] = [[] for _ in self.hashes]
+            for grams in long_text_ngrams(texts[i], self.n, limit=limit):
+                for j, h in enumerate(self.hashes):
+                    parts[j].append(np.unique(self._pairs(h, grams, np.zeros(0, np.int64))[:, 1]))
+            for j, p in enumerate(parts):
+                at = np.unique(np.concatenate(p)) if p else np.zeros(0, np.int64)
+                found[j].append(np.column_stack([np.full(at.size, i, np.int64), at]))
         out = []
-        for h in self.hashes:
-            if not (h.size and flat.size):
-                out.append(np.zeros((0, 2), np.int64))
-                continue
-            at = np.minimum(np.searchsorted(h, flat), h.size - 1)
-            hit = h[at] == flat
-            pairs = np.unique(np.stack([text_of[hit], at[hit]], axis=1), axis=0) if hit.any() else np.zeros((0, 2), np.int64)
-            out.append(pairs.astype(np.int64))
+        for f in found:
+            pairs = np.concatenate(f).astype(np.int64)
+            out.append(pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))] if len(f) > 1 else pairs)
         return out
+
+    @staticmethod
+    def _pairs(h: np.ndarray, flat: np.ndarray, text_of: np.ndarray) -> np.ndarray:
+        """(text, n-gram index) of the n-grams ``flat`` (of texts ``text_of``; empty: all text 0)
+        found in the set's sorted ``h``, each pair once."""
+        if not (h.size and flat.size):
+            return np.zeros((0, 2), np.int64)
+        at = np.minimum(np.searchsorted(h, flat), h.size - 1)
+        hit = h[at] == flat
+        if not hit.any():
+            return np.zeros((0, 2), np.int64)
+        rows = text_of[hit] if text_of.size else np.zeros(int(hit.sum()), np.int64)
+        return np.unique(np.stack([rows, at[hit]], axis=1), axis=0).astype(np.int64)
 
     def overlaps(self, texts: Sequence[str]) -> np.ndarray:
         """(len(texts), sets) int64: each text's n-grams found in each set (positions, so a repeated

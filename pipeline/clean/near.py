@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from pipeline.clean.ngrams import _MULT, text_ngrams
+from pipeline.clean.ngrams import _MULT, LONG_CHARS, long_text_ngrams, text_ngrams
 from pipeline.heavy import lazy
 
 datasketch = lazy("datasketch")  # imported on first use (pipeline/heavy.py)
@@ -30,20 +30,43 @@ def _identity(value: int) -> int:
     return value
 
 
-def signature_rows(texts: Sequence[str], num_perm: int, ngram: int, seed: int = 1) -> np.ndarray:
+def signature_rows(texts: Sequence[str], num_perm: int, ngram: int, seed: int = 1, chunk: int | None = None,
+                   limit: int | None = None) -> np.ndarray:
     """(len(texts), num_perm) uint32: the datasketch MinHash of each text's shingles (hashed word
     n-grams; a text shorter than ``ngram`` words is one shingle; an empty text's row is all
-    ``EMPTY``, datasketch's empty signature)."""
-    flat, offsets = text_ngrams(texts, ngram, short=True)
-    low = (flat & _LOW32).tolist()
-    sets = (low[offsets[i]:offsets[i + 1]] for i in range(len(texts)))
+    ``EMPTY``, datasketch's empty signature).
+
+    A text's shingles go into its MinHash ``chunk`` (:data:`SHINGLE_CHUNK`) at a time: the MinHash of
+    a union is the elementwise minimum of the parts' MinHashes, so the signature is the same, and the
+    permuted values held at once are ``chunk * num_perm`` however long the text (one 50 MB text has
+    about 8.3M shingles: 4.8 GB of permuted values in one batch at 72 permutations). A text longer than
+    ``limit`` characters (:data:`LONG_CHARS <pipeline.clean.ngrams.LONG_CHARS>`) is shingled piece by
+    piece (:func:`pipeline.clean.ngrams.long_text_ngrams`), so its words are not all held at once either."""
+    chunk, limit = int(chunk or SHINGLE_CHUNK), int(limit or LONG_CHARS)
     out = np.empty((len(texts), int(num_perm)), np.uint32)
-    for i, mh in enumerate(datasketch.MinHash.bulk(sets, num_perm=int(num_perm), seed=int(seed), hashfunc=_identity)):
+    base = datasketch.MinHash(num_perm=int(num_perm), seed=int(seed), hashfunc=_identity)
+
+    def fold(mh, shingles: list) -> None:
+        for at in range(0, len(shingles), chunk):
+            mh.update_batch(shingles[at:at + chunk])
+
+    whole = [i for i, t in enumerate(texts) if len(t) <= limit]
+    flat, offsets = text_ngrams([texts[i] for i in whole], ngram, short=True)
+    low = (flat & _LOW32).tolist()  # texts of at most ``limit`` characters: what one batch always held
+    for j, i in enumerate(whole):
+        mh = base.copy()
+        fold(mh, low[offsets[j]:offsets[j + 1]])
+        out[i] = mh.hashvalues
+    for i in sorted(set(range(len(texts))) - set(whole)):
+        mh = base.copy()
+        for shingles in long_text_ngrams(texts[i], ngram, short=True, limit=limit):
+            fold(mh, (shingles & _LOW32).tolist())
         out[i] = mh.hashvalues
     return out
 
 
 EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's hash range maximum: every value of an empty signature
+SHINGLE_CHUNK = 1 << 14  # shingles of one text permuted at a time (x num_perm x 8 bytes: 9.4 MB at 72)
 CHUNK = 1 << 15  # candidate pairs whose signatures are compared at a time
 ROWS = 6  # values per LSH band unless told (dedup.near_rows)
 

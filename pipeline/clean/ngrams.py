@@ -3,14 +3,17 @@ the n-grams): what the near-duplicate shingles and the decontamination n-grams a
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import polars as pl
 
+from pipeline.data.text_pieces import PIECE_CHARS, pieces
+
 WORD = r"\w+"  # a word: a run of letters, digits or underscores (punctuation and spacing never count)
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the polynomial n-gram hash (the golden ratio's 64 bits)
 _HASH_SEED = 46  # polars' word hash seed: fixed, so the same words hash the same in every run
+LONG_CHARS = PIECE_CHARS  # a text longer than this is read in pieces (:func:`long_text_ngrams`)
 
 
 def word_hashes(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -65,3 +68,22 @@ def text_ngrams(texts: Sequence[str], n: int, short: bool = False) -> tuple[np.n
     """:func:`ngram_hashes` of :func:`word_hashes`."""
     words, offsets = word_hashes(texts)
     return ngram_hashes(words, offsets, n, short)
+
+
+def long_text_ngrams(text: str, n: int, short: bool = False, limit: int = LONG_CHARS) -> Iterator[np.ndarray]:
+    """:func:`ngram_hashes` of one text in consecutive arrays, read in :func:`pieces
+    <pipeline.data.text_pieces.pieces>` of at most about ``limit`` characters, so the memory is a
+    piece's words whatever the text's length. A piece ends just before whitespace that follows a
+    non-whitespace character, so no word spans two pieces and a word's lowercasing does not depend
+    on the cut; the last ``n - 1`` words of what came before lead the next piece's words, so every
+    n-gram across a cut is made once. Concatenated, the arrays are the whole text's n-grams, in order."""
+    carry = np.zeros(0, np.uint64)
+    made = False
+    for piece in pieces(text, limit):
+        words = np.concatenate([carry, word_hashes([piece])[0]])
+        if words.size >= n:
+            yield ngram_hashes(words, np.array([0, words.size], np.int64), n)[0]
+            made = True
+        carry = words[max(words.size - (n - 1), 0):]  # under n words so far: all of them
+    if short and not made and carry.size:
+        yield ngram_hashes(carry, np.array([0, carry.size], np.int64), n, short=True)[0]

@@ -8,8 +8,10 @@ shard's training documents in units of ``shard_docs`` rows on the configured eng
 - ``<validated>-<key>.sig.npy``: (n, ``dedup.near_num_perm``) uint32, each document's MinHash
   signature (``dedup.near``; the LSH bands are cut from it by the gather, so ``dedup.near_rows``
   is not part of the key, while ``near_num_perm`` is);
-- ``<validated>-<key>.hits.npy``: (k, 3) int64, (row, set, n-gram) for each evaluation n-gram a
-  document holds, each once (``decontam``; the set and n-gram index into the evaluation cache).
+- ``<validated>-<key>.hits.npy``: (k, 3) int32 (int64 if a value does not fit), (row, set, n-gram)
+  for each evaluation n-gram a document holds, each once (``decontam``; the set and n-gram index into
+  the evaluation cache). About 9 hits a document of the benchmarks' corpus against its held-out
+  split: 12 bytes each, half of int64's (``benchmarks/results/scale_50k_run.json``).
 
 ``key`` covers the scan's parameters and the evaluation sets' fingerprint (every byte of their
 files), so a shard is never scanned twice for the same work, and the file of another shard or
@@ -43,7 +45,7 @@ from pipeline.distributed.units import map_corpus_shards
 from pipeline.storage.atomic import write_npy
 from pipeline.storage.integrity import intact
 
-VERSION = "1"  # of the scan's bytes: a change here rescans every shard
+VERSION = "2"  # of the scan's bytes: a change here rescans every shard
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,9 @@ def scan_shards(shards: Sequence[ShardDocs], spec: ScanSpec, shard_dir: Path, wo
         if "sig" in files:
             write_npy(np.concatenate(sigs).astype(np.uint32), files["sig"])
         if "hits" in files:
-            write_npy(np.concatenate(hits), files["hits"])
+            hits = np.concatenate(hits)
+            small = not hits.size or (hits.min() >= 0 and hits.max() < 2**31)
+            write_npy(hits.astype(np.int32) if small else hits, files["hits"])
 
 
     return map_corpus_shards(shards, scan_unit, unit_args, assemble, lambda s: intact(spec.files(shard_dir, s).values()),
@@ -167,7 +171,7 @@ class ShardScan:
 
     def hits(self) -> np.ndarray:
         """(k, 3) int64 (doc id, set, n-gram) of the gathered documents."""
-        hits = np.load(self.files["hits"])
+        hits = np.load(self.files["hits"]).astype(np.int64)
         if self.rows is None:
             hits[:, 0] += self.start
             return hits
