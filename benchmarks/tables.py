@@ -328,6 +328,30 @@ def quality_scoring(results: Path) -> str:
     return "\n".join(lines)
 
 
+def quality_ablation(results: Path) -> str:
+    """``bench_quality_ablation.py``: the quality-aware orderings' held-out loss vs random at equal training tokens."""
+    doc = _load(results, "quality_ablation")
+    loss = {r["strategy"]: r for r in doc["loss"]}
+    lines = ["| ordering | held-out loss (nats/token, mean ± std over seeds) | Δ vs random | 95% interval | per seed Δ | MDE |",
+             "|---|---:|---:|---|---|---:|"]
+    r = loss["random"]
+    lines.append(f"| random | {r['mean']:.4f} ± {r['std'] or 0:.4f} | | | | |")
+    for d in doc["delta_vs_random"]:
+        r = loss[d["strategy"]]
+        cell = f"{d['delta']:+.4f}"
+        lines.append(f"| {d['strategy']} | {r['mean']:.4f} ± {r['std'] or 0:.4f} | {'**' + cell + '**' if d['significant'] else cell} |"
+                     f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] | {' '.join(f'{x:+.4f}' for x in d['per_seed_delta'])} |"
+                     f" {d['mde']:.4f} |")
+    partial = " **Partial**: " + doc["partial"] + "." if doc.get("partial") else ""
+    lines.append("")
+    lines.append(f"{len(doc['seeds'])} seeds ({', '.join(map(str, doc['seeds']))}) × {doc['heldout_documents']} held-out documents,"
+                 f" {doc['training_tokens']:,} training tokens per run ({doc['steps']} steps × {doc['batch_size']} × {doc['seq_len']});"
+                 f" `{doc['metric']}`; intervals: two-way bootstrap over seeds × documents (bold: excludes zero)."
+                 f" `strata run` wall {doc['wall_min']} min, summed over the data roots. `{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}."
+                 f" From `benchmarks/results/quality_ablation.json`.{partial}")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -342,6 +366,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "near_recall": near_recall,
     "partitioned_order_1m": partitioned_order,
     "quality_scoring": quality_scoring,
+    "quality_ablation": quality_ablation,
 }
 
 
