@@ -188,10 +188,11 @@ def main() -> None:
         rows.append({"strategy": name, "per_seed_delta": per_seed, **paired_delta(d)})
         print(f"{name:17s} Δ {rows[-1]['delta']:+.4f} [{rows[-1]['ci_low']:+.4f}, {rows[-1]['ci_high']:+.4f}]  per seed "
               + " ".join(f"{x:+.4f}" for x in per_seed), flush=True)
+    sources = records[0].get("sources") or records[0]["scorer"]["sources"]
     timing = {f"{w.name}/{tag}": t for w, r in zip(works, records) for tag, t in r["timing"].items()}
     out = {**info, "seeds": sorted(seeds), "training_tokens": int(tokens["t"][0]), "steps": STEPS, "batch_size": BATCH,
            "seq_len": SEQ_LEN, "heldout_documents": int(units["unit"].n_unique()), "metric": HELDOUT_METRIC,
-           "scorer": {"name": "fasttext_trained", "sources": records[0].get("sources") or records[0]["scorer"]["sources"], "epochs": 20, "lr": 0.5},
+           "scorer": {"name": "fasttext_trained", "sources": sources, "epochs": 20, "lr": 0.5},
            "stages": {"anneal": ANNEAL, "ascending": ASCENDING}, "same_bytes_sha256": hashes,
            "loss": means.to_dicts(), "delta_vs_random": rows, "timing": timing,
            "wall_min": round(sum(t["wall_s"] for t in timing.values()) / 60, 1), **({"partial": args.partial} if args.partial else {})}

@@ -347,7 +347,8 @@ def quality_ablation(results: Path) -> str:
     lines.append(f"{len(doc['seeds'])} seeds ({', '.join(map(str, doc['seeds']))}) × {doc['heldout_documents']} held-out documents,"
                  f" {doc['training_tokens']:,} training tokens per run ({doc['steps']} steps × {doc['batch_size']} × {doc['seq_len']});"
                  f" `{doc['metric']}`; intervals: two-way bootstrap over seeds × documents (bold: excludes zero)."
-                 f" `strata run` wall {doc['wall_min']} min, summed over the data roots. `{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}."
+                 f" `strata run` wall {doc['wall_min']} min, summed over the data roots."
+                 f" `{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}."
                  f" From `benchmarks/results/quality_ablation.json`.{partial}")
     return "\n".join(lines)
 
