@@ -155,6 +155,22 @@ def run(work: Path, seeds: list[int], negatives: int) -> dict:
     return record
 
 
+def stream_figure(work: Path, path: Path) -> None:
+    """Each ordering's quality along the tokens a run trains on, its first ``STEPS * BATCH`` sequences
+    (``pipeline.reports.quality_stream``), the four in one figure."""
+    import polars as pl
+
+    from pipeline.reports.quality_stream import plot_quality_stream, quality_along_stream
+    from pipeline.storage.layout import Layout
+
+    tables, prefix = [], {}
+    for (tag, strategy), name in NAMES.items():
+        t, p = quality_along_stream(Layout(work / tag), [strategy], max_sequences=STEPS * BATCH)
+        tables.append(t.with_columns(strategy=pl.lit(name)))
+        prefix[name] = p[strategy]
+    plot_quality_stream(pl.concat(tables), prefix, path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -164,6 +180,7 @@ def main() -> None:
     ap.add_argument("--negatives", type=int, default=400)
     ap.add_argument("--partial", default="", help="a note marking the results partial (e.g. fewer seeds than planned)")
     ap.add_argument("--out", default="benchmarks/results/quality_ablation.json")
+    ap.add_argument("--figure", default="", help="also draw the four orderings' quality along the stream here (a PNG)")
     args = ap.parse_args()
     import polars as pl
 
@@ -198,6 +215,9 @@ def main() -> None:
            "wall_min": round(sum(t["wall_s"] for t in timing.values()) / 60, 1), **({"partial": args.partial} if args.partial else {})}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    if args.figure:
+        stream_figure(works[0], Path(args.figure))
+        print(f"wrote {args.figure}")
     print(f"wrote {args.out}")
 
 

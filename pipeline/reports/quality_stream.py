@@ -25,17 +25,18 @@ SCHEMA = {"strategy": pl.String, "window_index": pl.Int64, "token_start": pl.Int
           "mean_quality": pl.Float64}
 
 
-def stream_segments(layout: Layout, strategy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(doc_id, n_tokens) of every segment of ``strategy``'s stream, in stream order, and each
-    position's segment count."""
+def stream_segments(layout: Layout, strategy: str, max_sequences: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(doc_id, n_tokens) of every segment of ``strategy``'s stream (its first ``max_sequences``
+    positions when > 0), in stream order, and each position's segment count."""
     ordering = Store(layout).ordering(strategy)
+    order = ordering.order[:max_sequences] if max_sequences > 0 else ordering.order
     seg = pl.read_parquet(ordering.segments_path, columns=["sequence_id", "doc_id", "n_tokens"])
     seg = seg.with_row_index("row").sort("sequence_id", "row", maintain_order=True)
     sid = seg["sequence_id"].to_numpy().astype(np.int64)
-    n_seq = int(max(sid.max(initial=-1), ordering.order.max(initial=-1))) + 1
+    n_seq = int(max(sid.max(initial=-1), order.max(initial=-1))) + 1
     start = np.searchsorted(sid, np.arange(n_seq + 1))  # sequence s's segments: rows [start[s], start[s+1])
-    counts = start[ordering.order + 1] - start[ordering.order]
-    rows = np.repeat(start[ordering.order] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    counts = start[order + 1] - start[order]
+    rows = np.repeat(start[order] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
     return seg["doc_id"].to_numpy().astype(np.int64)[rows], seg["n_tokens"].to_numpy().astype(np.int64)[rows], counts
 
 
@@ -53,16 +54,17 @@ def along_stream(doc_id: np.ndarray, n_tokens: np.ndarray, quality: np.ndarray, 
                          "tokens": tokens.astype(np.int64), "mean_quality": mean})
 
 
-def quality_along_stream(layout: Layout, strategies: list[str], windows: int = WINDOWS,
-                         prefix_sequences: int = 0) -> tuple[pl.DataFrame, dict[str, int]]:
-    """``SCHEMA`` rows of every strategy with an ordering, from ``quality/documents.parquet``, and
-    per strategy the tokens of its first ``prefix_sequences`` sequences (the training prefix)."""
+def quality_along_stream(layout: Layout, strategies: list[str], windows: int = WINDOWS, prefix_sequences: int = 0,
+                         max_sequences: int = 0) -> tuple[pl.DataFrame, dict[str, int]]:
+    """``SCHEMA`` rows of every strategy with an ordering (over its first ``max_sequences`` sequences
+    when > 0), from ``quality/documents.parquet``, and per strategy the tokens of its first
+    ``prefix_sequences`` sequences (the training prefix)."""
     q = pl.read_parquet(layout.quality, columns=["doc_id", "quality"]).sort("doc_id")
     quality = np.full(int(q["doc_id"].max()) + 1 if q.height else 0, np.nan)
     quality[q["doc_id"].to_numpy()] = q["quality"].to_numpy()
     parts, prefix = [], {}
     for s in strategies:
-        doc_id, n_tokens, counts = stream_segments(layout, s)
+        doc_id, n_tokens, counts = stream_segments(layout, s, max_sequences)
         parts.append(along_stream(doc_id, n_tokens, quality, windows).with_columns(strategy=pl.lit(s)))
         prefix[s] = int(n_tokens[: int(counts[:prefix_sequences].sum())].sum())
     table = pl.concat(parts).select(pl.col(c).cast(t) for c, t in SCHEMA.items()) if parts else pl.DataFrame(schema=SCHEMA)
