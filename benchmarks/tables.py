@@ -328,25 +328,32 @@ def quality_scoring(results: Path) -> str:
     return "\n".join(lines)
 
 
+def _fmt_mde(v: float | None) -> str:
+    return "—" if v is None or v != v else f"{v:.4f}"  # NaN below 2 seeds
+
+
 def quality_ablation(results: Path) -> str:
     """``bench_quality_ablation.py``: the quality-aware orderings' held-out loss vs random at equal training tokens."""
     doc = _load(results, "quality_ablation")
     loss = {r["strategy"]: r for r in doc["loss"]}
     lines = ["| ordering | held-out loss (nats/token, mean ± std over seeds) | Δ vs random | 95% interval | per seed Δ | MDE |",
              "|---|---:|---:|---|---|---:|"]
-    r = loss["random"]
-    lines.append(f"| random | {r['mean']:.4f} ± {r['std'] or 0:.4f} | | | | |")
+    def cell(r: dict) -> str:
+        return f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r.get("std") is not None else "")
+
+    lines.append(f"| random | {cell(loss['random'])} | | | | |")
     for d in doc["delta_vs_random"]:
-        r = loss[d["strategy"]]
-        cell = f"{d['delta']:+.4f}"
-        lines.append(f"| {d['strategy']} | {r['mean']:.4f} ± {r['std'] or 0:.4f} | {'**' + cell + '**' if d['significant'] else cell} |"
+        delta = f"{d['delta']:+.4f}"
+        lines.append(f"| {d['strategy']} | {cell(loss[d['strategy']])} | {'**' + delta + '**' if d['significant'] else delta} |"
                      f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] | {' '.join(f'{x:+.4f}' for x in d['per_seed_delta'])} |"
-                     f" {d['mde']:.4f} |")
+                     f" {_fmt_mde(d['mde'])} |")
     partial = " **Partial**: " + doc["partial"] + "." if doc.get("partial") else ""
     lines.append("")
-    lines.append(f"{len(doc['seeds'])} seeds ({', '.join(map(str, doc['seeds']))}) × {doc['heldout_documents']} held-out documents,"
+    one = " (one seed: the interval covers the documents' variation only)" if len(doc["seeds"]) == 1 else ""
+    n = len(doc["seeds"])
+    lines.append(f"{n} seed{'s' if n > 1 else ''} ({', '.join(map(str, doc['seeds']))}) × {doc['heldout_documents']} held-out documents,"
                  f" {doc['training_tokens']:,} training tokens per run ({doc['steps']} steps × {doc['batch_size']} × {doc['seq_len']});"
-                 f" `{doc['metric']}`; intervals: two-way bootstrap over seeds × documents (bold: excludes zero)."
+                 f" `{doc['metric']}`; intervals: two-way bootstrap over seeds × documents{one} (bold: excludes zero)."
                  f" `strata run` wall {doc['wall_min']} min, summed over the data roots."
                  f" `{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}."
                  f" From `benchmarks/results/quality_ablation.json`.{partial}")
