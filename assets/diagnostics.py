@@ -53,7 +53,9 @@ def diagnostics_report(context: dg.AssetExecutionContext, settings: StrataSettin
     """All strategies side by side: figures under ``report/`` and ``report/diagnostics.md`` (one
     stationarity figure per characteristic, from ``ordering_stationarity``),
     corpus-side metrics (cluster sizes, silhouette, ARI/NMI vs source labels) in ``corpus_metrics``,
-    and Diversity-ordered training's k calibration (silhouette vs k on a sample) in ``k_calibration``.
+    and Diversity-ordered training's k calibration (silhouette vs k on a sample) in ``k_calibration``;
+    with ``quality.enabled``, each ordering's mean quality score in 50 windows of equal tokens
+    (``quality_along_stream``, ``report/quality_along_stream.png``).
     One call of ``pipeline.reports.stage.diagnostics_report``."""
     rec = Recorder(context, duckdb)
     cfg, layout = asset_config(context, settings), settings.layout()

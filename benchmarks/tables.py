@@ -367,6 +367,38 @@ def small_files(results: Path, name: str = "small_files") -> str:
     return "\n".join(lines)
 
 
+def _fmt_mde(v: float | None) -> str:
+    return "—" if v is None or v != v else f"{v:.4f}"  # NaN below 2 seeds
+
+
+def quality_ablation(results: Path) -> str:
+    """``bench_quality_ablation.py``: the quality-aware orderings' held-out loss vs random at equal training tokens."""
+    doc = _load(results, "quality_ablation")
+    loss = {r["strategy"]: r for r in doc["loss"]}
+    lines = ["| ordering | held-out loss (nats/token, mean ± std over seeds) | Δ vs random | 95% interval | per seed Δ | MDE |",
+             "|---|---:|---:|---|---|---:|"]
+    def cell(r: dict) -> str:
+        return f"{r['mean']:.4f}" + (f" ± {r['std']:.4f}" if r.get("std") is not None else "")
+
+    lines.append(f"| random | {cell(loss['random'])} | | | | |")
+    for d in doc["delta_vs_random"]:
+        delta = f"{d['delta']:+.4f}"
+        lines.append(f"| {d['strategy']} | {cell(loss[d['strategy']])} | {'**' + delta + '**' if d['significant'] else delta} |"
+                     f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] | {' '.join(f'{x:+.4f}' for x in d['per_seed_delta'])} |"
+                     f" {_fmt_mde(d['mde'])} |")
+    partial = " **Partial**: " + doc["partial"] + "." if doc.get("partial") else ""
+    lines.append("")
+    one = " (one seed: the interval covers the documents' variation only)" if len(doc["seeds"]) == 1 else ""
+    n = len(doc["seeds"])
+    lines.append(f"{n} seed{'s' if n > 1 else ''} ({', '.join(map(str, doc['seeds']))}) × {doc['heldout_documents']} held-out documents,"
+                 f" {doc['training_tokens']:,} training tokens per run ({doc['steps']} steps × {doc['batch_size']} × {doc['seq_len']});"
+                 f" `{doc['metric']}`; intervals: two-way bootstrap over seeds × documents{one} (bold: excludes zero)."
+                 f" `strata run` wall {doc['wall_min']} min, summed over the data roots."
+                 f" `{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}."
+                 f" From `benchmarks/results/quality_ablation.json`.{partial}")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -384,6 +416,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "partitioned_order_1m": partitioned_order,
     "quality_scoring": quality_scoring,
     "small_files": small_files,
+    "quality_ablation": quality_ablation,
 }
 
 

@@ -36,8 +36,8 @@ def test_strata_run_scores_filters_balances_and_anneals(tmp_path):
                     "stages": [{"until_tokens": 0.8, "weights": {"0": 0.25, "1": 0.25, "2": 0.25, "3": 0.25}}, {"weights": anneal}]},
         "mixture_tolerance": 0.15}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(tmp_path / "cfg.yaml"), "--select", "*orderings"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(tmp_path / "cfg.yaml"),
+                           "--select", "*diagnostics_report"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]  # token_conservation (blocking) passed with the filter's removals
     layout = Layout(tmp_path / "root")
     table = pl.read_parquet(layout.quality)
@@ -51,6 +51,7 @@ def test_strata_run_scores_filters_balances_and_anneals(tmp_path):
         stats = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
         by_source = con.execute("SELECT source, documents FROM quality_by_source").fetchall()
         stages = con.sql("SELECT * FROM blend_stages WHERE strategy = 'greedy_blend'").pl()
+        along = con.sql("SELECT * FROM quality_along_stream ORDER BY strategy, window_index").pl()
     assert stats["tokens_removed_quality"] == stream[gone].sum()
     assert sum(n for _, n in by_source) == stream.size
     assert (layout.root / "quality" / "quality.png").stat().st_size > 10_000
@@ -61,3 +62,34 @@ def test_strata_run_scores_filters_balances_and_anneals(tmp_path):
     last = stages.filter(pl.col("stage") == stages["stage"].max())
     top = last.filter(pl.col("group").is_in(["2", "3"]))["realized_share"].sum()
     assert top >= 0.85, last  # the anneal: the last 20% of the tokens from the top two quality bins
+    check_quality_along_stream(layout, table, along)
+
+
+def check_quality_along_stream(layout, table: pl.DataFrame, along: pl.DataFrame) -> None:
+    """DuckDB ``quality_along_stream`` against the streams walked here: every ordering's sequences in
+    position order, each sequence's segments, a segment in the window of equal tokens holding its first token."""
+    score = dict(zip(table["doc_id"].to_list(), table["quality"].to_list()))
+    assert sorted(set(along["strategy"])) == ["greedy", "greedy_blend", "random"]
+    for strategy in ("random", "greedy", "greedy_blend"):
+        own = layout.root / "orderings" / f"{strategy}.segments.parquet"
+        segs = pl.read_parquet(own if own.exists() else layout.segments, columns=["sequence_id", "doc_id", "n_tokens"])
+        by_seq: dict[int, list[tuple[int, int]]] = {}
+        for sid, doc, n in segs.iter_rows():
+            by_seq.setdefault(sid, []).append((doc, n))
+        order = pl.read_parquet(layout.ordering(strategy)).sort("position")["sequence_id"].to_list()
+        stream = [seg for sid in order for seg in by_seq[sid]]
+        total = sum(n for _, n in stream)
+        got = along.filter(pl.col("strategy") == strategy)
+        assert got.height == 50 and got["tokens"].sum() == total
+        tokens, weighted, at = [0] * 50, [0.0] * 50, 0
+        for doc, n in stream:
+            w = min(at * 50 // total, 49)
+            tokens[w] += n
+            weighted[w] += n * score[doc]
+            at += n
+        assert got["tokens"].to_list() == tokens
+        want = [x / t if t else float("nan") for x, t in zip(weighted, tokens)]
+        np.testing.assert_allclose(got["mean_quality"].to_numpy(), want, rtol=1e-9, equal_nan=True)
+    last = along.filter(pl.col("strategy") == "greedy_blend", pl.col("window_index") >= 42)["mean_quality"].mean()
+    assert last > along.filter(pl.col("strategy") == "random")["mean_quality"].mean()  # the anneal: the top bins at the end
+    assert (layout.root / "report" / "quality_along_stream.png").stat().st_size > 10_000

@@ -30,6 +30,7 @@ from pipeline.reports.claims_section import CLAIM_TABLES, claims_report_section
 from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
 from pipeline.reports.plots import plot_k_calibration, plot_window_deviation
 from pipeline.reports.power_plots import plot_power
+from pipeline.reports.quality_stream import plot_quality_stream, quality_along_stream
 from pipeline.reports.stats import control_verdict, delta_table, mde_by_checkpoint, power_table
 from pipeline.reports.tables import ablation_table, render_report, run_units
 from pipeline.represent.calibrate import DEFAULT_KS, calibrate_k
@@ -65,6 +66,7 @@ class DiagnosticsReportParams(StageParams):
     strategies: list[str] = setting(versioned=False)  # the strategy partitions
     max_steps: int = setting(versioned=False)  # the prefix: ordering_diagnostics' parameters
     batch_size: int = setting(versioned=False)
+    quality_enabled: bool = setting("quality.enabled")  # the quality along the stream (pipeline.reports.quality_stream)
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,11 @@ def diagnostics_report(layout, params: DiagnosticsReportParams, connect: Connect
         with connect() as con:
             replace_rows(con, "k_calibration", pl.DataFrame({"k": cal.ks, "silhouette": cal.silhouettes,
                                                             "recommended": cal.ks == cal.recommended_k}), {})
+    if params.quality_enabled and layout.quality.exists():
+        along, prefix = quality_along_stream(layout, strategies, prefix_sequences=params.max_steps * params.batch_size)
+        with connect() as con:
+            replace_rows(con, "quality_along_stream", along, {})
+        extra["quality_along_stream"] = plot_quality_stream(along, prefix, layout.inside("report", "quality_along_stream.png"))
     summary, figures, md_path = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity,
                                                          params.max_steps * params.batch_size, extra)
     windows = V.window_summary(metrics)
