@@ -105,16 +105,17 @@ class ColumnFamily(TokenFamily):
     """A documents column named as a family (e.g. ``source``): tokens per category of the column,
     which the engine reads into ``features.columns`` (``OrderParams.column_families``)."""
 
-    description = "tokens per category of this documents column (a numeric column: per token quartile of its values)"
+    description = "tokens per category of this documents column (a float column: per token quartile of its values)"
 
     def __init__(self, name: str):
         self.name = name
         self.column = name
 
     def codes(self, docs: "pl.DataFrame") -> np.ndarray:
-        """A string column's categories; a numeric one (a score of the corpus, ``corpus.columns``) in
-        its token quartiles, as ``quality_bin`` cuts the quality score: its distinct values are no groups."""
-        if not docs[self.column].dtype.is_numeric():
+        """A string or integer column's categories (integers are codes, e.g. a source's number); a
+        float one (a score: ``corpus.columns``' numbers are Float64) in its token quartiles, as
+        ``quality_bin`` cuts the quality score: its distinct values are no groups."""
+        if not docs[self.column].dtype.is_float():
             return super().codes(docs)
         values = docs[self.column].cast(pl.Float64).fill_null(float("nan")).to_numpy()
         return token_quantile_bins(values, docs["n_tokens"].to_numpy(), BINS)
