@@ -126,6 +126,17 @@ def quality(f, rows) -> dict:
     }
 
 
+def shuffle_positions(m: int, n: int, seed: int) -> list[np.ndarray]:
+    """Each sequence's position in ``n`` uniform shuffles of ``m`` sequences (seeds ``seed + 1`` …): the baselines
+    a constructed order's prefixes and windows are compared with."""
+    out = []
+    for s in range(n):
+        p = np.empty(m, dtype=np.int64)
+        p[np.random.default_rng(seed + 1 + s).permutation(m)] = np.arange(m)
+        out.append(p)
+    return out
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -472,11 +483,7 @@ def prefix_check(f: SequenceFeatures, rows: np.ndarray, seed: int) -> dict:
     t = t[t < m]
     position = np.empty(m, dtype=np.int64)
     position[rows] = np.arange(m)
-    shuffles = []
-    for s in range(PREFIX_SHUFFLES):
-        p = np.empty(m, dtype=np.int64)
-        p[np.random.default_rng(seed + 1 + s).permutation(m)] = np.arange(m)
-        shuffles.append(p)
+    shuffles = shuffle_positions(m, PREFIX_SHUFFLES, seed)
     out = {"prefixes": int(t.size)}
     for kind, x in (("cluster", f.clusters), ("bin", f.bins)):
         comp = entries(x)

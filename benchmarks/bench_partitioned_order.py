@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import polars as pl  # noqa: E402
-from bench_order import BATCH, _commit, _machine, entries, synthetic_docs  # noqa: E402
+from bench_order import BATCH, _commit, _machine, entries, shuffle_positions, synthetic_docs  # noqa: E402
 
 from pipeline.ordering.engine import OrderParams, run_strategy  # noqa: E402
 from pipeline.ordering.features import packed_sequence_features  # noqa: E402
@@ -102,11 +102,7 @@ def quality(f, ids: np.ndarray, seed: int) -> dict:
     position[rows] = np.arange(m)
     t = log_spaced_points(m, POINTS)
     t = t[t < m]
-    shuffles = []
-    for s in range(SHUFFLES):
-        p = np.empty(m, dtype=np.int64)
-        p[np.random.default_rng(seed + 1 + s).permutation(m)] = np.arange(m)
-        shuffles.append(p)
+    shuffles = shuffle_positions(m, SHUFFLES, seed)
     out = {"prefixes": int(t.size)}
     for kind, x in (("cluster", f.clusters), ("bin", f.bins)):
         comp = entries(x)
