@@ -60,9 +60,9 @@ if not DEMO.is_file():
     DEMO = Path("/work/shared/data/corpus/demo_corpus.jsonl.gz")
 MIX = np.array([0.35, 0.2, 0.14, 0.1, 0.08, 0.06, 0.04, 0.03])
 STAGES = ["corpus_shards", "corpus", "tokenizer", "token_shards", "embedding_shards", "tokens", "embeddings", "centroids",
-          "cluster_shards", "clusters", "sequences", "orderings", "ordering_diagnostics"]
+          "cluster_shards", "clusters", "clean_shards", "clean", "sequences", "orderings", "ordering_diagnostics"]
 EMBED_MAX_TOKENS = 256  # the config default the benchmark runs with
-SHARD_STAGES = {"corpus_shards", "token_shards", "embedding_shards", "cluster_shards"}
+SHARD_STAGES = {"corpus_shards", "token_shards", "embedding_shards", "cluster_shards", "clean_shards"}
 CORES = len(os.sched_getaffinity(0))
 
 
@@ -422,6 +422,17 @@ def prepare(n_docs: int, work: Path, shard_docs: int, strategies: list[str], reu
     return base
 
 
+def clean_parts(root: Path) -> dict:
+    """The last ``clean`` materialization's parts: each one's peak resident MB and seconds."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(root / "dagster"))
+    meta = instance.fetch_materializations(dg.AssetKey("clean"), limit=1).records[0].asset_materialization.metadata
+    return {"peak_rss_mb": {k.removeprefix("peak_rss_mb_"): float(v.value) for k, v in meta.items() if k.startswith("peak_rss_mb_")},
+            "seconds": {k.removesuffix("_s"): float(v.value) for k, v in meta.items()
+                        if k.endswith("_s") and k[:-2] in ("scan", "heldout_scan", "exact", "near", "decontam", "semantic")}}
+
+
 def run_child(cmd: list[str], env: dict, log_path: Path) -> tuple[str, float, int]:
     """Run ``cmd`` in ``ROOT`` (stderr to ``log_path``), sampling the RssAnon of its process tree
     every 0.1 s; returns ``(stdout, wall seconds, peak anonymous bytes)``."""
@@ -612,6 +623,12 @@ def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], sta
             ours = spans[stage][1]
             print(f"{what}: {stage} {ours:.1f} s ({(n + eos * docs) / ours:,.0f} tokens/s{', EOS included' if eos else ''}); "
                   f"{lib} {secs:.1f} s ({n / secs:,.0f} tokens/s, CPU/wall {ratio:.2f}); {stage} / library: {ours / secs:.2f}x")
+    if "clean" in stages:  # the clean gather's parts, each with its own peak (its materialization's metadata)
+        rows.append({"stage": "clean parts", **clean_parts(root)})
+        print("clean gather, each part's peak resident MB (VmHWM: heap and touched file pages): "
+              + ", ".join(f"{k} {v:,.0f}" for k, v in rows[-1]["peak_rss_mb"].items()), flush=True)
+    rows.append({"stage": "data root", "root_gb": _du(root) / 2**30,
+                 "root_mb_by_folder": {p.name: round(_du(p) / 2**20, 1) for p in sorted(root.iterdir()) if p.is_dir()}})
     sizes = {p.name: _du(p) for p in sorted(root.iterdir()) if p.is_dir() and p.name not in ("dagster", "work")}
     corpus_in = _du(base / "shards")
     print(f"data root {sum(sizes.values()) / 2**30:.2f} GB outside dagster/ and work/ ("
@@ -630,7 +647,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_scale"))
     ap.add_argument("--keep", action="store_true", help="keep the generated corpus and data root")
     ap.add_argument("--strata-run", action="store_true", help="run the path as one `strata run` instead of stage by stage")
-    ap.add_argument("--out", help="with --strata-run: write the figures (and the clean files' bytes a document) to this JSON")
+    ap.add_argument("--out", help="write the figures to this JSON (stage by stage: each stage's row, the clean gather's parts and "
+                                  "the data root by folder; --strata-run: the run's, and the clean files' bytes a document)")
     ap.add_argument("--reuse", action="store_true", help="reuse a corpus generated (and kept) by an earlier run with the same sizes")
     ap.add_argument("--no-baselines", action="store_true",
                     help="skip the tokenizers library's own throughput beside the two tokenizing stages")
@@ -660,7 +678,16 @@ def main() -> None:
         rows = measure(n, args.work, args.shard_docs, args.strategies,
                        STAGES[STAGES.index(args.first or STAGES[0]) : STAGES.index(args.until) + 1], args.reuse,
                        keep_root=args.first is not None, baselines=not args.no_baselines, options=options)
-        peaks[n] = rows[-1]["peak_anon_gb"]
+        total = next(r for r in rows if r["stage"] == "total")
+        peaks[n] = total["peak_anon_gb"]
+        if args.out:
+            from bench_ablate import commit
+
+            Path(args.out).write_text(json.dumps({"benchmark": "bench_scale.py", "commit": commit(), "docs": n,
+                                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                  "machine": {"cores": CORES, "load_average_at_end": round(os.getloadavg()[0], 1)},
+                                                  "shard_docs": args.shard_docs, "strategies": args.strategies, "stages": rows},
+                                                 indent=2) + "\n")
         if not args.keep:
             shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
     if len(peaks) > 1:

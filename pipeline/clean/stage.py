@@ -34,6 +34,7 @@ from pipeline.clean.shards import ShardScan, eval_cache, scan_shards, scan_spec
 from pipeline.data.gather import Gathered, gather_shards, partition_shard
 from pipeline.data.shard_docs import ShardDocs
 from pipeline.data.stage import CorpusShardParams
+from pipeline.peak_memory import PartPeaks
 from pipeline.render.markdown import frame_table, image_markdown
 from pipeline.represent.embedding_index import open_embeddings
 from pipeline.stage import Connect, EngineParams, Markdown, StageResult, setting
@@ -244,31 +245,37 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     ``decontam.ngram``-gram overlap with every configured evaluation set and the held-out split.
     Reads the ``clean_shards`` files (scans a shard whose files are missing; its ``deps`` name every
     shard read). ``dedup.action`` and ``decontam.action`` decide who leaves training (``removed``)."""
-    scans, (main, held), held_scans, names, gathered = _gather(layout, params)
+    peaks = PartPeaks()  # each part's peak resident memory, in the asset's metadata
+    with peaks.part("gather"):
+        scans, (main, held), held_scans, names, gathered = _gather(layout, params)
     run = gathered.run
     n, t0 = sum(s.n for s in scans), time.perf_counter()
-    exact_rep = _exact_representatives(scans, n) if main.exact and n else np.arange(n, dtype=np.int64)
+    with peaks.part("exact"):
+        exact_rep = _exact_representatives(scans, n) if main.exact and n else np.arange(n, dtype=np.int64)
     t1 = time.perf_counter()
     near_of = near_by_bands if params.near_band_tasks else lambda _, *args: _near_pairs(*args)  # band groups as tasks, or one index here
-    near, candidates = near_of(layout, params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
+    with peaks.part("near"):
+        near, candidates = near_of(layout, params, scans, exact_rep) if main.near and n else (np.zeros((0, 2), np.int64), 0)
     t2 = time.perf_counter()
     hits_file = layout.inside("clean", "skipped_hits.parquet")
-    with _skipped_sink(hits_file) as sink:
+    with peaks.part("decontam"), _skipped_sink(hits_file) as sink:
         counts, common, skipped, skipped_ngrams = _contamination(params, n, names, [(main, scans), (held, held_scans)], sink)
     t3 = time.perf_counter()
-    semantic, largest = _semantic_pairs(layout, params, n, exact_rep, near)
+    with peaks.part("semantic"):
+        semantic, largest = _semantic_pairs(layout, params, n, exact_rep, near)
     t4 = time.perf_counter()
-    flags = counts >= params.decontam.min_overlap
-    table = plan(n, exact_rep, near, semantic, flags, names, params.dedup.action, params.decontam.action == "drop")
-    out = write_parquet(table, clean_file(layout))
-    skipped_file = write_parquet(skipped_ngrams, layout.inside("clean", "skipped_ngrams.parquet"))
-    dups, contam, removed, held_skipped = _clean_tables(layout, table, flags, counts, skipped, names, n)
-    with connect() as con:
-        replace_rows(con, "duplicates", dups, {})
-        replace_rows(con, "contamination", contam, {})
-        replace_rows(con, "contamination_skipped", held_skipped, {})
-        replace_rows(con, "clean_removed", removed, {})
-    png = plot_clean({"duplicates": dups, "contamination": contam}, layout.inside("clean", "clean.png"))
+    with peaks.part("tables"):
+        flags = counts >= params.decontam.min_overlap
+        table = plan(n, exact_rep, near, semantic, flags, names, params.dedup.action, params.decontam.action == "drop")
+        out = write_parquet(table, clean_file(layout))
+        skipped_file = write_parquet(skipped_ngrams, layout.inside("clean", "skipped_ngrams.parquet"))
+        dups, contam, removed, held_skipped = _clean_tables(layout, table, flags, counts, skipped, names, n)
+        with connect() as con:
+            replace_rows(con, "duplicates", dups, {})
+            replace_rows(con, "contamination", contam, {})
+            replace_rows(con, "contamination_skipped", held_skipped, {})
+            replace_rows(con, "clean_removed", removed, {})
+        png = plot_clean({"duplicates": dups, "contamination": contam}, layout.inside("clean", "clean.png"))
     kinds = dict(dups.group_by("dup_kind").len().iter_rows())
     per_set = dict(contam.group_by("eval_set").len().iter_rows())
     gone = dict(zip(removed["reason"], removed["tokens"]))
@@ -289,6 +296,7 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
                # where the gather's time went (the whole asset's is its wall_s)
                **{f"{k}_s": round(v, 2) for k, v in (("scan", run["scan_s"]), ("heldout_scan", run["heldout_scan_s"]),
                                                      ("exact", t1 - t0), ("near", t2 - t1), ("decontam", t3 - t2), ("semantic", t4 - t3))},
+               **peaks.facts(),  # where the gather's memory went: each part's peak resident MiB
                "removed": Markdown(frame_table(removed)),
                "by_source_and_cluster": Markdown(image_markdown(png, "duplicates and contamination by source and by cluster"))},
         deps=gathered.deps("clean_shards"),
