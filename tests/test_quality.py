@@ -54,6 +54,9 @@ def test_trained_fasttext_separates_the_classes_and_is_trained_once(labelled, tm
     assert auc(s_pos, s_neg) >= 0.9 and ((0 <= s_pos) & (s_pos <= 1.0001)).all()
     retrained = spec.prepare(cfg.model_copy(update={"seed": 0}), tmp_path / "other")  # same inputs, another folder
     assert (tmp_path / "other" / f"{retrained.key}.bin").read_bytes() == model.read_bytes()  # byte-identical training
+    small = spec.prepare(cfg.model_copy(update={"bucket": 4096}), tmp_path / "models")  # fewer bigram buckets: another model
+    assert small.key != prepared.key and Path(small.model).stat().st_size < model.stat().st_size / 50
+    assert small.facts["heldout_auc"] >= 0.9, small.facts
 
 
 def test_fasttext_file_scores_the_positive_label(labelled, tmp_path):
