@@ -36,7 +36,6 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -48,12 +47,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ablate import commit, machine  # noqa: E402
 
-from pipeline.data.builtin_corpus import builtin_documents  # noqa: E402
+from pipeline.quality.builtin_labels import CORPUS_DOCS, TRAINING, write_builtin_labels  # noqa: E402
 from pipeline.reports.paired import paired_delta  # noqa: E402
 from pipeline.reports.stats import HELDOUT_METRIC, paired_differences  # noqa: E402
 from pipeline.reports.tables import run_units  # noqa: E402
 
-CORPUS_DOCS = 3000  # StrataConfig's builtin_max_docs
 STEPS, BATCH, SEQ_LEN = 30, 16, 256  # the demo's budget (pipeline/config_source.py DEMO_SETTINGS)
 ANNEAL = [{"until_tokens": 0.8, "weights": {"0": 0.25, "1": 0.25, "2": 0.25, "3": 0.25}},
           {"weights": {"0": 0.0, "1": 0.0, "2": 0.4, "3": 0.6}}]
@@ -66,21 +64,10 @@ SAME_BYTES = ("sequences/segments.parquet", "sequences/meta.json", "tokens/doc_o
 
 
 def labelled_files(work: Path, negatives: int) -> tuple[Path, Path, dict]:
-    """positives: the corpus's ``docs`` source; negatives: a seeded sample of built-in documents beyond the corpus."""
-    docs = builtin_documents(2 * CORPUS_DOCS)
-    corpus, beyond = docs[:CORPUS_DOCS], docs[CORPUS_DOCS:]
-    assert not {d[0] for d in corpus} & {d[0] for d in beyond}
-    pos = [d for d in corpus if d[2] == "docs"]
-    neg = random.Random(0).sample(beyond, min(negatives, len(beyond)))
-    paths = []
-    for name, rows in (("positives", pos), ("negatives", neg)):
-        path = work / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"text": d[1]}) + "\n" for d in rows), encoding="utf-8")
-        paths.append(path)
-    sources = {"positives": {"docs": len(pos)}, "negatives": {}}
-    for d in neg:
-        sources["negatives"][d[2]] = sources["negatives"].get(d[2], 0) + 1
-    return paths[0], paths[1], sources
+    """The demo's labels (``pipeline.quality.builtin_labels``): positives the corpus's ``docs`` source, negatives
+    a seeded sample of built-in documents beyond the corpus; their documents per source."""
+    pos, neg, labels = write_builtin_labels(work, CORPUS_DOCS, negatives)
+    return pos, neg, labels.sources()
 
 
 def config(root: Path, pos: Path, neg: Path, seeds: list[int], strategies: list[str], stages: list[dict]) -> dict:
@@ -88,8 +75,7 @@ def config(root: Path, pos: Path, neg: Path, seeds: list[int], strategies: list[
             "warmup_steps": 3, "heldout_every": 10, "heldout_fraction": 0.1, "heldout_docs": 256,
             "embed_method": "shallow", "embed_max_tokens": 128, "strategies": strategies,
             "objective": "custom", "families": ["cluster", "length_bin", "quality_bin:0.5"],
-            "quality": {"enabled": True, "scorer": "fasttext_trained", "positives": str(pos), "negatives": str(neg),
-                        "epochs": 20, "lr": 0.5},
+            "quality": {"enabled": True, **TRAINING, "positives": str(pos), "negatives": str(neg)},
             "mixture": {"column": "quality", "bins": 4, "stages": stages, "max_repetition": {"2": 3, "3": 3}},
             "mixture_budget_tokens": STEPS * BATCH * SEQ_LEN, "mixture_tolerance": 0.15}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -146,9 +146,12 @@ def merged(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_demo_config(root: Path, config_file: str | None, eval_keys: Mapping[str, str] | None = None) -> Path:
+def write_demo_config(root: Path, config_file: str | None, eval_keys: Mapping[str, str] | None = None,
+                      more: Callable[[Path, StrataConfig], Mapping[str, Any]] | None = None) -> Path:
     """Write ``<root>/demo_config.yaml``: demo settings, then a given config file's keys, then the
-    eval suites' path keys ``eval_keys`` (``evals.suites.eval_paths`` of ``strata demo --evals DIR``)."""
+    eval suites' path keys ``eval_keys`` (``evals.suites.eval_paths`` of ``strata demo --evals DIR``),
+    then the keys ``more(root, config so far)`` returns, called once the root is checked (the built-in
+    quality scorer, whose label files it writes there: ``pipeline.cli.demo.demo_quality``)."""
     data: dict[str, Any] = dict(DEMO_SETTINGS)
     if config_file:
         loaded = yaml.safe_load(Path(config_file).read_text(encoding="utf-8")) or {}
@@ -156,7 +159,8 @@ def write_demo_config(root: Path, config_file: str | None, eval_keys: Mapping[st
             raise StrataInputError("config must be a mapping of keys to values", path=config_file, fix="see README 'Configuration'")
         data = merged(data, loaded)
     data.update(eval_keys or {})
-    check_data_root(root)  # a folder of the user's is refused before demo_config.yaml goes in
+    check_data_root(root)  # a folder of the user's is refused before demo_config.yaml (or a label file) goes in
+    data.update(more(root, config_from_dict(data)) if more else {})
     path = root / "demo_config.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
     return path

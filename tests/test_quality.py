@@ -54,6 +54,9 @@ def test_trained_fasttext_separates_the_classes_and_is_trained_once(labelled, tm
     assert auc(s_pos, s_neg) >= 0.9 and ((0 <= s_pos) & (s_pos <= 1.0001)).all()
     retrained = spec.prepare(cfg.model_copy(update={"seed": 0}), tmp_path / "other")  # same inputs, another folder
     assert (tmp_path / "other" / f"{retrained.key}.bin").read_bytes() == model.read_bytes()  # byte-identical training
+    small = spec.prepare(cfg.model_copy(update={"bucket": 4096}), tmp_path / "models")  # fewer bigram buckets: another model
+    assert small.key != prepared.key and Path(small.model).stat().st_size < model.stat().st_size / 50
+    assert small.facts["heldout_auc"] >= 0.9, small.facts
 
 
 def test_fasttext_file_scores_the_positive_label(labelled, tmp_path):
@@ -251,3 +254,26 @@ def test_perplexity_trains_once_and_refuses_a_bad_target(labelled, reference, tm
     (tmp_path / "short.txt").write_text("a few words\n")
     with pytest.raises(StrataInputError, match=r"the target file \(quality\.target\) holds \d+ tokens, less than one sequence of 64"):
         spec.prepare(cfg.model_copy(update={"target": str(tmp_path / "short.txt")}), tmp_path / "m")
+
+
+def test_builtin_labels_are_the_corpus_docs_against_documents_beyond_it(tmp_path):
+    """The demo's (and the ablation's) labels: positives the ``docs`` documents of the corpus (the first
+    ``builtin_max_docs`` built-in documents), negatives a seeded sample of documents beyond them."""
+    from pipeline.config import StrataConfig
+    from pipeline.data.builtin_corpus import builtin_documents
+    from pipeline.quality.builtin_labels import CORPUS_DOCS, builtin_labels, jsonl, write_builtin_labels
+
+    assert CORPUS_DOCS == StrataConfig().corpus.builtin_max_docs  # the demo's corpus is the ablation's
+    n = 240
+    labels, docs = builtin_labels(n, 50), builtin_documents(2 * n)
+    corpus = {d[0] for d in docs[:n]}
+    assert labels.positives == [d for d in docs[:n] if d[2] == "docs"] and labels.positives
+    assert len(labels.negatives) == 50 and {d[0] for d in labels.negatives} <= {d[0] for d in docs[n:]}
+    assert not {d[0] for d in labels.negatives} & corpus
+    assert builtin_labels(n, 50) == labels  # seeded
+    pos, neg, _ = write_builtin_labels(tmp_path, n, 50)
+    assert pos.read_text(encoding="utf-8") == jsonl(labels.positives) and neg.read_text(encoding="utf-8") == jsonl(labels.negatives)
+    stamps = [p.stat().st_mtime_ns for p in (pos, neg)]
+    write_builtin_labels(tmp_path, n, 50)  # unchanged bytes are not rewritten: the trained model stays fresh
+    assert [p.stat().st_mtime_ns for p in (pos, neg)] == stamps
+    assert json.loads(pos.read_text(encoding="utf-8").splitlines()[0])["text"] == labels.positives[0][1]

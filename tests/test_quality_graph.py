@@ -15,7 +15,7 @@ import yaml
 from helpers import demo_domains, small_graph_config
 
 
-def test_strata_run_scores_filters_balances_and_anneals(tmp_path):
+def test_strata_run_scores_filters_balances_and_anneals(tmp_path, monkeypatch, capsys):
     from pipeline.storage.layout import Layout
 
     docs = demo_domains(("web", "code", "technical_docs", "quotes_humor", "literature"), 30)
@@ -63,6 +63,25 @@ def test_strata_run_scores_filters_balances_and_anneals(tmp_path):
     top = last.filter(pl.col("group").is_in(["2", "3"]))["realized_share"].sum()
     assert top >= 0.85, last  # the anneal: the last 20% of the tokens from the top two quality bins
     check_quality_along_stream(layout, table, along)
+    check_strata_report(layout, monkeypatch, capsys)
+
+
+def check_strata_report(layout, monkeypatch, capsys) -> None:
+    """``strata report`` on a root that scored quality (its recorded config read): the quality line, and the
+    quality along the stream redrawn beside the other figures."""
+    import argparse
+
+    from pipeline.cli.report import cmd_report
+
+    monkeypatch.delenv("STRATA_CONFIG", raising=False)
+    monkeypatch.delenv("STRATA_HOME", raising=False)
+    figure = layout.root / "report" / "quality_along_stream.png"
+    figure.unlink()
+    capsys.readouterr()
+    assert cmd_report(argparse.Namespace(data_root=str(layout.root), length_bins=None)) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "quality: fasttext_trained, held-out AUC" in out and str(figure) in out
+    assert figure.read_bytes()[:4] == b"\x89PNG" and "quality_along_stream.png" in (layout.root / "report" / "diagnostics.md").read_text()
 
 
 def check_quality_along_stream(layout, table: pl.DataFrame, along: pl.DataFrame) -> None:

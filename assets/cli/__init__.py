@@ -29,25 +29,17 @@ def _materialize(config_file: str | None, data_root: str | None, select: str | N
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Materialize the whole graph on the built-in corpus: the defaults with seeds 0, 1, 2 (and
-    WikiText / Paloma / DCLM-core from ``--evals DIR``)."""
+    """Materialize the whole graph on the built-in corpus: the defaults with seeds 0, 1, 2, the built-in
+    quality scorer (and WikiText / Paloma / DCLM-core from ``--evals DIR``)."""
     from pathlib import Path
 
     from evals.suites import eval_paths
-    from pipeline.config_source import write_demo_config
+    from pipeline.cli.demo import demo_config, demo_lines
 
     root = Path(args.data_root or os.environ.get("STRATA_HOME") or ".strata").resolve()
-    demo_config = write_demo_config(root, args.config, eval_paths(args.evals) if args.evals else None)
-    code = _materialize(str(demo_config), str(root))
-    from pipeline.clean.report import read_tables, summary_line
-    from pipeline.storage.duck import duck_connection
-
-    if (root / "strata.duckdb").is_file() and (line := summary_line(read_tables(lambda: duck_connection(root / "strata.duckdb")))):
-        print(line)  # duplicates of each kind and the decontamination against the evals the demo runs
-    from pipeline.reports.campaign import demo_ablate_sentence
-
-    if sentence := demo_ablate_sentence(root):  # what a sequential campaign would need to answer the question
-        print(sentence)
+    code = _materialize(str(demo_config(root, args.config, eval_paths(args.evals) if args.evals else None)), str(root))
+    for line in demo_lines(root):  # the cleaning, the quality scorer, what a sequential campaign would need
+        print(line)
     return code
 
 

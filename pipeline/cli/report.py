@@ -12,27 +12,31 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.cli import print_report
-from pipeline.config_source import env_config
+from pipeline.config import resolve_config
+from pipeline.config_source import config_source
 from pipeline.errors import StrataInputError
 from pipeline.ordering.strategies import training_time
+from pipeline.quality.report import summary_line as quality_summary
 from pipeline.reports import diagnostics as D
 from pipeline.reports import stationarity as S
 from pipeline.reports import visual as V
 from pipeline.reports.diagnostics_report import ordering_schedules, write_diagnostics_report
+from pipeline.reports.quality_stream import plot_quality_stream, quality_along_stream
 from pipeline.represent.embedding_index import has_embeddings, open_embeddings
 from pipeline.storage.layout import Layout
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Print the ordering diagnostics and the ablation table of a data root; re-render the figures."""
-    cfg = env_config()
+    cfg = resolve_config(*config_source(args.data_root))  # STRATA_CONFIG, else the root's recorded config
     root = Path(args.data_root).resolve() if args.data_root else cfg.root
     layout = Layout(root)
     if not layout.duckdb.exists():
         raise StrataInputError("no strata.duckdb in the data root", path=root,
                                fix="run `strata demo` or `strata run` first, or pass --data-root")
-    strategies = sorted(p.name.removesuffix(".parquet") for p in (root / "orderings").glob("*.parquet")
-                        if not p.name.endswith(".segments.parquet") and p.name.removesuffix(".parquet") not in training_time())
+    # orderings/<strategy>.parquet; the strategy's other files there carry a second suffix (.segments, .mixture)
+    strategies = sorted(s for p in (root / "orderings").glob("*.parquet")
+                        if "." not in (s := p.name.removesuffix(".parquet")) and s not in training_time())
     if not strategies:
         raise StrataInputError("no orderings in the data root", path=root, fix="materialize the orderings asset first")
     docs, schedules = ordering_schedules(layout, strategies, cfg.length_bins if args.length_bins is None else args.length_bins)
@@ -41,7 +45,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     prefix = cfg.max_steps * cfg.batch_size
     stationarity = pl.concat([S.stationarity_table(sched, prefix=prefix, strategy=s, n_random=cfg.stationarity_shuffles, seed=cfg.seed)
                               for s, sched in schedules.items()])
-    summary, figures, md = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity, prefix)
+    extra = {}
+    if cfg.quality.enabled and layout.quality.exists():  # as diagnostics_report: the quality along each stream
+        along, tokens = quality_along_stream(layout, strategies, prefix_sequences=prefix)
+        extra["quality_along_stream"] = plot_quality_stream(along, tokens, layout.inside("report", "quality_along_stream.png"))
+    summary, figures, md = write_diagnostics_report(layout, docs, schedules, emb, metrics, stationarity, prefix, extra)
     console = Console()
     table = Table(title=f"Ordering diagnostics ({root})")
     for col in summary.columns:
@@ -57,6 +65,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         has_ablation = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ablation'").fetchone()[0]
     if has_ablation and layout.report.exists():
         print_report(layout.report)
+    if line := quality_summary(layout, cfg.quality):
+        print(line)  # one line, as strata demo prints it
     console.print(f"figures: {', '.join(str(p) for p in figures.values())}\nreport: {md}")
     return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from pipeline.quality.scorers import spec
 from pipeline.render.figures import DPI, new_figure, save_png
 
 MAX_CLUSTERS = 40  # boxes of the cluster panel: the clusters with the most tokens
@@ -49,3 +50,20 @@ def plot_quality(docs: pl.DataFrame, threshold: float | None, path: str | os.Pat
         ax.set_ylabel("score")
         ax.ticklabel_format(axis="y", useOffset=False)  # scores as they are, not as offsets from one
     return save_png(fig, path)
+
+
+def summary_line(layout, cfg) -> str | None:
+    """``quality: <scorer>, held-out AUC ...; mean score by source ...; figures ...`` of a data root
+    whose quality stage ran (``cfg``: its ``QualityConfig``), else None. A trained scorer's model is
+    read from its cache (``quality/models/``), never trained here."""
+    if not (cfg.enabled and layout.quality.is_file()):
+        return None
+    facts = spec(cfg.scorer).prepare(cfg, layout.inside("quality", "models")).facts
+    scores = pl.read_parquet(layout.quality, columns=["doc_id", "quality"])
+    by_source = (pl.read_parquet(layout.documents, columns=["doc_id", "source"]).join(scores, on="doc_id")
+                 .group_by("source").agg(pl.col("quality").mean()).sort("source"))
+    auc = f", held-out AUC {facts['heldout_auc']:.3f}" if facts.get("heldout_auc") is not None else ""
+    figures = [p for p in (layout.inside("quality", "quality.png"), layout.inside("report", "quality_along_stream.png")) if p.is_file()]
+    return (f"quality: {cfg.scorer}{auc}; mean score by source: "
+            + ", ".join(f"{s} {q:.3f}" for s, q in by_source.iter_rows())
+            + (f"; figures: {', '.join(str(p) for p in figures)}" if figures else ""))

@@ -77,7 +77,7 @@ class FastTextTrained(Scorer):
     description = "a fastText classifier Strata trains on quality.positives against quality.negatives (DCLM's recipe)"
 
     def options(self, cfg) -> dict[str, Any]:
-        return {"epochs": cfg.epochs, "dim": cfg.dim, "lr": cfg.lr, "heldout_share": cfg.heldout_share, "seed": cfg.seed}
+        return {"epochs": cfg.epochs, "dim": cfg.dim, "bucket": cfg.bucket, "lr": cfg.lr, "heldout_share": cfg.heldout_share, "seed": cfg.seed}
 
     def prepare(self, cfg, models: Path) -> Prepared:
         pos, neg = read_texts(cfg.positives, "positives"), read_texts(cfg.negatives, "negatives")
@@ -104,6 +104,7 @@ def train(pos: list[str], neg: list[str], opts: dict[str, Any], out: Path, work:
     work.write_text("\n".join(lines[i] for i in rng.permutation(len(lines))) + "\n", encoding="utf-8")
     try:
         model = fasttext.train_supervised(str(work), epoch=opts["epochs"], dim=opts["dim"], lr=opts["lr"], wordNgrams=2,
+                                          bucket=opts["bucket"],
                                           minCount=1, thread=1, seed=opts["seed"], verbose=0)
     except RuntimeError as exc:
         raise StrataInputError(f"fastText training failed ({exc}) on {len(pos_tr)} positives and {len(neg_tr)} negatives",
