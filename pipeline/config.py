@@ -378,7 +378,7 @@ class QualityConfig(_Model):
     negatives: str = ""  # fasttext_trained: the negative class's documents
     epochs: int = Field(5, ge=1)  # fasttext_trained: training epochs
     dim: int = Field(64, ge=1)  # fasttext_trained: word-vector size
-    bucket: int = Field(2_000_000, ge=1)  # fasttext_trained: hash buckets of the word bigrams (fastText's default); the model is (words + bucket) x dim floats
+    bucket: int = Field(2_000_000, ge=1)  # fasttext_trained: buckets of the bigrams (fastText's default); (words + bucket) x dim floats
     lr: float = Field(0.1, gt=0.0)  # fasttext_trained: learning rate
     heldout_share: float = Field(0.1, ge=0.0, lt=1.0)  # fasttext_trained: share of each class held out for the AUC
     seed: int = Field(0, ge=0)  # fasttext_trained: the split and the training

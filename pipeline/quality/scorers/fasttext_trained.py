@@ -77,7 +77,8 @@ class FastTextTrained(Scorer):
     description = "a fastText classifier Strata trains on quality.positives against quality.negatives (DCLM's recipe)"
 
     def options(self, cfg) -> dict[str, Any]:
-        return {"epochs": cfg.epochs, "dim": cfg.dim, "bucket": cfg.bucket, "lr": cfg.lr, "heldout_share": cfg.heldout_share, "seed": cfg.seed}
+        return {"epochs": cfg.epochs, "dim": cfg.dim, "bucket": cfg.bucket, "lr": cfg.lr, "heldout_share": cfg.heldout_share,
+                "seed": cfg.seed}
 
     def prepare(self, cfg, models: Path) -> Prepared:
         pos, neg = read_texts(cfg.positives, "positives"), read_texts(cfg.negatives, "negatives")
