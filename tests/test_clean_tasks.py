@@ -224,3 +224,66 @@ def test_a_local_ray_cluster_gives_the_local_engines_answers(tmp_path, exact_cas
         sem, got_largest = semantic_by_cluster_groups(runs, cluster, survivors, 0.95, 3, tmp_path / "work", engine="ray", ray_cfg=cfg)
     assert exact.tobytes() == exact_want.tobytes()
     assert sem.tobytes() == sem_want.tobytes() and got_largest == largest
+
+
+def _graph_corpus(path) -> None:
+    """150 demo documents, exact copies (case and spacing changed), a near copy (two words edited)
+    and copies with their words shuffled (another text to MinHash, the same to a bag-of-words
+    embedding: semantic duplicates), in three corpus shards."""
+    import json
+
+    from helpers import demo_slice
+
+    rng = np.random.default_rng(0)
+    rows = [{"id": f"d{i}", "text": d["text"], "domain": d["domain"]} for i, d in enumerate(demo_slice(150))]
+    extra = [{"id": f"exact{i}", "text": "  " + rows[i]["text"].upper() + " ", "domain": rows[i]["domain"]} for i in (3, 40, 99)]
+    words = max((r["text"] for r in rows), key=len).split()
+    words[len(words) // 2] = "zzedit"
+    extra.append({"id": "near", "text": " ".join(words), "domain": "web"})
+    extra += [{"id": f"shuffled{i}", "text": " ".join(rng.permutation(rows[i]["text"].split())), "domain": rows[i]["domain"]}
+              for i in (20, 60, 120)]
+    everything = rows + extra
+    order = rng.permutation(len(everything))
+    path.mkdir()
+    for j, part in enumerate(np.array_split(order, 3)):
+        (path / f"part{j}.jsonl").write_text("\n".join(json.dumps(everything[i]) for i in part) + "\n", encoding="utf-8")
+
+
+@pytest.mark.integration
+def test_clean_tasks_write_the_gathers_clean_documents(tmp_path):
+    """The graph up to clean, then clean again with clean_tasks: 3 (worker processes): the same
+    clean/documents.parquet, with exact, near and semantic duplicates in it."""
+    import subprocess
+    import sys
+
+    import polars as pl
+    import yaml
+    from helpers import small_graph_config
+
+    _graph_corpus(tmp_path / "corpus")
+    cfg = small_graph_config(tmp_path / "corpus") | {"data_root": str(tmp_path / "root"), "heldout_fraction": 0.0}
+    docs = tmp_path / "root" / "clean" / "documents.parquet"
+    got = []
+    for tasks, select in ((0, "*clean"), (3, "clean")):
+        (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg | {"clean_tasks": tasks}))
+        proc = subprocess.run([sys.executable, "-m", "assets.cli", "run", "--config", str(tmp_path / "cfg.yaml"), "--select", select],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got.append(docs.read_bytes())
+        docs.unlink()
+    kinds = pl.read_parquet(__import__("io").BytesIO(got[0]))["removed"].value_counts()
+    assert {"exact", "near", "semantic"} <= set(kinds["removed"].to_list()), kinds
+    assert got[0] == got[1]
+    assert not any((tmp_path / "root" / "work" / "clean").glob("*-*"))  # the tasks' folders removed
+
+
+def test_a_negative_clean_tasks_exits_2_naming_the_key(tmp_path, capsys, monkeypatch):
+    from assets.cli import EXIT_INPUT, main
+
+    monkeypatch.setenv("STRATA_CONFIG", "")  # the CLI sets these; monkeypatch restores them
+    monkeypatch.setenv("DAGSTER_HOME", "")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"data_root: {tmp_path / 'root'}\nclean_tasks: -1\n")
+    assert main(["run", "--config", str(bad)]) == EXIT_INPUT == 2
+    err = capsys.readouterr().err
+    assert "clean_tasks=-1 is impossible" in err and "Fix: clean_tasks: use a value >= 0" in err and "Traceback" not in err
