@@ -37,6 +37,7 @@ import numpy as np
 from pipeline.clean.semantic import semantic_pairs
 from pipeline.distributed.engine import map_tasks
 from pipeline.distributed.shards import Shard
+from pipeline.represent.embedding_index import open_embeddings
 from pipeline.storage.atomic import write_npy
 
 BATCH = 1 << 20  # hashes of a shard read (and filtered to a range) at a time
@@ -141,8 +142,6 @@ def cluster_group_pairs(members: str, embeddings: str, threshold: float, out: st
     through the index ``embeddings`` (its ``runs.parquet``); writes ``out`` as (k, 3) int64
     (cluster, lower doc id, higher) in the order the clusters are searched, and the largest
     cluster searched in ``<out>.largest.npy``; returns ``out``."""
-    from pipeline.represent.embedding_index import open_embeddings
-
     m = np.load(members, allow_pickle=False).reshape(-1, 2)
     docs, labels = m[:, 0], m[:, 1]
     emb = open_embeddings(embeddings)
