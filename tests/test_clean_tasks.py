@@ -90,6 +90,37 @@ def test_each_pair_is_in_the_range_of_its_hash(tmp_path, exact_case, tasks):
         assert sum(f.shape[0] > 0 for f in found) >= 2  # the copies spread over the ranges
 
 
+def dying_hash_range_pairs(shards, first, last, out):
+    """:func:`hash_range_pairs`, but the first attempt at each range SIGKILLs its own worker process
+    once it has read its shards (a marker file in ``$KILLED_DIR`` remembers the attempt)."""
+    import os
+    import signal
+    from pathlib import Path
+
+    from pipeline.clean.clean_tasks import hash_range_pairs as real
+
+    marker = Path(os.environ["KILLED_DIR"]) / f"{first}.killed"
+    if not marker.exists():
+        marker.touch()
+        for path, _, _ in shards:
+            np.load(path, mmap_mode="r").sum()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(shards, first, last, out)
+
+
+def test_a_worker_killed_mid_task_is_retried_to_the_same_bytes(tmp_path, exact_case, monkeypatch):
+    """Every range's worker process is SIGKILLed on its first attempt: each range runs again in a
+    fresh process from the same files, and the representatives are the uninterrupted ones' bytes."""
+    import pipeline.clean.clean_tasks as ct
+
+    texts, scans, want = exact_case
+    monkeypatch.setattr(ct, "hash_range_pairs", dying_hash_range_pairs)
+    monkeypatch.setenv("KILLED_DIR", str(tmp_path))  # the spawned workers inherit it
+    got = exact_by_hash_ranges(scans, len(texts), 2, tmp_path / "work")
+    assert len(list(tmp_path.glob("*.killed"))) == 2  # both ranges' first workers died
+    assert got.tobytes() == want.tobytes()
+
+
 def test_hashes_on_the_ranges_edges(tmp_path):
     """Hashes at both ends of the space and on both sides of the cut between two ranges."""
     edge = np.array([2**64 - 1, 2**63, 0, 2**63 - 1, 2**63, 0, 2**64 - 1, 2**63 - 1, 5], np.uint64)
