@@ -346,6 +346,26 @@ def near_bands(results: Path, name: str = "near_bands") -> str:
     return "\n".join(lines)
 
 
+def clean_tasks(results: Path, name: str = "clean_tasks") -> str:
+    """``bench_clean_tasks.py``: the clean gather's exact duplicates and SemDeDup in its process and as tasks."""
+    doc = _load(results, name)
+    lines = ["| exact + semantic | exact wall s | semantic wall s | driver peak RSS MB (after imports) |"
+             " largest exact task peak RSS MB (after imports) | largest semantic task peak RSS MB (after imports) |"
+             " exact duplicates | semantic pairs | equal to the gather's |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in doc["cases"]:
+        how = "in the driver (`clean_tasks: 0`)" if not r["tasks"] else f"`clean_tasks: {r['tasks']}`"
+        ex = f"{r['largest_exact_task_peak_rss_mb']:,.0f} ({r['exact_task_rss_before_mb']:,.0f})" if r["tasks"] else "—"
+        sem = f"{r['largest_semantic_task_peak_rss_mb']:,.0f} ({r['semantic_task_rss_before_mb']:,.0f})" if r["tasks"] else "—"
+        driver = f"{r['driver_peak_rss_mb']:,.0f} ({r['rss_before_mb']:,.0f})"
+        lines.append(f"| {how} | {r['exact_wall_s']:.2f} | {r['semantic_wall_s']:.2f} | {driver} | {ex} | {sem} |"
+                     f" {r['exact_duplicates']:,} | {r['semantic_pairs']:,} | {'yes' if r['same_as_in_the_gather'] else '**no**'} |")
+    lines.append("")
+    lines.append(f"`{doc['benchmark']} --docs {doc['docs']} --copies {doc['copies']}` ({doc['shards']} hash and embedding files,"
+                 f" {doc['clusters']:,} clusters, {doc['dim']}-value embeddings) at {doc['commit'][:12]}, {doc['date'][:10]},"
+                 f" {_machine(doc)}; a peak counts the memory-mapped pages its process read. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 def small_files(results: Path, name: str = "small_files") -> str:
     """``bench_small_files.py``: ``strata run --select corpus_shards`` over one-document files, a
     partition a file against grouped by ``corpus.group_bytes``, and the same documents in one file."""
@@ -413,6 +433,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "near_recall": near_recall,
     "near_bands": near_bands,
     "near_bands_1m": lambda results: near_bands(results, "near_bands_1m"),
+    "clean_tasks": clean_tasks,
     "partitioned_order_1m": partitioned_order,
     "quality_scoring": quality_scoring,
     "small_files": small_files,

@@ -497,6 +497,9 @@ class StrataConfig(_Model):
     # the clean gather's near duplicates: 0 = one index of every LSH band in its own process; N = the bands in N groups,
     # each a task on the engine (a worker process, or a Ray task) writing its pairs under work/clean/ (docs/scale.md)
     near_band_tasks: int = Field(0, ge=0)
+    # the clean gather's exact and semantic duplicates: 0 = every hash and cluster in its own process; N = the hash space in
+    # N ranges and the clusters in N groups (balanced by squared size), each a task writing its pairs under work/clean/
+    clean_tasks: int = Field(0, ge=0)
     automation: Literal["manual", "eager"] = "manual"  # eager: Dagster declarative automation reruns stale assets
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     heldout_fraction: float = Field(0.02, ge=0.0, lt=0.5)  # seeded split of documents excluded from training

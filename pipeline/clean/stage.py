@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from pipeline.clean.clean_tasks import clean_tasks_exact, clean_tasks_semantic
 from pipeline.clean.decontam import EvalNgrams, eval_sources, trained_boilerplate
 from pipeline.clean.exact import exact_representatives
 from pipeline.clean.groups import components
@@ -56,6 +57,7 @@ class CleanParams(EngineParams):
     seed: int = setting()  # the MinHash permutations
     corpus_shard: CorpusShardParams = setting(versioned=False, convert=CorpusShardParams)  # a partition's shard (corpus_shards')
     near_band_tasks: int = setting(versioned=False)  # the near-pair gather's band groups, each a task (0: one index here)
+    clean_tasks: int = setting(versioned=False)  # exact hash ranges and SemDeDup cluster groups, each a task (0: all here)
 
 
 def _specs(layout, params: CleanParams) -> tuple:
@@ -232,8 +234,11 @@ def _skipped_sink(path: Path):
 
 def semantic_candidates(layout, params: CleanParams, survivors: np.ndarray) -> tuple[np.ndarray, int]:
     """SemDeDup among ``survivors`` (sorted doc ids) within their k-means clusters, as one pair a
-    grouped document (its group's smallest doc id, it), and the largest cluster searched."""
+    grouped document (its group's smallest doc id, it), and the largest cluster searched; with
+    ``clean_tasks``, the clusters in groups, each a task (:mod:`pipeline.clean.clean_tasks`)."""
     cluster = pl.read_parquet(layout.clusters, columns=["doc_id", "cluster"]).sort("doc_id")["cluster"].to_numpy()
+    if params.clean_tasks:
+        return clean_tasks_semantic(layout, params, cluster, survivors)
     return semantic_pairs(open_embeddings(layout).take, cluster, survivors, params.dedup.semantic_threshold, forest=True)
 
 
@@ -251,7 +256,7 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     run = gathered.run
     n, t0 = sum(s.n for s in scans), time.perf_counter()
     with peaks.part("exact"):
-        exact_rep = _exact_representatives(scans, n) if main.exact and n else np.arange(n, dtype=np.int64)
+        exact_rep = _exact_representatives(scans, n, layout, params) if main.exact and n else np.arange(n, dtype=np.int64)
     t1 = time.perf_counter()
     near_of = near_by_bands if params.near_band_tasks else lambda _, *args: _near_pairs(*args)  # band groups as tasks, or one index here
     with peaks.part("near"):
@@ -303,9 +308,12 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     )
 
 
-def _exact_representatives(scans: list, n: int) -> np.ndarray:
+def _exact_representatives(scans: list, n: int, layout=None, params: CleanParams | None = None) -> np.ndarray:
     """Each document's exact-duplicate representative (the first document of its normalized-text
-    hash), over every shard's documents in corpus order."""
+    hash), over every shard's documents in corpus order; with ``clean_tasks``, the hash space in
+    ranges, each a task (:mod:`pipeline.clean.clean_tasks`)."""
+    if params is not None and params.clean_tasks:
+        return clean_tasks_exact(layout, params, scans, n)
     return exact_representatives(np.concatenate([np.asarray(s.take("hashes")) for s in scans]))
 
 
