@@ -486,7 +486,7 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
             "root_mb_by_folder": {k: round(v / 2**20, 1) for k, v in sizes.items()},
             "clean_bytes_by_kind": clean, "training_docs": n_train,
             "clean_bytes_per_training_doc": {k: round(v / n_train, 1) for k, v in clean.items()} if n_train else None,
-            "load_average_at_end": round(os.getloadavg()[0], 1)}
+            "clean_parts": clean_parts(root), "load_average_at_end": round(os.getloadavg()[0], 1)}
 
 
 def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
