@@ -304,6 +304,34 @@ def partitioned_order(results: Path, name: str = "partitioned_order_1m") -> str:
     return "\n".join(lines)
 
 
+def _amount(x: float | None, high: float | None = None) -> str:
+    if x is None:
+        return "—"
+    fmt = (lambda v: f"{v:,.0f}") if x >= 10 else (lambda v: f"{v:,.1f}")  # noqa: E731
+    return fmt(x) + (f" – {fmt(high)}" if high is not None else "")
+
+
+def estimate_1b(results: Path) -> str:
+    """``estimate_1b.py``: 10⁹ documents / 5 × 10⁸ sequences on paper, from the measured costs; then
+    the published figures of datatrove and NeMo Curator, quoted with their sources."""
+    doc = _load(results, "estimate_1b")
+    lines = [f"| stage | runs on, at {doc['documents']:,} documents / {doc['sequences']:,} sequences | measured | scaled by |"
+             " cores × hours | memory per worker, GB | driver (or storage), GB |", "|---|---|---|---|---:|---:|---:|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['stage']} | {r['runs']} | {r['measured']} | {r['rule']} | {_amount(r['core_hours'], r['core_hours_high'])} |"
+                     f" {_amount(r['worker_gb'])} | {_amount(r['driver_gb'])} |")
+    sources = sorted({(k, v["source"]["file"], v["source"]["commit"], str(v["source"]["date"])) for k, v in doc.items()
+                      if isinstance(v, dict) and "source" in v}, key=lambda t: t[1])
+    lines.append("")
+    lines.append("From " + "; ".join(f"`{f}` ({c}, {d[:10]})" for _, f, c, d in sources) + ", by `benchmarks/estimate_1b.py`"
+                 " (`benchmarks/results/estimate_1b.json`); every figure is a measured one scaled by its row's rule, on the"
+                 " measurements' 2 loaded cores.")
+    lines += ["", "| published | what it states | source |", "|---|---|---|"]
+    for p in doc["published"]:
+        lines.append(f"| {p['tool']} | {p['states']} | {p['source']} |")
+    return "\n".join(lines)
+
+
 def quality_scoring(results: Path) -> str:
     """``bench_quality.py``: each scorer through Strata against its library alone, then 1M documents
     through the quality stage's per-shard path."""
@@ -435,6 +463,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "near_bands_1m": lambda results: near_bands(results, "near_bands_1m"),
     "clean_tasks": clean_tasks,
     "partitioned_order_1m": partitioned_order,
+    "partitioned_order_10m": lambda results: partitioned_order(results, "partitioned_order_10m"),
+    "estimate_1b": estimate_1b,
     "quality_scoring": quality_scoring,
     "small_files": small_files,
     "quality_ablation": quality_ablation,
