@@ -30,9 +30,10 @@ from numba import njit
 from pipeline.ordering.features import Csr, SequenceFeatures
 from pipeline.storage.atomic import atomic_path
 
-# the greedy's peak memory per sequence, features and instance included: 10M sequences (K = 1,000,
-# L = 2,048) in 4.0 GB (benchmarks/results/order_prefix.json); a part holds order_part_bytes / this
-PART_BYTES_PER_SEQUENCE = 400
+# a part's worker at its peak per sequence, features, instance and imports included: 1,299 MiB for a part
+# of 2,500,000 sequences (K = 1,000, L = 2,048; benchmarks/results/partitioned_order_10m.json), 545 bytes
+# a sequence; a part holds order_part_bytes / this
+PART_BYTES_PER_SEQUENCE = 545
 
 
 def n_parts(n_sequences: int, order_part_bytes: int, batch: int) -> int:
