@@ -433,9 +433,31 @@ def clean_parts(root: Path) -> dict:
                         if k.endswith("_s") and k[:-2] in ("scan", "heldout_scan", "exact", "near", "decontam", "semantic")}}
 
 
-def run_child(cmd: list[str], env: dict, log_path: Path) -> tuple[str, float, int]:
+def peaks_by_step(root: Path, timeline: list[tuple[float, int]]) -> dict[str, float]:
+    """The process tree's peak RssAnon (GB) while each asset ran in one ``strata run``: each sample
+    of ``timeline`` goes to the asset whose next materialization (any partition) followed it, so a
+    stage's figure covers it from the previous materialization on (its partitions side by side
+    included), in the order the stages ran."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(root / "dagster"))
+    ends = sorted((r.timestamp, key.path[-1]) for key in instance.get_asset_keys()
+                  for r in instance.fetch_materializations(key, limit=100_000).records)
+    out: dict[str, float] = {}
+    at = 0
+    for t, rss in timeline:
+        while at < len(ends) and ends[at][0] < t:
+            at += 1
+        if at < len(ends):
+            name = ends[at][1]
+            out[name] = max(out.get(name, 0.0), round(rss / 2**30, 3))
+    return out
+
+
+def run_child(cmd: list[str], env: dict, log_path: Path, timeline: list | None = None) -> tuple[str, float, int]:
     """Run ``cmd`` in ``ROOT`` (stderr to ``log_path``), sampling the RssAnon of its process tree
-    every 0.1 s; returns ``(stdout, wall seconds, peak anonymous bytes)``."""
+    every 0.1 s (each sample's (time, bytes) appended to ``timeline`` when given); returns
+    ``(stdout, wall seconds, peak anonymous bytes)``."""
     with open(log_path, "a") as log:
         t0 = time.time()
         child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -443,7 +465,10 @@ def run_child(cmd: list[str], env: dict, log_path: Path) -> tuple[str, float, in
 
         def sample() -> None:
             while child.poll() is None:
-                peak[0] = max(peak[0], _rss_anon_tree(child.pid))
+                now = _rss_anon_tree(child.pid)
+                peak[0] = max(peak[0], now)
+                if timeline is not None:
+                    timeline.append((time.time(), now))
                 time.sleep(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -463,8 +488,9 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("DAGSTER_HOME", None)
     c0, w0 = _children_cpu(), _children_written()
+    timeline: list[tuple[float, int]] = []
     _, wall, peak = run_child([sys.executable, "-m", "assets.cli", "run", "--config", str(base / "cfg.json"),
-                               "--select", "*ordering_diagnostics"], env, base / "strata_run.log")
+                               "--select", "*ordering_diagnostics"], env, base / "strata_run.log", timeline)
     cpu, written = _children_cpu() - c0, _children_written() - w0
     root = base / "root"
     whole = _du(root)
@@ -486,7 +512,8 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
             "root_mb_by_folder": {k: round(v / 2**20, 1) for k, v in sizes.items()},
             "clean_bytes_by_kind": clean, "training_docs": n_train,
             "clean_bytes_per_training_doc": {k: round(v / n_train, 1) for k, v in clean.items()} if n_train else None,
-            "clean_parts": clean_parts(root), "load_average_at_end": round(os.getloadavg()[0], 1)}
+            "clean_parts": clean_parts(root), "peak_anon_gb_by_step": peaks_by_step(root, timeline),
+            "load_average_at_end": round(os.getloadavg()[0], 1)}
 
 
 def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
