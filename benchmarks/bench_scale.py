@@ -442,7 +442,7 @@ def peaks_by_step(root: Path, timeline: list[tuple[float, int]]) -> dict[str, fl
 
     instance = dg.DagsterInstance.from_config(str(root / "dagster"))
     ends = sorted((r.timestamp, key.path[-1]) for key in instance.get_asset_keys()
-                  for r in instance.fetch_materializations(key, limit=100_000).records)
+                  for r in instance.fetch_materializations(key, limit=10_000).records)
     out: dict[str, float] = {}
     at = 0
     for t, rss in timeline:
