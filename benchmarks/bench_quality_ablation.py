@@ -195,7 +195,7 @@ def main() -> None:
     timing = {f"{w.name}/{tag}": t for w, r in zip(works, records) for tag, t in r["timing"].items()}
     out = {**info, "seeds": sorted(seeds), "training_tokens": int(tokens["t"][0]), "steps": STEPS, "batch_size": BATCH,
            "seq_len": SEQ_LEN, "heldout_documents": int(units["unit"].n_unique()), "metric": HELDOUT_METRIC,
-           "scorer": {"name": "fasttext_trained", "sources": sources, "epochs": 20, "lr": 0.5},
+           "scorer": {"name": TRAINING["scorer"], "sources": sources, **{k: v for k, v in TRAINING.items() if k != "scorer"}},
            "stages": {"anneal": ANNEAL, "ascending": ASCENDING}, "same_bytes_sha256": hashes,
            "loss": means.to_dicts(), "delta_vs_random": rows, "timing": timing,
            "wall_min": round(sum(t["wall_s"] for t in timing.values()) / 60, 1), **({"partial": args.partial} if args.partial else {})}
