@@ -11,7 +11,6 @@ from dagster_duckdb import DuckDBResource
 from assets.dagster_internals import BaseAssetGraph, asset_graph
 from pipeline.config import StrataConfig, resolve_config
 from pipeline.config_source import RECORDED_CONFIG
-from pipeline.peak_memory import release_freed
 from pipeline.stage import CheckFact, Markdown, StageResult
 from pipeline.storage.layout import Layout, table_columns
 from pipeline.storage.warehouse import record_lineage
@@ -222,7 +221,6 @@ class Recorder:
         meta["wall_s"] = round(time.perf_counter() - self.t0, 2)
         meta["cpu_s"] = round(process_cpu_s() - self.c0, 2)
         meta.update({**shown(result.facts), **(metadata or {})})
-        release_freed()  # the stage's freed buffers leave the process before the next stage runs
         return dg.MaterializeResult(metadata=meta, data_version=dg.DataVersion(version),
                                     check_results=[check_result(c) for c in result.checks] or None)
 

@@ -53,17 +53,3 @@ class PartPeaks:
     def facts(self, prefix: str = "peak_rss_mb_") -> dict[str, float]:
         """One fact a part: ``<prefix><part>``."""
         return {f"{prefix}{name}": mb for name, mb in self.mb.items()}
-
-
-def release_freed() -> bool:
-    """Return the C heap's free pages to the kernel (glibc's ``malloc_trim(0)``): a long process
-    that runs stage after stage (``strata run``) otherwise keeps each stage's freed buffers resident,
-    and its peak grows with every stage it ran. False where the C library has no such call."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.malloc_trim(0))
-    except (OSError, AttributeError):
-        return False
