@@ -447,6 +447,40 @@ def quality_ablation(results: Path) -> str:
     return "\n".join(lines)
 
 
+def scale_1m_run(results: Path) -> str:
+    """``bench_scale.py --strata-run`` at 1M documents beside the same path stage by stage: each
+    stage's peak heap (RssAnon of the process tree), the clean gather's parts, the data root by folder."""
+    run, staged = _load(results, "scale_1m_run"), _load(results, "scale_1m_stages")
+    alone = {r["stage"]: r for r in staged["stages"]}
+    lines = ["| stage | peak heap in the one `strata run`, GB | peak heap run alone, GB |", "|---|---:|---:|"]
+    for stage, gb in run["peak_anon_gb_by_step"].items():
+        own = alone.get(stage, {}).get("peak_anon_gb")
+        lines.append(f"| `{stage}` | {gb:.2f} | {'—' if own is None else f'{own:.2f}'} |")
+    lines.append(f"| **the whole run** | **{run['peak_anon_gb']:.2f}** | {alone['total']['peak_anon_gb']:.2f} |")
+    parts = run["clean_parts"]["peak_rss_mb"]
+    lines += ["", "| `clean` gather part | " + " | ".join(parts) + " |", "|---|" + "---:|" * len(parts),
+              "| peak resident MB in the one run (VmHWM: heap and touched file pages) | "
+              + " | ".join(f"{v:,.0f}" for v in parts.values()) + " |",
+              "| peak resident MB run alone | " + " | ".join(f"{v:,.0f}" for v in alone["clean parts"]["peak_rss_mb"].values()) + " |"]
+    docs = run["training_docs"]
+    folders = {k: v for k, v in sorted(run["root_mb_by_folder"].items(), key=lambda kv: -kv[1]) if v >= 1}
+    lines += ["", "| data root folder | MB | bytes a training document |", "|---|---:|---:|"]
+    lines += [f"| `{k}/` | {v:,.1f} | {v * 2**20 / docs:,.0f} |" for k, v in folders.items()]
+    lines.append(f"| **the root** | **{run['root_gb'] * 1024:,.0f}** | {run['root_gb'] * 2**30 / docs:,.0f} |")
+    kinds = {k: v for k, v in sorted(run["clean_bytes_by_kind"].items(), key=lambda kv: -kv[1]) if v >= 2**20}
+    lines.append("")
+    lines.append("Of `clean/`: " + ", ".join(f"`{k}` {v / 2**20:,.0f} MB ({v / docs:,.1f} B a document)" for k, v in kinds.items())
+                 + ". MB and GB are 2^20 and 2^30 bytes.")
+    lines.append("")
+    lines.append(f"`bench_scale.py --docs 1000000 --shard-docs 125000 --strata-run` at {run['commit'][:12]}, {run['date']}"
+                 f" ({docs:,} training documents, {run['wall_s']:,.1f} s wall, load average {run['load_average_at_end']:.1f} at the end),"
+                 f" and the same path stage by stage, each stage in a process of its own (`bench_scale.py --docs 1000000"
+                 f" --no-baselines`, {staged['commit'][:12]}, {staged['date']}); a stage's peak in the one run is the tree's"
+                 " highest sample from the previous asset's materialization to its own (partitions side by side included)."
+                 " From `benchmarks/results/scale_1m_run.json` and `scale_1m_stages.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -468,6 +502,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "quality_scoring": quality_scoring,
     "small_files": small_files,
     "quality_ablation": quality_ablation,
+    "scale_1m_run": scale_1m_run,
 }
 
 
