@@ -137,7 +137,7 @@ def test_ray_workers_load_the_code_location_of_the_workspace():
 # (cli/) above them all; render/ (markdown, figures) and storage/ (the data root, the warehouse) sit
 # beneath every stage.
 LAYERS = (
-    ("errors", "threads", "offline", "devices", "heavy", "stage"),
+    ("errors", "threads", "offline", "devices", "heavy", "stage", "peak_memory"),
     ("registry", "segments"),
     ("names", "storage"),
     ("render", "config"),

@@ -269,17 +269,13 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
     with peaks.part("semantic"):
         semantic, largest = _semantic_pairs(layout, params, n, exact_rep, near)
     t4 = time.perf_counter()
+    flags = counts >= params.decontam.min_overlap
     with peaks.part("tables"):
-        flags = counts >= params.decontam.min_overlap
         table = plan(n, exact_rep, near, semantic, flags, names, params.dedup.action, params.decontam.action == "drop")
         out = write_parquet(table, clean_file(layout))
         skipped_file = write_parquet(skipped_ngrams, layout.inside("clean", "skipped_ngrams.parquet"))
         dups, contam, removed, held_skipped = _clean_tables(layout, table, flags, counts, skipped, names, n)
-        with connect() as con:
-            replace_rows(con, "duplicates", dups, {})
-            replace_rows(con, "contamination", contam, {})
-            replace_rows(con, "contamination_skipped", held_skipped, {})
-            replace_rows(con, "clean_removed", removed, {})
+        _record_tables(connect, dups, contam, held_skipped, removed)
         png = plot_clean({"duplicates": dups, "contamination": contam}, layout.inside("clean", "clean.png"))
     kinds = dict(dups.group_by("dup_kind").len().iter_rows())
     per_set = dict(contam.group_by("eval_set").len().iter_rows())
@@ -306,6 +302,15 @@ def clean_documents(layout, params: CleanParams, connect: Connect) -> StageResul
                "by_source_and_cluster": Markdown(image_markdown(png, "duplicates and contamination by source and by cluster"))},
         deps=gathered.deps("clean_shards"),
     )
+
+
+def _record_tables(connect: Connect, dups: pl.DataFrame, contam: pl.DataFrame, held_skipped: pl.DataFrame,
+                   removed: pl.DataFrame) -> None:
+    """The clean plan's DuckDB tables (:func:`_clean_tables`), each replaced whole."""
+    with connect() as con:
+        for name, frame in (("duplicates", dups), ("contamination", contam), ("contamination_skipped", held_skipped),
+                            ("clean_removed", removed)):
+            replace_rows(con, name, frame, {})
 
 
 def _exact_representatives(scans: list, n: int, layout=None, params: CleanParams | None = None) -> np.ndarray:
