@@ -47,13 +47,26 @@ def length_bin_edges(
     if length_bin_weighting not in ("tokens", "documents"):
         raise StrataInputError(f"unknown length_bin_weighting {length_bin_weighting!r}", fix="use 'tokens' or 'documents'")
     if lengths.max() <= COUNTED_MAX:  # the distinct lengths and their counts: O(N), no sort of N lengths
-        count = np.bincount(lengths)
-        srt = np.flatnonzero(count)
-        count = count[srt]
-        mass = np.cumsum(srt * count if length_bin_weighting == "tokens" else count)
-    else:
-        srt = np.sort(lengths.astype(np.int64))
-        mass = np.cumsum(srt if length_bin_weighting == "tokens" else np.ones_like(srt))
+        return counted_length_bin_edges(np.bincount(lengths), length_bins, length_bin_weighting)
+    srt = np.sort(lengths.astype(np.int64))
+    return _quantile_edges(srt, np.cumsum(srt if length_bin_weighting == "tokens" else np.ones_like(srt)), length_bins)
+
+
+def counted_length_bin_edges(
+    count: np.ndarray, length_bins: int, length_bin_weighting: Literal["tokens", "documents"] = "tokens"
+) -> np.ndarray:
+    """:func:`length_bin_edges` of the documents whose lengths' counts are ``count`` (``count[x]``:
+    documents of stream length x, a ``bincount``): the same edges, for a corpus whose lengths are
+    counted stretch by stretch and never held (``pipeline.ordering.segment_files``)."""
+    count = np.asarray(count, dtype=np.int64)
+    srt = np.flatnonzero(count)
+    if srt.size == 0 or srt[0] <= 0:
+        raise StrataInputError("document lengths must be counted and positive", fix="count stream lengths (n_tokens + 1), all positive")
+    count = count[srt]
+    return _quantile_edges(srt, np.cumsum(srt * count if length_bin_weighting == "tokens" else count), length_bins)
+
+
+def _quantile_edges(srt: np.ndarray, mass: np.ndarray, length_bins: int) -> np.ndarray:
     q = np.arange(1, length_bins, dtype=np.float64) / length_bins * mass[-1]
     # smallest length x such that documents of length <= x hold at least q of the mass (the same x
     # from the mass summed per distinct length as from the mass document by document)

@@ -28,11 +28,13 @@ import numpy as np
 
 from pipeline.distributed.engine import map_tasks
 from pipeline.distributed.shards import Shard
+from pipeline.errors import StrataInputError
 from pipeline.ordering import strategies
 from pipeline.ordering.characteristics import Characteristics
 from pipeline.ordering.features import Csr, length_bin_edges, packed_sequence_features
 from pipeline.ordering.greedy import Objective
-from pipeline.ordering.parts import Deal, interleave, load_part, part_sizes, save_piece
+from pipeline.ordering.parts import Deal, interleave, load_part, part_sizes, save_piece, write_interleaved
+from pipeline.ordering.segment_files import SegmentFiles
 from pipeline.segments import grouped, stable_argsort
 from pipeline.storage.atomic import atomic_path, write_npy
 
@@ -74,6 +76,11 @@ class Corpus:
     def n_sequences(self) -> int:
         return self.starts.size - 1
 
+    def ranges(self, chunk: int):
+        """Stretches ``[a, b)`` of at most ``chunk`` sequences, in id order."""
+        for a in range(0, self.n_sequences, chunk):
+            yield a, min(a + chunk, self.n_sequences)
+
     def chunk(self, a: int, b: int):
         """The features of sequences ``[a, b)`` (rows in ascending id), binned and sized as the whole packing's."""
         lo, hi = self.starts[a], self.starts[b]
@@ -108,15 +115,15 @@ def _deal_matrix(chars: Characteristics, offsets: dict[str, tuple[int, int]]) ->
     return Csr(x.indptr, remap[x.indices], x.data, sum(w for _, w in offsets.values()))
 
 
-def deal(corpus: Corpus, sizes: np.ndarray, work: Path) -> tuple[list[list[str]], str]:
+def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path) -> tuple[list[list[str]], str]:
     """Deal the sequences into ``len(sizes)`` parts of those sizes, chunk by chunk; each part's
     share of a chunk is written to ``work``. Return each part's files and the file of the corpus's
     bin edges and (cluster, bin) tokens."""
     objective = corpus.params.objective_weights()
     state, offsets, pieces = None, None, [[] for _ in sizes]
     joint = np.zeros((corpus.n_clusters, corpus.bin_edges.size + 1))
-    for c, a in enumerate(range(0, corpus.n_sequences, DEAL_CHUNK)):
-        f, chunk_joint = corpus.chunk(a, min(a + DEAL_CHUNK, corpus.n_sequences))
+    for c, (a, b) in enumerate(corpus.ranges(DEAL_CHUNK)):
+        f, chunk_joint = corpus.chunk(a, b)
         joint += chunk_joint
         chars = objective.matrix(f)
         offsets = offsets or _offsets(chars, objective)
@@ -133,29 +140,58 @@ def deal(corpus: Corpus, sizes: np.ndarray, work: Path) -> tuple[list[list[str]]
     return pieces, str(meta)
 
 
+def order_parts(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: int, work: Path, *, engine: str = "local",
+                ray_cfg: Any = None) -> tuple[list[Path], np.ndarray]:
+    """The deal, then each part ordered by a worker (a process of its own, or a Ray task); each
+    part's order (sequence ids) as a file under ``work``, and the parts' sizes."""
+    params = corpus.params
+    sizes = part_sizes(corpus.n_sequences, parts, params.batch_size)
+    pieces, meta = deal(corpus, sizes, work)
+    outs = [work / f"order{p:05d}.npy" for p in range(parts)]
+    shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p])), (outs[p],))
+              for p in range(parts)]
+    retries = ray_cfg.max_retries if ray_cfg is not None else 3
+    map_tasks(order_part, shards, engine=engine, ray_cfg=ray_cfg, workers=min(parts, len(os.sched_getaffinity(0))), retries=retries)
+    for p, out in enumerate(outs):
+        n = np.load(out, mmap_mode="r").size
+        if n != sizes[p]:
+            raise RuntimeError(f"part {p} of {strategy!r} came back with {n} sequences, not {sizes[p]}")
+    return outs, sizes
+
+
+def _work(strategy: str, seed: int, work_dir: Path | None) -> Path:
+    base = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{strategy}-{seed}-", dir=base))
+
+
 def partitioned_ids(strategy: str, corpus: Corpus, parts: int, seed: int, *, engine: str = "local", ray_cfg: Any = None,
                     work_dir: Path | None = None) -> np.ndarray:
     """The strategy's order (sequence ids) of ``corpus`` in ``parts`` parts: the deal, each part
     ordered by a worker (a process of its own, or a Ray task), the parts interleaved batch by batch
     and, for a strategy derived from another's order (``greedy_block_shuffle``), its function of it."""
     spec, params = strategies.spec(strategy), corpus.params
-    sizes = part_sizes(corpus.n_sequences, parts, params.batch_size)
-    base = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{strategy}-{seed}-", dir=base))
+    work = _work(strategy, seed, work_dir)
     try:
-        pieces, meta = deal(corpus, sizes, work)
-        outs = [work / f"order{p:05d}.npy" for p in range(parts)]
-        shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p])), (outs[p],))
-                  for p in range(parts)]
-        retries = ray_cfg.max_retries if ray_cfg is not None else 3
-        map_tasks(order_part, shards, engine=engine, ray_cfg=ray_cfg, workers=min(parts, len(os.sched_getaffinity(0))),
-                  retries=retries)
+        outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg)
         orders = [np.load(out, allow_pickle=False) for out in outs]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for p, order in enumerate(orders):
-        if order.size != sizes[p]:
-            raise RuntimeError(f"part {p} of {strategy!r} came back with {order.size} sequences, not {sizes[p]}")
     ids = interleave(orders, params.batch_size)
     return np.asarray(spec.derived[1](ids, params, seed)) if spec.derived is not None else ids
+
+
+def partitioned_stream(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: int, out: Path, *, engine: str = "local",
+                       ray_cfg: Any = None, work_dir: Path | None = None) -> Path:
+    """:func:`partitioned_ids` written to the ``.npy`` file ``out`` (int64 sequence ids in stream
+    order) as the parts' orders are interleaved, a few batches of each at a time: no process holds
+    the stream, the corpus's features or its segments (a :class:`SegmentFiles` corpus)."""
+    if strategies.spec(strategy).derived is not None:
+        raise StrataInputError(f"{strategy!r} is a function of a whole order; its stream is not written part by part",
+                               fix="stream 'greedy' or 'greedy_curriculum'")
+    work = _work(strategy, seed, work_dir)
+    try:
+        outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg)
+        return write_interleaved(outs, corpus.params.batch_size, Path(out))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

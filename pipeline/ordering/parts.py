@@ -67,6 +67,38 @@ def interleave(orders: list[np.ndarray], batch: int) -> np.ndarray:
     return out
 
 
+def _npy_reader(path: Path) -> tuple[np.dtype, int, int]:
+    """(dtype, length, data offset) of a 1-D ``.npy`` file, read from its header."""
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(fh)
+        return dtype, int(shape[0]), fh.tell()
+
+
+def write_interleaved(orders: list[Path], batch: int, out: Path, rounds: int = 1 << 12) -> Path:
+    """:func:`interleave` of the parts' order files (``.npy``, sized by :func:`part_sizes`) into the
+    ``.npy`` file ``out`` (atomically), ``rounds`` batches of every part at a time: neither the
+    stream nor a part's order is ever held whole."""
+    parts, readers = len(orders), [_npy_reader(p) for p in orders]
+    total = sum(n for _, n, _ in readers)
+    step = rounds * batch
+    with atomic_path(Path(out)) as tmp, open(tmp, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<i8", "fortran_order": False, "shape": (total,)})
+        for r0 in range(0, -(-max(n for _, n, _ in readers) // batch), rounds):
+            lo = r0 * parts * batch
+            buf = np.empty(min(total, lo + step * parts) - lo, dtype=np.int64)
+            for p, (path, (dtype, n, offset)) in enumerate(zip(orders, readers)):
+                a, b = r0 * batch, min(n, r0 * batch + step)
+                if a >= b:
+                    continue
+                got = np.fromfile(path, dtype=dtype, count=b - a, offset=offset + a * dtype.itemsize)
+                i = np.arange(a, b)
+                buf[(i // batch * parts + p) * batch + i % batch - lo] = got
+            fh.write(buf.tobytes())
+    return Path(out)
+
+
 SLACK = 1.0  # a part this many sequences ahead of its share of those dealt takes no more until the others catch up
 
 
