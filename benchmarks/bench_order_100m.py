@@ -7,12 +7,15 @@ sequence, tokens, and its document's cluster and stream length; each file's docu
 seed of its own). Nothing here or in the ordering ever holds the corpus's segments or documents:
 
 1. **generate**: the segment files, one at a time.
-2. **order** (a fresh process, the driver): a local Ray cluster of 2 CPUs (``ray start --head``,
-   ``pipeline/distributed/local_cluster.py``); ``SegmentFiles`` reads the files once (length-bin
-   edges from the documents' counted lengths); ``partitioned_stream("greedy", ...)`` deals the
-   sequences file by file into P parts (P from the default ``order_part_bytes``), orders each part as
-   a Ray task and writes the interleaved stream to a file. Measured: wall and CPU seconds of the
-   driver and of every Ray process (from /proc, polled), and each process's peak RSS (its VmHWM).
+2. **order** (a fresh process, the driver): ``SegmentFiles`` reads the files once (length-bin
+   edges from the documents' counted lengths); the deal (``pipeline.ordering.partitioned.deal``)
+   gives the sequences, file by file, to P parts (P from the default ``order_part_bytes``); a local
+   Ray cluster of 2 CPUs (``ray start --head``, ``pipeline/distributed/local_cluster.py``) orders each
+   part as a Ray task (``order_part``, what ``partitioned_stream`` runs); the parts' orders are
+   interleaved into a stream file (``write_interleaved``). The deal's files are kept, so a cluster
+   lost mid-run (another Ray user on the machine) is started again for the parts still missing.
+   Measured: wall and CPU seconds of the driver and of every Ray process (from /proc, polled), and
+   each process's peak RSS (its VmHWM).
 3. **diagnose** (a fresh process): per segment file, each sequence's (cluster, tokens) and
    (length bin, tokens) entries to a compact file; then the stream and 5 uniform shuffles of the
    sequences (``default_rng(seed + 1 + s).permutation(M)``, as bench_order's shuffles), each read in
@@ -49,11 +52,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_order import BATCH, _commit, _machine, synthetic_docs  # noqa: E402
 
 from pipeline.config import RayConfig  # noqa: E402
+from pipeline.distributed.engine import map_tasks  # noqa: E402
 from pipeline.distributed.local_cluster import cluster_pids, local_cluster  # noqa: E402
+from pipeline.distributed.shards import Shard  # noqa: E402
 from pipeline.ordering.composition import log_spaced_points  # noqa: E402
 from pipeline.ordering.engine import OrderParams  # noqa: E402
-from pipeline.ordering.partitioned import partitioned_stream  # noqa: E402
-from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, n_parts  # noqa: E402
+from pipeline.ordering.partitioned import deal, order_part  # noqa: E402
+from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, n_parts, part_sizes, write_interleaved  # noqa: E402
 from pipeline.ordering.segment_files import SegmentFiles, write_segment_file  # noqa: E402
 from pipeline.packing.pack import pack_concat  # noqa: E402
 from pipeline.reports.streamed import StreamedDiagnostics  # noqa: E402
@@ -139,34 +144,64 @@ def _params(part_bytes: int) -> OrderParams:
     return OrderParams(length_bins=B, batch_size=BATCH, **({"order_part_bytes": part_bytes} if part_bytes else {}))
 
 
+def _order_parts(pieces: list[list[str]], meta: str, params: OrderParams, seed: int, work: Path, procs: dict) -> float:
+    """Each part ordered as a Ray task on a fresh local cluster (polled for every process's peak);
+    parts whose order file exists are skipped, so a cluster lost mid-run is started again and only
+    the missing parts run. Returns the cluster's start-up seconds."""
+    shards = [Shard(f"greedy part {p}", ("greedy", params, seed, pieces[p], meta, str(work / f"order{p:05d}.npy")),
+                    (work / f"order{p:05d}.npy",)) for p in range(len(pieces))]
+    up = 0.0
+    for attempt in range(3):
+        t0 = time.perf_counter()
+        with local_cluster([2]) as (address, temp_dir):
+            up += time.perf_counter() - t0
+            stop = threading.Event()
+            poller = threading.Thread(target=_poll, args=(stop, temp_dir, procs), daemon=True)
+            poller.start()
+            try:
+                map_tasks(order_part, shards, engine="ray", ray_cfg=RayConfig(address=address))
+                return up
+            except Exception as exc:  # noqa: BLE001 - a lost cluster: start another, run the parts still missing
+                print(f"order: attempt {attempt + 1} lost its cluster ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+            finally:
+                stop.set()
+                poller.join()
+    raise RuntimeError("three local clusters lost")
+
+
 def order(work: Path, seed: int, part_bytes: int) -> dict:
+    """The deal (here, the driver), the parts on a local Ray cluster, the interleave to ``stream.npy``."""
     files = sorted((work / "segments").glob("seg*.npz"))
     params = _params(part_bytes)
     procs: dict[int, dict] = {}
     t0, c0 = time.perf_counter(), time.process_time()
-    with local_cluster([2]) as (address, temp_dir):
-        up = time.perf_counter() - t0
-        stop = threading.Event()
-        poller = threading.Thread(target=_poll, args=(stop, temp_dir, procs), daemon=True)
-        poller.start()
-        t1 = time.perf_counter()
-        corpus = SegmentFiles(files, params)
-        scan = time.perf_counter() - t1
-        m = corpus.n_sequences
-        parts = n_parts(m, params.order_part_bytes, params.batch_size)
-        print(f"order: {m:,} sequences in {parts} parts; cluster at {address}", flush=True)
-        t2 = time.perf_counter()
-        partitioned_stream("greedy", corpus, parts, seed, work / "stream.npy", engine="ray", ray_cfg=RayConfig(address=address),
-                           work_dir=work / "parts")
-        ordering = time.perf_counter() - t2
-        stop.set()
-        poller.join()
+    corpus = SegmentFiles(files, params)
+    scan = time.perf_counter() - t0
+    m = corpus.n_sequences
+    parts = n_parts(m, params.order_part_bytes, params.batch_size)
+    print(f"order: {m:,} sequences in {parts} parts", flush=True)
+    dealt = work / "parts"
+    t1 = time.perf_counter()
+    if (dealt / "dealt.json").is_file():  # a rerun after a lost cluster: the deal's files are kept
+        pieces, meta = json.loads((dealt / "dealt.json").read_text())
+    else:
+        dealt.mkdir(parents=True, exist_ok=True)
+        pieces, meta = deal(corpus, part_sizes(m, parts, params.batch_size), dealt)
+        (dealt / "dealt.json").write_text(json.dumps([pieces, meta]))
+    deal_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    up = _order_parts(pieces, meta, params, seed, dealt, procs)
+    parts_s = time.perf_counter() - t2 - up
+    t3 = time.perf_counter()
+    write_interleaved([dealt / f"order{p:05d}.npy" for p in range(parts)], params.batch_size, work / "stream.npy")
+    interleave_s = time.perf_counter() - t3
     me = os.getpid()
-    driver = procs.pop(me, {"peak_rss_mb": _status("self", "VmHWM")})
+    driver = procs.pop(me, {"peak_rss_mb": 0.0})
     driver["peak_rss_mb"] = max(driver["peak_rss_mb"], _status("self", "VmHWM"))
     ray = sorted(procs.values(), key=lambda p: -p["peak_rss_mb"])
     return {"M": m, "parts": parts, "order_part_bytes": params.order_part_bytes, "part_bytes_per_sequence": PART_BYTES_PER_SEQUENCE,
-            "files": len(files), "cluster_start_s": up, "scan_s": scan, "order_s": ordering, "wall_s": time.perf_counter() - t0,
+            "files": len(files), "scan_s": scan, "deal_s": deal_s, "cluster_start_s": up, "parts_s": parts_s, "interleave_s": interleave_s,
+            "order_s": deal_s + parts_s + interleave_s, "wall_s": time.perf_counter() - t0,
             "driver_cpu_s": time.process_time() - c0, "driver_peak_rss_mb": driver["peak_rss_mb"],
             "ray_processes": len(ray), "ray_cpu_s": sum(p["cpu_s"] for p in ray),
             "largest_ray_peak_rss_mb": ray[0]["peak_rss_mb"] if ray else 0.0,

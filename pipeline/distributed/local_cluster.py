@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import ray.util
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -69,15 +71,21 @@ def local_cluster(node_cpus: list[int]) -> Iterator[tuple[str, Path]]:
     temp_dir = Path(tempfile.mkdtemp(prefix="strata-ray-", dir="/tmp"))  # short: Ray's socket paths are length-limited
     exe = str(Path(sys.executable).with_name("ray"))
     port = _free_port()
-    common = ["--num-gpus=0", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    # the address a driver's ray.init resolves 127.0.0.1 to (the interface of the default route, when
+    # there is one): the nodes bind there, so the address handed out is the one a driver connects to
+    node_ip = ray.util.get_node_ip_address()
+    common = ["--num-gpus=0", f"--node-ip-address={node_ip}", "--disable-usage-stats"]
+    # no token authentication: `ray start` turns it on whenever ~/.ray/auth_token exists (any local
+    # ray.init() writes one), and a driver connecting by address does not send the token
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     head = [exe, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
             f"--dashboard-port={_free_port()}", f"--ray-client-server-port={_free_port()}"]
     try:
         for i, cpus in enumerate(node_cpus):
-            cmd = head if i == 0 else [exe, "start", f"--address=127.0.0.1:{port}"]
-            proc = subprocess.run([*cmd, f"--num-cpus={cpus}", *common], capture_output=True, text=True, timeout=180)
+            cmd = head if i == 0 else [exe, "start", f"--address={node_ip}:{port}"]
+            proc = subprocess.run([*cmd, f"--num-cpus={cpus}", *common], capture_output=True, text=True, timeout=180, env=env)
             if proc.returncode:
                 raise RuntimeError(f"ray start failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        yield f"127.0.0.1:{port}", temp_dir
+        yield f"{node_ip}:{port}", temp_dir
     finally:
         stop_cluster(temp_dir)
