@@ -10,9 +10,15 @@ threshold). Each case runs in a fresh process of its own (``--case``), so each p
 (``VmHWM``; the signature files' pages a process reads count in it); the driver's peak includes its
 imports (``rss_before_mb``: after the imports, before the gather). A task's peak is measured by
 running each band group's task again, alone, in a process spawned as the engine spawns them
-(``task_rss_before_mb``: its RSS once the task's module is imported).
+(``task_rss_before_mb``: its RSS once the task's module is imported). Beside each ``VmHWM``, the
+largest ``RssAnon`` a thread sampled (``*_peak_anon_mb``): the process's own memory, without the
+pages of files it memory-mapped. More tasks than the 12 bands: each band a task per key part.
 
     nice -n 15 python benchmarks/bench_near_bands.py --docs 200000   # writes benchmarks/results/near_bands.json
+    nice -n 10 taskset -c 1 python benchmarks/bench_near_bands.py --docs 1000000 --copies 100000 --tasks 0 4 12 48 \
+        --out benchmarks/results/near_bands_1m.json
+    nice -n 10 taskset -c 1 python benchmarks/bench_near_bands.py --docs 3000000 --copies 300000 --tasks 0 12 48 144 \
+        --out benchmarks/results/near_bands_3m.json
 """
 
 from __future__ import annotations
@@ -100,14 +106,15 @@ def task_peaks(scans: list, exact_rep: np.ndarray, d, tasks: int, folder: Path) 
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from pipeline.clean.near_bands import _members_file, band_groups
+    from pipeline.clean.near_bands import _members_file, band_jobs
 
     folder.mkdir(exist_ok=True)
     shards = [_members_file(s, exact_rep, folder / f"members{j}.npy") for j, s in enumerate(scans)]
     out = []
-    for g, (a, b) in enumerate(band_groups(d.near_num_perm // d.near_rows, tasks)):
+    for g, (a, b, k, parts) in enumerate(band_jobs(d.near_num_perm // d.near_rows, tasks)):
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-            out.append(pool.submit(_task_peak, shards, a, b, d.near_rows, d.near_threshold, str(folder / f"pairs{g}.npy")).result())
+            out.append(pool.submit(_task_peak, shards, a, b, d.near_rows, d.near_threshold, str(folder / f"pairs{g}.npy"), k,
+                                   parts).result())
     return max(o[0] for o in out), max(o[1] for o in out), max(o[2] for o in out)
 
 
