@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -182,7 +183,8 @@ def main() -> None:
         planted_found = int(sum((min(a, b), max(a, b)) in found for a, b in planted.tolist()))
     doc = {"benchmark": "bench_near_bands.py", "machine": mach, "commit": commit(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "docs": args.docs, "copies": args.copies,
-           "shards": args.shards, "planted_pairs_found": planted_found, "cases": rows, "wall_s": round(time.perf_counter() - t0, 1)}
+           "shards": args.shards, "cpus_allowed": len(os.sched_getaffinity(0)), "planted_pairs_found": planted_found,
+           "cases": rows, "wall_s": round(time.perf_counter() - t0, 1)}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
 
 
