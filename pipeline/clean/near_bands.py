@@ -6,7 +6,7 @@ document in its own process. Here each task reads, for the documents the driver 
 bands' columns of every shard's signature file (plain reads, a span of rows at a time, so the
 file's pages are never this process's memory), sorts the keys band by band
 (:func:`pipeline.clean.near.lsh_pairs`, the default's code) and verifies each candidate by the
-signatures' Jaccard estimate, reading whole signatures of the candidates alone (memory-mapped). A
+signatures' Jaccard estimate, reading whole signatures of the candidates alone (plain reads too). A
 pair that also shares a bucket in an earlier band (of an earlier group) is left to that group, so
 the groups' pairs are disjoint and their union is the default's pairs, exactly: the same buckets,
 the same check. With more tasks than bands each band is a task per key part (``key % parts``):
@@ -54,43 +54,57 @@ def band_jobs(bands: int, tasks: int) -> list[tuple[int, int, int, int]]:
     return [(b, b + 1, k, parts) for b in range(bands) for k in range(parts)]
 
 
+def _npy_layout(path: str) -> tuple[int, tuple[int, ...], np.dtype]:
+    """Where a 2-D C-order ``.npy`` file's data starts, its shape and dtype."""
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = header(fh)
+        if fortran or len(shape) != 2:
+            raise ValueError(f"{path}: a signature file is a 2-D array in C order")
+        return fh.tell(), shape, dtype
+
+
 class _Members:
     """The documents a task compares: doc ids ascending, each one's signature file (shard) and row in
-    it; the signatures memory-mapped, read for the documents asked alone."""
+    it; signatures read (plain reads, never memory-mapped: a mapped page's neighbours would count in
+    the task's memory too) for the documents asked alone."""
 
     def __init__(self, sig_files: Sequence[str], keys: np.ndarray, shard: np.ndarray, rows: np.ndarray):
-        self.sigs = [np.load(sig, mmap_mode="r") for sig in sig_files]
+        self.files, self.layout = list(sig_files), [_npy_layout(f) for f in sig_files]
         self.keys, self.shard, self.rows = keys, shard, rows
 
     def fetch(self, positions: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
         """Columns ``cols`` of the signatures of the members at ``positions`` (any order)."""
         positions = np.asarray(positions, np.int64)
         which = self.shard[positions]
-        width = self.sigs[0][:, cols].shape[1] if self.sigs else 0
+        width = self.layout[0][1][1] if self.layout else 0
         out = np.empty((positions.size, width), np.uint32)
         for j in np.unique(which):
             at = np.flatnonzero(which == j)
-            order = np.argsort(self.rows[positions[at]], kind="stable")
-            out[at[order]] = self.sigs[j][self.rows[positions[at][order]], cols]
-        return out
+            start, shape, dtype = self.layout[j]
+            size = shape[1] * dtype.itemsize
+            fd = os.open(self.files[j], os.O_RDONLY)
+            try:
+                data = b"".join(os.pread(fd, size, start + r * size) for r in self.rows[positions[at]].tolist())
+            finally:
+                os.close(fd)
+            out[at] = np.frombuffer(data, dtype).reshape(at.size, shape[1])
+        return out[:, cols]
 
 
 def _row_blocks(sig_file: str, rows: np.ndarray, cols: slice) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(positions in ``rows``, their signatures' columns ``cols``) of a signature file, rows ascending,
     a span of at most :data:`BATCH` file rows at a time, read with plain reads: the file's pages stay
     in the page cache, never in this process's memory (a memory map would count every page read)."""
+    start, shape, dtype = _npy_layout(sig_file)
+    size, a = shape[1] * dtype.itemsize, 0
     with open(sig_file, "rb") as fh:
-        version = np.lib.format.read_magic(fh)
-        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = header(fh)
-        if fortran or len(shape) != 2:
-            raise ValueError(f"{sig_file}: a signature file is a 2-D array in C order")
-        width, start, a = shape[1], fh.tell(), 0
         while a < rows.size:
             b = int(np.searchsorted(rows, rows[a] + BATCH, side="left"))
             r0, r1 = int(rows[a]), int(rows[b - 1]) + 1
-            fh.seek(start + r0 * width * dtype.itemsize)
-            block = np.frombuffer(fh.read((r1 - r0) * width * dtype.itemsize), dtype).reshape(r1 - r0, width)
+            fh.seek(start + r0 * size)
+            block = np.frombuffer(fh.read((r1 - r0) * size), dtype).reshape(r1 - r0, shape[1])
             yield np.arange(a, b), block[rows[a:b] - r0][:, cols]
             a = b
 
