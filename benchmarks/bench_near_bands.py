@@ -17,7 +17,7 @@ pages of files it memory-mapped. More tasks than the 12 bands: each band a task 
     nice -n 15 python benchmarks/bench_near_bands.py --docs 200000   # writes benchmarks/results/near_bands.json
     nice -n 10 taskset -c 1 python benchmarks/bench_near_bands.py --docs 1000000 --copies 100000 --tasks 0 4 12 48 \
         --out benchmarks/results/near_bands_1m.json
-    nice -n 10 taskset -c 1 python benchmarks/bench_near_bands.py --docs 3000000 --copies 300000 --tasks 0 12 48 144 \
+    nice -n 10 taskset -c 1 python benchmarks/bench_near_bands.py --docs 3000000 --copies 300000 --tasks 0 12 36 \
         --out benchmarks/results/near_bands_3m.json
 """
 

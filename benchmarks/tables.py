@@ -403,12 +403,13 @@ def datatrove_compare(results: Path, name: str = "datatrove_compare") -> str:
             "datasketch": "datasketch alone: `MinHash` + `MinHashLSH` query, then insert",
             "datasketch_verified": "datasketch alone, its candidates checked (>= 0.8)"}
     lines = ["| near duplicates | groups | documents in groups | documents removed | largest group | wall s | CPU s |"
-             " documents / s | peak RSS MB (largest process) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             " documents / s | documents / CPU s | peak RSS MB (largest process) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, label in what.items():
         r = t[key]
         shared = {"datasketch_verified": " (the same run)", "strata_unverified": " (Strata's signatures)"}.get(key, "")
         lines.append(f"| {label} | {r['groups']:,} | {r['documents_in_groups']:,} | {r['documents_removed']:,} | {r['largest_group']:,} |"
-                     f" {r['wall_s']:.1f}{shared} | {r['cpu_s']:.1f} | {r['docs_per_s']:,} | {r['peak_rss_mb']:,.0f} |")
+                     f" {r['wall_s']:.1f}{shared} | {r['cpu_s']:.1f} | {r['docs_per_s']:,} | {doc['docs'] / r['cpu_s']:,.0f} |"
+                     f" {r['peak_rss_mb']:,.0f} |")
     lines += ["", "| stage | processes | wall s | CPU s | stage process peak RSS MB | largest other process MB |",
               "|---|---:|---:|---:|---:|---:|"]
     seen = set()
