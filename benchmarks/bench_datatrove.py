@@ -32,6 +32,10 @@ the children's (``RUSAGE_CHILDREN``, their pool workers included).
   document, ``MinHash(num_perm=72)`` over its lowercased ``\\w+`` word 5-grams (UTF-8, datasketch's
   SHA-1 hash), then ``MinHashLSH(threshold=0.8, num_perm=72, params=(12, 6))`` query, then insert; the
   groups: components of (document, each key its query returned).
+- Two more rows from the same runs, so the tools can be compared like for like: ``strata_unverified``
+  (Strata's band tasks over the same signatures keeping every candidate, threshold 0: what datatrove
+  and ``MinHashLSH.query`` join) and ``datasketch_verified`` (datasketch's candidates kept where its
+  signatures agree on >= 0.8 of their values, Strata's check).
 
 Agreement: groups with the same members; pairs of documents put in one group by both (from the
 groups' overlap counts, never listing pairs); Jaccard of the documents in any group and of the
@@ -40,10 +44,10 @@ documents removed (the latter also differs where the tools keep different member
 datatrove 0.10.1 hashes ``str`` with ``xxhash.xxh64_intdigest``, which xxhash >= 4 refuses (its
 ``processing`` extra pins ``xxhash<4``); ``--pythonpath`` puts a folder with xxhash 3 first on the
 datatrove stages' path (``pip install --target DIR 'xxhash<4'``) without touching the environment.
-Run on one core (``taskset -c 1``: Strata's task pool then has one worker too):
+Run on one core (``taskset``: Strata's task pool then has one worker too):
 
     pip install datatrove==0.10.1 spacy && pip install --target /tmp/xx3 'xxhash<4'
-    nice -n 10 taskset -c 1 python benchmarks/bench_datatrove.py --docs 200000 --pythonpath /tmp/xx3
+    nice -n 10 taskset -c 0 python benchmarks/bench_datatrove.py --docs 200000 --pythonpath /tmp/xx3
 """
 
 from __future__ import annotations
@@ -310,9 +314,9 @@ def summarize(work: Path, stages: dict, docs: int) -> dict:
     for tool, names in STAGES.items():
         rows = [stages[s] for s in names]
         wall = sum(r["wall_s"] for r in rows)
+        peak = max(max(r["stage_peak_rss_mb"] or 0, r["largest_worker_peak_rss_mb"] or 0) for r in rows)
         tools[tool] = {"stages": rows, "wall_s": round(wall, 2), "cpu_s": round(sum(r["cpu_s"] for r in rows), 2),
-                       "docs_per_s": round(docs / wall), "peak_rss_mb": max(max(r["stage_peak_rss_mb"] or 0, r["largest_worker_peak_rss_mb"] or 0)
-                                                                             for r in rows)}
+                       "docs_per_s": round(docs / wall), "peak_rss_mb": peak}
     files = {"strata": work / "strata" / "members.npy", "strata_unverified": work / "strata" / "members_unverified.npy",
              "datasketch": work / "datasketch_members.npy", "datasketch_verified": work / "datasketch_verified_members.npy"}
     tools["datasketch_verified"] = {k: v for k, v in tools["datasketch"].items()}  # the same run, its candidates checked
@@ -322,8 +326,9 @@ def summarize(work: Path, stages: dict, docs: int) -> dict:
     clusters, removed["datatrove"] = _datatrove_groups(work)
     groups["datatrove"] = _as_groups(clusters)
     for tool, (ids, labels) in groups.items():
-        tools[tool].update({"groups": int(np.unique(labels).size), "documents_in_groups": int(ids.size),
-                            "documents_removed": int(removed[tool].size), "largest_group": int(np.unique(labels, return_counts=True)[1].max(initial=0))})
+        sizes = np.unique(labels, return_counts=True)[1]
+        tools[tool].update({"groups": int(sizes.size), "documents_in_groups": int(ids.size),
+                            "documents_removed": int(removed[tool].size), "largest_group": int(sizes.max(initial=0))})
     compare = {}
     for a, b in (("strata", "datatrove"), ("strata_unverified", "datatrove"), ("strata", "datasketch_verified"),
                  ("strata_unverified", "datasketch"), ("datasketch", "datatrove")):
@@ -359,7 +364,8 @@ def main() -> None:
     import datasketch as ds
     import datatrove
 
-    doc = {"benchmark": "bench_datatrove.py", "machine": mach, "commit": commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc = {"benchmark": "bench_datatrove.py", "machine": mach, "commit": commit(),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "docs": args.docs, "shards": corpus["shards"], "chars": corpus["chars"], "generate_s": round(gen_s, 1),
            "cpus_allowed": len(os.sched_getaffinity(0)), "band_tasks": args.band_tasks,
            "versions": {"datatrove": datatrove.__version__ if hasattr(datatrove, "__version__") else _version("datatrove"),

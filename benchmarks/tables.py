@@ -388,7 +388,8 @@ def near_bands(results: Path, name: str = "near_bands") -> str:
     lines.append("")
     lines.append(f"`{doc['benchmark']} --docs {doc['docs']} --copies {doc['copies']}` ({doc['shards']} signature files,"
                  f" {doc['planted_pairs_found']:,} of the planted copies found) at {doc['commit'][:12]}, {doc['date'][:10]},"
-                 f" {_machine(doc)}; a peak RSS counts the pages of files its process memory-mapped"
+                 f" {_machine(doc)}" + (f", {doc['cpus_allowed']} core allowed (`taskset`)" if "cpus_allowed" in doc else "")
+                 + "; a peak RSS counts the pages of files its process memory-mapped"
                  + ("; the anonymous peak (sampled) does not" if anon else "") + f". From `benchmarks/results/{name}.json`.")
     return "\n".join(lines)
 
