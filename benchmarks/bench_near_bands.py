@@ -10,15 +10,22 @@ threshold). Each case runs in a fresh process of its own (``--case``), so each p
 (``VmHWM``; the signature files' pages a process reads count in it); the driver's peak includes its
 imports (``rss_before_mb``: after the imports, before the gather). A task's peak is measured by
 running each band group's task again, alone, in a process spawned as the engine spawns them
-(``task_rss_before_mb``: its RSS once the task's module is imported).
+(``task_rss_before_mb``: its RSS once the task's module is imported). Beside each ``VmHWM``, the
+largest ``RssAnon`` a thread sampled (``*_peak_anon_mb``): the process's own memory, without the
+pages of files it memory-mapped. More tasks than the 12 bands: each band a task per key part.
 
     nice -n 15 python benchmarks/bench_near_bands.py --docs 200000   # writes benchmarks/results/near_bands.json
+    nice -n 10 taskset -c 1 python benchmarks/bench_near_bands.py --docs 1000000 --copies 100000 --tasks 0 4 12 48 \
+        --out benchmarks/results/near_bands_1m.json
+    nice -n 10 taskset -c 1 python benchmarks/bench_near_bands.py --docs 3000000 --copies 300000 --tasks 0 12 36 \
+        --out benchmarks/results/near_bands_3m.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -59,31 +66,57 @@ def generate(folder: Path, docs: int, copies: int, shards: int, num_perm: int, s
     np.save(folder / "planted.npy", np.column_stack([orig, copy]))
 
 
-def _task_peak(*args) -> tuple[float, float]:
+class _AnonPeak:
+    """The largest ``RssAnon`` (the process's own memory, without the memory-mapped files' pages,
+    which ``VmHWM`` counts too) seen by a thread sampling ``/proc/self/status`` while in the block."""
+
+    def __enter__(self):
+        import threading
+
+        self.peak, self._stop = _status_mb("RssAnon"), threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(0.005):
+                self.peak = max(self.peak, _status_mb("RssAnon"))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _status_mb("RssAnon"))
+
+
+def _task_peak(*args) -> tuple[float, float, float]:
     """One band group's task (:func:`pipeline.clean.near_bands.band_group_pairs`) in this spawned
-    process: (RSS once its module is imported, peak RSS after the task), MB."""
+    process: (RSS once its module is imported, peak RSS after the task, sampled peak of its
+    anonymous memory), MB."""
     from pipeline.clean.near_bands import band_group_pairs
 
     before = _status_mb("VmRSS")
-    band_group_pairs(*args)
-    return before, _status_mb("VmHWM")
+    with _AnonPeak() as anon:
+        band_group_pairs(*args)
+    return before, _status_mb("VmHWM"), anon.peak
 
 
-def task_peaks(scans: list, exact_rep: np.ndarray, d, tasks: int, folder: Path) -> tuple[float, float]:
+def task_peaks(scans: list, exact_rep: np.ndarray, d, tasks: int, folder: Path) -> tuple[float, float, float]:
     """Each band group's task run again, alone, in a process spawned as the engine spawns them: the
-    largest (baseline, peak) RSS, MB."""
+    largest (baseline, peak, anonymous peak) RSS, MB."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from pipeline.clean.near_bands import _members_file, band_groups
+    from pipeline.clean.near_bands import _members_file, band_jobs
 
     folder.mkdir(exist_ok=True)
     shards = [_members_file(s, exact_rep, folder / f"members{j}.npy") for j, s in enumerate(scans)]
     out = []
-    for g, (a, b) in enumerate(band_groups(d.near_num_perm // d.near_rows, tasks)):
+    for g, (a, b, k, parts) in enumerate(band_jobs(d.near_num_perm // d.near_rows, tasks)):
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-            out.append(pool.submit(_task_peak, shards, a, b, d.near_rows, d.near_threshold, str(folder / f"pairs{g}.npy")).result())
-    return max(o[0] for o in out), max(o[1] for o in out)
+            out.append(pool.submit(_task_peak, shards, a, b, d.near_rows, d.near_threshold, str(folder / f"pairs{g}.npy"), k,
+                                   parts).result())
+    return max(o[0] for o in out), max(o[1] for o in out), max(o[2] for o in out)
 
 
 def case(folder: Path, tasks: int, out: Path) -> dict:
@@ -103,18 +136,20 @@ def case(folder: Path, tasks: int, out: Path) -> dict:
         start += n
     exact_rep = np.arange(start, dtype=np.int64)
     before = _status_mb("VmRSS")
-    t = time.perf_counter()
-    if tasks:
-        pairs, candidates = band_near_pairs(scans, exact_rep, d.near_num_perm, d.near_rows, d.near_threshold, tasks, folder / "work")
-    else:
-        pairs, candidates = _near_pairs(cfg, scans, exact_rep)
-    wall = time.perf_counter() - t
+    t, cpu = time.perf_counter(), time.process_time()
+    with _AnonPeak() as anon:
+        if tasks:
+            pairs, candidates = band_near_pairs(scans, exact_rep, d.near_num_perm, d.near_rows, d.near_threshold, tasks, folder / "work")
+        else:
+            pairs, candidates = _near_pairs(cfg, scans, exact_rep)
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     np.save(out, pairs)
     peak = _status_mb("VmHWM")
-    task_before, task_peak = task_peaks(scans, exact_rep, d, tasks, folder / "peaks") if tasks else (None, None)
-    return {"tasks": tasks, "wall_s": round(wall, 2), "pairs": int(pairs.shape[0]), "candidates": int(candidates),
-            "rss_before_mb": round(before, 1), "driver_peak_rss_mb": round(peak, 1),
-            "task_rss_before_mb": task_before and round(task_before, 1), "largest_task_peak_rss_mb": task_peak and round(task_peak, 1)}
+    task_before, task_peak, task_anon = task_peaks(scans, exact_rep, d, tasks, folder / "peaks") if tasks else (None, None, None)
+    return {"tasks": tasks, "wall_s": round(wall, 2), "driver_cpu_s": round(cpu, 2), "pairs": int(pairs.shape[0]),
+            "candidates": int(candidates), "rss_before_mb": round(before, 1), "driver_peak_rss_mb": round(peak, 1),
+            "driver_peak_anon_mb": round(anon.peak, 1), "task_rss_before_mb": task_before and round(task_before, 1),
+            "largest_task_peak_rss_mb": task_peak and round(task_peak, 1), "largest_task_peak_anon_mb": task_anon and round(task_anon, 1)}
 
 
 def main() -> None:
@@ -140,15 +175,16 @@ def main() -> None:
             proc = subprocess.run([sys.executable, __file__, "--case", str(tasks), "--dir", tmp],
                                   capture_output=True, text=True, check=True)
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            rows[-1]["same_pairs_as_one_index"] = bool(np.array_equal(np.load(folder / f"pairs{tasks}.npy"),
-                                                                      np.load(folder / f"pairs{args.tasks[0]}.npy")))
+            same = np.array_equal(np.load(folder / f"pairs{tasks}.npy"), np.load(folder / f"pairs{args.tasks[0]}.npy"))
+            rows[-1]["same_pairs_as_one_index"] = bool(same) if args.tasks[0] == 0 else None  # None: no one-index case run
             print(json.dumps(rows[-1]), flush=True)
         planted = np.load(folder / "planted.npy")
         found = {tuple(p) for p in np.load(folder / f"pairs{args.tasks[0]}.npy").tolist()}
         planted_found = int(sum((min(a, b), max(a, b)) in found for a, b in planted.tolist()))
     doc = {"benchmark": "bench_near_bands.py", "machine": mach, "commit": commit(),
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "docs": args.docs, "copies": args.copies,
-           "shards": args.shards, "planted_pairs_found": planted_found, "cases": rows, "wall_s": round(time.perf_counter() - t0, 1)}
+           "shards": args.shards, "cpus_allowed": len(os.sched_getaffinity(0)), "planted_pairs_found": planted_found,
+           "cases": rows, "wall_s": round(time.perf_counter() - t0, 1)}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
 
 

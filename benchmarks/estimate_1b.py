@@ -7,7 +7,7 @@ measurement it comes from (2 loaded cores, synthetic instances) and the rule. Th
 of datatrove and NeMo Curator are quoted beside them with their sources, in their own units: they
 are other corpora and other hardware, not the same work.
 
-Inputs: ``partitioned_order_10m.json`` (else ``partitioned_order_1m.json``), ``near_bands_1m.json``,
+Inputs: ``partitioned_order_10m.json`` (else ``partitioned_order_1m.json``), ``near_bands_3m.json`` (else ``_1m``),
 ``clean_shards_1m.json``, ``small_files.json``. Writes ``benchmarks/results/estimate_1b.json``
 (rendered by ``benchmarks/tables.py``, table ``estimate_1b``).
 
@@ -109,23 +109,32 @@ def ordering_rows() -> tuple[list[dict], dict]:
 
 
 def near_rows() -> tuple[list[dict], dict]:
-    doc = _load("near_bands_1m")
+    name = "near_bands_3m" if (RESULTS / "near_bands_3m.json").is_file() else "near_bands_1m"
+    doc = _load(name)
     n = doc["docs"]
-    cores = doc["machine"]["cores"]
-    one_band = max((c for c in doc["cases"] if c["tasks"]), key=lambda c: c["tasks"])
-    fastest = min((c for c in doc["cases"] if c["tasks"]), key=lambda c: c["wall_s"])
-    per_doc = (one_band["largest_task_peak_rss_mb"] - one_band["task_rss_before_mb"]) * 1e6 / n
-    sig_bytes = DedupConfig().near_num_perm * 4
+    cores = doc.get("cpus_allowed", doc["machine"]["cores"])
     bands = DedupConfig().near_num_perm // DedupConfig().near_rows
-    info = {"source": _source("near_bands_1m", doc), "measured_docs": n, "bands": bands, "task_bytes_per_doc": per_doc,
-            "signature_bytes_per_doc": sig_bytes}
-    rows = [{"stage": "`clean`: near pairs, a band group a task", "runs": f"up to {bands} tasks (one band each)",
-             "measured": f"{n:,} documents: {fastest['tasks']} tasks in {fastest['wall_s']:.1f} s wall on {cores} cores;"
-                         f" a one-band task {per_doc:,.0f} B a document over its imports (up to {sig_bytes} B of it the signature"
-                         " files' pages)",
-             "rule": "cores × wall, linear in documents (as many candidates a document); a task holds every document's keys of its band",
-             "core_hours": cores * fastest["wall_s"] * DOCS / n / 3600, "core_hours_high": None, "worker_gb": per_doc * DOCS / 1e9,
-             "driver_gb": None}]
+    tasks = [c for c in doc["cases"] if c["tasks"]]
+    one_band = next((c for c in tasks if c["tasks"] == bands), max(tasks, key=lambda c: c["tasks"]))
+    widest = max(tasks, key=lambda c: c["tasks"])
+    parts = -(-widest["tasks"] // bands) if widest["tasks"] > bands else 1
+    part_docs = n / parts  # the documents a task holds (about)
+    parts_1b = math.ceil(DOCS / part_docs)  # parts a band so a task holds what the measured one held
+    tasks_1b = bands * parts_1b
+    info = {"source": _source(name, doc), "measured_docs": n, "bands": bands, "measured_parts": parts, "parts": parts_1b,
+            "tasks": tasks_1b, "part_docs": part_docs, "worker_peak_mb": widest["largest_task_peak_rss_mb"],
+            "one_band_task_bytes_per_doc": (one_band["largest_task_peak_rss_mb"] - one_band["task_rss_before_mb"]) * 1e6 / n}
+    rows = [{"stage": "`clean`: near pairs, a band and key part a task", "runs": f"{tasks_1b:,} tasks ({bands} bands × {parts_1b:,}"
+             f" key parts), each holding about {part_docs:,.0f} documents' keys",
+             "measured": f"{n:,} documents: {bands} tasks (a band each) in {one_band['wall_s']:.1f} s, {widest['tasks']} tasks"
+                         f" ({parts} key parts a band) in {widest['wall_s']:.1f} s wall on {cores} core{'s' if cores != 1 else ''};"
+                         f" largest task {widest['largest_task_peak_rss_mb']:,.0f} MB",
+             "rule": "memory: a task's part kept at the measured part's documents (flat); time: low end a band read once"
+                     f" (the {bands}-task case, linear in documents), high end as built: every part task reads every document's"
+                     " signature row (quadratic in documents at a fixed part size)",
+             "core_hours": cores * one_band["wall_s"] * DOCS / n / 3600,
+             "core_hours_high": cores * widest["wall_s"] * (DOCS / n) * (tasks_1b / widest["tasks"]) / 3600,
+             "worker_gb": widest["largest_task_peak_rss_mb"] / 1000, "driver_gb": None}]
     return rows, info
 
 

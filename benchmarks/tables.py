@@ -384,21 +384,83 @@ def quality_scoring(results: Path) -> str:
     return "\n".join(lines)
 
 
+def _mb(value, before=None) -> str:
+    """``value`` MB (``before``: in brackets), or a dash where the run did not record it."""
+    if value is None:
+        return "—"
+    return f"{value:,.0f}" + (f" ({before:,.0f})" if before is not None else "")
+
+
 def near_bands(results: Path, name: str = "near_bands") -> str:
-    """``bench_near_bands.py``: the clean gather's near pairs from one index and from band-group tasks."""
+    """``bench_near_bands.py``: the clean gather's near pairs from one index and from band-group tasks
+    (beyond the 12 bands: a task a band and key part)."""
     doc = _load(results, name)
-    lines = ["| near pairs | wall s | driver peak RSS MB (after imports) | largest task peak RSS MB (after imports) | pairs |"
-             " candidates compared | pairs equal the one index's |", "|---|---:|---:|---:|---:|---:|---|"]
+    anon = any("largest_task_peak_anon_mb" in r for r in doc["cases"])
+    head = ["near pairs", "wall s", "driver peak RSS MB (after imports)"] + (["driver anonymous peak MB"] if anon else [])
+    head += ["largest task peak RSS MB (after imports)"] + (["largest task anonymous peak MB"] if anon else [])
+    head += ["pairs", "candidates compared", "pairs equal the one index's"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    bands = 12
     for r in doc["cases"]:
-        how = "one index in the driver (`near_band_tasks: 0`)" if not r["tasks"] else f"`near_band_tasks: {r['tasks']}`"
-        task = f"{r['largest_task_peak_rss_mb']:,.0f} ({r['task_rss_before_mb']:,.0f})" if r["tasks"] else "—"
-        lines.append(f"| {how} | {r['wall_s']:.2f} | {r['driver_peak_rss_mb']:,.0f} ({r['rss_before_mb']:,.0f}) | {task} |"
-                     f" {r['pairs']:,} | {r['candidates']:,} | {'yes' if r['same_pairs_as_one_index'] else '**no**'} |")
+        t = r["tasks"]
+        how = "one index in the driver (`near_band_tasks: 0`)" if not t else f"`near_band_tasks: {t}`"
+        if t > bands:
+            how += f" ({-(-t // bands)} key parts a band)"
+        same = {True: "yes", False: "**no**", None: "(no one-index case)"}[r["same_pairs_as_one_index"]]
+        row = [how, f"{r['wall_s']:.2f}", _mb(r["driver_peak_rss_mb"], r["rss_before_mb"])]
+        row += [_mb(r.get("driver_peak_anon_mb"))] if anon else []
+        row += [_mb(r["largest_task_peak_rss_mb"], r["task_rss_before_mb"]) if t else "—"]
+        row += [_mb(r.get("largest_task_peak_anon_mb")) if t else "—"] if anon else []
+        row += [f"{r['pairs']:,}", f"{r['candidates']:,}", same]
+        lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append(f"`{doc['benchmark']} --docs {doc['docs']} --copies {doc['copies']}` ({doc['shards']} signature files,"
                  f" {doc['planted_pairs_found']:,} of the planted copies found) at {doc['commit'][:12]}, {doc['date'][:10]},"
-                 f" {_machine(doc)}; a peak counts the signature files' pages its process read (memory-mapped)."
-                 f" From `benchmarks/results/{name}.json`.")
+                 f" {_machine(doc)}" + (f", {doc['cpus_allowed']} core allowed (`taskset`)" if "cpus_allowed" in doc else "")
+                 + "; a peak RSS counts the pages of files its process memory-mapped"
+                 + ("; the anonymous peak (sampled) does not" if anon else "") + f". From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
+def datatrove_compare(results: Path, name: str = "datatrove_compare") -> str:
+    """``bench_datatrove.py``: near duplicates of the same documents by Strata, datatrove and datasketch."""
+    doc = _load(results, name)
+    t = doc["tools"]
+    what = {"strata": "Strata: signatures + band tasks (check >= 0.8) + union-find",
+            "strata_unverified": "Strata, every candidate kept (threshold 0)",
+            "datatrove": "datatrove 0.10.1: MinHash stages 1–4 (`LocalPipelineExecutor`)",
+            "datasketch": "datasketch alone: `MinHash` + `MinHashLSH` query, then insert",
+            "datasketch_verified": "datasketch alone, its candidates checked (>= 0.8)"}
+    lines = ["| near duplicates | groups | documents in groups | documents removed | largest group | wall s | CPU s |"
+             " documents / s | documents / CPU s | peak RSS MB (largest process) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, label in what.items():
+        r = t[key]
+        shared = {"datasketch_verified": " (the same run)", "strata_unverified": " (Strata's signatures)"}.get(key, "")
+        lines.append(f"| {label} | {r['groups']:,} | {r['documents_in_groups']:,} | {r['documents_removed']:,} | {r['largest_group']:,} |"
+                     f" {r['wall_s']:.1f}{shared} | {r['cpu_s']:.1f} | {r['docs_per_s']:,} | {doc['docs'] / r['cpu_s']:,.0f} |"
+                     f" {r['peak_rss_mb']:,.0f} |")
+    lines += ["", "| stage | processes | wall s | CPU s | stage process peak RSS MB | largest other process MB |",
+              "|---|---:|---:|---:|---:|---:|"]
+    seen = set()
+    for key in ("strata", "strata_unverified", "datatrove", "datasketch"):
+        for r in t[key]["stages"]:
+            if r["stage"] in seen:
+                continue
+            seen.add(r["stage"])
+            lines.append(f"| `{r['stage']}` | {r['processes']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {_mb(r['stage_peak_rss_mb'])} |"
+                         f" {_mb(r['largest_worker_peak_rss_mb'])} |")
+    lines += ["", "| agreement | groups identical | co-grouped pairs (first / second / both) | Jaccard of co-grouped pairs |"
+              " Jaccard of documents in groups | Jaccard of removed documents |", "|---|---:|---:|---:|---:|---:|"]
+    for key, r in doc["agreement"].items():
+        a, b = key.split("_vs_")
+        lines.append(f"| {a} vs {b} | {r['groups_identical']:,} | {r['co_grouped_pairs_a']:,} / {r['co_grouped_pairs_b']:,} /"
+                     f" {r['co_grouped_pairs_both']:,} | {r['co_grouped_pairs_jaccard']:.3f} | {r['documents_in_groups_jaccard']:.3f} |"
+                     f" {r['removed_jaccard']:.3f} |")
+    lines.append("")
+    lines.append(f"`{doc['benchmark']} --docs {doc['docs']}` ({doc['shards']} Parquet shards, {doc['chars'] / 1e6:,.0f} M characters)"
+                 f" at {doc['commit'][:12]}, {doc['date'][:10]}, {_machine(doc)}, {doc['cpus_allowed']} core allowed"
+                 f" (`taskset`), Strata's `near_band_tasks: {doc['band_tasks']}`; datatrove {doc['versions']['datatrove']},"
+                 f" datasketch {doc['versions']['datasketch']}. From `benchmarks/results/{name}.json`.")
     return "\n".join(lines)
 
 
@@ -523,6 +585,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "near_recall": near_recall,
     "near_bands": near_bands,
     "near_bands_1m": lambda results: near_bands(results, "near_bands_1m"),
+    "near_bands_3m": lambda results: near_bands(results, "near_bands_3m"),
+    "datatrove_compare": datatrove_compare,
     "clean_tasks": clean_tasks,
     "partitioned_order_1m": partitioned_order,
     "partitioned_order_10m": lambda results: partitioned_order(results, "partitioned_order_10m"),

@@ -495,7 +495,8 @@ class StrataConfig(_Model):
     # corpus_shards / cluster_shards partitions strata run runs at once (0 = one a core; cluster_shards 2 at most)
     partition_workers: int = Field(0, ge=0)
     # the clean gather's near duplicates: 0 = one index of every LSH band in its own process; N = the bands in N groups,
-    # each a task on the engine (a worker process, or a Ray task) writing its pairs under work/clean/ (docs/scale.md)
+    # each a task on the engine (a worker process, or a Ray task) writing its pairs under work/clean/ (docs/scale.md);
+    # N above the bands: each band a task per key part (key % parts), a task holding about 1 / parts of the documents
     near_band_tasks: int = Field(0, ge=0)
     # the clean gather's exact and semantic duplicates: 0 = every hash and cluster in its own process; N = the hash space in
     # N ranges and the clusters in N groups (balanced by squared size), each a task writing its pairs under work/clean/

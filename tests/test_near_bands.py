@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.clean.groups import components
-from pipeline.clean.near_bands import band_group_pairs, band_groups, band_near_pairs
+from pipeline.clean.near_bands import band_group_pairs, band_groups, band_jobs, band_near_pairs
 from pipeline.clean.plan import duplicate_groups
 from pipeline.clean.shards import ShardScan, scan_spec, scan_unit
 from pipeline.clean.union_find import pair_components, representatives
@@ -73,11 +73,11 @@ def planted(tmp_path_factory):
     return cfg, texts, truth, scans, exact_representatives(text_hashes(texts))
 
 
-@pytest.mark.parametrize("tasks", [3, 5])
+@pytest.mark.parametrize("tasks", [3, 5, 24])
 def test_band_groups_give_the_single_index_pairs_and_groups(tmp_path, planted, tasks):
     """Over four shards (one gathering a subset of its file's rows), the band-grouped tasks (worker
-    processes) find exactly the pairs and duplicate groups of the gather's one index, and every
-    planted near copy."""
+    processes; 24: each band in two key parts) find exactly the pairs and duplicate groups of the
+    gather's one index, and every planted near copy."""
     from pipeline.clean.stage import _near_pairs
 
     cfg, texts, truth, scans, exact_rep = planted
@@ -117,6 +117,33 @@ def test_each_pair_is_found_by_the_group_of_its_first_shared_band(tmp_path, plan
     want, want_candidates = _near_pairs(cfg, scans, exact_rep)
     assert np.array_equal(np.load(one), want)  # one group: the same buckets compared as the one index compares
     assert int(np.load(f"{one}.candidates.npy")[0]) == want_candidates > want.shape[0]  # the far copies: candidates, not pairs
+
+
+def test_key_parts_split_each_bands_buckets(tmp_path, planted):
+    """Each band in three key parts, run in this process: the parts' pairs are disjoint, together the
+    single index's, and a part holds only its share of the documents (a bucket is one part's whole)."""
+    from pipeline.clean.near_bands import _band_members, _members_file
+    from pipeline.clean.stage import _near_pairs
+
+    cfg, texts, truth, scans, exact_rep = planted
+    d = cfg.dedup
+    shards = [_members_file(s, exact_rep, tmp_path / f"m{j}.npy") for j, s in enumerate(scans)]
+    jobs = band_jobs(d.near_num_perm // d.near_rows, 36)
+    assert len(jobs) == 36 and {j[3] for j in jobs} == {3}
+    found = [np.load(band_group_pairs(shards, a, b, d.near_rows, d.near_threshold, str(tmp_path / f"p{g}.npy"), k, parts))
+             for g, (a, b, k, parts) in enumerate(jobs)]
+    allp = np.concatenate(found)
+    assert np.unique(allp, axis=0).shape[0] == allp.shape[0]
+    assert np.array_equal(np.unique(allp, axis=0), _near_pairs(cfg, scans, exact_rep)[0])
+    whole = _band_members(shards, 0, 1, d.near_rows, 0, 1)[0].keys.size
+    held = [_band_members(shards, 0, 1, d.near_rows, k, 3)[0].keys.size for k in range(3)]
+    assert sum(held) == whole and max(held) < whole * 0.6  # each document in one part, about a third in each
+
+
+def test_band_jobs_deal_keys_beyond_the_bands():
+    assert band_jobs(12, 4) == [(0, 3, 0, 1), (3, 6, 0, 1), (6, 9, 0, 1), (9, 12, 0, 1)]
+    assert band_jobs(12, 12) == [(b, b + 1, 0, 1) for b in range(12)]
+    assert band_jobs(12, 13) == [(b, b + 1, k, 2) for b in range(12) for k in range(2)]
 
 
 def test_band_groups_split_the_bands():
