@@ -99,7 +99,9 @@ def compare_writers(args, work: Path) -> None:
         for fmt in args.formats:
             for n in args.writers:
                 out = work / "out" / f"{fmt}-{n}"
-                cmd = [sys.executable, __file__, "--case", "--root", str(layout.root), "--formats", fmt, "--writers", str(n),
+                # run by -c: the workers it spawns then import what they run, not this script again (as __mp_main__)
+                cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import bench_export; "
+                       "bench_export.main()", "--case", "--root", str(layout.root), "--formats", fmt, "--writers", str(n),
                        "--out", str(out), "--global-batch", str(args.global_batch), "--seq-len", str(args.seq_len)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -481,6 +482,33 @@ def scale_1m_run(results: Path) -> str:
     return "\n".join(lines)
 
 
+def export_writers(results: Path, name: str = "export_writers") -> str:
+    """``bench_export.py --writers``: the flat formats by one writer and by several, each export in a
+    fresh process; medians over the repeats, with the walls' range."""
+    doc = _load(results, name)
+    lines = ["| format | writers | wall s (median; range) | driver CPU s | workers' CPU s | driver peak RSS MB (after imports) |"
+             " largest worker peak RSS MB | load average | same bytes as 1 writer |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    keys = list(dict.fromkeys((r["format"], r["writers"]) for r in doc["cases"]))
+    for fmt, n in keys:
+        rs = [r for r in doc["cases"] if r["format"] == fmt and r["writers"] == n]
+
+        def med(k: str, rs=rs) -> float:
+            return float(statistics.median([r[k] for r in rs]))
+
+        walls = [r["wall_s"] for r in rs]
+        worker = f"{med('largest_worker_peak_rss_mb'):,.0f}" if n > 1 else "—"
+        lines.append(f"| {fmt} | {n} | {med('wall_s'):.1f} ({min(walls):.1f}–{max(walls):.1f}) | {med('driver_cpu_s'):.1f} |"
+                     f" {med('workers_cpu_s'):.1f} | {med('driver_peak_rss_mb'):,.0f} ({med('rss_before_mb'):,.0f}) | {worker} |"
+                     f" {min(r['load_average'] for r in rs):.1f}–{max(r['load_average'] for r in rs):.1f} |"
+                     f" {'yes' if all(r['same_bytes_as_first'] for r in rs) else '**no**'} |")
+    first = doc["cases"][0]
+    lines.append("")
+    lines.append(f"`{doc['benchmark']} {' '.join(str(n) for n in sorted({r['writers'] for r in doc['cases']}))}`:"
+                 f" {first['sequences']:,} sequences × {doc['seq_len']} = {first['tokens']:,} tokens, {len(walls)} repeats alternating,"
+                 f" at {doc['commit'][:12]}, {doc['date'][:10]}, {_machine(doc)}. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -503,6 +531,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "small_files": small_files,
     "quality_ablation": quality_ablation,
     "scale_1m_run": scale_1m_run,
+    "export_writers": export_writers,
 }
 
 

@@ -24,7 +24,7 @@ import polars as pl
 from pipeline.errors import StrataInputError
 from pipeline.export.extend import Previous, copy_prefix
 from pipeline.export.numpy_reader import open_numpy
-from pipeline.export.pieces import sequence_pieces
+from pipeline.export.pieces import Pieces, sequence_pieces
 from pipeline.export.stretches import Writers, run_stretches, save_record
 from pipeline.storage.atomic import write_json, write_parquet
 
@@ -113,7 +113,7 @@ def write_stretch(opener, tokens_path: str, mask_path: str | None, lo: int, hi: 
     existing files ``tokens_path`` (and the label mask ``mask_path``), then ``record``: the stretch's
     count of sequences that are not EOS-delimited. Runs in a worker (``stretches.py``)."""
     stream = opener()
-    check = DocumentCheck(stream)
+    check = DocumentCheck(stream, (lo, hi))
     item, L = np.dtype(stream.dtype).itemsize, stream.seq_len
     fd = os.open(tokens_path, os.O_WRONLY)
     mask_fd = os.open(mask_path, os.O_WRONLY) if mask_path is not None else None
@@ -181,17 +181,40 @@ def not_eos_delimited(rows: np.ndarray, lengths: np.ndarray, is_doc: np.ndarray,
     return differ.reshape(n, L).any(axis=1)
 
 
+def stretch_pieces(stream: OrderedStream, stretch: tuple[int, int] | None) -> tuple[np.ndarray | None, Pieces]:
+    """The document pieces of every sequence (``(None, pieces)``), or of the sequences at the
+    positions ``stretch`` only: ``(their ids sorted, pieces by rank in them)``."""
+    if stretch is None:
+        return None, sequence_pieces(stream.segments, stream.seq_len)
+    ids = np.unique(stream.order[stretch[0] : stretch[1]])
+    seg = stream.segments
+    sid = seg["sequence_id"].to_numpy()
+    keep = np.isin(sid, ids)
+    cols = {c: seg[c].to_numpy()[keep] for c in ("seq_token_start", "n_tokens", "eos_added") if c in seg.columns}
+    return ids, sequence_pieces({"sequence_id": np.searchsorted(ids, sid[keep]), **cols}, stream.seq_len, n_sequences=ids.size)
+
+
 class DocumentCheck:
     """Counts, chunk by chunk, the sequences whose documents EOS-based trainers would cut otherwise
     than Strata (:func:`not_eos_delimited`); ``result(fmt)`` is ``meta.json``'s ``document_masking``,
-    with a loud warning (logged too) when there are any."""
+    with a loud warning (logged too) when there are any. The pieces are cut on the first chunk, of
+    the positions ``stretch`` (``[lo, hi)``: a worker's) or of every sequence."""
 
-    def __init__(self, stream: OrderedStream):
-        self.stream, self.pieces, self.bad = stream, sequence_pieces(stream.segments, stream.seq_len), 0
+    def __init__(self, stream: OrderedStream, stretch: tuple[int, int] | None = None):
+        self.stream, self.stretch, self.bad = stream, stretch, 0
+        self.ids: np.ndarray | None = None  # the stretch's sequence ids, sorted: the pieces' own ids are their ranks
+        self._pieces: Pieces | None = None
+
+    @property
+    def pieces(self) -> Pieces:
+        if self._pieces is None:
+            self.ids, self._pieces = stretch_pieces(self.stream, self.stretch)
+        return self._pieces
 
     def add(self, lo: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Check the rows at positions ``lo ..``; their pieces ``(lengths, is_doc)``."""
-        _, lengths, is_doc = self.pieces.of(self.stream.order[lo : lo + rows.shape[0]])
+        pieces, ids = self.pieces, self.stream.order[lo : lo + rows.shape[0]]
+        _, lengths, is_doc = pieces.of(ids if self.ids is None else np.searchsorted(self.ids, ids))
         self.bad += int(not_eos_delimited(rows, lengths, is_doc, self.stream.eos_id).sum())
         return lengths, is_doc
 
