@@ -486,7 +486,7 @@ def export_writers(results: Path, name: str = "export_writers") -> str:
     """``bench_export.py --writers``: the flat formats by one writer and by several, each export in a
     fresh process; medians over the repeats, with the walls' range."""
     doc = _load(results, name)
-    lines = ["| format | writers | wall s (median; range) | driver CPU s | workers' CPU s | driver peak RSS MB (after imports) |"
+    lines = ["| format | writers | wall s (median; range) | driver CPU s | workers' CPU s (together) | driver peak RSS MB (after imports) |"
              " largest worker peak RSS MB | load average | same bytes as 1 writer |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     keys = list(dict.fromkeys((r["format"], r["writers"]) for r in doc["cases"]))
     for fmt, n in keys:
@@ -496,9 +496,9 @@ def export_writers(results: Path, name: str = "export_writers") -> str:
             return float(statistics.median([r[k] for r in rs]))
 
         walls = [r["wall_s"] for r in rs]
-        worker = f"{med('largest_worker_peak_rss_mb'):,.0f}" if n > 1 else "—"
+        worker, worker_cpu = (f"{med('largest_worker_peak_rss_mb'):,.0f}", f"{med('workers_cpu_s'):.1f}") if n > 1 else ("—", "—")
         lines.append(f"| {fmt} | {n} | {med('wall_s'):.1f} ({min(walls):.1f}–{max(walls):.1f}) | {med('driver_cpu_s'):.1f} |"
-                     f" {med('workers_cpu_s'):.1f} | {med('driver_peak_rss_mb'):,.0f} ({med('rss_before_mb'):,.0f}) | {worker} |"
+                     f" {worker_cpu} | {med('driver_peak_rss_mb'):,.0f} ({med('rss_before_mb'):,.0f}) | {worker} |"
                      f" {min(r['load_average'] for r in rs):.1f}–{max(r['load_average'] for r in rs):.1f} |"
                      f" {'yes' if all(r['same_bytes_as_first'] for r in rs) else '**no**'} |")
     first = doc["cases"][0]
@@ -532,6 +532,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "quality_ablation": quality_ablation,
     "scale_1m_run": scale_1m_run,
     "export_writers": export_writers,
+    "export_writers_1b": lambda results: export_writers(results, "export_writers_1b"),
 }
 
 

@@ -1,7 +1,7 @@
 """``export.writers`` (issue 55): the flat formats written by several workers, each its stretch of
 positions straight into its byte range of the one output, are the single writer's bytes — for
 ``numpy`` and ``megatron``, from a data root and from arrays, extending a frozen prefix, and when a
-worker is killed mid-stretch (its stretch is written again)."""
+worker is killed mid-stretch (its stretch is written again); on a local Ray cluster too."""
 
 from __future__ import annotations
 
@@ -153,3 +153,17 @@ def test_a_worker_killed_mid_stretch_is_retried_to_the_same_bytes(tmp_path):
     watcher.join()
     assert killed, "no worker was killed"
     _same_files(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.integration
+def test_a_local_ray_cluster_writes_the_same_bytes(tmp_path):
+    """engine: ray writes each stretch as a Ray task on a real (one-node, local) cluster."""
+    pytest.importorskip("ray")
+    from pipeline.config import RayConfig
+    from pipeline.distributed.local_cluster import local_cluster
+
+    stream = _root_stream(tmp_path / "root", "concat")
+    one = export_stream(stream, "megatron", tmp_path / "one", global_batch=G)
+    with local_cluster([2]) as (address, _):
+        on_ray = export_stream(stream, "megatron", tmp_path / "ray", global_batch=G, writers=Writers(2, "ray", RayConfig(address=address)))
+    _same_files(one["dir"], on_ray["dir"])
