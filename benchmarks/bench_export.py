@@ -77,15 +77,23 @@ def case(root: Path, fmt: str, writers: int, out: Path, global_batch: int, seq_l
     before = _status_mb("VmRSS")
     cpu0, t0 = time.process_time(), time.perf_counter()
     info = export_stream(stream, fmt, out, global_batch=global_batch, writers=Writers(writers))
-    wall = time.perf_counter() - t0
+    wall, cpu, peak = time.perf_counter() - t0, time.process_time() - cpu0, _status_mb("VmHWM")  # before the files are hashed
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    digests = {f.relative_to(out).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
-               for f in sorted(out.rglob("*")) if f.is_file() and not f.name.startswith(".")}
     return {"format": fmt, "writers": writers, "sequences": info["sequences"], "tokens": info["tokens"], "wall_s": round(wall, 2),
-            "driver_cpu_s": round(time.process_time() - cpu0, 2), "workers_cpu_s": round(children.ru_utime + children.ru_stime, 2),
-            "rss_before_mb": round(before, 1), "driver_peak_rss_mb": round(_status_mb("VmHWM"), 1),
+            "driver_cpu_s": round(cpu, 2), "workers_cpu_s": round(children.ru_utime + children.ru_stime, 2),
+            "rss_before_mb": round(before, 1), "driver_peak_rss_mb": round(peak, 1),
             "largest_worker_peak_rss_mb": round(children.ru_maxrss / 1024, 1) if writers > 1 else None,
-            "load_average": round(os.getloadavg()[0], 2), "digests": digests}
+            "load_average": round(os.getloadavg()[0], 2),
+            "digests": {f.relative_to(out).as_posix(): _sha256(f) for f in sorted(out.rglob("*"))
+                        if f.is_file() and not f.name.startswith(".")}}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
 
 
 def compare_writers(args, work: Path) -> None:
