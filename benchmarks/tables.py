@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -571,6 +572,36 @@ def scale_1m_run(results: Path) -> str:
     return "\n".join(lines)
 
 
+def export_writers(results: Path, name: str = "export_writers") -> str:
+    """``bench_export.py --writers``: the flat formats by one writer and by several, each export in a
+    fresh process; medians over the repeats, with the walls' range."""
+    doc = _load(results, name)
+    lines = ["| format | writers | wall s (median; range of the repeats) | driver CPU s | workers' CPU s (together) |"
+             " driver peak RSS MB (after imports) |"
+             " largest worker peak RSS MB | load average | same bytes as 1 writer |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    keys = list(dict.fromkeys((r["format"], r["writers"]) for r in doc["cases"]))
+    for fmt, n in keys:
+        rs = [r for r in doc["cases"] if r["format"] == fmt and r["writers"] == n]
+
+        def med(k: str, rs=rs) -> float:
+            return float(statistics.median([r[k] for r in rs]))
+
+        walls, loads = [r["wall_s"] for r in rs], [r["load_average"] for r in rs]
+        worker, worker_cpu = (f"{med('largest_worker_peak_rss_mb'):,.0f}", f"{med('workers_cpu_s'):.1f}") if n > 1 else ("—", "—")
+        spread = f" ({min(walls):.1f}–{max(walls):.1f})" if len(walls) > 1 else ""
+        lines.append(f"| {fmt} | {n} | {med('wall_s'):.1f}{spread} | {med('driver_cpu_s'):.1f} |"
+                     f" {worker_cpu} | {med('driver_peak_rss_mb'):,.0f} ({med('rss_before_mb'):,.0f}) | {worker} |"
+                     f" {'–'.join(dict.fromkeys(f'{x:.1f}' for x in (min(loads), max(loads))))} |"
+                     f" {'yes' if all(r['same_bytes_as_first'] for r in rs) else '**no**'} |")
+    first = doc["cases"][0]
+    lines.append("")
+    lines.append(f"`{doc['benchmark']} {' '.join(str(n) for n in sorted({r['writers'] for r in doc['cases']}))}`:"
+                 f" {first['sequences']:,} sequences × {doc['seq_len']} = {first['tokens']:,} tokens,"
+                 f" {f'{len(walls)} repeats alternating' if len(walls) > 1 else 'one run a case'},"
+                 f" at {doc['commit'][:12]}, {doc['date'][:10]}, {_machine(doc)}. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -596,6 +627,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "small_files": small_files,
     "quality_ablation": quality_ablation,
     "scale_1m_run": scale_1m_run,
+    "export_writers": export_writers,
+    "export_writers_1b": lambda results: export_writers(results, "export_writers_1b"),
 }
 
 

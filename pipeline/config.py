@@ -430,6 +430,9 @@ class ExportConfig(_Model):
     global_batch: int = Field(0, ge=0)  # sequences per global batch; 0 = batch_size
     world_size: int = Field(1, ge=1)  # data-parallel ranks (only the mds layout depends on it)
     workers: int = Field(1, ge=1)  # DataLoader workers per rank
+    # workers writing the numpy and megatron files' stretches side by side (processes, or Ray tasks with engine: ray);
+    # 1 = this process alone; the bytes are the same (docs/export.md, "Several writers")
+    writers: int = Field(1, ge=1)
     dir: str = ""  # where the exports asset writes <strategy>/<format>/: "" = <data root>/exports; a folder or an s3:// prefix
 
     key_prefix: ClassVar[str] = "export."

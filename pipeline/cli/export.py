@@ -10,6 +10,7 @@ from tqdm import tqdm
 from pipeline.config import resolve_config
 from pipeline.export import export_ordering
 from pipeline.export.formats import REGISTRY as FORMATS
+from pipeline.export.stretches import Writers
 from pipeline.storage.layout import Layout
 
 
@@ -22,7 +23,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         info = export_ordering(layout, args.strategy, args.format, args.out, global_batch=global_batch,
                                seq_len=cfg.seq_len if "seq_len" in cfg.model_fields_set else None,
                                world_size=args.world_size, workers=args.workers, progress=bar.update,
-                               force=args.force)
+                               force=args.force, writers=Writers(args.writers or cfg.export.writers, cfg.engine, cfg.ray))
     finally:
         bar.close()
     rate = info["tokens"] / info["wall_s"] if info["wall_s"] else float("inf")
@@ -49,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, default=0, help="sequences per global batch (default: export.global_batch, else batch_size)")
     p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the training run (the mds layout depends on it)")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
+    p.add_argument("--writers", type=int, default=0,
+                   help="workers writing the numpy / megatron files' stretches side by side, on the config's engine "
+                        "(default: export.writers; the bytes are the same)")
     p.add_argument("--data-root", default=None, help="data root (default: the config's data_root, else $STRATA_HOME, else ./.strata)")
     p.add_argument("--config", default=None,
                    help="YAML/JSON config: the data root, the default global batch (export.global_batch, else batch_size); "

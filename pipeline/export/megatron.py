@@ -24,6 +24,7 @@ import dataclasses
 import json
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from pipeline.export.extend import Previous
 from pipeline.export.numpy_tokens import DocumentCheck, meta_of, write_tokens
 from pipeline.export.stream import OrderedStream
 from pipeline.storage.atomic import write_json, write_npy
+
+if TYPE_CHECKING:
+    from pipeline.export.stretches import Writers
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 DTYPE_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "float64": 6, "float32": 7, "uint16": 8}
@@ -62,13 +66,15 @@ def write_idx(path: Path, lengths: np.ndarray, dtype: np.dtype) -> None:
         fh.write(np.arange(lengths.size + 1, dtype=np.int64).tobytes(order="C"))
 
 
-def export_megatron(stream: OrderedStream, out: Path, meta: dict, progress=None, previous: Previous | None = None) -> list[Path]:
+def export_megatron(stream: OrderedStream, out: Path, meta: dict, progress=None, previous: Previous | None = None,
+                    writers: Writers | None = None) -> list[Path]:
     """The indexed dataset; with ``previous`` (``pipeline/export/extend.py``) the ``.bin``'s prefix
-    is reused from the previous export and the ``.idx`` rewritten."""
+    is reused from the previous export and the ``.idx`` rewritten; ``writers`` write the ``.bin``'s
+    stretches side by side (``stretches.py``), the driver the ``.idx``."""
     m, L = stream.n_sequences, stream.seq_len
     check = DocumentCheck(stream)
     write_tokens(stream, out / f"{PREFIX}.bin", extra_tokens=np.array([stream.eos_id]), progress=progress, check=check,
-                 previous=previous)
+                 previous=previous, writers=writers)
     lengths = np.full(m, L, np.int32)
     lengths[-1] = L + 1
     write_idx(out / f"{PREFIX}.idx", lengths, stream.dtype)

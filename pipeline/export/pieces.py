@@ -32,18 +32,19 @@ class Pieces:
         return counts, self.length[sel], self.is_doc[sel]
 
 
-def sequence_pieces(segments: Any, seq_len: int) -> Pieces:
+def sequence_pieces(segments: Any, seq_len: int, n_sequences: int | None = None) -> Pieces:
     """Cut every sequence at its document boundaries (segment starts and ends) and at padding.
 
     ``segments``: the segments table as a polars frame or a mapping of column name to array
-    (``sequence_id``, ``seq_token_start``, ``n_tokens``, optional ``eos_added``).
+    (``sequence_id``, ``seq_token_start``, ``n_tokens``, optional ``eos_added``); ``n_sequences``:
+    the ids' range (default the largest id + 1).
     """
     sid = np.asarray(segments["sequence_id"]).astype(np.int64)
     start = np.asarray(segments["seq_token_start"]).astype(np.int64)
     ext = np.asarray(segments["n_tokens"]).astype(np.int64)
     if "eos_added" in segments:
         ext = ext + np.asarray(segments["eos_added"]).astype(np.int64)
-    m = int(sid.max()) + 1 if sid.size else 0
+    m = n_sequences if n_sequences is not None else int(sid.max()) + 1 if sid.size else 0
     width = seq_len + 1
     every = np.arange(m, dtype=np.int64) * width
     keys = np.unique(np.concatenate([every, every + seq_len, sid * width + start, sid * width + start + ext]))

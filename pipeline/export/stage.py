@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from pipeline.export import export_ordering
+from pipeline.export.stretches import Writers
 from pipeline.ordering import strategies
 from pipeline.stage import StageParams, StageResult, setting
 from pipeline.storage.remote import is_url, join
@@ -22,6 +23,9 @@ class ExportParams(StageParams):
     workers: int = setting("export.workers")
     dir: str = setting("export.dir")  # "" = <data root>/exports
     batch_size: int = setting()
+    writers: int = setting("export.writers", versioned=False)  # the same bytes by any number of writers
+    engine: str = setting(versioned=False)  # where the writers run: local (worker processes) | ray (tasks)
+    ray: Any = setting(versioned=False)  # pipeline.config.RayConfig
 
 
 def export_skipped(params: ExportParams, strategy: str) -> str | None:
@@ -36,7 +40,8 @@ def export_strategy(layout, params: ExportParams, strategy: str, log: Callable[[
     """Write ``strategy``'s ordering in every format of ``export.formats`` under
     ``exports/<strategy>/<format>/`` of the data root, or under ``export.dir`` (a folder or an
     object-store prefix, replaced only where Strata wrote it); global batch ``export.global_batch``
-    or ``batch_size``, ``export.world_size`` ranks, ``export.workers`` workers (docs/export.md).
+    or ``batch_size``, ``export.world_size`` ranks, ``export.workers`` workers (docs/export.md);
+    the flat formats by ``export.writers`` workers on ``engine``.
     The outputs start with each format's ``meta.json``; an object's digest is the one taken while
     it was written. A strategy with nothing to export (:func:`export_skipped`) is a ``skipped`` result."""
     if (why := export_skipped(params, strategy)) is not None:
@@ -50,6 +55,7 @@ def export_strategy(layout, params: ExportParams, strategy: str, log: Callable[[
             out = layout.export_dir(strategy, fmt)
         info = export_ordering(layout, strategy, fmt, out, global_batch=global_batch,
                                world_size=params.world_size, workers=params.workers,
+                               writers=Writers(params.writers, params.engine, params.ray),
                                force=not params.dir)  # the data root's own exports/ folder: Strata's, marked or not (an older export)
         files += info["files"]
         digests.update(info.get("digests", {}))

@@ -14,6 +14,7 @@ thread a core. Only one chunk of rows is in memory at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
@@ -39,16 +40,18 @@ class OrderedStream:
     eos_id: int
     pad_id: int
     read: Callable[[np.ndarray], np.ndarray]  # sequence ids -> (n, L) tokens in ``dtype``
+    opener: Callable[[], OrderedStream] | None = None  # picklable: opens this stream again in another process (stretches.py)
 
     @property
     def n_sequences(self) -> int:
         return int(self.order.size)
 
-    def chunks(self, chunk_tokens: int = CHUNK_TOKENS, start: int = 0) -> Iterator[tuple[int, np.ndarray]]:
-        """``(first position, tokens (n, L))`` for consecutive runs of positions from ``start``."""
+    def chunks(self, chunk_tokens: int = CHUNK_TOKENS, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first position, tokens (n, L))`` for consecutive runs of positions from ``start`` to ``stop``."""
         rows = max(1, chunk_tokens // self.seq_len)
-        for lo in range(start, self.n_sequences, rows):
-            yield lo, self.read(self.order[lo : lo + rows])
+        stop = self.n_sequences if stop is None else min(stop, self.n_sequences)
+        for lo in range(start, stop, rows):
+            yield lo, self.read(self.order[lo : min(lo + rows, stop)])
 
 
 def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_len: int | None = None) -> OrderedStream:
@@ -65,12 +68,15 @@ def open_stream(layout: Layout, strategy: str, *, eos_id: int, pad_id: int, seq_
                                fix="leave seq_len to the sequences artifact, or rematerialize sequences")
     tokens, offsets = packed_tokens(layout)
     packed = SequenceStore(tokens, offsets, segments, packed_len, pad_id=pad_id)
-    return OrderedStream(ordering.order, segments, packed_len, tokens.dtype, eos_id, pad_id, packed.rows)
+    again = partial(open_stream, Layout(layout.root), strategy, eos_id=eos_id, pad_id=pad_id, seq_len=packed_len)
+    return OrderedStream(ordering.order, segments, packed_len, tokens.dtype, eos_id, pad_id, packed.rows, again)
 
 
 def stream_from_arrays(tokens: np.ndarray, doc_offsets: np.ndarray, segments: pl.DataFrame, order: np.ndarray,
                        seq_len: int, *, eos_id: int, pad_id: int) -> OrderedStream:
-    """An ordered stream over in-memory (or memory-mapped) artifacts, for tests and library use."""
+    """An ordered stream over in-memory (or memory-mapped) artifacts, for tests and library use (its
+    ``opener`` carries the arrays to a worker process: pickled whole)."""
     store = SequenceStore(tokens, doc_offsets, segments, seq_len, pad_id=pad_id)
     dtype = np.dtype(tokens.dtype)
-    return OrderedStream(np.asarray(order, np.int64), segments, seq_len, dtype, eos_id, pad_id, store.rows)
+    again = partial(stream_from_arrays, tokens, doc_offsets, segments, order, seq_len, eos_id=eos_id, pad_id=pad_id)
+    return OrderedStream(np.asarray(order, np.int64), segments, seq_len, dtype, eos_id, pad_id, store.rows, again)

@@ -12,6 +12,7 @@ from pipeline.export.batches import check_batching
 from pipeline.export.extend import link_identical, previous_export
 from pipeline.export.formats import REGISTRY
 from pipeline.export.stream import OrderedStream, open_stream
+from pipeline.export.stretches import Writers
 from pipeline.ordering.strategies import REGISTRY as STRATEGIES
 from pipeline.packing.frozen import load as load_frozen
 from pipeline.storage import remote
@@ -95,7 +96,7 @@ def check_export_dir(out: str | Path, *, data_root: Path | None = None, force: b
 
 def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_batch: int, world_size: int = 1,
                   workers: int = 1, meta: dict | None = None, progress=None, data_root: Path | None = None,
-                  force: bool = False) -> dict:
+                  force: bool = False, writers: Writers | None = None) -> dict:
     """Write ``stream`` as ``fmt`` into the directory ``out`` (replaced atomically, only where
     :func:`check_export_dir` allows: nothing Strata did not write is lost; the new directory holds
     :data:`EXPORT_MARKER`).
@@ -103,21 +104,24 @@ def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_ba
     ``meta`` (strategy, lineage, frozen prefix) goes into ``meta.json`` with the batching. When
     ``out`` holds an export of the same frozen prefix, the new one extends it
     (``pipeline/export/extend.py``: the prefix's bytes copied, identical shards hard-linked; the
-    result is byte-identical to a fresh export). Returns a summary: files, sequences, tokens,
-    ``kept_sequences`` (the previous export's positions kept, 0 for a full write) and wall seconds.
+    result is byte-identical to a fresh export). ``writers`` (``export.writers``) of more than one
+    write the flat formats' stretches side by side (``pipeline/export/stretches.py``; the same
+    bytes); the other formats are written by this process. Returns a summary: files, sequences,
+    tokens, ``kept_sequences`` (the previous export's positions kept, 0 for a full write) and wall seconds.
     """
     writer = REGISTRY.get(fmt)
+    parallel = {"writers": writers} if writers is not None and writers.n > 1 and writer.stretches else {}
     check_batching(stream.n_sequences, global_batch, world_size, workers)
     info = {**(meta or {}), "global_batch": global_batch, "world_size": world_size, "workers": workers}
     t0 = time.perf_counter()
     out = check_export_dir(out, data_root=data_root, force=force)
     if isinstance(out, str):
         return _export_to_store(stream, fmt, out, info, global_batch=global_batch, world_size=world_size, progress=progress,
-                                staging=data_root, t0=t0)
+                                staging=data_root, t0=t0, parallel=parallel)
     previous = previous_export(out, fmt, info, stream.seq_len, stream.dtype)
     with atomic_dir(out) as tmp:
         extra = {"previous": previous} if previous is not None and writer.extends else {}
-        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress, **extra)
+        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress, **extra, **parallel)
         names = [f.relative_to(tmp) for f in files]
         (tmp / EXPORT_MARKER).write_text(f"An export written by Strata ({fmt}); `strata export --out` replaces this folder.\n",
                                          encoding="utf-8")
@@ -131,7 +135,8 @@ def export_stream(stream: OrderedStream, fmt: str, out: str | Path, *, global_ba
 
 
 def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_batch: int, world_size: int = 1,
-                    workers: int = 1, seq_len: int | None = None, progress=None, force: bool = False) -> dict:
+                    workers: int = 1, seq_len: int | None = None, progress=None, force: bool = False,
+                    writers: Writers | None = None) -> dict:
     """Export ``orderings/<strategy>.parquet`` of the data root ``layout`` (see ``export_stream``),
     each sequence the ``seq_len`` tokens the sequences artifact records (a given ``seq_len`` is
     checked against it).
@@ -165,14 +170,14 @@ def export_ordering(layout, strategy: str, fmt: str, out: str | Path, *, global_
         meta["frozen"] = {"sequences": rec.sequences, "tokens_sha256": rec.meta.get("tokens_sha256"),
                           "version_chain": rec.meta.get("chain", [])}
     return export_stream(stream, fmt, out, global_batch=global_batch, world_size=world_size, workers=workers,
-                         meta=meta, progress=progress, data_root=layout.root, force=force)
+                         meta=meta, progress=progress, data_root=layout.root, force=force, writers=writers)
 
 
 COMMIT_FILES = ("index.json", "tokens.idx", "meta.json")  # written last, in this order: meta.json is every export's commit marker
 
 
 def _export_to_store(stream: OrderedStream, fmt: str, out: str, info: dict, *, global_batch: int, world_size: int,
-                     progress, staging: Path | None, t0: float) -> dict:
+                     progress, staging: Path | None, t0: float, parallel: dict) -> dict:
     """Write the export into a local temporary directory (under ``staging``, the data root, when
     given), then publish it under the prefix ``out`` (``pipeline.storage.remote.publish``): the
     objects go under a temporary prefix first and are committed with the readers' index
@@ -183,7 +188,7 @@ def _export_to_store(stream: OrderedStream, fmt: str, out: str, info: dict, *, g
         Path(staging).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".export-", suffix=".tmp", dir=staging) as tmpd:
         tmp = Path(tmpd)
-        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress)
+        files = writer.write(stream, tmp, info, global_batch=global_batch, world_size=world_size, progress=progress, **parallel)
         names = [f.relative_to(tmp).as_posix() for f in files]
         (tmp / EXPORT_MARKER).write_text(f"An export written by Strata ({fmt}); `strata export --out` replaces this prefix.\n",
                                          encoding="utf-8")
