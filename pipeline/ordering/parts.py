@@ -160,25 +160,39 @@ def save_piece(f: SequenceFeatures, path: Path) -> Path:
     return path
 
 
-def _concat_csr(pieces: list[dict], name: str) -> Csr:
-    indptr, ends = [np.zeros(1, dtype=np.int64)], 0
-    for z in pieces:
-        indptr.append(z[f"{name}.indptr"][1:] + ends)
-        ends += int(z[f"{name}.indptr"][-1])
-    return Csr(np.concatenate(indptr), np.concatenate([z[f"{name}.indices"] for z in pieces]),
-               np.concatenate([z[f"{name}.data"] for z in pieces]), int(pieces[0][f"{name}.n_cols"]))
+def _piece_size(path: Path, csr_names: list[str]) -> tuple[int, dict[str, int]]:
+    """A piece's rows and each matrix's entries, from its row pointers."""
+    with np.load(path, allow_pickle=False) as z:
+        return int(z["sequence_ids"].size), {n: int(z[f"{n}.indptr"][-1]) for n in csr_names}
 
 
 def load_part(paths: list[Path], bin_edges: np.ndarray, joint: np.ndarray) -> SequenceFeatures:
     """A part's features from its pieces (in chunk order: its sequence ids ascend), with the
-    corpus's length-bin edges and (cluster, bin) tokens, as ``SequenceFeatures.take_rows`` keeps them."""
-    pieces = []
-    for path in paths:
+    corpus's length-bin edges and (cluster, bin) tokens, as ``SequenceFeatures.take_rows`` keeps them.
+    The pieces are read twice, their sizes and then their arrays into the part's: the part's arrays
+    are allocated once, never beside a list of every piece's."""
+    with np.load(paths[0], allow_pickle=False) as z:
+        dtypes = {k: z[k].dtype for k in z.files}
+    columns = sorted({k[len("column."):].rsplit(".", 1)[0] for k in dtypes if k.startswith("column.")})
+    names = ["clusters", "bins", *(f"column.{c}" for c in columns)]
+    sizes = [_piece_size(path, names) for path in paths]
+    n = sum(rows for rows, _ in sizes)
+    flat = {k: np.empty(n, dtype=dtypes[k]) for k in ("sequence_ids", "lengths", "spans")}
+    csr = {m: (np.zeros(n + 1, dtype=np.int64), np.empty(sum(e[m] for _, e in sizes), dtype=dtypes[f"{m}.indices"]),
+               np.empty(sum(e[m] for _, e in sizes), dtype=dtypes[f"{m}.data"])) for m in names}
+    at, ends = 0, dict.fromkeys(names, 0)
+    for path, (rows, entries) in zip(paths, sizes):
         with np.load(path, allow_pickle=False) as z:
-            pieces.append({k: z[k] for k in z.files})
-    columns = sorted({k[len("column."):].rsplit(".", 1)[0] for k in pieces[0] if k.startswith("column.")})
-    return SequenceFeatures(
-        np.concatenate([z["sequence_ids"] for z in pieces]), _concat_csr(pieces, "clusters"), _concat_csr(pieces, "bins"),
-        np.concatenate([z["lengths"] for z in pieces]), bin_edges, joint, np.concatenate([z["spans"] for z in pieces]),
-        {c: _concat_csr(pieces, f"column.{c}") for c in columns},
-    )
+            for k, out in flat.items():
+                out[at : at + rows] = z[k]
+            for m, (indptr, indices, data) in csr.items():
+                indptr[at + 1 : at + rows + 1] = z[f"{m}.indptr"][1:] + ends[m]
+                indices[ends[m] : ends[m] + entries[m]] = z[f"{m}.indices"]
+                data[ends[m] : ends[m] + entries[m]] = z[f"{m}.data"]
+                ends[m] += entries[m]
+        at += rows
+    with np.load(paths[0], allow_pickle=False) as z:
+        widths = {m: int(z[f"{m}.n_cols"]) for m in names}
+    mat = {m: Csr(*csr[m], widths[m]) for m in names}
+    return SequenceFeatures(flat["sequence_ids"], mat["clusters"], mat["bins"], flat["lengths"], bin_edges, joint, flat["spans"],
+                            {c: mat[f"column.{c}"] for c in columns})
