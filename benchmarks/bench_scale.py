@@ -791,7 +791,13 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=0,
                     help="the config's clean_tasks and near_band_tasks (0: the clean gather's duplicates in the driver)")
     ap.add_argument("--order-part-bytes", type=int, default=None, help="the config's order_part_bytes (default: the config's)")
+    ap.add_argument("--ray-driver", action="store_true",
+                    help="--strata-run with engine ray twice on one corpus: before (the clean gather's duplicates in the driver, "
+                         "clean_tasks and near_band_tasks 0) and after (both --tasks, order_part_bytes --order-part-bytes); --out "
+                         "gets both runs")
     args = ap.parse_args()
+    if args.ray_driver:
+        return ray_driver(args)
     options = {"partition_workers": args.partition_workers}
     if args.engine != "local":
         options["engine"] = args.engine
@@ -831,6 +837,30 @@ def main() -> None:
     if len(peaks) > 1:
         lo, hi = min(peaks), max(peaks)
         print(f"\npeak at {hi:,} / peak at {lo:,} documents: {peaks[hi] / peaks[lo]:.2f}x")
+
+
+def ray_driver(args: argparse.Namespace) -> None:
+    """``--ray-driver``: the driver's memory and the bytes it takes from Ray workers, before (the
+    gathers in the driver) and after (the clean gather's duplicates and the greedy family's parts as
+    Ray tasks), on the same generated corpus."""
+    from bench_ablate import commit
+
+    cases = {"before": {"engine": "ray", "partition_workers": args.partition_workers, "clean_tasks": 0, "near_band_tasks": 0},
+             "after": {"engine": "ray", "partition_workers": args.partition_workers, "clean_tasks": args.tasks or 4,
+                       "near_band_tasks": args.tasks or 4,
+                       **({} if args.order_part_bytes is None else {"order_part_bytes": args.order_part_bytes})}}
+    for n in args.docs:
+        runs = {}
+        for i, (name, options) in enumerate(cases.items()):
+            print(f"\n== {name}: {options}", flush=True)
+            runs[name] = {"options": options, **measure_run(n, args.work, args.shard_docs, args.strategies, args.reuse or i > 0, options)}
+            if args.out:  # each run as it finishes
+                Path(args.out).write_text(json.dumps({
+                    "benchmark": "bench_scale.py --strata-run --ray-driver", "commit": commit(), "docs": n,
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shard_docs": args.shard_docs,
+                    "strategies": args.strategies, "machine": {"cores": CORES}, "runs": runs}, indent=2) + "\n")
+        if not args.keep:
+            shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
 
 
 if __name__ == "__main__":

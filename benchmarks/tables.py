@@ -481,6 +481,48 @@ def scale_1m_run(results: Path) -> str:
     return "\n".join(lines)
 
 
+def ray_driver(results: Path, name: str = "ray_driver_1m") -> str:
+    """``bench_scale.py --ray-driver``: one ``strata run`` with ``engine: ray`` before (the clean
+    gather's duplicates in the driver) and after (they and the greedy family's parts as Ray tasks):
+    by stage, the driver's peak heap, the largest Ray worker's and the bytes the driver took from Ray."""
+    doc = _load(results, name)
+    runs = doc["runs"]
+    cases = list(runs)
+    head = " | ".join(f"{c}: {what}" for c in cases for what in ("s", "driver GB", "Ray worker GB", "received MB"))
+    lines = [f"| stage | {head} |", "|---|" + "---:|" * 4 * len(cases)]
+    steps = list(dict.fromkeys(k for c in cases for k in runs[c]["ray_by_step"]))
+    for step in steps:
+        cells = []
+        for c in cases:
+            r = runs[c]["ray_by_step"].get(step)
+            cells += (["—"] * 4 if r is None else
+                      [f"{r['wall_s']:,.0f}", f"{r.get('driver_tree_gb', 0):.2f}", f"{r.get('ray_worker_max_gb', 0):.2f}",
+                       f"{r['ray_bytes_received'] / 2**20:,.1f}"])
+        lines.append(f"| `{step}` | " + " | ".join(cells) + " |")
+    cells = []
+    for c in cases:
+        r, peaks = runs[c], runs[c]["ray_peaks_gb"]
+        cells += [f"**{r['wall_s']:,.0f}**", f"**{peaks['driver_tree_gb']:.2f}**", f"**{peaks['ray_worker_max_gb']:.2f}**",
+                  f"**{r['ray_bytes_received'] / 2**20:,.1f}**"]
+    lines.append("| **the whole run** | " + " | ".join(cells) + " |")
+    lines.append("")
+    for c in cases:
+        r, peaks, o = runs[c], runs[c]["ray_peaks_gb"], runs[c]["options"]
+        keys = ", ".join(f"`{k}: {v}`" for k, v in o.items() if k != "partition_workers")
+        lines.append(f"- **{c}** ({keys}): the driver's largest process {peaks['driver_max_proc_gb']:.2f} GB of heap, its resident set"
+                     f" (file pages included) {peaks['driver_main_rss_gb']:.2f} GB; Ray's processes together"
+                     f" {peaks['ray_total_gb']:.2f} GB,"
+                     f" its largest daemon {peaks['ray_daemon_max_gb']:.2f} GB; {r['training_docs']:,} training documents;"
+                     f" load average {r['load_average_at_end']:.1f} at the end.")
+    lines.append("")
+    lines.append(f"`bench_scale.py --docs {doc['docs']} --shard-docs {doc['shard_docs']} --ray-driver` at {doc['commit'][:12]},"
+                 f" {doc['date']}, {doc['machine']['cores']} cores. \"driver GB\": the peak heap (RssAnon) of `strata run`'s own processes"
+                 " (the Ray processes it starts left out); \"Ray worker GB\": the largest Ray worker's; \"received MB\": the Ray objects"
+                 " the driver took from workers (their size in Ray's object store); a stage's figures run from the previous"
+                 f" materialization to its own. MB and GB are 2^20 and 2^30 bytes. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -503,6 +545,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "small_files": small_files,
     "quality_ablation": quality_ablation,
     "scale_1m_run": scale_1m_run,
+    "ray_driver_1m": ray_driver,
 }
 
 
