@@ -795,13 +795,14 @@ def main() -> None:
                     help="--strata-run with engine ray twice on one corpus: before (the clean gather's duplicates in the driver, "
                          "clean_tasks and near_band_tasks 0) and after (both --tasks, order_part_bytes --order-part-bytes); --out "
                          "gets both runs")
+    ap.add_argument("--side-by-side", action="store_true", help="--ray-driver: the two runs at once")
     args = ap.parse_args()
     if args.ray_driver:
         return ray_driver(args)
     options = {"partition_workers": args.partition_workers}
     if args.engine != "local":
         options["engine"] = args.engine
-    if args.tasks:
+    if args.tasks or args.engine == "ray":
         options |= {"clean_tasks": args.tasks, "near_band_tasks": args.tasks}
     if args.order_part_bytes is not None:
         options["order_part_bytes"] = args.order_part_bytes
@@ -842,25 +843,37 @@ def main() -> None:
 def ray_driver(args: argparse.Namespace) -> None:
     """``--ray-driver``: the driver's memory and the bytes it takes from Ray workers, before (the
     gathers in the driver) and after (the clean gather's duplicates and the greedy family's parts as
-    Ray tasks), on the same generated corpus."""
+    Ray tasks), each a ``--strata-run`` of this script on the same generated corpus (one generator,
+    one seed). ``--side-by-side`` runs the two at once (each under ``--work``/<case>, its own Ray
+    instance), so that both see the same machine load; their walls then include each other's load."""
     from bench_ablate import commit
 
-    cases = {"before": {"engine": "ray", "partition_workers": args.partition_workers, "clean_tasks": 0, "near_band_tasks": 0},
-             "after": {"engine": "ray", "partition_workers": args.partition_workers, "clean_tasks": args.tasks or 4,
-                       "near_band_tasks": args.tasks or 4,
-                       **({} if args.order_part_bytes is None else {"order_part_bytes": args.order_part_bytes})}}
+    cases = {"before": ["--tasks", "0"],
+             "after": ["--tasks", str(args.tasks or 4)] + ([] if args.order_part_bytes is None else
+                                                          ["--order-part-bytes", str(args.order_part_bytes)])}
     for n in args.docs:
+        procs = {}
+        for name, extra in cases.items():
+            cmd = [sys.executable, __file__, "--docs", str(n), "--strata-run", "--engine", "ray", "--shard-docs", str(args.shard_docs),
+                   "--partition-workers", str(args.partition_workers), "--strategies", *args.strategies, "--work",
+                   str(args.work / name), "--out", str(args.work / f"{name}-{n}.json"), *extra, *(["--keep"] if args.keep else []),
+                   *(["--reuse"] if args.reuse else [])]
+            print(f"\n== {name}: {' '.join(cmd[2:])}", flush=True)
+            procs[name] = subprocess.Popen(cmd, cwd=ROOT)
+            if not args.side_by_side:
+                procs[name].wait()
         runs = {}
-        for i, (name, options) in enumerate(cases.items()):
-            print(f"\n== {name}: {options}", flush=True)
-            runs[name] = {"options": options, **measure_run(n, args.work, args.shard_docs, args.strategies, args.reuse or i > 0, options)}
-            if args.out:  # each run as it finishes
-                Path(args.out).write_text(json.dumps({
-                    "benchmark": "bench_scale.py --strata-run --ray-driver", "commit": commit(), "docs": n,
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shard_docs": args.shard_docs,
-                    "strategies": args.strategies, "machine": {"cores": CORES}, "runs": runs}, indent=2) + "\n")
-        if not args.keep:
-            shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
+        for name, proc in procs.items():
+            if proc.wait():
+                raise SystemExit(f"the {name} run failed")
+            run = json.loads((args.work / f"{name}-{n}.json").read_text())
+            runs[name] = {k: v for k, v in run.items() if k not in ("benchmark", "shard_docs", "strategies", "machine")}
+        if args.out:
+            Path(args.out).write_text(json.dumps({
+                "benchmark": "bench_scale.py --ray-driver" + (" --side-by-side" if args.side_by_side else ""), "commit": commit(),
+                "docs": n, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shard_docs": args.shard_docs,
+                "strategies": args.strategies, "side_by_side": args.side_by_side, "machine": {"cores": CORES}, "runs": runs},
+                indent=2) + "\n")
 
 
 if __name__ == "__main__":
