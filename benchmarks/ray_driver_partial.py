@@ -48,7 +48,7 @@ def materializations(root: Path, asset: str) -> int:
     return len(instance.fetch_materializations(dg.AssetKey(asset), limit=10_000).records)
 
 
-def report(work: Path, docs: int, samples: Path, out: Path) -> None:
+def report(work: Path, docs: int, samples: Path, out: Path, runs_commit: str = "") -> None:
     from bench_ablate import commit
 
     rows = [json.loads(x) for x in samples.read_text().splitlines()]
@@ -72,7 +72,8 @@ def report(work: Path, docs: int, samples: Path, out: Path) -> None:
                       "sampled_from": time.strftime("%H:%M:%SZ", time.gmtime(timeline[0][0])),
                       "load_average_at_end": round(os.getloadavg()[0], 1)}
     out.write_text(json.dumps({"benchmark": "bench_scale.py --ray-driver --side-by-side, stopped; ray_driver_partial.py report",
-                               "commit": commit(), "docs": docs, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "commit": runs_commit or commit(), "report_commit": commit(), "docs": docs,
+                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                "shard_docs": 125_000, "side_by_side": True, "partial": True, "sample_interval_s": 1.0,
                                "machine": {"cores": CORES}, "runs": runs}, indent=2) + "\n")
 
@@ -85,11 +86,12 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_scale"))
     ap.add_argument("--docs", type=int, default=1_000_000)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--runs-commit", default="", help="report: the commit the stopped runs ran (default: this one)")
     args = ap.parse_args()
     if args.mode == "sample":
         sample({k: int(v) for k, v in (a.split("=") for a in args.pids)}, args.samples)
     else:
-        report(args.work, args.docs, args.samples, args.out)
+        report(args.work, args.docs, args.samples, args.out, args.runs_commit)
 
 
 if __name__ == "__main__":
