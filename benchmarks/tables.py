@@ -519,7 +519,7 @@ def ray_driver(results: Path, name: str = "ray_driver_1m") -> str:
                      f" its largest daemon {peaks['ray_daemon_max_gb']:.2f} GB;"
                      + (f" {r['training_docs']:,} training documents;" if r.get("training_docs") else "")
                      + (f" stopped before its end: the stages it finished, {len(r['finished_stages'])};" if doc.get("partial") else "")
-                     + f" load average {r['load_average_at_end']:.1f} at the end.")
+                     + (f" load average {r['load_average_at_end']:.1f} at the end." if not doc.get("partial") else ""))
     lines.append("")
     how = " --side-by-side" if doc.get("side_by_side") else ""
     first = next(iter(runs.values()))
