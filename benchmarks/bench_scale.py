@@ -33,9 +33,15 @@ centroids (``library_search``) and the stage's partitions run again with every f
 Dagster's run of a partition and the asset's bookkeeping cost with nothing to compute). Each stage's bytes written (the kernel's I/O
 accounting) and, at the end, the data root's size are printed. ``--strata-run`` runs the same path as one ``strata run --select
 '*ordering_diagnostics'`` process instead (Dagster's run storage included). ``--keep`` keeps the
-generated corpus, ``--reuse`` runs on it again. Figures are printed, never asserted.
+generated corpus, ``--reuse`` runs on it again. ``--engine ray`` makes ``--strata-run`` run on Ray
+(``ray.address: ""``): the driver's side of the process tree is then sampled apart from Ray's
+processes, and the bytes the driver takes from Ray workers are read from the engine's log
+(``STRATA_RAY_RECEIVED_LOG``), both by stage; ``--ray-driver`` runs that twice on one corpus, before
+(``clean_tasks`` and ``near_band_tasks`` 0) and after (``--tasks``, ``--order-part-bytes``), into one
+JSON (docs/distributed.md). Figures are printed, never asserted.
 
     python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep] [--reuse] [--strata-run]
+    python benchmarks/bench_scale.py --docs 1000000 --ray-driver [--side-by-side] --tasks 4 --order-part-bytes 5000000 --out OUT.json
 """
 
 from __future__ import annotations
