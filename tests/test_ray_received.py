@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import RayConfig
-from pipeline.distributed.ray_engine import RECEIVED_LOG, map_shards_ray, received
+from pipeline.distributed.ray_engine import RECEIVED_LOG, map_shards_ray, received, run_remote
 from pipeline.distributed.shards import Shard
 
 pytestmark = pytest.mark.integration
@@ -29,6 +29,7 @@ def test_received_bytes_follow_what_the_workers_return(tmp_path, monkeypatch):
         map_shards_ray(np.ones, [Shard(f"big{i}", ((n,),)) for i in range(2)], lambda s, r: saved.append(r), RayConfig())
         paths = [Shard(f"path{i}", ("work", f"part-{i:05d}.npy")) for i in range(3)]
         map_shards_ray(os.path.join, paths, lambda s, r: saved.append(r), RayConfig())  # the task path: only a path comes back
+        assert run_remote(np.arange, (1000,), RayConfig(), num_cpus=1, num_gpus=0).shape == (1000,)  # one task, counted alike
     finally:
         ray.shutdown()
     after = received()
@@ -37,6 +38,7 @@ def test_received_bytes_follow_what_the_workers_return(tmp_path, monkeypatch):
     assert 2 * n * 8 <= big <= 2 * n * 8 * 1.01
     assert 0 < small < 3 * 200
     lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [(r["fn"], r["results"]) for r in lines] == [("ones", 2), ("join", 3)]
+    assert [(r["fn"], r["results"]) for r in lines] == [("ones", 2), ("join", 3), ("arange", 1)]
+    assert 8000 <= lines[2]["bytes"] < 9000
     assert lines[0]["bytes"] == big and lines[1]["bytes"] == small
     assert saved[2:] == [os.path.join("work", f"part-{i:05d}.npy") for i in range(3)]
