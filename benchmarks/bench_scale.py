@@ -33,9 +33,15 @@ centroids (``library_search``) and the stage's partitions run again with every f
 Dagster's run of a partition and the asset's bookkeeping cost with nothing to compute). Each stage's bytes written (the kernel's I/O
 accounting) and, at the end, the data root's size are printed. ``--strata-run`` runs the same path as one ``strata run --select
 '*ordering_diagnostics'`` process instead (Dagster's run storage included). ``--keep`` keeps the
-generated corpus, ``--reuse`` runs on it again. Figures are printed, never asserted.
+generated corpus, ``--reuse`` runs on it again. ``--engine ray`` makes ``--strata-run`` run on Ray
+(``ray.address: ""``): the driver's side of the process tree is then sampled apart from Ray's
+processes, and the bytes the driver takes from Ray workers are read from the engine's log
+(``STRATA_RAY_RECEIVED_LOG``), both by stage; ``--ray-driver`` runs that twice on one corpus, before
+(``clean_tasks`` and ``near_band_tasks`` 0) and after (``--tasks``, ``--order-part-bytes``), into one
+JSON (docs/distributed.md). Figures are printed, never asserted.
 
     python benchmarks/bench_scale.py --docs 250000 1000000 [--work /tmp/bench_scale] [--keep] [--reuse] [--strata-run]
+    python benchmarks/bench_scale.py --docs 1000000 --ray-driver [--side-by-side] --tasks 4 --order-part-bytes 5000000 --out OUT.json
 """
 
 from __future__ import annotations
@@ -382,6 +388,84 @@ def _rss_anon_tree(pid: int) -> int:
     return total
 
 
+RAY_MARKS = ("/ray/core/src/ray/", "/ray/_private/", "/ray/dashboard/", "/ray/autoscaler/")
+
+
+def _rss_split(pid: int) -> dict[str, int]:
+    """RssAnon (bytes) of ``pid``'s process tree split into the driver's side and Ray's. Ray's
+    processes are those ``ray.init`` starts (GCS server, raylet, agents, log monitor: a path inside
+    the ray package on the command line) and their descendants (the workers, titled ``ray::...``);
+    every other process of the tree is the driver's (``strata run`` itself and the worker processes
+    it starts). Returns the driver's tree and its largest process, its main process's resident set
+    (VmRSS, file pages included), Ray's total, its largest worker and its largest daemon. A fork not
+    yet turned into its own program is not counted, as in :func:`_rss_anon_tree`."""
+    out = dict.fromkeys(("driver_tree", "driver_max_proc", "driver_main_rss", "ray_total", "ray_worker_max", "ray_daemon_max"), 0)
+    todo = [(pid, None, False)]
+    while todo:
+        p, parent, in_ray = todo.pop()
+        try:
+            status = {}
+            with open(f"/proc/{p}/status") as fh:
+                for line in fh:
+                    key, _, value = line.partition(":")
+                    if key in ("RssAnon", "VmSize", "VmRSS"):
+                        status[key] = int(value.split()[0]) * 1024
+            with open(f"/proc/{p}/cmdline", "rb") as fh:
+                argv = fh.read().decode(errors="replace").split("\0")
+            me = (os.readlink(f"/proc/{p}/exe"), status.get("VmSize"))
+            in_ray = in_ray or argv[0].startswith("ray::") or any(m in a for a in argv for m in RAY_MARKS)
+            anon = status.get("RssAnon", 0) if me != parent else 0
+            if p == pid:
+                out["driver_main_rss"] = status.get("VmRSS", 0)
+            if in_ray:
+                out["ray_total"] += anon
+                kind = "ray_worker_max" if argv[0].startswith("ray::") else "ray_daemon_max"
+                out[kind] = max(out[kind], anon)
+            else:
+                out["driver_tree"] += anon
+                out["driver_max_proc"] = max(out["driver_max_proc"], anon)
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [(int(c), me, in_ray) for c in fh.read().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return out
+
+
+def split_by_step(root: Path, timeline: list, received_log: Path) -> dict[str, dict]:
+    """Per asset of one ``strata run`` (samples assigned as :func:`peaks_by_step` assigns them): the
+    seconds its samples span, each :func:`_rss_split` figure's peak (GB), and the bytes and results
+    the driver took from Ray workers (each line of ``received_log`` goes to the asset whose next
+    materialization followed it)."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(root / "dagster"))
+    ends = sorted((r.timestamp, key.path[-1]) for key in instance.get_asset_keys()
+                  for r in instance.fetch_materializations(key, limit=10_000).records)
+
+    def step(t: float) -> str | None:
+        at = next((i for i, (end, _) in enumerate(ends) if end >= t), None)
+        return None if at is None else ends[at][1]
+
+    out: dict[str, dict] = {}
+    prev = timeline[0][0] if timeline else 0.0
+    for t, _, figures in timeline:
+        name = step(t)
+        if name is not None:
+            row = out.setdefault(name, {"wall_s": 0.0, "ray_bytes_received": 0, "ray_results": 0})
+            row["wall_s"] += t - prev
+            for k, v in figures.items():
+                row[f"{k}_gb"] = max(row.get(f"{k}_gb", 0.0), v / 2**30)
+        prev = t
+    lines = [json.loads(x) for x in received_log.read_text().splitlines()] if received_log.is_file() else []
+    for rec in lines:
+        name = step(rec["t"])
+        row = out.setdefault(name or "after the last materialization", {"wall_s": 0.0, "ray_bytes_received": 0, "ray_results": 0})
+        row["ray_bytes_received"] += rec["bytes"]
+        row["ray_results"] += rec["results"]
+    return {k: {m: round(v, 3) if isinstance(v, float) else v for m, v in row.items()} for k, row in out.items()}
+
+
 # What a stage keeps and reuses when its inputs are unchanged: removed before the stage is rerun
 # with ``--from``, so that the rerun computes it again (the other stages always recompute).
 KEPT = {"corpus_shards": ("corpus/shards",), "token_shards": ("tokens/shards",), "embedding_shards": ("embeddings/shards",),
@@ -454,10 +538,10 @@ def peaks_by_step(root: Path, timeline: list[tuple[float, int]]) -> dict[str, fl
     return out
 
 
-def run_child(cmd: list[str], env: dict, log_path: Path, timeline: list | None = None) -> tuple[str, float, int]:
+def run_child(cmd: list[str], env: dict, log_path: Path, timeline: list | None = None, split: bool = False) -> tuple[str, float, int]:
     """Run ``cmd`` in ``ROOT`` (stderr to ``log_path``), sampling the RssAnon of its process tree
-    every 0.1 s (each sample's (time, bytes) appended to ``timeline`` when given); returns
-    ``(stdout, wall seconds, peak anonymous bytes)``."""
+    every 0.1 s (each sample's (time, bytes) appended to ``timeline`` when given; with ``split``,
+    (time, bytes, :func:`_rss_split`'s figures)); returns ``(stdout, wall seconds, peak anonymous bytes)``."""
     with open(log_path, "a") as log:
         t0 = time.time()
         child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -468,7 +552,7 @@ def run_child(cmd: list[str], env: dict, log_path: Path, timeline: list | None =
                 now = _rss_anon_tree(child.pid)
                 peak[0] = max(peak[0], now)
                 if timeline is not None:
-                    timeline.append((time.time(), now))
+                    timeline.append((time.time(), now, _rss_split(child.pid)) if split else (time.time(), now))
                 time.sleep(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -487,10 +571,15 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
     base = prepare(n_docs, work, shard_docs, strategies, reuse, options=options)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("DAGSTER_HOME", None)
+    ray = (options or {}).get("engine") == "ray"
+    received_log = base / "ray_received.jsonl"
+    received_log.unlink(missing_ok=True)
+    if ray:  # every result the driver takes from Ray, a line a mapping (pipeline/distributed/ray_engine.py)
+        env["STRATA_RAY_RECEIVED_LOG"] = str(received_log)
     c0, w0 = _children_cpu(), _children_written()
-    timeline: list[tuple[float, int]] = []
+    timeline: list[tuple] = []
     _, wall, peak = run_child([sys.executable, "-m", "assets.cli", "run", "--config", str(base / "cfg.json"),
-                               "--select", "*ordering_diagnostics"], env, base / "strata_run.log", timeline)
+                               "--select", "*ordering_diagnostics"], env, base / "strata_run.log", timeline, split=ray)
     cpu, written = _children_cpu() - c0, _children_written() - w0
     root = base / "root"
     whole = _du(root)
@@ -512,8 +601,25 @@ def measure_run(n_docs: int, work: Path, shard_docs: int, strategies: list[str],
             "root_mb_by_folder": {k: round(v / 2**20, 1) for k, v in sizes.items()},
             "clean_bytes_by_kind": clean, "training_docs": n_train,
             "clean_bytes_per_training_doc": {k: round(v / n_train, 1) for k, v in clean.items()} if n_train else None,
-            "clean_parts": clean_parts(root), "peak_anon_gb_by_step": peaks_by_step(root, timeline),
-            "load_average_at_end": round(os.getloadavg()[0], 1)}
+            "clean_parts": clean_parts(root), "peak_anon_gb_by_step": peaks_by_step(root, [x[:2] for x in timeline]),
+            **(ray_figures(root, timeline, received_log) if ray else {}), "load_average_at_end": round(os.getloadavg()[0], 1)}
+
+
+def ray_figures(root: Path, timeline: list, received_log: Path) -> dict:
+    """With ``engine: ray``: the run's driver and Ray peaks (GB, :func:`_rss_split`), the bytes the
+    driver took from Ray workers, and the same by stage (:func:`split_by_step`); printed too."""
+    keys = timeline[0][2].keys() if timeline else ()
+    peaks = {f"{k}_gb": round(max(x[2][k] for x in timeline) / 2**30, 3) for k in keys}
+    steps = split_by_step(root, timeline, received_log)
+    received = sum(r["ray_bytes_received"] for r in steps.values())
+    print(f"driver tree peak {peaks.get('driver_tree_gb')} GB (largest process {peaks.get('driver_max_proc_gb')} GB, main VmRSS "
+          f"{peaks.get('driver_main_rss_gb')} GB); Ray total {peaks.get('ray_total_gb')} GB, largest worker "
+          f"{peaks.get('ray_worker_max_gb')} GB; received from Ray workers {received / 2**20:,.1f} MB")
+    for name, r in steps.items():
+        print(f"  {name:<22} {r['wall_s']:8.1f} s  driver {r.get('driver_tree_gb', 0):6.2f} GB "
+              f"(main RSS {r.get('driver_main_rss_gb', 0):.2f})  Ray worker max {r.get('ray_worker_max_gb', 0):.2f} GB  "
+              f"received {r['ray_bytes_received'] / 2**20:10,.1f} MB in {r['ray_results']} results")
+    return {"ray_peaks_gb": peaks, "ray_bytes_received": received, "ray_by_step": steps}
 
 
 def measure(n_docs: int, work: Path, shard_docs: int, strategies: list[str], stages: list[str] = STAGES,
@@ -686,8 +792,26 @@ def main() -> None:
     ap.add_argument("--partition-workers", type=int, default=0,
                     help="the config's partition_workers: corpus_shards / cluster_shards partitions at once (0 = one a core, 1 = one after "
                          "another)")
+    ap.add_argument("--engine", choices=["local", "ray"], default="local",
+                    help="the config's engine (ray: a private local Ray instance each mapping, ray.address '')")
+    ap.add_argument("--tasks", type=int, default=0,
+                    help="the config's clean_tasks and near_band_tasks (0: the clean gather's duplicates in the driver)")
+    ap.add_argument("--order-part-bytes", type=int, default=None, help="the config's order_part_bytes (default: the config's)")
+    ap.add_argument("--ray-driver", action="store_true",
+                    help="--strata-run with engine ray twice on one corpus: before (the clean gather's duplicates in the driver, "
+                         "clean_tasks and near_band_tasks 0) and after (both --tasks, order_part_bytes --order-part-bytes); --out "
+                         "gets both runs")
+    ap.add_argument("--side-by-side", action="store_true", help="--ray-driver: the two runs at once")
     args = ap.parse_args()
+    if args.ray_driver:
+        return ray_driver(args)
     options = {"partition_workers": args.partition_workers}
+    if args.engine != "local":
+        options["engine"] = args.engine
+    if args.tasks or args.engine == "ray":
+        options |= {"clean_tasks": args.tasks, "near_band_tasks": args.tasks}
+    if args.order_part_bytes is not None:
+        options["order_part_bytes"] = args.order_part_bytes
     peaks = {}
     for n in args.docs:
         if args.strata_run:
@@ -698,7 +822,7 @@ def main() -> None:
                 Path(args.out).write_text(json.dumps({"benchmark": "bench_scale.py --strata-run", "commit": commit(),
                                                       "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                                       "shard_docs": args.shard_docs, "strategies": args.strategies,
-                                                      **result}, indent=2) + "\n")
+                                                      "machine": {"cores": CORES}, "options": options, **result}, indent=2) + "\n")
             if not args.keep:
                 shutil.rmtree(args.work / f"n{n}", ignore_errors=True)
             continue
@@ -720,6 +844,42 @@ def main() -> None:
     if len(peaks) > 1:
         lo, hi = min(peaks), max(peaks)
         print(f"\npeak at {hi:,} / peak at {lo:,} documents: {peaks[hi] / peaks[lo]:.2f}x")
+
+
+def ray_driver(args: argparse.Namespace) -> None:
+    """``--ray-driver``: the driver's memory and the bytes it takes from Ray workers, before (the
+    gathers in the driver) and after (the clean gather's duplicates and the greedy family's parts as
+    Ray tasks), each a ``--strata-run`` of this script on the same generated corpus (one generator,
+    one seed). ``--side-by-side`` runs the two at once (each under ``--work``/<case>, its own Ray
+    instance), so that both see the same machine load; their walls then include each other's load."""
+    from bench_ablate import commit
+
+    cases = {"before": ["--tasks", "0"],
+             "after": ["--tasks", str(args.tasks or 4)] + ([] if args.order_part_bytes is None else
+                                                          ["--order-part-bytes", str(args.order_part_bytes)])}
+    for n in args.docs:
+        procs = {}
+        for name, extra in cases.items():
+            cmd = [sys.executable, __file__, "--docs", str(n), "--strata-run", "--engine", "ray", "--shard-docs", str(args.shard_docs),
+                   "--partition-workers", str(args.partition_workers), "--strategies", *args.strategies, "--work",
+                   str(args.work / name), "--out", str(args.work / f"{name}-{n}.json"), *extra, *(["--keep"] if args.keep else []),
+                   *(["--reuse"] if args.reuse else [])]
+            print(f"\n== {name}: {' '.join(cmd[2:])}", flush=True)
+            procs[name] = subprocess.Popen(cmd, cwd=ROOT)
+            if not args.side_by_side:
+                procs[name].wait()
+        runs = {}
+        for name, proc in procs.items():
+            if proc.wait():
+                raise SystemExit(f"the {name} run failed")
+            run = json.loads((args.work / f"{name}-{n}.json").read_text())
+            runs[name] = {k: v for k, v in run.items() if k not in ("benchmark", "shard_docs", "strategies", "machine")}
+        if args.out:
+            Path(args.out).write_text(json.dumps({
+                "benchmark": "bench_scale.py --ray-driver" + (" --side-by-side" if args.side_by_side else ""), "commit": commit(),
+                "docs": n, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shard_docs": args.shard_docs,
+                "strategies": args.strategies, "side_by_side": args.side_by_side, "machine": {"cores": CORES}, "runs": runs},
+                indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -602,6 +602,62 @@ def export_writers(results: Path, name: str = "export_writers") -> str:
     return "\n".join(lines)
 
 
+def ray_driver(results: Path, name: str = "ray_driver_1m") -> str:
+    """``bench_scale.py --ray-driver``: one ``strata run`` with ``engine: ray`` before (the clean
+    gather's duplicates in the driver) and after (they and the greedy family's parts as Ray tasks):
+    by stage, the driver's peak heap, the largest Ray worker's and the bytes the driver took from Ray."""
+    doc = _load(results, name)
+    runs = doc["runs"]
+    cases = list(runs)
+    head = " | ".join(f"{c}: {what}" for c in cases for what in ("s", "driver GB", "Ray worker GB", "received MB"))
+    lines = [f"| stage | {head} |", "|---|" + "---:|" * 4 * len(cases)]
+    steps = list(dict.fromkeys(k for c in cases for k in runs[c]["ray_by_step"]))
+    for step in steps:
+        cells = []
+        for c in cases:
+            r = runs[c]["ray_by_step"].get(step)
+            cells += (["—"] * 4 if r is None else
+                      [f"{r['wall_s']:,.0f}", f"{r.get('driver_tree_gb', 0):.2f}", f"{r.get('ray_worker_max_gb', 0):.2f}",
+                       f"{r['ray_bytes_received'] / 2**20:,.1f}"])
+        done = {runs[c]["ray_by_step"].get(step, {}).get("partitions_done") for c in cases} - {None}
+        shards = -(-doc["docs"] // doc["shard_docs"])
+        part = (f" ({' / '.join(str(d) for d in sorted(done))} of {shards} shards)"
+                if doc.get("partial") and step.endswith("_shards") and done and max(done) < shards else "")
+        lines.append(f"| `{step}`{part} | " + " | ".join(cells) + " |")
+    cells = []
+    for c in cases:
+        r, peaks = runs[c], runs[c]["ray_peaks_gb"]
+        cells += [f"**{r['wall_s']:,.0f}**", f"**{peaks['driver_tree_gb']:.2f}**", f"**{peaks['ray_worker_max_gb']:.2f}**",
+                  f"**{r['ray_bytes_received'] / 2**20:,.1f}**"]
+    lines.append(f"| **{'the stages measured' if doc.get('partial') else 'the whole run'}** | " + " | ".join(cells) + " |")
+    lines.append("")
+    for c in cases:
+        r, peaks, o = runs[c], runs[c]["ray_peaks_gb"], runs[c]["options"]
+        keys = ", ".join(f"`{k}: {v}`" for k, v in o.items() if k != "partition_workers")
+        lines.append(f"- **{c}** ({keys}): the driver's largest process {peaks['driver_max_proc_gb']:.2f} GB of heap, its resident set"
+                     f" (file pages included) {peaks['driver_main_rss_gb']:.2f} GB; Ray's processes together"
+                     f" {peaks['ray_total_gb']:.2f} GB,"
+                     f" its largest daemon {peaks['ray_daemon_max_gb']:.2f} GB;"
+                     + (f" {r['training_docs']:,} training documents;" if r.get("training_docs") else "")
+                     + (f" stopped before its end: the stages it finished, {len(r['finished_stages'])};" if doc.get("partial") else "")
+                     + (f" load average {r['load_average_at_end']:.1f} at the end." if not doc.get("partial") else ""))
+    lines.append("")
+    how = " --side-by-side" if doc.get("side_by_side") else ""
+    first = next(iter(runs.values()))
+    partial = (" The runs were stopped before their end; the figures are those of the stages (and shard partitions) each finished,"
+               f" from samples {doc['sample_interval_s']:.0f} s apart (`benchmarks/ray_driver_partial.py`) taken from"
+               f" {first.get('sampled_from')} (the runs started at {first.get('run_started')}: the first shards' seconds and peaks"
+               " are left out; their bytes are not)." if doc.get("partial") else "")
+    together = " The two runs ran at once, each with its own Ray instance, so each wall includes the other's load." if how else ""
+    lines.append(f"`bench_scale.py --docs {doc['docs']} --shard-docs {doc['shard_docs']} --ray-driver{how}` at {doc['commit'][:12]},"
+                 f" {doc['date']}, {doc['machine']['cores']} cores.{together}{partial}"
+                 " \"driver GB\": the peak heap (RssAnon) of `strata run`'s own processes"
+                 " (the Ray processes it starts left out); \"Ray worker GB\": the largest Ray worker's; \"received MB\": the Ray objects"
+                 " the driver took from workers (their size in Ray's object store); a stage's figures run from the previous"
+                 f" materialization to its own. MB and GB are 2^20 and 2^30 bytes. From `benchmarks/results/{name}.json`.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "s3_vs_disk": s3_vs_disk,
     "s3_vs_disk_1m": lambda results: s3_vs_disk(results, "s3_vs_disk_1m"),
@@ -629,6 +685,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "scale_1m_run": scale_1m_run,
     "export_writers": export_writers,
     "export_writers_1b": lambda results: export_writers(results, "export_writers_1b"),
+    "ray_driver_1m": ray_driver,
+    "ray_driver_200k": lambda results: ray_driver(results, "ray_driver_200k"),
 }
 
 

@@ -181,7 +181,7 @@ class CorpusConfig(_Model):
 class RayConfig(_Model):
     """Where and how ``engine: ray`` runs its work (docs/distributed.md)."""
 
-    address: str = ""  # "" = start a local Ray instance for the run; "auto" = the running cluster; "ray://host:port" or "host:port"
+    address: str = ""  # "" = a local Ray instance for each mapping; "auto" = the running cluster; "ray://host:port" or "host:port"
     embed_gpus: float = Field(1.0, ge=0.0)  # GPUs per embedding actor when the cluster has GPUs (1.0 = one actor per GPU)
     embed_cpus: float = Field(1.0, gt=0.0)  # CPUs per embedding actor and per tokenization task
     train_gpus: float = Field(1.0, ge=0.0)  # GPUs per training / evaluation task when the cluster has GPUs

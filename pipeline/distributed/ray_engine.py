@@ -8,15 +8,58 @@ Faults: a task whose worker process (or node) dies is retried up to ``ray.max_re
 a dead model actor is restarted as often and its in-flight shard retried. A bad-input error is
 not retried: it comes back as a value (:class:`~pipeline.distributed.shards.ShardFailure`) and is
 raised on the driver with the same file/line message as the local engine.
+
+What comes back: every result the driver takes from the cluster is counted (:func:`received`) at the
+size of its object as Ray stores and ships it (``ray.experimental.get_object_locations``'s
+``object_size``: the serialized value, small results inlined in the reply included), by shard
+function. With ``STRATA_RAY_RECEIVED_LOG`` set to a file, each mapping also appends one JSON line
+there (time, process, function, results, bytes), so a benchmark can split a whole run by stage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 from pipeline.distributed.shards import Shard, ShardFailure, call_shard
 from pipeline.offline import set_offline
+
+RECEIVED_LOG = "STRATA_RAY_RECEIVED_LOG"
+_received: dict[str, list[int]] = {}  # shard function -> [results, bytes] taken by this driver process
+
+
+def received() -> dict[str, dict[str, int]]:
+    """The results this process has taken from Ray so far and their bytes, by shard function."""
+    return {name: {"results": n, "bytes": b} for name, (n, b) in _received.items()}
+
+
+def _object_bytes(ray, ref, result: Any) -> int:
+    """The size of ``ref``'s object as Ray holds and ships it; the value pickled again where Ray does not say."""
+    size = ray.experimental.get_object_locations([ref]).get(ref, {}).get("object_size")
+    return int(size) if size is not None else len(ray.cloudpickle.dumps(result))
+
+
+class _Tally:
+    """One mapping's results and bytes: added to :func:`received` and, with ``STRATA_RAY_RECEIVED_LOG``, logged."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.name, self.results, self.bytes = getattr(fn, "__name__", "task"), 0, 0
+
+    def add(self, ray, ref, result: Any) -> None:
+        self.results += 1
+        self.bytes += _object_bytes(ray, ref, result)
+
+    def close(self) -> None:
+        total = _received.setdefault(self.name, [0, 0])
+        total[0] += self.results
+        total[1] += self.bytes
+        if path := os.environ.get(RECEIVED_LOG):
+            with open(path, "a") as fh:
+                fh.write(json.dumps({"t": time.time(), "pid": os.getpid(), "fn": self.name, "results": self.results,
+                                     "bytes": self.bytes}) + "\n")
 
 
 def _worker_call(fn: Callable[..., Any], args: tuple) -> Any:
@@ -84,6 +127,7 @@ def map_shards_ray(
             free = [None] * slots
         inflight: dict[Any, tuple[int, Any]] = {}
         queue = list(enumerate(todo))
+        tally = _Tally(fn)
         while queue or inflight:
             while queue and free:
                 i, shard = queue.pop(0)
@@ -95,12 +139,14 @@ def map_shards_ray(
             i, worker = inflight.pop(ref)
             free.append(worker)
             result = _get(ray, ref, todo[i])
+            tally.add(ray, ref, result)
             if isinstance(result, ShardFailure):
                 failures[i] = result
                 continue
             save(todo[i], result)
             if progress:
                 progress(todo[i])
+        tally.close()
     return failures
 
 
@@ -112,7 +158,10 @@ def run_remote(fn: Callable[..., Any], args: tuple, cfg, *, num_cpus: float, num
         gpus = num_gpus if ray.cluster_resources().get("GPU", 0) > 0 else 0
         task = ray.remote(num_cpus=num_cpus, num_gpus=gpus, max_retries=cfg.max_retries, retry_exceptions=False,
                           max_calls=1 if fresh_process else 0)(_worker_call)
-        result = _get(ray, task.remote(fn, args), Shard(getattr(fn, "__name__", "task"), args))
+        ref, tally = task.remote(fn, args), _Tally(fn)
+        result = _get(ray, ref, Shard(tally.name, args))
+        tally.add(ray, ref, result)
+        tally.close()
     if isinstance(result, ShardFailure):
         raise result.error()
     return result
