@@ -31,6 +31,7 @@ def map_shards(
     ray_cfg: Any = None,
     actors: bool = False,
     progress: Callable[[Shard], None] | None = None,
+    fresh_process: bool = False,
 ) -> int:
     """Compute and ``save`` every shard not yet done; return how many were computed.
 
@@ -40,7 +41,7 @@ def map_shards(
     """
     todo = [s for s in shards if not s.done()]
     if engine == "ray":
-        failures = map_shards_ray(fn, todo, save, ray_cfg, actors=actors, progress=progress)
+        failures = map_shards_ray(fn, todo, save, ray_cfg, actors=actors, progress=progress, fresh_process=fresh_process)
     elif engine == "local":
         failures = {}
         for i, shard in enumerate(todo):
@@ -62,10 +63,11 @@ def map_tasks(fn: Callable[..., Any], shards: Sequence[Shard], *, engine: str = 
               retries: int = 3) -> int:
     """Run every shard not yet done whose function writes its own artifacts (under a data root every
     worker reads and writes) and returns their paths: with ``engine: local`` each in a worker process
-    of its own (``workers`` at once), with ``engine: ray`` each a Ray task; a worker that dies is
-    retried (``retries``; Ray: ``ray.max_retries``). Return how many ran."""
+    of its own (``workers`` at once), with ``engine: ray`` each a Ray task in a worker process of its
+    own (a task's heap never carries an earlier task's); a worker that dies is retried (``retries``;
+    Ray: ``ray.max_retries``). Return how many ran."""
     if engine == "ray":
-        return map_shards(fn, shards, lambda shard, result: None, engine="ray", ray_cfg=ray_cfg)
+        return map_shards(fn, shards, lambda shard, result: None, engine="ray", ray_cfg=ray_cfg, fresh_process=True)
     if engine != "local":
         raise StrataInputError(f"unknown engine {engine!r}", fix="use engine: local or engine: ray")
     return map_processes(fn, shards, workers, retries)

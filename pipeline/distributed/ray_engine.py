@@ -105,8 +105,10 @@ def map_shards_ray(
     *,
     actors: bool = False,
     progress: Callable[[Shard], None] | None = None,
+    fresh_process: bool = False,
 ) -> dict[int, ShardFailure]:
-    """Run every shard of ``todo`` on the cluster, ``save`` each result as it arrives; return failures by index."""
+    """Run every shard of ``todo`` on the cluster, ``save`` each result as it arrives; return failures by index.
+    ``fresh_process``: each task in a worker process of its own (``max_calls=1``), whose peak is its task's alone."""
     failures: dict[int, ShardFailure] = {}
     if not todo:
         return failures
@@ -123,7 +125,8 @@ def map_shards_ray(
             actor_cls = ray.remote(max_restarts=cfg.max_retries, max_task_retries=cfg.max_retries, **options)(ShardActor)
             free = [actor_cls.remote() for _ in range(slots)]
         else:
-            task = ray.remote(max_retries=cfg.max_retries, retry_exceptions=False, **options)(_worker_call)
+            task = ray.remote(max_retries=cfg.max_retries, retry_exceptions=False, max_calls=1 if fresh_process else 0,
+                              **options)(_worker_call)
             free = [None] * slots
         inflight: dict[Any, tuple[int, Any]] = {}
         queue = list(enumerate(todo))
