@@ -182,7 +182,8 @@ def order(work: Path, seed: int, part_bytes: int) -> dict:
     print(f"order: {m:,} sequences in {parts} parts", flush=True)
     dealt = work / "parts"
     t1 = time.perf_counter()
-    if (dealt / "dealt.json").is_file():  # a rerun after a lost cluster: the deal's files are kept
+    reused = (dealt / "dealt.json").is_file()
+    if reused:  # a rerun after a lost cluster: the deal's files are kept (and the deal timed by the `deal` child)
         pieces, meta = json.loads((dealt / "dealt.json").read_text())
     else:
         dealt.mkdir(parents=True, exist_ok=True)
@@ -200,7 +201,8 @@ def order(work: Path, seed: int, part_bytes: int) -> dict:
     driver["peak_rss_mb"] = max(driver["peak_rss_mb"], _status("self", "VmHWM"))
     ray = sorted(procs.values(), key=lambda p: -p["peak_rss_mb"])
     return {"M": m, "parts": parts, "order_part_bytes": params.order_part_bytes, "part_bytes_per_sequence": PART_BYTES_PER_SEQUENCE,
-            "files": len(files), "scan_s": scan, "deal_s": deal_s, "cluster_start_s": up, "parts_s": parts_s, "interleave_s": interleave_s,
+            "files": len(files), "scan_s": scan, "deal_s": deal_s, "deal_reused": reused, "cluster_start_s": up, "parts_s": parts_s,
+            "interleave_s": interleave_s,
             "order_s": deal_s + parts_s + interleave_s, "wall_s": time.perf_counter() - t0,
             "driver_cpu_s": time.process_time() - c0, "driver_peak_rss_mb": driver["peak_rss_mb"],
             "ray_processes": len(ray), "ray_cpu_s": sum(p["cpu_s"] for p in ray),
@@ -209,6 +211,24 @@ def order(work: Path, seed: int, part_bytes: int) -> dict:
                                                    default=0.0),
             "ray_process_peaks": [{"titles": sorted(t for t in p["titles"] if t), "peak_rss_mb": round(p["peak_rss_mb"], 1),
                                    "cpu_s": round(p["cpu_s"], 1)} for p in ray[:12]]}
+
+
+def deal_only(work: Path, part_bytes: int) -> dict:
+    """The deal alone, timed, into a scratch folder it then removes: its figures when the order's
+    run reused an earlier deal's files."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    params = _params(part_bytes)
+    corpus = SegmentFiles(sorted((work / "segments").glob("seg*.npz")), params)
+    m = corpus.n_sequences
+    scratch = work / "deal-timing"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        deal(corpus, part_sizes(m, n_parts(m, params.order_part_bytes, params.batch_size), params.batch_size), scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"deal_wall_s": time.perf_counter() - t0, "deal_cpu_s": time.process_time() - c0, "deal_peak_rss_mb": _status("self", "VmHWM"),
+            "load_average_at_end": os.getloadavg()[0]}
 
 
 # ---------------------------------------------------------------- diagnose (a fresh process)
@@ -367,7 +387,9 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(a.work)
     if a.child:
-        print(json.dumps(order(work, a.seed, a.part_bytes) if a.child == "order" else diagnose(work, a.seed)), flush=True)
+        run = {"order": lambda: order(work, a.seed, a.part_bytes), "deal": lambda: deal_only(work, a.part_bytes),
+               "diagnose": lambda: diagnose(work, a.seed)}[a.child]
+        print(json.dumps(run()), flush=True)
         return
     name = a.out or f"order_stream_{a.sequences // 1_000_000}m"
     commit, dirty = _commit()
@@ -380,7 +402,16 @@ def main() -> None:
     doc["segment_files_gb"] = sum(p.stat().st_size for p in (work / "segments").glob("*.npz")) / 1e9
     doc["order"] = _child("order", work, a.seed, a.part_bytes)
     print(json.dumps(doc["order"]), flush=True)
+    timing = None
+    if doc["order"]["deal_reused"]:  # the deal timed again, beside the diagnostics (mostly one core)
+        timing = subprocess.Popen([sys.executable, __file__, "--child", "deal", "--work", str(work), "--part-bytes", str(a.part_bytes)],
+                                  stdout=subprocess.PIPE, text=True)
     doc["quality"] = _child("diagnose", work, a.seed, a.part_bytes)
+    if timing is not None:
+        out, _ = timing.communicate()
+        if timing.returncode:
+            raise RuntimeError(f"deal failed (exit {timing.returncode})")
+        doc["deal"] = json.loads(out.strip().splitlines()[-1])
     doc["load_average_at_end"] = os.getloadavg()[0]
     out = REPO / "benchmarks" / "results" / f"{name}.json"
     out.write_text(json.dumps(doc, indent=1))
