@@ -5,7 +5,8 @@ on both engines, so every embedding batch holds the same documents and the bytes
 and :func:`pipeline.distributed.engine.map_shards` runs the pure unit function on each. A unit's
 inputs are read only when it is submitted (:attr:`~pipeline.distributed.shards.Shard.load`), its
 result is written to ``work/<stage>/`` as soon as it arrives, and once all units of a shard are in,
-``assemble`` writes the shard's artifacts and the unit files are removed. Memory: the units in
+``assemble`` writes the shard's artifacts and the unit files are removed. A unit's file is written
+where the unit runs (:func:`unit_to_file`: on Ray, the worker), so only its path comes back. Memory: the units in
 flight. A run killed midway leaves complete unit and shard files; a rerun resumes from them.
 Stages whose units take seconds skip the unit files on the local engine (``checkpoint=False``):
 results stream into ``assemble``, so each byte of a shard's artifact is written once.
@@ -35,11 +36,18 @@ class UnitSource(Protocol):
     def name(self) -> str: ...
 
 
-def _save(shard: Shard, result: Any) -> None:
+def _write_unit(path: Path, result: Any) -> None:
     arrays = result if isinstance(result, tuple) else (result,)
-    with atomic_path(shard.outputs[0]) as tmp:
+    with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, *arrays)
+
+
+def unit_to_file(fn: Callable[..., Any], path: str, *args: Any) -> str:
+    """``fn(*args)`` written to the unit file ``path`` where it runs (a Ray worker writes it under
+    the data root every node shares): only the path comes back to the driver, never the arrays."""
+    _write_unit(Path(path), fn(*args))
+    return path
 
 
 def load_unit(path: Path) -> tuple[np.ndarray, ...]:
@@ -129,11 +137,11 @@ def _compute_to_files(units: dict[str, list[Shard]], flat: list[Shard], owner: d
     for name in [d for d, us in units.items() if all(u.done() for u in us)]:  # complete from an interrupted run
         finish(name)
 
-    def save(unit: Shard, result: Any) -> None:
-        _save(unit, result)
+    def save(unit: Shard, path: str) -> None:  # the worker wrote the unit's file
         bar.update(1)
-        name = owner[unit.outputs[0]]
+        name = owner[Path(path)]
         if all(u.done() for u in units[name]):
             finish(name)
 
-    map_shards(fn, flat, save, engine=engine, ray_cfg=ray_cfg, actors=actors)
+    shipped = [Shard(u.name, (), u.outputs, load=lambda u=u: (fn, str(u.outputs[0]), *u.arguments())) for u in flat]
+    map_shards(unit_to_file, shipped, save, engine=engine, ray_cfg=ray_cfg, actors=actors)
