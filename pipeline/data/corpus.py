@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
@@ -395,10 +394,8 @@ def validate_shard(unit: str, fingerprint: str, cfg: CorpusConfig, heldout_fract
     if out.is_file() and out.with_suffix(".json").is_file():
         return out, json.loads(out.with_suffix(".json").read_text()), True
     out.unlink(missing_ok=True)
-    remote = engine == "ray"
     shard = Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fingerprint), (out, out.with_suffix(".json")))
-    map_shards(validate_unit_remote if remote else validate_unit, [shard], _save_validated if remote else _saved,
-               engine="ray" if remote else "local", ray_cfg=ray_cfg)
+    map_shards(validate_unit, [shard], _saved, engine="ray" if engine == "ray" else "local", ray_cfg=ray_cfg)
     return out, json.loads(out.with_suffix(".json").read_text()), False
 
 
@@ -468,25 +465,9 @@ def _shard_table(batch: pl.DataFrame, heldout_fraction: float, seed: int, extra:
     return batch.select(*SHARD_FILE_COLUMNS, *extra).to_arrow()
 
 
-def validate_unit_remote(unit: str, cfg: CorpusConfig, heldout_fraction: float, seed: int, out: Path, batch_rows: int,
-                         fingerprint: str | None = None) -> tuple[bytes, bytes]:
-    """:func:`validate_unit` on a Ray worker (``out`` is the driver's path, unused here): the
-    validated shard's bytes and its report, written by the driver (:func:`_save_validated`), so
-    workers need read access to the raw shards only."""
-    with tempfile.TemporaryDirectory(prefix="strata-validate-") as tmp:
-        local = Path(tmp) / "shard.parquet"
-        validate_unit(unit, cfg, heldout_fraction, seed, local, batch_rows, fingerprint)
-        return local.read_bytes(), local.with_suffix(".json").read_bytes()
-
-
 def _saved(shard, result) -> None:
-    """Nothing to write: :func:`validate_unit` wrote the shard's files itself."""
-
-
-def _save_validated(shard, result: tuple[bytes, bytes]) -> None:
-    for path, data in zip(shard.outputs, result):  # the report last: both present = the shard is done
-        with atomic_writer(path) as fh:
-            fh.write(data)
+    """Nothing to write: :func:`validate_unit` wrote the shard's files itself, where it ran (on Ray,
+    a worker writing under the data root every node shares), so only its return value travels."""
 
 
 READ_COLUMNS = ["id", "text", "source", "subdomain", "content_hash", "heldout"]  # what build_corpus reads of a validated shard
@@ -587,9 +568,8 @@ def _validate_units(cfg: CorpusConfig, fps: dict[str, str], seed: int, heldout_f
             out.unlink(missing_ok=True)
             todo.append(Shard(f"corpus[{unit}]", (unit, cfg, heldout_fraction, seed, out, batch_rows, fps[unit]),
                               (out, out.with_suffix(".json"))))
-    remote = engine == "ray"
-    map_shards(validate_unit_remote if remote else validate_unit, todo, _save_validated if remote else _saved,
-               engine=engine if remote else "local", ray_cfg=ray_cfg, progress=(lambda s: log(f"validated {s.name}")) if log else None)
+    map_shards(validate_unit, todo, _saved, engine="ray" if engine == "ray" else "local", ray_cfg=ray_cfg,
+               progress=(lambda s: log(f"validated {s.name}")) if log else None)
     infos = [json.loads(f.with_suffix(".json").read_text()) for f in files]
     prune(shard_dir, {p.name for f in files for p in (f, f.with_suffix(".json"))})
     return files, infos, reused
