@@ -485,7 +485,9 @@ def _distinct_seeds(value: list[int]) -> list[int]:
 
 # The groups that were flat keys: ``<group>_<field>`` is read as ``<group>.<field>`` with a ConfigKeyRenamed warning.
 MOVED_GROUPS: dict[str, type[_Model]] = {"odm": OdmConfig, "export": ExportConfig, "claims": ClaimsConfig}
-MOVED_KEYS: dict[str, str] = {f"{group}_{name}": f"{group}.{name}" for group, model in MOVED_GROUPS.items() for name in model.model_fields}
+GROUP_ONLY = {"export.writers"}  # keys born inside their group: they never had a flat spelling to read
+MOVED_KEYS: dict[str, str] = {f"{group}_{name}": f"{group}.{name}" for group, model in MOVED_GROUPS.items() for name in model.model_fields
+                              if f"{group}.{name}" not in GROUP_ONLY}
 FORMER_NAMES: dict[str, str] = {new: old for old, new in MOVED_KEYS.items()}  # "claims.k" -> "claims_k"
 
 
