@@ -312,7 +312,7 @@ def order_stream(results: Path, name: str = "order_stream_100m") -> str:
     doc, single = _load(results, name), _load(results, "partitioned_order_10m")["cases"][0]
     o, q = doc["order"], doc["quality"]
     pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
-    lines = ["| sequences | parts | wall s: read the files / deal and parts | CPU s: driver + Ray processes |"
+    lines = ["| sequences | parts | wall s: read the files / the parts on Ray (the deal: below) | CPU s: driver + Ray processes |"
              " peak RSS MB: driver / largest Ray worker / diagnostics |", "|---:|---:|---:|---:|---:|",
              f"| {o['M']:,} | {o['parts']} | {o['scan_s']:,.0f} / {o['order_s']:,.0f} | {o['driver_cpu_s']:,.0f} + {o['ray_cpu_s']:,.0f} |"
              f" {o['driver_peak_rss_mb']:,.0f} / {o['largest_task_worker_peak_rss_mb']:,.0f} / {q['diagnose_peak_rss_mb']:,.0f} |", "",
