@@ -17,6 +17,18 @@ from pipeline.storage.layout import Layout
 PAD, EOS, VOCAB = 0, 1, 64
 
 
+def write_packing(root: Path, tokens: np.ndarray, offsets: np.ndarray, segments: pl.DataFrame, seq_len: int, packing: str) -> Layout:
+    """A data root's token store, document offsets, segments and packing record: what an export reads of a packing."""
+    layout = Layout(root)
+    for d in ("tokens", "sequences", "orderings"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    write_single_run(tokens, layout.tokens)
+    np.save(layout.doc_offsets, offsets)
+    segments.write_parquet(layout.segments)
+    layout.sequences_meta.write_text(json.dumps({"seq_len": seq_len, "packing": packing, "freeze_prefix": 0}))
+    return layout
+
+
 def cluster_tokens(rng: np.random.Generator, cluster: int, n: int) -> np.ndarray:
     """Cluster 0: uniform random tokens (its loss stays high); the others: one short pattern of
     their own repeated (learned within a few steps)."""
@@ -39,13 +51,7 @@ def build_root(root: Path, seq_len: int, n_clusters: int = 3, docs_per_cluster: 
     offsets = np.r_[0, np.cumsum(lengths)]
     segments = pack("concat", np.arange(cluster.size), lengths, seq_len, seed=seed).segments
     store = SequenceStore(tokens, offsets, segments, seq_len, pad_id=PAD)
-    layout = Layout(root)
-    for d in ("tokens", "sequences", "orderings"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    write_single_run(tokens, layout.tokens)
-    np.save(layout.doc_offsets, offsets)
-    segments.write_parquet(layout.segments)
-    layout.sequences_meta.write_text(json.dumps({"seq_len": seq_len, "packing": "concat", "freeze_prefix": 0}))
+    layout = write_packing(root, tokens, offsets, segments, seq_len, "concat")
     docs = pl.DataFrame({"doc_id": np.arange(cluster.size), "cluster": cluster, "n_tokens": lengths})
     docs.select("doc_id", "cluster").write_parquet(layout.clusters)
     vocab = {"<pad>": PAD, "<eos>": EOS, **{f"t{i}": i for i in range(2, VOCAB)}}

@@ -44,17 +44,10 @@ def _stream(variant: str = "concat"):
 
 def _root_stream(root: Path, variant: str):
     """The same stream opened from a data root (the way ``strata export`` opens it)."""
-    from pipeline.data.token_index import write_single_run
-    from pipeline.storage.layout import Layout
+    from export_root import write_packing
 
     tokens, offsets, segments, order = _arrays(variant)
-    layout = Layout(root)
-    for d in ("tokens", "sequences", "orderings"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    write_single_run(tokens, layout.tokens)
-    np.save(layout.doc_offsets, offsets)
-    segments.write_parquet(layout.segments)
-    layout.sequences_meta.write_text(json.dumps({"seq_len": L, "packing": variant, "freeze_prefix": 0}))
+    layout = write_packing(root, tokens, offsets, segments, L, variant)
     pl.DataFrame({"position": np.arange(order.size), "sequence_id": order}).write_parquet(layout.ordering("greedy"))
     return open_stream(layout, "greedy", eos_id=EOS, pad_id=PAD)
 
