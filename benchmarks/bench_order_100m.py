@@ -12,8 +12,9 @@ seed of its own). Nothing here or in the ordering ever holds the corpus's segmen
    gives the sequences, file by file, to P parts (P from the default ``order_part_bytes``); a local
    Ray cluster of 2 CPUs (``ray start --head``, ``pipeline/distributed/local_cluster.py``) orders each
    part as a Ray task (``order_part``, what ``partitioned_stream`` runs); the parts' orders are
-   interleaved into a stream file (``write_interleaved``). The deal's files are kept, so a cluster
-   lost mid-run (another Ray user on the machine) is started again for the parts still missing.
+   joined, part after part (the greedy's ``stretches`` layout), into a stream file
+   (``write_stream``). The deal's files are kept, so a cluster lost mid-run (another Ray user on
+   the machine) is started again for the parts still missing.
    Measured: wall and CPU seconds of the driver and of every Ray process (from /proc, polled), and
    each process's peak RSS (its VmHWM).
 3. **diagnose** (a fresh process): per segment file, each sequence's (cluster, tokens) and
@@ -58,12 +59,13 @@ from pipeline.distributed.shards import Shard  # noqa: E402
 from pipeline.ordering.composition import log_spaced_points  # noqa: E402
 from pipeline.ordering.engine import OrderParams  # noqa: E402
 from pipeline.ordering.partitioned import deal, order_part  # noqa: E402
-from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, n_parts, part_sizes, write_interleaved  # noqa: E402
+from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, n_parts, part_sizes, write_stream  # noqa: E402
 from pipeline.ordering.segment_files import SegmentFiles, write_segment_file  # noqa: E402
 from pipeline.packing.pack import pack_concat  # noqa: E402
 from pipeline.reports.streamed import StreamedDiagnostics  # noqa: E402
 
 L, K, B, SHUFFLES, POINTS = 2048, 1000, 100, 5, 240
+LAYOUT = "stretches"  # the greedy's part layout (pipeline.ordering.parts): part after part
 STRETCH = 1 << 23  # stream positions gathered at once by the diagnostics
 MEAN_STREAM_LENGTH = 503  # synthetic_docs' mean document length (log-normal 5.5, 1.2, clipped)
 
@@ -170,7 +172,7 @@ def _order_parts(pieces: list[list[str]], meta: str, params: OrderParams, seed: 
 
 
 def order(work: Path, seed: int, part_bytes: int) -> dict:
-    """The deal (here, the driver), the parts on a local Ray cluster, the interleave to ``stream.npy``."""
+    """The deal (here, the driver), the parts on a local Ray cluster, their orders joined into ``stream.npy``."""
     files = sorted((work / "segments").glob("seg*.npz"))
     params = _params(part_bytes)
     procs: dict[int, dict] = {}
@@ -187,23 +189,23 @@ def order(work: Path, seed: int, part_bytes: int) -> dict:
         pieces, meta = json.loads((dealt / "dealt.json").read_text())
     else:
         dealt.mkdir(parents=True, exist_ok=True)
-        pieces, meta = deal(corpus, part_sizes(m, parts, params.batch_size), dealt)
+        pieces, meta = deal(corpus, part_sizes(m, parts, params.batch_size, LAYOUT), dealt)
         (dealt / "dealt.json").write_text(json.dumps([pieces, meta]))
     deal_s = time.perf_counter() - t1
     t2 = time.perf_counter()
     up = _order_parts(pieces, meta, params, seed, dealt, procs)
     parts_s = time.perf_counter() - t2 - up
     t3 = time.perf_counter()
-    write_interleaved([dealt / f"order{p:05d}.npy" for p in range(parts)], params.batch_size, work / "stream.npy")
-    interleave_s = time.perf_counter() - t3
+    write_stream([dealt / f"order{p:05d}.npy" for p in range(parts)], params.batch_size, work / "stream.npy", LAYOUT)
+    stream_s = time.perf_counter() - t3
     me = os.getpid()
     driver = procs.pop(me, {"peak_rss_mb": 0.0})
     driver["peak_rss_mb"] = max(driver["peak_rss_mb"], _status("self", "VmHWM"))
     ray = sorted(procs.values(), key=lambda p: -p["peak_rss_mb"])
     return {"M": m, "parts": parts, "order_part_bytes": params.order_part_bytes, "part_bytes_per_sequence": PART_BYTES_PER_SEQUENCE,
             "files": len(files), "scan_s": scan, "deal_s": deal_s, "deal_reused": reused, "cluster_start_s": up, "parts_s": parts_s,
-            "interleave_s": interleave_s,
-            "order_s": deal_s + parts_s + interleave_s, "wall_s": time.perf_counter() - t0,
+            "layout": LAYOUT, "stream_s": stream_s,
+            "order_s": deal_s + parts_s + stream_s, "wall_s": time.perf_counter() - t0,
             "driver_cpu_s": time.process_time() - c0, "driver_peak_rss_mb": driver["peak_rss_mb"],
             "ray_processes": len(ray), "ray_cpu_s": sum(p["cpu_s"] for p in ray),
             "largest_ray_peak_rss_mb": ray[0]["peak_rss_mb"] if ray else 0.0,
@@ -224,7 +226,7 @@ def deal_only(work: Path, part_bytes: int) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     try:
-        deal(corpus, part_sizes(m, n_parts(m, params.order_part_bytes, params.batch_size), params.batch_size), scratch)
+        deal(corpus, part_sizes(m, n_parts(m, params.order_part_bytes, params.batch_size), params.batch_size, LAYOUT), scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return {"deal_wall_s": time.perf_counter() - t0, "deal_cpu_s": time.process_time() - c0, "deal_peak_rss_mb": _status("self", "VmHWM"),

@@ -548,7 +548,7 @@ class StrataConfig(_Model):
     greedy_block: int = Field(4_096, ge=1)  # sequences per block of the blocked greedy
     greedy_repair: bool = True  # greedy: swap-repair its worst batches; false = Don't Shuffle, Optimize's greedy as written
     # greedy family: bytes one part's ordering may hold; above it the sequences are dealt into parts, each ordered in a
-    # worker process of its own (a Ray task with engine: ray), the parts interleaved batch by batch (docs/scale.md); 0 = one part
+    # worker process of its own (a Ray task with engine: ray), the parts one after another (docs/scale.md); 0 = one part
     order_part_bytes: int = Field(1_000_000_000, ge=0)
     mixture_weights_file: str = ""  # greedy_mixture: JSON/YAML mapping cluster -> weight; "" = mixture/weights.parquet of the mixture stage
     mixture_budget_tokens: int = Field(0, ge=0)  # greedy_mixture: tokens its schedule holds; 0 = the packed corpus's tokens

@@ -1,4 +1,4 @@
-"""Partitioned ordering (issue 55): one part is today's order byte for byte; four parts keep Don't
+"""Partitioned ordering (issue 55): one part is today's order byte for byte; four and sixteen parts keep Don't
 Shuffle, Optimize's prefix check and the worst window against shuffles; the deal gives every part
 the corpus's composition; a worker killed mid-part is retried to the same bytes; a local Ray
 cluster gives the local engine's bytes; the strategies that order in one part only refuse more."""
@@ -22,7 +22,7 @@ from pipeline.ordering.composition import composition
 from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.ordering.features import Csr, packed_sequence_features
 from pipeline.ordering.partitioned import Corpus, deal, partitioned_ids
-from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, interleave, load_part, n_parts, part_sizes
+from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, load_part, n_parts, part_sizes, stream_of
 from pipeline.packing.pack import pack_concat
 from pipeline.reports.diagnostics import log_spaced_points, prefix_errors
 from pipeline.reports.windows import worst_windows
@@ -61,17 +61,24 @@ def small():
     return corpus_frames(6_000, seed=3)
 
 
-def test_the_interleave_takes_batch_b_from_part_b_mod_p():
+def test_the_parts_make_the_stream_in_stretches_or_batch_by_batch():
+    """stretches: whole batches per part (all but the stream's last, incomplete one), one part after
+    another; batches: batch b of the stream is part (b mod P)'s batch (b div P)."""
     for m, parts, batch in ((103, 4, 8), (64, 4, 16), (5, 1, 2), (1000, 7, 16)):
         sizes = part_sizes(m, parts, batch)
+        assert sizes.sum() == m and np.all(sizes[:-1] % batch == 0) and sizes.max() - sizes.min() <= 2 * batch
+        orders = [np.arange(s) + 10_000 * p for p, s in enumerate(sizes)]
+        assert np.array_equal(stream_of(orders, batch), np.concatenate(orders))
+        sizes = part_sizes(m, parts, batch, "batches")
         assert sizes.sum() == m
         orders = [np.arange(s) + 10_000 * p for p, s in enumerate(sizes)]
-        stream = interleave(orders, batch)
+        stream = stream_of(orders, batch, "batches")
         assert np.array_equal(np.sort(stream), np.sort(np.concatenate(orders)))
         for b in range(-(-m // batch)):
             part, j = b % parts, b // parts
             assert np.array_equal(stream[b * batch : (b + 1) * batch], orders[part][j * batch : (j + 1) * batch])
     assert n_parts(10, 0, 1) == 1 and n_parts(10**6, 10**9, 32) == 1 and n_parts(10**7, 10**9, 32) == 6
+    assert strategies.spec("greedy").part_layout == "stretches" and strategies.spec("greedy_curriculum").part_layout == "batches"
 
 
 def test_one_part_is_todays_order_byte_for_byte(small, tmp_path):
@@ -120,16 +127,16 @@ def _composition(x: Csr):
     return composition(np.repeat(np.arange(x.n_rows), np.diff(x.indptr)), x.indices, x.data, x.n_rows, x.n_cols)
 
 
-def test_four_parts_keep_the_prefix_and_window_checks(tmp_path):
-    """Four parts, interleaved batch by batch: below each of 5 shuffles at >= 99% of the 240
-    log-spaced prefixes past the first tenth and >= 95% of all, and the worst window of every
-    length batch * 2^i no worse than the best shuffle's worst. The prefixes a part's first batches
-    make (t < 4 batches here: each part's greedy starts from an empty state) are where the best
-    shuffle can win by a few percent (measured: 6 of 181 prefixes, all at t <= 56 of 11,683)."""
+@pytest.mark.parametrize("parts", [4, 16])
+def test_parts_keep_the_prefix_and_window_checks(parts, tmp_path):
+    """Four and sixteen parts, one stretch of the stream each: below each of 5 shuffles at >= 99% of
+    the 240 log-spaced prefixes (measured: all of them, both P), and the worst window of every
+    length batch * 2^i no worse than the best shuffle's worst. (Batch by batch, sixteen alike parts
+    made the prefixes of the first rounds worse than the shuffles': docs/scale.md.)"""
     docs, seg = corpus_frames(20_000, seed=5)
     f = features(docs, seg)
     m = f.n_sequences
-    params = OrderParams(length_bins=20, batch_size=BATCH, order_part_bytes=bound(m, 4))
+    params = OrderParams(length_bins=20, batch_size=BATCH, order_part_bytes=bound(m, parts))
     result = run_strategy("greedy", docs, seg, SEQ_LEN, params, 0, work_dir=tmp_path)
     rows = np.searchsorted(f.sequence_ids, result.order["sequence_id"].to_numpy())
     assert np.array_equal(np.sort(rows), np.arange(m))
@@ -145,7 +152,7 @@ def test_four_parts_keep_the_prefix_and_window_checks(tmp_path):
     for x in (f.clusters, f.bins):
         comp = _composition(x)
         below = np.all(prefix_errors(comp, position, t)[None] < np.stack([prefix_errors(comp, p, t) for p in shuffles]), axis=0)
-        assert below.mean() >= 0.95 and below[t > m / 10].mean() >= 0.99
+        assert below.mean() >= 0.99
         best = np.min(np.stack([worst_windows(comp, p, BATCH).worst for p in shuffles]), axis=0)
         assert np.all(worst_windows(comp, position, BATCH).worst <= best)
 

@@ -1,5 +1,5 @@
 """The partitioned ordering read from segment files (issue 55): the same order as from arrays in
-memory, byte for byte; the stream written part by part equals the interleave; a bad file is refused."""
+memory, byte for byte; the stream written part by part equals the parts' stream; a bad file is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.ordering import partitioned
 from pipeline.ordering.engine import OrderParams
 from pipeline.ordering.features import counted_length_bin_edges, length_bin_edges
 from pipeline.ordering.partitioned import Corpus, partitioned_ids, partitioned_stream
-from pipeline.ordering.parts import interleave, part_sizes, write_interleaved
+from pipeline.ordering.parts import LAYOUTS, part_sizes, stream_of, write_stream
 from pipeline.ordering.segment_files import SegmentFiles, write_segment_file
 from pipeline.packing.pack import pack_concat
 
@@ -66,16 +66,17 @@ def test_segment_files_give_the_order_of_the_arrays_byte_for_byte(packing, tmp_p
     assert list((tmp_path / "b").iterdir()) == []  # the parts' files are removed
 
 
-def test_written_interleave_equals_the_interleave(tmp_path):
+def test_the_written_stream_equals_the_stream(tmp_path):
     for m, parts, batch, rounds in ((103, 4, 8, 1), (1000, 7, 16, 3), (64, 4, 16, 100)):
-        sizes = part_sizes(m, parts, batch)
-        orders = [np.arange(s) + 10_000 * p for p, s in enumerate(sizes)]
-        paths = []
-        for p, o in enumerate(orders):
-            np.save(tmp_path / f"o{p}.npy", o)
-            paths.append(tmp_path / f"o{p}.npy")
-        write_interleaved(paths, batch, tmp_path / "s.npy", rounds=rounds)
-        assert np.array_equal(np.load(tmp_path / "s.npy"), interleave(orders, batch))
+        for layout in LAYOUTS:
+            sizes = part_sizes(m, parts, batch, layout)
+            orders = [np.arange(s) + 10_000 * p for p, s in enumerate(sizes)]
+            paths = []
+            for p, o in enumerate(orders):
+                np.save(tmp_path / f"o{p}.npy", o)
+                paths.append(tmp_path / f"o{p}.npy")
+            write_stream(paths, batch, tmp_path / "s.npy", layout, rounds=rounds)
+            assert np.array_equal(np.load(tmp_path / "s.npy"), stream_of(orders, batch, layout)), layout
 
 
 def test_unordered_files_are_refused(packing, tmp_path):

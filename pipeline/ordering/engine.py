@@ -334,7 +334,7 @@ def _partitioned(name: str, inp: Inputs, parts: int, engine: str, ray_cfg: Any, 
                     inp.columns, p)
     del inp, seg
     ids = partitioned_ids(name, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir)
-    largest = int(part_sizes(ids.size, parts, p.batch_size).max())
+    largest = int(part_sizes(ids.size, parts, p.batch_size, strategies.spec(name).part_layout).max())
     return OrderingResult(order_frame(ids), None, greedy_mode(largest, p.greedy_exact_max))
 
 

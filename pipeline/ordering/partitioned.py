@@ -12,7 +12,8 @@ Each part is ordered by the strategy's ``part_order`` (today's greedy, on the pa
 if they were the corpus) in a worker process of its own (``engine: local``) or as a Ray task
 (``engine: ray``): the worker reads its files and writes its order (sequence ids) as a file, whose
 path is all that comes back. A worker that dies is run again from the same files, so the same
-bytes come out. The driver interleaves the parts' orders batch by batch.
+bytes come out. The driver joins the parts' orders into the stream in the strategy's
+``part_layout`` (``pipeline.ordering.parts``: part after part for the greedy).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pipeline.ordering import strategies
 from pipeline.ordering.characteristics import Characteristics
 from pipeline.ordering.features import Csr, length_bin_edges, packed_sequence_features
 from pipeline.ordering.greedy import Objective
-from pipeline.ordering.parts import Deal, interleave, load_part, part_sizes, save_piece, write_interleaved
+from pipeline.ordering.parts import Deal, load_part, part_sizes, save_piece, stream_of, write_stream
 from pipeline.ordering.segment_files import SegmentFiles
 from pipeline.segments import grouped, stable_argsort
 from pipeline.storage.atomic import atomic_path, write_npy
@@ -145,7 +146,7 @@ def order_parts(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: 
     """The deal, then each part ordered by a worker (a process of its own, or a Ray task); each
     part's order (sequence ids) as a file under ``work``, and the parts' sizes."""
     params = corpus.params
-    sizes = part_sizes(corpus.n_sequences, parts, params.batch_size)
+    sizes = part_sizes(corpus.n_sequences, parts, params.batch_size, strategies.spec(strategy).part_layout)
     pieces, meta = deal(corpus, sizes, work)
     outs = [work / f"order{p:05d}.npy" for p in range(parts)]
     shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p])), (outs[p],))
@@ -168,8 +169,8 @@ def _work(strategy: str, seed: int, work_dir: Path | None) -> Path:
 def partitioned_ids(strategy: str, corpus: Corpus, parts: int, seed: int, *, engine: str = "local", ray_cfg: Any = None,
                     work_dir: Path | None = None) -> np.ndarray:
     """The strategy's order (sequence ids) of ``corpus`` in ``parts`` parts: the deal, each part
-    ordered by a worker (a process of its own, or a Ray task), the parts interleaved batch by batch
-    and, for a strategy derived from another's order (``greedy_block_shuffle``), its function of it."""
+    ordered by a worker (a process of its own, or a Ray task), the parts joined in the strategy's
+    ``part_layout`` and, for a strategy derived from another's order (``greedy_block_shuffle``), its function of it."""
     spec, params = strategies.spec(strategy), corpus.params
     work = _work(strategy, seed, work_dir)
     try:
@@ -177,14 +178,14 @@ def partitioned_ids(strategy: str, corpus: Corpus, parts: int, seed: int, *, eng
         orders = [np.load(out, allow_pickle=False) for out in outs]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ids = interleave(orders, params.batch_size)
+    ids = stream_of(orders, params.batch_size, spec.part_layout)
     return np.asarray(spec.derived[1](ids, params, seed)) if spec.derived is not None else ids
 
 
 def partitioned_stream(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: int, out: Path, *, engine: str = "local",
                        ray_cfg: Any = None, work_dir: Path | None = None) -> Path:
     """:func:`partitioned_ids` written to the ``.npy`` file ``out`` (int64 sequence ids in stream
-    order) as the parts' orders are interleaved, a few batches of each at a time: no process holds
+    order) as the parts' orders are joined, a few batches at a time: no process holds
     the stream, the corpus's features or its segments (a :class:`SegmentFiles` corpus)."""
     if strategies.spec(strategy).derived is not None:
         raise StrataInputError(f"{strategy!r} is a function of a whole order; its stream is not written part by part",
@@ -192,6 +193,6 @@ def partitioned_stream(strategy: str, corpus: Corpus | SegmentFiles, parts: int,
     work = _work(strategy, seed, work_dir)
     try:
         outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg)
-        return write_interleaved(outs, corpus.params.batch_size, Path(out))
+        return write_stream(outs, corpus.params.batch_size, Path(out), strategies.spec(strategy).part_layout)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The pieces of a partitioned ordering: how many parts, the stratified deal, the parts' files, the interleave.
+"""The pieces of a partitioned ordering: how many parts, the stratified deal, the parts' files, the stream.
 
 A corpus too large for one process's ordering is dealt into P parts (:func:`n_parts`, from
 ``order_part_bytes``). The deal (:class:`Deal`) goes through the sequences once and gives each to
@@ -13,11 +13,18 @@ of every family the objective names, clusters, length bins, documents columns an
 families' classes, to within one or two sequences' worth of tokens per group (a greedy vector
 balancing: ``tests/test_partitioned.py`` holds it to two).
 
-Each part is then ordered by the strategy as if it were the whole corpus, and the global stream
-interleaves the parts batch by batch (:func:`interleave`): batch b is part (b mod P)'s batch
-(b div P). Every training batch is one part's batch, and every prefix and window of the stream
-holds about equal stretches of every part, each on target, so Don't Shuffle, Optimize's
-guarantees of a part hold for the whole stream (docs/scale.md has the measurements).
+Each part is then ordered by the strategy as if it were the whole corpus, and the parts make the
+global stream in one of two layouts (:data:`LAYOUTS`):
+
+- ``stretches`` (the greedy's): part p is the stream's p-th stretch of whole batches, its order
+  as it is (:func:`stream_of`). Every part holds the corpus's composition, so the stream's
+  cumulative error at a part's edge is the deal's, a sequence or two per group, and inside part p it
+  is that plus part p's own greedy's: every prefix and window is one greedy's, whatever P is.
+- ``batches`` (a curriculum's, whose every part holds the whole curriculum at its share of the
+  tokens): batch b of the stream is part (b mod P)'s batch (b div P) (:func:`interleave`). Every
+  prefix holds about equal stretches of every part, each on target, but the parts' greedies, alike
+  in composition, make alike choices: the prefixes shorter than about K / batch rounds of P batches
+  add P alike errors (docs/scale.md, "Stretches or batch by batch", has both measured).
 """
 
 from __future__ import annotations
@@ -45,20 +52,35 @@ def n_parts(n_sequences: int, order_part_bytes: int, batch: int) -> int:
     return int(max(1, min(p, n_sequences // max(1, batch))))
 
 
-def part_sizes(n_sequences: int, parts: int, batch: int) -> np.ndarray:
-    """Sequences of each part so that batch b of the stream is part (b mod P)'s batch (b div P):
-    part p holds the full batches b = p, p + P, ... and the last, incomplete batch goes to the part
-    whose turn it is."""
+LAYOUTS = ("stretches", "batches")  # how the parts' orders make the stream (the module docstring)
+
+
+def part_sizes(n_sequences: int, parts: int, batch: int, layout: str = "stretches") -> np.ndarray:
+    """Sequences of each part, whole batches but for the stream's last, incomplete one.
+    ``stretches``: the full batches split as evenly as possible (the first parts one more), the
+    incomplete batch to the last part. ``batches``: part p holds the stream's batches b = p, p + P,
+    ... (batch b is part (b mod P)'s batch (b div P)), the incomplete batch to the part whose turn it is."""
     full, rest = divmod(int(n_sequences), int(batch))
     p = np.arange(parts)
+    if layout == "stretches":
+        q, r = divmod(full, parts)
+        sizes = (q + (p < r)) * batch
+        sizes[-1] += rest
+        return sizes.astype(np.int64)
     sizes = (full - p + parts - 1) // parts * batch
     sizes[full % parts] += rest
     return sizes.astype(np.int64)
 
 
+def stream_of(orders: list[np.ndarray], batch: int, layout: str = "stretches") -> np.ndarray:
+    """The stream of the parts' orders (sized by :func:`part_sizes` with ``layout``)."""
+    if layout == "stretches":
+        return np.concatenate([np.asarray(o, dtype=np.int64) for o in orders]) if orders else np.zeros(0, dtype=np.int64)
+    return interleave(orders, batch)
+
+
 def interleave(orders: list[np.ndarray], batch: int) -> np.ndarray:
-    """The stream of the parts' orders (sized by :func:`part_sizes`): batch b = part (b mod P)'s
-    batch (b div P)."""
+    """The ``batches`` layout's stream of the parts' orders: batch b = part (b mod P)'s batch (b div P)."""
     parts = len(orders)
     out = np.empty(sum(o.size for o in orders), dtype=np.int64)
     for p, order in enumerate(orders):
@@ -76,15 +98,21 @@ def _npy_reader(path: Path) -> tuple[np.dtype, int, int]:
         return dtype, int(shape[0]), fh.tell()
 
 
-def write_interleaved(orders: list[Path], batch: int, out: Path, rounds: int = 1 << 12) -> Path:
-    """:func:`interleave` of the parts' order files (``.npy``, sized by :func:`part_sizes`) into the
-    ``.npy`` file ``out`` (atomically), ``rounds`` batches of every part at a time: neither the
-    stream nor a part's order is ever held whole."""
+def write_stream(orders: list[Path], batch: int, out: Path, layout: str = "stretches", rounds: int = 1 << 12) -> Path:
+    """:func:`stream_of` the parts' order files (``.npy``, sized by :func:`part_sizes`) into the
+    ``.npy`` file ``out`` (atomically), ``rounds`` batches of a part (``stretches``) or of every part
+    (``batches``) at a time: neither the stream nor a part's order is ever held whole."""
     parts, readers = len(orders), [_npy_reader(p) for p in orders]
     total = sum(n for _, n, _ in readers)
     step = rounds * batch
     with atomic_path(Path(out)) as tmp, open(tmp, "wb") as fh:
         np.lib.format.write_array_header_1_0(fh, {"descr": "<i8", "fortran_order": False, "shape": (total,)})
+        if layout == "stretches":
+            for path, (dtype, n, offset) in zip(orders, readers):
+                for a in range(0, n, step):
+                    got = np.fromfile(path, dtype=dtype, count=min(step, n - a), offset=offset + a * dtype.itemsize)
+                    fh.write(got.astype("<i8", copy=False).tobytes())
+            return Path(out)
         for r0 in range(0, -(-max(n for _, n, _ in readers) // batch), rounds):
             lo = r0 * parts * batch
             buf = np.empty(min(total, lo + step * parts) - lo, dtype=np.int64)

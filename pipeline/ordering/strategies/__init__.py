@@ -18,8 +18,9 @@ configuration keys it reads and how it runs:
   counts); without it the rows after the prefix are ordered by ``order`` alone;
 - a sequence-level spec that reads ``order_part_bytes`` may give ``part_order(features, params,
   seed)``: the order of one part when the corpus is dealt into parts, each ordered in a worker of
-  its own and interleaved batch by batch (``pipeline/ordering/partitioned.py``); without it, a
-  corpus that needs more than one part is refused;
+  its own, the parts making the stream in its ``part_layout`` (``stretches``: one after another;
+  ``batches``: batch by batch; ``pipeline/ordering/parts.py``); without it, a corpus that needs
+  more than one part is refused;
 - a ``run`` spec may give ``run_after(inputs, prefix_ids)``: its whole result with the frozen
   prefix first (``greedy_blend``: the blend's plan after the prefix, its uses counted); a ``run``
   spec without it refuses ``freeze_prefix``;
@@ -83,9 +84,12 @@ class StrategySpec:
     # DuckDB table -> rows (the stage writes them with a strategy column)
     accounting: Callable[..., Any] | None = None
     # (features, params, seed) -> rows: the order of one part of a partitioned ordering (``order_part_bytes``;
-    # pipeline/ordering/partitioned.py), the parts interleaved batch by batch being its order (or, with ``derived``,
+    # pipeline/ordering/partitioned.py), the parts in ``part_layout`` being its order (or, with ``derived``,
     # its base's); None: it refuses more than one part
     part_order: Callable[..., Any] | None = None
+    # how its parts make the stream (pipeline.ordering.parts.LAYOUTS): "stretches", one part after another, or
+    # "batches", batch b from part b mod P (a part that holds the whole stream's course, as a curriculum's does)
+    part_layout: str = "stretches"
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):

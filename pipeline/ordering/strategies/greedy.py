@@ -13,7 +13,7 @@ from pipeline.ordering.greedy import greedy_after_prefix, greedy_mode, greedy_sc
 from pipeline.ordering.strategies import StrategySpec
 
 OBJECTIVE = ("objective", "families", "length_bins", "length_bin_weighting", "lam", "noise")  # the keys of the greedy's objective
-# batch_size: the repair's batch (and a partitioned order's interleave); order_part_bytes: the parts (pipeline.ordering.partitioned)
+# batch_size: the repair's batch (and a partitioned order's parts); order_part_bytes: the parts (pipeline.ordering.partitioned)
 GREEDY = (*OBJECTIVE, "greedy_exact_max", "greedy_block", "greedy_repair", "batch_size", "order_part_bytes")
 
 
@@ -125,7 +125,8 @@ SPECS = (
     StrategySpec("greedy_curriculum", "sequence", "greedy with curriculum targets E_j(S) from a knots file (TerRIFIC curricula): "
                  "exact up to greedy_exact_max sequences, blocked above", seed_free=False,
                  reads=(*OBJECTIVE, "curriculum", "greedy_exact_max", "greedy_block", "batch_size", "order_part_bytes"), greedy_based=True,
-                 order=greedy_curriculum, reseed=reseed_curriculum, part_order=greedy_curriculum_part),
+                 order=greedy_curriculum, reseed=reseed_curriculum, part_order=greedy_curriculum_part,
+                 part_layout="batches"),
     StrategySpec("greedy_block_shuffle", "sequence",
                  "greedy order cut into blocks of `block_size` sequences, blocks shuffled (Don't Shuffle, Optimize, 411M)",
                  seed_free=False, reads=GREEDY, greedy_based=True, order=greedy_block_shuffle, reseed=reseed_block_shuffle,
