@@ -298,7 +298,7 @@ def run_strategy(
     inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns, blend_groups)
     del cluster, length, present, content_hash, segments, columns  # held by ``inp`` alone
     if parts > 1:
-        return _partitioned(name, inp, parts, engine, ray_cfg, work_dir)
+        return _partitioned(name, inp, parts, engine, ray_cfg, work_dir, None if prefix is None else np.asarray(prefix, dtype=np.int64))
     if prefix is not None:
         return _run_frozen(spec, inp, np.asarray(prefix, dtype=np.int64))
     if spec.level == "sequence" and spec.run is None:
@@ -312,28 +312,35 @@ def run_strategy(
 
 def _parts(spec: StrategySpec, segments: pl.DataFrame, params: OrderParams, frozen: bool) -> int:
     """The parts a strategy that reads ``order_part_bytes`` orders the packing in (1 for any other);
-    more than one for a strategy without a ``part_order``, or under a frozen prefix, is refused."""
+    more than one for a strategy without a ``part_order``, or under a frozen prefix for one that
+    does not continue it part by part (``order_after``, its parts in stretches), is refused."""
     if "order_part_bytes" not in spec.reads:
         return 1
     m = SequenceIds.of_segments(_column(segments, "sequence_id", "segments")).n_sequences
     parts = n_parts(m, params.order_part_bytes, params.batch_size)
-    if parts > 1 and (frozen or spec.part_order is None):
-        what = "a frozen prefix (freeze_prefix)" if frozen else f"{spec.name!r}"
+    continues = spec.order_after is not None and spec.derived is None and spec.part_layout == "stretches"
+    if parts > 1 and (spec.part_order is None or (frozen and not continues)):
+        what = f"{spec.name!r} under a frozen prefix (freeze_prefix)" if frozen and spec.part_order is not None else f"{spec.name!r}"
         need = m * PART_BYTES_PER_SEQUENCE
         raise StrataInputError(
             f"{m:,} sequences need {parts} parts of order_part_bytes={params.order_part_bytes:,}, and {what} is ordered in one part only",
             fix=f"set order_part_bytes: 0 or >= {need:,} (one process orders all sequences, about {PART_BYTES_PER_SEQUENCE} bytes each), "
-                "or use greedy / greedy_block_shuffle / greedy_curriculum without a frozen prefix (docs/scale.md)")
+                "or use greedy (a frozen prefix too) / greedy_block_shuffle / greedy_curriculum (docs/scale.md)")
     return parts
 
 
-def _partitioned(name: str, inp: Inputs, parts: int, engine: str, ray_cfg: Any, work_dir: Path | None) -> OrderingResult:
-    """The strategy's order in ``parts`` parts (``pipeline.ordering.partitioned``); its greedy mode is each part's."""
+def _partitioned(name: str, inp: Inputs, parts: int, engine: str, ray_cfg: Any, work_dir: Path | None,
+                 prefix: np.ndarray | None = None) -> OrderingResult:
+    """The strategy's order in ``parts`` parts (``pipeline.ordering.partitioned``), a frozen
+    ``prefix`` (sequence ids) first; its greedy mode is each part's."""
     seg, p, seed = inp.segments, inp.params, inp.seed
     corpus = Corpus(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), inp.cluster, inp.length,
                     inp.columns, p)
     del inp, seg
-    ids = partitioned_ids(name, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir)
+    if prefix is not None and (np.unique(prefix).size != prefix.size or not np.isin(prefix, corpus.seq[corpus.starts[:-1]]).all()):
+        raise StrataInputError("a frozen sequence is missing from the packing, or frozen twice",
+                               fix="re-materialize sequences (it keeps the frozen sequences)")
+    ids = partitioned_ids(name, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir, prefix=prefix)
     largest = int(part_sizes(ids.size, parts, p.batch_size, strategies.spec(name).part_layout).max())
     return OrderingResult(order_frame(ids), None, greedy_mode(largest, p.greedy_exact_max))
 

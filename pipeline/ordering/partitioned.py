@@ -42,15 +42,23 @@ from pipeline.storage.atomic import atomic_path, write_npy
 DEAL_CHUNK = 1 << 18  # sequences whose features the deal holds at once
 
 
-def order_part(strategy: str, params: Any, seed: int, pieces: list[str], meta: str, out: str) -> str:
+def order_part(strategy: str, params: Any, seed: int, pieces: list[str], meta: str, out: str, frozen: str | None = None) -> str:
     """A worker's task: part's features from its ``pieces`` (and the corpus's bin edges and
     (cluster, bin) tokens in ``meta``), ordered by the strategy's ``part_order``; its sequence ids
-    in order written to ``out``, whose path is returned."""
+    in order written to ``out``, whose path is returned. ``frozen``: the ``.npy`` of the frozen
+    prefix's sequences the part starts with (stream order); the rest follow in the strategy's
+    ``order_after``, continuing from them."""
     with np.load(meta, allow_pickle=False) as z:
         edges, joint = z["bin_edges"], z["joint"]
     f = load_part([Path(p) for p in pieces], edges, joint)
-    rows = strategies.spec(strategy).part_order(f, params, seed)
-    write_npy(f.sequence_ids[np.asarray(rows, dtype=np.int64)], out)
+    spec = strategies.spec(strategy)
+    if frozen is None:
+        rows = np.asarray(spec.part_order(f, params, seed), dtype=np.int64)
+    else:
+        head = np.searchsorted(f.sequence_ids, np.load(frozen, allow_pickle=False))
+        after = spec.order_after(f, head, params, seed) if head.size < f.n_sequences else head[:0]
+        rows = np.concatenate([head, np.asarray(after, dtype=np.int64)])
+    write_npy(f.sequence_ids[rows], out)
     return out
 
 
@@ -116,12 +124,23 @@ def _deal_matrix(chars: Characteristics, offsets: dict[str, tuple[int, int]]) ->
     return Csr(x.indptr, remap[x.indices], x.data, sum(w for _, w in offsets.values()))
 
 
-def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path) -> tuple[list[list[str]], str]:
+def _frozen_parts(prefix: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The frozen prefix's sequence ids sorted, each one's part (the stretch its stream position
+    falls in) and each part's count of them."""
+    part = np.searchsorted(np.cumsum(sizes), np.arange(prefix.size), side="right")
+    by = np.argsort(prefix, kind="stable")
+    return prefix[by], part[by], np.bincount(part, minlength=sizes.size)
+
+
+def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path, prefix: np.ndarray | None = None) -> tuple[list[list[str]], str]:
     """Deal the sequences into ``len(sizes)`` parts of those sizes, chunk by chunk; each part's
     share of a chunk is written to ``work``. Return each part's files and the file of the corpus's
-    bin edges and (cluster, bin) tokens."""
+    bin edges and (cluster, bin) tokens. A frozen ``prefix`` (sequence ids in stream order, the
+    stream's first stretches) goes to the parts whose stretches hold it, counted in the deal's totals
+    from the start of the deal, so the parts that continue it receive what it lacks."""
     objective = corpus.params.objective_weights()
     state, offsets, pieces = None, None, [[] for _ in sizes]
+    frozen_ids, frozen_part, reserved = _frozen_parts(np.zeros(0, np.int64) if prefix is None else prefix, sizes)
     joint = np.zeros((corpus.n_clusters, corpus.bin_edges.size + 1))
     for c, (a, b) in enumerate(corpus.ranges(DEAL_CHUNK)):
         f, chunk_joint = corpus.chunk(a, b)
@@ -129,8 +148,10 @@ def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path) -> tuple[
         chars = objective.matrix(f)
         offsets = offsets or _offsets(chars, objective)
         x = _deal_matrix(chars, offsets)
-        state = state or Deal(sizes, x.n_cols)
-        part = state.rows(x)
+        state = state or Deal(sizes, x.n_cols, reserved)
+        at = np.minimum(np.searchsorted(frozen_ids, f.sequence_ids), max(0, frozen_ids.size - 1))
+        forced = np.where(frozen_ids[at] == f.sequence_ids, frozen_part[at], -1) if frozen_ids.size else None
+        part = state.rows(x, forced)
         for p in range(sizes.size):
             rows = np.flatnonzero(part == p)
             if rows.size:
@@ -141,15 +162,33 @@ def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path) -> tuple[
     return pieces, str(meta)
 
 
+def _frozen_slices(prefix: np.ndarray | None, sizes: np.ndarray, work: Path) -> list[str | None]:
+    """Each part's stretch of the frozen prefix as a ``.npy`` under ``work`` (None: a part it does not reach)."""
+    out: list[str | None] = [None] * sizes.size
+    if prefix is None:
+        return out
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    for p, a in enumerate(starts):
+        if a < prefix.size:
+            out[p] = str(write_npy(prefix[a : a + sizes[p]], work / f"frozen{p:05d}.npy"))
+    return out
+
+
 def order_parts(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: int, work: Path, *, engine: str = "local",
-                ray_cfg: Any = None) -> tuple[list[Path], np.ndarray]:
+                ray_cfg: Any = None, prefix: np.ndarray | None = None) -> tuple[list[Path], np.ndarray]:
     """The deal, then each part ordered by a worker (a process of its own, or a Ray task); each
-    part's order (sequence ids) as a file under ``work``, and the parts' sizes."""
-    params = corpus.params
-    sizes = part_sizes(corpus.n_sequences, parts, params.batch_size, strategies.spec(strategy).part_layout)
-    pieces, meta = deal(corpus, sizes, work)
+    part's order (sequence ids) as a file under ``work``, and the parts' sizes. A frozen ``prefix``
+    (sequence ids) starts the stream: its stretches start the parts they fall in (the layout must
+    be ``stretches``), whose strategy's ``order_after`` continues them."""
+    params, spec = corpus.params, strategies.spec(strategy)
+    sizes = part_sizes(corpus.n_sequences, parts, params.batch_size, spec.part_layout)
+    if prefix is not None and (spec.part_layout != "stretches" or spec.order_after is None or spec.derived is not None):
+        raise StrataInputError(f"{strategy!r} does not continue a frozen prefix part by part",
+                               fix="freeze 'greedy' when the packing needs parts, or set order_part_bytes: 0 (one part)")
+    pieces, meta = deal(corpus, sizes, work, prefix)
+    frozen = _frozen_slices(prefix, sizes, work)
     outs = [work / f"order{p:05d}.npy" for p in range(parts)]
-    shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p])), (outs[p],))
+    shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p]), frozen[p]), (outs[p],))
               for p in range(parts)]
     retries = ray_cfg.max_retries if ray_cfg is not None else 3
     map_tasks(order_part, shards, engine=engine, ray_cfg=ray_cfg, workers=min(parts, len(os.sched_getaffinity(0))), retries=retries)
@@ -167,14 +206,14 @@ def _work(strategy: str, seed: int, work_dir: Path | None) -> Path:
 
 
 def partitioned_ids(strategy: str, corpus: Corpus, parts: int, seed: int, *, engine: str = "local", ray_cfg: Any = None,
-                    work_dir: Path | None = None) -> np.ndarray:
+                    work_dir: Path | None = None, prefix: np.ndarray | None = None) -> np.ndarray:
     """The strategy's order (sequence ids) of ``corpus`` in ``parts`` parts: the deal, each part
     ordered by a worker (a process of its own, or a Ray task), the parts joined in the strategy's
     ``part_layout`` and, for a strategy derived from another's order (``greedy_block_shuffle``), its function of it."""
     spec, params = strategies.spec(strategy), corpus.params
     work = _work(strategy, seed, work_dir)
     try:
-        outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg)
+        outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg, prefix=prefix)
         orders = [np.load(out, allow_pickle=False) for out in outs]
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -183,7 +222,7 @@ def partitioned_ids(strategy: str, corpus: Corpus, parts: int, seed: int, *, eng
 
 
 def partitioned_stream(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: int, out: Path, *, engine: str = "local",
-                       ray_cfg: Any = None, work_dir: Path | None = None) -> Path:
+                       ray_cfg: Any = None, work_dir: Path | None = None, prefix: np.ndarray | None = None) -> Path:
     """:func:`partitioned_ids` written to the ``.npy`` file ``out`` (int64 sequence ids in stream
     order) as the parts' orders are joined, a few batches at a time: no process holds
     the stream, the corpus's features or its segments (a :class:`SegmentFiles` corpus)."""
@@ -192,7 +231,7 @@ def partitioned_stream(strategy: str, corpus: Corpus | SegmentFiles, parts: int,
                                fix="stream 'greedy' or 'greedy_curriculum'")
     work = _work(strategy, seed, work_dir)
     try:
-        outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg)
+        outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg, prefix=prefix)
         return write_stream(outs, corpus.params.batch_size, Path(out), strategies.spec(strategy).part_layout)
     finally:
         shutil.rmtree(work, ignore_errors=True)

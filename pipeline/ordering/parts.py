@@ -132,43 +132,53 @@ SLACK = 1.0  # a part this many sequences ahead of its share of those dealt take
 
 class Deal:
     """The deal's running state, O(P x G) numbers: each part's column totals ``X``, the totals
-    dealt ``T``, each part's sequences and quota."""
+    dealt ``T``, each part's sequences and quota. ``reserved``: each part's sequences given to it
+    beforehand (a frozen prefix's, :meth:`rows`' ``forced``), counted in ``X`` and ``T`` as they come
+    and left out of its quota and of the one-sequence slack, which paces the dealt ones alone."""
 
-    def __init__(self, sizes: np.ndarray, n_cols: int):
-        self.quota = np.asarray(sizes, dtype=np.int64)
-        self.share = self.quota / float(self.quota.sum())
+    def __init__(self, sizes: np.ndarray, n_cols: int, reserved: np.ndarray | None = None):
+        sizes = np.asarray(sizes, dtype=np.int64)
+        self.quota = sizes - (np.zeros_like(sizes) if reserved is None else np.asarray(reserved, dtype=np.int64))
+        self.share = self.quota / float(max(1, self.quota.sum()))
+        self.weight = sizes / float(sizes.sum())
         self.X = np.zeros((self.quota.size, n_cols))
         self.T = np.zeros(n_cols)
         self.counts = np.zeros(self.quota.size, dtype=np.int64)
 
-    def rows(self, x: Csr) -> np.ndarray:
-        """The part of each row of ``x`` (the rows' objective columns, in this deal's column order)."""
+    def rows(self, x: Csr, forced: np.ndarray | None = None) -> np.ndarray:
+        """The part of each row of ``x`` (the rows' objective columns, in this deal's column order);
+        a row whose ``forced`` part is >= 0 goes there."""
         out = np.empty(x.n_rows, dtype=np.int64)
-        _deal(x.indptr, x.indices, np.asarray(x.data, np.float64), self.quota, self.share, self.counts, self.X, self.T, SLACK, out)
+        forced = np.full(x.n_rows, -1, dtype=np.int64) if forced is None else np.asarray(forced, dtype=np.int64)
+        _deal(x.indptr, x.indices, np.asarray(x.data, np.float64), forced, self.quota, self.share, self.weight, self.counts, self.X,
+              self.T, SLACK, out)
         return out
 
 
 @njit(cache=True)
-def _deal(indptr, indices, data, quota, share, counts, X, T, slack, out):
-    """Each sequence to the part minimizing sum_g x_sg (X_pg - w_p T_g) among those with room left
-    and fewer than ``slack`` sequences ahead of their share w_p of the sequences dealt (ties: the
-    lowest part). One part always qualifies: the one furthest behind is behind by >= 0 and has room."""
+def _deal(indptr, indices, data, forced, quota, share, weight, counts, X, T, slack, out):
+    """Each sequence to the part minimizing sum_g x_sg (X_pg - w_p T_g) (w_p: the part's share of
+    the stream) among those with room left and fewer than ``slack`` sequences ahead of their share
+    of the sequences dealt (ties: the lowest part); a ``forced`` one to its part. One part always
+    qualifies: the one furthest behind is behind by >= 0 and has room."""
     dealt = counts.sum()
     for r in range(indptr.size - 1):
         for k in range(indptr[r], indptr[r + 1]):
             T[indices[k]] += data[k]
-        best, at = np.inf, -1
-        for p in range(quota.size):
-            if counts[p] >= quota[p] or counts[p] - share[p] * dealt >= slack:
-                continue
-            score = 0.0
-            for k in range(indptr[r], indptr[r + 1]):
-                score += data[k] * (X[p, indices[k]] - share[p] * T[indices[k]])
-            if at < 0 or score < best:
-                best, at = score, p
+        at = forced[r]
+        if at < 0:
+            best = np.inf
+            for p in range(quota.size):
+                if counts[p] >= quota[p] or counts[p] - share[p] * dealt >= slack:
+                    continue
+                score = 0.0
+                for k in range(indptr[r], indptr[r + 1]):
+                    score += data[k] * (X[p, indices[k]] - weight[p] * T[indices[k]])
+                if at < 0 or score < best:
+                    best, at = score, p
+            counts[at] += 1
+            dealt += 1
         out[r] = at
-        counts[at] += 1
-        dealt += 1
         for k in range(indptr[r], indptr[r + 1]):
             X[at, indices[k]] += data[k]
 
