@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numba
 import numpy as np
@@ -562,6 +562,40 @@ def greedy_scaled_order(
     return (repair_batches(order, features, batch_size)[0] if greedy_repair else order), mode
 
 
+@dataclass(frozen=True)
+class LeadIn:
+    """Sequences placed before a prefix by someone else (a partitioned order's parts a frozen
+    prefix fills): per token family its column totals, and their tokens and sequences."""
+
+    totals: Mapping[str, np.ndarray]
+    tokens: float
+    sequences: int
+
+
+def state_after(chars: Characteristics, lengths: np.ndarray, prefix_rows: np.ndarray,
+                lead_in: LeadIn | None = None) -> tuple[GreedyState, np.ndarray]:
+    """The running counts (X, S, n) after the prefix's rows, and the targets t of all rows; with a
+    ``lead_in``, its sequences counted in both: token columns' totals and tokens added (their
+    targets the shares of the rows and the lead-in together), sequence columns' at their targets
+    (each part's quantile classes are its own)."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    t = chars.targets(lengths)
+    X = chars.take_rows(prefix_rows).column_totals().astype(np.float64)
+    state = GreedyState(X, float(lengths[prefix_rows].sum()), int(len(prefix_rows)))
+    if lead_in is None:
+        return state, t
+    k = chars.n_token_cols
+    add = np.zeros(chars.n_cols)
+    for name, vec in lead_in.totals.items():
+        a, b = chars.family_columns[name]
+        if b - a != vec.size:
+            raise ValueError(f"the lead-in's {name!r} has {vec.size} columns, the rows' family {b - a}")
+        add[a:b] = vec
+    t[:k] = (chars.column_totals()[:k] + add[:k]) / (lengths.sum() + lead_in.tokens)
+    add[k:] = t[k:] * chars.unit * lead_in.sequences
+    return GreedyState(X + add, state.S + lead_in.tokens, state.n + int(lead_in.sequences)), t
+
+
 def greedy_blocked_after(
     features: SequenceFeatures,
     prefix_rows: np.ndarray,
@@ -569,12 +603,14 @@ def greedy_blocked_after(
     greedy_block: int = BLOCK,
     noise: float = 0.0,
     seed: int = 0,
+    lead_in: LeadIn | None = None,
 ) -> np.ndarray:
     """The blocked greedy of the rows not in ``prefix_rows``, continued from the prefix: the deal
     (:func:`tracked_blocks`) starts from the prefix's running counts (X, S, n) with the targets of
     *all* rows, so its first blocks spend the suffix's surplus of the prefix's lagging groups and
     the whole stream's cumulative error returns toward zero as fast as a pool allows; then each
-    block is ordered on its own targets, as in :func:`greedy_blocked_order`."""
+    block is ordered on its own targets, as in :func:`greedy_blocked_order`. ``lead_in``: sequences
+    before the prefix, counted as :func:`state_after` does."""
     prefix_rows = np.asarray(prefix_rows, dtype=np.int64)
     rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
     if rest.size == 0:
@@ -582,9 +618,8 @@ def greedy_blocked_after(
     chars, stream = concurrently(lambda: objective.matrix(features),
                                  lambda: stratified_stream(features.take_rows(rest), np.random.default_rng(seed)))
     lengths = np.asarray(features.lengths, dtype=np.float64)
-    state = GreedyState(chars.take_rows(prefix_rows).column_totals().astype(np.float64), float(lengths[prefix_rows].sum()),
-                        int(prefix_rows.size))
-    rows = tracked_blocked_rows(chars.take_rows(rest), lengths[rest], chars.targets(lengths), state, stream, greedy_block, noise, seed)
+    state, targets = state_after(chars, lengths, prefix_rows, lead_in)
+    rows = tracked_blocked_rows(chars.take_rows(rest), lengths[rest], targets, state, stream, greedy_block, noise, seed)
     return rest[rows]
 
 
@@ -599,22 +634,24 @@ def greedy_after_prefix(
     batch_size: int = BATCH_SIZE,
     *,
     greedy_repair: bool = REPAIR,
+    lead_in: LeadIn | None = None,
 ) -> np.ndarray:
     """The rows not in ``prefix_rows`` in ``greedy`` order after a frozen prefix: the greedy starts
     from the prefix's running counts (X, S, n) with the targets of *all* rows, so the whole stream's
     cumulative error returns toward zero as fast as the greedy allows; then the swap repair of the
     suffix's batches (``greedy_repair``). Up to ``greedy_exact_max`` suffix rows the exact greedy continues from the prefix;
-    above, :func:`greedy_blocked_after` (a catch-up phase from the prefix's counts, then blocks)."""
+    above, :func:`greedy_blocked_after` (a catch-up phase from the prefix's counts, then blocks).
+    ``lead_in``: sequences before the prefix (a partitioned order's parts the prefix fills), counted
+    as :func:`state_after` does."""
     rest = np.setdiff1d(np.arange(features.n_sequences), prefix_rows)
     if rest.size == 0:
         return rest
     sub = features.take_rows(rest)
     if greedy_mode(rest.size, greedy_exact_max) == "blocked":
-        after = greedy_blocked_after(features, prefix_rows, objective, greedy_block, noise, seed)
+        after = greedy_blocked_after(features, prefix_rows, objective, greedy_block, noise, seed, lead_in)
         local = np.searchsorted(rest, after)
         return rest[repair_batches(local, sub, batch_size)[0] if greedy_repair else local]
     chars = objective.matrix(features)
-    prefix = chars.take_rows(np.asarray(prefix_rows, dtype=np.int64))
-    state = GreedyState(prefix.column_totals().astype(np.float64), float(features.lengths[prefix_rows].sum()), int(len(prefix_rows)))
-    picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], chars.targets(features.lengths), state, None, noise, seed)
+    state, targets = state_after(chars, features.lengths, np.asarray(prefix_rows, dtype=np.int64), lead_in)
+    picked = greedy_rows(chars.take_rows(rest), features.lengths[rest], targets, state, None, noise, seed)
     return rest[repair_batches(picked, sub, batch_size)[0] if greedy_repair else picked]

@@ -33,7 +33,7 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering import strategies
 from pipeline.ordering.characteristics import Characteristics
 from pipeline.ordering.features import Csr, length_bin_edges, packed_sequence_features
-from pipeline.ordering.greedy import Objective
+from pipeline.ordering.greedy import LeadIn, Objective
 from pipeline.ordering.parts import Deal, load_part, part_sizes, save_piece, stream_of, write_stream
 from pipeline.ordering.segment_files import SegmentFiles
 from pipeline.segments import grouped, stable_argsort
@@ -45,9 +45,10 @@ DEAL_CHUNK = 1 << 18  # sequences whose features the deal holds at once
 def order_part(strategy: str, params: Any, seed: int, pieces: list[str], meta: str, out: str, frozen: str | None = None) -> str:
     """A worker's task: part's features from its ``pieces`` (and the corpus's bin edges and
     (cluster, bin) tokens in ``meta``), ordered by the strategy's ``part_order``; its sequence ids
-    in order written to ``out``, whose path is returned. ``frozen``: the ``.npy`` of the frozen
-    prefix's sequences the part starts with (stream order); the rest follow in the strategy's
-    ``order_after``, continuing from them."""
+    in order written to ``out``, whose path is returned. ``frozen``: the ``.npz`` of the frozen
+    prefix's sequences the part starts with (``ids``, stream order; :func:`_frozen_slices`); the rest
+    follow in the strategy's ``order_after``, continuing from them and from the parts before it
+    that the prefix fills (its ``lead_in``)."""
     with np.load(meta, allow_pickle=False) as z:
         edges, joint = z["bin_edges"], z["joint"]
     f = load_part([Path(p) for p in pieces], edges, joint)
@@ -55,8 +56,11 @@ def order_part(strategy: str, params: Any, seed: int, pieces: list[str], meta: s
     if frozen is None:
         rows = np.asarray(spec.part_order(f, params, seed), dtype=np.int64)
     else:
-        head = np.searchsorted(f.sequence_ids, np.load(frozen, allow_pickle=False))
-        after = spec.order_after(f, head, params, seed) if head.size < f.n_sequences else head[:0]
+        with np.load(frozen, allow_pickle=False) as z:
+            head = np.searchsorted(f.sequence_ids, z["ids"])
+            more = {"lead_in": LeadIn({k[len("lead_in."):]: z[k] for k in z.files if k.startswith("lead_in.")},
+                                      float(z["lead_in_tokens"]), int(z["lead_in_sequences"]))} if "lead_in_tokens" in z.files else {}
+        after = spec.order_after(f, head, params, seed, **more) if head.size < f.n_sequences else head[:0]
         rows = np.concatenate([head, np.asarray(after, dtype=np.int64)])
     write_npy(f.sequence_ids[rows], out)
     return out
@@ -137,7 +141,8 @@ def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path, prefix: n
     share of a chunk is written to ``work``. Return each part's files and the file of the corpus's
     bin edges and (cluster, bin) tokens. A frozen ``prefix`` (sequence ids in stream order, the
     stream's first stretches) goes to the parts whose stretches hold it, counted in the deal's totals
-    from the start of the deal, so the parts that continue it receive what it lacks."""
+    from the start, and the part it ends in is dealt what the parts it fills lack (:class:`Deal`);
+    the meta file then holds what that part continues from (:func:`_lead_in`)."""
     objective = corpus.params.objective_weights()
     state, offsets, pieces = None, None, [[] for _ in sizes]
     frozen_ids, frozen_part, reserved = _frozen_parts(np.zeros(0, np.int64) if prefix is None else prefix, sizes)
@@ -151,26 +156,46 @@ def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path, prefix: n
         state = state or Deal(sizes, x.n_cols, reserved)
         at = np.minimum(np.searchsorted(frozen_ids, f.sequence_ids), max(0, frozen_ids.size - 1))
         forced = np.where(frozen_ids[at] == f.sequence_ids, frozen_part[at], -1) if frozen_ids.size else None
-        part = state.rows(x, forced)
+        part = state.rows(x, f.lengths, forced)
         for p in range(sizes.size):
             rows = np.flatnonzero(part == p)
             if rows.size:
                 pieces[p].append(str(save_piece(f.take_rows(rows), work / f"part{p:05d}.{c:06d}.npz")))
     meta = work / "corpus.npz"
     with atomic_path(meta) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, bin_edges=corpus.bin_edges, joint=joint)
+        np.savez(fh, bin_edges=corpus.bin_edges, joint=joint, **_lead_in(state, offsets, objective))
     return pieces, str(meta)
 
 
-def _frozen_slices(prefix: np.ndarray | None, sizes: np.ndarray, work: Path) -> list[str | None]:
-    """Each part's stretch of the frozen prefix as a ``.npy`` under ``work`` (None: a part it does not reach)."""
+def _lead_in(state: Deal | None, offsets: dict[str, tuple[int, int]] | None, objective: Objective) -> dict[str, np.ndarray]:
+    """The parts a prefix fills, as the part that continues them reads them (``greedy.LeadIn``):
+    per token family their column totals (``lead_in.<family>``), their tokens and sequences, and that
+    part (``lead_in_part``); nothing when no part is filled."""
+    if state is None or state.first_open == 0:
+        return {}
+    X, S = state.lead_in()
+    out = {f"lead_in.{fam.name}": X[a : a + w] for fam in objective.families if fam.level == "tokens" for a, w in [offsets[fam.name]]}
+    return {**out, "lead_in_tokens": np.float64(S), "lead_in_sequences": np.int64(state.counts_before_open()),
+            "lead_in_part": np.int64(state.first_open)}
+
+
+def _frozen_slices(prefix: np.ndarray | None, sizes: np.ndarray, meta: str, work: Path) -> list[str | None]:
+    """Each part's stretch of the frozen prefix as a ``.npz`` under ``work`` (``ids``; the part that
+    continues the parts the prefix fills also their lead-in, :func:`_lead_in`); None: a part the
+    prefix does not reach."""
     out: list[str | None] = [None] * sizes.size
     if prefix is None:
         return out
+    with np.load(meta, allow_pickle=False) as z:
+        lead = {k: z[k] for k in z.files if k.startswith("lead_in")}
+    lead_part = int(lead.pop("lead_in_part")) if lead else -1
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     for p, a in enumerate(starts):
-        if a < prefix.size:
-            out[p] = str(write_npy(prefix[a : a + sizes[p]], work / f"frozen{p:05d}.npy"))
+        if a < prefix.size or p == lead_part:
+            path = work / f"frozen{p:05d}.npz"
+            with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+                np.savez(fh, ids=prefix[a : a + sizes[p]], **(lead if p == lead_part else {}))
+            out[p] = str(path)
     return out
 
 
@@ -186,7 +211,7 @@ def order_parts(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: 
         raise StrataInputError(f"{strategy!r} does not continue a frozen prefix part by part",
                                fix="freeze 'greedy' when the packing needs parts, or set order_part_bytes: 0 (one part)")
     pieces, meta = deal(corpus, sizes, work, prefix)
-    frozen = _frozen_slices(prefix, sizes, work)
+    frozen = _frozen_slices(prefix, sizes, meta, work)
     outs = [work / f"order{p:05d}.npy" for p in range(parts)]
     shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p]), frozen[p]), (outs[p],))
               for p in range(parts)]

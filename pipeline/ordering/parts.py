@@ -131,36 +131,55 @@ SLACK = 1.0  # a part this many sequences ahead of its share of those dealt take
 
 
 class Deal:
-    """The deal's running state, O(P x G) numbers: each part's column totals ``X``, the totals
-    dealt ``T``, each part's sequences and quota. ``reserved``: each part's sequences given to it
-    beforehand (a frozen prefix's, :meth:`rows`' ``forced``), counted in ``X`` and ``T`` as they come
-    and left out of its quota and of the one-sequence slack, which paces the dealt ones alone."""
+    """The deal's running state, O(P x G) numbers: each part's column totals ``X`` and tokens ``S``,
+    the totals dealt ``T``, each part's sequences and quota. ``reserved``: each part's sequences
+    given to it beforehand (a frozen prefix's, :meth:`rows`' ``forced``), counted in ``X`` and ``T``
+    as they come and left out of its quota and of the one-sequence slack, which paces the dealt ones
+    alone. The parts a prefix fills (no quota left) lead into the part it ends in (``lead``): that
+    part is scored on their totals and its own against their shares and its own together, so it
+    receives what the prefix lacks."""
 
     def __init__(self, sizes: np.ndarray, n_cols: int, reserved: np.ndarray | None = None):
         sizes = np.asarray(sizes, dtype=np.int64)
-        self.quota = sizes - (np.zeros_like(sizes) if reserved is None else np.asarray(reserved, dtype=np.int64))
+        self.reserved = np.zeros_like(sizes) if reserved is None else np.asarray(reserved, dtype=np.int64)
+        self.quota = sizes - self.reserved
         self.share = self.quota / float(max(1, self.quota.sum()))
         self.weight = sizes / float(sizes.sum())
+        self.first_open = int(np.argmax(self.quota > 0)) if np.any(self.quota > 0) else 0
+        self.lead = np.arange(sizes.size)
+        self.lead[: self.first_open] = self.first_open
+        self.group_weight = self.weight.copy()
+        self.group_weight[self.first_open] = self.weight[: self.first_open + 1].sum()
         self.X = np.zeros((self.quota.size, n_cols))
+        self.G = np.zeros((self.quota.size, n_cols))  # X summed into each row's lead part (the score's totals)
+        self.S = np.zeros(self.quota.size)
         self.T = np.zeros(n_cols)
         self.counts = np.zeros(self.quota.size, dtype=np.int64)
 
-    def rows(self, x: Csr, forced: np.ndarray | None = None) -> np.ndarray:
-        """The part of each row of ``x`` (the rows' objective columns, in this deal's column order);
-        a row whose ``forced`` part is >= 0 goes there."""
+    def rows(self, x: Csr, lengths: np.ndarray, forced: np.ndarray | None = None) -> np.ndarray:
+        """The part of each row of ``x`` (the rows' objective columns, in this deal's column order;
+        ``lengths``: their tokens); a row whose ``forced`` part is >= 0 goes there."""
         out = np.empty(x.n_rows, dtype=np.int64)
         forced = np.full(x.n_rows, -1, dtype=np.int64) if forced is None else np.asarray(forced, dtype=np.int64)
-        _deal(x.indptr, x.indices, np.asarray(x.data, np.float64), forced, self.quota, self.share, self.weight, self.counts, self.X,
-              self.T, SLACK, out)
+        _deal(x.indptr, x.indices, np.asarray(x.data, np.float64), np.asarray(lengths, np.float64), forced, self.quota, self.share,
+              self.group_weight, self.lead, self.counts, self.X, self.G, self.S, self.T, SLACK, out)
         return out
+
+    def lead_in(self) -> tuple[np.ndarray, float]:
+        """The column totals and tokens of the parts a prefix fills (those before :attr:`first_open`)."""
+        return self.X[: self.first_open].sum(axis=0), float(self.S[: self.first_open].sum())
+
+    def counts_before_open(self) -> int:
+        """The sequences of the parts a prefix fills: their sizes, all reserved."""
+        return int(self.reserved[: self.first_open].sum())
 
 
 @njit(cache=True)
-def _deal(indptr, indices, data, forced, quota, share, weight, counts, X, T, slack, out):
-    """Each sequence to the part minimizing sum_g x_sg (X_pg - w_p T_g) (w_p: the part's share of
-    the stream) among those with room left and fewer than ``slack`` sequences ahead of their share
-    of the sequences dealt (ties: the lowest part); a ``forced`` one to its part. One part always
-    qualifies: the one furthest behind is behind by >= 0 and has room."""
+def _deal(indptr, indices, data, lengths, forced, quota, share, weight, lead, counts, X, G, S, T, slack, out):
+    """Each sequence to the part minimizing sum_g x_sg (G_pg - w_p T_g) (G_p: the totals led into
+    part p, w_p their share of the stream) among those with room left and fewer than ``slack``
+    sequences ahead of their share of the sequences dealt (ties: the lowest part); a ``forced`` one
+    to its part. One part always qualifies: the one furthest behind is behind by >= 0 and has room."""
     dealt = counts.sum()
     for r in range(indptr.size - 1):
         for k in range(indptr[r], indptr[r + 1]):
@@ -173,14 +192,16 @@ def _deal(indptr, indices, data, forced, quota, share, weight, counts, X, T, sla
                     continue
                 score = 0.0
                 for k in range(indptr[r], indptr[r + 1]):
-                    score += data[k] * (X[p, indices[k]] - weight[p] * T[indices[k]])
+                    score += data[k] * (G[p, indices[k]] - weight[p] * T[indices[k]])
                 if at < 0 or score < best:
                     best, at = score, p
             counts[at] += 1
             dealt += 1
         out[r] = at
+        S[at] += lengths[r]
         for k in range(indptr[r], indptr[r + 1]):
             X[at, indices[k]] += data[k]
+            G[lead[at], indices[k]] += data[k]
 
 
 def _csr_arrays(name: str, x: Csr) -> dict[str, np.ndarray]:

@@ -24,11 +24,12 @@ def greedy_rows(features, params, seed: int) -> np.ndarray:
                                greedy_repair=p.greedy_repair)[0]
 
 
-def greedy_after(features, prefix_rows, params, seed: int) -> np.ndarray:
-    """``greedy`` after a frozen prefix: starts from the prefix's running counts (T_j, U_b, S)."""
+def greedy_after(features, prefix_rows, params, seed: int, lead_in=None) -> np.ndarray:
+    """``greedy`` after a frozen prefix: starts from the prefix's running counts (T_j, U_b, S), and
+    ``lead_in``'s (a partitioned order's parts the prefix fills, ``greedy.LeadIn``)."""
     p = params
     return greedy_after_prefix(features, prefix_rows, p.objective_weights(), p.greedy_exact_max, p.greedy_block, p.noise, seed,
-                               p.batch_size, greedy_repair=p.greedy_repair)
+                               p.batch_size, greedy_repair=p.greedy_repair, lead_in=lead_in)
 
 
 def greedy_block_shuffle_after(features, prefix_rows, params, seed: int) -> np.ndarray:
