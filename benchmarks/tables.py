@@ -305,32 +305,42 @@ def partitioned_order(results: Path, name: str = "partitioned_order_1m") -> str:
     return "\n".join(lines)
 
 
-def order_stream(results: Path, name: str = "order_stream_100m") -> str:
+def order_stream(results: Path, names: tuple[str, ...] = ("order_stream_100m", "order_stream_100m_batches")) -> str:
     """``bench_order_100m.py``: the partitioned greedy through a local Ray cluster, from segment files to
-    a stream file; every process's peak, and the stream's figures against 5 shuffles and the
-    one-process greedy at 10M (``partitioned_order_10m.json``: the same generator and objective)."""
-    doc, single = _load(results, name), _load(results, "partitioned_order_10m")["cases"][0]
-    o, q = doc["order"], doc["quality"]
+    a stream file, a row per part layout measured (``stretches``: part after part; ``batches``: batch
+    by batch, a file without ``layout``); every process's peak, and the stream's figures against 5
+    shuffles and the one-process greedy at 10M (``partitioned_order_10m.json``: the same generator and objective)."""
+    docs = [(name, _load(results, name)) for name in names if (results / f"{name}.json").is_file()]
+    single = _load(results, "partitioned_order_10m")["cases"][0]
     pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
-    lines = ["| sequences | parts | wall s: read the files / the parts on Ray (the deal: below) | CPU s: driver + Ray processes |"
-             " peak RSS MB: driver / largest Ray worker / diagnostics |", "|---:|---:|---:|---:|---:|",
-             f"| {o['M']:,} | {o['parts']} | {o['scan_s']:,.0f} / {o['order_s']:,.0f} | {o['driver_cpu_s']:,.0f} + {o['ray_cpu_s']:,.0f} |"
-             f" {o['driver_peak_rss_mb']:,.0f} / {o['largest_task_worker_peak_rss_mb']:,.0f} / {q['diagnose_peak_rss_mb']:,.0f} |", "",
-             "| family | prefixes below all 5 shuffles: all / past the first tenth |"
-             " worst window / best shuffle's worst, max over lengths |"
-             " batch dev. mean | shuffles' | one-process greedy at 10M | ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    layout = lambda d: d["order"].get("layout", "batches")  # noqa: E731
+    lines = ["| parts make the stream | sequences | parts | wall s: read the files / the parts on Ray (the deal: below) |"
+             " CPU s: driver + Ray processes | peak RSS MB: driver / largest Ray worker / diagnostics |", "|---|---:|---:|---:|---:|---:|"]
+    for _, doc in docs:
+        o, q = doc["order"], doc["quality"]
+        lines.append(f"| {layout(doc)} | {o['M']:,} | {o['parts']} | {o['scan_s']:,.0f} / {o['order_s']:,.0f} |"
+                     f" {o['driver_cpu_s']:,.0f} + {o['ray_cpu_s']:,.0f} |"
+                     f" {o['driver_peak_rss_mb']:,.0f} / {o['largest_task_worker_peak_rss_mb']:,.0f} / {q['diagnose_peak_rss_mb']:,.0f} |")
+    lines += ["", "| family | parts make the stream | prefixes below all 5 shuffles: all / past the first tenth |"
+              " worst window / best shuffle's worst, max over lengths |"
+              " batch dev. mean | shuffles' | one-process greedy at 10M | ratio |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for kind, label in (("cluster", "clusters"), ("bin", "length bins")):
-        lines.append(f"| {label} | {pct(q[f'{kind}_below_all'])} / {pct(q[f'{kind}_below_last90'])} | {q[f'{kind}_window_ratio_max']:.3f} |"
-                     f" {q[f'{kind}_batch_dev']:.4f} | {q[f'{kind}_shuffle_batch_dev']:.4f} | {single[f'{kind}_batch_dev']:.4f} |"
-                     f" {q[f'{kind}_batch_dev'] / single[f'{kind}_batch_dev']:.3f}x |")
+        for _, doc in docs:
+            q = doc["quality"]
+            lines.append(f"| {label} | {layout(doc)} | {pct(q[f'{kind}_below_all'])} / {pct(q[f'{kind}_below_last90'])} |"
+                         f" {q[f'{kind}_window_ratio_max']:.3f} | {q[f'{kind}_batch_dev']:.4f} | {q[f'{kind}_shuffle_batch_dev']:.4f} |"
+                         f" {single[f'{kind}_batch_dev']:.4f} | {q[f'{kind}_batch_dev'] / single[f'{kind}_batch_dev']:.3f}x |")
     lines.append("")
-    lines.append(f"`{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)}; M = {o['M']:,} sequences in"
-                 f" {o['files']} segment files ({doc['segment_files_gb']:.1f} GB), K = {doc['K']}, L = {doc['L']}, {doc['length_bins']}"
-                 f" length bins, objective {doc['objective']}, batch {doc['batch']}, `order_part_bytes` {o['order_part_bytes']:,};"
-                 f" {q['prefixes']} log-spaced prefixes, {doc['shuffles']} shuffles, windows of {len(q['cluster_window_lengths'])} lengths"
-                 f" ({q['cluster_window_lengths'][0]:,} to {q['cluster_window_lengths'][-1]:,} sequences)."
-                 f" From `benchmarks/results/{name}.json`.")
-    return "\n".join(lines)
+    for name, doc in docs:
+        o, q = doc["order"], doc["quality"]
+        lines.append(f"{layout(doc).capitalize()}: `{doc['benchmark']}` at {doc['commit'][:12]}, {doc['date']}, {_machine(doc)};"
+                     f" M = {o['M']:,} sequences in {o['files']} segment files ({doc['segment_files_gb']:.1f} GB), K = {doc['K']},"
+                     f" L = {doc['L']}, {doc['length_bins']} length bins, objective {doc['objective']}, batch {doc['batch']},"
+                     f" `order_part_bytes` {o['order_part_bytes']:,}; {q['prefixes']} log-spaced prefixes, {doc['shuffles']} shuffles,"
+                     f" windows of {len(q['cluster_window_lengths'])} lengths ({q['cluster_window_lengths'][0]:,} to"
+                     f" {q['cluster_window_lengths'][-1]:,} sequences). From `benchmarks/results/{name}.json`.")
+        lines.append("")
+    return "\n".join(lines[:-1])
 
 
 def _amount(x: float | None, high: float | None = None) -> str:
@@ -677,6 +687,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "clean_tasks": clean_tasks,
     "partitioned_order_1m": partitioned_order,
     "partitioned_order_10m": lambda results: partitioned_order(results, "partitioned_order_10m"),
+    "partitioned_order_1m_16parts": lambda results: partitioned_order(results, "partitioned_order_1m_16parts"),
     "estimate_1b": estimate_1b,
     "order_stream_100m": order_stream,
     "quality_scoring": quality_scoring,

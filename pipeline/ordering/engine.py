@@ -325,7 +325,7 @@ def _parts(spec: StrategySpec, segments: pl.DataFrame, params: OrderParams, froz
         raise StrataInputError(
             f"{m:,} sequences need {parts} parts of order_part_bytes={params.order_part_bytes:,}, and {what} is ordered in one part only",
             fix=f"set order_part_bytes: 0 or >= {need:,} (one process orders all sequences, about {PART_BYTES_PER_SEQUENCE} bytes each), "
-                "or use greedy (a frozen prefix too) / greedy_block_shuffle / greedy_curriculum (docs/scale.md)")
+                "or use greedy (a frozen prefix too) / greedy_block_shuffle / greedy_curriculum / greedy_mixture (docs/scale.md)")
     return parts
 
 

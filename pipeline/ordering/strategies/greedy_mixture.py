@@ -9,6 +9,8 @@ mixture's shares as realized.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from pipeline.errors import StrataInputError
@@ -43,10 +45,22 @@ def schedule_rows(features, params, seed: int) -> np.ndarray:
     return rows[order]
 
 
+def schedule_rows_part(features, params, seed: int) -> np.ndarray:
+    """``greedy_mixture`` on one part of a partitioned ordering: the part's own schedule, its budget
+    (when one is set) at its share of the corpus's tokens (its features carry the corpus's (cluster,
+    bin) tokens). The rates are the part's solution of step 1: every part holds the corpus's
+    composition, so its multipliers are the corpus's to within a sequence's tokens per cluster."""
+    if params.mixture_budget_tokens:
+        share = float(features.lengths.sum() / features.cluster_bin_tokens.sum())
+        params = replace(params, mixture_budget_tokens=max(1, int(round(params.mixture_budget_tokens * share))))
+    return schedule_rows(features, params, seed)
+
+
 SPECS = (
     StrategySpec("greedy_mixture", "sequence",
                  "learned mixture (mixture_weights_file, or the mixture stage's mixture_weights) realized over the corpus "
                  "with up to max_sequence_copies copies per sequence within mixture_budget_tokens, ordered by the greedy (TerRIFIC "
                  "curricula)",
-                 seed_free=False, reads=(*GREEDY, *MIXTURE), greedy_based=True, order=schedule_rows, mixture=mixture_targets),
+                 seed_free=False, reads=(*GREEDY, *MIXTURE), greedy_based=True, order=schedule_rows, mixture=mixture_targets,
+                 part_order=schedule_rows_part),
 )
