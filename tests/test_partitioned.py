@@ -222,7 +222,7 @@ def test_strategies_ordered_in_one_part_refuse_more(small):
     assert "order_part_bytes: 0" in err.value.fix
     with pytest.raises(StrataInputError, match="frozen prefix"):
         run_strategy("greedy_block_shuffle", docs, seg, SEQ_LEN, params, 0, prefix=np.arange(32))
-    with pytest.raises(StrataInputError, match="missing from the packing"):
+    with pytest.raises(StrataInputError, match="frozen twice"):
         run_strategy("greedy", docs, seg, SEQ_LEN, params, 0, prefix=np.array([0, 0]))
     assert strategies.spec("greedy_blend").part_order is None and "order_part_bytes" in strategies.spec("greedy_blend").reads
 

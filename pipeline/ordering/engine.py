@@ -9,6 +9,7 @@ new segments and the order refers to those sequence ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +24,7 @@ from pipeline.ordering.blend import Blend, document_groups
 from pipeline.ordering.doc_arrays import document_arrays, names_absent
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
 from pipeline.ordering.greedy import Objective, greedy_mode
+from pipeline.ordering.parquet_segments import ParquetSegments, parquet_sequences
 from pipeline.ordering.partitioned import Corpus, partitioned_ids
 from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, n_parts, part_sizes
 from pipeline.ordering.strategies import StrategySpec
@@ -131,7 +133,7 @@ class Inputs:
     length: np.ndarray  # int64 stream length (n_tokens incl. EOS), 0 where absent
     present: np.ndarray  # doc ids present, ascending
     content_hash: np.ndarray | None  # per doc_id: int64 rank of its content hash (equal = same text), or None
-    segments: pl.DataFrame  # the base packing's sequence_id, doc_id, n_tokens
+    segments: pl.DataFrame | None  # the base packing's sequence_id, doc_id, n_tokens; None: read from Parquet by the deal
     seq_len: int
     params: OrderParams
     seed: int
@@ -252,7 +254,7 @@ def segment_columns(name: str, frozen: bool = False) -> list[str]:
 
 
 def run_strategy(
-    name: str, docs: pl.DataFrame | Callable[[], pl.DataFrame], segments: pl.DataFrame | Callable[[], pl.DataFrame],
+    name: str, docs: pl.DataFrame | Callable[[], pl.DataFrame], segments: pl.DataFrame | Callable[[], pl.DataFrame] | Path,
     seq_len: int, params: OrderParams, seed: int, prefix: np.ndarray | None = None, *, engine: str = "local",
     ray_cfg: Any = None, work_dir: Path | None = None,
 ) -> OrderingResult:
@@ -265,7 +267,9 @@ def run_strategy(
     ``segments``: the base packing (pipeline.packing.pack SEGMENT_SCHEMA); document-level strategies
     ignore it and repack, returning their own segments. Either may be given as a function that
     reads it: then no caller holds a reference, and the documents frame is freed once its arrays
-    are built (the orderings asset, at 10M documents). Only what the strategy reads is read and
+    are built (the orderings asset, at 10M documents); ``segments`` may also be the packing's
+    Parquet file, which a partitioned order's deal reads a batch at a time (``ParquetSegments``):
+    then no process holds the segments. Only what the strategy reads is read and
     validated (:func:`segment_columns`): an order of the sequence ids alone (``random``) reads
     neither the documents nor the segments' other columns, a document-level strategy no segments.
 
@@ -279,8 +283,7 @@ def run_strategy(
                                fix=f"order {spec.packing_from!r} for its packing, or use one of {', '.join(strategies.scheduled())}")
     if spec.level == "document":  # it repacks the documents: the base packing is not read
         segments = pl.DataFrame(schema={"sequence_id": pl.Int64, "doc_id": pl.Int64, "n_tokens": pl.Int32})
-    segments = segments() if callable(segments) else segments
-    parts = _parts(spec, segments, params, prefix is not None)
+    segments, path, parts = _segments_and_parts(spec, segments, params, prefix is not None)
     if spec.ids_only and prefix is None:
         return _ordered(spec, SequenceIds.of_segments(_column(segments, "sequence_id", "segments")), params, int(seed))
     docs = docs() if callable(docs) else docs
@@ -290,7 +293,7 @@ def run_strategy(
     cluster, length = document_arrays(doc_id, clus, ntok)  # checked and scattered on every core
     n = cluster.size
     content_hash = _content_ranks(docs, doc_id, n)
-    segments = _base_segments(segments, cluster)
+    segments = _base_segments(segments, cluster) if segments is not None else None  # None: ParquetSegments checks them
     columns = _family_columns(docs, doc_id, n, params)
     blend_groups = _blend_groups(docs, doc_id, n, params) if params.blend is not None and "mixture" in spec.reads else None
     del docs, doc_id, clus, ntok  # per-document frame: the arrays above hold what the strategies read
@@ -298,7 +301,8 @@ def run_strategy(
     inp = Inputs(cluster, length, present, content_hash, segments, int(seq_len), params, int(seed), columns, blend_groups)
     del cluster, length, present, content_hash, segments, columns  # held by ``inp`` alone
     if parts > 1:
-        return _partitioned(name, inp, parts, engine, ray_cfg, work_dir, None if prefix is None else np.asarray(prefix, dtype=np.int64))
+        return _partitioned(name, inp, parts, engine, ray_cfg, work_dir, None if prefix is None else np.asarray(prefix, dtype=np.int64),
+                            path)
     if prefix is not None:
         return _run_frozen(spec, inp, np.asarray(prefix, dtype=np.int64))
     if spec.level == "sequence" and spec.run is None:
@@ -310,13 +314,31 @@ def run_strategy(
     return _run(spec, inp)
 
 
-def _parts(spec: StrategySpec, segments: pl.DataFrame, params: OrderParams, frozen: bool) -> int:
-    """The parts a strategy that reads ``order_part_bytes`` orders the packing in (1 for any other);
-    more than one for a strategy without a ``part_order``, or under a frozen prefix for one that
-    does not continue it part by part (``order_after``, its parts in stretches), is refused."""
+def _segments_and_parts(spec: StrategySpec, segments: Any, params: OrderParams,
+                        frozen: bool) -> tuple[pl.DataFrame | None, Path | None, int]:
+    """(the segments frame, their Parquet file, the parts): a Parquet file is read whole for one
+    part (the columns the strategy reads) and left to the deal for more (frame None); a frame, or a
+    function giving it, is taken as it is."""
+    if not isinstance(segments, (str, Path)):
+        segments = segments() if callable(segments) else segments
+        return segments, None, _parts(spec, partial(_n_sequences, segments), params, frozen)
+    path = Path(segments)
+    parts = _parts(spec, partial(parquet_sequences, path), params, frozen)
+    return (None if parts > 1 else pl.read_parquet(path, columns=segment_columns(spec.name, frozen)).rechunk()), path, parts
+
+
+def _n_sequences(segments: pl.DataFrame) -> int:
+    return SequenceIds.of_segments(_column(segments, "sequence_id", "segments")).n_sequences
+
+
+def _parts(spec: StrategySpec, n_sequences: Callable[[], int], params: OrderParams, frozen: bool) -> int:
+    """The parts a strategy that reads ``order_part_bytes`` orders the packing in (1 for any other;
+    ``n_sequences`` is asked only then); more than one for a strategy without a ``part_order``, or
+    under a frozen prefix for one that does not continue it part by part (``order_after``, its parts
+    in stretches), is refused."""
     if "order_part_bytes" not in spec.reads:
         return 1
-    m = SequenceIds.of_segments(_column(segments, "sequence_id", "segments")).n_sequences
+    m = n_sequences()
     parts = n_parts(m, params.order_part_bytes, params.batch_size)
     continues = spec.order_after is not None and spec.derived is None and spec.part_layout == "stretches"
     if parts > 1 and (spec.part_order is None or (frozen and not continues)):
@@ -330,15 +352,21 @@ def _parts(spec: StrategySpec, segments: pl.DataFrame, params: OrderParams, froz
 
 
 def _partitioned(name: str, inp: Inputs, parts: int, engine: str, ray_cfg: Any, work_dir: Path | None,
-                 prefix: np.ndarray | None = None) -> OrderingResult:
+                 prefix: np.ndarray | None = None, path: Path | None = None) -> OrderingResult:
     """The strategy's order in ``parts`` parts (``pipeline.ordering.partitioned``), a frozen
-    ``prefix`` (sequence ids) first; its greedy mode is each part's."""
+    ``prefix`` (sequence ids) first; its greedy mode is each part's. ``path``: the segments'
+    Parquet file, read batch by batch (``ParquetSegments``) instead of ``inp.segments``."""
     seg, p, seed = inp.segments, inp.params, inp.seed
-    corpus = Corpus(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), inp.cluster, inp.length,
-                    inp.columns, p)
+    if path is not None:
+        corpus = ParquetSegments(path, inp.cluster, inp.length, inp.columns, p)
+    else:
+        corpus = Corpus(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), inp.cluster, inp.length,
+                        inp.columns, p)
     del inp, seg
-    if prefix is not None and (np.unique(prefix).size != prefix.size or not np.isin(prefix, corpus.seq[corpus.starts[:-1]]).all()):
-        raise StrataInputError("a frozen sequence is missing from the packing, or frozen twice",
+    if prefix is not None and np.unique(prefix).size != prefix.size:
+        raise StrataInputError("a frozen sequence is frozen twice", fix="re-materialize sequences (it keeps the frozen sequences)")
+    if prefix is not None and path is None and not np.isin(prefix, corpus.seq[corpus.starts[:-1]]).all():
+        raise StrataInputError("a frozen sequence is missing from the packing",
                                fix="re-materialize sequences (it keeps the frozen sequences)")
     ids = partitioned_ids(name, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir, prefix=prefix)
     largest = int(part_sizes(ids.size, parts, p.batch_size, strategies.spec(name).part_layout).max())

@@ -97,13 +97,19 @@ class Corpus:
     def chunk(self, a: int, b: int):
         """The features of sequences ``[a, b)`` (rows in ascending id), binned and sized as the whole packing's."""
         lo, hi = self.starts[a], self.starts[b]
-        f = packed_sequence_features(self.seq[lo:hi], self.doc[lo:hi], self.tokens[lo:hi], self.cluster, self.length,
-                                     self.params.length_bins, self.columns, self.params.length_bin_weighting,
-                                     bin_edges=self.bin_edges)
-        joint = np.zeros((self.n_clusters, self.bin_edges.size + 1))
-        joint[: f.cluster_bin_tokens.shape[0]] += f.cluster_bin_tokens
-        cols = {k: replace(v, n_cols=self.widths[k]) for k, v in f.columns.items()}
-        return replace(f, clusters=replace(f.clusters, n_cols=self.n_clusters), columns=cols), joint
+        return stretch_features(self, self.seq[lo:hi], self.doc[lo:hi], self.tokens[lo:hi])
+
+
+def stretch_features(corpus: Any, seq: np.ndarray, doc: np.ndarray, tokens: np.ndarray):
+    """The features of the whole sequences whose segments these are (grouped by sequence), from
+    ``corpus``' per-document ``cluster``, ``length`` and ``columns``, binned with its ``bin_edges``
+    and sized as its ``n_clusters`` and ``widths``; and their (cluster, bin) tokens."""
+    f = packed_sequence_features(seq, doc, tokens, corpus.cluster, corpus.length, corpus.params.length_bins, corpus.columns,
+                                 corpus.params.length_bin_weighting, bin_edges=corpus.bin_edges)
+    joint = np.zeros((corpus.n_clusters, corpus.bin_edges.size + 1))
+    joint[: f.cluster_bin_tokens.shape[0]] += f.cluster_bin_tokens
+    cols = {k: replace(v, n_cols=corpus.widths[k]) for k, v in f.columns.items()}
+    return replace(f, clusters=replace(f.clusters, n_cols=corpus.n_clusters), columns=cols), joint
 
 
 def _offsets(chars: Characteristics, objective: Objective) -> dict[str, tuple[int, int]]:
@@ -146,7 +152,7 @@ def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path, prefix: n
     objective = corpus.params.objective_weights()
     state, offsets, pieces = None, None, [[] for _ in sizes]
     frozen_ids, frozen_part, reserved = _frozen_parts(np.zeros(0, np.int64) if prefix is None else prefix, sizes)
-    joint = np.zeros((corpus.n_clusters, corpus.bin_edges.size + 1))
+    joint, found = np.zeros((corpus.n_clusters, corpus.bin_edges.size + 1)), 0
     for c, (a, b) in enumerate(corpus.ranges(DEAL_CHUNK)):
         f, chunk_joint = corpus.chunk(a, b)
         joint += chunk_joint
@@ -157,10 +163,14 @@ def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path, prefix: n
         at = np.minimum(np.searchsorted(frozen_ids, f.sequence_ids), max(0, frozen_ids.size - 1))
         forced = np.where(frozen_ids[at] == f.sequence_ids, frozen_part[at], -1) if frozen_ids.size else None
         part = state.rows(x, f.lengths, forced)
+        found += 0 if forced is None else int(np.count_nonzero(forced >= 0))
         for p in range(sizes.size):
             rows = np.flatnonzero(part == p)
             if rows.size:
                 pieces[p].append(str(save_piece(f.take_rows(rows), work / f"part{p:05d}.{c:06d}.npz")))
+    if found != frozen_ids.size:
+        raise StrataInputError(f"{frozen_ids.size - found} frozen sequences are missing from the packing",
+                               fix="re-materialize sequences (it keeps the frozen sequences)")
     meta = work / "corpus.npz"
     with atomic_path(meta) as tmp, open(tmp, "wb") as fh:
         np.savez(fh, bin_edges=corpus.bin_edges, joint=joint, **_lead_in(state, offsets, objective))

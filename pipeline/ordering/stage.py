@@ -24,7 +24,7 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering import strategies
 from pipeline.ordering.blend_kept import check_groups_kept
 from pipeline.ordering.composition import ordering_ids
-from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, seed_dependent, segment_columns
+from pipeline.ordering.engine import OrderingResult, OrderParams, order_frame, run_strategy, seed_dependent
 from pipeline.ordering.frozen_boundary import boundary_summary
 from pipeline.ordering.schedule import accounting, cluster_tokens, l1_distance, schedule_problems
 from pipeline.packing import frozen
@@ -235,8 +235,8 @@ def _computed_order(layout, connect: Connect, spec, strategy: str, stage_params:
     warm_kernels()  # numba's first load, beside the reading of the documents and segments
     # contiguous columns: the strategies' NumPy views are not copies beside the frames' chunks; the
     # documents are read by run_strategy itself, which frees the frame once it holds their arrays
-    result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(),
-                          lambda: pl.read_parquet(layout.segments, columns=segment_columns(name, prefix is not None)).rechunk(),
+    # the segments as their file: the engine reads what the strategy needs, a partitioned order's deal a batch at a time
+    result = run_strategy(name, lambda: ordering_documents(layout, params, name).rechunk(), layout.segments,
                           seq_len, params, seed, prefix=prefix, **_engine(layout, stage_params))
     return result, base
 
