@@ -110,6 +110,35 @@ def test_map_corpus_shards_reuses_shards_and_resumes_units(tmp_path, texts, toke
     np.testing.assert_array_equal(np.load(last), whole[got.size - np.load(last).size :])
 
 
+def test_a_unit_saved_after_its_shard_is_assembled_is_dropped(tmp_path, texts, tokenizer):
+    """On Ray a worker writes its unit's file before the driver takes its result, so the driver can
+    see a shard's every file, assemble it, and then be handed one of those units: its file is
+    dropped, not a KeyError. Here the first unit's arguments write the shard's other units' files
+    (their workers ahead of the driver), which run after it."""
+    shards = _shards(tmp_path, texts)[:1]
+    cfg = SimpleNamespace(shard_docs=7, engine="local", ray=RayConfig())
+    args = (tokenizer.backend_tokenizer.to_str(), tokenizer.eos_token_id, "<u2")
+    out, work = tmp_path / "out", tmp_path / "work"
+
+    def unit_args(shard, a, b):
+        unit = (*args, read_shard_docs(shard, a, b)["text"].to_list())
+        if a == 0:
+            for c in range(7, shard.n_docs, 7):
+                np.savez(work / f"tokens-{shard.name}-k-{c}.npz", *tokenize_unit(*args, read_shard_docs(shard, c, c + 7)["text"].to_list()))
+        return unit
+
+    def assemble(shard, results):
+        np.save(out / f"{shard.name}.npy", np.concatenate([r[0] for r in results]))
+
+    out.mkdir()
+    stats = map_corpus_shards(shards, tokenize_unit, unit_args, assemble, lambda s: (out / f"{s.name}.npy").is_file(),
+                              stage="tokens", key="k", work_dir=work, cfg=cfg)
+    assert stats["shards_computed"] == 1 and stats["units"] == 4
+    whole, _ = tokenize_documents(tokenizer, texts[:25], progress=False)
+    np.testing.assert_array_equal(np.load(out / f"{shards[0].name}.npy"), whole)
+    assert not list(work.iterdir())
+
+
 def test_unit_results_stream_into_assemble_without_unit_files(tmp_path, texts, tokenizer):
     """``checkpoint=False`` on the local engine: no unit file is written, the artifacts are those
     of the checkpointed path, and unit files an earlier run left are used instead of recomputing."""

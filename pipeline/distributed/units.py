@@ -91,7 +91,7 @@ def map_corpus_shards(shards: Sequence[UnitSource], fn: Callable[..., Any], unit
     if not checkpoint and cfg.engine == "local":
         _compute_in_order(units, fn, finish, bar)
     else:
-        _compute_to_files(units, flat, owner, fn, finish, bar, cfg.engine, cfg.ray, actors)
+        _compute_to_files(units, owner, fn, finish, bar, cfg.engine, cfg.ray, actors)
     bar.close()
     return {"shards": len(shards), "shards_computed": len(todo), "shards_reused": len(shards) - len(todo), "units": len(owner),
             "units_resumed": resumed}
@@ -129,19 +129,22 @@ def _compute_in_order(units: dict[str, list[Shard]], fn: Callable[..., Any], fin
         finish(name, ahead(compute, zip(units[name], ahead(inputs, units[name]))))
 
 
-def _compute_to_files(units: dict[str, list[Shard]], flat: list[Shard], owner: dict[Path, str], fn: Callable[..., Any],
+def _compute_to_files(units: dict[str, list[Shard]], owner: dict[Path, str], fn: Callable[..., Any],
                       finish: Callable[..., None], bar, engine: str, ray_cfg, actors: bool) -> None:
-    """Every unit of ``flat`` (all shards' units, listed before any is finished) computed on
-    ``engine`` into its file (a checkpoint), and each shard assembled by ``finish`` once its last
-    unit is saved; shards complete from an interrupted run first."""
+    """Every unit of the shards in ``units`` computed on ``engine`` into its file (a checkpoint),
+    and each shard assembled by ``finish`` once its last unit is saved; shards complete from an
+    interrupted run first, and their units are not shipped again (``finish`` removes their files)."""
     for name in [d for d, us in units.items() if all(u.done() for u in us)]:  # complete from an interrupted run
         finish(name)
 
     def save(unit: Shard, path: str) -> None:  # the worker wrote the unit's file
         bar.update(1)
         name = owner[Path(path)]
+        if name not in units:  # its shard is assembled already: a unit whose task ran twice (a retried task)
+            Path(path).unlink(missing_ok=True)
+            return
         if all(u.done() for u in units[name]):
             finish(name)
 
-    shipped = [Shard(u.name, (), u.outputs, load=lambda u=u: (fn, str(u.outputs[0]), *u.arguments())) for u in flat]
+    shipped = [Shard(u.name, (), u.outputs, load=lambda u=u: (fn, str(u.outputs[0]), *u.arguments())) for us in units.values() for u in us]
     map_shards(unit_to_file, shipped, save, engine=engine, ray_cfg=ray_cfg, actors=actors)
