@@ -81,7 +81,7 @@ def test_several_writers_give_the_single_writers_bytes(tmp_path, fmt, variant, s
 
 
 def test_several_writers_extend_a_kept_prefix_to_the_same_bytes(tmp_path):
-    """A frozen prefix's rows copied from the previous export by the driver, the rest by the workers."""
+    """A frozen prefix's rows taken over from the previous export by the driver, the rest written by the workers."""
     stream = _stream("padding")
     (tmp_path / "prev").mkdir()
     prev = tmp_path / "prev"
