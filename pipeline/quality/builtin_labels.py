@@ -30,8 +30,8 @@ CORPUS_DOCS = 3000  # corpus.builtin_max_docs's default: the corpus the ablation
 NEGATIVES = 400  # negatives sampled beyond the corpus
 POSITIVE_SOURCE = "docs"
 # the scorer's settings besides the two files: 20 epochs at lr 0.5 and 131,072 bigram buckets, a model of 38 MB in every
-# demo root where fastText's default 2,000,000 makes 494 MB, with the same held-out AUC on these labels (65,536 made
-# training diverge: "Encountered NaN"); the rest QualityConfig's defaults
+# demo root where fastText's default 2,000,000 makes 494 MB, with the same held-out AUC on these labels; the rest
+# QualityConfig's defaults
 TRAINING = {"scorer": "fasttext_trained", "epochs": 20, "lr": 0.5, "bucket": 131_072}
 FILES = ("positives.jsonl", "negatives.jsonl")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,9 @@ import numpy as np
 import polars as pl
 
 from pipeline.errors import StrataInputError
-from pipeline.heavy import lazy
 from pipeline.quality.scorers import VERSION, Prepared, Scorer
 from pipeline.quality.scorers.fasttext_model import DEFAULT_LABEL, load, one_line, probabilities
 from pipeline.storage.atomic import atomic_path, file_sha256, write_json
-
-fasttext = lazy("fasttext")
 
 NEGATIVE = "__label__cc"
 
@@ -96,6 +95,32 @@ class FastTextTrained(Scorer):
         return probabilities(load(model), texts, options["label"])
 
 
+# The child's whole program: train, save, and on failure print fastText's message and exit 1.
+_CHILD = """
+import json, sys
+import fasttext
+a = json.loads(sys.argv[1])
+try:
+    fasttext.train_supervised(a["input"], epoch=a["epochs"], dim=a["dim"], lr=a["lr"], wordNgrams=2, bucket=a["bucket"],
+                              minCount=1, thread=1, seed=a["seed"], verbose=0).save_model(a["output"])
+except RuntimeError as exc:
+    sys.stderr.write(str(exc))
+    sys.exit(1)
+"""
+
+
+def train_in_fresh_process(work: Path, out: Path, opts: dict[str, Any]) -> None:
+    """``fasttext.train_supervised`` on ``work``, saved to ``out``, in a new Python process: within a
+    process that has already trained, the fastText wheel's training can stop with "Encountered NaN."
+    on inputs that train cleanly in a fresh one (the failure follows what ran before, not the inputs),
+    so each model is trained where the same inputs give the same bytes. A failure raises RuntimeError with
+    fastText's message."""
+    args = {"input": str(work), "output": str(out), **{k: opts[k] for k in ("epochs", "dim", "lr", "bucket", "seed")}}
+    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}")
+
+
 def train(pos: list[str], neg: list[str], opts: dict[str, Any], out: Path, work: Path) -> dict[str, Any]:
     """Train on the training rows of both classes (written interleaved in a seeded order), save the
     model to ``out`` and return its held-out AUC and the counts."""
@@ -104,16 +129,14 @@ def train(pos: list[str], neg: list[str], opts: dict[str, Any], out: Path, work:
     lines = [f"{DEFAULT_LABEL} {one_line(pos[i])}" for i in pos_tr] + [f"{NEGATIVE} {one_line(neg[i])}" for i in neg_tr]
     work.write_text("\n".join(lines[i] for i in rng.permutation(len(lines))) + "\n", encoding="utf-8")
     try:
-        model = fasttext.train_supervised(str(work), epoch=opts["epochs"], dim=opts["dim"], lr=opts["lr"], wordNgrams=2,
-                                          bucket=opts["bucket"],
-                                          minCount=1, thread=1, seed=opts["seed"], verbose=0)
+        with atomic_path(out) as tmp:
+            train_in_fresh_process(work, tmp, opts)
     except RuntimeError as exc:
         raise StrataInputError(f"fastText training failed ({exc}) on {len(pos_tr)} positives and {len(neg_tr)} negatives",
                                path=work, fix="give more documents of each class, or lower quality.lr") from None
     finally:
         work.unlink(missing_ok=True)
-    with atomic_path(out) as tmp:
-        model.save_model(str(tmp))
+    model = load(str(out))
     held = {"heldout_positives": int(pos_ho.size), "heldout_negatives": int(neg_ho.size)}
     if pos_ho.size and neg_ho.size:
         scores = probabilities(model, [pos[i] for i in pos_ho] + [neg[i] for i in neg_ho], DEFAULT_LABEL)
