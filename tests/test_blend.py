@@ -19,6 +19,7 @@ from pipeline.errors import StrataInputError
 from pipeline.ordering.blend import Blend, blend_accounting, document_uses, group_tokens, planned_counts, stage_l1
 from pipeline.ordering.engine import OrderParams, run_strategy
 from pipeline.ordering.features import packed_sequence_features
+from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE
 from pipeline.packing.pack import pack_concat
 
 L = 256
@@ -169,8 +170,10 @@ def test_default_config_has_no_blend():
 
 @pytest.mark.integration
 def test_strata_run_realizes_the_blend_and_counts_every_use(tmp_path):
-    """``strata run`` to the orderings with ``mixture.stages`` over the demo domains as sources:
-    the blend's accounting files and DuckDB rows, the checks, and ``strata export`` of the schedule."""
+    """``strata run`` to the orderings with ``mixture.stages`` over the demo domains as sources,
+    ordered in parts of at most 2,000 sequences (each a worker process of its own, the parts' plans
+    checked by the accounting): the blend's accounting files and DuckDB rows, the checks, and
+    ``strata export`` of the schedule."""
     import json
 
     import duckdb
@@ -185,7 +188,7 @@ def test_strata_run_realizes_the_blend_and_counts_every_use(tmp_path):
     cfg = {"data_root": str(tmp_path / "root"), "corpus": {"path": str(tmp_path / "corpus.jsonl"), "source_field": "domain"},
            "heldout_fraction": 0.0, "vocab_size": 300, "k": 3, "seq_len": 64, "length_bins": 4, "batch_size": 4,
            "embed_method": "shallow", "embed_max_tokens": 32, "strategies": ["random", "greedy_blend"], "stationarity_shuffles": 5,
-           "mixture_tolerance": 0.1,
+           "mixture_tolerance": 0.1, "order_part_bytes": 2000 * PART_BYTES_PER_SEQUENCE,
            "mixture": {"stages": [{"until_tokens": 0.7, "weights": {"web": 0.5, "code": 0.3, "religious_text": 0.2}},
                                   {"weights": {"web": 0.2, "code": 0.2, "religious_text": 0.6}}],
                        "max_repetition": {"religious_text": 2}}}
@@ -200,6 +203,8 @@ def test_strata_run_realizes_the_blend_and_counts_every_use(tmp_path):
     stages = pl.read_parquet(layout.inside("orderings", "greedy_blend.blend.parquet"))
     uses = pl.read_parquet(layout.inside("orderings", "greedy_blend.uses.parquet"))
     assert (uses["planned_uses"] == uses["realized_uses"]).all() and uses["realized_uses"].sum() >= ordering.order.size
+    with np.load(layout.inside("orderings", "greedy_blend.parts_plan.npz")) as plan:  # the parts' plans, which the accounting read
+        assert plan["asked"].size >= 2 and int(plan["copies"].sum()) == ordering.order.size
     assert max(stage_l1(stages).values()) <= 0.1, stages  # mixture_tolerance of this small corpus
     con = duckdb.connect(str(layout.duckdb), read_only=True)
     rows = con.sql("SELECT * FROM blend_document_uses WHERE strategy = 'greedy_blend'").pl()

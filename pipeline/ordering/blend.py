@@ -27,7 +27,7 @@ a stage's linear ramp from the previous weights is realized as constant steps: :
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
@@ -63,6 +63,9 @@ class Blend:
     max_fraction: tuple[tuple[str, float], ...] = ()
     on_infeasible: str = "shrink"  # the caps cannot give the weights at the budget: shrink it (warned) | error
     origin: tuple[int, ...] = ()  # with ramps: per stage, the configured stage it comes from (a ramp's steps: that stage's)
+    # the column's groups (document_groups' names), given where the documents are not at hand (a part's worker);
+    # not part of what the blend is (its repr, recorded in the lineage, and equality leave it out)
+    groups: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @staticmethod
     def from_config(mixture) -> "Blend | None":
@@ -424,8 +427,7 @@ def blend_order(features: SequenceFeatures, groups: Csr, counts: np.ndarray, wei
     sched_groups = groups.take_rows(rows_all)
     kappas = {"cluster": within_groups(sched_groups, features.clusters.take_rows(rows_all), lengths[rows_all]),
               "length_bin": within_groups(sched_groups, features.bins.take_rows(rows_all), lengths[rows_all])}
-    others = tuple(f for f in objective.families if f.name != GROUP_FAMILY)
-    obj = Objective((Family(GROUP_FAMILY, GROUP_WEIGHT * sum(f.weight for f in others)), *others))
+    obj = blend_objective(objective)
     weights_by = {f.name: f.weight for f in obj.families}
     out = []
     for k in range(len(ends)):
@@ -439,6 +441,13 @@ def blend_order(features: SequenceFeatures, groups: Csr, counts: np.ndarray, wei
                                       targeted=GROUP_FAMILY)
         out.append(rows[order])
     return np.concatenate(out)
+
+
+def blend_objective(objective: Objective) -> Objective:
+    """The objective a blend is ordered (and its parts dealt) by: the groups' family first, weighing
+    ``GROUP_WEIGHT`` times all the others together, then the others as configured."""
+    others = tuple(f for f in objective.families if f.name != GROUP_FAMILY)
+    return Objective((Family(GROUP_FAMILY, GROUP_WEIGHT * sum(f.weight for f in others)), *others))
 
 
 def stage_counts(features: SequenceFeatures, groups: Csr, counts: np.ndarray, weights: np.ndarray, stage_tokens: np.ndarray,

@@ -8,7 +8,7 @@ new segments and the order refers to those sequence ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -20,12 +20,12 @@ from pipeline.config import config_default
 from pipeline.errors import StrataInputError
 from pipeline.names import WITHIN_SORTS
 from pipeline.ordering import strategies
-from pipeline.ordering.blend import Blend, document_groups
+from pipeline.ordering.blend import GROUP_FAMILY, Blend, document_groups
 from pipeline.ordering.doc_arrays import document_arrays, names_absent
 from pipeline.ordering.features import SequenceFeatures, SequenceIds, packed_sequence_features
 from pipeline.ordering.greedy import Objective, greedy_mode
 from pipeline.ordering.parquet_segments import ParquetSegments, parquet_sequences
-from pipeline.ordering.partitioned import Corpus, partitioned_ids
+from pipeline.ordering.partitioned import Corpus, partitioned_order
 from pipeline.ordering.parts import PART_BYTES_PER_SEQUENCE, n_parts, part_sizes
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.packing.pack import SEGMENT_SCHEMA, pack_concat
@@ -123,6 +123,7 @@ class OrderingResult:
     order: pl.DataFrame  # position Int64, sequence_id Int64
     segments: pl.DataFrame | None  # new packing (SEGMENT_SCHEMA) when the strategy repacked
     greedy_mode: str | None = None  # "exact" | "blocked" for strategies built on `greedy`, else None
+    plan: list | None = None  # a schedule ordered in parts (greedy_blend): each part's plan (partitioned.load_plans)
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,8 @@ def _parts(spec: StrategySpec, n_sequences: Callable[[], int], params: OrderPara
         raise StrataInputError(
             f"{m:,} sequences need {parts} parts of order_part_bytes={params.order_part_bytes:,}, and {what} is ordered in one part only",
             fix=f"set order_part_bytes: 0 or >= {need:,} (one process orders all sequences, about {PART_BYTES_PER_SEQUENCE} bytes each), "
-                "or use greedy (a frozen prefix too) / greedy_block_shuffle / greedy_curriculum / greedy_mixture (docs/scale.md)")
+                "or use greedy (a frozen prefix too) / greedy_block_shuffle / greedy_curriculum / greedy_mixture / greedy_blend "
+                "(docs/scale.md)")
     return parts
 
 
@@ -356,21 +358,26 @@ def _partitioned(name: str, inp: Inputs, parts: int, engine: str, ray_cfg: Any, 
     """The strategy's order in ``parts`` parts (``pipeline.ordering.partitioned``), a frozen
     ``prefix`` (sequence ids) first; its greedy mode is each part's. ``path``: the segments'
     Parquet file, read batch by batch (``ParquetSegments``) instead of ``inp.segments``."""
-    seg, p, seed = inp.segments, inp.params, inp.seed
+    seg, p, seed, columns = inp.segments, inp.params, inp.seed, dict(inp.columns)
+    if inp.blend_groups is not None:  # greedy_blend: the deal balances the groups, each part's worker plans them by name
+        columns[GROUP_FAMILY] = inp.blend_groups[0]
+        p = replace(p, blend=replace(p.blend, groups=tuple(inp.blend_groups[1])))
     if path is not None:
-        corpus = ParquetSegments(path, inp.cluster, inp.length, inp.columns, p)
+        corpus = ParquetSegments(path, inp.cluster, inp.length, columns, p)
     else:
         corpus = Corpus(seg["sequence_id"].to_numpy(), seg["doc_id"].to_numpy(), seg["n_tokens"].to_numpy(), inp.cluster, inp.length,
-                        inp.columns, p)
-    del inp, seg
+                        columns, p)
+    if inp.blend_groups is not None:
+        corpus.widths[GROUP_FAMILY] = len(inp.blend_groups[1])  # every group, those the packing lacks too
+    del inp, seg, columns
     if prefix is not None and np.unique(prefix).size != prefix.size:
         raise StrataInputError("a frozen sequence is frozen twice", fix="re-materialize sequences (it keeps the frozen sequences)")
     if prefix is not None and path is None and not np.isin(prefix, corpus.seq[corpus.starts[:-1]]).all():
         raise StrataInputError("a frozen sequence is missing from the packing",
                                fix="re-materialize sequences (it keeps the frozen sequences)")
-    ids = partitioned_ids(name, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir, prefix=prefix)
+    ids, plans = partitioned_order(name, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir, prefix=prefix)
     largest = int(part_sizes(ids.size, parts, p.batch_size, strategies.spec(name).part_layout).max())
-    return OrderingResult(order_frame(ids), None, greedy_mode(largest, p.greedy_exact_max))
+    return OrderingResult(order_frame(ids), None, greedy_mode(largest, p.greedy_exact_max), plans)
 
 
 def _content_ranks(docs: pl.DataFrame, doc_id: np.ndarray, n: int) -> np.ndarray | None:

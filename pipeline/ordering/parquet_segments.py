@@ -3,8 +3,8 @@ ordering's input in the ``orderings`` stage, so the driver never holds the packi
 
 What :class:`ParquetSegments` holds is the per-document arrays (each document's cluster and
 stream length, the objective's documents columns: a few bytes a document, as the packing itself
-needs) and one deal chunk's segments. It reads the file twice: once for the sequences' count and
-the documents the packing holds (the length-bin edges, the clusters' and columns' widths: those of
+needs) and one deal chunk's segments. It reads the file twice: once for the checks, the sequences'
+count and the documents the packing holds (the length-bin edges, the clusters' and columns' widths: those of
 :class:`pipeline.ordering.partitioned.Corpus` on the same arrays), then once more as the deal
 walks it, in chunks of exactly the deal's size, so the deal and the order are the in-memory
 corpus's byte for byte (``tests/test_parquet_segments.py``).
@@ -32,12 +32,17 @@ def _batches(path: Path, columns: list[str]) -> Iterator[list[np.ndarray]]:
         yield [batch.column(i).to_numpy(zero_copy_only=False) for i in range(len(columns))]
 
 
+def _new_sequences(seq: np.ndarray, last: int | None) -> int:
+    """The sequences a non-empty batch of grouped sequence ids starts, the one ``last`` ended in not counted."""
+    return int(np.count_nonzero(seq[1:] != seq[:-1])) + int(last is None or seq[0] != last)
+
+
 def parquet_sequences(path: Path) -> int:
     """The sequences of a segments Parquet file (its sequence ids grouped), read a batch at a time."""
     n, last = 0, None
     for (seq,) in _batches(Path(path), ["sequence_id"]):
         if seq.size:
-            n += int(np.count_nonzero(seq[1:] != seq[:-1])) + int(last is None or seq[0] != last)
+            n += _new_sequences(seq, last)
             last = seq[-1]
     return n
 
@@ -61,7 +66,7 @@ class ParquetSegments:
             if names_absent(doc, cluster):
                 raise StrataInputError("a segment names a doc_id missing from the documents", path=self.path,
                                        fix="pack and order the same documents table")
-            n += int(np.count_nonzero(seq[1:] != seq[:-1])) + int(last is None or seq[0] != last)
+            n += _new_sequences(seq, last)
             held[doc] = True
             last = seq[-1]
         self._n = n

@@ -54,7 +54,12 @@ def order_part(strategy: str, params: Any, seed: int, pieces: list[str], meta: s
     f = load_part([Path(p) for p in pieces], edges, joint)
     spec = strategies.spec(strategy)
     if frozen is None:
-        rows = np.asarray(spec.part_order(f, params, seed), dtype=np.int64)
+        rows = spec.part_order(f, params, seed)
+        if isinstance(rows, tuple):  # a schedule's order and its plan (greedy_blend)
+            rows, plan = rows
+            with atomic_path(plan_path(out)) as tmp, open(tmp, "wb") as fh:
+                np.savez(fh, sequence_ids=f.sequence_ids, **plan)
+        rows = np.asarray(rows, dtype=np.int64)
     else:
         with np.load(frozen, allow_pickle=False) as z:
             head = np.searchsorted(f.sequence_ids, z["ids"])
@@ -64,6 +69,22 @@ def order_part(strategy: str, params: Any, seed: int, pieces: list[str], meta: s
         rows = np.concatenate([head, np.asarray(after, dtype=np.int64)])
     write_npy(f.sequence_ids[rows], out)
     return out
+
+
+def plan_path(out: str | Path) -> Path:
+    """Where a part's worker writes its plan beside its order ``out`` (a schedule's: ``part_order``'s second value)."""
+    return Path(out).with_suffix(".plan.npz")
+
+
+def load_plans(outs: list[Path]) -> list[dict[str, np.ndarray]] | None:
+    """The parts' plans (each its rows' ``sequence_ids`` and the plan's arrays), None when the parts wrote none."""
+    if not all(plan_path(o).is_file() for o in outs):
+        return None
+    plans = []
+    for o in outs:
+        with np.load(plan_path(o), allow_pickle=False) as z:
+            plans.append({k: z[k] for k in z.files})
+    return plans
 
 
 class Corpus:
@@ -142,14 +163,16 @@ def _frozen_parts(prefix: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np
     return prefix[by], part[by], np.bincount(part, minlength=sizes.size)
 
 
-def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path, prefix: np.ndarray | None = None) -> tuple[list[list[str]], str]:
-    """Deal the sequences into ``len(sizes)`` parts of those sizes, chunk by chunk; each part's
+def deal(corpus: Corpus | SegmentFiles, sizes: np.ndarray, work: Path, prefix: np.ndarray | None = None,
+         objective: Objective | None = None) -> tuple[list[list[str]], str]:
+    """Deal the sequences into ``len(sizes)`` parts of those sizes, chunk by chunk, balancing the
+    columns of ``objective`` (default: the params' own); each part's
     share of a chunk is written to ``work``. Return each part's files and the file of the corpus's
     bin edges and (cluster, bin) tokens. A frozen ``prefix`` (sequence ids in stream order, the
     stream's first stretches) goes to the parts whose stretches hold it, counted in the deal's totals
     from the start, and the part it ends in is dealt what the parts it fills lack (:class:`Deal`);
     the meta file then holds what that part continues from (:func:`_lead_in`)."""
-    objective = corpus.params.objective_weights()
+    objective = objective or corpus.params.objective_weights()
     state, offsets, pieces = None, None, [[] for _ in sizes]
     frozen_ids, frozen_part, reserved = _frozen_parts(np.zeros(0, np.int64) if prefix is None else prefix, sizes)
     joint, found = np.zeros((corpus.n_clusters, corpus.bin_edges.size + 1)), 0
@@ -220,7 +243,7 @@ def order_parts(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: 
     if prefix is not None and (spec.part_layout != "stretches" or spec.order_after is None or spec.derived is not None):
         raise StrataInputError(f"{strategy!r} does not continue a frozen prefix part by part",
                                fix="freeze 'greedy' when the packing needs parts, or set order_part_bytes: 0 (one part)")
-    pieces, meta = deal(corpus, sizes, work, prefix)
+    pieces, meta = deal(corpus, sizes, work, prefix, spec.part_objective(params) if spec.part_objective is not None else None)
     frozen = _frozen_slices(prefix, sizes, meta, work)
     outs = [work / f"order{p:05d}.npy" for p in range(parts)]
     shards = [Shard(f"{strategy} part {p}", (strategy, params, seed, pieces[p], meta, str(outs[p]), frozen[p]), (outs[p],))
@@ -242,18 +265,27 @@ def _work(strategy: str, seed: int, work_dir: Path | None) -> Path:
 
 def partitioned_ids(strategy: str, corpus: Corpus, parts: int, seed: int, *, engine: str = "local", ray_cfg: Any = None,
                     work_dir: Path | None = None, prefix: np.ndarray | None = None) -> np.ndarray:
+    """The strategy's order (sequence ids) of ``corpus`` in ``parts`` parts: :func:`partitioned_order`'s ids."""
+    return partitioned_order(strategy, corpus, parts, seed, engine=engine, ray_cfg=ray_cfg, work_dir=work_dir, prefix=prefix)[0]
+
+
+def partitioned_order(strategy: str, corpus: Corpus, parts: int, seed: int, *, engine: str = "local", ray_cfg: Any = None,
+                      work_dir: Path | None = None,
+                      prefix: np.ndarray | None = None) -> tuple[np.ndarray, list[dict[str, np.ndarray]] | None]:
     """The strategy's order (sequence ids) of ``corpus`` in ``parts`` parts: the deal, each part
     ordered by a worker (a process of its own, or a Ray task), the parts joined in the strategy's
-    ``part_layout`` and, for a strategy derived from another's order (``greedy_block_shuffle``), its function of it."""
+    ``part_layout`` and, for a strategy derived from another's order (``greedy_block_shuffle``), its
+    function of it; and the parts' plans (:func:`load_plans`: a schedule's, else None)."""
     spec, params = strategies.spec(strategy), corpus.params
     work = _work(strategy, seed, work_dir)
     try:
         outs, _ = order_parts(strategy, corpus, parts, seed, work, engine=engine, ray_cfg=ray_cfg, prefix=prefix)
         orders = [np.load(out, allow_pickle=False) for out in outs]
+        plans = load_plans(outs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ids = stream_of(orders, params.batch_size, spec.part_layout)
-    return np.asarray(spec.derived[1](ids, params, seed)) if spec.derived is not None else ids
+    return (np.asarray(spec.derived[1](ids, params, seed)) if spec.derived is not None else ids), plans
 
 
 def partitioned_stream(strategy: str, corpus: Corpus | SegmentFiles, parts: int, seed: int, out: Path, *, engine: str = "local",

@@ -80,13 +80,25 @@ def stream_of(orders: list[np.ndarray], batch: int, layout: str = "stretches") -
 
 
 def interleave(orders: list[np.ndarray], batch: int) -> np.ndarray:
-    """The ``batches`` layout's stream of the parts' orders: batch b = part (b mod P)'s batch (b div P)."""
-    parts = len(orders)
-    out = np.empty(sum(o.size for o in orders), dtype=np.int64)
+    """The ``batches`` layout's stream of the parts' orders: batch b = part (b mod P)'s batch (b div P)
+    while every part has one; a part whose order is shorter (a schedule's, which repeats and omits
+    sequences) leaves its turns to the others: round r holds every part's batch r there is, in part order."""
+    sizes = np.array([o.size for o in orders], dtype=np.int64)
+    out = np.empty(int(sizes.sum()), dtype=np.int64)
+    starts = round_starts(sizes, batch, 0, -(-int(sizes.max(initial=0)) // batch))
     for p, order in enumerate(orders):
         i = np.arange(order.size)
-        out[(i // batch * parts + p) * batch + i % batch] = order
+        out[starts[i // batch, p] + i % batch] = order
     return out
+
+
+def round_starts(sizes: np.ndarray, batch: int, r0: int, r1: int) -> np.ndarray:
+    """((r1 - r0) x P) where part p's batch r starts in the ``batches`` layout's stream: after every
+    part's sequences in rounds before r and the parts before p's in round r."""
+    r = np.arange(r0, r1, dtype=np.int64)[:, None]
+    before = np.minimum(sizes[None, :], r * batch).sum(axis=1, keepdims=True)
+    this = np.clip(sizes[None, :] - r * batch, 0, batch)
+    return before + np.cumsum(this, axis=1) - this
 
 
 def _npy_reader(path: Path) -> tuple[np.dtype, int, int]:
@@ -99,10 +111,10 @@ def _npy_reader(path: Path) -> tuple[np.dtype, int, int]:
 
 
 def write_stream(orders: list[Path], batch: int, out: Path, layout: str = "stretches", rounds: int = 1 << 12) -> Path:
-    """:func:`stream_of` the parts' order files (``.npy``, sized by :func:`part_sizes`) into the
+    """:func:`stream_of` the parts' order files (``.npy``) into the
     ``.npy`` file ``out`` (atomically), ``rounds`` batches of a part (``stretches``) or of every part
     (``batches``) at a time: neither the stream nor a part's order is ever held whole."""
-    parts, readers = len(orders), [_npy_reader(p) for p in orders]
+    readers = [_npy_reader(p) for p in orders]
     total = sum(n for _, n, _ in readers)
     step = rounds * batch
     with atomic_path(Path(out)) as tmp, open(tmp, "wb") as fh:
@@ -113,16 +125,18 @@ def write_stream(orders: list[Path], batch: int, out: Path, layout: str = "stret
                     got = np.fromfile(path, dtype=dtype, count=min(step, n - a), offset=offset + a * dtype.itemsize)
                     fh.write(got.astype("<i8", copy=False).tobytes())
             return Path(out)
-        for r0 in range(0, -(-max(n for _, n, _ in readers) // batch), rounds):
-            lo = r0 * parts * batch
-            buf = np.empty(min(total, lo + step * parts) - lo, dtype=np.int64)
+        sizes = np.array([n for _, n, _ in readers], dtype=np.int64)
+        for r0 in range(0, -(-int(sizes.max(initial=0)) // batch), rounds):
+            starts = round_starts(sizes, batch, r0, r0 + rounds + 1)  # the row past the last: where the next chunk starts
+            lo = int(starts[0, 0])
+            buf = np.empty(int(starts[-1, 0]) - lo, dtype=np.int64)
             for p, (path, (dtype, n, offset)) in enumerate(zip(orders, readers)):
                 a, b = r0 * batch, min(n, r0 * batch + step)
                 if a >= b:
                     continue
                 got = np.fromfile(path, dtype=dtype, count=b - a, offset=offset + a * dtype.itemsize)
                 i = np.arange(a, b)
-                buf[(i // batch * parts + p) * batch + i % batch - lo] = got
+                buf[starts[i // batch - r0, p] + i % batch - lo] = got
             fh.write(buf.tobytes())
     return Path(out)
 

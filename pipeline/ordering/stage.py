@@ -31,7 +31,7 @@ from pipeline.packing import frozen
 from pipeline.packing.pack import SequenceStore
 from pipeline.segments import warm_kernels
 from pipeline.stage import CheckFact, Connect, Markdown, StageParams, StageResult, setting
-from pipeline.storage.atomic import file_sha256, write_parquet
+from pipeline.storage.atomic import atomic_path, file_sha256, write_parquet
 from pipeline.storage.integrity import verify_ordering_inputs
 from pipeline.storage.layout import Store
 from pipeline.storage.lineage import newest_row
@@ -256,7 +256,34 @@ def _write_order(layout, strategy: str, result: OrderingResult) -> list:
                             partial(write_parquet, result.segments, seg_path))
     outputs = [write_parquet(result.order, layout.ordering(strategy))]
     seg_path.unlink(missing_ok=True)
-    return outputs
+    return outputs + _write_parts_plan(layout, strategy, result.plan)
+
+
+def parts_plan_path(layout, strategy: str):
+    """``orderings/<strategy>.parts_plan.npz``: the plan of a schedule ordered in parts, which its accounting checks."""
+    return layout.inside("orderings", f"{strategy}.parts_plan.npz")
+
+
+def _write_parts_plan(layout, strategy: str, plans: list[dict[str, np.ndarray]] | None) -> list:
+    """A schedule's parts' plans in one file (``sequence_ids`` and ``copies`` joined; per part each
+    other figure), or a stale one removed when the order was made in one part."""
+    path = parts_plan_path(layout, strategy)
+    if plans is None:
+        path.unlink(missing_ok=True)
+        return []
+    arrays = {k: (np.concatenate if k in ("sequence_ids", "copies") else np.stack)([q[k] for q in plans]) for k in plans[0]}
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+    return [path]
+
+
+def load_parts_plan(layout, strategy: str) -> dict[str, np.ndarray] | None:
+    """The parts' plans :func:`_write_parts_plan` wrote, as one plan (per part figures kept per part), or None."""
+    path = parts_plan_path(layout, strategy)
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
 
 
 def _order_check(layout, connect: Connect, spec, strategy: str, written, tables: dict[str, pl.DataFrame]) -> tuple[bool, CheckFact]:

@@ -90,6 +90,9 @@ class StrategySpec:
     # how its parts make the stream (pipeline.ordering.parts.LAYOUTS): "stretches", one part after another, or
     # "batches", batch b from part b mod P (a part that holds the whole stream's course, as a curriculum's does)
     part_layout: str = "stretches"
+    # (params) -> Objective: what the deal balances across the parts (None: params.objective_weights(); greedy_blend:
+    # its groups first). A part_order may return (rows, plan): a schedule's plan per part, arrays the accounting reads
+    part_objective: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in ("sequence", "document", "training"):

@@ -17,8 +17,11 @@ import polars as pl
 
 from pipeline.errors import StrataInputError
 from pipeline.ordering.blend import (
+    GROUP_FAMILY,
+    BudgetFit,
     FrozenPlan,
     blend_accounting,
+    blend_objective,
     blend_order,
     document_groups,
     document_plan,
@@ -35,7 +38,7 @@ from pipeline.ordering.doc_arrays import document_arrays
 from pipeline.ordering.engine import Inputs, OrderingResult, order_frame
 from pipeline.ordering.schedule import accounting as cluster_accounting
 from pipeline.ordering.schedule import cluster_tokens
-from pipeline.ordering.stage import ordering_documents
+from pipeline.ordering.stage import load_parts_plan, ordering_documents
 from pipeline.ordering.strategies import StrategySpec
 from pipeline.ordering.strategies.greedy import GREEDY
 from pipeline.packing import frozen
@@ -111,12 +114,47 @@ def run(inp):
     return OrderingResult(order_frame(f.sequence_ids[rows]), None, "blocked")
 
 
+def run_part(features, params, seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """greedy_blend on one part of a partitioned ordering, whose parts make the stream batch by batch
+    (each holds the whole blend, stage after stage): the part's own plan (step 1) at its share of
+    the budget (a set ``mixture_budget_tokens`` times the part's share of the corpus's tokens; 0:
+    the part's own tokens) ordered against the stages (step 2). The deal balances the blend's groups
+    first (:func:`part_objective`), so every part holds the corpus's group tokens to within a
+    sequence or two and its plan is the corpus's at its share. ``features.columns[GROUP_FAMILY]``:
+    the rows' group tokens; ``params.blend.groups``: the groups' names. Returns the rows in order
+    and the plan (``copies`` per row, the ``BudgetFit``'s figures) the accounting checks the order
+    against."""
+    p = params
+    blend = _need_blend(p)
+    groups, names = features.columns[GROUP_FAMILY], list(blend.groups)
+    tokens = float(features.lengths.sum())
+    budget = p.mixture_budget_tokens * tokens / float(features.cluster_bin_tokens.sum()) if p.mixture_budget_tokens else tokens
+    counts, weights, fit = planned_counts(features, groups, blend, names, budget, p.max_sequence_copies, seed)
+    rows = blend_order(features, groups, counts, weights, blend.ends, p.objective_weights(), max(2, p.greedy_block), p.noise, seed)
+    return rows, {"copies": counts, "asked": np.float64(fit.asked), "allowed": np.float64(fit.allowed),
+                  "corpus": np.float64(fit.corpus), "binding": np.array(fit.binding)}
+
+
+def part_objective(params):
+    """What the deal balances for greedy_blend's parts: the blend's groups first (``blend_objective``)."""
+    return blend_objective(params.objective_weights())
+
+
+def parts_fit(plans: list[dict[str, np.ndarray]]) -> BudgetFit:
+    """The schedule's fit from its parts' (:func:`run_part`): the sizes summed; the binding group the
+    one binding the most parts ("" when none binds)."""
+    bound = [str(q["binding"]) for q in plans if str(q["binding"])]
+    return BudgetFit(sum(float(q["asked"]) for q in plans), sum(float(q["allowed"]) for q in plans),
+                     max(sorted(set(bound)), key=bound.count) if bound else "", sum(float(q["corpus"]) for q in plans))
+
+
 def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     """Writes and checks the blend's accounting of the written order: per stage and group the
     target and realized shares (``<strategy>.blend.parquet``, DuckDB-bound), per document piece its
     planned and realized uses (``<strategy>.uses.parquet``), and per cluster the schedule's
     tokens (``<strategy>.mixture.parquet``, the clusters' target being their share of the
-    schedule). Planned uses are the solver's copies solved again from the same inputs.
+    schedule). Planned uses are the solver's copies solved again from the same inputs; for an order
+    made in parts, the parts' own plans as their workers wrote them (``run_part``).
 
     Under ``freeze_prefix`` the uses are split into the frozen prefix's (the record's positions)
     and the rest's (the plan after it, ``_frozen_schedule``), each piece carries its cap, and
@@ -126,9 +164,8 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
     written = Store(layout).ordering(strategy)
     docs, seg, codes, names, inp = _accounting_inputs(layout, params, strategy, blend, seed)
     doc_id = docs["doc_id"].to_numpy()
-    rec, plan, f, groups, planned, weights, fit = _replanned(layout, params, strategy, blend, names, inp, seed)
+    rec, plan, f, seq_groups, planned_by_id, weights, fit = _plan_of_order(layout, params, strategy, blend, names, inp, seed)
     n_prefix = rec.sequences if rec is not None else 0
-    seq_groups, planned_by_id = _by_sequence_id(f, groups, len(names), planned)
     n_seq = seq_groups.shape[0]
     table = blend_accounting(written.order, seq_groups, weights, blend.ends, names, blend.caps(names, "max_repetition", 1.0),
                              blend.caps(names, "max_fraction", 1.0), frozen=n_prefix)
@@ -147,8 +184,8 @@ def accounting(layout, params, strategy: str, tolerance: float, seed: int):
         outs.append(write_parquet(document_plan(uses, frozen.doc_keys(layout), previous), plan_path))
         tables["blend_document_plan"] = pl.read_parquet(plan_path)
     back, back_uses = pl.read_parquet(outs[0]), pl.read_parquet(outs[1])
-    problems = _accounting_problems(written.order, rec, plan is not None, n_prefix, table, uses, back, back_uses, planned, n_seq,
-                                    params.max_sequence_copies)
+    problems = _accounting_problems(written.order, rec, plan is not None, n_prefix, table, uses, back, back_uses, planned_by_id,
+                                    n_seq, params.max_sequence_copies)
     dropped = tables["blend_document_plan"].filter(pl.col("status") == "dropped") if plan is not None else None
     worst, checks, meta = _accounting_checks(strategy, blend, back, written.order, n_prefix, dropped, problems, tolerance)
     budget, check = _budget(blend, fit, int(back.filter(pl.col("stage") == 0)["scheduled_tokens"].sum()), meta)
@@ -171,6 +208,27 @@ def _accounting_inputs(layout, params, strategy: str, blend, seed: int):
     inp = Inputs(cluster, length, np.flatnonzero(cluster >= 0), None, seg, Store(layout).sequences.seq_len, params, seed, {},
                  (by_doc, names))
     return docs, seg, codes, names, inp
+
+
+def _plan_of_order(layout, params, strategy: str, blend, names, inp, seed: int):
+    """``(frozen record, frozen plan, features, group tokens and planned copies by sequence id,
+    weights, fit)`` of the plan the written order realized: the parts' own plans when it was made
+    in parts (``load_parts_plan``; the features None), else the one plan solved again (:func:`_replanned`)."""
+    parts = load_parts_plan(layout, strategy)
+    if parts is None:
+        rec, plan, f, groups, planned, weights, fit = _replanned(layout, params, strategy, blend, names, inp, seed)
+        return (rec, plan, f, *_by_sequence_id(f, groups, len(names), planned), weights, fit)
+    if Store(layout).sequences.freeze_prefix:
+        raise StrataInputError("greedy_blend ordered in parts does not freeze a prefix",
+                               fix="set freeze_prefix: 0, or order_part_bytes: 0 (one part orders the blend)")
+    seg, by_doc = inp.segments, inp.blend_groups[0]
+    sid = seg["sequence_id"].to_numpy()
+    seq_groups = np.zeros((int(sid.max()) + 1, len(names)))
+    np.add.at(seq_groups, (sid, by_doc[seg["doc_id"].to_numpy()]), seg["n_tokens"].to_numpy().astype(np.float64))
+    planned_by_id = np.zeros(seq_groups.shape[0], dtype=np.int64)
+    planned_by_id[parts["sequence_ids"]] = parts["copies"]
+    plans = [{k: parts[k][i] for k in ("asked", "allowed", "corpus", "binding")} for i in range(parts["asked"].size)]
+    return None, None, None, seq_groups, planned_by_id, blend.matrix(names), parts_fit(plans)
 
 
 def _replanned(layout, params, strategy: str, blend, names, inp, seed: int):
@@ -308,5 +366,5 @@ SPECS = (
                  "max_repetition, max_fraction) realized over the corpus and ordered by the greedy against its stages, the "
                  "clusters and length bins held at their share",
                  seed_free=False, reads=(*GREEDY, *BLEND_KEYS), greedy_based=True, run=run, accounting=accounting,
-                 run_after=run_after),
+                 run_after=run_after, part_order=run_part, part_layout="batches", part_objective=part_objective),
 )
