@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pytest
 
 SHARED = Path(os.environ.get("STRATA_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
@@ -110,3 +111,12 @@ def demo_domains(domains: tuple[str, ...], per_domain: int) -> list[dict]:
                     if all(len(v) == per_domain for v in got.values()):
                         break
     return [r for d in domains for r in got[d]]
+
+
+def stage_shares(order: np.ndarray, g: np.ndarray, ends: list[float]) -> np.ndarray:
+    """Realized group shares per stage of a blend's order (``g``: sequences x groups tokens), each
+    position in the stage its first token falls in (computed here, not by the library)."""
+    tok = g[order]
+    start = np.r_[0, np.cumsum(tok.sum(axis=1))[:-1]]
+    stage = np.minimum(np.searchsorted(np.array(ends) * tok.sum(), start, side="right"), len(ends) - 1)
+    return np.array([tok[stage == k].sum(axis=0) / tok[stage == k].sum() for k in range(len(ends))])

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from helpers import demo_domains
+from helpers import demo_domains, stage_shares
 
 from pipeline.config import StrataConfig
 from pipeline.errors import StrataInputError
@@ -56,14 +56,6 @@ def group_matrix(docs: pl.DataFrame, seg: pl.DataFrame, column: str = "source") 
     g = np.zeros((int(seg["sequence_id"].max()) + 1, len(names)))
     np.add.at(g, (seg["sequence_id"].to_numpy(), np.searchsorted(names, src)), seg["n_tokens"].to_numpy())
     return g
-
-
-def stage_shares(order: np.ndarray, g: np.ndarray, ends: list[float]) -> np.ndarray:
-    """Realized source shares per stage, each position in the stage its first token falls in (computed here)."""
-    tok = g[order]
-    start = np.r_[0, np.cumsum(tok.sum(axis=1))[:-1]]
-    stage = np.minimum(np.searchsorted(np.array(ends) * tok.sum(), start, side="right"), len(ends) - 1)
-    return np.array([tok[stage == k].sum(axis=0) / tok[stage == k].sum() for k in range(len(ends))])
 
 
 def test_demo_domains_as_sources_per_stage(corpus):

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from helpers import stage_shares
 
 from pipeline.config import RayConfig
 from pipeline.errors import StrataInputError
@@ -291,14 +292,6 @@ def test_a_mixture_schedules_part_by_part_as_in_one_process(budget, tmp_path):
 BLEND_STAGES = [{"until_tokens": 0.6, "weights": {"a": 0.5, "b": 0.3, "c": 0.2}}, {"weights": {"a": 0.1, "b": 0.2, "c": 0.7}}]
 
 
-def _blend_shares(order: np.ndarray, g: np.ndarray, ends: list[float]) -> np.ndarray:
-    """Each stage's realized group shares, a position in the stage its first token falls in (computed here)."""
-    tok = g[order]
-    start = np.r_[0, np.cumsum(tok.sum(axis=1))[:-1]]
-    stage = np.minimum(np.searchsorted(np.array(ends) * tok.sum(), start, side="right"), len(ends) - 1)
-    return np.array([tok[stage == k].sum(axis=0) / tok[stage == k].sum() for k in range(len(ends))])
-
-
 def test_a_blend_schedules_part_by_part_as_in_one_process(tmp_path):
     """greedy_blend in 4 parts, batch by batch, each part the whole blend at its share of the tokens:
     every stage's realized group shares within 0.005 (L1) of one process's distance from the weights
@@ -323,7 +316,7 @@ def test_a_blend_schedules_part_by_part_as_in_one_process(tmp_path):
         copies = np.bincount(ids, minlength=g.shape[0])
         used = (g * copies[:, None]).sum(axis=0) / g.sum(axis=0)
         assert used[0] <= 1 + 1e-9 and used[1] <= 1 + 1e-9 and used[2] <= 2 + 1e-9 and copies.max() <= 2
-        got[parts] = (np.abs(_blend_shares(ids, g, [0.6, 1.0]) - want).sum(axis=1), int(g[ids].sum()))
+        got[parts] = (np.abs(stage_shares(ids, g, [0.6, 1.0]) - want).sum(axis=1), int(g[ids].sum()))
         if parts > 1:
             assert len(result.plan) == parts
             planned = np.zeros(g.shape[0], dtype=np.int64)
