@@ -466,3 +466,35 @@ def test_distinct_pairs_counts_each_document_once_per_sequence():
     shuffled = seg.sample(fraction=1.0, shuffle=True, seed=0)  # not grouped by sequence: the sorting path
     assert distinct_pairs(shuffled["sequence_id"].to_numpy(), shuffled["doc_id"].to_numpy()) == want
     assert want < seg.height  # some document has two pieces in one sequence
+
+
+@pytest.mark.parametrize("n_docs,seq_len,stretch", [(0, 64, 4), (1, 64, 4), (1000, 64, 7), (3000, 2048, 64)])
+def test_a_streamed_packing_writes_the_whole_packings_rows(n_docs, seq_len, stretch, tmp_path, monkeypatch):
+    """``pack_concat_file`` a stretch of documents at a time: the file holds the rows ``pack`` gives
+    (the same frame), its report is ``packing_stats``', and ``conservation_file`` (a batch at a time)
+    agrees with ``conservation`` on it, on a best-fit packing (rows out of document order: checked
+    whole) and on files with a token doubled or a span moved."""
+    import pipeline.packing.pack as packing
+
+    rng = np.random.default_rng(n_docs)
+    lengths = np.clip(rng.lognormal(4, 1.2, n_docs), 1, 5000).astype(np.int64)
+    order = rng.permutation(n_docs)[: max(0, n_docs - 3)]
+    whole = packing.pack("concat", order, lengths, seq_len)
+    monkeypatch.setattr(packing, "STREAM_DOCS", stretch)
+    _, report = packing.pack_concat_file(order, lengths, seq_len, tmp_path / "s.parquet")
+    assert pl.read_parquet(tmp_path / "s.parquet").equals(whole.segments)
+    assert report == packing.packing_stats(whole)
+    held = np.where(np.isin(np.arange(n_docs), order), lengths, 0)
+    assert packing.conservation_file(tmp_path / "s.parquet", held, seq_len) == packing.conservation(whole.segments, held, seq_len)
+    assert packing.conservation(whole.segments, held, seq_len)["ok"]
+    best = packing.pack("best_fit", order, lengths, seq_len).segments
+    best.write_parquet(tmp_path / "b.parquet")
+    assert packing.conservation_file(tmp_path / "b.parquet", held, seq_len) == packing.conservation(best, held, seq_len)
+    if whole.segments.height > 3:
+        row = pl.int_range(pl.len())
+        for name, bad in [("n_tokens", pl.col("n_tokens") + (row == 2).cast(pl.Int32)),
+                          ("doc_token_start", pl.col("doc_token_start") + (row == 1).cast(pl.Int64))]:
+            broken = whole.segments.with_columns(bad.alias(name))
+            broken.write_parquet(tmp_path / "x.parquet")
+            got = packing.conservation_file(tmp_path / "x.parquet", held, seq_len)
+            assert got == packing.conservation(broken, held, seq_len) and not got["ok"]

@@ -33,15 +33,18 @@ them with ``pad_id`` and reports them in its ``filled`` mask, which the loss mus
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 from numba import njit, prange
 
 from pipeline.errors import StrataInputError
 from pipeline.names import ATOM_MULTIPLES, PACKING_SPECS, packing_name  # declared for the config
 from pipeline.names import PACKING_VARIANTS as VARIANTS
 from pipeline.segments import docs_per_sequence, even_cuts, grouped, n_chunks
+from pipeline.storage.atomic import atomic_path
 from pipeline.threads import parallel_map, task_size
 
 SEGMENT_SCHEMA = {
@@ -59,7 +62,7 @@ PACKED_SEGMENT_SCHEMA = {**SEGMENT_SCHEMA, "eos_added": pl.Boolean}
 class Packing:
     """Result of packing: the segments table and the token accounting."""
 
-    segments: pl.DataFrame  # PACKED_SEGMENT_SCHEMA, sorted by (sequence_id, seq_token_start)
+    segments: pl.DataFrame | None  # PACKED_SEGMENT_SCHEMA, sorted by (sequence_id, seq_token_start); None: in its file
     n_sequences: int
     seq_len: int
     tokens_in: int  # sum of the packed documents' stream lengths (text tokens + one EOS each)
@@ -237,16 +240,24 @@ def _concat_plain(order: np.ndarray, all_lengths: np.ndarray, L: int, total: int
     chunk's stream position and first piece come from the chunks before it."""
     keep = total // L * L
     lengths = all_lengths[order]  # gathered once, read in order by every pass (not one cache miss a document each)
+    return _concat_span(order, lengths, L, keep, 0), keep // L
+
+
+def _concat_span(order: np.ndarray, lengths: np.ndarray, L: int, keep: int, start: int) -> tuple:
+    """The pieces of documents ``order`` (``lengths``: theirs), the first starting at stream
+    position ``start``, of the joined stream truncated to ``keep`` tokens (:func:`_concat_plain`'s
+    pieces of any stretch of the order)."""
     cuts = even_cuts(order.size, n_chunks(order.size))
     pos = np.zeros(cuts.size, np.int64)  # pos[c]: the stream position where chunk c starts
     np.cumsum(_chunk_sums(lengths, cuts), out=pos[1:])
+    pos += start
     none = np.empty(0, np.int64)
     at = np.zeros(cuts.size, np.int64)  # at[c]: the first piece of chunk c
     np.cumsum(_concat_chunks(order, lengths, keep, L, cuts, pos, at, False, none, none.astype(np.int32), none, none,
                              none.astype(np.int32)), out=at[1:])
     out = _piece_arrays(int(at[-1]))
     _concat_chunks(order, lengths, keep, L, cuts, pos, at, True, *out[:5])
-    return out, keep // L
+    return out
 
 
 @njit(cache=True, parallel=True)
@@ -468,17 +479,74 @@ def _eos_added(segments: pl.DataFrame) -> np.ndarray:
     return np.zeros(segments.height, bool)
 
 
-def packing_stats(p: Packing) -> dict[str, float | int | str]:
+STREAM_DOCS = 1 << 22  # documents whose pieces a streamed packing (pack_concat_file) cuts and writes at once
+
+
+@dataclass(frozen=True)
+class SegmentCounts:
+    """What :func:`packing_stats` counts in the segments: rows, (sequence, document) pairs, the
+    documents holding a segment and those holding two or more (cut)."""
+
+    segments: int
+    pairs: int
+    docs_packed: int
+    docs_cut: int
+
+    @staticmethod
+    def of(seq: np.ndarray, doc: np.ndarray, dense: bool = True) -> "SegmentCounts":
+        """The counts of these rows; ``dense`` False counts the documents by sorting, not in an
+        array as long as the largest id (a stretch of a larger packing)."""
+        if dense:
+            per_doc = np.bincount(doc) if doc.size else np.zeros(0, np.int64)
+        else:
+            per_doc = np.unique(doc, return_counts=True)[1]
+        return SegmentCounts(int(doc.size), distinct_pairs(seq, doc), int((per_doc > 0).sum()), int((per_doc > 1).sum()))
+
+    def __add__(self, other: "SegmentCounts") -> "SegmentCounts":
+        return SegmentCounts(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
+
+
+def pack_concat_file(doc_order: np.ndarray, stream_lengths: np.ndarray, seq_len: int, path) -> tuple[Packing, dict]:
+    """``concat`` without atoms written to the segments Parquet file ``path`` (atomically) a stretch
+    of ``STREAM_DOCS`` documents of the order at a time: the rows :func:`pack` gives, and its
+    :func:`packing_stats`. It holds ``doc_order`` and ``stream_lengths`` (16 bytes a document) and one
+    stretch's pieces, never the whole segments table: each stretch starts where the ones before end
+    (their tokens summed), and a document lies in one stretch, so its counts add up. The Packing
+    returned has no segments (``segments`` None: they are in the file)."""
+    check_seq_len(seq_len)
+    L = int(seq_len)
+    order, all_lengths, tokens_in = _check_docs(doc_order, stream_lengths)
+    keep, pos, writer = tokens_in // L * L, 0, None
+    counts = SegmentCounts(0, 0, 0, 0)
+    with atomic_path(Path(path)) as tmp:
+        try:
+            for a in range(0, max(order.size, 1), STREAM_DOCS):
+                ids = order[a : a + STREAM_DOCS]
+                lengths = all_lengths[ids]
+                seq, off, d, ds, n, e = _concat_span(ids, lengths, L, keep, pos) if pos < keep else _piece_arrays(0)
+                pos += int(lengths.sum())
+                table = _segments(seq, off, d, ds, n, e).to_arrow()
+                writer = writer or pq.ParquetWriter(tmp, table.schema, compression="zstd", write_statistics=False)
+                writer.write_table(table)
+                counts += SegmentCounts.of(seq, d, dense=False)
+        finally:
+            if writer is not None:
+                writer.close()
+    packed = Packing(None, keep // L, L, tokens_in, keep, tokens_in - keep)
+    return packed, packing_stats(packed, counts)
+
+
+def packing_stats(p: Packing, counts: SegmentCounts | None = None) -> dict[str, float | int | str]:
     """Per-variant report: tokens kept, padding fraction, documents cut, sequences.
 
     A document is *cut* when its tokens lie in two or more segments, i.e. its context is broken
     (across sequences, or across pieces). ``docs_per_sequence`` is the mean number of distinct
-    documents per sequence (Don't Shuffle, Optimize's within-sequence diversity).
+    documents per sequence (Don't Shuffle, Optimize's within-sequence diversity). ``counts``: the
+    segments' counts, for a packing whose segments are in their file (:func:`pack_concat_file`).
     """
-    seg = p.segments
-    doc = seg["doc_id"].to_numpy()
-    per_doc = np.bincount(doc) if doc.size else np.zeros(0, np.int64)
-    pairs = distinct_pairs(seg["sequence_id"].to_numpy(), doc)
+    if counts is None:
+        counts = SegmentCounts.of(p.segments["sequence_id"].to_numpy(), p.segments["doc_id"].to_numpy())
+    pairs = counts.pairs
     kept = p.tokens_in - p.tokens_dropped
     return {
         "packing": packing_name(p.variant, None if p.atom is None else p.atom / p.seq_len),
@@ -486,7 +554,7 @@ def packing_stats(p: Packing) -> dict[str, float | int | str]:
         "atom": p.atom or 0,
         "seq_len": p.seq_len,
         "sequences": p.n_sequences,
-        "segments": seg.height,
+        "segments": counts.segments,
         "tokens_in": p.tokens_in,
         "tokens_kept": kept,
         "tokens_dropped": p.tokens_dropped,
@@ -494,8 +562,8 @@ def packing_stats(p: Packing) -> dict[str, float | int | str]:
         "tokens_padding": p.tokens_padding,
         "padding_fraction": p.tokens_padding / p.tokens_packed if p.tokens_packed else 0.0,
         "efficiency": kept / p.tokens_packed if p.tokens_packed else 0.0,
-        "docs_packed": int((per_doc > 0).sum()),
-        "docs_cut": int((per_doc > 1).sum()),
+        "docs_packed": counts.docs_packed,
+        "docs_cut": counts.docs_cut,
         "docs_per_sequence": pairs / p.n_sequences if p.n_sequences else 0.0,
     }
 
@@ -542,6 +610,61 @@ def conservation(segments: pl.DataFrame, stream_lengths: np.ndarray, seq_len: in
         "tokens_dropped": int(lengths.sum()) - kept,
         "docs_partial": int(((per_doc > 0) & (per_doc < lengths)).sum()),
     }
+
+
+IN_ORDER, BROKEN, UNORDERED = 0, 1, 2  # what _stream_rows finds in a batch
+
+
+def conservation_file(path, stream_lengths: np.ndarray, seq_len: int, gaps: bool = False) -> dict[str, int | bool]:
+    """:func:`conservation` of a segments Parquet file, read a batch of rows at a time while its
+    rows come in sequence order and each document's spans in document order (every ``concat``
+    packing's): per document its tokens so far, which is where its next span must start, and the
+    previous row's sequence and end. Memory: 8 bytes a document beside ``stream_lengths``, and one
+    batch. A file in another order (``best_fit``, atom shuffles) or with ``gaps`` is checked whole
+    by :func:`conservation`, which is exact in every case; on a file in that order both agree."""
+    lengths = np.asarray(stream_lengths, dtype=np.int64)
+    if gaps:
+        return conservation(pl.read_parquet(path), lengths, seq_len, gaps=True)
+    per_doc = np.zeros(lengths.size, np.int64)
+    last = np.array([-1, 0, 0], np.int64)  # the previous row's sequence, start and end (with its EOS)
+    ok = True
+    file = pq.ParquetFile(path)
+    has_eos = "eos_added" in file.schema_arrow.names
+    columns = ["sequence_id", "seq_token_start", "doc_id", "doc_token_start", "n_tokens", *(["eos_added"] if has_eos else [])]
+    for batch in file.iter_batches(batch_size=1 << 20, columns=columns):
+        a = [batch.column(i).to_numpy(zero_copy_only=False) for i in range(len(columns))]
+        eos = a[5].astype(np.bool_) if has_eos else np.zeros(batch.num_rows, np.bool_)
+        found = _stream_rows(a[0].astype(np.int64), a[1].astype(np.int64), a[2].astype(np.int64), a[3].astype(np.int64),
+                             a[4].astype(np.int64), eos, lengths, per_doc, int(seq_len), last)
+        if found == UNORDERED:
+            return conservation(pl.read_parquet(path), lengths, seq_len)
+        ok = ok and found == IN_ORDER
+    kept = int(per_doc.sum())
+    return {"ok": ok and bool((per_doc <= lengths).all()), "tokens_in": int(lengths.sum()), "tokens_kept": kept,
+            "tokens_dropped": int(lengths.sum()) - kept, "docs_partial": int(((per_doc > 0) & (per_doc < lengths)).sum())}
+
+
+@njit(cache=True)
+def _stream_rows(sid, st, d, ds, n, eos, lengths, per_doc, seq_len, last) -> int:
+    """One batch of :func:`conservation_file`: UNORDERED at the first row out of sequence order or
+    not where its document's tokens so far end (a document's spans out of order, or a gap or
+    overlap: the whole check decides); else BROKEN when a row names an unknown document, holds no
+    token, ends past its document or its sequence, or overlaps the previous row; else IN_ORDER."""
+    out = IN_ORDER
+    for i in range(sid.size):
+        if sid[i] < last[0] or (sid[i] == last[0] and st[i] < last[1]):
+            return UNORDERED
+        if d[i] < 0 or d[i] >= lengths.size:
+            out = BROKEN
+            continue
+        if ds[i] != per_doc[d[i]]:
+            return UNORDERED
+        ext = n[i] + eos[i]
+        if n[i] <= 0 or ds[i] + n[i] > lengths[d[i]] or st[i] + ext > seq_len or st[i] < (last[2] if sid[i] == last[0] else 0):
+            out = BROKEN
+        per_doc[d[i]] += n[i]
+        last[0], last[1], last[2] = sid[i], st[i], st[i] + ext
+    return out
 
 
 @njit(cache=True)

@@ -12,7 +12,7 @@ from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
 from pipeline.packing import frozen
 from pipeline.packing.frozen import load_all
-from pipeline.packing.pack import SequenceStore, conservation, pack, packing_stats, parse_packing
+from pipeline.packing.pack import SequenceStore, conservation_file, pack, pack_concat_file, packing_stats, parse_packing
 from pipeline.stage import CheckFact, Connect, StageParams, StageResult, setting
 from pipeline.storage.atomic import write_json, write_parquet
 from pipeline.storage.layout import tokens_fingerprint
@@ -39,33 +39,38 @@ def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
     frozen prefixes recorded under ``frozen/`` keep their sequences and only the other tokens are
     packed (``pipeline/packing/frozen.py``): a removed document a frozen prefix holds stays (it was
     trained on); ``freeze_prefix: 0`` forgets every frozen prefix."""
-    tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
-    stream = np.diff(offsets)
     variant, atom = parse_packing(params.packing)
     n_frozen = frozen.frozen_count(params.freeze_prefix)
     if not n_frozen:
         frozen.unfreeze(layout, connect)
     records = frozen.load_all(layout)
+    stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
     gone, kept_frozen, keys = _removals(layout, records, params.quality)
     mask = None
     if gone is not None:
         mask = np.zeros(stream.size, bool)
         mask[gone["doc_id"].to_numpy()] = True
-    packed, records = _packed(records, keys, stream, variant, atom, params, mask)
-    if records:  # before anything is overwritten
-        pad_id = load_tokenizer(layout.tokenizer).pad_token_id
-        frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, params.seq_len, pad_id=pad_id), tokens.dtype)
     removed = tokens_by_reason(gone, stream) if gone is not None else {}
-    del tokens, offsets, stream  # per-document arrays: not held while the segments are written
+    if variant == "concat" and atom is None and not records:  # the default: written as it is cut, a stretch at a time
+        packed, report = pack_concat_file(_doc_order(stream.size, params.seed, mask), stream, params.seq_len, layout.segments)
+    else:
+        packed, records = _packed(records, keys, stream, variant, atom, params, mask)
+        if records:  # before anything is overwritten
+            tokens, offsets = open_tokens(layout.tokens, layout.doc_offsets)
+            pad_id = load_tokenizer(layout.tokenizer).pad_token_id
+            frozen.verify(records, SequenceStore(tokens, offsets, packed.segments, params.seq_len, pad_id=pad_id), tokens.dtype)
+            del tokens, offsets
+        report = packing_stats(packed)
+    del stream, mask  # per-document arrays: not held while the segments are written
     applied, saved, kept = _write_sequences(layout, params, packed, gone, records, n_frozen)
-    numbers = {k: float(v) for k, v in packing_stats(packed).items() if not isinstance(v, str)}
+    numbers = {k: float(v) for k, v in report.items() if not isinstance(v, str)}
     numbers.update({f"tokens_removed_{reason}": float(t) for reason, t in removed.items()})
     stats = pl.DataFrame({"metric": list(numbers), "value": list(numbers.values())})
     with connect() as con:
         replace_rows(con, "packing_stats", stats, {})
     return StageResult(
         outputs=[layout.segments, layout.sequences_meta, *applied, *saved],
-        rows={"sequences": packed.n_sequences, "segments": packed.segments.height},
+        rows={"sequences": packed.n_sequences, "segments": int(report["segments"])},
         parameters={"seq_len": params.seq_len, "seed": params.seed, "packing": params.packing, "freeze_prefix": n_frozen},
         facts={"packing": params.packing, "tokens_in": packed.tokens_in, "tokens_dropped": packed.tokens_dropped,
                "padding_fraction": numbers["padding_fraction"], "docs_cut": int(numbers["docs_cut"]),
@@ -81,7 +86,7 @@ def token_conservation(layout, params: PackParams, connect: Connect) -> CheckFac
     (``pipeline/packing/frozen.py``)."""
     corpus_stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
     stream, removed = packed_stream(layout, corpus_stream)
-    result = conservation(pl.read_parquet(layout.segments), stream, params.seq_len, gaps=bool(load_all(layout)))
+    result = conservation_file(layout.segments, stream, params.seq_len, gaps=bool(load_all(layout)))
     with connect() as con:
         reported = dict(con.execute("SELECT metric, value FROM packing_stats").fetchall())
     passed = (bool(result["ok"]) and result["tokens_dropped"] == reported.get("tokens_dropped")
@@ -111,10 +116,14 @@ def _packed(records: list, keys, stream: np.ndarray, variant: str, atom, params:
 
     if records:
         return frozen.pack_frozen(records, keys, stream, variant, atom, params.seq_len, params.packing, params.seed, leave_out=mask)
-    order = np.random.default_rng(params.seed).permutation(stream.size)
-    if mask is not None:
-        order = order[~mask[order]]  # the rest keep their order
+    order = _doc_order(stream.size, params.seed, mask)
     return pack(variant, order, stream, params.seq_len, atom_multiple=atom, seed=params.seed), records
+
+
+def _doc_order(n_docs: int, seed: int, mask: np.ndarray | None) -> np.ndarray:
+    """The documents in the packing's seeded shuffle, those ``mask`` marks left out (the rest keep their order)."""
+    order = np.random.default_rng(seed).permutation(n_docs)
+    return order if mask is None else order[~mask[order]]
 
 
 def _write_sequences(layout, params: PackParams, packed, gone: pl.DataFrame | None, records: list, n_frozen: int) -> tuple[list, list, int]:
@@ -122,7 +131,8 @@ def _write_sequences(layout, params: PackParams, packed, gone: pl.DataFrame | No
     earlier one deleted), the frozen records and ``sequences/meta.json``: ``(applied, frozen
     files, sequences the frozen prefixes keep)``."""
 
-    write_parquet(packed.segments, layout.segments)
+    if packed.segments is not None:  # else written as it was made (pack_concat_file)
+        write_parquet(packed.segments, layout.segments)
     applied = [write_parquet(gone.select(pl.col("doc_id").cast(pl.Int64), pl.col("removed").cast(pl.String)), applied_file(layout))] \
         if gone is not None else []
     if gone is None:

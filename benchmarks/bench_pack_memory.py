@@ -1,0 +1,103 @@
+"""The packing's memory a document: the segments table made whole (``pack``, then written) against
+streamed to its file a stretch of documents at a time (``pack_concat_file``), and token
+conservation checked on the whole table (``conservation``) against a batch at a time
+(``conservation_file``). Each mode runs in a fresh process; its peak RSS (VmHWM) is taken beside
+the RSS before the documents' arrays exist, so "bytes a document" counts the order and the
+lengths (the stage's inputs) as well as what the packing adds.
+
+Run: ``nice python benchmarks/bench_pack_memory.py [--docs N] [--out benchmarks/results/pack_memory.json]``.
+Document stream lengths are log-normal (median ~200 tokens, long tail), as in ``bench_pack.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODES = ("pack_whole", "pack_streamed", "check_whole", "check_streamed")
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def run_mode(mode: str, n_docs: int, seq_len: int, work: Path) -> dict:
+    """One mode in this process: its seconds, peak RSS and RSS before the inputs (MiB)."""
+    import polars as pl
+
+    from pipeline.packing.pack import conservation, conservation_file, pack, pack_concat_file
+    from pipeline.storage.atomic import write_parquet
+
+    pack("concat", np.arange(100), np.full(100, 300), seq_len)  # numba compile, not timed
+    conservation_file(_small_file(work, seq_len), np.full(100, 300), seq_len)
+    before = _rss_kb("VmRSS")
+    rng = np.random.default_rng(0)
+    lengths = np.maximum(1, rng.lognormal(np.log(200), 1.2, n_docs)).astype(np.int64) + 1
+    order = rng.permutation(n_docs)
+    path = work / "segments.parquet"
+    t0 = time.perf_counter()
+    if mode == "pack_whole":
+        write_parquet(pack("concat", order, lengths, seq_len).segments, path)
+    elif mode == "pack_streamed":
+        pack_concat_file(order, lengths, seq_len, path)
+    else:
+        del order
+        result = (conservation(pl.read_parquet(path), lengths, seq_len) if mode == "check_whole"
+                  else conservation_file(path, lengths, seq_len))
+        assert result["ok"], result
+    seconds = time.perf_counter() - t0
+    return {"mode": mode, "seconds": round(seconds, 2), "peak_mib": round(_rss_kb("VmHWM") / 1024, 1),
+            "before_inputs_mib": round(before / 1024, 1)}
+
+
+def _small_file(work: Path, seq_len: int) -> Path:
+    from pipeline.packing.pack import pack_concat_file
+
+    path = work / "warm.parquet"
+    pack_concat_file(np.arange(100), np.full(100, 300), seq_len, path)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=20_000_000)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.mode:
+        print(json.dumps(run_mode(args.mode, args.docs, args.seq_len, args.work)))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in MODES:  # the checks read the file the streamed packing wrote
+            cmd = [sys.executable, __file__, "--mode", mode, "--docs", str(args.docs), "--seq-len", str(args.seq_len), "--work", tmp]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            row["bytes_a_document"] = round((row["peak_mib"] - row["before_inputs_mib"]) * 2**20 / args.docs, 1)
+            rows.append(row)
+            print(row, flush=True)
+        segments = int(__import__("pyarrow.parquet", fromlist=["x"]).ParquetFile(Path(tmp) / "segments.parquet").metadata.num_rows)
+    if args.out:
+        from bench_ablate import commit
+
+        args.out.write_text(json.dumps({"benchmark": "bench_pack_memory.py", "commit": commit(),
+                                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                        "machine": {"cores": os.cpu_count()}, "docs": args.docs, "seq_len": args.seq_len,
+                                        "segments": segments, "runs": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
