@@ -2,10 +2,11 @@
 streamed to its file a stretch of documents at a time (``pack_concat_file``), and token
 conservation checked on the whole table (``conservation``) against a batch at a time
 (``conservation_file``). Each mode runs in a fresh process; its peak RSS (VmHWM) is taken beside
-the RSS before the documents' arrays exist, so "bytes a document" counts the order and the
-lengths (the stage's inputs) as well as what the packing adds.
+the RSS before the documents' arrays exist, at two corpus sizes: what a mode's peak adds per
+document between them (``added_bytes_a_document``) is what grows with the corpus, the order and the
+lengths (the stage's inputs) included; the rest is a stretch's or a batch's, the same at any size.
 
-Run: ``nice python benchmarks/bench_pack_memory.py [--docs N] [--out benchmarks/results/pack_memory.json]``.
+Run: ``nice python benchmarks/bench_pack_memory.py [--docs N1 N2] [--out benchmarks/results/pack_memory.json]``.
 Document stream lengths are log-normal (median ~200 tokens, long tail), as in ``bench_pack.py``.
 """
 
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 MODES = ("pack_whole", "pack_streamed", "check_whole", "check_streamed")
 
@@ -44,15 +46,14 @@ def run_mode(mode: str, n_docs: int, seq_len: int, work: Path) -> dict:
     before = _rss_kb("VmRSS")
     rng = np.random.default_rng(0)
     lengths = np.maximum(1, rng.lognormal(np.log(200), 1.2, n_docs)).astype(np.int64) + 1
-    order = rng.permutation(n_docs)
-    path = work / "segments.parquet"
+    order = rng.permutation(n_docs) if mode.startswith("pack") else None  # a check reads no order
+    path = work / f"segments-{n_docs}.parquet"
     t0 = time.perf_counter()
     if mode == "pack_whole":
         write_parquet(pack("concat", order, lengths, seq_len).segments, path)
     elif mode == "pack_streamed":
         pack_concat_file(order, lengths, seq_len, path)
     else:
-        del order
         result = (conservation(pl.read_parquet(path), lengths, seq_len) if mode == "check_whole"
                   else conservation_file(path, lengths, seq_len))
         assert result["ok"], result
@@ -71,33 +72,41 @@ def _small_file(work: Path, seq_len: int) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--docs", type=int, default=20_000_000)
+    ap.add_argument("--docs", type=int, nargs=2, default=[10_000_000, 20_000_000])
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode:
-        print(json.dumps(run_mode(args.mode, args.docs, args.seq_len, args.work)))
+        print(json.dumps(run_mode(args.mode, args.docs[0], args.seq_len, args.work)))
         return
-    rows = []
+    rows, segments = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in MODES:  # the checks read the file the streamed packing wrote
-            cmd = [sys.executable, __file__, "--mode", mode, "--docs", str(args.docs), "--seq-len", str(args.seq_len), "--work", tmp]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            row["bytes_a_document"] = round((row["peak_mib"] - row["before_inputs_mib"]) * 2**20 / args.docs, 1)
-            rows.append(row)
-            print(row, flush=True)
-        segments = int(__import__("pyarrow.parquet", fromlist=["x"]).ParquetFile(Path(tmp) / "segments.parquet").metadata.num_rows)
+        for n in args.docs:
+            for mode in MODES:  # the checks read the file the streamed packing wrote
+                cmd = [sys.executable, __file__, "--mode", mode, "--docs", str(n), str(n), "--seq-len", str(args.seq_len), "--work", tmp]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                row = {"docs": n, **json.loads(out.stdout.strip().splitlines()[-1])}
+                row["bytes_a_document"] = round((row["peak_mib"] - row["before_inputs_mib"]) * 2**20 / n, 1)
+                rows.append(row)
+                print(row, flush=True)
+            segments[n] = pq.ParquetFile(Path(tmp) / f"segments-{n}.parquet").metadata.num_rows
+    lo, hi = args.docs
+    added = {m: round((_peak(rows, m, hi) - _peak(rows, m, lo)) * 2**20 / (hi - lo), 1) for m in MODES}
+    print("added bytes a document:", added)
     if args.out:
         from bench_ablate import commit
 
         args.out.write_text(json.dumps({"benchmark": "bench_pack_memory.py", "commit": commit(),
                                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                         "machine": {"cores": os.cpu_count()}, "docs": args.docs, "seq_len": args.seq_len,
-                                        "segments": segments, "runs": rows}, indent=2) + "\n")
+                                        "segments": {str(k): v for k, v in segments.items()}, "runs": rows,
+                                        "added_bytes_a_document": added}, indent=2) + "\n")
 
+
+def _peak(rows: list[dict], mode: str, n: int) -> float:
+    return next(r["peak_mib"] for r in rows if r["mode"] == mode and r["docs"] == n)
 
 if __name__ == "__main__":
     main()

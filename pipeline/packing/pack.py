@@ -479,7 +479,7 @@ def _eos_added(segments: pl.DataFrame) -> np.ndarray:
     return np.zeros(segments.height, bool)
 
 
-STREAM_DOCS = 1 << 22  # documents whose pieces a streamed packing (pack_concat_file) cuts and writes at once
+STREAM_DOCS = 1 << 20  # documents whose pieces a streamed packing (pack_concat_file) cuts and writes at once
 
 
 @dataclass(frozen=True)
