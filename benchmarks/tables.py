@@ -612,11 +612,23 @@ def export_writers(results: Path, name: str = "export_writers") -> str:
     return "\n".join(lines)
 
 
-def ray_driver(results: Path, name: str = "ray_driver_1m") -> str:
+def ray_driver_units(results: Path) -> str:
+    """``ray_driver_200k``'s run before beside ``bench_scale.py --strata-run --engine ray`` on the same
+    corpus after the per-shard stages' workers write their own results (``ray_driver_200k_units``)."""
+    doc, now = _load(results, "ray_driver_200k"), _load(results, "ray_driver_200k_units")
+    both = {**doc, "side_by_side": False, "runs": {"before": doc["runs"]["before"], "workers write": now}}
+    table = ray_driver(results, "ray_driver_200k", both)
+    return (table + f"\n\nThe run \"workers write\": `bench_scale.py --docs {now['docs']} --shard-docs {now['shard_docs']} --strata-run"
+            f" --engine ray --tasks 4 --order-part-bytes 1000000` at {now['commit'][:12]}, {now['date']}, alone but beside this"
+            f" project's test suite (its walls are load's); it received {now['ray_bytes_received']:,} bytes from Ray in all. The run"
+            " \"before\" is the table above's (run beside that table's \"after\"). From `benchmarks/results/ray_driver_200k_units.json`.")
+
+
+def ray_driver(results: Path, name: str = "ray_driver_1m", doc: dict | None = None) -> str:
     """``bench_scale.py --ray-driver``: one ``strata run`` with ``engine: ray`` before (the clean
     gather's duplicates in the driver) and after (they and the greedy family's parts as Ray tasks):
     by stage, the driver's peak heap, the largest Ray worker's and the bytes the driver took from Ray."""
-    doc = _load(results, name)
+    doc = doc or _load(results, name)
     runs = doc["runs"]
     cases = list(runs)
     head = " | ".join(f"{c}: {what}" for c in cases for what in ("s", "driver GB", "Ray worker GB", "received MB"))
@@ -698,6 +710,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "export_writers_1b": lambda results: export_writers(results, "export_writers_1b"),
     "ray_driver_1m": ray_driver,
     "ray_driver_200k": lambda results: ray_driver(results, "ray_driver_200k"),
+    "ray_driver_200k_units": ray_driver_units,
 }
 
 
