@@ -612,6 +612,29 @@ def export_writers(results: Path, name: str = "export_writers") -> str:
     return "\n".join(lines)
 
 
+def pack_memory(results: Path) -> str:
+    """``bench_pack_memory.py``: the packing and its token-conservation check, the segments whole or a
+    stretch / batch at a time, at two corpus sizes, and what each adds per document between them."""
+    doc = _load(results, "pack_memory")
+    sizes = doc["docs"]
+    what = {"pack_whole": "`pack`, then the table written", "pack_streamed": "`pack_concat_file`",
+            "check_whole": "`conservation` on the table read whole", "check_streamed": "`conservation_file`"}
+    head = " | ".join(f"{n / 1e6:g}M docs: {w}" for n in sizes for w in ("s", "peak MiB"))
+    lines = [f"| step | {head} | bytes a document added |", "|---|" + "---:|" * (2 * len(sizes) + 1)]
+    for mode, label in what.items():
+        cells = []
+        for n in sizes:
+            r = next(r for r in doc["runs"] if r["mode"] == mode and r["docs"] == n)
+            cells += [f"{r['seconds']:,.1f}", f"{r['peak_mib']:,.0f}"]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {doc['added_bytes_a_document'][mode]:,.1f} |")
+    segs = ", ".join(f"{int(v):,}" for v in doc["segments"].values())
+    lines += ["", f"`bench_pack_memory.py --docs {' '.join(str(n) for n in sizes)}` at {doc['commit'][:12]}, {doc['date']},"
+              f" {doc['machine']['cores']} cores; `concat`, L = {doc['seq_len']:,}, log-normal lengths ({segs} segments). Each step in"
+              " a fresh process; peak: its VmHWM; \"bytes a document added\": the peaks' difference over the documents' (the"
+              " order and lengths included, made a chunk at a time). From `benchmarks/results/pack_memory.json`."]
+    return "\n".join(lines)
+
+
 def ray_driver_units(results: Path) -> str:
     """``ray_driver_200k``'s run before beside ``bench_scale.py --strata-run --engine ray`` on the same
     corpus after the per-shard stages' workers write their own results (``ray_driver_200k_units``)."""
@@ -711,6 +734,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "ray_driver_1m": ray_driver,
     "ray_driver_200k": lambda results: ray_driver(results, "ray_driver_200k"),
     "ray_driver_200k_units": ray_driver_units,
+    "pack_memory": pack_memory,
 }
 
 

@@ -639,9 +639,22 @@ def conservation_file(path, stream_lengths: np.ndarray, seq_len: int, gaps: bool
         if found == UNORDERED:
             return conservation(pl.read_parquet(path), lengths, seq_len)
         ok = ok and found == IN_ORDER
-    kept = int(per_doc.sum())
-    return {"ok": ok and bool((per_doc <= lengths).all()), "tokens_in": int(lengths.sum()), "tokens_kept": kept,
-            "tokens_dropped": int(lengths.sum()) - kept, "docs_partial": int(((per_doc > 0) & (per_doc < lengths)).sum())}
+    within, kept, partial = _tally(per_doc, lengths)
+    total = int(lengths.sum())
+    return {"ok": ok and within, "tokens_in": total, "tokens_kept": int(kept), "tokens_dropped": total - int(kept),
+            "docs_partial": int(partial)}
+
+
+@njit(cache=True)
+def _tally(per_doc, lengths) -> tuple[bool, int, int]:
+    """(every document's tokens placed within its length, the tokens placed, the documents placed in
+    part), in one pass: no per-document temporaries."""
+    within, kept, partial = True, 0, 0
+    for i in range(per_doc.size):
+        within = within and per_doc[i] <= lengths[i]
+        kept += per_doc[i]
+        partial += 0 < per_doc[i] < lengths[i]
+    return within, kept, partial
 
 
 @njit(cache=True)
