@@ -8,7 +8,7 @@ of datatrove and NeMo Curator are quoted beside them with their sources, in thei
 are other corpora and other hardware, not the same work.
 
 Inputs: ``partitioned_order_10m.json`` (else ``partitioned_order_1m.json``), ``near_bands_3m.json`` (else ``_1m``),
-``clean_shards_1m.json``, ``small_files.json``. Writes ``benchmarks/results/estimate_1b.json``
+``clean_shards_1m.json``, ``small_files.json``, ``pack_memory.json``. Writes ``benchmarks/results/estimate_1b.json``
 (rendered by ``benchmarks/tables.py``, table ``estimate_1b``).
 
     python benchmarks/estimate_1b.py
@@ -38,7 +38,6 @@ PER_SHARD_STAGES = ("corpus_shards", "token_shards", "embedding_shards", "cluste
 DRIVER_BYTES_PER_DOC = 8 + 8 + 1  # cluster, stream length (int64 each), the documents-held mask
 DRIVER_BYTES_PER_SEGMENT = 8 + 8 + 4  # sequence_id, doc_id (int64), n_tokens (int32)
 DRIVER_BYTES_PER_SEQUENCE = 8 + 8  # the sequences' first segments, the finished order
-PACKING_BYTES_PER_DOC = 16  # issue 55's bound for a global packing
 
 # Published figures for MinHash deduplication at scale, quoted with their sources (read 2026-11-29).
 PUBLISHED = [
@@ -186,17 +185,31 @@ def dagster_rows(shards: int) -> tuple[list[dict], dict]:
     return rows, info
 
 
+def packing_row() -> tuple[dict, dict]:
+    """The ``concat`` packing in its step process, and its source: what its peak and its check's add
+    per document (``pack_memory.json``, the larger of the two), linear in documents; their seconds a
+    document at the larger size, as cores × hours (an upper bound: a step's wall on 2 cores)."""
+    doc = _load("pack_memory")
+    per_doc = max(doc["added_bytes_a_document"]["pack_streamed"], doc["added_bytes_a_document"]["check_streamed"])
+    n = max(doc["docs"])
+    seconds = sum(r["seconds"] for r in doc["runs"] if r["docs"] == n and r["mode"] in ("pack_streamed", "check_streamed"))
+    hours = seconds / n * DOCS / 3600
+    return {"stage": "`sequences`: packing and its check (driver)", "runs": "the step process",
+            "measured": f"pack_memory.json: {n:,} documents, concat streamed ({per_doc:.1f} B a document added)",
+            "rule": "linear in documents", "core_hours": hours, "core_hours_high": None, "worker_gb": None,
+            "driver_gb": per_doc * DOCS / 1e9}, {"source": _source("pack_memory", doc)}
+
+
 def main() -> None:
     order, order_info = ordering_rows()
     near, near_info = near_rows()
     clean, clean_info = clean_rows()
     dagster, dagster_info = dagster_rows(clean_info["shards"])
-    packing = {"stage": "`sequences`: packing (driver)", "runs": "the step process", "measured": "issue 55's bound for a global packing",
-               "rule": f"{PACKING_BYTES_PER_DOC} B a document", "core_hours": None, "core_hours_high": None, "worker_gb": None,
-               "driver_gb": PACKING_BYTES_PER_DOC * DOCS / 1e9}
+    packing, packing_info = packing_row()
     doc = {"benchmark": "estimate_1b.py", "documents": DOCS, "sequences": SEQUENCES, "segments": SEGMENTS,
            "rows": order + [packing] + clean[:1] + near + clean[1:] + dagster,
-           "ordering": order_info, "near": near_info, "clean": clean_info, "dagster": dagster_info, "published": PUBLISHED}
+           "ordering": order_info, "packing": packing_info, "near": near_info, "clean": clean_info, "dagster": dagster_info,
+           "published": PUBLISHED}
     out = RESULTS / "estimate_1b.json"
     out.write_text(json.dumps(doc, indent=1))
     for r in doc["rows"]:
