@@ -4,7 +4,8 @@ conservation checked on the whole table (``conservation``) against a batch at a 
 (``conservation_file``). Each mode runs in a fresh process; its peak RSS (VmHWM) is taken beside
 the RSS before the documents' arrays exist, at two corpus sizes: what a mode's peak adds per
 document between them (``added_bytes_a_document``) is what grows with the corpus, the order and the
-lengths (the stage's inputs) included; the rest is a stretch's or a batch's, the same at any size.
+lengths (the stage's inputs: int32 for the streamed pair, as ``narrow_lengths`` gives them) included;
+the rest is a stretch's or a batch's, the same at any size.
 
 Run: ``nice python benchmarks/bench_pack_memory.py [--docs N1 N2] [--out benchmarks/results/pack_memory.json]``.
 Document stream lengths are log-normal (median ~200 tokens, long tail), as in ``bench_pack.py``.
@@ -44,7 +45,7 @@ def run_mode(mode: str, n_docs: int, seq_len: int, work: Path) -> dict:
     pack("concat", np.arange(100), np.full(100, 300), seq_len)  # numba compile, not timed
     conservation_file(_small_file(work, seq_len), np.full(100, 300), seq_len)
     before = _rss_kb("VmRSS")
-    lengths = _lengths(n_docs)
+    lengths = _lengths(n_docs, np.int32 if mode.endswith("streamed") else np.int64)  # the stage narrows them for the streamed pair
     order = np.random.default_rng(1).permutation(n_docs) if mode.startswith("pack") else None  # a check reads no order
     path = work / f"segments-{n_docs}.parquet"
     t0 = time.perf_counter()
@@ -61,11 +62,11 @@ def run_mode(mode: str, n_docs: int, seq_len: int, work: Path) -> dict:
             "before_inputs_mib": round(before / 1024, 1)}
 
 
-def _lengths(n_docs: int, chunk: int = 1 << 20) -> np.ndarray:
+def _lengths(n_docs: int, dtype=np.int64, chunk: int = 1 << 20) -> np.ndarray:
     """The documents' stream lengths, made a chunk at a time: no temporaries as long as the corpus
     raise the peak the modes are measured by."""
     rng = np.random.default_rng(0)
-    out = np.empty(n_docs, np.int64)
+    out = np.empty(n_docs, dtype)
     for a in range(0, n_docs, chunk):
         b = min(a + chunk, n_docs)
         out[a:b] = np.maximum(1, rng.lognormal(np.log(200), 1.2, b - a)).astype(np.int64) + 1

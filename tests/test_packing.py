@@ -487,6 +487,12 @@ def test_a_streamed_packing_writes_the_whole_packings_rows(n_docs, seq_len, stre
     held = np.where(np.isin(np.arange(n_docs), order), lengths, 0)
     assert packing.conservation_file(tmp_path / "s.parquet", held, seq_len) == packing.conservation(whole.segments, held, seq_len)
     assert packing.conservation(whole.segments, held, seq_len)["ok"]
+    narrow = packing.narrow_lengths(lengths)  # as the stage gives them: 4 bytes a document, the same rows and counts
+    assert narrow.dtype == np.int32
+    _, again = packing.pack_concat_file(order, narrow, seq_len, tmp_path / "n.parquet")
+    assert again == report and pl.read_parquet(tmp_path / "n.parquet").equals(whole.segments)
+    assert packing.conservation_file(tmp_path / "n.parquet", packing.narrow_lengths(held), seq_len) == \
+        packing.conservation(whole.segments, held, seq_len)
     best = packing.pack("best_fit", order, lengths, seq_len).segments
     best.write_parquet(tmp_path / "b.parquet")
     assert packing.conservation_file(tmp_path / "b.parquet", held, seq_len) == packing.conservation(best, held, seq_len)

@@ -56,7 +56,7 @@ def tokens_by_reason(gone: pl.DataFrame | None, stream: np.ndarray) -> dict[str,
     reason, 0 where none; ``quality`` when the quality filter removed any)."""
     out = dict.fromkeys(REASONS, 0)
     if gone is not None:
-        tok = np.asarray(stream, np.int64)[gone["doc_id"].to_numpy()]
+        tok = np.asarray(stream)[gone["doc_id"].to_numpy()].astype(np.int64)
         for reason, t in zip(gone["removed"].to_list(), tok.tolist()):
             out[reason] = out.get(reason, 0) + int(t)  # the quality filter's reason beside clean's
     return out
@@ -77,7 +77,7 @@ def packed_stream(layout, stream: np.ndarray) -> tuple[np.ndarray, dict[str, int
     gone = applied_removals(layout)
     if gone is None:
         return stream, tokens_by_reason(None, stream)
-    kept = np.array(stream, np.int64, copy=True)
+    kept = np.array(stream, copy=True)  # its dtype kept (int32 lengths stay 4 bytes a document)
     by_reason = tokens_by_reason(gone, kept)
     kept[gone["doc_id"].to_numpy()] = 0
     return kept, by_reason

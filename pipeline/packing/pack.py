@@ -141,17 +141,25 @@ def pack(
     return Packing(segments, n_seq, L, tokens_in, packed, tokens_in - kept, variant, atom, eos, packed - kept - eos)
 
 
-def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Stream lengths as int32 when every one fits (a document under 2^31 tokens): 4 bytes a
+    document for the streamed packing and its check instead of 8; else as they are."""
+    lengths = np.asarray(lengths)
+    return lengths.astype(np.int32) if lengths.size == 0 or int(lengths.max()) < 2**31 else lengths
+
+
+def _check_docs(doc_order: np.ndarray, stream_lengths: np.ndarray, narrow: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
     """Validated ``doc_order`` (int64, not copied when it is already), the stream lengths of all
-    documents and the sum of those of ``doc_order`` (no per-order copy of the lengths), checked
-    in one pass (:func:`_scan_order`)."""
+    documents (int64; with ``narrow``, int32 lengths are kept as they are) and the sum of those of
+    ``doc_order`` (no per-order copy of the lengths), checked in one pass (:func:`_scan_order`)."""
     all_lengths = np.asarray(stream_lengths)
     order = np.asarray(doc_order)
     if order.ndim != 1 or all_lengths.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
         raise StrataInputError("doc_order and stream_lengths must be 1-D integer arrays",
                                fix="pass doc ids and per-document stream lengths")
     order = order.astype(np.int64, copy=False)
-    all_lengths = all_lengths.astype(np.int64, copy=False)
+    if not (narrow and all_lengths.dtype == np.int32):
+        all_lengths = all_lengths.astype(np.int64, copy=False)
     outside, repeated, total, smallest = _scan_order(order, all_lengths)
     if outside:
         raise StrataInputError(
@@ -511,11 +519,12 @@ def pack_concat_file(doc_order: np.ndarray, stream_lengths: np.ndarray, seq_len:
     of ``STREAM_DOCS`` documents of the order at a time: the rows :func:`pack` gives, and its
     :func:`packing_stats`. It holds ``doc_order`` and ``stream_lengths`` (16 bytes a document) and one
     stretch's pieces, never the whole segments table: each stretch starts where the ones before end
-    (their tokens summed), and a document lies in one stretch, so its counts add up. The Packing
-    returned has no segments (``segments`` None: they are in the file)."""
+    (their tokens summed), and a document lies in one stretch, so its counts add up. Lengths given
+    as int32 (:func:`narrow_lengths`) are read as they are. The Packing returned has no segments
+    (``segments`` None: they are in the file)."""
     check_seq_len(seq_len)
     L = int(seq_len)
-    order, all_lengths, tokens_in = _check_docs(doc_order, stream_lengths)
+    order, all_lengths, tokens_in = _check_docs(doc_order, stream_lengths, narrow=True)
     keep, pos, writer = tokens_in // L * L, 0, None
     counts = SegmentCounts(0, 0, 0, 0)
     with atomic_path(Path(path)) as tmp:
@@ -622,7 +631,7 @@ def conservation_file(path, stream_lengths: np.ndarray, seq_len: int, gaps: bool
     previous row's sequence and end. Memory: 8 bytes a document beside ``stream_lengths``, and one
     batch. A file in another order (``best_fit``, atom shuffles) or with ``gaps`` is checked whole
     by :func:`conservation`, which is exact in every case; on a file in that order both agree."""
-    lengths = np.asarray(stream_lengths, dtype=np.int64)
+    lengths = np.asarray(stream_lengths)  # int32 (narrow_lengths) or int64, read as they are
     if gaps:
         return conservation(pl.read_parquet(path), lengths, seq_len, gaps=True)
     per_doc = np.zeros(lengths.size, np.int64)

@@ -12,7 +12,15 @@ from pipeline.data.tokenizer import load_tokenizer
 from pipeline.data.tokens import open_tokens
 from pipeline.packing import frozen
 from pipeline.packing.frozen import load_all
-from pipeline.packing.pack import SequenceStore, conservation_file, pack, pack_concat_file, packing_stats, parse_packing
+from pipeline.packing.pack import (
+    SequenceStore,
+    conservation_file,
+    narrow_lengths,
+    pack,
+    pack_concat_file,
+    packing_stats,
+    parse_packing,
+)
 from pipeline.stage import CheckFact, Connect, StageParams, StageResult, setting
 from pipeline.storage.atomic import write_json, write_parquet
 from pipeline.storage.layout import tokens_fingerprint
@@ -52,6 +60,7 @@ def pack_sequences(layout, params: PackParams, connect: Connect) -> StageResult:
         mask[gone["doc_id"].to_numpy()] = True
     removed = tokens_by_reason(gone, stream) if gone is not None else {}
     if variant == "concat" and atom is None and not records:  # the default: written as it is cut, a stretch at a time
+        stream = narrow_lengths(stream)
         packed, report = pack_concat_file(_doc_order(stream.size, params.seed, mask), stream, params.seq_len, layout.segments)
     else:
         packed, records = _packed(records, keys, stream, variant, atom, params, mask)
@@ -84,7 +93,7 @@ def token_conservation(layout, params: PackParams, connect: Connect) -> CheckFac
     except the reported dropped tail and the documents the clean stage removed (their tokens by
     reason, docs/cleaning.md); around a frozen prefix, dropped tails may lie mid-document
     (``pipeline/packing/frozen.py``)."""
-    corpus_stream = np.diff(np.load(layout.doc_offsets, allow_pickle=False))
+    corpus_stream = narrow_lengths(np.diff(np.load(layout.doc_offsets, allow_pickle=False)))
     stream, removed = packed_stream(layout, corpus_stream)
     result = conservation_file(layout.segments, stream, params.seq_len, gaps=bool(load_all(layout)))
     with connect() as con:
