@@ -635,16 +635,32 @@ def pack_memory(results: Path) -> str:
     return "\n".join(lines)
 
 
-def ray_driver_units(results: Path) -> str:
-    """``ray_driver_200k``'s run before beside ``bench_scale.py --strata-run --engine ray`` on the same
-    corpus after the per-shard stages' workers write their own results (``ray_driver_200k_units``)."""
-    doc, now = _load(results, "ray_driver_200k"), _load(results, "ray_driver_200k_units")
-    both = {**doc, "side_by_side": False, "runs": {"before": doc["runs"]["before"], "workers write": now}}
-    table = ray_driver(results, "ray_driver_200k", both)
+def ray_driver_beside(results: Path, before: str, now_name: str, flags: str) -> str:
+    """``before``'s run before beside ``bench_scale.py --strata-run --engine ray`` on the same generator
+    after the per-shard stages' workers write their own results (``now_name``: the run's own JSON, or
+    ``ray_driver_partial.py report``'s of a run stopped before its end, its one case)."""
+    doc, now = _load(results, before), _load(results, now_name)
+    run = whole = next(iter(now["runs"].values())) if now.get("partial") else now
+    cut = ""
+    if doc.get("partial") and not now.get("partial"):  # the run before stopped early: its stages only, to compare
+        steps = {k: v for k, v in run["ray_by_step"].items() if k in doc["runs"]["before"]["ray_by_step"]}
+        run = {**run, "ray_by_step": steps, "complete": True, "finished_stages": list(steps),
+               "ray_peaks_gb": {k: max(v.get(k, 0.0) for v in steps.values()) for k in run["ray_peaks_gb"]},
+               "wall_s": sum(v["wall_s"] for v in steps.values()),
+               "ray_bytes_received": sum(v["ray_bytes_received"] for v in steps.values())}
+        cut = (f" It ran to its end; its rows are the stages the run before finished (its whole run: {whole['wall_s']:,.0f} s, the"
+               f" driver's processes at most {whole['ray_peaks_gb']['driver_tree_gb']:.2f} GB, {whole['ray_bytes_received']:,} bytes"
+               f" received from Ray in all).")
+    both = {**doc, "side_by_side": False, "runs": {"before": doc["runs"]["before"], "workers write": run}}
+    table = ray_driver(results, before, both)
+    stopped = (f" It was stopped before its end: the stages it finished, from samples {now['sample_interval_s']:.0f} s apart"
+               f" (`benchmarks/ray_driver_partial.py`) taken from {run['sampled_from']} (it started at {run['run_started']})."
+               if now.get("partial") else "")
     return (table + f"\n\nThe run \"workers write\": `bench_scale.py --docs {now['docs']} --shard-docs {now['shard_docs']} --strata-run"
-            f" --engine ray --tasks 4 --order-part-bytes 1000000` at {now['commit'][:12]}, {now['date']}, alone but beside this"
-            f" project's test suite (its walls are load's); it received {now['ray_bytes_received']:,} bytes from Ray in all. The run"
-            " \"before\" is the table above's (run beside that table's \"after\"). From `benchmarks/results/ray_driver_200k_units.json`.")
+            f" --engine ray {flags}` at {now['commit'][:12]}, {now['date']}, alone but beside this project's test suite (its walls are"
+            f" load's).{stopped}{cut} It received {run['ray_bytes_received']:,} bytes from Ray in"
+            f" {'the stages measured' if now.get('partial') or cut else 'all'}. The run \"before\" is the table above's (run beside that"
+            f" table's \"after\"). From `benchmarks/results/{now_name}.json`.")
 
 
 def ray_driver(results: Path, name: str = "ray_driver_1m", doc: dict | None = None) -> str:
@@ -684,8 +700,9 @@ def ray_driver(results: Path, name: str = "ray_driver_1m", doc: dict | None = No
                      f" {peaks['ray_total_gb']:.2f} GB,"
                      f" its largest daemon {peaks['ray_daemon_max_gb']:.2f} GB;"
                      + (f" {r['training_docs']:,} training documents;" if r.get("training_docs") else "")
-                     + (f" stopped before its end: the stages it finished, {len(r['finished_stages'])};" if doc.get("partial") else "")
-                     + (f" load average {r['load_average_at_end']:.1f} at the end." if not doc.get("partial") else ""))
+                     + (f" stopped before its end: the stages it finished, {len(r['finished_stages'])};"
+                        if doc.get("partial") and not r.get("complete") else "")
+                     + (f" load average {r['load_average_at_end']:.1f} at the end." if not doc.get("partial") or r.get("complete") else ""))
     lines.append("")
     how = " --side-by-side" if doc.get("side_by_side") else ""
     first = next(iter(runs.values()))
@@ -733,7 +750,10 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "export_writers_1b": lambda results: export_writers(results, "export_writers_1b"),
     "ray_driver_1m": ray_driver,
     "ray_driver_200k": lambda results: ray_driver(results, "ray_driver_200k"),
-    "ray_driver_200k_units": ray_driver_units,
+    "ray_driver_200k_units": lambda results: ray_driver_beside(results, "ray_driver_200k", "ray_driver_200k_units",
+                                                                "--tasks 4 --order-part-bytes 1000000"),
+    "ray_driver_1m_units": lambda results: ray_driver_beside(results, "ray_driver_1m", "ray_driver_1m_units",
+                                                             "--tasks 4 --order-part-bytes 5000000"),
     "pack_memory": pack_memory,
 }
 

@@ -637,7 +637,7 @@ def conservation_file(path, stream_lengths: np.ndarray, seq_len: int, gaps: bool
     per_doc = np.zeros(lengths.size, np.int64)
     last = np.array([-1, 0, 0], np.int64)  # the previous row's sequence, start and end (with its EOS)
     ok = True
-    file = pq.ParquetFile(path)
+    file = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering reads ahead in proportion to the file
     has_eos = "eos_added" in file.schema_arrow.names
     columns = ["sequence_id", "seq_token_start", "doc_id", "doc_token_start", "n_tokens", *(["eos_added"] if has_eos else [])]
     for batch in file.iter_batches(batch_size=1 << 20, columns=columns):
