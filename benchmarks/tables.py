@@ -635,7 +635,7 @@ def pack_memory(results: Path) -> str:
     return "\n".join(lines)
 
 
-def ray_driver_beside(results: Path, before: str, now_name: str, flags: str) -> str:
+def ray_driver_beside(results: Path, before: str, now_name: str, flags: str, beside: str) -> str:
     """``before``'s run before beside ``bench_scale.py --strata-run --engine ray`` on the same generator
     after the per-shard stages' workers write their own results (``now_name``: the run's own JSON, or
     ``ray_driver_partial.py report``'s of a run stopped before its end, its one case)."""
@@ -657,7 +657,7 @@ def ray_driver_beside(results: Path, before: str, now_name: str, flags: str) -> 
                f" (`benchmarks/ray_driver_partial.py`) taken from {run['sampled_from']} (it started at {run['run_started']})."
                if now.get("partial") else "")
     return (table + f"\n\nThe run \"workers write\": `bench_scale.py --docs {now['docs']} --shard-docs {now['shard_docs']} --strata-run"
-            f" --engine ray {flags}` at {now['commit'][:12]}, {now['date']}, alone but beside this project's test suite (its walls are"
+            f" --engine ray {flags}` at {now['commit'][:12]}, {now['date']}, alone but beside {beside} (its walls are"
             f" load's).{stopped}{cut} It received {run['ray_bytes_received']:,} bytes from Ray in"
             f" {'the stages measured' if now.get('partial') or cut else 'all'}. The run \"before\" is the table above's (run beside that"
             f" table's \"after\"). From `benchmarks/results/{now_name}.json`.")
@@ -751,9 +751,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "ray_driver_1m": ray_driver,
     "ray_driver_200k": lambda results: ray_driver(results, "ray_driver_200k"),
     "ray_driver_200k_units": lambda results: ray_driver_beside(results, "ray_driver_200k", "ray_driver_200k_units",
-                                                                "--tasks 4 --order-part-bytes 1000000"),
+                                                                "--tasks 4 --order-part-bytes 1000000", "this project's test suite"),
     "ray_driver_1m_units": lambda results: ray_driver_beside(results, "ray_driver_1m", "ray_driver_1m_units",
-                                                             "--tasks 4 --order-part-bytes 5000000"),
+                                                             "--tasks 4 --order-part-bytes 5000000", "bench_pack_memory.py's runs"),
     "pack_memory": pack_memory,
 }
 
